@@ -1,0 +1,5 @@
+//! Everything that follows the log and acts on the world: the work queue, reconcilers, node
+//! liveness, publishers and provider clients.
+//!
+//! A reactor pass is idempotent under at-least-once delivery and records what it did as
+//! commands; it never holds a database transaction open across a network call.

@@ -1,0 +1,1 @@
+//! Black-box test support: a real `vps` server on a fresh database, driven over HTTP.
