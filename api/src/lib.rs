@@ -1,3 +1,18 @@
-//! The edges of vps: the axum HTTP API, configuration, and the `vps` binary's commands.
+//! The edges of vps: the axum HTTP API, configuration, the `vps` binary's commands (serve,
+//! dev, events, audit, bench) and the embedded database they open.
+//!
+//! Modules: `config` (vps.toml + environment), `database` (URL or embedded cluster),
+//! `server` (router, background parts), `health`, `telemetry`, `tools` (events, audit),
+//! `bench`, `dev`, `cli`.
 //!
 //! This is the only crate that knows HTTP or the command line; nothing imports it.
+
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod database;
+pub mod dev;
+pub mod health;
+pub mod server;
+pub mod telemetry;
+pub mod tools;

@@ -4,3 +4,31 @@
 //! This crate is pure. It never does I/O, never reads a clock and never draws random numbers:
 //! `now` and fresh ids come in as arguments. Everything that touches the world lives in the
 //! crates above it.
+//!
+//! # Layout
+//!
+//! - [`ids`]: derived instance and sandbox ids, prefixed ULID ids, NIC MACs, hostnames.
+//! - [`state_table`]: instance states, desired states, verbs and the table of legal moves.
+//! - [`resources`]: flavor shapes, node capacity, quota resources.
+//! - [`condition`]: instance conditions and their message caps.
+//! - [`instance`]: the instance aggregate: state, commands, events, `decide` and `evolve`.
+//! - [`placement`]: choosing a node for a hosted instance; in-place resize room.
+//! - [`ipam`]: IPv4 ranges and lowest-free-address leasing.
+//! - [`quota`]: whether a charge (or a resize delta) fits a tenant's quota.
+//! - [`ssh_keys`]: OpenSSH public key validation.
+//! - [`cloud_config`]: the default cloud-config user data.
+//! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
+
+pub mod cloud_config;
+pub mod condition;
+pub mod error;
+pub mod ids;
+pub mod instance;
+pub mod ipam;
+pub mod placement;
+pub mod quota;
+pub mod resources;
+pub mod ssh_keys;
+pub mod state_table;
+
+pub use error::DomainError;

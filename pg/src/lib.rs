@@ -1,1 +1,11 @@
-//! PostgreSQL server plumbing.
+//! PostgreSQL server plumbing that sits below every layer: the embedded cluster `vps` runs when
+//! no database URL is configured, and fresh throw-away databases for tests.
+//!
+//! Modules: `embedded` (initdb + pg_ctl from the binaries on the machine, as a non-root user),
+//! `testing` (one database per test on a shared server). This crate knows nothing of events
+//! or the schema; it only hands out connection URLs.
+
+pub mod embedded;
+pub mod testing;
+
+pub use embedded::{EmbeddedCluster, EmbeddedError, EmbeddedOptions};

@@ -1,0 +1,156 @@
+//! The `vps` command line.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Config;
+use crate::database::Database;
+
+/// vps: an event-sourced control plane for virtual machines.
+#[derive(Debug, Parser)]
+#[command(name = "vps", version)]
+pub struct Cli {
+    /// The configuration file (also `VPS_CONFIG`).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server: API, projections, reactors and publishers.
+    Serve,
+    /// Run the server on the embedded database with emulated hosts and demo data.
+    Dev(DevArgs),
+    /// Read the log.
+    #[command(subcommand)]
+    Events(EventsCommand),
+    /// Check the log's integrity.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+    /// Measure a capability against its baseline.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+struct DevArgs {
+    /// How many emulated hosts to run.
+    #[arg(long, default_value_t = 3)]
+    sim: usize,
+}
+
+#[derive(Debug, Subcommand)]
+enum EventsCommand {
+    /// One page of the log, oldest first.
+    List(EventsArgs),
+    /// The last events, then every new one as it is appended.
+    Tail(EventsArgs),
+}
+
+#[derive(Debug, Args)]
+struct EventsArgs {
+    /// Start after this cursor (`<transaction id>-<position>`).
+    #[arg(long)]
+    after: Option<String>,
+    /// Only these types (`instance.*`, `instance.created`); repeatable.
+    #[arg(long = "type")]
+    types: Vec<String>,
+    /// Only this subject (`instance/inst_…`).
+    #[arg(long)]
+    subject: Option<String>,
+    /// At most this many events (list).
+    #[arg(long, default_value_t = 100)]
+    limit: i64,
+    /// JSON lines (CloudEvents) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Recompute the hash chain; exits 1 and names the first altered event if it is broken.
+    Verify,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Appends vs raw INSERTs, batched appends, follower reads.
+    Log {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Concurrent writers.
+        #[arg(long, default_value_t = 16)]
+        writers: usize,
+    },
+}
+
+/// Runs the command line; the exit code comes back as `Ok(code)`.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    crate::telemetry::init_logging();
+    let config = Config::load(cli.config.as_deref())?;
+    match cli.command {
+        Command::Serve => serve(config).await,
+        Command::Dev(args) => crate::dev::run(config, args.sim).await,
+        Command::Events(cmd) => {
+            let (args, tail) = match cmd {
+                EventsCommand::List(a) => (a, false),
+                EventsCommand::Tail(a) => (a, true),
+            };
+            for t in &args.types {
+                vps_events::pattern::validate(t).map_err(anyhow::Error::msg)?;
+            }
+            let options = crate::tools::events::ListOptions {
+                after: match &args.after {
+                    Some(c) => c.parse()?,
+                    None => vps_events::Cursor::START,
+                },
+                types: args.types,
+                subject: args.subject,
+                limit: args.limit.clamp(1, 10_000),
+                json: args.json,
+            };
+            let db = Database::open(&config, 4).await?;
+            if tail {
+                tokio::select! {
+                    r = crate::tools::events::tail(&db.pool, &options) => r?,
+                    _ = crate::server::shutdown_signal() => {},
+                }
+            } else {
+                crate::tools::events::list(&db.pool, &options).await?;
+            }
+            Ok(0)
+        }
+        Command::Audit(AuditCommand::Verify) => {
+            let db = Database::open(&config, 4).await?;
+            Ok(if crate::tools::audit::verify(&db.pool).await? {
+                0
+            } else {
+                1
+            })
+        }
+        Command::Bench(BenchCommand::Log { seconds, writers }) => {
+            let (url, _cluster) = crate::database::server_url(&config).await?;
+            let options = crate::bench::log::LogBench {
+                writers: writers.max(1),
+                seconds: seconds.clamp(0.5, 600.0),
+                batch: 100,
+            };
+            crate::bench::log::run(&url, &options).await?;
+            Ok(0)
+        }
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<i32> {
+    let db = Database::open(&config, 30).await?;
+    let server = crate::server::start(config, db.pool.clone()).await?;
+    crate::server::shutdown_signal().await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    db.pool.close().await;
+    Ok(0)
+}

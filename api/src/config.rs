@@ -1,0 +1,321 @@
+//! `vps.toml` (SPEC §6) and the environment variables that override it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the database is.
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    /// Where the API listens.
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// NATS publication (absent: none).
+    #[serde(default)]
+    pub nats: Option<NatsConfig>,
+    /// The secret store.
+    #[serde(default)]
+    pub secrets: SecretsConfig,
+    /// Every reactor delay.
+    #[serde(default)]
+    pub timings: Timings,
+    /// Bearer tokens and who they are.
+    #[serde(default)]
+    pub identities: Vec<IdentityConfig>,
+}
+
+/// `[database]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// A PostgreSQL URL; absent: the embedded cluster under `data_dir`.
+    pub url: Option<String>,
+    /// Where the embedded cluster keeps its data (default `.vps/pg`).
+    pub data_dir: Option<PathBuf>,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// `host:port`.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: default_listen(),
+        }
+    }
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+
+/// `[nats]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// `nats://host:port`.
+    pub url: String,
+    /// Prepended to every subject (`""` publishes `instance.created`).
+    #[serde(default)]
+    pub subject_prefix: String,
+}
+
+/// `[secrets]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretsConfig {
+    /// Base64 of 32 random bytes; seals user data.
+    pub key: Option<String>,
+}
+
+/// `[timings]`: every reactor delay, in seconds (fractions allowed, so tests run fast).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timings {
+    /// Next look at an instance nothing fits yet.
+    pub unschedulable_retry: f64,
+    /// Next look at a transitional instance waiting on a runtime.
+    pub transitional_look: f64,
+    /// Drift polling of a steady provider instance.
+    pub provider_poll: f64,
+    /// Retry after a failed provider call.
+    pub provider_retry: f64,
+    /// Next look at a lost instance.
+    pub lost_look: f64,
+    /// How long a `ResourcesExhausted` refusal stands before re-placement.
+    pub replacement_wait: f64,
+    /// How long a refusing node is excluded from placement.
+    pub refusing_node_exclusion: f64,
+    /// How often node liveness is checked.
+    pub liveness_check: f64,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            unschedulable_retry: 30.0,
+            transitional_look: 10.0,
+            provider_poll: 60.0,
+            provider_retry: 30.0,
+            lost_look: 60.0,
+            replacement_wait: 60.0,
+            refusing_node_exclusion: 600.0,
+            liveness_check: 5.0,
+        }
+    }
+}
+
+/// One `[[identities]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityConfig {
+    /// The bearer token.
+    pub token: String,
+    /// `id_…`.
+    pub identity: String,
+    /// Operators may call every method.
+    #[serde(default)]
+    pub operator: bool,
+    /// The tenant a tenant identity acts for.
+    pub tenant: Option<String>,
+}
+
+/// A configuration problem, naming the file, the key and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {key}: {problem}")]
+pub struct ConfigError {
+    /// The file (or `environment`).
+    pub file: String,
+    /// The key, e.g. `http.listen`.
+    pub key: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl Config {
+    /// Reads `path` (when given, or `VPS_CONFIG`), applies the environment overrides and
+    /// validates the result.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let path = path
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("VPS_CONFIG").map(PathBuf::from));
+        let (mut config, file) = match &path {
+            Some(p) => {
+                let file = p.display().to_string();
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError {
+                    file: file.clone(),
+                    key: "(file)".into(),
+                    problem: format!("cannot read: {e}"),
+                })?;
+                (Config::parse(&text, &file)?, file)
+            }
+            None => (Config::default(), "(defaults)".to_string()),
+        };
+        config.apply_env();
+        config.validate(&file)?;
+        Ok(config)
+    }
+
+    /// Parses TOML text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError {
+            file: file.to_string(),
+            key: e
+                .span()
+                .map(|s| format!("line {}", text[..s.start].lines().count().max(1)))
+                .unwrap_or_else(|| "(document)".into()),
+            problem: e.message().to_string(),
+        })
+    }
+
+    fn apply_env(&mut self) {
+        if let Ok(url) = std::env::var("VPS_DATABASE_URL") {
+            self.database.url = Some(url);
+        }
+        if let Ok(listen) = std::env::var("VPS_LISTEN") {
+            self.http.listen = listen;
+        }
+        if let Ok(url) = std::env::var("VPS_NATS_URL") {
+            let prefix = self
+                .nats
+                .take()
+                .map(|n| n.subject_prefix)
+                .unwrap_or_default();
+            self.nats = Some(NatsConfig {
+                url,
+                subject_prefix: prefix,
+            });
+        }
+    }
+
+    /// Checks what serde cannot.
+    pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let err = |key: &str, problem: String| ConfigError {
+            file: file.to_string(),
+            key: key.to_string(),
+            problem,
+        };
+        self.listen_addr().map_err(|_| {
+            err(
+                "http.listen",
+                format!("`{}` is not host:port", self.http.listen),
+            )
+        })?;
+        if let Some(url) = &self.database.url {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(err("database.url", "must start with postgres://".into()));
+            }
+        }
+        if let Some(nats) = &self.nats {
+            if !nats.url.starts_with("nats://") {
+                return Err(err("nats.url", "must start with nats://".into()));
+            }
+        }
+        if let Some(key) = &self.secrets.key {
+            use base64::Engine;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(key)
+                .map_err(|_| err("secrets.key", "is not base64".into()))?;
+            if bytes.len() != 32 {
+                return Err(err(
+                    "secrets.key",
+                    format!("decodes to {} bytes, not 32", bytes.len()),
+                ));
+            }
+        }
+        let t = &self.timings;
+        for (key, v) in [
+            ("unschedulable_retry", t.unschedulable_retry),
+            ("transitional_look", t.transitional_look),
+            ("provider_poll", t.provider_poll),
+            ("provider_retry", t.provider_retry),
+            ("lost_look", t.lost_look),
+            ("replacement_wait", t.replacement_wait),
+            ("refusing_node_exclusion", t.refusing_node_exclusion),
+            ("liveness_check", t.liveness_check),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+                return Err(err(
+                    &format!("timings.{key}"),
+                    format!("{v} is not between 0 and 86400 seconds"),
+                ));
+            }
+        }
+        let mut tokens = std::collections::HashSet::new();
+        for (i, id) in self.identities.iter().enumerate() {
+            let key = |k: &str| format!("identities[{i}].{k}");
+            if id.token.len() < 8 {
+                return Err(err(&key("token"), "must be at least 8 characters".into()));
+            }
+            if !tokens.insert(&id.token) {
+                return Err(err(&key("token"), "is used by another identity".into()));
+            }
+            if id.identity.is_empty() {
+                return Err(err(&key("identity"), "must not be empty".into()));
+            }
+            if !id.operator && id.tenant.as_deref().unwrap_or("").is_empty() {
+                return Err(err(
+                    &key("tenant"),
+                    "a non-operator identity needs a tenant".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The parsed listen address.
+    pub fn listen_addr(&self) -> Result<SocketAddr, std::net::AddrParseError> {
+        self.http.listen.parse()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_key_is_named_with_its_file() {
+        let err = Config::parse("[http]\nlisen = \"x\"\n", "vps.toml").unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("vps.toml: line 2"), "{text}");
+        assert!(text.contains("lisen"), "{text}");
+    }
+
+    #[test]
+    fn a_bad_listen_address_names_the_key() {
+        let config = Config::parse("[http]\nlisten = \"nowhere\"\n", "vps.toml").unwrap();
+        let err = config.validate("vps.toml").unwrap_err();
+        assert_eq!(err.key, "http.listen");
+    }
+
+    #[test]
+    fn a_tenant_identity_without_a_tenant_is_refused() {
+        let config = Config::parse(
+            "[[identities]]\ntoken = \"12345678\"\nidentity = \"id_a\"\n",
+            "vps.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            config.validate("f").unwrap_err().key,
+            "identities[0].tenant"
+        );
+    }
+
+    #[test]
+    fn timings_default_to_the_spec_values() {
+        let config = Config::parse("[timings]\ntransitional_look = 0.5\n", "f").unwrap();
+        assert_eq!(config.timings.transitional_look, 0.5);
+        assert_eq!(config.timings.unschedulable_retry, 30.0);
+    }
+}

@@ -1,0 +1,145 @@
+//! The `vps serve` process: the HTTP API plus every background part (chainer, reactors,
+//! publishers), sharing one pool and one wake-up notifier.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use vps_events::Notifier;
+
+use crate::config::Config;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// The database.
+    pub pool: PgPool,
+    /// Wakes followers after appends.
+    pub notifier: Notifier,
+    /// The configuration in force.
+    pub config: Arc<Config>,
+}
+
+/// The HTTP routes, without any background part (handlers can be driven with `oneshot`).
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(crate::health::healthz))
+        .route("/readyz", get(crate::health::readyz))
+        .route("/metrics", get(crate::health::metrics))
+        .with_state(state)
+}
+
+/// A server running in this process.
+pub struct RunningServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// The state its handlers share.
+    pub state: AppState,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningServer {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops the listener and every background part.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+/// Binds the listener and starts the API and the background parts on `pool`.
+pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer> {
+    crate::telemetry::metrics_handle();
+    let listen = config.listen_addr()?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("http.listen: cannot bind {listen}: {e}"))?;
+    let addr = listener.local_addr()?;
+    let notifier = Notifier::start(pool.clone());
+    let state = AppState {
+        pool: pool.clone(),
+        notifier: notifier.clone(),
+        config: Arc::new(config),
+    };
+    let (stop, mut stopped) = watch::channel(false);
+    let mut tasks = Vec::new();
+    {
+        let (pool, notifier) = (pool.clone(), notifier.clone());
+        tasks.push(supervise("chainer", move || {
+            vps_events::chain::run_chainer(pool.clone(), notifier.clone())
+        }));
+    }
+    let router = app(state.clone());
+    tasks.push(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "http server stopped");
+        }
+    }));
+    tracing::info!(%addr, "vps listening");
+    Ok(RunningServer {
+        addr,
+        state,
+        stop,
+        tasks,
+    })
+}
+
+/// Runs a background part forever, restarting it with a capped backoff when it fails.
+pub fn supervise<F, Fut, E>(name: &'static str, part: F) -> JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match part().await {
+                Ok(()) => return,
+                Err(e) => {
+                    metrics::counter!("vps_background_failures_total", "part" => name).increment(1);
+                    tracing::warn!(part = name, error = %e, retry_in = ?backoff, "background part failed");
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    })
+}
+
+/// Resolves when the process is asked to stop (Ctrl-C or SIGTERM).
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,4 @@
+//! Operator tools that read the database directly: `vps events`, `vps audit`.
+
+pub mod audit;
+pub mod events;

@@ -1,0 +1,197 @@
+//! Identifiers (SPEC §2) and the values derived from them.
+//!
+//! Instance and sandbox ids are derived from (tenant, caller identity, idempotency key), so a
+//! retried create lands on the same id without any lookup table. Every other id is a prefix plus a
+//! lowercase ULID that the caller generates (this crate draws no randomness).
+
+use data_encoding::BASE32_NOPAD;
+use sha2::{Digest, Sha256};
+
+/// The known id prefixes, without their `_` separator.
+pub mod prefix {
+    /// Instances (derived ids).
+    pub const INSTANCE: &str = "inst";
+    /// Sandboxes (derived ids).
+    pub const SANDBOX: &str = "sbx";
+    /// Pools.
+    pub const POOL: &str = "pool";
+    /// Nodes.
+    pub const NODE: &str = "node";
+    /// Flavors.
+    pub const FLAVOR: &str = "flv";
+    /// Images.
+    pub const IMAGE: &str = "img";
+    /// Provider accounts.
+    pub const PROVIDER_ACCOUNT: &str = "pacct";
+    /// Sandbox templates.
+    pub const SANDBOX_TEMPLATE: &str = "sbxt";
+    /// Sandbox snapshots.
+    pub const SNAPSHOT: &str = "snap";
+    /// Sandbox volumes.
+    pub const VOLUME: &str = "vol";
+    /// Webhooks.
+    pub const WEBHOOK: &str = "whk";
+    /// Events in the log.
+    pub const EVENT: &str = "evt";
+    /// Capacity allocations on a node.
+    pub const ALLOCATION: &str = "alloc";
+}
+
+/// Length of the body of a derived id: 256 bits in base32 is ⌈256 / 5⌉ characters.
+pub const DERIVED_ID_LEN: usize = 52;
+
+/// Length of a ULID in its canonical Crockford base32 form.
+pub const ULID_LEN: usize = 26;
+
+/// The id of the instance created by `caller_identity` in `tenant_id` with `idempotency_key`:
+/// `inst_` + 52 lowercase base32 characters of SHA-256 over the three fields.
+pub fn instance_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
+    derived(
+        prefix::INSTANCE,
+        tenant_id,
+        caller_identity,
+        idempotency_key,
+    )
+}
+
+/// The id of the sandbox created by `caller_identity` in `tenant_id` with `idempotency_key`,
+/// derived exactly like [`instance_id`] but with the `sbx_` prefix.
+pub fn sandbox_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
+    derived(prefix::SANDBOX, tenant_id, caller_identity, idempotency_key)
+}
+
+/// `prefix` + `_` + the ULID string the caller generated, lowercased (`pool_01j…`).
+pub fn prefixed(prefix: &str, ulid: &str) -> String {
+    format!("{prefix}_{}", ulid.to_ascii_lowercase())
+}
+
+/// Whether `s` is a well-formed id of kind `prefix` (given without its `_`).
+///
+/// `inst` and `sbx` ids must carry a 52-character lowercase base32 body; every other prefix a
+/// lowercase ULID (26 Crockford base32 characters whose first one is at most `7`).
+pub fn is_valid_id(prefix: &str, s: &str) -> bool {
+    let Some(body) = s
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix('_'))
+    else {
+        return false;
+    };
+    if prefix == prefix::INSTANCE || prefix == prefix::SANDBOX {
+        body.len() == DERIVED_ID_LEN
+            && body
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
+    } else {
+        is_lowercase_ulid(body)
+    }
+}
+
+/// A stable, locally administered unicast MAC address for an instance's NIC (`02:xx:xx:xx:xx:xx`).
+///
+/// The first octet is fixed at `02` (locally administered bit set, multicast bit clear), the other
+/// five come from SHA-256 of the id, so the guest sees the same MAC on every host it lands on.
+pub fn mac_for(instance_id: &str) -> String {
+    let digest = Sha256::digest(instance_id.as_bytes());
+    let mut mac = String::from("02");
+    for byte in &digest[..5] {
+        mac.push_str(&format!(":{byte:02x}"));
+    }
+    mac
+}
+
+/// The guest hostname for an instance: its id with `_` turned into `-`, since hostnames may not
+/// hold underscores (57 characters, under the 63-character label limit).
+pub fn hostname_for(instance_id: &str) -> String {
+    instance_id.replace('_', "-")
+}
+
+fn derived(prefix: &str, tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
+    let mut hasher = Sha256::new();
+    // Length-prefix every field so ("ab", "c") and ("a", "bc") hash differently.
+    for field in [tenant_id, caller_identity, idempotency_key] {
+        hasher.update((field.len() as u64).to_be_bytes());
+        hasher.update(field.as_bytes());
+    }
+    let body = BASE32_NOPAD.encode(&hasher.finalize()).to_ascii_lowercase();
+    format!("{prefix}_{body}")
+}
+
+fn is_lowercase_ulid(body: &str) -> bool {
+    const CROCKFORD: &[u8] = b"0123456789abcdefghjkmnpqrstvwxyz";
+    body.len() == ULID_LEN
+        && body.as_bytes()[0] <= b'7'
+        && body.bytes().all(|b| CROCKFORD.contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_id_is_inst_and_52_lowercase_base32_characters() {
+        let id = instance_id("acme", "id_alice", "build-agent-7");
+        assert!(id.starts_with("inst_"));
+        assert_eq!(id.len(), 5 + DERIVED_ID_LEN);
+        assert!(is_valid_id(prefix::INSTANCE, &id), "{id}");
+    }
+
+    #[test]
+    fn the_same_inputs_always_give_the_same_id() {
+        assert_eq!(instance_id("t", "c", "k"), instance_id("t", "c", "k"));
+        assert_ne!(instance_id("t", "c", "k"), instance_id("t", "c", "k2"));
+    }
+
+    #[test]
+    fn moving_a_character_between_fields_changes_the_id() {
+        assert_ne!(instance_id("ab", "c", "k"), instance_id("a", "bc", "k"));
+        assert_ne!(instance_id("t", "ab", "c"), instance_id("t", "a", "bc"));
+    }
+
+    #[test]
+    fn a_sandbox_id_has_the_same_body_under_its_own_prefix() {
+        let inst = instance_id("t", "c", "k");
+        let sbx = sandbox_id("t", "c", "k");
+        assert_eq!(&inst[5..], &sbx[4..]);
+        assert!(is_valid_id(prefix::SANDBOX, &sbx));
+        assert!(!is_valid_id(prefix::INSTANCE, &sbx));
+    }
+
+    #[test]
+    fn prefixed_ids_lowercase_the_ulid() {
+        let id = prefixed(prefix::POOL, "01ARZ3NDEKTSV4RRFFQ69G5FAV");
+        assert_eq!(id, "pool_01arz3ndektsv4rrffq69g5fav");
+        assert!(is_valid_id(prefix::POOL, &id));
+    }
+
+    #[test]
+    fn malformed_ids_are_refused() {
+        assert!(!is_valid_id("pool", "pool_01ARZ3NDEKTSV4RRFFQ69G5FAV"));
+        assert!(!is_valid_id("pool", "node_01arz3ndektsv4rrffq69g5fav"));
+        assert!(!is_valid_id("pool", "pool_01arz3ndektsv4rrffq69g5fa"));
+        assert!(!is_valid_id("pool", "pool_81arz3ndektsv4rrffq69g5fav"));
+        assert!(!is_valid_id("pool", "pool_01arz3ndektsv4rrffq69g5fau"));
+        assert!(!is_valid_id("inst", "inst_short"));
+        assert!(!is_valid_id("inst", "inst01arz3ndektsv4rrffq69g5fav"));
+    }
+
+    #[test]
+    fn a_mac_is_stable_locally_administered_and_unicast() {
+        let id = instance_id("t", "c", "k");
+        let mac = mac_for(&id);
+        assert_eq!(mac, mac_for(&id));
+        assert_ne!(mac, mac_for(&instance_id("t", "c", "other")));
+        assert_eq!(mac.len(), 17);
+        let first = u8::from_str_radix(&mac[..2], 16).unwrap();
+        assert_eq!(first & 0b10, 0b10, "locally administered");
+        assert_eq!(first & 0b01, 0, "unicast");
+    }
+
+    #[test]
+    fn a_hostname_has_no_underscore() {
+        let id = instance_id("t", "c", "k");
+        let host = hostname_for(&id);
+        assert!(host.starts_with("inst-"));
+        assert!(host.len() <= 63);
+        assert!(!host.contains('_'));
+    }
+}

@@ -1,0 +1,317 @@
+//! The instance aggregate: its state ([`Instance`]), what can be asked of it
+//! ([`InstanceCommand`]), what happens to it ([`InstanceEvent`]), [`decide`] and [`evolve`].
+//!
+//! `decide` judges a command against the folded state and returns events (or a refusal and no
+//! events); every state change in it goes through [`crate::state_table`]. `evolve` applies one
+//! event; folding a stream with it rebuilds the instance exactly, so the view needs nothing but
+//! the log.
+
+mod command;
+mod decide;
+mod event;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::condition::{Condition, ConditionType};
+use crate::resources::Shape;
+use crate::state_table::{DesiredState, InstanceState};
+
+pub use command::{
+    AddressMode, CreateInstance, Failure, InstanceCommand, Observed, PlaceInstance, RecreateCause,
+    Requester, ResizeInstance,
+};
+pub use decide::decide;
+pub use event::{
+    AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
+    InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled, EVENT_TYPES,
+};
+
+/// After this many re-placements away from refusing hosts, the next refusal fails the instance.
+pub const MAX_EXHAUSTED_REPLACEMENTS: usize = 3;
+
+/// Where an instance's pool runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolKind {
+    /// A `vps-host` pool: on registered nodes.
+    Hosted,
+    /// A `provider` pool: on a provider account's cloud.
+    Provider,
+}
+
+/// A host that refused to start the instance and was left for another.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Refusal {
+    /// The refusing node.
+    pub node_id: String,
+    /// When the instance was moved off it.
+    pub at: DateTime<Utc>,
+    /// Until when scheduling avoids it for this instance.
+    pub exclude_until: DateTime<Utc>,
+}
+
+/// An instance as its events leave it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Instance {
+    /// `inst_…`.
+    pub id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The pool.
+    pub pool_id: String,
+    /// Hosted or provider.
+    pub pool_kind: PoolKind,
+    /// Where it is.
+    pub state: InstanceState,
+    /// What it should become.
+    pub desired_state: DesiredState,
+    /// The flavor name.
+    pub flavor: String,
+    /// The flavor's shape (what its allocation and quota charge hold).
+    pub shape: Shape,
+    /// The image as named.
+    pub image_id: String,
+    /// OpenSSH public keys.
+    pub ssh_keys: Vec<String>,
+    /// The sealed user data reference.
+    pub user_data_ref: Option<String>,
+    /// The IPAM lease first (hosted), then reported addresses.
+    pub addresses: Vec<String>,
+    /// Why it is not where it should be; at most one per type, in the order they appeared.
+    pub conditions: Vec<Condition>,
+    /// Hosted: its node.
+    pub node_id: Option<String>,
+    /// Hosted: its capacity allocation.
+    pub allocation_id: Option<String>,
+    /// Provider: the machine id.
+    pub external_id: Option<String>,
+    /// The project.
+    pub project_id: Option<String>,
+    /// Who created it.
+    pub owner_identity_id: String,
+    /// The create's idempotency key.
+    pub idempotency_key: String,
+    /// Hash of the create request, for replay vs `CONFLICT`.
+    pub request_hash: String,
+    /// The sandbox that drives it.
+    pub sandbox_id: Option<String>,
+    /// The template it is a warm instance of.
+    pub warm_template_id: Option<String>,
+    /// When it was created (the `instance.created` event's time).
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// The number of events folded: its stream version.
+    pub version: u64,
+    /// Hosts that refused it for lack of resources, oldest first (one per re-placement).
+    pub refusals: Vec<Refusal>,
+}
+
+/// A stream that cannot be folded: a bug or a damaged log, never a user error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// The first event of the stream is not `instance.created`.
+    #[error("instance stream starts with {event_type}, not instance.created")]
+    NotCreated {
+        /// The event found.
+        event_type: &'static str,
+    },
+    /// `instance.created` appears after the stream began.
+    #[error("instance {instance_id} is created twice")]
+    CreatedTwice {
+        /// The instance.
+        instance_id: String,
+    },
+}
+
+impl Instance {
+    /// The condition of `condition_type`, when it holds.
+    pub fn condition(&self, condition_type: ConditionType) -> Option<&Condition> {
+        self.conditions
+            .iter()
+            .find(|c| c.condition_type == condition_type)
+    }
+
+    /// Whether a node or a provider machine holds it (what `start` from `error` needs).
+    pub fn has_host_or_machine(&self) -> bool {
+        self.node_id.is_some() || self.external_id.is_some()
+    }
+
+    /// Nodes scheduling must avoid for this instance at `now`.
+    pub fn excluded_nodes(&self, now: DateTime<Utc>) -> BTreeSet<String> {
+        self.refusals
+            .iter()
+            .filter(|r| r.exclude_until > now)
+            .map(|r| r.node_id.clone())
+            .collect()
+    }
+
+    /// The refusing node, when a `HostResourcesExhausted` refusal has stood for at least `wait`
+    /// at `now` (the reconciler then considers moving it).
+    pub fn refusal_standing(&self, now: DateTime<Utc>, wait: TimeDelta) -> Option<&str> {
+        self.condition(ConditionType::HostResourcesExhausted)
+            .filter(|c| now - c.since >= wait)
+            .map(|c| c.reason.as_str())
+    }
+
+    /// Whether its node's NodeSpec lists it (SPEC §3.7): placed, and neither `pending`,
+    /// `scheduling` nor `deleted`. A deleting instance is listed, with `desiredState: deleted`.
+    pub fn listed_in_node_spec(&self) -> bool {
+        self.node_id.is_some()
+            && !matches!(
+                self.state,
+                InstanceState::Pending | InstanceState::Scheduling | InstanceState::Deleted
+            )
+    }
+
+    /// Whether `instances.list` hides it (warm instances are hidden).
+    pub fn is_warm(&self) -> bool {
+        self.warm_template_id.is_some()
+    }
+}
+
+/// Applies one event recorded at `at` to the instance (`None` before `instance.created`).
+///
+/// State, desired state, version and `updatedAt` come from every event. Conditions change only by
+/// the condition events, except `instance.deleted`, which drops them with everything else the
+/// instance held (allocation, lease addresses); `instance.recreating` likewise releases node,
+/// allocation and addresses.
+pub fn evolve(
+    state: Option<Instance>,
+    event: &InstanceEvent,
+    at: DateTime<Utc>,
+) -> Result<Instance, StreamError> {
+    let mut inst = match (state, event) {
+        (None, InstanceEvent::Created(created)) => return Ok(from_created(created, at)),
+        (None, other) => {
+            return Err(StreamError::NotCreated {
+                event_type: other.event_type(),
+            })
+        }
+        (Some(inst), InstanceEvent::Created(_)) => {
+            return Err(StreamError::CreatedTwice {
+                instance_id: inst.id,
+            })
+        }
+        (Some(inst), _) => inst,
+    };
+    apply(&mut inst, event, at);
+    Ok(inst)
+}
+
+/// Applies a non-creating event in place (what `evolve` does once the instance exists).
+pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc>) {
+    let common = event.common();
+    inst.state = common.state;
+    inst.desired_state = common.desired_state;
+    inst.sandbox_id.clone_from(&common.sandbox_id);
+    inst.warm_template_id.clone_from(&common.warm_template_id);
+    inst.version += 1;
+    inst.updated_at = at;
+    match event {
+        // Creation is handled by `evolve`; a created event never reaches here.
+        InstanceEvent::Created(_) => {}
+        InstanceEvent::Scheduled(d) => {
+            inst.node_id = Some(d.node_id.clone());
+            inst.allocation_id = Some(d.allocation_id.clone());
+            inst.addresses = vec![d.address.clone()];
+        }
+        InstanceEvent::Provisioning(d) => inst.external_id = Some(d.external_id.clone()),
+        InstanceEvent::Resized(d) => {
+            inst.flavor.clone_from(&d.flavor);
+            inst.shape = d.shape.clone();
+        }
+        InstanceEvent::Recreating(d) => {
+            inst.node_id = None;
+            inst.allocation_id = None;
+            inst.addresses.clear();
+            if let (RecreateReason::ResourcesExhausted, Some(node), Some(until)) =
+                (d.reason, &d.from_node_id, d.exclude_until)
+            {
+                inst.refusals.push(Refusal {
+                    node_id: node.clone(),
+                    at,
+                    exclude_until: until,
+                });
+            }
+        }
+        InstanceEvent::Deleted(_) => {
+            inst.allocation_id = None;
+            inst.addresses.clear();
+            inst.conditions.clear();
+        }
+        InstanceEvent::ConditionSet(d) => {
+            match inst
+                .conditions
+                .iter_mut()
+                .find(|c| c.condition_type == d.condition.condition_type)
+            {
+                Some(existing) => *existing = d.condition.clone(),
+                None => inst.conditions.push(d.condition.clone()),
+            }
+        }
+        InstanceEvent::ConditionCleared(d) => inst
+            .conditions
+            .retain(|c| c.condition_type != d.condition_type),
+        InstanceEvent::AddressesChanged(d) => inst.addresses.clone_from(&d.addresses),
+        InstanceEvent::Starting(_)
+        | InstanceEvent::Stopping(_)
+        | InstanceEvent::Deleting(_)
+        | InstanceEvent::Running(_)
+        | InstanceEvent::Stopped(_)
+        | InstanceEvent::Paused(_)
+        | InstanceEvent::Failed(_)
+        | InstanceEvent::Lost(_)
+        | InstanceEvent::Recovered(_) => {}
+    }
+}
+
+/// Folds a stream of `(event, recorded_at)` into the instance; `None` for an empty stream.
+pub fn fold<'a>(
+    events: impl IntoIterator<Item = (&'a InstanceEvent, DateTime<Utc>)>,
+) -> Result<Option<Instance>, StreamError> {
+    let mut state = None;
+    for (event, at) in events {
+        state = Some(evolve(state, event, at)?);
+    }
+    Ok(state)
+}
+
+fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
+    Instance {
+        id: d.common.instance_id.clone(),
+        tenant_id: d.common.tenant_id.clone(),
+        pool_id: d.common.pool_id.clone(),
+        pool_kind: d.pool_kind,
+        state: d.common.state,
+        desired_state: d.common.desired_state,
+        flavor: d.flavor.clone(),
+        shape: d.shape.clone(),
+        image_id: d.image_id.clone(),
+        ssh_keys: d.ssh_keys.clone(),
+        user_data_ref: d.user_data_ref.clone(),
+        addresses: Vec::new(),
+        conditions: Vec::new(),
+        node_id: None,
+        allocation_id: None,
+        external_id: None,
+        project_id: d.project_id.clone(),
+        owner_identity_id: d.owner_identity_id.clone(),
+        idempotency_key: d.idempotency_key.clone(),
+        request_hash: d.request_hash.clone(),
+        sandbox_id: d.common.sandbox_id.clone(),
+        warm_template_id: d.common.warm_template_id.clone(),
+        created_at: at,
+        updated_at: at,
+        version: 1,
+        refusals: Vec::new(),
+    }
+}

@@ -1,0 +1,142 @@
+//! Appending to a stream, checked against an expected version, inside the caller's transaction.
+
+use sqlx::PgConnection;
+
+use crate::model::{ExpectedVersion, NewEvent, RecordedEvent};
+use crate::read::{columns, decode};
+
+/// Why an append did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// The stream's version is not the expected one: load, decide and append again.
+    #[error("stream {stream} is at version {actual}, not the expected {expected:?}")]
+    Concurrency {
+        /// The stream.
+        stream: String,
+        /// What the appender expected.
+        expected: ExpectedVersion,
+        /// What the stream holds (0 = no stream).
+        actual: i64,
+    },
+    /// Some but not all of the event ids are already in the log, or in another stream.
+    #[error("event ids already used elsewhere in the log: {0}")]
+    IdReused(String),
+    /// Nothing to append.
+    #[error("an append needs at least one event")]
+    Empty,
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// Appends `events` to `stream` in the caller's transaction and returns them as stored.
+///
+/// The expected version is checked in the same statement that inserts, before any sequence
+/// value is taken, so a losing writer burns no position. If every id is already in the log
+/// for this stream, the stored events are returned and nothing is written (a retried append).
+/// A writer that races past the check still fails on `unique (stream, version)`, which is
+/// reported as `Concurrency` too.
+pub async fn append(
+    conn: &mut PgConnection,
+    stream: &str,
+    expected: ExpectedVersion,
+    events: &[NewEvent],
+) -> Result<Vec<RecordedEvent>, AppendError> {
+    if events.is_empty() {
+        return Err(AppendError::Empty);
+    }
+    let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let data: Vec<&serde_json::Value> = events.iter().map(|e| &e.data).collect();
+    let metadata = events
+        .iter()
+        .map(|e| serde_json::to_value(&e.metadata).expect("metadata serialises"))
+        .collect::<Vec<_>>();
+    let sql = format!(
+        "WITH current AS (
+             SELECT coalesce((SELECT version FROM events WHERE stream = $1
+                              ORDER BY version DESC LIMIT 1), 0) AS v
+         ), allowed AS (
+             SELECT v FROM current WHERE $2::bigint IS NULL OR v = $2
+         )
+         INSERT INTO events (stream, version, id, type, data, metadata)
+         SELECT $1, allowed.v + e.ord, e.id, e.type, e.data, e.metadata
+           FROM allowed,
+                unnest($3::text[], $4::text[], $5::jsonb[], $6::jsonb[])
+                    WITH ORDINALITY AS e(id, type, data, metadata, ord)
+         ORDER BY e.ord
+         ON CONFLICT (id) DO NOTHING
+         RETURNING {}",
+        columns("events")
+    );
+    let result = sqlx::query(&sql)
+        .bind(stream)
+        .bind(expected.as_param())
+        .bind(&ids)
+        .bind(&types)
+        .bind(&data)
+        .bind(&metadata)
+        .fetch_all(&mut *conn)
+        .await;
+    let rows = match result {
+        Ok(rows) => rows,
+        Err(sqlx::Error::Database(e)) if e.constraint() == Some("events_stream_version_key") => {
+            let actual = stream_version(conn, stream).await?;
+            return Err(AppendError::Concurrency {
+                stream: stream.to_string(),
+                expected,
+                actual,
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if rows.len() == events.len() {
+        return rows
+            .iter()
+            .map(decode)
+            .collect::<Result<_, _>>()
+            .map_err(Into::into);
+    }
+    // Fewer rows than events: either the version check failed or some ids exist already.
+    let stored = stored_events(conn, &ids).await?;
+    if rows.is_empty() && stored.len() == events.len() && stored.iter().all(|e| e.stream == stream)
+    {
+        return Ok(stored);
+    }
+    if !stored.is_empty() {
+        let reused = stored
+            .iter()
+            .map(|e| e.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(AppendError::IdReused(reused));
+    }
+    Err(AppendError::Concurrency {
+        stream: stream.to_string(),
+        expected,
+        actual: stream_version(conn, stream).await?,
+    })
+}
+
+/// The version of a stream's last event (0 when the stream does not exist).
+pub async fn stream_version(conn: &mut PgConnection, stream: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT coalesce((SELECT version FROM events WHERE stream = $1
+                          ORDER BY version DESC LIMIT 1), 0)",
+    )
+    .bind(stream)
+    .fetch_one(conn)
+    .await
+}
+
+async fn stored_events(
+    conn: &mut PgConnection,
+    ids: &[&str],
+) -> Result<Vec<RecordedEvent>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {} FROM events WHERE id = ANY($1) ORDER BY version",
+        columns("events")
+    );
+    let rows = sqlx::query(&sql).bind(ids).fetch_all(conn).await?;
+    rows.iter().map(decode).collect()
+}

@@ -1,0 +1,124 @@
+//! Named, durable followers of the log.
+//!
+//! A follower reads the log after its checkpoint in the one agreed order, hands batches to its
+//! owner, and moves the checkpoint only when told that a batch is done (in the same transaction
+//! as the owner's writes, or after a sink acknowledged). Restarting resumes where it stopped.
+
+use std::time::Duration;
+
+use sqlx::{PgExecutor, PgPool, Row};
+use tokio::sync::watch;
+
+use crate::model::{Cursor, RecordedEvent};
+use crate::notify::Notifier;
+use crate::read::{head_position, read_after};
+
+/// How long a follower waits for a wake-up before it polls anyway.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// A durable reader of the log.
+pub struct Follower {
+    name: String,
+    pool: PgPool,
+    cursor: Cursor,
+    wake: watch::Receiver<u64>,
+}
+
+impl Follower {
+    /// Loads (or creates) the checkpoint of the follower called `name`.
+    pub async fn load(pool: PgPool, name: &str, notifier: &Notifier) -> Result<Self, sqlx::Error> {
+        let cursor = load_checkpoint(&pool, name).await?;
+        Ok(Follower {
+            name: name.to_string(),
+            pool,
+            cursor,
+            wake: notifier.subscribe(),
+        })
+    }
+
+    /// The follower's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where the follower stands: after the last event it was told is done.
+    pub fn cursor(&self) -> Cursor {
+        self.cursor
+    }
+
+    /// The next events after the cursor (empty when caught up). Does not move the cursor.
+    pub async fn next_batch(&mut self, limit: i64) -> Result<Vec<RecordedEvent>, sqlx::Error> {
+        // Mark wake-ups seen before reading, so one arriving during the read is not lost.
+        self.wake.borrow_and_update();
+        read_after(&self.pool, self.cursor, limit).await
+    }
+
+    /// Records that everything up to `cursor` is done, through `db` (the owner's transaction
+    /// when the owner writes, else the pool).
+    pub async fn commit<'e>(
+        &mut self,
+        db: impl PgExecutor<'e>,
+        cursor: Cursor,
+    ) -> Result<(), sqlx::Error> {
+        save_checkpoint(db, &self.name, cursor).await?;
+        self.advance(cursor);
+        Ok(())
+    }
+
+    /// Moves the in-memory cursor after the owner's transaction (that called
+    /// [`save_checkpoint`]) committed.
+    pub fn advance(&mut self, cursor: Cursor) {
+        self.cursor = cursor;
+    }
+
+    /// Waits for a wake-up or the poll interval, whichever comes first.
+    pub async fn wait(&mut self) {
+        let _ = tokio::time::timeout(POLL_INTERVAL, self.wake.changed()).await;
+    }
+
+    /// Publishes how far behind the head of the log this follower is, in events.
+    pub async fn report_lag(&self) -> Result<(), sqlx::Error> {
+        let head = head_position(&self.pool).await?;
+        let lag = (head - self.cursor.position).max(0);
+        metrics::gauge!("vps_follower_lag_events", "follower" => self.name.clone()).set(lag as f64);
+        Ok(())
+    }
+}
+
+/// Reads a follower's checkpoint, creating it at the start of the log.
+pub async fn load_checkpoint(pool: &PgPool, name: &str) -> Result<Cursor, sqlx::Error> {
+    let row = sqlx::query(
+        "INSERT INTO follower_checkpoints (name) VALUES ($1)
+         ON CONFLICT (name) DO UPDATE SET name = excluded.name
+         RETURNING transaction_id::text, position",
+    )
+    .bind(name)
+    .fetch_one(pool)
+    .await?;
+    let txid: String = row.try_get(0)?;
+    Ok(Cursor {
+        transaction_id: txid.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        position: row.try_get(1)?,
+    })
+}
+
+/// Stores a follower's checkpoint.
+pub async fn save_checkpoint<'e>(
+    db: impl PgExecutor<'e>,
+    name: &str,
+    cursor: Cursor,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO follower_checkpoints (name, transaction_id, position, updated_at)
+         VALUES ($1, $2::text::xid8, $3, now())
+         ON CONFLICT (name) DO UPDATE
+            SET transaction_id = excluded.transaction_id, position = excluded.position,
+                updated_at = now()",
+    )
+    .bind(name)
+    .bind(cursor.transaction_id.to_string())
+    .bind(cursor.position)
+    .execute(db)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! Wake-ups for followers. A wake-up is only a hint: followers also poll, so a lost wake-up
+//! costs latency, never an event.
+//!
+//! Appenders in this process bump a local counter at once; other processes learn through
+//! `pg_notify` on one channel. The notify is sent by a background task, coalesced, and outside
+//! the writers' transactions: a NOTIFY inside a transaction takes a global lock at commit and
+//! would serialise every writer.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::{watch, Notify};
+
+/// The PostgreSQL channel the log's wake-ups travel on.
+pub const CHANNEL: &str = "vps_events";
+
+/// Shared by every appender and follower of one process.
+#[derive(Clone)]
+pub struct Notifier {
+    local: Arc<watch::Sender<u64>>,
+    pending: Arc<AtomicBool>,
+    kick: Arc<Notify>,
+}
+
+impl Notifier {
+    /// Starts the notify sender and the listener for other processes' appends.
+    pub fn start(pool: PgPool) -> Notifier {
+        let notifier = Notifier::local_only();
+        tokio::spawn(send_notifies(pool.clone(), notifier.clone()));
+        tokio::spawn(listen(pool, notifier.clone()));
+        notifier
+    }
+
+    /// A notifier that reaches only this process (tests, tools).
+    pub fn local_only() -> Notifier {
+        let (tx, _) = watch::channel(0);
+        Notifier {
+            local: Arc::new(tx),
+            pending: Arc::new(AtomicBool::new(false)),
+            kick: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Call after a transaction that appended has committed.
+    pub fn committed(&self) {
+        self.bump();
+        self.pending.store(true, Ordering::Release);
+        self.kick.notify_one();
+    }
+
+    /// A receiver that sees every wake-up after it was made.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.local.subscribe()
+    }
+
+    fn bump(&self) {
+        self.local.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+async fn send_notifies(pool: PgPool, notifier: Notifier) {
+    loop {
+        notifier.kick.notified().await;
+        if notifier.pending.swap(false, Ordering::AcqRel) {
+            if let Err(e) = sqlx::query("SELECT pg_notify($1, '')")
+                .bind(CHANNEL)
+                .execute(&pool)
+                .await
+            {
+                tracing::debug!(error = %e, "pg_notify failed; followers will poll");
+            }
+        }
+    }
+}
+
+async fn listen(pool: PgPool, notifier: Notifier) {
+    loop {
+        match PgListener::connect_with(&pool).await {
+            Ok(mut listener) => {
+                if listener.listen(CHANNEL).await.is_ok() {
+                    while listener.recv().await.is_ok() {
+                        notifier.bump();
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot listen for log wake-ups; polling"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

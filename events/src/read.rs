@@ -1,0 +1,113 @@
+//! Reading one stream, and the whole log in the agreed order below the horizon.
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgExecutor, Row};
+
+use crate::model::{Cursor, RecordedEvent};
+
+/// The event columns of table or alias `t`, in the order `decode_at` expects.
+pub(crate) fn columns(t: &str) -> String {
+    format!(
+        "{t}.position, {t}.transaction_id::text, {t}.stream, {t}.version, {t}.id, {t}.type, \
+         {t}.data, {t}.metadata, {t}.recorded_at"
+    )
+}
+
+/// Turns a row whose first columns are `columns(..)` into a record.
+pub(crate) fn decode(row: &PgRow) -> Result<RecordedEvent, sqlx::Error> {
+    decode_at(row, 0)
+}
+
+/// Like `decode`, for rows where the event columns start at `offset`.
+pub(crate) fn decode_at(row: &PgRow, offset: usize) -> Result<RecordedEvent, sqlx::Error> {
+    let txid: String = row.try_get(offset + 1)?;
+    let metadata: sqlx::types::Json<crate::model::Metadata> = row.try_get(offset + 7)?;
+    Ok(RecordedEvent {
+        position: row.try_get(offset)?,
+        transaction_id: txid.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        stream: row.try_get(offset + 2)?,
+        version: row.try_get(offset + 3)?,
+        id: row.try_get(offset + 4)?,
+        event_type: row.try_get(offset + 5)?,
+        data: row.try_get(offset + 6)?,
+        metadata: metadata.0,
+        recorded_at: row.try_get(offset + 8)?,
+    })
+}
+
+/// Every event of a stream, oldest first.
+pub async fn read_stream<'e>(
+    db: impl PgExecutor<'e>,
+    stream: &str,
+) -> Result<Vec<RecordedEvent>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {} FROM events WHERE stream = $1 ORDER BY version",
+        columns("events")
+    );
+    let rows = sqlx::query(&sql).bind(stream).fetch_all(db).await?;
+    rows.iter().map(decode).collect()
+}
+
+/// Up to `limit` events after `after` in the read order, only from transactions older than
+/// every transaction still running: a transaction that commits later can then never land
+/// before an event already handed out.
+pub async fn read_after<'e>(
+    db: impl PgExecutor<'e>,
+    after: Cursor,
+    limit: i64,
+) -> Result<Vec<RecordedEvent>, sqlx::Error> {
+    read_filtered(db, after, &Filter::default(), limit).await
+}
+
+/// The highest position handed out so far (an upper bound for lag metrics).
+pub async fn head_position<'e>(db: impl PgExecutor<'e>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT coalesce(max(position), 0) FROM events")
+        .fetch_one(db)
+        .await
+}
+
+/// Narrows a read of the whole log.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Type patterns (`instance.*`); empty = every type.
+    pub types: Vec<String>,
+    /// Only this stream.
+    pub stream: Option<String>,
+    /// Only events whose metadata names this tenant.
+    pub tenant_id: Option<String>,
+}
+
+/// Like [`read_after`], keeping only events that pass `filter`.
+pub async fn read_filtered<'e>(
+    db: impl PgExecutor<'e>,
+    after: Cursor,
+    filter: &Filter,
+    limit: i64,
+) -> Result<Vec<RecordedEvent>, sqlx::Error> {
+    let likes: Vec<String> = filter
+        .types
+        .iter()
+        .map(|p| crate::pattern::to_like(p))
+        .collect();
+    let sql = format!(
+        "SELECT {} FROM events
+          WHERE (transaction_id, position) > ($1::text::xid8, $2)
+            AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+            AND (cardinality($4::text[]) = 0 OR type LIKE ANY($4))
+            AND ($5::text IS NULL OR stream = $5)
+            AND ($6::text IS NULL OR metadata->>'tenantId' = $6)
+          ORDER BY transaction_id, position
+          LIMIT $3",
+        columns("events")
+    );
+    let rows = sqlx::query(&sql)
+        .bind(after.transaction_id.to_string())
+        .bind(after.position)
+        .bind(limit)
+        .bind(&likes)
+        .bind(&filter.stream)
+        .bind(&filter.tenant_id)
+        .fetch_all(db)
+        .await?;
+    rows.iter().map(decode).collect()
+}

@@ -1,0 +1,349 @@
+//! The log against a real PostgreSQL server, each test on its own fresh database.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use serde_json::json;
+use sqlx::PgPool;
+use vps_events::chain::{chain_batch, verify, CHAINER};
+use vps_events::read::read_stream;
+use vps_events::{append, AppendError, ExpectedVersion, Follower, Metadata, NewEvent, Notifier};
+
+async fn fresh_log() -> PgPool {
+    let url = vps_pg::testing::fresh_database().await;
+    let pool = vps_events::connect(
+        &url,
+        &vps_events::DbOptions {
+            max_connections: 30,
+        },
+    )
+    .await
+    .expect("connect");
+    vps_events::migrate(&pool).await.expect("migrate");
+    pool
+}
+
+fn event(n: usize) -> NewEvent {
+    NewEvent {
+        id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+        event_type: "test.happened".into(),
+        data: json!({ "n": n }),
+        metadata: Metadata {
+            actor: Some("id_test".into()),
+            ..Metadata::default()
+        },
+    }
+}
+
+/// The next `n` events. Other tests share the server, and their open transactions hold the
+/// horizon back for a moment, so this waits until all `n` are readable.
+async fn next_exactly(follower: &mut Follower, n: usize) -> Vec<vps_events::RecordedEvent> {
+    for _ in 0..1000 {
+        let batch = follower.next_batch(n as i64).await.unwrap();
+        if batch.len() == n {
+            return batch;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{n} events never became readable");
+}
+
+async fn sequence_value(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT last_value FROM events_position_seq")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_wrong_expected_version_is_a_concurrency_error_that_burns_no_position() {
+    let pool = fresh_log().await;
+    let mut conn = pool.acquire().await.unwrap();
+    append(&mut conn, "s-1", ExpectedVersion::NoStream, &[event(1)])
+        .await
+        .unwrap();
+    let before = sequence_value(&pool).await;
+
+    for expected in [ExpectedVersion::NoStream, ExpectedVersion::Exact(5)] {
+        let err = append(&mut conn, "s-1", expected, &[event(2)])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, AppendError::Concurrency { actual: 1, .. }),
+            "got {err:?}"
+        );
+    }
+    assert_eq!(
+        sequence_value(&pool).await,
+        before,
+        "a losing writer took a position"
+    );
+
+    let stored = append(
+        &mut conn,
+        "s-1",
+        ExpectedVersion::Exact(1),
+        &[event(2), event(3)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        stored.iter().map(|e| e.version).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+    assert_eq!(stored[0].position, before + 1);
+}
+
+#[tokio::test]
+async fn appending_the_same_event_ids_again_returns_the_stored_events() {
+    let pool = fresh_log().await;
+    let mut conn = pool.acquire().await.unwrap();
+    let events = vec![event(1), event(2)];
+    let first = append(&mut conn, "s-1", ExpectedVersion::NoStream, &events)
+        .await
+        .unwrap();
+    let again = append(&mut conn, "s-1", ExpectedVersion::NoStream, &events)
+        .await
+        .unwrap();
+    assert_eq!(first, again);
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 2);
+    // The same id in another stream is not a retry.
+    let err = append(&mut conn, "s-2", ExpectedVersion::Any, &events[..1])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AppendError::IdReused(_)), "got {err:?}");
+}
+
+#[tokio::test]
+async fn several_streams_can_be_appended_in_one_transaction() {
+    let pool = fresh_log().await;
+    let mut tx = pool.begin().await.unwrap();
+    append(&mut tx, "a-1", ExpectedVersion::NoStream, &[event(1)])
+        .await
+        .unwrap();
+    append(&mut tx, "b-1", ExpectedVersion::NoStream, &[event(2)])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(read_stream(&pool, "a-1").await.unwrap().is_empty());
+
+    let mut tx = pool.begin().await.unwrap();
+    append(&mut tx, "a-1", ExpectedVersion::NoStream, &[event(1)])
+        .await
+        .unwrap();
+    append(&mut tx, "b-1", ExpectedVersion::NoStream, &[event(2)])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(read_stream(&pool, "a-1").await.unwrap().len(), 1);
+    assert_eq!(read_stream(&pool, "b-1").await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn the_log_refuses_updates_deletes_and_truncation() {
+    let pool = fresh_log().await;
+    let mut conn = pool.acquire().await.unwrap();
+    append(&mut conn, "s-1", ExpectedVersion::NoStream, &[event(1)])
+        .await
+        .unwrap();
+    for sql in [
+        "UPDATE events SET type = 'x'",
+        "DELETE FROM events",
+        "TRUNCATE events",
+    ] {
+        let err = sqlx::query(sql).execute(&pool).await.unwrap_err();
+        assert!(err.to_string().contains("append-only"), "{sql}: {err}");
+    }
+    assert_eq!(read_stream(&pool, "s-1").await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_follower_resumes_after_its_checkpoint_when_loaded_again() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let mut conn = pool.acquire().await.unwrap();
+    for n in 0..10 {
+        append(
+            &mut conn,
+            &format!("s-{n}"),
+            ExpectedVersion::NoStream,
+            &[event(n)],
+        )
+        .await
+        .unwrap();
+    }
+    let mut follower = Follower::load(pool.clone(), "f", &notifier).await.unwrap();
+    let batch = next_exactly(&mut follower, 4).await;
+    follower.commit(&pool, batch[3].cursor()).await.unwrap();
+    drop(follower);
+
+    let mut again = Follower::load(pool.clone(), "f", &notifier).await.unwrap();
+    let rest = next_exactly(&mut again, 6).await;
+    assert_eq!(rest[0].data["n"], 4);
+}
+
+#[tokio::test]
+async fn audit_verify_names_the_first_event_altered_behind_the_triggers_back() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let mut conn = pool.acquire().await.unwrap();
+    for n in 0..20 {
+        append(&mut conn, "s-1", ExpectedVersion::Any, &[event(n)])
+            .await
+            .unwrap();
+    }
+    let mut chainer = Follower::load(pool.clone(), CHAINER, &notifier)
+        .await
+        .unwrap();
+    // Other tests' open transactions on the same server may hold the horizon back a while.
+    let mut chained = 0;
+    while chained < 20 {
+        chained += chain_batch(&pool, &mut chainer, 7).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let clean = verify(&pool, |_, _| {}).await.unwrap();
+    assert_eq!(
+        (clean.verified, clean.unchained, clean.first_break),
+        (20, 0, None)
+    );
+
+    let target = &read_stream(&pool, "s-1").await.unwrap()[12];
+    sqlx::query("ALTER TABLE events DISABLE TRIGGER events_append_only")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE events SET data = '{\"n\": 999}' WHERE id = $1")
+        .bind(&target.id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let report = verify(&pool, |_, _| {}).await.unwrap();
+    let broken = report.first_break.expect("the alteration is found");
+    assert_eq!(broken.event_id.as_deref(), Some(target.id.as_str()));
+    assert_eq!(report.verified, 12);
+
+    sqlx::query("DELETE FROM events WHERE version = 3")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let report = verify(&pool, |_, _| {}).await.unwrap();
+    assert_eq!(report.first_break.unwrap().reason, "the event was removed");
+}
+
+/// The ARCHITECTURE.md acceptance for reading without skipping: concurrent writers that hold
+/// their transactions open for random times and sometimes roll back, and followers reading
+/// all the while.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_follower_sees_every_committed_event_once_in_one_order() {
+    const WRITERS: usize = 16;
+    const EVENTS: usize = 10_000;
+    const FOLLOWERS: usize = 3;
+    let pool = fresh_log().await;
+    let notifier = Notifier::start(pool.clone());
+    let committed = Arc::new(std::sync::Mutex::new(HashSet::new()));
+    let rolled_back = Arc::new(std::sync::Mutex::new(HashSet::new()));
+    // How many events the followers must see; known once the writers are done.
+    let expected = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+
+    let mut followers = Vec::new();
+    for f in 0..FOLLOWERS {
+        let (pool, notifier, expected) = (pool.clone(), notifier.clone(), expected.clone());
+        followers.push(tokio::spawn(async move {
+            let mut follower = Follower::load(pool.clone(), &format!("f{f}"), &notifier)
+                .await
+                .unwrap();
+            let mut seen = Vec::new();
+            while seen.len() < expected.load(std::sync::atomic::Ordering::SeqCst) {
+                let batch = follower.next_batch(250).await.unwrap();
+                if let Some(last) = batch.last() {
+                    follower.commit(&pool, last.cursor()).await.unwrap();
+                    seen.extend(batch.into_iter().map(|e| e.id));
+                    continue;
+                }
+                follower.wait().await;
+            }
+            // Anything beyond the expected count (a repeat, a rolled-back event) shows here.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            seen.extend(
+                follower
+                    .next_batch(250)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| e.id),
+            );
+            seen
+        }));
+    }
+
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (pool, notifier) = (pool.clone(), notifier.clone());
+        let (committed, rolled_back) = (committed.clone(), rolled_back.clone());
+        writers.push(tokio::spawn(async move {
+            let mut version = 0;
+            for n in 0..EVENTS / WRITERS {
+                let e = event(n);
+                let mut tx = pool.begin().await.unwrap();
+                append(
+                    &mut tx,
+                    &format!("w-{w}"),
+                    ExpectedVersion::Exact(version),
+                    std::slice::from_ref(&e),
+                )
+                .await
+                .unwrap();
+                let (hold, roll_back) = {
+                    let mut rng = rand::thread_rng();
+                    (rng.gen_range(0..3000u64), rng.gen_ratio(1, 20))
+                };
+                tokio::time::sleep(Duration::from_micros(hold)).await;
+                if roll_back {
+                    tx.rollback().await.unwrap();
+                    rolled_back.lock().unwrap().insert(e.id);
+                } else {
+                    tx.commit().await.unwrap();
+                    notifier.committed();
+                    committed.lock().unwrap().insert(e.id);
+                    version += 1;
+                }
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let committed = committed.lock().unwrap().clone();
+    expected.store(committed.len(), std::sync::atomic::Ordering::SeqCst);
+    let rolled_back = rolled_back.lock().unwrap().clone();
+    let mut orders = Vec::new();
+    for f in followers {
+        let seen = tokio::time::timeout(Duration::from_secs(120), f)
+            .await
+            .unwrap()
+            .unwrap();
+        let unique: HashSet<_> = seen.iter().cloned().collect();
+        assert_eq!(
+            unique.len(),
+            seen.len(),
+            "a follower received an event twice"
+        );
+        assert_eq!(
+            unique, committed,
+            "a follower missed a committed event or saw a rolled-back one"
+        );
+        assert!(unique.is_disjoint(&rolled_back));
+        orders.push(seen);
+    }
+    assert!(
+        orders.windows(2).all(|w| w[0] == w[1]),
+        "followers disagree on the order"
+    );
+    assert!(committed.len() > EVENTS / 2);
+}

@@ -1,0 +1,80 @@
+//! Fresh databases for tests: one per test, on a shared server, so tests run in parallel.
+//!
+//! The server is `VPS_TEST_DATABASE_URL` when set (CI points it at the machine's cluster);
+//! otherwise a throw-away embedded cluster under the workspace's `target/vps-test-pg`, shared by
+//! every test process and left running for the next one.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use sqlx::{Connection, Executor, PgConnection};
+
+use crate::embedded::{EmbeddedCluster, EmbeddedOptions};
+
+/// The URL of the server tests create their databases on.
+pub fn server_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(url) = std::env::var("VPS_TEST_DATABASE_URL") {
+            return url;
+        }
+        let data_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/vps-test-pg");
+        let cluster = EmbeddedCluster::start(&EmbeddedOptions {
+            data_dir,
+            throwaway: true,
+        })
+        .unwrap_or_else(|e| panic!("test database server: {e}"));
+        let url = cluster.url();
+        cluster.detach();
+        url
+    })
+    .clone()
+}
+
+/// Creates an empty database with a unique name and returns its URL.
+pub async fn fresh_database() -> String {
+    let server = server_url();
+    let name = format!("t_{}", ulid::Ulid::generate().to_string().to_lowercase());
+    let mut admin = PgConnection::connect(&server)
+        .await
+        .unwrap_or_else(|e| panic!("connect to test server {server}: {e}"));
+    admin
+        .execute(format!("CREATE DATABASE {name}").as_str())
+        .await
+        .expect("create test database");
+    with_database(&server, &name)
+}
+
+/// `url` with its database name replaced.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    // The path starts at the first '/' after the authority.
+    let authority_end = base
+        .find("://")
+        .map(|i| i + 3)
+        .and_then(|start| base[start..].find('/').map(|j| start + j))
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{}", &base[..authority_end], database);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn with_database_replaces_only_the_path() {
+        assert_eq!(
+            with_database("postgres://u:p@h:5/postgres?sslmode=disable", "t_1"),
+            "postgres://u:p@h:5/t_1?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+    }
+}
