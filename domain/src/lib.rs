@@ -25,6 +25,7 @@ pub mod error;
 pub mod ids;
 pub mod instance;
 pub mod ipam;
+pub mod operator;
 pub mod placement;
 pub mod quota;
 pub mod resources;

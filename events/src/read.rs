@@ -75,6 +75,9 @@ pub struct Filter {
     pub stream: Option<String>,
     /// Only events whose metadata names this tenant.
     pub tenant_id: Option<String>,
+    /// Read everything the caller's snapshot sees instead of stopping at the horizon: only
+    /// for a reader inside one repeatable-read snapshot (a replay), which nothing can change.
+    pub whole_snapshot: bool,
 }
 
 /// Like [`read_after`], keeping only events that pass `filter`.
@@ -92,7 +95,7 @@ pub async fn read_filtered<'e>(
     let sql = format!(
         "SELECT {} FROM events
           WHERE (transaction_id, position) > ($1::text::xid8, $2)
-            AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+            AND ($7 OR transaction_id < pg_snapshot_xmin(pg_current_snapshot()))
             AND (cardinality($4::text[]) = 0 OR type LIKE ANY($4))
             AND ($5::text IS NULL OR stream = $5)
             AND ($6::text IS NULL OR metadata->>'tenantId' = $6)
@@ -107,6 +110,7 @@ pub async fn read_filtered<'e>(
         .bind(&likes)
         .bind(&filter.stream)
         .bind(&filter.tenant_id)
+        .bind(filter.whole_snapshot)
         .fetch_all(db)
         .await?;
     rows.iter().map(decode).collect()

@@ -1,5 +1,68 @@
-//! Projectors turn events into rows. Inline projectors run inside a command's transaction;
-//! async ones follow the log from a checkpoint. Both are deterministic functions of the event
-//! and their own tables, so every projection can be rebuilt from the log and compared.
+//! Projectors turn events into rows. Inline projectors run inside a command's transaction
+//! (`apply`); every projection can be rebuilt from the log and compared with the live one
+//! (`replay`). Each projector is a deterministic function of the event and projection tables:
+//! time comes from the event, never from `now()`.
 //!
-//! Nothing outside this crate writes a projection table.
+//! Modules: `operator` (pools, quotas' maxima, nodes, flavors, images), `instances` (instance
+//! views, quota usage, node allocations, IP leases), `replay` (rebuild and verify).
+//!
+//! Nothing outside this crate writes a projection table. Projector SQL names tables without a
+//! schema, so a replay can point `search_path` at a scratch schema.
+
+pub mod instances;
+pub mod operator;
+pub mod replay;
+
+use sqlx::PgConnection;
+use vps_events::RecordedEvent;
+
+/// A projector could not apply an event.
+#[derive(Debug, thiserror::Error)]
+pub enum ProjectionError {
+    /// The event's data does not have the shape its type promises.
+    #[error("event {event_id} ({event_type}) has malformed data: {message}")]
+    Malformed {
+        /// The event.
+        event_id: String,
+        /// Its type.
+        event_type: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// Every projection table, in the order a rebuild creates and compares them.
+pub const TABLES: &[&str] = &[
+    "pools",
+    "quotas",
+    "nodes",
+    "flavors",
+    "images",
+    "instances",
+    "node_allocations",
+    "ip_leases",
+];
+
+/// Applies every inline projector to one event, in the caller's transaction.
+pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), ProjectionError> {
+    let kind = event.event_type.split('.').next().unwrap_or("");
+    match kind {
+        "instance" => instances::apply(conn, event).await,
+        "pool" | "node" | "flavor" | "image" => operator::apply(conn, event).await,
+        _ => Ok(()),
+    }
+}
+
+/// Parses an event's data as `T`.
+pub(crate) fn data<T: serde::de::DeserializeOwned>(
+    event: &RecordedEvent,
+) -> Result<T, ProjectionError> {
+    serde_json::from_value(event.data.clone()).map_err(|e| ProjectionError::Malformed {
+        event_id: event.id.clone(),
+        event_type: event.event_type.clone(),
+        message: e.to_string(),
+    })
+}

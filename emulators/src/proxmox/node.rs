@@ -254,11 +254,15 @@ impl Node {
         }
         let running = vm.running;
         let (kind, effect, refused) = match action {
-            "start" => ("qmstart", Effect::Start, running.then(|| "already running")),
+            "start" => (
+                "qmstart",
+                Effect::Start,
+                running.then_some("already running"),
+            ),
             "shutdown" => (
                 "qmshutdown",
                 Effect::Stop,
-                (!running).then(|| "not running"),
+                (!running).then_some("not running"),
             ),
             "stop" => ("qmstop", Effect::Stop, None),
             _ => return Err(not_implemented(action)),

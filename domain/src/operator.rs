@@ -1,0 +1,154 @@
+//! Events of the operator's resources: pools, offers, IP ranges, nodes, flavors and images.
+//! Each is the payload of one wire type; the stream is `<kind>-<id>`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::resources::{Capacity, Shape};
+
+/// `pool.created`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolCreated {
+    /// `pool_…`.
+    pub pool_id: String,
+    /// Unique name.
+    pub name: String,
+    /// `vps-host` or `provider`.
+    pub class: String,
+    /// Hosted pools: the runtime.
+    pub runtime: Option<String>,
+    /// Provider pools: the account.
+    pub provider_account_id: Option<String>,
+    /// Host-loss policy.
+    pub policy: PoolPolicy,
+}
+
+/// A hosted pool's policy for lost hosts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolPolicy {
+    /// Place a lost host's instances elsewhere.
+    #[serde(default)]
+    pub recreate_on_host_loss: bool,
+    /// A node silent this long becomes `lost`.
+    #[serde(default)]
+    pub lost_after_seconds: Option<u32>,
+}
+
+/// `pool.updated`: the new name and policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolUpdated {
+    /// The pool.
+    pub pool_id: String,
+    /// Its name now.
+    pub name: String,
+    /// Its policy now.
+    pub policy: PoolPolicy,
+}
+
+/// `pool.offered`: the pool is visible to a tenant with these quota maxima.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolOffered {
+    /// The pool.
+    pub pool_id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// Maxima by quota resource wire name (`vcpu`, `memoryGiB`, `diskGiB`, `gpu`).
+    pub quota: BTreeMap<String, u64>,
+}
+
+/// `pool.ip_range.set`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpRangeSet {
+    /// The pool.
+    pub pool_id: String,
+    /// IPv4 CIDR.
+    pub cidr: String,
+    /// The gateway (never leased).
+    pub gateway: String,
+}
+
+/// `node.registered`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRegistered {
+    /// `node_…`.
+    pub node_id: String,
+    /// Its pool.
+    pub pool_id: String,
+    /// Name, unique in the pool.
+    pub name: String,
+    /// What it offers.
+    pub capacity: Capacity,
+    /// Labels for placement.
+    pub labels: BTreeMap<String, String>,
+    /// Runtimes it advertises.
+    pub runtimes: Vec<String>,
+    /// CPU model (memory snapshots restore only on the same one).
+    pub cpu_model: Option<String>,
+    /// SHA-256 (hex) of the node token; the token itself is shown once and never stored.
+    pub token_hash: String,
+}
+
+/// `node.cordoned` / `node.uncordoned`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCordonChanged {
+    /// The node.
+    pub node_id: String,
+}
+
+/// `flavor.created`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlavorCreated {
+    /// `flv_…`.
+    pub flavor_id: String,
+    /// Its pool.
+    pub pool_id: String,
+    /// Unique in the pool.
+    pub name: String,
+    /// What an instance of it gets.
+    pub shape: Shape,
+    /// Provider pools: the provider's offer (server type, template).
+    pub offer_id: Option<String>,
+}
+
+/// `flavor.archived`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlavorArchived {
+    /// The flavor.
+    pub flavor_id: String,
+}
+
+/// `image.registered`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRegistered {
+    /// `img_…` (chosen by the operator).
+    pub image_id: String,
+    /// Owner; `None` = public.
+    pub tenant_id: Option<String>,
+    /// Where hosts fetch it.
+    pub url: String,
+    /// Hex SHA-256 of its content.
+    pub sha256: String,
+    /// `raw`, `qcow2` or `iso`.
+    pub format: String,
+    /// Vetted by the operator (a policy attribute).
+    pub verified: bool,
+}
+
+/// `image.deleted`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageDeleted {
+    /// The image.
+    pub image_id: String,
+}

@@ -1,0 +1,168 @@
+//! Instance views, and what instances hold: quota usage, node allocations and IP leases.
+//!
+//! One projector for all four because they move together: the view's stored state says what
+//! an event releases (the shape to refund, the allocation to drop).
+
+use sqlx::types::Json;
+use sqlx::{PgConnection, Row};
+use vps_domain::instance::{evolve, Instance, InstanceEvent};
+use vps_domain::quota::{charge_of, resize_delta, Delta};
+use vps_domain::resources::Shape;
+use vps_events::RecordedEvent;
+
+use crate::ProjectionError;
+
+/// Applies one `instance.*` event.
+pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
+    let event = InstanceEvent::from_parts(&e.event_type, e.data.clone()).map_err(|err| {
+        ProjectionError::Malformed {
+            event_id: e.id.clone(),
+            event_type: e.event_type.clone(),
+            message: err.to_string(),
+        }
+    })?;
+    let before = load(conn, event.instance_id()).await?;
+    let after = evolve(before.clone(), &event, e.recorded_at).map_err(|err| {
+        ProjectionError::Malformed {
+            event_id: e.id.clone(),
+            event_type: e.event_type.clone(),
+            message: err.to_string(),
+        }
+    })?;
+
+    match &event {
+        InstanceEvent::Created(_) => charge(conn, &after, &charge_of(&after.shape), 1).await?,
+        InstanceEvent::Scheduled(s) => {
+            sqlx::query(
+                "INSERT INTO node_allocations (id, node_id, instance_id, vcpu, memory_gib, disk_gib, gpu_model, gpus)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(&s.allocation_id)
+            .bind(&s.node_id)
+            .bind(&after.id)
+            .bind(after.shape.vcpu as i64)
+            .bind(after.shape.memory_gib as i64)
+            .bind(after.shape.disk_gib as i64)
+            .bind(after.shape.gpus.as_ref().map(|g| g.model.clone()))
+            .bind(after.shape.gpus.as_ref().map(|g| g.count as i64).unwrap_or(0))
+            .execute(&mut *conn)
+            .await?;
+            sqlx::query(
+                "INSERT INTO ip_leases (pool_id, address, instance_id) VALUES ($1, $2, $3)",
+            )
+            .bind(&after.pool_id)
+            .bind(&s.address)
+            .bind(&after.id)
+            .execute(&mut *conn)
+            .await?;
+        }
+        InstanceEvent::Resized(r) => {
+            charge(conn, &after, &resize_delta(&r.previous_shape, &r.shape), 1).await?;
+            resize_allocation(conn, &after.id, &r.shape).await?;
+        }
+        InstanceEvent::Recreating(_) => release_placement(conn, &after.id).await?,
+        InstanceEvent::Deleted(_) => {
+            release_placement(conn, &after.id).await?;
+            let shape = before.as_ref().map(|b| &b.shape).unwrap_or(&after.shape);
+            charge(conn, &after, &charge_of(shape), -1).await?;
+        }
+        _ => {}
+    }
+    store(conn, &after).await
+}
+
+/// The stored view of an instance (the projection doubles as the aggregate's snapshot).
+pub async fn load(conn: &mut PgConnection, id: &str) -> Result<Option<Instance>, ProjectionError> {
+    let row = sqlx::query("SELECT doc FROM instances WHERE id = $1")
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    match row {
+        None => Ok(None),
+        Some(row) => {
+            let Json(doc): Json<Instance> = row.try_get(0)?;
+            Ok(Some(doc))
+        }
+    }
+}
+
+async fn store(conn: &mut PgConnection, i: &Instance) -> Result<(), ProjectionError> {
+    sqlx::query(
+        "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
+                                owner_identity_id, warm, doc, created_at, updated_at, version)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         ON CONFLICT (id) DO UPDATE SET state = excluded.state, desired_state = excluded.desired_state,
+            node_id = excluded.node_id, doc = excluded.doc, updated_at = excluded.updated_at,
+            version = excluded.version",
+    )
+    .bind(&i.id)
+    .bind(&i.tenant_id)
+    .bind(&i.pool_id)
+    .bind(i.state.as_str())
+    .bind(i.desired_state.as_str())
+    .bind(&i.node_id)
+    .bind(&i.owner_identity_id)
+    .bind(i.warm_template_id.is_some())
+    .bind(Json(i))
+    .bind(i.created_at)
+    .bind(i.updated_at)
+    .bind(i.version as i64)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Adds `sign * delta` to the tenant's usage in the instance's pool.
+async fn charge(
+    conn: &mut PgConnection,
+    i: &Instance,
+    delta: &Delta,
+    sign: i64,
+) -> Result<(), ProjectionError> {
+    for (resource, amount) in delta {
+        if *amount == 0 {
+            continue;
+        }
+        sqlx::query(
+            "INSERT INTO quotas (pool_id, tenant_id, resource, used) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used",
+        )
+        .bind(&i.pool_id)
+        .bind(&i.tenant_id)
+        .bind(resource.as_str())
+        .bind(sign * amount)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+async fn resize_allocation(
+    conn: &mut PgConnection,
+    instance_id: &str,
+    shape: &Shape,
+) -> Result<(), ProjectionError> {
+    sqlx::query("UPDATE node_allocations SET vcpu = $2, memory_gib = $3, disk_gib = $4 WHERE instance_id = $1")
+        .bind(instance_id)
+        .bind(shape.vcpu as i64)
+        .bind(shape.memory_gib as i64)
+        .bind(shape.disk_gib as i64)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+async fn release_placement(
+    conn: &mut PgConnection,
+    instance_id: &str,
+) -> Result<(), ProjectionError> {
+    sqlx::query("DELETE FROM node_allocations WHERE instance_id = $1")
+        .bind(instance_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("DELETE FROM ip_leases WHERE instance_id = $1")
+        .bind(instance_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
