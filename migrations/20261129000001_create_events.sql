@@ -14,7 +14,6 @@ CREATE TABLE events (
 
 -- The one read order every follower agrees on (ARCHITECTURE.md, "Reading in order").
 CREATE INDEX events_read_order ON events (transaction_id, position);
-CREATE INDEX events_type ON events (type);
 
 CREATE FUNCTION vps_forbid_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

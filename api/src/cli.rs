@@ -30,6 +30,13 @@ enum Command {
     /// Check the log's integrity.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Rebuild every projection from the log into a scratch schema and compare it with the
+    /// live one; exits 1 naming the differing rows.
+    Replay {
+        /// Compare with the live tables (the only mode).
+        #[arg(long, default_value_t = true)]
+        verify: bool,
+    },
     /// Measure a capability against its baseline.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -127,6 +134,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Audit(AuditCommand::Verify) => {
             let db = Database::open(&config, 4).await?;
             Ok(if crate::tools::audit::verify(&db.pool).await? {
+                0
+            } else {
+                1
+            })
+        }
+        Command::Replay { .. } => {
+            let db = Database::open(&config, 4).await?;
+            Ok(if crate::tools::replay::verify(&db.pool).await? {
                 0
             } else {
                 1

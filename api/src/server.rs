@@ -25,6 +25,8 @@ pub struct AppState {
     pub notifier: Notifier,
     /// The configuration in force.
     pub config: Arc<Config>,
+    /// Seals user data.
+    pub secrets: vps_commands::secrets::SecretKey,
 }
 
 /// The HTTP routes, without any background part (handlers can be driven with `oneshot`).
@@ -33,6 +35,10 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(crate::health::healthz))
         .route("/readyz", get(crate::health::readyz))
         .route("/metrics", get(crate::health::metrics))
+        .route(
+            "/api/compute/{group}/{method}",
+            axum::routing::post(crate::rpc::dispatch),
+        )
         .with_state(state)
 }
 
@@ -74,6 +80,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
     let state = AppState {
         pool: pool.clone(),
         notifier: notifier.clone(),
+        secrets: secret_key(&config),
         config: Arc::new(config),
     };
     let (stop, mut stopped) = watch::channel(false);
@@ -142,4 +149,23 @@ pub async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// The configured sealing key, or a random one for this process (sealed data then does not
+/// survive a restart, which is fine for dev and tests and warned about).
+fn secret_key(config: &Config) -> vps_commands::secrets::SecretKey {
+    use base64::Engine;
+    let configured = config
+        .secrets
+        .key
+        .as_ref()
+        .and_then(|k| base64::engine::general_purpose::STANDARD.decode(k).ok())
+        .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok());
+    let bytes = configured.unwrap_or_else(|| {
+        tracing::warn!(
+            "no [secrets] key configured: sealing user data with a key for this process only"
+        );
+        rand::random()
+    });
+    vps_commands::secrets::SecretKey::new(bytes)
 }

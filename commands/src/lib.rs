@@ -1,5 +1,20 @@
-//! Command handlers: load an aggregate by folding its stream, decide with `vps_domain`, then
-//! append the events and apply the inline projections in one PostgreSQL transaction.
+//! Command handlers: load an aggregate (its projection row is the snapshot, checked by the
+//! append's expected version), decide with `vps_domain`, then append the events and apply the
+//! inline projections in one PostgreSQL transaction.
+//!
+//! Modules: `context` (who acts), `error`, `record` (append + project), `operator` (pools,
+//! offers, IP ranges, nodes, flavors, images), `instances` (admission, start, stop, resize,
+//! delete), `secrets` (sealed user data).
 //!
 //! Handlers never call a host or a cloud API and never write a projection table directly: the
-//! inline projectors of `vps_projections` do that, inside the handler's transaction.
+//! projectors of `vps_projections` do that, inside the handler's transaction.
+
+pub mod context;
+pub mod error;
+pub mod instances;
+pub mod operator;
+pub mod record;
+pub mod secrets;
+
+pub use context::{Actor, Ctx};
+pub use error::CommandError;

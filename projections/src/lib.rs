@@ -12,6 +12,7 @@
 pub mod instances;
 pub mod operator;
 pub mod replay;
+pub mod views;
 
 use sqlx::PgConnection;
 use vps_events::RecordedEvent;

@@ -3,4 +3,6 @@
 //!
 //! A reactor pass is idempotent under at-least-once delivery and records what it did as
 //! commands; it never holds a database transaction open across a network call.
+pub mod nats;
 pub mod providers;
+pub mod webhooks;

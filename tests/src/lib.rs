@@ -1,1 +1,156 @@
 //! Black-box test support: a real `vps` server on a fresh database, driven over HTTP.
+
+use serde_json::{json, Value};
+use vps::config::{Config, IdentityConfig};
+use vps::server::RunningServer;
+
+/// The operator's token in every test server.
+pub const OPERATOR: &str = "operator-token";
+/// Tenant `acme`'s token (identity `id_alice`).
+pub const ALICE: &str = "alice-token";
+/// Tenant `acme`'s second identity (`id_bob`).
+pub const BOB: &str = "bob-token";
+/// Tenant `globex`'s token (identity `id_eve`).
+pub const EVE: &str = "eve-token";
+
+/// A server on its own fresh database, and a client for it.
+pub struct TestServer {
+    /// The running server.
+    pub server: RunningServer,
+    /// HTTP client.
+    pub http: reqwest::Client,
+}
+
+/// An error answer: status and body.
+#[derive(Debug)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body.
+    pub body: Value,
+}
+
+impl TestServer {
+    /// Starts a server on a fresh database with the four test identities.
+    pub async fn start() -> TestServer {
+        vps::telemetry::init_logging();
+        let url = vps_pg::testing::fresh_database().await;
+        let pool = vps_events::connect(
+            &url,
+            &vps_events::DbOptions {
+                max_connections: 40,
+            },
+        )
+        .await
+        .expect("connect");
+        vps_events::migrate(&pool).await.expect("migrate");
+        let identity = |token: &str, identity: &str, tenant: Option<&str>| IdentityConfig {
+            token: token.into(),
+            identity: identity.into(),
+            operator: tenant.is_none(),
+            tenant: tenant.map(str::to_string),
+        };
+        let mut config = Config::default();
+        config.http.listen = "127.0.0.1:0".into();
+        config.identities = vec![
+            identity(OPERATOR, "id_operator", None),
+            identity(ALICE, "id_alice", Some("acme")),
+            identity(BOB, "id_bob", Some("acme")),
+            identity(EVE, "id_eve", Some("globex")),
+        ];
+        let server = vps::server::start(config, pool)
+            .await
+            .expect("server starts");
+        TestServer {
+            server,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// Calls `group.method` with `token`; the JSON body or the error answer.
+    pub async fn call(&self, token: &str, method: &str, body: Value) -> Result<Value, Answer> {
+        let (group, name) = method.split_once('.').expect("group.method");
+        let response = self
+            .http
+            .post(format!("{}/api/compute/{group}/{name}", self.server.url()))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("JSON answer");
+        if status == 200 {
+            Ok(body)
+        } else {
+            Err(Answer { status, body })
+        }
+    }
+
+    /// Like `call`, panicking on an error answer.
+    pub async fn ok(&self, token: &str, method: &str, body: Value) -> Value {
+        match self.call(token, method, body).await {
+            Ok(v) => v,
+            Err(a) => panic!("{method} failed: {} {}", a.status, a.body),
+        }
+    }
+
+    /// A hosted pool offered to `acme` with `quota`, an IP range, `nodes` nodes of 16 vCPU /
+    /// 64 GiB, flavors `small` (2 vCPU) and `large` (8 vCPU), and a public image `img_ubuntu`.
+    pub async fn hosted_pool(&self, cidr: &str, nodes: usize, quota: Value) -> String {
+        let pool = self
+            .ok(
+                OPERATOR,
+                "pools.create",
+                json!({ "name": "hosted", "class": "vps-host" }),
+            )
+            .await;
+        let pool_id = pool["id"].as_str().unwrap().to_string();
+        self.ok(
+            OPERATOR,
+            "pools.setIpPool",
+            json!({ "poolId": pool_id, "cidr": cidr }),
+        )
+        .await;
+        self.ok(
+            OPERATOR,
+            "pools.offer",
+            json!({ "poolId": pool_id, "tenantId": "acme", "quota": quota }),
+        )
+        .await;
+        for n in 0..nodes {
+            self.ok(
+                OPERATOR,
+                "nodes.register",
+                json!({ "poolId": pool_id, "name": format!("host-{n}"), "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } }),
+            )
+            .await;
+        }
+        for (name, vcpu) in [("small", 2), ("large", 8)] {
+            self.ok(OPERATOR, "flavors.create", json!({ "poolId": pool_id, "name": name, "vcpu": vcpu, "memoryGiB": vcpu * 2, "diskGiB": 20 })).await;
+        }
+        self.ok(
+            OPERATOR,
+            "images.register",
+            json!({ "imageId": "img_ubuntu", "url": "https://images.example/ubuntu.qcow2", "sha256": "a".repeat(64), "format": "qcow2" }),
+        )
+        .await;
+        pool_id
+    }
+
+    /// `vps replay --verify` on this server's database: `true` when every projection equals
+    /// its rebuild.
+    pub async fn replay_equal(&self) -> bool {
+        let report = vps_projections::replay::verify(&self.server.state.pool, |_| {})
+            .await
+            .expect("replay");
+        if !report.diffs.is_empty() {
+            eprintln!("{:#?}", report.diffs);
+        }
+        report.diffs.is_empty()
+    }
+}
+
+/// A valid OpenSSH public key for tests.
+pub const SSH_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq0Ql3mXyv+Wr7o9Rj2hBkoMBZk8mK6X3b4d0s3xBeA test@example";

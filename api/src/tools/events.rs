@@ -30,6 +30,7 @@ fn filter(options: &ListOptions) -> Filter {
             .as_deref()
             .map(vps_events::envelope::stream_of),
         tenant_id: None,
+        whole_snapshot: false,
     }
 }
 

@@ -1,0 +1,4 @@
+//! Handlers per API group.
+
+pub mod instances;
+pub mod operator;

@@ -1,0 +1,129 @@
+//! `POST /api/compute/<group>/<method>`: authentication, body parsing, dispatch.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tracing::Instrument;
+use vps_commands::{Actor, Ctx};
+
+use crate::error::ApiError;
+use crate::server::AppState;
+
+/// The largest request body accepted.
+pub const MAX_BODY: usize = 256 * 1024;
+
+/// Who is calling.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The identity.
+    pub actor: Actor,
+}
+
+impl Caller {
+    /// Refuses non-operators.
+    pub fn operator(&self) -> Result<(), ApiError> {
+        if self.actor.operator {
+            Ok(())
+        } else {
+            Err(ApiError::new("ACCESS_DENIED", "operators only"))
+        }
+    }
+
+    /// The tenant a call acts for: a tenant identity acts only for its own tenant (another
+    /// tenant's resources are `NOT_FOUND`); an operator names any.
+    pub fn tenant(&self, requested: &str) -> Result<String, ApiError> {
+        match &self.actor.tenant {
+            _ if self.actor.operator => Ok(requested.to_string()),
+            Some(own) if own == requested => Ok(own.clone()),
+            _ => Err(ApiError::new(
+                "NOT_FOUND",
+                format!("tenant {requested} not found"),
+            )),
+        }
+    }
+}
+
+/// Resolves the bearer token.
+pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError::new("UNAUTHENTICATED", "missing Authorization: Bearer <token>"))?;
+    let id = state
+        .config
+        .identities
+        .iter()
+        .find(|i| i.token == token)
+        .ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown token"))?;
+    Ok(Caller {
+        actor: Actor {
+            identity: id.identity.clone(),
+            tenant: id.tenant.clone(),
+            operator: id.operator,
+        },
+    })
+}
+
+/// Parses a JSON body into `T`, naming the offending field.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            "body".to_string()
+        } else {
+            path
+        };
+        ApiError::invalid(&field, e.inner().to_string())
+    })
+}
+
+/// The one route every method goes through.
+pub async fn dispatch(
+    State(state): State<AppState>,
+    Path((group, method)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let caller = authenticate(&state, &headers)?;
+    if body.len() > MAX_BODY {
+        return Err(ApiError::invalid(
+            "body",
+            format!("larger than {MAX_BODY} bytes"),
+        ));
+    }
+    let ctx = Ctx {
+        pool: state.pool.clone(),
+        notifier: state.notifier.clone(),
+        secrets: state.secrets.clone(),
+        actor: caller.actor.clone(),
+        request_id: Some(vps_commands::record::new_id("req")),
+    };
+    let span = tracing::info_span!("command", %group, %method, identity = %caller.actor.identity);
+    metrics::counter!("vps_api_requests_total", "method" => format!("{group}.{method}"))
+        .increment(1);
+    let answer = async {
+        match group.as_str() {
+            "pools" | "nodes" | "flavors" | "images" => {
+                crate::routes::operator::handle(&ctx, &caller, &group, &method, &body).await
+            }
+            "instances" => crate::routes::instances::handle(&ctx, &caller, &method, &body).await,
+            _ => Err(ApiError::new(
+                "NOT_FOUND",
+                format!("no method {group}.{method}"),
+            )),
+        }
+    }
+    .instrument(span)
+    .await;
+    answer.map(Json)
+}

@@ -1,0 +1,45 @@
+//! Who is acting, and the handles a command needs.
+
+use sqlx::PgPool;
+use vps_events::{Metadata, Notifier};
+
+use crate::secrets::SecretKey;
+
+/// The caller of a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    /// `id_…`, or a reactor's name.
+    pub identity: String,
+    /// The tenant a tenant identity acts for.
+    pub tenant: Option<String>,
+    /// Operators may do everything.
+    pub operator: bool,
+}
+
+/// Everything a handler needs.
+#[derive(Clone)]
+pub struct Ctx {
+    /// The database.
+    pub pool: PgPool,
+    /// Wakes followers after commits.
+    pub notifier: Notifier,
+    /// Seals user data.
+    pub secrets: SecretKey,
+    /// Who acts.
+    pub actor: Actor,
+    /// The request being served.
+    pub request_id: Option<String>,
+}
+
+impl Ctx {
+    /// Metadata for the events this command appends.
+    pub fn metadata(&self, tenant_id: Option<&str>) -> Metadata {
+        Metadata {
+            tenant_id: tenant_id.map(str::to_string),
+            actor: Some(self.actor.identity.clone()),
+            request_id: self.request_id.clone(),
+            correlation_id: self.request_id.clone(),
+            causation_id: None,
+        }
+    }
+}

@@ -1,0 +1,640 @@
+//! The operator's resources: pools, offers, IP ranges, nodes, flavors and images. Each change
+//! is one event on the resource's stream.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use sqlx::Row;
+use vps_domain::ipam::Ipv4Cidr;
+use vps_domain::operator::*;
+use vps_domain::resources::{Capacity, Gpus, QuotaResource, Shape};
+use vps_domain::DomainError;
+use vps_events::ExpectedVersion;
+use vps_projections::views;
+
+use crate::context::Ctx;
+use crate::error::CommandError;
+use crate::record::{new_id, record};
+
+const RUNTIMES: &[&str] = &[
+    "libvirt-kvm",
+    "cloud-hypervisor",
+    "firecracker",
+    "containerd",
+];
+
+/// `pools.create`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreatePool {
+    /// Unique name.
+    pub name: String,
+    /// `vps-host` or `provider`.
+    pub class: String,
+    /// Hosted pools' runtime (default `libvirt-kvm`).
+    pub runtime: Option<String>,
+    /// Provider pools' account.
+    pub provider_account_id: Option<String>,
+    /// Host-loss policy.
+    #[serde(default)]
+    pub policy: PoolPolicy,
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> CommandError {
+    CommandError::Domain(DomainError::InvalidInput {
+        field: field.into(),
+        message: message.into(),
+    })
+}
+
+fn not_found(what: String) -> CommandError {
+    CommandError::Domain(DomainError::NotFound { what })
+}
+
+fn check_name(field: &str, name: &str) -> Result<(), CommandError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(field, "1 to 63 letters, digits, '-', '_' or '.'"))
+    }
+}
+
+/// Creates a pool.
+pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<Value, CommandError> {
+    check_name("name", &input.name)?;
+    let runtime = match input.class.as_str() {
+        "vps-host" => {
+            let runtime = input
+                .runtime
+                .clone()
+                .unwrap_or_else(|| "libvirt-kvm".into());
+            if !RUNTIMES.contains(&runtime.as_str()) {
+                return Err(invalid(
+                    "runtime",
+                    format!("one of {}", RUNTIMES.join(", ")),
+                ));
+            }
+            Some(runtime)
+        }
+        "provider" => {
+            if input.runtime.is_some() {
+                return Err(invalid("runtime", "provider pools have no runtime"));
+            }
+            None
+        }
+        _ => return Err(invalid("class", "`vps-host` or `provider`")),
+    };
+    if input.policy.lost_after_seconds == Some(0) {
+        return Err(invalid("policy.lostAfterSeconds", "must be positive"));
+    }
+    let mut tx = ctx.pool.begin().await?;
+    let taken: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pools WHERE name = $1)")
+        .bind(&input.name)
+        .fetch_one(&mut *tx)
+        .await?;
+    if taken {
+        return Err(invalid(
+            "name",
+            format!("a pool named {} exists", input.name),
+        ));
+    }
+    let id = new_id("pool");
+    let event = PoolCreated {
+        pool_id: id.clone(),
+        name: input.name,
+        class: input.class,
+        runtime,
+        provider_account_id: input.provider_account_id,
+        policy: input.policy,
+    };
+    let data = serde_json::to_value(&event).expect("serialises");
+    record(
+        &mut tx,
+        &format!("pool-{id}"),
+        ExpectedVersion::NoStream,
+        vec![("pool.created".into(), data)],
+        &ctx.metadata(None),
+    )
+    .await?;
+    let view = views::pool(&mut *tx, &id).await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(view.expect("just created"))
+}
+
+/// `pools.update`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpdatePool {
+    /// The pool.
+    pub pool_id: String,
+    /// A new name.
+    pub name: Option<String>,
+    /// A new policy.
+    pub policy: Option<PoolPolicy>,
+}
+
+async fn pool_version(
+    tx: &mut sqlx::PgConnection,
+    pool_id: &str,
+) -> Result<(i64, Value), CommandError> {
+    let view = views::pool(&mut *tx, pool_id)
+        .await?
+        .ok_or_else(|| not_found(format!("pool {pool_id}")))?;
+    Ok((view["version"].as_i64().unwrap_or(0), view))
+}
+
+/// Renames a pool or changes its policy.
+pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<Value, CommandError> {
+    if let Some(name) = &input.name {
+        check_name("name", name)?;
+    }
+    let mut tx = ctx.pool.begin().await?;
+    let (version, view) = pool_version(&mut tx, &input.pool_id).await?;
+    let event = PoolUpdated {
+        pool_id: input.pool_id.clone(),
+        name: input
+            .name
+            .unwrap_or_else(|| view["name"].as_str().unwrap_or_default().to_string()),
+        policy: match input.policy {
+            Some(p) => p,
+            None => serde_json::from_value(view["policy"].clone()).unwrap_or_default(),
+        },
+    };
+    let data = serde_json::to_value(&event).expect("serialises");
+    record(
+        &mut tx,
+        &format!("pool-{}", input.pool_id),
+        ExpectedVersion::Exact(version),
+        vec![("pool.updated".into(), data)],
+        &ctx.metadata(None),
+    )
+    .await?;
+    let view = views::pool(&mut *tx, &input.pool_id).await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(view.expect("exists"))
+}
+
+/// `pools.offer`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OfferPool {
+    /// The pool.
+    pub pool_id: String,
+    /// The tenant it becomes visible to.
+    pub tenant_id: String,
+    /// Maxima per resource; a missing one is 0.
+    #[serde(default)]
+    pub quota: BTreeMap<String, u64>,
+}
+
+/// Offers a pool to a tenant with quota maxima.
+pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Value, CommandError> {
+    check_name("tenantId", &input.tenant_id)?;
+    for (resource, max) in &input.quota {
+        if QuotaResource::parse(resource).is_none() {
+            return Err(invalid(
+                &format!("quota.{resource}"),
+                "unknown resource (vcpu, memoryGiB, diskGiB, gpu)",
+            ));
+        }
+        if *max > 1_000_000_000 {
+            return Err(invalid(&format!("quota.{resource}"), "out of range"));
+        }
+    }
+    let mut tx = ctx.pool.begin().await?;
+    let (version, _) = pool_version(&mut tx, &input.pool_id).await?;
+    let event = PoolOffered {
+        pool_id: input.pool_id.clone(),
+        tenant_id: input.tenant_id.clone(),
+        quota: input.quota.clone(),
+    };
+    let data = serde_json::to_value(&event).expect("serialises");
+    record(
+        &mut tx,
+        &format!("pool-{}", input.pool_id),
+        ExpectedVersion::Exact(version),
+        vec![("pool.offered".into(), data)],
+        &ctx.metadata(Some(&input.tenant_id)),
+    )
+    .await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    let quota: BTreeMap<&str, u64> = QuotaResource::ALL
+        .into_iter()
+        .map(|r| {
+            (
+                r.as_str(),
+                input.quota.get(r.as_str()).copied().unwrap_or(0),
+            )
+        })
+        .collect();
+    Ok(serde_json::json!({ "poolId": input.pool_id, "tenantId": input.tenant_id, "quota": quota }))
+}
+
+/// `pools.setIpPool`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetIpPool {
+    /// The pool.
+    pub pool_id: String,
+    /// IPv4 CIDR.
+    pub cidr: String,
+    /// Default: the first host address.
+    pub gateway: Option<String>,
+}
+
+/// Sets a hosted pool's IPv4 range.
+pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<Value, CommandError> {
+    let cidr = Ipv4Cidr::parse(&input.cidr).map_err(|e| invalid("cidr", e.to_string()))?;
+    let gateway = match &input.gateway {
+        Some(g) => {
+            let addr = g
+                .parse()
+                .map_err(|_| invalid("gateway", "not an IPv4 address"))?;
+            cidr.check_gateway(addr)
+                .map_err(|e| invalid("gateway", e.to_string()))?;
+            addr
+        }
+        None => cidr.default_gateway(),
+    };
+    let mut tx = ctx.pool.begin().await?;
+    let (version, view) = pool_version(&mut tx, &input.pool_id).await?;
+    if view["class"] != "vps-host" {
+        return Err(invalid("poolId", "only hosted pools have an IP range"));
+    }
+    let leased: i64 = sqlx::query_scalar("SELECT count(*) FROM ip_leases WHERE pool_id = $1")
+        .bind(&input.pool_id)
+        .fetch_one(&mut *tx)
+        .await?;
+    if leased > 0 && view["ipPool"]["cidr"].as_str() != Some(input.cidr.as_str()) {
+        return Err(CommandError::Domain(DomainError::InvalidState {
+            message: format!("{leased} addresses are leased from the current range"),
+        }));
+    }
+    let event = IpRangeSet {
+        pool_id: input.pool_id.clone(),
+        cidr: input.cidr.clone(),
+        gateway: gateway.to_string(),
+    };
+    let data = serde_json::to_value(&event).expect("serialises");
+    record(
+        &mut tx,
+        &format!("pool-{}", input.pool_id),
+        ExpectedVersion::Exact(version),
+        vec![("pool.ip_range.set".into(), data)],
+        &ctx.metadata(None),
+    )
+    .await?;
+    let view = views::pool(&mut *tx, &input.pool_id).await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(view.expect("exists"))
+}
+
+/// `nodes.register`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterNode {
+    /// A hosted pool.
+    pub pool_id: String,
+    /// Unique in the pool.
+    pub name: String,
+    /// What it offers.
+    pub capacity: Capacity,
+    /// Placement labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Runtimes it advertises (default: the pool's).
+    pub runtimes: Option<Vec<String>>,
+    /// CPU model.
+    pub cpu_model: Option<String>,
+}
+
+/// Registers a node; returns the node and its token (shown once).
+pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<Value, CommandError> {
+    check_name("name", &input.name)?;
+    let c = &input.capacity;
+    if c.vcpu == 0
+        || c.memory_gib == 0
+        || c.vcpu > 4096
+        || c.memory_gib > 65_536
+        || c.disk_gib > 1_048_576
+    {
+        return Err(invalid(
+            "capacity",
+            "vcpu and memoryGiB must be positive and in range",
+        ));
+    }
+    let mut tx = ctx.pool.begin().await?;
+    let view = views::pool(&mut *tx, &input.pool_id)
+        .await?
+        .ok_or_else(|| not_found(format!("pool {}", input.pool_id)))?;
+    if view["class"] != "vps-host" {
+        return Err(invalid("poolId", "nodes belong to hosted (vps-host) pools"));
+    }
+    let taken: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM nodes WHERE pool_id = $1 AND name = $2)")
+            .bind(&input.pool_id)
+            .bind(&input.name)
+            .fetch_one(&mut *tx)
+            .await?;
+    if taken {
+        return Err(invalid(
+            "name",
+            format!("a node named {} exists in this pool", input.name),
+        ));
+    }
+    let runtimes = input.runtimes.unwrap_or_else(|| {
+        vec![view["runtime"]
+            .as_str()
+            .unwrap_or("libvirt-kvm")
+            .to_string()]
+    });
+    if let Some(bad) = runtimes.iter().find(|r| !RUNTIMES.contains(&r.as_str())) {
+        return Err(invalid("runtimes", format!("unknown runtime {bad}")));
+    }
+    let id = new_id("node");
+    let token = format!("nt_{}", hex::encode(rand::random::<[u8; 24]>()));
+    let event = NodeRegistered {
+        node_id: id.clone(),
+        pool_id: input.pool_id,
+        name: input.name,
+        capacity: input.capacity,
+        labels: input.labels,
+        runtimes,
+        cpu_model: input.cpu_model,
+        token_hash: token_hash(&token),
+    };
+    let data = serde_json::to_value(&event).expect("serialises");
+    record(
+        &mut tx,
+        &format!("node-{id}"),
+        ExpectedVersion::NoStream,
+        vec![("node.registered".into(), data)],
+        &ctx.metadata(None),
+    )
+    .await?;
+    let node = views::node(&mut *tx, &id).await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(serde_json::json!({ "node": node, "nodeToken": token }))
+}
+
+/// The stored form of a node token.
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// Cordons (`true`) or uncordons a node.
+pub async fn set_cordon(ctx: &Ctx, node_id: &str, cordon: bool) -> Result<Value, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let row = sqlx::query("SELECT version, state FROM nodes WHERE id = $1")
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| not_found(format!("node {node_id}")))?;
+    let (version, state): (i64, String) = (row.get(0), row.get(1));
+    if (state == "cordoned") != cordon {
+        let event_type = if cordon {
+            "node.cordoned"
+        } else {
+            "node.uncordoned"
+        };
+        let data = serde_json::to_value(NodeCordonChanged {
+            node_id: node_id.into(),
+        })
+        .expect("serialises");
+        record(
+            &mut tx,
+            &format!("node-{node_id}"),
+            ExpectedVersion::Exact(version),
+            vec![(event_type.into(), data)],
+            &ctx.metadata(None),
+        )
+        .await?;
+    }
+    let node = views::node(&mut *tx, node_id).await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(node.expect("exists"))
+}
+
+/// `flavors.create`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateFlavor {
+    /// The pool.
+    pub pool_id: String,
+    /// Unique in the pool.
+    pub name: String,
+    /// vCPUs.
+    pub vcpu: u32,
+    /// Memory.
+    #[serde(rename = "memoryGiB")]
+    pub memory_gib: u32,
+    /// Disk.
+    #[serde(rename = "diskGiB")]
+    pub disk_gib: u32,
+    /// Whole GPUs of one model.
+    pub gpus: Option<Gpus>,
+    /// Provider pools: the provider's offer.
+    pub offer_id: Option<String>,
+}
+
+/// Creates a flavor.
+pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<Value, CommandError> {
+    check_name("name", &input.name)?;
+    if input.vcpu == 0 || input.vcpu > 1024 {
+        return Err(invalid("vcpu", "1 to 1024"));
+    }
+    if input.memory_gib == 0 || input.memory_gib > 16_384 {
+        return Err(invalid("memoryGiB", "1 to 16384"));
+    }
+    if input.disk_gib > 1_048_576 {
+        return Err(invalid("diskGiB", "at most 1048576"));
+    }
+    if let Some(g) = &input.gpus {
+        if g.count == 0 || g.model.is_empty() {
+            return Err(invalid("gpus", "a model and a positive count"));
+        }
+    }
+    let mut tx = ctx.pool.begin().await?;
+    let pool = views::pool(&mut *tx, &input.pool_id)
+        .await?
+        .ok_or_else(|| not_found(format!("pool {}", input.pool_id)))?;
+    if pool["class"] == "provider" && input.offer_id.is_none() {
+        return Err(invalid(
+            "offerId",
+            "provider pools' flavors name the provider's offer",
+        ));
+    }
+    let taken: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM flavors WHERE pool_id = $1 AND name = $2)",
+    )
+    .bind(&input.pool_id)
+    .bind(&input.name)
+    .fetch_one(&mut *tx)
+    .await?;
+    if taken {
+        return Err(invalid(
+            "name",
+            format!("a flavor named {} exists in this pool", input.name),
+        ));
+    }
+    let id = new_id("flv");
+    let event = FlavorCreated {
+        flavor_id: id.clone(),
+        pool_id: input.pool_id,
+        name: input.name,
+        shape: Shape {
+            vcpu: input.vcpu,
+            memory_gib: input.memory_gib,
+            disk_gib: input.disk_gib,
+            gpus: input.gpus,
+        },
+        offer_id: input.offer_id,
+    };
+    let data = serde_json::to_value(&event).expect("serialises");
+    record(
+        &mut tx,
+        &format!("flavor-{id}"),
+        ExpectedVersion::NoStream,
+        vec![("flavor.created".into(), data)],
+        &ctx.metadata(None),
+    )
+    .await?;
+    let view = views::flavor(&mut *tx, &id).await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(view.expect("just created"))
+}
+
+/// Archives a flavor: no new instances of it.
+pub async fn archive_flavor(ctx: &Ctx, flavor_id: &str) -> Result<Value, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let row = sqlx::query("SELECT version, archived FROM flavors WHERE id = $1")
+        .bind(flavor_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| not_found(format!("flavor {flavor_id}")))?;
+    let (version, archived): (i64, bool) = (row.get(0), row.get(1));
+    if !archived {
+        let data = serde_json::to_value(FlavorArchived {
+            flavor_id: flavor_id.into(),
+        })
+        .expect("serialises");
+        record(
+            &mut tx,
+            &format!("flavor-{flavor_id}"),
+            ExpectedVersion::Exact(version),
+            vec![("flavor.archived".into(), data)],
+            &ctx.metadata(None),
+        )
+        .await?;
+    }
+    let view = views::flavor(&mut *tx, flavor_id).await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(view.expect("exists"))
+}
+
+/// `images.register`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterImage {
+    /// The id (`img_…` or any name of letters, digits, `-_.`).
+    pub image_id: String,
+    /// Owner; absent = public.
+    pub tenant_id: Option<String>,
+    /// Where hosts fetch it.
+    pub url: String,
+    /// Hex SHA-256.
+    pub sha256: String,
+    /// `raw`, `qcow2` or `iso`.
+    pub format: String,
+    /// Vetted by the operator.
+    #[serde(default)]
+    pub verified: bool,
+}
+
+/// Registers (or re-registers) an image.
+pub async fn register_image(ctx: &Ctx, input: RegisterImage) -> Result<Value, CommandError> {
+    check_name("imageId", &input.image_id)?;
+    if !(input.url.starts_with("http://")
+        || input.url.starts_with("https://")
+        || input.url.starts_with("file://"))
+    {
+        return Err(invalid("url", "an http(s):// or file:// URL"));
+    }
+    if input.sha256.len() != 64 || !input.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(invalid("sha256", "64 hex characters"));
+    }
+    if !["raw", "qcow2", "iso"].contains(&input.format.as_str()) {
+        return Err(invalid("format", "raw, qcow2 or iso"));
+    }
+    let mut tx = ctx.pool.begin().await?;
+    let version: Option<i64> = sqlx::query_scalar("SELECT version FROM images WHERE id = $1")
+        .bind(&input.image_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let expected = version
+        .map(ExpectedVersion::Exact)
+        .unwrap_or(ExpectedVersion::NoStream);
+    let event = ImageRegistered {
+        image_id: input.image_id.clone(),
+        tenant_id: input.tenant_id.clone(),
+        url: input.url,
+        sha256: input.sha256.to_lowercase(),
+        format: input.format,
+        verified: input.verified,
+    };
+    let data = serde_json::to_value(&event).expect("serialises");
+    record(
+        &mut tx,
+        &format!("image-{}", input.image_id),
+        expected,
+        vec![("image.registered".into(), data)],
+        &ctx.metadata(input.tenant_id.as_deref()),
+    )
+    .await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(serde_json::to_value(&event).expect("serialises"))
+}
+
+/// Deletes an image (instances already created from it keep running).
+pub async fn delete_image(ctx: &Ctx, image_id: &str) -> Result<Value, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let row = sqlx::query("SELECT version, deleted FROM images WHERE id = $1")
+        .bind(image_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| not_found(format!("image {image_id}")))?;
+    let (version, deleted): (i64, bool) = (row.get(0), row.get(1));
+    if !deleted {
+        let data = serde_json::to_value(ImageDeleted {
+            image_id: image_id.into(),
+        })
+        .expect("serialises");
+        record(
+            &mut tx,
+            &format!("image-{image_id}"),
+            ExpectedVersion::Exact(version),
+            vec![("image.deleted".into(), data)],
+            &ctx.metadata(None),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(serde_json::json!({ "id": image_id, "deleted": true }))
+}

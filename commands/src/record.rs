@@ -1,0 +1,44 @@
+//! Appending a decision's events and applying the inline projections, in one transaction.
+
+use serde_json::Value;
+use sqlx::PgConnection;
+use vps_events::{append, ExpectedVersion, Metadata, NewEvent, RecordedEvent};
+
+use crate::error::CommandError;
+
+/// A fresh `evt_…` id.
+pub fn event_id() -> String {
+    vps_domain::ids::prefixed("evt", &ulid::Ulid::generate().to_string().to_lowercase())
+}
+
+/// A fresh id with `prefix` (`pool`, `node`, …).
+pub fn new_id(prefix: &str) -> String {
+    vps_domain::ids::prefixed(prefix, &ulid::Ulid::generate().to_string().to_lowercase())
+}
+
+/// Appends `(type, data)` events to `stream` and applies every inline projector to them.
+pub async fn record(
+    conn: &mut PgConnection,
+    stream: &str,
+    expected: ExpectedVersion,
+    events: Vec<(String, Value)>,
+    metadata: &Metadata,
+) -> Result<Vec<RecordedEvent>, CommandError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let new: Vec<NewEvent> = events
+        .into_iter()
+        .map(|(event_type, data)| NewEvent {
+            id: event_id(),
+            event_type,
+            data,
+            metadata: metadata.clone(),
+        })
+        .collect();
+    let stored = append(&mut *conn, stream, expected, &new).await?;
+    for event in &stored {
+        vps_projections::apply(&mut *conn, event).await?;
+    }
+    Ok(stored)
+}

@@ -1,0 +1,88 @@
+//! The secret store: user data sealed with AES-256-GCM under the deployment key, referenced as
+//! `secret://<instance id>`. Plaintext never reaches the log, a view or a log line.
+
+use std::sync::Arc;
+
+use aes_gcm::aead::{Aead, KeyInit};
+use aes_gcm::{Aes256Gcm, Key, Nonce};
+use sqlx::{PgConnection, Row};
+
+/// The deployment's sealing key.
+#[derive(Clone)]
+pub struct SecretKey(Arc<[u8; 32]>);
+
+impl SecretKey {
+    /// Wraps 32 key bytes.
+    pub fn new(bytes: [u8; 32]) -> SecretKey {
+        SecretKey(Arc::new(bytes))
+    }
+
+    fn cipher(&self) -> Aes256Gcm {
+        Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(self.0.as_slice()))
+    }
+}
+
+impl std::fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretKey(***)")
+    }
+}
+
+/// The reference of an instance's user data.
+pub fn user_data_ref(instance_id: &str) -> String {
+    format!("secret://{instance_id}")
+}
+
+/// Seals `plaintext` and stores it under `reference` (kept if it exists: a replayed create).
+pub async fn seal(
+    conn: &mut PgConnection,
+    key: &SecretKey,
+    reference: &str,
+    instance_id: &str,
+    plaintext: &[u8],
+) -> Result<(), sqlx::Error> {
+    let nonce: [u8; 12] = rand::random();
+    let ciphertext = key
+        .cipher()
+        .encrypt(Nonce::from_slice(&nonce), plaintext)
+        .expect("AES-GCM encryption of an in-memory buffer cannot fail");
+    sqlx::query(
+        "INSERT INTO sealed_secrets (ref, instance_id, nonce, ciphertext) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (ref) DO NOTHING",
+    )
+    .bind(reference)
+    .bind(instance_id)
+    .bind(nonce.as_slice())
+    .bind(ciphertext)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Opens a sealed secret; `None` when it does not exist or does not open under this key.
+pub async fn open(
+    conn: &mut PgConnection,
+    key: &SecretKey,
+    reference: &str,
+) -> Result<Option<Vec<u8>>, sqlx::Error> {
+    let row = sqlx::query("SELECT nonce, ciphertext FROM sealed_secrets WHERE ref = $1")
+        .bind(reference)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.and_then(|r| {
+        let nonce: Vec<u8> = r.get(0);
+        let ciphertext: Vec<u8> = r.get(1);
+        key.cipher()
+            .decrypt(Nonce::from_slice(&nonce), ciphertext.as_slice())
+            .ok()
+    }))
+}
+
+/// Drops an instance's sealed secrets (its deletion completed).
+pub async fn forget(conn: &mut PgConnection, instance_id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM sealed_secrets WHERE instance_id = $1")
+        .bind(instance_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,343 @@
+//! The dispatcher: attempts the first undelivered event of every subscription that is due,
+//! each subscription on its own task, and records every attempt.
+//!
+//! Only a subscription's first queued event (in log order) is ever claimed, and a claim is a
+//! lease on that row, so one subscription has at most one attempt in flight across every
+//! replica: deliveries stay in log order. A failing endpoint only pushes its own first row's
+//! `next_attempt_at` back; the other subscriptions' rows are claimed regardless.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use reqwest::StatusCode;
+use sqlx::{PgPool, Row};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+use vps_events::Notifier;
+
+use super::backoff::{parse_retry_after, retry_delay};
+use super::commands::disable_gone;
+use super::model::{DeliveryStatus, WebhookError, WebhookSecret};
+use super::signature::sign;
+use super::WebhookConfig;
+
+/// How much longer than the request timeout a claim lasts: enough to record the outcome.
+const LEASE_MARGIN: Duration = Duration::from_secs(30);
+
+/// A claimed queue row with what it takes to deliver it.
+struct Claimed {
+    id: i64,
+    lease_token: String,
+    webhook_id: String,
+    event_id: String,
+    body: String,
+    attempts: i32,
+    url: String,
+    secret: WebhookSecret,
+}
+
+/// What an attempt came to.
+enum Outcome {
+    /// 2xx.
+    Delivered(u16),
+    /// 410: the subscription is disabled.
+    Gone(u16),
+    /// Any other answer, or none.
+    Failed {
+        code: Option<u16>,
+        error: Option<String>,
+        retry_after: Option<Duration>,
+    },
+}
+
+/// Runs the dispatcher forever; `enqueued` wakes it when the fan-out queued rows.
+pub(crate) async fn run(
+    pool: PgPool,
+    notifier: Notifier,
+    config: WebhookConfig,
+    client: reqwest::Client,
+    enqueued: Arc<Notify>,
+) {
+    let mut inflight: JoinSet<Option<Duration>> = JoinSet::new();
+    // The earliest retry this process scheduled, so short back-offs are not stretched to the
+    // poll interval.
+    let mut next_retry: Option<Instant> = None;
+    loop {
+        let room = config.concurrency.saturating_sub(inflight.len());
+        if room > 0 {
+            match claim(&pool, &config, room as i64).await {
+                Ok(items) => {
+                    for item in items {
+                        let span = tracing::info_span!("webhook_attempt",
+                            webhook = %item.webhook_id, event = %item.event_id,
+                            attempt = item.attempts + 1);
+                        inflight.spawn(
+                            attempt(
+                                pool.clone(),
+                                notifier.clone(),
+                                config.clone(),
+                                client.clone(),
+                                item,
+                            )
+                            .instrument(span),
+                        );
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot claim webhook deliveries"),
+            }
+        }
+        let now = Instant::now();
+        let mut wait = config.poll_interval;
+        if let Some(at) = next_retry {
+            if at <= now {
+                next_retry = None;
+            } else {
+                wait = wait.min(at - now);
+            }
+        }
+        tokio::select! {
+            Some(done) = inflight.join_next(), if !inflight.is_empty() => {
+                if let Ok(Some(delay)) = done {
+                    let at = Instant::now() + delay;
+                    next_retry = Some(next_retry.map_or(at, |n| n.min(at)));
+                }
+            }
+            _ = enqueued.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Leases up to `limit` due first rows of active subscriptions.
+async fn claim(
+    pool: &PgPool,
+    config: &WebhookConfig,
+    limit: i64,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let token = ulid::Ulid::generate().to_string();
+    let lease = (config.request_timeout + LEASE_MARGIN).as_secs_f64();
+    // The lease condition is checked again on the locked row, so two replicas racing for the
+    // same first row cannot both win it.
+    let rows = sqlx::query(
+        "WITH heads AS (
+             SELECT h.id FROM webhooks w
+             CROSS JOIN LATERAL (
+                 SELECT o.id, o.next_attempt_at, o.lease_until FROM webhook_outbox o
+                  WHERE o.webhook_id = w.id
+                  ORDER BY o.event_transaction_id, o.event_position LIMIT 1) h
+              WHERE w.state = 'active' AND h.next_attempt_at <= now()
+                AND (h.lease_until IS NULL OR h.lease_until < now())
+              ORDER BY h.next_attempt_at
+              LIMIT $3
+         ), claimed AS (
+             UPDATE webhook_outbox o
+                SET lease_token = $1, lease_until = now() + make_interval(secs => $2)
+              WHERE o.id IN (SELECT id FROM heads)
+                AND (o.lease_until IS NULL OR o.lease_until < now())
+             RETURNING o.id, o.webhook_id, o.event_id, o.body, o.attempts
+         )
+         SELECT c.id, c.webhook_id, c.event_id, c.body, c.attempts, w.url, s.secret
+           FROM claimed c
+           JOIN webhooks w ON w.id = c.webhook_id
+           JOIN webhook_secrets s ON s.webhook_id = c.webhook_id",
+    )
+    .bind(&token)
+    .bind(lease)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Claimed {
+                id: row.try_get(0)?,
+                lease_token: token.clone(),
+                webhook_id: row.try_get(1)?,
+                event_id: row.try_get(2)?,
+                body: row.try_get(3)?,
+                attempts: row.try_get(4)?,
+                url: row.try_get(5)?,
+                secret: WebhookSecret(row.try_get(6)?),
+            })
+        })
+        .collect()
+}
+
+/// One POST, then its record. Returns the retry delay when another attempt is scheduled.
+async fn attempt(
+    pool: PgPool,
+    notifier: Notifier,
+    config: WebhookConfig,
+    client: reqwest::Client,
+    item: Claimed,
+) -> Option<Duration> {
+    let timestamp = Utc::now().timestamp();
+    let signature = sign(&item.secret, &item.event_id, timestamp, &item.body);
+    let started = Instant::now();
+    let response = client
+        .post(&item.url)
+        .header("content-type", "application/json")
+        .header("webhook-id", &item.event_id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", signature)
+        .body(item.body.clone())
+        .send()
+        .await;
+    metrics::histogram!("vps_webhook_request_seconds").record(started.elapsed().as_secs_f64());
+    let outcome = match response {
+        Ok(r) if r.status().is_success() => Outcome::Delivered(r.status().as_u16()),
+        Ok(r) if r.status() == StatusCode::GONE => Outcome::Gone(r.status().as_u16()),
+        Ok(r) => Outcome::Failed {
+            code: Some(r.status().as_u16()),
+            error: None,
+            retry_after: r
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_retry_after(v, Utc::now())),
+        },
+        Err(e) => Outcome::Failed {
+            code: None,
+            error: Some(describe(&e)),
+            retry_after: None,
+        },
+    };
+    match record(&pool, &config, &item, outcome).await {
+        Ok(Recorded { retry_in, disabled }) => {
+            if disabled {
+                notifier.committed();
+            }
+            retry_in
+        }
+        Err(e) => {
+            // The claim runs out and the row is attempted again: at-least-once, and receivers
+            // de-duplicate by `webhook-id`.
+            tracing::warn!(error = %e, "cannot record a webhook attempt");
+            None
+        }
+    }
+}
+
+struct Recorded {
+    retry_in: Option<Duration>,
+    disabled: bool,
+}
+
+/// Records an attempt and moves the queue, only if the claim is still ours.
+async fn record(
+    pool: &PgPool,
+    config: &WebhookConfig,
+    item: &Claimed,
+    outcome: Outcome,
+) -> Result<Recorded, WebhookError> {
+    let attempt = item.attempts + 1;
+    let gone = matches!(outcome, Outcome::Gone(_));
+    let mut tx = pool.begin().await?;
+    let mut recorded = Recorded {
+        retry_in: None,
+        disabled: false,
+    };
+    let (status, code, error) = match outcome {
+        Outcome::Delivered(code) => {
+            metrics::counter!("vps_webhook_attempts_total", "outcome" => "delivered").increment(1);
+            (DeliveryStatus::Delivered, Some(code), None)
+        }
+        Outcome::Gone(code) => {
+            metrics::counter!("vps_webhook_attempts_total", "outcome" => "gone").increment(1);
+            (DeliveryStatus::Failed, Some(code), None)
+        }
+        Outcome::Failed { code, error, .. } if attempt >= config.max_attempts as i32 => {
+            metrics::counter!("vps_webhook_attempts_total", "outcome" => "failed").increment(1);
+            tracing::warn!(
+                ?code,
+                ?error,
+                "webhook delivery abandoned after the last attempt"
+            );
+            (DeliveryStatus::Failed, code, error)
+        }
+        Outcome::Failed {
+            code,
+            error,
+            retry_after,
+        } => {
+            metrics::counter!("vps_webhook_attempts_total", "outcome" => "retry").increment(1);
+            let delay = match retry_after {
+                Some(asked) => asked.min(config.max_delay),
+                None => retry_delay(config.base_delay, config.max_delay, attempt as u32),
+            };
+            recorded.retry_in = Some(delay);
+            (DeliveryStatus::Pending, code, error)
+        }
+    };
+    let still_ours = if status == DeliveryStatus::Pending {
+        sqlx::query(
+            "UPDATE webhook_outbox
+                SET attempts = $3, next_attempt_at = now() + make_interval(secs => $4),
+                    lease_token = NULL, lease_until = NULL
+              WHERE id = $1 AND lease_token = $2",
+        )
+        .bind(item.id)
+        .bind(&item.lease_token)
+        .bind(attempt)
+        .bind(recorded.retry_in.unwrap_or_default().as_secs_f64())
+        .execute(&mut *tx)
+        .await?
+    } else {
+        sqlx::query("DELETE FROM webhook_outbox WHERE id = $1 AND lease_token = $2")
+            .bind(item.id)
+            .bind(&item.lease_token)
+            .execute(&mut *tx)
+            .await?
+    }
+    .rows_affected()
+        == 1;
+    if !still_ours {
+        // Deleted or disabled meanwhile, or the claim ran out and another replica took it.
+        return Ok(Recorded {
+            retry_in: None,
+            disabled: false,
+        });
+    }
+    sqlx::query(
+        "INSERT INTO webhook_deliveries
+                (webhook_id, event_id, attempt, status, response_code, error)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&item.webhook_id)
+    .bind(&item.event_id)
+    .bind(attempt)
+    .bind(status.as_str())
+    .bind(code.map(i32::from))
+    .bind(error)
+    .execute(&mut *tx)
+    .await?;
+    if gone {
+        recorded.disabled =
+            disable_gone(&mut tx, &item.webhook_id, StatusCode::GONE.as_u16()).await?;
+        if recorded.disabled {
+            tracing::info!("endpoint answered 410 Gone; subscription disabled");
+        }
+    }
+    tx.commit().await?;
+    Ok(recorded)
+}
+
+/// A transport error with its causes, without the URL (it may carry credentials).
+fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else {
+        "request failed"
+    };
+    let mut out = kind.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}

@@ -1,0 +1,216 @@
+//! The fan-out follower: reads the log once for every subscription and enqueues, per matching
+//! subscription, one `webhook_outbox` row per event, in the same transaction that moves its
+//! checkpoint (so each match is enqueued exactly once, even across crashes).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{PgPool, Row};
+use tokio::sync::Notify;
+use tracing::Instrument;
+use vps_events::envelope::cloud_event;
+use vps_events::follower::save_checkpoint;
+use vps_events::lease::Lease;
+use vps_events::pattern;
+use vps_events::{Cursor, Follower, Notifier, RecordedEvent};
+
+use super::backoff::retry_delay;
+use super::WebhookConfig;
+
+/// The follower (checkpoint) name.
+pub const FOLLOWER: &str = "webhooks";
+/// The lease that keeps the fan-out single across replicas.
+pub const LEASE: &str = "webhooks:fanout";
+
+/// An active subscription, as the fan-out matches events against it.
+struct Subscription {
+    id: String,
+    types: Vec<String>,
+    tenant_id: Option<String>,
+    created: Cursor,
+}
+
+impl Subscription {
+    /// Events after the subscription's creation, of a wanted type, of its tenant if scoped.
+    fn wants(&self, event: &RecordedEvent) -> bool {
+        event.cursor() > self.created
+            && self
+                .types
+                .iter()
+                .any(|p| pattern::matches(p, &event.event_type))
+            && (self.tenant_id.is_none() || self.tenant_id == event.metadata.tenant_id)
+    }
+}
+
+/// Runs the fan-out forever (once the lease is held), waking `enqueued` after each enqueue.
+pub(crate) async fn run(
+    pool: PgPool,
+    notifier: Notifier,
+    config: WebhookConfig,
+    enqueued: Arc<Notify>,
+) {
+    let _lease = Lease::acquire(&pool, LEASE, Duration::from_secs(1)).await;
+    let mut failures = 0u32;
+    let mut follower = loop {
+        match Follower::load(pool.clone(), FOLLOWER, &notifier).await {
+            Ok(follower) => break follower,
+            Err(e) => {
+                failures += 1;
+                tracing::warn!(error = %e, "cannot load the webhook fan-out checkpoint");
+                tokio::time::sleep(retry_delay(config.base_delay, config.max_delay, failures))
+                    .await;
+            }
+        }
+    };
+    failures = 0;
+    loop {
+        let span = tracing::info_span!("webhook_fanout_pass", cursor = %follower.cursor());
+        match pass(&pool, &mut follower, config.fanout_batch)
+            .instrument(span)
+            .await
+        {
+            Ok((0, _)) => {
+                failures = 0;
+                follower.wait().await;
+            }
+            Ok((_, queued)) => {
+                failures = 0;
+                if queued > 0 {
+                    enqueued.notify_one();
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                tracing::warn!(error = %e, failures, "webhook fan-out failed; retrying");
+                tokio::time::sleep(retry_delay(config.base_delay, config.max_delay, failures))
+                    .await;
+            }
+        }
+    }
+}
+
+/// One batch: returns (events read, rows enqueued).
+async fn pass(
+    pool: &PgPool,
+    follower: &mut Follower,
+    limit: i64,
+) -> Result<(usize, usize), sqlx::Error> {
+    let batch = follower.next_batch(limit).await?;
+    let Some(last) = batch.last().map(RecordedEvent::cursor) else {
+        follower.report_lag().await?;
+        return Ok((0, 0));
+    };
+    // Every subscription created before an event of this batch is visible now: its event is
+    // below the read horizon, so its transaction (which also wrote the projection) is over.
+    let subscriptions = active_subscriptions(pool).await?;
+    let mut webhook_ids = Vec::new();
+    let mut event_ids = Vec::new();
+    let mut txids = Vec::new();
+    let mut positions = Vec::new();
+    let mut bodies = Vec::new();
+    for event in &batch {
+        let mut body = None;
+        for sub in subscriptions.iter().filter(|s| s.wants(event)) {
+            let body = body.get_or_insert_with(|| cloud_event(event).to_string());
+            webhook_ids.push(sub.id.clone());
+            event_ids.push(event.id.clone());
+            txids.push(event.transaction_id.to_string());
+            positions.push(event.position);
+            bodies.push(body.clone());
+        }
+    }
+    let mut tx = pool.begin().await?;
+    if !webhook_ids.is_empty() {
+        sqlx::query(
+            "INSERT INTO webhook_outbox
+                    (webhook_id, event_id, event_transaction_id, event_position, body)
+             SELECT w, e, t::xid8, p, b
+               FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
+                    AS x(w, e, t, p, b)
+             ON CONFLICT (webhook_id, event_id) DO NOTHING",
+        )
+        .bind(&webhook_ids)
+        .bind(&event_ids)
+        .bind(&txids)
+        .bind(&positions)
+        .bind(&bodies)
+        .execute(&mut *tx)
+        .await?;
+    }
+    save_checkpoint(&mut *tx, follower.name(), last).await?;
+    tx.commit().await?;
+    // Only now: had the commit failed, the batch must be read again.
+    follower.advance(last);
+    metrics::counter!("vps_webhook_enqueued_total").increment(webhook_ids.len() as u64);
+    tracing::debug!(
+        events = batch.len(),
+        enqueued = webhook_ids.len(),
+        "fanned out"
+    );
+    Ok((batch.len(), webhook_ids.len()))
+}
+
+async fn active_subscriptions(pool: &PgPool) -> Result<Vec<Subscription>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, types, tenant_id, created_transaction_id::text, created_position
+           FROM webhooks WHERE state = 'active'",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let txid: String = row.try_get(3)?;
+            Ok(Subscription {
+                id: row.try_get(0)?,
+                types: row.try_get(1)?,
+                tenant_id: row.try_get(2)?,
+                created: Cursor {
+                    transaction_id: txid.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                    position: row.try_get(4)?,
+                },
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use vps_events::Metadata;
+
+    fn event(event_type: &str, tenant: Option<&str>, position: i64) -> RecordedEvent {
+        RecordedEvent {
+            position,
+            transaction_id: 100,
+            stream: "instance-inst_1".into(),
+            version: 1,
+            id: format!("evt_{position}"),
+            event_type: event_type.into(),
+            data: json!({}),
+            metadata: Metadata {
+                tenant_id: tenant.map(Into::into),
+                ..Metadata::default()
+            },
+            recorded_at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn a_subscription_wants_later_events_of_its_types_and_tenant() {
+        let sub = Subscription {
+            id: "whk_1".into(),
+            types: vec!["instance.*".into()],
+            tenant_id: Some("acme".into()),
+            created: Cursor {
+                transaction_id: 100,
+                position: 5,
+            },
+        };
+        assert!(sub.wants(&event("instance.created", Some("acme"), 6)));
+        assert!(!sub.wants(&event("instance.created", Some("acme"), 4)));
+        assert!(!sub.wants(&event("instance.created", Some("globex"), 6)));
+        assert!(!sub.wants(&event("instance.created", None, 6)));
+        assert!(!sub.wants(&event("sandbox.created", Some("acme"), 6)));
+    }
+}

@@ -1,0 +1,107 @@
+//! Webhook subscriptions and their signed, ordered, retried delivery (SPEC §4.3).
+//!
+//! Layout:
+//! - `model`: [`Webhook`], [`NewWebhook`], [`Delivery`], [`WebhookError`];
+//! - `commands`: [`create_webhook`], [`delete_webhook`], [`get_webhook`], [`list_webhooks`],
+//!   [`list_deliveries`]; each command appends to `webhook-<id>` and applies the projection in
+//!   one transaction;
+//! - `projection`: the `webhooks` table from `webhook.created|disabled|deleted`;
+//! - `signature`: Standard Webhooks secrets and signatures;
+//! - `fanout`, `dispatch`, `backoff`: the delivery worker ([`run_webhook_delivery`]).
+//!
+//! ## Why a fan-out follower and a queue, not one follower per subscription
+//!
+//! One follower (`webhooks`, single across replicas by lease) reads the log once, matches each
+//! event against every active subscription (types, tenant, created before the event) and
+//! inserts one `webhook_outbox` row per match in the transaction that moves its checkpoint.
+//! The dispatcher then attempts only each subscription's first row in log order, one attempt
+//! in flight per subscription, on separate tasks. So:
+//! - the log is read once, however many subscriptions exist (a follower per subscription would
+//!   re-read it N times and need N leases);
+//! - a dead endpoint holds back only its own queue, whose first row waits out its back-off,
+//!   while other subscriptions' rows are claimed and sent;
+//! - the queue is durable: a restart resumes every subscription where it was, and every replica
+//!   can dispatch (claims are row leases), not just the lease holder.
+//!
+//! Secrets are kept in `webhook_secrets`, never in the log.
+
+mod backoff;
+mod commands;
+mod dispatch;
+mod fanout;
+mod model;
+pub mod projection;
+pub mod signature;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use vps_events::Notifier;
+
+pub use backoff::{parse_retry_after, retry_delay};
+pub use commands::{
+    create_webhook, delete_webhook, get_webhook, list_deliveries, list_webhooks, MAX_DELIVERIES,
+    REACTOR_ACTOR,
+};
+pub use fanout::{FOLLOWER, LEASE};
+pub use model::{
+    DeleteWebhook, Delivery, DeliveryStatus, NewWebhook, Webhook, WebhookError, WebhookSecret,
+    WebhookState,
+};
+
+/// How the delivery worker behaves.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// The longest an endpoint may take to answer; a timeout counts as a failed attempt.
+    pub request_timeout: Duration,
+    /// The wait after the first failed attempt; it doubles per attempt (with jitter).
+    pub base_delay: Duration,
+    /// The longest wait between attempts, also the cap on `Retry-After`.
+    pub max_delay: Duration,
+    /// Attempts per event before it is recorded `failed` and the subscription moves on.
+    pub max_attempts: u32,
+    /// Attempts in flight at once in this process (one per subscription at most).
+    pub concurrency: usize,
+    /// How often the dispatcher looks for due rows without being woken.
+    pub poll_interval: Duration,
+    /// Events the fan-out reads per pass.
+    pub fanout_batch: i64,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig {
+            request_timeout: Duration::from_secs(10),
+            base_delay: Duration::from_secs(5),
+            max_delay: Duration::from_secs(3600),
+            max_attempts: 12,
+            concurrency: 64,
+            poll_interval: Duration::from_secs(1),
+            fanout_batch: 500,
+        }
+    }
+}
+
+/// Runs webhook delivery forever: the fan-out (on the replica holding its lease) and the
+/// dispatcher (on every replica). Spawn it once per process.
+pub async fn run_webhook_delivery(pool: PgPool, notifier: Notifier, config: WebhookConfig) {
+    let client = reqwest::Client::builder()
+        .timeout(config.request_timeout)
+        // A redirect would send the signed body somewhere its owner did not register.
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent("vps-webhooks")
+        .build()
+        .expect("the webhook HTTP client builds");
+    let enqueued = Arc::new(Notify::new());
+    tokio::join!(
+        fanout::run(
+            pool.clone(),
+            notifier.clone(),
+            config.clone(),
+            enqueued.clone()
+        ),
+        dispatch::run(pool, notifier, config, client, enqueued),
+    );
+}

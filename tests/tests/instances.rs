@@ -1,0 +1,519 @@
+//! Hosted instances over HTTP against a real server on its own database.
+
+use serde_json::json;
+use vps_tests::{TestServer, ALICE, BOB, EVE, OPERATOR, SSH_KEY};
+
+fn create_body(pool_id: &str, key: &str, flavor: &str) -> serde_json::Value {
+    json!({ "tenantId": "acme", "poolId": pool_id, "flavor": flavor, "imageId": "img_ubuntu",
+            "sshKeys": [SSH_KEY], "idempotencyKey": key })
+}
+
+#[tokio::test]
+async fn a_create_places_the_instance_charges_quota_and_leases_the_lowest_address() {
+    let t = TestServer::start().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/28",
+            2,
+            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
+        )
+        .await;
+    let inst = t
+        .ok(ALICE, "instances.create", create_body(&pool, "k1", "small"))
+        .await;
+    assert!(inst["id"].as_str().unwrap().starts_with("inst_"));
+    assert_eq!(inst["state"], "provisioning");
+    assert_eq!(inst["desiredState"], "running");
+    assert_eq!(
+        inst["addresses"][0], "10.0.0.2",
+        "network and gateway are never leased"
+    );
+    assert!(inst["nodeId"].as_str().unwrap().starts_with("node_"));
+
+    let usage = t
+        .ok(
+            OPERATOR,
+            "pools.usage",
+            json!({ "poolId": pool, "tenantId": "acme" }),
+        )
+        .await;
+    let vcpu = usage["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["resource"] == "vcpu")
+        .unwrap();
+    assert_eq!(
+        (vcpu["used"].as_i64(), vcpu["max"].as_i64()),
+        (Some(2), Some(10))
+    );
+    let leases = t
+        .ok(OPERATOR, "pools.leases", json!({ "poolId": pool }))
+        .await;
+    assert_eq!(leases["items"][0]["instanceId"], inst["id"]);
+
+    let history = t
+        .ok(
+            ALICE,
+            "instances.history",
+            json!({ "tenantId": "acme", "instanceId": inst["id"] }),
+        )
+        .await;
+    let types: Vec<&str> = history["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["instance.created", "instance.scheduled"]);
+    assert_eq!(history["items"][0]["actor"], "id_alice");
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test]
+async fn a_second_create_with_the_same_key_returns_the_same_instance_and_a_different_request_conflicts(
+) {
+    let t = TestServer::start().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/28",
+            1,
+            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
+        )
+        .await;
+    let first = t
+        .ok(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "same", "small"),
+        )
+        .await;
+    let again = t
+        .ok(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "same", "small"),
+        )
+        .await;
+    assert_eq!(first["id"], again["id"]);
+    assert_eq!(
+        first["version"], again["version"],
+        "a replay appends nothing"
+    );
+
+    let err = t
+        .call(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "same", "large"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.status, err.body["code"].as_str()),
+        (409, Some("CONFLICT"))
+    );
+    assert_eq!(err.body["details"]["instanceId"], first["id"]);
+    // Another identity's key is its own.
+    let bobs = t
+        .ok(BOB, "instances.create", create_body(&pool, "same", "small"))
+        .await;
+    assert_ne!(bobs["id"], first["id"]);
+}
+
+#[tokio::test]
+async fn admission_refusals_carry_the_right_codes_and_leave_nothing_behind() {
+    let t = TestServer::start().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/29",
+            1,
+            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
+        )
+        .await;
+
+    let err = t
+        .call(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "big", "large"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(err["state"], "provisioning");
+    let err = t
+        .call(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "big2", "large"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.status, err.body["code"].as_str()),
+        (422, Some("QUOTA_EXCEEDED"))
+    );
+    assert_eq!(
+        err.body["details"],
+        json!({ "resource": "vcpu", "requested": 8, "max": 10, "used": 8 })
+    );
+
+    let mut body = create_body(&pool, "k", "tiny");
+    let err = t
+        .call(ALICE, "instances.create", body.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.status, err.body["code"].as_str()),
+        (404, Some("NOT_FOUND"))
+    );
+    body["flavor"] = json!("small");
+    body["imageId"] = json!("img_nope");
+    assert_eq!(
+        t.call(ALICE, "instances.create", body.clone())
+            .await
+            .unwrap_err()
+            .body["code"],
+        "NOT_FOUND"
+    );
+    body["imageId"] = json!("img_ubuntu");
+    body["sshKeys"] = json!(["-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"]);
+    let err = t
+        .call(ALICE, "instances.create", body.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.status, err.body["code"].as_str()),
+        (400, Some("INVALID_INPUT"))
+    );
+    assert_eq!(err.body["details"]["field"], "sshKeys[0]");
+    body["sshKeys"] = json!([SSH_KEY]);
+    body["surprise"] = json!(1);
+    let err = t
+        .call(ALICE, "instances.create", body.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "INVALID_INPUT");
+    assert!(err.body["message"].as_str().unwrap().contains("surprise"));
+
+    // A pool not offered to the tenant does not exist for it.
+    let err = t
+        .call(
+            EVE,
+            "instances.create",
+            json!({ "tenantId": "globex", "poolId": pool, "flavor": "small",
+        "imageId": "img_ubuntu", "idempotencyKey": "e" }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "NOT_FOUND");
+
+    // The /29 has 5 leasable addresses less the gateway: 4 more instances fit the range...
+    let small_pool = t
+        .ok(OPERATOR, "pools.usage", json!({ "poolId": pool }))
+        .await;
+    assert!(small_pool["items"].is_array());
+    let events_before: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+    let err = t
+        .call(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "big2", "large"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "QUOTA_EXCEEDED");
+    let events_after: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+    assert_eq!(events_before, events_after, "a refusal appends nothing");
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test]
+async fn a_full_address_range_answers_capacity_unavailable() {
+    let t = TestServer::start().await;
+    // A /30 has two host addresses; the gateway takes one.
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/30",
+            1,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
+        )
+        .await;
+    t.ok(ALICE, "instances.create", create_body(&pool, "a", "small"))
+        .await;
+    let err = t
+        .call(ALICE, "instances.create", create_body(&pool, "b", "small"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.status, err.body["code"].as_str()),
+        (503, Some("CAPACITY_UNAVAILABLE"))
+    );
+}
+
+#[tokio::test]
+async fn another_tenants_instance_is_not_found() {
+    let t = TestServer::start().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/28",
+            1,
+            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
+        )
+        .await;
+    let inst = t
+        .ok(ALICE, "instances.create", create_body(&pool, "k", "small"))
+        .await;
+    for method in [
+        "instances.get",
+        "instances.stop",
+        "instances.delete",
+        "instances.history",
+    ] {
+        let err = t
+            .call(
+                EVE,
+                method,
+                json!({ "tenantId": "acme", "instanceId": inst["id"] }),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (err.status, err.body["code"].as_str()),
+            (404, Some("NOT_FOUND")),
+            "{method}"
+        );
+        let err = t
+            .call(
+                EVE,
+                method,
+                json!({ "tenantId": "globex", "instanceId": inst["id"] }),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.body["code"], "NOT_FOUND", "{method}");
+    }
+    let err = t
+        .call(
+            ALICE,
+            "pools.create",
+            json!({ "name": "x", "class": "vps-host" }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "ACCESS_DENIED");
+    let err = t
+        .call("nobody-token", "instances.get", json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.status, err.body["code"].as_str()),
+        (401, Some("UNAUTHENTICATED"))
+    );
+}
+
+#[tokio::test]
+async fn stop_start_and_delete_set_the_desired_state_and_delete_is_idempotent() {
+    let t = TestServer::start().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/28",
+            1,
+            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
+        )
+        .await;
+    let inst = t
+        .ok(ALICE, "instances.create", create_body(&pool, "k", "small"))
+        .await;
+    let id = json!({ "tenantId": "acme", "instanceId": inst["id"] });
+    assert_eq!(
+        t.ok(ALICE, "instances.stop", id.clone()).await["desiredState"],
+        "stopped"
+    );
+    assert_eq!(
+        t.ok(ALICE, "instances.start", id.clone()).await["desiredState"],
+        "running"
+    );
+    let deleting = t.ok(ALICE, "instances.delete", id.clone()).await;
+    assert_eq!(
+        (
+            deleting["state"].as_str(),
+            deleting["desiredState"].as_str()
+        ),
+        (Some("deleting"), Some("deleted"))
+    );
+    let again = t.ok(ALICE, "instances.delete", id.clone()).await;
+    assert_eq!(again["version"], deleting["version"]);
+    let err = t
+        .call(ALICE, "instances.start", id.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "INVALID_STATE");
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test]
+async fn resize_is_all_or_nothing() {
+    let t = TestServer::start().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/28",
+            1,
+            json!({ "vcpu": 9, "memoryGiB": 100, "diskGiB": 1000 }),
+        )
+        .await;
+    let inst = t
+        .ok(
+            ALICE,
+            "instances.create",
+            json!({ "tenantId": "acme", "poolId": pool, "flavor": "small",
+        "imageId": "img_ubuntu", "idempotencyKey": "k", "desiredState": "stopped" }),
+        )
+        .await;
+    let body = json!({ "tenantId": "acme", "instanceId": inst["id"], "flavor": "large" });
+    // Not stopped yet: the host has not reported.
+    let err = t
+        .call(ALICE, "instances.resize", body.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "INVALID_STATE");
+    let usage = t
+        .ok(OPERATOR, "pools.usage", json!({ "poolId": pool }))
+        .await;
+    let vcpu = usage["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["resource"] == "vcpu")
+        .unwrap()
+        .clone();
+    assert_eq!(vcpu["used"], 2, "a refused resize charges nothing");
+}
+
+#[tokio::test]
+async fn bad_input_names_the_field_and_never_answers_500() {
+    let t = TestServer::start().await;
+    let pool = t.hosted_pool("10.0.0.0/28", 1, json!({ "vcpu": 10 })).await;
+    for (method, body, field) in [
+        (
+            "pools.setIpPool",
+            json!({ "poolId": pool, "cidr": "10.0.0.0/33" }),
+            "cidr",
+        ),
+        (
+            "pools.setIpPool",
+            json!({ "poolId": pool, "cidr": "not-a-cidr" }),
+            "cidr",
+        ),
+        (
+            "pools.create",
+            json!({ "name": "p", "class": "mainframe" }),
+            "class",
+        ),
+        (
+            "flavors.create",
+            json!({ "poolId": pool, "name": "f", "vcpu": -1, "memoryGiB": 1, "diskGiB": 1 }),
+            "vcpu",
+        ),
+        (
+            "flavors.create",
+            json!({ "poolId": pool, "name": "f", "vcpu": "two", "memoryGiB": 1, "diskGiB": 1 }),
+            "vcpu",
+        ),
+        (
+            "pools.offer",
+            json!({ "poolId": pool, "tenantId": "acme", "quota": { "cpus": 1 } }),
+            "quota.cpus",
+        ),
+    ] {
+        let err = t.call(OPERATOR, method, body).await.unwrap_err();
+        assert_eq!(
+            (err.status, err.body["code"].as_str()),
+            (400, Some("INVALID_INPUT")),
+            "{method}: {}",
+            err.body
+        );
+        assert_eq!(
+            err.body["details"]["field"], field,
+            "{method}: {}",
+            err.body
+        );
+    }
+    let response = t
+        .http
+        .post(format!("{}/api/compute/pools/create", t.server.url()))
+        .bearer_auth(OPERATOR)
+        .body("{ not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    let response = t
+        .http
+        .post(format!("{}/api/compute/pools/create", t.server.url()))
+        .bearer_auth(OPERATOR)
+        .body(vec![b' '; 300 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+}
+
+/// SPEC's race: 64 concurrent creates against a quota of 10 vCPU and a /28.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_creates_never_exceed_quota_leases_or_capacity() {
+    let t = std::sync::Arc::new(TestServer::start().await);
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/28",
+            2,
+            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
+        )
+        .await;
+    let mut tasks = Vec::new();
+    for n in 0..64 {
+        let (t, pool) = (t.clone(), pool.clone());
+        tasks.push(tokio::spawn(async move {
+            t.call(
+                ALICE,
+                "instances.create",
+                create_body(&pool, &format!("race-{n}"), "small"),
+            )
+            .await
+        }));
+    }
+    let mut created = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(_) => created += 1,
+            Err(e) => assert_eq!(e.body["code"], "QUOTA_EXCEEDED", "{}", e.body),
+        }
+    }
+    assert_eq!(created, 5, "10 vCPU of quota hold five 2-vCPU instances");
+    let db = &t.server.state.pool;
+    let used: i64 = sqlx::query_scalar("SELECT used FROM quotas WHERE resource = 'vcpu'")
+        .fetch_one(db)
+        .await
+        .unwrap();
+    assert_eq!(used, 10);
+    let leases: i64 = sqlx::query_scalar("SELECT count(DISTINCT address) FROM ip_leases")
+        .fetch_one(db)
+        .await
+        .unwrap();
+    assert_eq!(leases, 5);
+    let over: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT n.id FROM nodes n JOIN node_allocations a ON a.node_id = n.id
+          GROUP BY n.id, n.capacity HAVING sum(a.vcpu) > (n.capacity->>'vcpu')::bigint) x",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap();
+    assert_eq!(over, 0);
+    assert!(t.replay_equal().await);
+}
