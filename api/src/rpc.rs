@@ -20,6 +20,8 @@ pub const MAX_BODY: usize = 256 * 1024;
 pub struct Caller {
     /// The identity.
     pub actor: Actor,
+    /// Set when a node calls with its node token.
+    pub node: Option<String>,
 }
 
 impl Caller {
@@ -46,25 +48,35 @@ impl Caller {
     }
 }
 
-/// Resolves the bearer token.
-pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+/// Resolves the bearer token: a configured identity, or a node's token.
+pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let token = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| ApiError::new("UNAUTHENTICATED", "missing Authorization: Bearer <token>"))?;
-    let id = state
-        .config
-        .identities
-        .iter()
-        .find(|i| i.token == token)
-        .ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown token"))?;
+    if let Some(id) = state.config.identities.iter().find(|i| i.token == token) {
+        return Ok(Caller {
+            actor: Actor {
+                identity: id.identity.clone(),
+                tenant: id.tenant.clone(),
+                operator: id.operator,
+            },
+            node: None,
+        });
+    }
+    let node: Option<String> = sqlx::query_scalar("SELECT id FROM nodes WHERE token_hash = $1")
+        .bind(vps_commands::operator::token_hash(token))
+        .fetch_optional(&state.pool)
+        .await?;
+    let node = node.ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown token"))?;
     Ok(Caller {
         actor: Actor {
-            identity: id.identity.clone(),
-            tenant: id.tenant.clone(),
-            operator: id.operator,
+            identity: format!("node:{node}"),
+            tenant: None,
+            operator: false,
         },
+        node: Some(node),
     })
 }
 
@@ -94,7 +106,7 @@ pub async fn dispatch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let caller = authenticate(&state, &headers)?;
+    let caller = authenticate(&state, &headers).await?;
     if body.len() > MAX_BODY {
         return Err(ApiError::invalid(
             "body",
@@ -112,11 +124,19 @@ pub async fn dispatch(
     metrics::counter!("vps_api_requests_total", "method" => format!("{group}.{method}"))
         .increment(1);
     let answer = async {
+        if group == "nodes" {
+            if let Some(answer) = crate::routes::hosts::handle(&ctx, &caller, &method, &body).await
+            {
+                return answer;
+            }
+        }
         match group.as_str() {
             "pools" | "nodes" | "flavors" | "images" => {
                 crate::routes::operator::handle(&ctx, &caller, &group, &method, &body).await
             }
             "instances" => crate::routes::instances::handle(&ctx, &caller, &method, &body).await,
+            "webhooks" => crate::routes::events::webhooks(&ctx, &caller, &method, &body).await,
+            "events" if method == "list" => crate::routes::events::list(&ctx, &caller, &body).await,
             _ => Err(ApiError::new(
                 "NOT_FOUND",
                 format!("no method {group}.{method}"),

@@ -91,6 +91,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
             vps_events::chain::run_chainer(pool.clone(), notifier.clone())
         }));
     }
+    tasks.extend(start_reactors(&state));
     let router = app(state.clone());
     tasks.push(tokio::spawn(async move {
         let shutdown = async move {
@@ -168,4 +169,71 @@ fn secret_key(config: &Config) -> vps_commands::secrets::SecretKey {
         rand::random()
     });
     vps_commands::secrets::SecretKey::new(bytes)
+}
+
+/// A context for background parts acting as `reactor:<name>`.
+pub fn reactor_ctx(state: &AppState, name: &str) -> vps_commands::Ctx {
+    vps_commands::Ctx {
+        pool: state.pool.clone(),
+        notifier: state.notifier.clone(),
+        secrets: state.secrets.clone(),
+        actor: vps_commands::Actor {
+            identity: format!("reactor:{name}"),
+            tenant: None,
+            operator: true,
+        },
+        request_id: None,
+    }
+}
+
+/// The reactor delays from `[timings]`.
+pub fn timings(config: &Config) -> vps_reactors::timings::Timings {
+    let t = &config.timings;
+    let s = Duration::from_secs_f64;
+    vps_reactors::timings::Timings {
+        unschedulable_retry: s(t.unschedulable_retry),
+        transitional_look: s(t.transitional_look),
+        provider_poll: s(t.provider_poll),
+        provider_retry: s(t.provider_retry),
+        lost_look: s(t.lost_look),
+        replacement_wait: s(t.replacement_wait),
+        refusing_node_exclusion: s(t.refusing_node_exclusion),
+        liveness_check: s(t.liveness_check),
+    }
+}
+
+/// Starts the waker, the instance reconciler, node liveness and the publishers.
+fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
+    let timings = timings(&state.config);
+    let mut tasks = Vec::new();
+    let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
+    tasks.push(supervise("instance-waker", move || {
+        vps_reactors::waker::run(pool.clone(), notifier.clone())
+    }));
+    let (ctx, t) = (reactor_ctx(state, "instances"), timings.clone());
+    tasks.push(supervise("instance-reconciler", move || {
+        vps_reactors::instances::run(ctx.clone(), t.clone(), 8)
+    }));
+    let (ctx, t) = (reactor_ctx(state, "liveness"), timings);
+    tasks.push(supervise("node-liveness", move || {
+        vps_reactors::liveness::run(ctx.clone(), t.clone())
+    }));
+    if let Some(nats) = &state.config.nats {
+        let config = vps_reactors::nats::NatsPublisherConfig {
+            url: nats.url.clone(),
+            subject_prefix: nats.subject_prefix.clone(),
+            ..Default::default()
+        };
+        let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
+        tasks.push(tokio::spawn(vps_reactors::nats::run_publisher(
+            pool, notifier, config,
+        )));
+    }
+    let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
+    tasks.push(tokio::spawn(vps_reactors::webhooks::run_webhook_delivery(
+        pool,
+        notifier,
+        vps_reactors::webhooks::WebhookConfig::default(),
+    )));
+    tasks
 }

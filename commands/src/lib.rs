@@ -11,6 +11,7 @@
 
 pub mod context;
 pub mod error;
+pub mod hosts;
 pub mod instances;
 pub mod operator;
 pub mod record;

@@ -409,7 +409,7 @@ pub async fn set_cordon(ctx: &Ctx, node_id: &str, cordon: bool) -> Result<Value,
         } else {
             "node.uncordoned"
         };
-        let data = serde_json::to_value(NodeCordonChanged {
+        let data = serde_json::to_value(NodeStateChanged {
             node_id: node_id.into(),
         })
         .expect("serialises");

@@ -95,10 +95,21 @@ pub struct NodeRegistered {
     pub token_hash: String,
 }
 
-/// `node.cordoned` / `node.uncordoned`.
+/// `instance.orphaned` (on the node's stream): the node holds instances no live row places
+/// there. Appended only when the set changes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NodeCordonChanged {
+pub struct OrphansChanged {
+    /// The node.
+    pub node_id: String,
+    /// The orphans, sorted, at most 100.
+    pub instance_ids: Vec<String>,
+}
+
+/// `node.cordoned` / `node.uncordoned` / `node.lost` / `node.recovered`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStateChanged {
     /// The node.
     pub node_id: String,
 }

@@ -13,6 +13,7 @@
 
 mod faults;
 pub mod hetzner;
+pub mod host;
 pub mod proxmox;
 mod server;
 

@@ -68,7 +68,18 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
         }
         _ => {}
     }
-    store(conn, &after).await
+    store(conn, &after).await?;
+    // Both nodes, when a recreate or a deletion moved the instance off one.
+    let nodes: std::collections::BTreeSet<&String> = before
+        .as_ref()
+        .and_then(|b| b.node_id.as_ref())
+        .into_iter()
+        .chain(after.node_id.as_ref())
+        .collect();
+    for node in nodes {
+        crate::node_specs::refresh(conn, node).await?;
+    }
+    Ok(())
 }
 
 /// The stored view of an instance (the projection doubles as the aggregate's snapshot).

@@ -10,6 +10,7 @@
 //! schema, so a replay can point `search_path` at a scratch schema.
 
 pub mod instances;
+pub mod node_specs;
 pub mod operator;
 pub mod replay;
 pub mod views;
@@ -45,11 +46,16 @@ pub const TABLES: &[&str] = &[
     "instances",
     "node_allocations",
     "ip_leases",
+    "node_specs",
 ];
 
 /// Applies every inline projector to one event, in the caller's transaction.
 pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), ProjectionError> {
     let kind = event.event_type.split('.').next().unwrap_or("");
+    if event.event_type == "instance.orphaned" {
+        // A node's event about instances it holds: it belongs to the node's projection.
+        return operator::apply(conn, event).await;
+    }
     match kind {
         "instance" => instances::apply(conn, event).await,
         "pool" | "node" | "flavor" | "image" => operator::apply(conn, event).await,

@@ -97,9 +97,32 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             .await?;
         }
         "node.cordoned" | "node.uncordoned" => {
-            let d: NodeCordonChanged = data(e)?;
+            let d: NodeStateChanged = data(e)?;
             let state = if e.event_type == "node.cordoned" {
                 "cordoned"
+            } else {
+                "ready"
+            };
+            sqlx::query("UPDATE nodes SET state = $2, updated_at = $3, version = $4 WHERE id = $1")
+                .bind(&d.node_id)
+                .bind(state)
+                .bind(at)
+                .bind(e.version)
+                .execute(conn)
+                .await?;
+        }
+        "instance.orphaned" => {
+            let d: vps_domain::operator::OrphansChanged = data(e)?;
+            sqlx::query("UPDATE nodes SET orphans = $2 WHERE id = $1")
+                .bind(&d.node_id)
+                .bind(Json(&d.instance_ids))
+                .execute(conn)
+                .await?;
+        }
+        "node.lost" | "node.recovered" => {
+            let d: NodeStateChanged = data(e)?;
+            let state = if e.event_type == "node.lost" {
+                "lost"
             } else {
                 "ready"
             };

@@ -66,9 +66,10 @@ pub async fn nodes<'e>(
         .collect())
 }
 
-const NODE_SELECT: &str = "SELECT n.id, n.pool_id, n.name, n.state, n.capacity, n.labels, n.runtimes, n.cpu_model, n.last_report_at,
+const NODE_SELECT: &str = "SELECT n.id, n.pool_id, n.name, n.state, n.capacity, n.labels, n.runtimes, n.cpu_model, (SELECT h.last_report_at FROM node_heartbeats h WHERE h.node_id = n.id),
         coalesce(sum(a.vcpu), 0)::bigint, coalesce(sum(a.memory_gib), 0)::bigint, coalesce(sum(a.disk_gib), 0)::bigint,
-        coalesce(jsonb_agg(jsonb_build_object('model', a.gpu_model, 'count', a.gpus)) FILTER (WHERE a.gpus > 0), '[]')
+        coalesce(jsonb_agg(jsonb_build_object('model', a.gpu_model, 'count', a.gpus)) FILTER (WHERE a.gpus > 0), '[]'),
+        n.orphans
    FROM nodes n LEFT JOIN node_allocations a ON a.node_id = n.id";
 
 fn node_json(r: &sqlx::postgres::PgRow) -> Value {
@@ -82,6 +83,7 @@ fn node_json(r: &sqlx::postgres::PgRow) -> Value {
         "runtimes": r.get::<Value, _>(6),
         "cpuModel": r.get::<Option<String>, _>(7),
         "lastReportAt": r.get::<Option<chrono::DateTime<chrono::Utc>>, _>(8),
+        "orphans": r.get::<Value, _>(13),
         "allocated": { "vcpu": r.get::<i64, _>(9), "memoryGiB": r.get::<i64, _>(10), "diskGiB": r.get::<i64, _>(11), "gpus": r.get::<Value, _>(12) },
     })
 }

@@ -3,6 +3,12 @@
 //!
 //! A reactor pass is idempotent under at-least-once delivery and records what it did as
 //! commands; it never holds a database transaction open across a network call.
+pub mod instances;
+pub mod liveness;
 pub mod nats;
+pub mod provider_instances;
 pub mod providers;
+pub mod timings;
+pub mod waker;
 pub mod webhooks;
+pub mod work_queue;

@@ -1,4 +1,6 @@
 //! Handlers per API group.
 
+pub mod events;
+pub mod hosts;
 pub mod instances;
 pub mod operator;

@@ -67,7 +67,8 @@ pub(crate) async fn run(
     loop {
         let room = config.concurrency.saturating_sub(inflight.len());
         if room > 0 {
-            match claim(&pool, &config, room as i64).await {
+            let span = tracing::debug_span!("webhook_dispatch_pass", inflight = inflight.len());
+            match claim(&pool, &config, room as i64).instrument(span).await {
                 Ok(items) => {
                     for item in items {
                         let span = tracing::info_span!("webhook_attempt",

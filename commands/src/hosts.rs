@@ -1,0 +1,353 @@
+//! What hosts send: status reports (`nodes.report`), and what the control plane decides
+//! from node liveness (`node.lost` and its instances). Every instance change is an ordinary
+//! decision on the instance's stream.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::Utc;
+use serde::Deserialize;
+use sqlx::{PgConnection, Row};
+use vps_domain::instance::{decide, AddressMode, Failure, Instance, InstanceCommand, Observed};
+use vps_domain::operator::{NodeStateChanged, OrphansChanged};
+use vps_domain::state_table::InstanceState;
+use vps_domain::DomainError;
+use vps_events::ExpectedVersion;
+use vps_projections::instances::load;
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::record::record;
+
+/// The most orphans one `instance.orphaned` event names.
+pub const MAX_ORPHANS: usize = 100;
+
+/// `nodes.report`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Report {
+    /// The reporting node.
+    pub node_id: String,
+    /// What its runtime holds.
+    #[serde(default)]
+    pub instances: Vec<ReportedInstance>,
+    /// The list is the node's whole inventory.
+    #[serde(default)]
+    pub complete: bool,
+    /// The NodeSpec generation the host has applied.
+    pub applied_generation: Option<i64>,
+}
+
+/// One instance as the host sees it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReportedInstance {
+    /// `inst_…`.
+    pub id: String,
+    /// `RUNNING`, `STOPPED`, `PAUSED`, `ERROR` or `UNSPECIFIED`.
+    pub state: ReportedState,
+    /// Why (errors, refusals).
+    pub message: Option<String>,
+    /// Addresses the guest has.
+    pub addresses: Option<Vec<String>>,
+}
+
+/// A host-side instance state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum ReportedState {
+    /// Running.
+    Running,
+    /// Stopped (or refused: `ResourcesExhausted:`).
+    Stopped,
+    /// Paused.
+    Paused,
+    /// Failed.
+    Error,
+    /// Not known yet: skipped.
+    Unspecified,
+}
+
+/// What a report changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportOutcome {
+    /// Instances whose state or data changed.
+    pub updated: usize,
+    /// Instances the node holds that no live row places there, sorted.
+    pub orphans: Vec<String>,
+    /// Instances that changed (for waking the reconciler).
+    pub changed: Vec<String>,
+}
+
+/// The prefix of a host's refusal to start an instance for lack of resources.
+pub const RESOURCES_EXHAUSTED: &str = "ResourcesExhausted:";
+
+/// Applies a node's report. Only instances placed on that node are touched.
+pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandError> {
+    if report.instances.len() > 10_000 {
+        return Err(DomainError::InvalidInput {
+            field: "instances".into(),
+            message: "at most 10000".into(),
+        }
+        .into());
+    }
+    let ids: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
+    if ids.len() != report.instances.len() {
+        return Err(DomainError::InvalidInput {
+            field: "instances".into(),
+            message: "an instance is listed twice".into(),
+        }
+        .into());
+    }
+    retrying(&report.node_id, || report_once(ctx, &report)).await
+}
+
+async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, CommandError> {
+    let now = Utc::now();
+    let mut tx = ctx.pool.begin().await?;
+    let node = sqlx::query("SELECT state, version, orphans FROM nodes WHERE id = $1 FOR UPDATE")
+        .bind(&report.node_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| DomainError::NotFound {
+            what: format!("node {}", report.node_id),
+        })?;
+    let (node_state, node_version): (String, i64) = (node.get(0), node.get(1));
+    let known_orphans: Vec<String> = serde_json::from_value(node.get(2)).unwrap_or_default();
+    sqlx::query(
+        "INSERT INTO node_heartbeats (node_id, last_report_at) VALUES ($1, $2)
+         ON CONFLICT (node_id) DO UPDATE SET last_report_at = excluded.last_report_at",
+    )
+    .bind(&report.node_id)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    let mut node_version = node_version;
+    if node_state == "lost" {
+        let data = serde_json::to_value(NodeStateChanged {
+            node_id: report.node_id.clone(),
+        })
+        .expect("serialises");
+        record(
+            &mut tx,
+            &format!("node-{}", report.node_id),
+            ExpectedVersion::Exact(node_version),
+            vec![("node.recovered".into(), data)],
+            &ctx.metadata(None),
+        )
+        .await?;
+        node_version += 1;
+    }
+
+    let placed: BTreeMap<String, Instance> = placed_on(&mut tx, &report.node_id).await?;
+    let mut changed = Vec::new();
+    let mut orphans = Vec::new();
+    let reported: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
+    for entry in &report.instances {
+        let Some(instance) = placed.get(&entry.id) else {
+            orphans.push(entry.id.clone());
+            continue;
+        };
+        let mut commands = Vec::new();
+        match (entry.state, entry.message.as_deref()) {
+            (ReportedState::Unspecified, _) => continue,
+            (ReportedState::Stopped, Some(m)) if m.starts_with(RESOURCES_EXHAUSTED) => commands
+                .push(InstanceCommand::ReportResourcesExhausted {
+                    node_id: report.node_id.clone(),
+                    message: m.to_string(),
+                }),
+            (ReportedState::Error, m) => commands.push(InstanceCommand::Fail(Failure::Runtime {
+                message: m.unwrap_or("the runtime reported an error").to_string(),
+            })),
+            (state, _) => {
+                let observed = match state {
+                    ReportedState::Running => Observed::Running,
+                    ReportedState::Paused => Observed::Paused,
+                    _ => Observed::Stopped,
+                };
+                commands.push(if instance.state == InstanceState::Lost {
+                    InstanceCommand::Recover(observed)
+                } else {
+                    InstanceCommand::Observe(observed)
+                });
+            }
+        }
+        if let Some(addresses) = entry.addresses.clone().filter(|a| !a.is_empty()) {
+            commands.push(InstanceCommand::RecordAddresses {
+                addresses,
+                mode: AddressMode::Add,
+            });
+        }
+        if apply_all(ctx, &mut tx, instance, &commands, now).await? {
+            changed.push(entry.id.clone());
+        }
+    }
+    if report.complete {
+        for (id, instance) in &placed {
+            if !reported.contains(id.as_str())
+                && instance.state == InstanceState::Deleting
+                && apply_all(ctx, &mut tx, instance, &[InstanceCommand::Release], now).await?
+            {
+                changed.push(id.clone());
+            }
+        }
+    }
+    orphans.sort();
+    orphans.truncate(MAX_ORPHANS);
+    if orphans != known_orphans && (report.complete || !orphans.is_empty()) {
+        let data = serde_json::to_value(OrphansChanged {
+            node_id: report.node_id.clone(),
+            instance_ids: orphans.clone(),
+        })
+        .expect("serialises");
+        record(
+            &mut tx,
+            &format!("node-{}", report.node_id),
+            ExpectedVersion::Exact(node_version),
+            vec![("instance.orphaned".into(), data)],
+            &ctx.metadata(None),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(ReportOutcome {
+        updated: changed.len(),
+        orphans,
+        changed,
+    })
+}
+
+/// Live instances placed on a node, by id.
+pub async fn placed_on(
+    tx: &mut PgConnection,
+    node_id: &str,
+) -> Result<BTreeMap<String, Instance>, CommandError> {
+    let rows = sqlx::query(
+        "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted' FOR UPDATE",
+    )
+    .bind(node_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let sqlx::types::Json(i): sqlx::types::Json<Instance> = r.get(0);
+            (i.id.clone(), i)
+        })
+        .collect())
+}
+
+/// Decides and records each command in turn; refusals of the state table are skipped (a
+/// report that does not apply to the instance's state changes nothing). Returns whether
+/// anything was recorded.
+pub async fn apply_all(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    instance: &Instance,
+    commands: &[InstanceCommand],
+    now: chrono::DateTime<Utc>,
+) -> Result<bool, CommandError> {
+    let mut current = instance.clone();
+    let mut any = false;
+    for command in commands {
+        let events = match decide(Some(&current), command, now) {
+            Ok(events) => events,
+            Err(DomainError::InvalidState { .. }) => continue,
+            Err(other) => return Err(other.into()),
+        };
+        if events.is_empty() {
+            continue;
+        }
+        let pairs = events
+            .iter()
+            .map(|e| (e.event_type().to_string(), e.data()))
+            .collect();
+        let metadata = ctx.metadata(Some(&current.tenant_id));
+        record(
+            &mut *tx,
+            &format!("instance-{}", current.id),
+            ExpectedVersion::Exact(current.version as i64),
+            pairs,
+            &metadata,
+        )
+        .await?;
+        if events
+            .iter()
+            .any(|e| matches!(e, vps_domain::instance::InstanceEvent::Deleted(_)))
+        {
+            crate::secrets::forget(tx, &current.id).await?;
+        }
+        current = load(tx, &current.id).await?.expect("recorded");
+        any = true;
+    }
+    Ok(any)
+}
+
+/// Marks a silent node lost and its instances lost (`node.lost`, `instance.lost`). Returns the
+/// instances that changed.
+pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, CommandError> {
+    retrying(node_id, || async {
+        let now = Utc::now();
+        let mut tx = ctx.pool.begin().await?;
+        let row = sqlx::query("SELECT state, version FROM nodes WHERE id = $1 FOR UPDATE")
+            .bind(node_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| DomainError::NotFound {
+                what: format!("node {node_id}"),
+            })?;
+        let (state, version): (String, i64) = (row.get(0), row.get(1));
+        if state == "lost" {
+            return Ok(Vec::new());
+        }
+        let data = serde_json::to_value(NodeStateChanged {
+            node_id: node_id.into(),
+        })
+        .expect("serialises");
+        record(
+            &mut tx,
+            &format!("node-{node_id}"),
+            ExpectedVersion::Exact(version),
+            vec![("node.lost".into(), data)],
+            &ctx.metadata(None),
+        )
+        .await?;
+        let mut changed = Vec::new();
+        for (id, instance) in placed_on(&mut tx, node_id).await? {
+            if apply_all(ctx, &mut tx, &instance, &[InstanceCommand::Lose], now).await? {
+                changed.push(id);
+            }
+        }
+        tx.commit().await?;
+        ctx.notifier.committed();
+        Ok(changed)
+    })
+    .await
+}
+
+/// The sealed user data of an instance placed on `node_id`; `NOT_FOUND` for anything else.
+pub async fn node_secret(
+    ctx: &Ctx,
+    node_id: &str,
+    reference: &str,
+) -> Result<String, CommandError> {
+    let not_found = || {
+        CommandError::Domain(DomainError::NotFound {
+            what: format!("secret {reference}"),
+        })
+    };
+    let instance_id = reference.strip_prefix("secret://").ok_or_else(not_found)?;
+    let mut conn = ctx.pool.acquire().await?;
+    let placed: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM instances WHERE id = $1 AND node_id = $2 AND state <> 'deleted')")
+        .bind(instance_id)
+        .bind(node_id)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !placed {
+        return Err(not_found());
+    }
+    let value = crate::secrets::open(&mut conn, &ctx.secrets, reference)
+        .await?
+        .ok_or_else(not_found)?;
+    String::from_utf8(value).map_err(|_| not_found())
+}

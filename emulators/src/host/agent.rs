@@ -1,0 +1,247 @@
+//! The host's loop: long-poll the spec, converge, report.
+//!
+//! One pass waits for whichever comes first (a spec answer, a boot finishing, a report falling
+//! due, a knob turned, the end of a back-off), then converges and reports if the inventory
+//! changed or the interval passed. The spec poll lives across passes, so a boot finishing or a
+//! knob turned is reported without waiting for the server to answer the poll.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::time::{sleep_until, Instant};
+use tracing::Instrument;
+
+use super::wire::{CallError, NodeApi, NodeSpec, ReportEntry};
+use super::{HostConfig, Shared};
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+type SpecPoll = Pin<Box<dyn Future<Output = Result<NodeSpec, CallError>> + Send>>;
+
+/// Runs the host until its task is aborted.
+pub(super) async fn run(shared: Arc<Shared>, config: HostConfig) {
+    let mut agent = Agent {
+        api: NodeApi::new(&config),
+        shared,
+        config,
+        spec_poll: None,
+        retry_at: None,
+        backoff: FIRST_BACKOFF,
+        last_sent: None,
+        last_report_at: None,
+        silent: false,
+    };
+    for pass in 0u64.. {
+        let span =
+            tracing::debug_span!("emulated_host_pass", node_id = %agent.config.node_id, pass);
+        agent.pass().instrument(span).await;
+    }
+}
+
+struct Agent {
+    api: NodeApi,
+    shared: Arc<Shared>,
+    config: HostConfig,
+    /// The outstanding `nodes.spec` long poll.
+    spec_poll: Option<SpecPoll>,
+    /// While the server fails, nothing is sent before this.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// The last inventory the server accepted, so an unchanged one waits for the interval.
+    last_sent: Option<(Vec<ReportEntry>, Option<u64>)>,
+    last_report_at: Option<Instant>,
+    silent: bool,
+}
+
+impl Agent {
+    async fn pass(&mut self) {
+        if !self.shared.reporting.load(Ordering::SeqCst) {
+            self.play_dead().await;
+            return;
+        }
+        if self.silent {
+            tracing::info!("host speaks again");
+            self.silent = false;
+            // Forget what was sent, so the host reports at once as a reconnecting host does.
+            self.last_sent = None;
+        }
+
+        let now = Instant::now();
+        let backing_off = self.retry_at.is_some_and(|at| at > now);
+        if !backing_off && self.spec_poll.is_none() {
+            self.spec_poll = Some(self.poll_spec());
+        }
+        let wake = self.next_wake(backing_off);
+
+        let mut new_spec = None;
+        tokio::select! {
+            answer = outstanding(&mut self.spec_poll) => {
+                self.spec_poll = None;
+                match answer {
+                    Ok(spec) => {
+                        self.succeeded();
+                        new_spec = Some(spec);
+                    }
+                    Err(error) => self.failed("nodes.spec", &error),
+                }
+            }
+            _ = self.shared.wake.notified() => {}
+            _ = sleep_until_opt(wake) => {}
+        }
+
+        if let Some(spec) = new_spec {
+            tracing::debug!(generation = spec.generation, "spec received");
+            self.shared.domains().apply_spec(spec);
+        }
+        self.fetch_user_data().await;
+        self.shared
+            .domains()
+            .converge(std::time::Instant::now(), self.config.boot_delay);
+        self.report_if_needed().await;
+    }
+
+    /// A lost host: nothing reaches the server, but its domains keep booting.
+    async fn play_dead(&mut self) {
+        if !self.silent {
+            tracing::info!("host goes silent");
+            self.silent = true;
+            // Dropping the poll cancels the request, as a host that lost its network would.
+            self.spec_poll = None;
+        }
+        let wake = self.shared.domains().next_boot_at().map(Instant::from_std);
+        tokio::select! {
+            _ = self.shared.wake.notified() => {}
+            _ = sleep_until_opt(wake) => {}
+        }
+        self.shared
+            .domains()
+            .converge(std::time::Instant::now(), self.config.boot_delay);
+    }
+
+    fn poll_spec(&self) -> SpecPoll {
+        let api = self.api.clone();
+        let after = self.shared.domains().applied_generation();
+        let wait = self.config.poll_wait;
+        Box::pin(async move { api.spec(after, wait).await })
+    }
+
+    /// The earliest of: a boot finishing, a report falling due, the back-off ending.
+    fn next_wake(&self, backing_off: bool) -> Option<Instant> {
+        let boot = self.shared.domains().next_boot_at().map(Instant::from_std);
+        // While backing off a due report must not wake the loop: it would spin until retry_at.
+        let report = if backing_off {
+            self.retry_at
+        } else {
+            self.last_report_at
+                .map(|at| at + self.config.report_interval)
+        };
+        boot.into_iter().chain(report).min()
+    }
+
+    /// Fetches the user data new domains need, all at once. A refusal fails the instance; no
+    /// answer (or a 5xx) leaves it to be asked again after the back-off.
+    async fn fetch_user_data(&mut self) {
+        if self.retry_at.is_some_and(|at| at > Instant::now()) {
+            return;
+        }
+        let wanted = self.shared.domains().user_data_wanted();
+        if wanted.is_empty() {
+            return;
+        }
+        let answers = join_all(
+            wanted
+                .iter()
+                .map(|(_, reference)| self.api.secret(reference)),
+        )
+        .await;
+        for ((id, _), answer) in wanted.iter().zip(answers) {
+            match answer {
+                Ok(value) => self.shared.domains().record_user_data(id, Ok(value)),
+                Err(error) if error.is_refusal() => {
+                    tracing::warn!(instance = %id, %error, "user data refused");
+                    let message = format!("user data unavailable: {error}");
+                    self.shared.domains().record_user_data(id, Err(message));
+                }
+                Err(error) => self.failed("nodes.secret", &error),
+            }
+        }
+    }
+
+    /// Reports the inventory when it changed or the interval passed. Nothing is reported before
+    /// the first spec: an empty complete report from a host that has not read its spec would
+    /// tell the server every placed instance is gone.
+    async fn report_if_needed(&mut self) {
+        let now = Instant::now();
+        if self.retry_at.is_some_and(|at| at > now) {
+            return;
+        }
+        let (entries, applied) = {
+            let domains = self.shared.domains();
+            (domains.report(), domains.applied_generation())
+        };
+        if applied.is_none() {
+            return;
+        }
+        let changed = self
+            .last_sent
+            .as_ref()
+            .is_none_or(|(sent, generation)| *sent != entries || *generation != applied);
+        let due = self
+            .last_report_at
+            .is_none_or(|at| now >= at + self.config.report_interval);
+        if !changed && !due {
+            return;
+        }
+        match self.api.report(&entries, applied).await {
+            Ok(answer) => {
+                self.succeeded();
+                tracing::debug!(
+                    instances = entries.len(),
+                    orphans = answer.orphans.len(),
+                    "reported"
+                );
+                *self
+                    .shared
+                    .orphans
+                    .lock()
+                    .expect("the orphan list is never poisoned") = answer.orphans;
+                self.shared.reports_sent.fetch_add(1, Ordering::SeqCst);
+                self.last_sent = Some((entries, applied));
+                self.last_report_at = Some(now);
+            }
+            Err(error) => self.failed("nodes.report", &error),
+        }
+    }
+
+    fn succeeded(&mut self) {
+        self.retry_at = None;
+        self.backoff = FIRST_BACKOFF;
+    }
+
+    /// Backs off, doubling up to [`MAX_BACKOFF`]; the host keeps going whatever the server says.
+    fn failed(&mut self, call: &str, error: &CallError) {
+        tracing::warn!(call, %error, backoff_ms = self.backoff.as_millis() as u64, "server call failed");
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// The outstanding poll's answer, or never when there is none.
+async fn outstanding(poll: &mut Option<SpecPoll>) -> Result<NodeSpec, CallError> {
+    match poll {
+        Some(poll) => poll.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

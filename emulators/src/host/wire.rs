@@ -1,0 +1,209 @@
+//! The three node calls (`nodes.spec`, `nodes.report`, `nodes.secret`) and their payloads
+//! (SPEC §5.1), as a real host agent sends and reads them.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::HostConfig;
+
+/// How long the server may take beyond a long poll's `waitMs`, and to answer any other call.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The node's spec. Unknown fields are ignored, so the server may add some.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct NodeSpec {
+    pub generation: u64,
+    #[serde(default)]
+    pub instances: Vec<InstanceSpec>,
+}
+
+/// The fields of an `InstanceSpec` the emulated host acts on.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct InstanceSpec {
+    pub id: String,
+    pub desired_state: DesiredState,
+    #[serde(default)]
+    pub runtime: String,
+    #[serde(default)]
+    pub user_data_ref: Option<String>,
+    #[serde(default)]
+    pub nics: Vec<Nic>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum DesiredState {
+    Running,
+    Stopped,
+    Paused,
+    Deleted,
+    /// A state a newer server may send: the host leaves such an instance as it is.
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub(super) struct Nic {
+    /// CIDR form, e.g. `10.0.0.2/24`.
+    #[serde(default)]
+    pub address: Option<String>,
+}
+
+/// One line of a status report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(super) struct ReportEntry {
+    pub id: String,
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct ReportAnswer {
+    pub orphans: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct SecretAnswer {
+    value: String,
+}
+
+/// The server's error body, `{ code, message, details }`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct ErrorBody {
+    code: String,
+    message: String,
+}
+
+/// Why a node call failed.
+#[derive(Debug)]
+pub(super) enum CallError {
+    /// No answer, or one that is not the expected JSON.
+    Transport(reqwest::Error),
+    /// A non-200 answer.
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
+}
+
+impl CallError {
+    /// A 4xx: asking again will not help (a 5xx or no answer may).
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, CallError::Api { status, .. } if (400..500).contains(status))
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Transport(error) => write!(f, "{error}"),
+            CallError::Api {
+                status,
+                code,
+                message,
+            } => write!(f, "{code} ({status}): {message}"),
+        }
+    }
+}
+
+/// A client of the node calls, authenticated as one node. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct NodeApi {
+    http: reqwest::Client,
+    base_url: String,
+    node_id: String,
+    token: String,
+}
+
+impl NodeApi {
+    pub fn new(config: &HostConfig) -> Self {
+        let http = reqwest::Client::builder()
+            // The server is local: an HTTP(S)_PROXY in the environment must not capture it.
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .expect("a plain HTTP client builds");
+        Self {
+            http,
+            base_url: config.base_url.trim_end_matches('/').to_owned(),
+            node_id: config.node_id.clone(),
+            token: config.token.clone(),
+        }
+    }
+
+    /// `nodes.spec`: the current spec, held by the server up to `wait` until it is newer than
+    /// `after`.
+    pub async fn spec(&self, after: Option<u64>, wait: Duration) -> Result<NodeSpec, CallError> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let mut body = json!({ "nodeId": self.node_id, "waitMs": wait_ms });
+        if let Some(after) = after {
+            body["afterGeneration"] = after.into();
+        }
+        self.call("spec", body, wait + ANSWER_TIMEOUT).await
+    }
+
+    /// `nodes.report`: a complete inventory.
+    pub async fn report(
+        &self,
+        instances: &[ReportEntry],
+        applied_generation: Option<u64>,
+    ) -> Result<ReportAnswer, CallError> {
+        let mut body = json!({
+            "nodeId": self.node_id,
+            "instances": instances,
+            "complete": true,
+        });
+        if let Some(generation) = applied_generation {
+            body["appliedGeneration"] = generation.into();
+        }
+        self.call("report", body, ANSWER_TIMEOUT).await
+    }
+
+    /// `nodes.secret`: the value behind a `secret://` reference of an instance on this node.
+    pub async fn secret(&self, reference: &str) -> Result<String, CallError> {
+        let body = json!({ "nodeId": self.node_id, "ref": reference });
+        let answer: SecretAnswer = self.call("secret", body, ANSWER_TIMEOUT).await?;
+        Ok(answer.value)
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        body: Value,
+        timeout: Duration,
+    ) -> Result<T, CallError> {
+        let url = format!("{}/api/compute/nodes/{method}", self.base_url);
+        let response = self
+            .http
+            .post(url)
+            .bearer_auth(&self.token)
+            .timeout(timeout)
+            .json(&body)
+            .send()
+            .await
+            .map_err(CallError::Transport)?;
+        let status = response.status();
+        if status.is_success() {
+            return response.json().await.map_err(CallError::Transport);
+        }
+        // An error without the JSON body (a proxy, a crash) still says its status.
+        let error: ErrorBody = response.json().await.unwrap_or_default();
+        Err(CallError::Api {
+            status: status.as_u16(),
+            code: error.code,
+            message: error.message,
+        })
+    }
+}

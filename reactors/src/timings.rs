@@ -1,0 +1,39 @@
+//! Every reactor delay (SPEC §3.6), configurable so tests and demos run the real reactors fast.
+
+use std::time::Duration;
+
+/// The delays the reconcilers and liveness checks use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timings {
+    /// Next look at an instance nothing fits yet.
+    pub unschedulable_retry: Duration,
+    /// Next look at a transitional instance waiting on a runtime.
+    pub transitional_look: Duration,
+    /// Drift polling of a steady provider instance.
+    pub provider_poll: Duration,
+    /// Retry after a failed provider call.
+    pub provider_retry: Duration,
+    /// Next look at a lost instance.
+    pub lost_look: Duration,
+    /// How long a `ResourcesExhausted` refusal stands before re-placement.
+    pub replacement_wait: Duration,
+    /// How long a refusing node is excluded.
+    pub refusing_node_exclusion: Duration,
+    /// How often node liveness is checked.
+    pub liveness_check: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            unschedulable_retry: Duration::from_secs(30),
+            transitional_look: Duration::from_secs(10),
+            provider_poll: Duration::from_secs(60),
+            provider_retry: Duration::from_secs(30),
+            lost_look: Duration::from_secs(60),
+            replacement_wait: Duration::from_secs(60),
+            refusing_node_exclusion: Duration::from_secs(600),
+            liveness_check: Duration::from_secs(5),
+        }
+    }
+}

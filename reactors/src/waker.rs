@@ -1,0 +1,83 @@
+//! Turns the log into reconciler work: every instance event wakes its instance; every event
+//! that frees or adds capacity in a pool wakes the pool's unschedulable instances at once.
+
+use sqlx::{PgPool, Row};
+use vps_events::{Follower, Notifier, RecordedEvent};
+
+use crate::work_queue;
+
+/// The follower's (and lease's) name.
+pub const NAME: &str = "instance-waker";
+
+/// Events after which something may fit where nothing did.
+const FREES_CAPACITY: &[&str] = &[
+    "instance.deleted",
+    "instance.recreating",
+    "instance.resized",
+    "node.registered",
+    "node.uncordoned",
+    "node.recovered",
+    "pool.ip_range.set",
+];
+
+/// Follows the log for as long as the task lives.
+pub async fn run(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
+    let _lease =
+        vps_events::lease::Lease::acquire(&pool, NAME, std::time::Duration::from_secs(2)).await;
+    let mut follower = Follower::load(pool.clone(), NAME, &notifier).await?;
+    loop {
+        let batch = follower.next_batch(1000).await?;
+        let Some(last) = batch.last().map(RecordedEvent::cursor) else {
+            follower.report_lag().await?;
+            follower.wait().await;
+            continue;
+        };
+        let mut tx = pool.begin().await?;
+        let mut instances: Vec<String> = batch
+            .iter()
+            .filter(|e| {
+                e.event_type.starts_with("instance.") && e.event_type != "instance.orphaned"
+            })
+            .filter_map(|e| e.data["instanceId"].as_str().map(str::to_string))
+            .collect();
+        for pool_id in freed_pools(&mut tx, &batch).await? {
+            let waiting =
+                sqlx::query("SELECT id FROM instances WHERE pool_id = $1 AND state = 'scheduling'")
+                    .bind(&pool_id)
+                    .fetch_all(&mut *tx)
+                    .await?;
+            instances.extend(waiting.iter().map(|r| r.get::<String, _>(0)));
+        }
+        instances.sort();
+        instances.dedup();
+        work_queue::wake_all(&mut *tx, crate::instances::KIND, &instances).await?;
+        vps_events::follower::save_checkpoint(&mut *tx, NAME, last).await?;
+        tx.commit().await?;
+        follower.advance(last);
+        notifier.committed();
+    }
+}
+
+async fn freed_pools(
+    tx: &mut sqlx::PgConnection,
+    batch: &[RecordedEvent],
+) -> Result<Vec<String>, sqlx::Error> {
+    let mut pools = Vec::new();
+    for e in batch
+        .iter()
+        .filter(|e| FREES_CAPACITY.contains(&e.event_type.as_str()))
+    {
+        if let Some(p) = e.data["poolId"].as_str() {
+            pools.push(p.to_string());
+        } else if let Some(node) = e.data["nodeId"].as_str() {
+            let p: Option<String> = sqlx::query_scalar("SELECT pool_id FROM nodes WHERE id = $1")
+                .bind(node)
+                .fetch_optional(&mut *tx)
+                .await?;
+            pools.extend(p);
+        }
+    }
+    pools.sort();
+    pools.dedup();
+    Ok(pools)
+}

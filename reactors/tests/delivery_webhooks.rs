@@ -1,0 +1,880 @@
+//! Webhook subscriptions and delivery against a real PostgreSQL (a fresh database per test)
+//! and receivers served by axum on 127.0.0.1, which verify every signature the Standard
+//! Webhooks way.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::Sha256;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use vps_events::read::{read_after, read_stream};
+use vps_events::{append, Cursor, ExpectedVersion, Metadata, NewEvent, Notifier, RecordedEvent};
+use vps_reactors::webhooks::{
+    create_webhook, delete_webhook, get_webhook, list_deliveries, list_webhooks,
+    run_webhook_delivery, DeleteWebhook, DeliveryStatus, NewWebhook, Webhook, WebhookConfig,
+    WebhookError, WebhookSecret, WebhookState,
+};
+
+// ---------------------------------------------------------------------------------------------
+// The receiver
+
+/// How an endpoint answers.
+#[derive(Clone, Copy)]
+enum Script {
+    /// 200.
+    Accept,
+    /// 500 to the first `n` requests, then 200.
+    FailFirst(usize),
+    /// 503 with `Retry-After: <secs>` to the first request, then 200.
+    RetryAfterOnce(u64),
+    /// 410.
+    Gone,
+    /// Never answers in time.
+    Hang,
+    /// 500 while the test says the endpoint is down, then 200.
+    DownWhileFlagged,
+}
+
+/// One request as the endpoint saw it.
+#[derive(Debug, Clone)]
+struct Request {
+    event_id: String,
+    event: Value,
+    signature_valid: bool,
+    answered: u16,
+    at: Instant,
+}
+
+struct Endpoint {
+    script: Script,
+    secret: Option<WebhookSecret>,
+    requests: Vec<Request>,
+    down: bool,
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    endpoints: Arc<Mutex<HashMap<String, Endpoint>>>,
+    base: String,
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let receiver = Receiver {
+            base: format!("http://{}", listener.local_addr().unwrap()),
+            ..Receiver::default()
+        };
+        let app = Router::new()
+            .route("/hooks/{name}", post(receive))
+            .with_state(receiver.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        receiver
+    }
+
+    /// Registers endpoint `name` and returns its URL.
+    fn endpoint(&self, name: &str, script: Script) -> String {
+        self.endpoints.lock().unwrap().insert(
+            name.into(),
+            Endpoint {
+                script,
+                secret: None,
+                requests: Vec::new(),
+                down: true,
+            },
+        );
+        format!("{}/hooks/{name}", self.base)
+    }
+
+    /// Tells endpoint `name` the secret it verifies signatures with.
+    fn set_secret(&self, name: &str, secret: &WebhookSecret) {
+        self.endpoints.lock().unwrap().get_mut(name).unwrap().secret = Some(secret.clone());
+    }
+
+    fn set_down(&self, name: &str, down: bool) {
+        self.endpoints.lock().unwrap().get_mut(name).unwrap().down = down;
+    }
+
+    fn requests(&self, name: &str) -> Vec<Request> {
+        self.endpoints.lock().unwrap()[name].requests.clone()
+    }
+
+    /// The event ids endpoint `name` answered 2xx to, in arrival order.
+    fn accepted(&self, name: &str) -> Vec<String> {
+        self.requests(name)
+            .into_iter()
+            .filter(|r| r.answered == 200)
+            .map(|r| r.event_id)
+            .collect()
+    }
+}
+
+async fn receive(
+    State(receiver): State<Receiver>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let header = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (id, timestamp, signatures) = (
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+    );
+    let body = String::from_utf8(body.to_vec()).unwrap_or_default();
+    let event: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+
+    let (script, answer) = {
+        let mut endpoints = receiver.endpoints.lock().unwrap();
+        let endpoint = endpoints.get_mut(&name).expect("a registered endpoint");
+        let signature_valid = endpoint
+            .secret
+            .as_ref()
+            .is_some_and(|s| verify(&s.0, &id, &timestamp, &body, &signatures))
+            && event["id"] == json!(id);
+        let seen = endpoint.requests.len();
+        let answer = match endpoint.script {
+            Script::Accept | Script::Hang => 200,
+            Script::FailFirst(n) if seen < n => 500,
+            Script::FailFirst(_) => 200,
+            Script::RetryAfterOnce(_) if seen == 0 => 503,
+            Script::RetryAfterOnce(_) => 200,
+            Script::Gone => 410,
+            Script::DownWhileFlagged if endpoint.down => 500,
+            Script::DownWhileFlagged => 200,
+        };
+        // A request with a bad signature is refused (and the test fails on it).
+        let answer = if signature_valid { answer } else { 400 };
+        endpoint.requests.push(Request {
+            event_id: id,
+            event,
+            signature_valid,
+            answered: answer,
+            at: Instant::now(),
+        });
+        (endpoint.script, answer)
+    };
+    match script {
+        Script::Hang => {
+            tokio::time::sleep(Duration::from_secs(600)).await;
+            StatusCode::OK.into_response()
+        }
+        Script::RetryAfterOnce(secs) if answer == 503 => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [("retry-after", secs.to_string())],
+        )
+            .into_response(),
+        _ => StatusCode::from_u16(answer).unwrap().into_response(),
+    }
+}
+
+/// The Standard Webhooks verification, written from the specification (not with the code
+/// under test): HMAC-SHA256 keyed with the base64-decoded secret after `whsec_`, over
+/// `"{id}.{timestamp}.{body}"`, compared with each space-separated `v1,<base64>` signature,
+/// and a timestamp within five minutes of now.
+fn verify(secret: &str, id: &str, timestamp: &str, body: &str, signatures: &str) -> bool {
+    let Some(key) = secret
+        .strip_prefix("whsec_")
+        .and_then(|k| STANDARD.decode(k).ok())
+    else {
+        return false;
+    };
+    let Ok(ts) = timestamp.parse::<i64>() else {
+        return false;
+    };
+    if (chrono::Utc::now().timestamp() - ts).abs() > 300 {
+        return false;
+    }
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
+    let expected = STANDARD.encode(mac.finalize().into_bytes());
+    signatures
+        .split(' ')
+        .filter_map(|s| s.strip_prefix("v1,"))
+        .any(|s| s == expected)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The log and the worker
+
+async fn fresh_log() -> PgPool {
+    let url = vps_pg::testing::fresh_database().await;
+    let pool = vps_events::connect(
+        &url,
+        &vps_events::DbOptions {
+            max_connections: 30,
+        },
+    )
+    .await
+    .expect("connect");
+    vps_events::migrate(&pool).await.expect("migrate");
+    pool
+}
+
+fn fast() -> WebhookConfig {
+    WebhookConfig {
+        request_timeout: Duration::from_secs(2),
+        base_delay: Duration::from_millis(20),
+        max_delay: Duration::from_secs(2),
+        max_attempts: 20,
+        poll_interval: Duration::from_millis(50),
+        ..WebhookConfig::default()
+    }
+}
+
+fn start_worker(pool: &PgPool, notifier: &Notifier, config: WebhookConfig) -> JoinHandle<()> {
+    tokio::spawn(run_webhook_delivery(pool.clone(), notifier.clone(), config))
+}
+
+async fn subscribe(
+    pool: &PgPool,
+    notifier: &Notifier,
+    receiver: &Receiver,
+    name: &str,
+    script: Script,
+    types: &[&str],
+    tenant: Option<&str>,
+) -> Webhook {
+    let url = receiver.endpoint(name, script);
+    let (webhook, secret) = create_webhook(
+        pool,
+        notifier,
+        NewWebhook {
+            url,
+            types: types.iter().map(|t| t.to_string()).collect(),
+            tenant_id: tenant.map(Into::into),
+            actor: "id_test".into(),
+        },
+    )
+    .await
+    .expect("create the webhook");
+    receiver.set_secret(name, &secret);
+    webhook
+}
+
+/// Appends one event of `event_type` to `stream` for `tenant`, in its own transaction.
+async fn emit(
+    pool: &PgPool,
+    notifier: &Notifier,
+    stream: &str,
+    event_type: &str,
+    tenant: Option<&str>,
+) -> RecordedEvent {
+    let event = NewEvent {
+        id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+        event_type: event_type.into(),
+        data: json!({ "stream": stream }),
+        metadata: Metadata {
+            tenant_id: tenant.map(Into::into),
+            actor: Some("id_test".into()),
+            ..Metadata::default()
+        },
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let mut recorded = append(&mut conn, stream, ExpectedVersion::Any, &[event])
+        .await
+        .unwrap();
+    notifier.committed();
+    recorded.remove(0)
+}
+
+/// The ids of the log's events of these type prefixes, in read order, once `n` are readable.
+async fn log_ids(pool: &PgPool, prefixes: &[&str], tenant: Option<&str>, n: usize) -> Vec<String> {
+    for _ in 0..1000 {
+        let ids: Vec<String> = read_after(pool, Cursor::START, 100_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| prefixes.iter().any(|p| e.event_type.starts_with(p)))
+            .filter(|e| tenant.is_none() || e.metadata.tenant_id.as_deref() == tenant)
+            .map(|e| e.id)
+            .collect();
+        if ids.len() == n {
+            return ids;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{n} events never became readable");
+}
+
+async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn assert_all_signed(receiver: &Receiver, name: &str) {
+    for r in receiver.requests(name) {
+        assert!(r.signature_valid, "bad signature on {}", r.event_id);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests
+
+#[tokio::test]
+async fn failing_deliveries_are_retried_signed_recorded_and_kept_in_order() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    let hook = subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "flaky",
+        Script::FailFirst(3),
+        &["instance.*"],
+        None,
+    )
+    .await;
+    let worker = start_worker(&pool, &notifier, fast());
+
+    for n in 0..15 {
+        let (stream, ty) = match n % 3 {
+            0 => (format!("instance-inst_{}", n % 4), "instance.created"),
+            1 => (format!("instance-inst_{}", n % 4), "instance.running"),
+            _ => (format!("sandbox-sbx_{n}"), "sandbox.ready"),
+        };
+        emit(&pool, &notifier, &stream, ty, Some("acme")).await;
+    }
+    let expected = log_ids(&pool, &["instance."], None, 10).await;
+
+    eventually(
+        "every instance event delivered",
+        Duration::from_secs(20),
+        || async { receiver.accepted("flaky").len() >= 10 },
+    )
+    .await;
+    worker.abort();
+
+    assert_all_signed(&receiver, "flaky");
+    assert_eq!(
+        receiver.accepted("flaky"),
+        expected,
+        "each once, in log order"
+    );
+    // The first event was attempted until it succeeded before the second was sent at all.
+    let requests = receiver.requests("flaky");
+    let first: Vec<u16> = requests.iter().take(4).map(|r| r.answered).collect();
+    assert_eq!(first, vec![500, 500, 500, 200]);
+    assert!(requests.iter().take(4).all(|r| r.event_id == expected[0]));
+    assert!(requests
+        .iter()
+        .all(|r| r.event["type"].as_str().unwrap().starts_with("instance.")));
+
+    let mut deliveries = list_deliveries(&pool, &hook.id, 100).await.unwrap();
+    deliveries.reverse(); // oldest first
+    assert_eq!(deliveries.len(), 13);
+    let first: Vec<_> = deliveries
+        .iter()
+        .take(4)
+        .map(|d| (d.event_id.as_str(), d.attempt, d.status, d.response_code))
+        .collect();
+    assert_eq!(
+        first,
+        vec![
+            (expected[0].as_str(), 1, DeliveryStatus::Pending, Some(500)),
+            (expected[0].as_str(), 2, DeliveryStatus::Pending, Some(500)),
+            (expected[0].as_str(), 3, DeliveryStatus::Pending, Some(500)),
+            (
+                expected[0].as_str(),
+                4,
+                DeliveryStatus::Delivered,
+                Some(200)
+            ),
+        ]
+    );
+    let rest: Vec<&str> = deliveries[4..]
+        .iter()
+        .map(|d| d.event_id.as_str())
+        .collect();
+    assert_eq!(
+        rest,
+        expected[1..].iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    assert!(deliveries[4..]
+        .iter()
+        .all(|d| d.attempt == 1 && d.status == DeliveryStatus::Delivered));
+}
+
+#[tokio::test]
+async fn a_retry_after_answer_delays_the_next_attempt_that_long() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "busy",
+        Script::RetryAfterOnce(1),
+        &["*"],
+        None,
+    )
+    .await;
+    let worker = start_worker(&pool, &notifier, fast());
+    let event = emit(&pool, &notifier, "pool-pool_1", "pool.created", None).await;
+
+    eventually("the event delivered", Duration::from_secs(10), || async {
+        receiver.accepted("busy").len() == 1
+    })
+    .await;
+    worker.abort();
+    let requests = receiver.requests("busy");
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].event_id, event.id);
+    let gap = requests[1].at - requests[0].at;
+    assert!(gap >= Duration::from_millis(950), "retried after {gap:?}");
+}
+
+#[tokio::test]
+async fn an_endpoint_answering_410_gone_disables_its_subscription() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    let hook = subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "gone",
+        Script::Gone,
+        &["instance.*"],
+        Some("acme"),
+    )
+    .await;
+    let worker = start_worker(&pool, &notifier, fast());
+    emit(
+        &pool,
+        &notifier,
+        "instance-inst_1",
+        "instance.created",
+        Some("acme"),
+    )
+    .await;
+
+    eventually(
+        "the subscription disabled",
+        Duration::from_secs(10),
+        || async {
+            get_webhook(&pool, &hook.id, None)
+                .await
+                .unwrap()
+                .unwrap()
+                .state
+                == WebhookState::Disabled
+        },
+    )
+    .await;
+    let history = read_stream(&pool, &format!("webhook-{}", hook.id))
+        .await
+        .unwrap();
+    let types: Vec<&str> = history.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(types, vec!["webhook.created", "webhook.disabled"]);
+    assert_eq!(history[1].metadata.tenant_id.as_deref(), Some("acme"));
+    assert_eq!(history[1].data["responseCode"], json!(410));
+
+    let deliveries = list_deliveries(&pool, &hook.id, 10).await.unwrap();
+    assert_eq!(deliveries.len(), 1);
+    assert_eq!(deliveries[0].status, DeliveryStatus::Failed);
+    assert_eq!(deliveries[0].response_code, Some(410));
+
+    // Nothing more is sent to it.
+    emit(
+        &pool,
+        &notifier,
+        "instance-inst_1",
+        "instance.running",
+        Some("acme"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    worker.abort();
+    assert_eq!(receiver.requests("gone").len(), 1);
+    assert_all_signed(&receiver, "gone");
+}
+
+#[tokio::test]
+async fn a_tenant_scoped_subscription_receives_no_other_tenants_event() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    let types = ["instance.*", "sandbox.*"];
+    subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "acme",
+        Script::Accept,
+        &types,
+        Some("acme"),
+    )
+    .await;
+    subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "all",
+        Script::Accept,
+        &types,
+        None,
+    )
+    .await;
+    let worker = start_worker(&pool, &notifier, fast());
+
+    for n in 0..18 {
+        let tenant = ["acme", "globex", "initech"][n % 3];
+        let ty = if n % 2 == 0 {
+            "instance.created"
+        } else {
+            "sandbox.ready"
+        };
+        let stream = format!("{}-{tenant}_{n}", ty.split('.').next().unwrap());
+        emit(&pool, &notifier, &stream, ty, Some(tenant)).await;
+    }
+    emit(&pool, &notifier, "pool-pool_1", "pool.created", None).await;
+    let acme = log_ids(
+        &pool,
+        &types.map(|t| t.trim_end_matches('*')),
+        Some("acme"),
+        6,
+    )
+    .await;
+    let everyone = log_ids(&pool, &types.map(|t| t.trim_end_matches('*')), None, 18).await;
+
+    eventually(
+        "the unscoped subscription got everything",
+        Duration::from_secs(20),
+        || async { receiver.accepted("all").len() >= 18 },
+    )
+    .await;
+    eventually(
+        "the acme subscription got acme's",
+        Duration::from_secs(20),
+        || async { receiver.accepted("acme").len() >= 6 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    worker.abort();
+
+    assert_eq!(receiver.accepted("acme"), acme);
+    assert_eq!(receiver.accepted("all"), everyone);
+    assert!(receiver
+        .requests("acme")
+        .iter()
+        .all(|r| r.event["tenantid"] == json!("acme")));
+    assert_all_signed(&receiver, "acme");
+    assert_all_signed(&receiver, "all");
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_does_not_delay_another_subscription() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    let hanging = subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "hang",
+        Script::Hang,
+        &["*"],
+        None,
+    )
+    .await;
+    // An endpoint nobody listens on: every attempt is refused.
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (refused, _) = create_webhook(
+        &pool,
+        &notifier,
+        NewWebhook {
+            url: format!("http://127.0.0.1:{closed_port}/hook"),
+            types: vec!["*".into()],
+            tenant_id: None,
+            actor: "id_test".into(),
+        },
+    )
+    .await
+    .unwrap();
+    subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "live",
+        Script::Accept,
+        &["instance.*"],
+        None,
+    )
+    .await;
+    let config = WebhookConfig {
+        request_timeout: Duration::from_secs(5),
+        ..fast()
+    };
+    let worker = start_worker(&pool, &notifier, config);
+
+    let started = Instant::now();
+    for n in 0..20 {
+        emit(
+            &pool,
+            &notifier,
+            &format!("instance-inst_{}", n % 3),
+            "instance.created",
+            None,
+        )
+        .await;
+    }
+    let expected = log_ids(&pool, &["instance."], None, 20).await;
+    eventually(
+        "the live subscription got everything",
+        Duration::from_secs(4),
+        || async { receiver.accepted("live").len() >= 20 },
+    )
+    .await;
+    // All of it while the hanging endpoint still holds its first event.
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(receiver.accepted("live"), expected);
+    assert_eq!(receiver.requests("hang").len(), 1);
+    assert!(list_deliveries(&pool, &hanging.id, 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    let refusals = list_deliveries(&pool, &refused.id, 100).await.unwrap();
+    assert!(!refusals.is_empty());
+    assert!(refusals.iter().all(|d| d.event_id == refusals[0].event_id
+        && d.status == DeliveryStatus::Pending
+        && d.response_code.is_none()
+        && d.error.is_some()));
+    worker.abort();
+}
+
+#[tokio::test]
+async fn undelivered_events_survive_a_restart_of_the_worker() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    let hook = subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "down",
+        Script::DownWhileFlagged,
+        &["sandbox.*"],
+        None,
+    )
+    .await;
+    let worker = start_worker(&pool, &notifier, fast());
+    for n in 0..5 {
+        emit(
+            &pool,
+            &notifier,
+            &format!("sandbox-sbx_{n}"),
+            "sandbox.created",
+            None,
+        )
+        .await;
+    }
+    eventually("a few failed attempts", Duration::from_secs(10), || async {
+        list_deliveries(&pool, &hook.id, 10).await.unwrap().len() >= 2
+    })
+    .await;
+    worker.abort();
+    let _ = worker.await;
+
+    // Appended while no worker runs.
+    for n in 5..10 {
+        emit(
+            &pool,
+            &notifier,
+            &format!("sandbox-sbx_{n}"),
+            "sandbox.created",
+            None,
+        )
+        .await;
+    }
+    receiver.set_down("down", false);
+    let worker = start_worker(&pool, &notifier, fast());
+    let expected = log_ids(&pool, &["sandbox."], None, 10).await;
+    eventually(
+        "everything delivered after the restart",
+        Duration::from_secs(20),
+        || async { receiver.accepted("down").len() >= 10 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    worker.abort();
+    assert_eq!(
+        receiver.accepted("down"),
+        expected,
+        "each once, in log order"
+    );
+    assert!(receiver
+        .requests("down")
+        .iter()
+        .filter(|r| r.answered != 200)
+        .all(|r| r.event_id == expected[0]));
+    assert_all_signed(&receiver, "down");
+}
+
+#[tokio::test]
+async fn an_event_is_given_up_after_the_last_attempt_and_the_next_one_follows() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    let hook = subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "stubborn",
+        Script::FailFirst(3),
+        &["pool.*"],
+        None,
+    )
+    .await;
+    let config = WebhookConfig {
+        max_attempts: 3,
+        ..fast()
+    };
+    let worker = start_worker(&pool, &notifier, config);
+    emit(&pool, &notifier, "pool-pool_1", "pool.created", None).await;
+    emit(&pool, &notifier, "pool-pool_1", "pool.updated", None).await;
+    let expected = log_ids(&pool, &["pool."], None, 2).await;
+
+    eventually(
+        "the second event delivered",
+        Duration::from_secs(10),
+        || async { receiver.accepted("stubborn") == expected[1..] },
+    )
+    .await;
+    worker.abort();
+    let mut deliveries = list_deliveries(&pool, &hook.id, 10).await.unwrap();
+    deliveries.reverse();
+    let seen: Vec<_> = deliveries
+        .iter()
+        .map(|d| (d.event_id.as_str(), d.attempt, d.status))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (expected[0].as_str(), 1, DeliveryStatus::Pending),
+            (expected[0].as_str(), 2, DeliveryStatus::Pending),
+            (expected[0].as_str(), 3, DeliveryStatus::Failed),
+            (expected[1].as_str(), 1, DeliveryStatus::Delivered),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let new = |url: &str, types: &[&str], tenant: Option<&str>| NewWebhook {
+        url: url.into(),
+        types: types.iter().map(|t| t.to_string()).collect(),
+        tenant_id: tenant.map(Into::into),
+        actor: "id_alice".into(),
+    };
+    for bad in [
+        new("ftp://example.com/", &["*"], None),
+        new("http://", &["*"], None),
+        new("http://127.0.0.1/x", &[], None),
+        new("http://127.0.0.1/x", &["Instance.*"], None),
+    ] {
+        let err = create_webhook(&pool, &notifier, bad).await.unwrap_err();
+        assert!(matches!(err, WebhookError::Invalid { .. }), "{err:?}");
+    }
+
+    let (acme, secret) = create_webhook(
+        &pool,
+        &notifier,
+        new("https://hooks.example.com/a", &["instance.*"], Some("acme")),
+    )
+    .await
+    .unwrap();
+    assert!(acme.id.starts_with("whk_") && acme.id.len() == 4 + 26);
+    assert!(secret.0.starts_with("whsec_"));
+    assert_eq!(STANDARD.decode(&secret.0[6..]).unwrap().len(), 24);
+    let (global, _) = create_webhook(&pool, &notifier, new("http://127.0.0.1/g", &["*"], None))
+        .await
+        .unwrap();
+
+    let created = read_stream(&pool, &format!("webhook-{}", acme.id))
+        .await
+        .unwrap();
+    assert_eq!(created[0].event_type, "webhook.created");
+    assert_eq!(
+        created[0].data,
+        json!({ "id": acme.id, "url": "https://hooks.example.com/a",
+                "types": ["instance.*"], "tenantId": "acme" })
+    );
+    assert!(!created[0].data.to_string().contains(&secret.0[6..]));
+    assert_eq!(created[0].metadata.actor.as_deref(), Some("id_alice"));
+
+    let ids = |hooks: Vec<Webhook>| hooks.into_iter().map(|h| h.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(list_webhooks(&pool, None).await.unwrap()),
+        vec![acme.id.clone(), global.id.clone()]
+    );
+    assert_eq!(
+        ids(list_webhooks(&pool, Some("acme")).await.unwrap()),
+        vec![acme.id.clone()]
+    );
+    assert!(list_webhooks(&pool, Some("globex"))
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Another tenant cannot delete it, and cannot tell that it exists.
+    let delete = |tenant: Option<&str>| DeleteWebhook {
+        id: acme.id.clone(),
+        tenant_scope: tenant.map(Into::into),
+        actor: "id_bob".into(),
+    };
+    let err = delete_webhook(&pool, &notifier, delete(Some("globex")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WebhookError::NotFound(_)));
+    delete_webhook(&pool, &notifier, delete(Some("acme")))
+        .await
+        .unwrap();
+    assert!(get_webhook(&pool, &acme.id, None).await.unwrap().is_none());
+    let err = delete_webhook(&pool, &notifier, delete(None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WebhookError::NotFound(_)));
+    let history = read_stream(&pool, &format!("webhook-{}", acme.id))
+        .await
+        .unwrap();
+    assert_eq!(history.last().unwrap().event_type, "webhook.deleted");
+    assert_eq!(
+        ids(list_webhooks(&pool, None).await.unwrap()),
+        vec![global.id]
+    );
+}
