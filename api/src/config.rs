@@ -173,7 +173,7 @@ impl Config {
             file: file.to_string(),
             key: e
                 .span()
-                .map(|s| format!("line {}", text[..s.start].lines().count().max(1)))
+                .map(|s| format!("line {}", text[..s.start].matches('\n').count() + 1))
                 .unwrap_or_else(|| "(document)".into()),
             problem: e.message().to_string(),
         })
