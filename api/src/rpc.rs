@@ -135,6 +135,9 @@ pub async fn dispatch(
                 crate::routes::operator::handle(&ctx, &caller, &group, &method, &body).await
             }
             "instances" => crate::routes::instances::handle(&ctx, &caller, &method, &body).await,
+            "providerAccounts" => {
+                crate::routes::provider_accounts::handle(&ctx, &caller, &method, &body).await
+            }
             "webhooks" => crate::routes::events::webhooks(&ctx, &caller, &method, &body).await,
             "events" if method == "list" => crate::routes::events::list(&ctx, &caller, &body).await,
             _ => Err(ApiError::new(

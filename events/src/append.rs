@@ -1,6 +1,6 @@
 //! Appending to a stream, checked against an expected version, inside the caller's transaction.
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Row};
 
 use crate::model::{ExpectedVersion, NewEvent, RecordedEvent};
 use crate::read::{columns, decode};
@@ -31,6 +31,12 @@ pub enum AppendError {
 
 /// Appends `events` to `stream` in the caller's transaction and returns them as stored.
 ///
+/// A transaction whose id is older than the one that wrote the stream's last event is refused
+/// as `Concurrency` too: it took its id before that writer committed, so in the log's read
+/// order `(transaction_id, position)` its events would come before the ones it follows. Its
+/// retry runs in a new transaction with a newer id. This keeps each stream's read order equal
+/// to its version order, which replays rely on.
+///
 /// The expected version is checked in the same statement that inserts, before any sequence
 /// value is taken, so a losing writer burns no position. If every id is already in the log
 /// for this stream, the stored events are returned and nothing is written (a retried append).
@@ -52,12 +58,18 @@ pub async fn append(
         .iter()
         .map(|e| serde_json::to_value(&e.metadata).expect("metadata serialises"))
         .collect::<Vec<_>>();
-    let sql = format!(
+    // Only the generated columns come back: the payloads are the caller's already, and
+    // shipping jsonb back and parsing it again costs more than the insert on a small machine.
+    let result = sqlx::query(
         "WITH current AS (
-             SELECT coalesce((SELECT version FROM events WHERE stream = $1
-                              ORDER BY version DESC LIMIT 1), 0) AS v
+             SELECT coalesce(max(version), 0) AS v,
+                    coalesce(max(transaction_id), '0'::xid8) AS last_txid
+               FROM (SELECT version, transaction_id FROM events WHERE stream = $1
+                      ORDER BY version DESC LIMIT 1) last
          ), allowed AS (
-             SELECT v FROM current WHERE $2::bigint IS NULL OR v = $2
+             SELECT v FROM current
+              WHERE ($2::bigint IS NULL OR v = $2)
+                AND (v = 0 OR last_txid <= pg_current_xact_id())
          )
          INSERT INTO events (stream, version, id, type, data, metadata)
          SELECT $1, allowed.v + e.ord, e.id, e.type, e.data, e.metadata
@@ -66,18 +78,16 @@ pub async fn append(
                     WITH ORDINALITY AS e(id, type, data, metadata, ord)
          ORDER BY e.ord
          ON CONFLICT (id) DO NOTHING
-         RETURNING {}",
-        columns("events")
-    );
-    let result = sqlx::query(&sql)
-        .bind(stream)
-        .bind(expected.as_param())
-        .bind(&ids)
-        .bind(&types)
-        .bind(&data)
-        .bind(&metadata)
-        .fetch_all(&mut *conn)
-        .await;
+         RETURNING position, transaction_id::text, version, recorded_at",
+    )
+    .bind(stream)
+    .bind(expected.as_param())
+    .bind(&ids)
+    .bind(&types)
+    .bind(&data)
+    .bind(&metadata)
+    .fetch_all(&mut *conn)
+    .await;
     let rows = match result {
         Ok(rows) => rows,
         Err(sqlx::Error::Database(e)) if e.constraint() == Some("events_stream_version_key") => {
@@ -93,8 +103,22 @@ pub async fn append(
     if rows.len() == events.len() {
         return rows
             .iter()
-            .map(decode)
-            .collect::<Result<_, _>>()
+            .zip(events)
+            .map(|(row, e)| {
+                let txid: String = row.try_get(1)?;
+                Ok(RecordedEvent {
+                    position: row.try_get(0)?,
+                    transaction_id: txid.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                    stream: stream.to_string(),
+                    version: row.try_get(2)?,
+                    id: e.id.clone(),
+                    event_type: e.event_type.clone(),
+                    data: e.data.clone(),
+                    metadata: e.metadata.clone(),
+                    recorded_at: row.try_get(3)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
             .map_err(Into::into);
     }
     // Fewer rows than events: either the version check failed or some ids exist already.

@@ -347,3 +347,30 @@ async fn every_follower_sees_every_committed_event_once_in_one_order() {
     );
     assert!(committed.len() > EVENTS / 2);
 }
+
+#[tokio::test]
+async fn a_transaction_older_than_the_streams_last_writer_must_retry() {
+    let pool = fresh_log().await;
+    let mut older = pool.begin().await.unwrap();
+    // Takes its transaction id now, before the other writer appends.
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *older)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    append(&mut conn, "s-1", ExpectedVersion::NoStream, &[event(1)])
+        .await
+        .unwrap();
+    let err = append(&mut older, "s-1", ExpectedVersion::Any, &[event(2)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AppendError::Concurrency { actual: 1, .. }),
+        "got {err:?}"
+    );
+    older.rollback().await.unwrap();
+    // A new transaction is newer than every writer so far.
+    append(&mut conn, "s-1", ExpectedVersion::Exact(1), &[event(2)])
+        .await
+        .unwrap();
+}

@@ -12,6 +12,7 @@
 pub mod instances;
 pub mod node_specs;
 pub mod operator;
+pub mod provider_accounts;
 pub mod replay;
 pub mod views;
 
@@ -47,6 +48,7 @@ pub const TABLES: &[&str] = &[
     "node_allocations",
     "ip_leases",
     "node_specs",
+    "provider_accounts",
 ];
 
 /// Applies every inline projector to one event, in the caller's transaction.
@@ -59,6 +61,7 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
     match kind {
         "instance" => instances::apply(conn, event).await,
         "pool" | "node" | "flavor" | "image" => operator::apply(conn, event).await,
+        "provider_account" => provider_accounts::apply(conn, event).await,
         _ => Ok(()),
     }
 }

@@ -16,6 +16,20 @@ pub const BRIDGE: &str = "br0";
 
 /// Recomputes a node's spec and bumps its generation if the content changed.
 pub async fn refresh(conn: &mut PgConnection, node_id: &str) -> Result<(), ProjectionError> {
+    // Lock the node's spec row before reading the instances: a concurrent transaction that
+    // changed another instance on this node has then committed, and the read below (a new
+    // statement) sees it. Reading first could write a spec that misses that change.
+    sqlx::query(
+        "INSERT INTO node_specs (node_id, generation, spec) VALUES ($1, 0, '{}')
+         ON CONFLICT (node_id) DO NOTHING",
+    )
+    .bind(node_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("SELECT 1 FROM node_specs WHERE node_id = $1 FOR UPDATE")
+        .bind(node_id)
+        .execute(&mut *conn)
+        .await?;
     let rows = sqlx::query(
         "SELECT i.doc, p.runtime, p.ip_cidr, im.url, im.sha256, im.format
            FROM instances i
@@ -40,9 +54,8 @@ pub async fn refresh(conn: &mut PgConnection, node_id: &str) -> Result<(), Proje
         .collect();
     let spec = json!({ "nodeId": node_id, "instances": entries });
     sqlx::query(
-        "INSERT INTO node_specs (node_id, generation, spec) VALUES ($1, 1, $2)
-         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, spec = excluded.spec
-          WHERE node_specs.spec IS DISTINCT FROM excluded.spec",
+        "UPDATE node_specs SET generation = generation + 1, spec = $2
+          WHERE node_id = $1 AND spec IS DISTINCT FROM $2",
     )
     .bind(node_id)
     .bind(Json(&spec))

@@ -113,9 +113,10 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
         }
         "instance.orphaned" => {
             let d: vps_domain::operator::OrphansChanged = data(e)?;
-            sqlx::query("UPDATE nodes SET orphans = $2 WHERE id = $1")
+            sqlx::query("UPDATE nodes SET orphans = $2, version = $3 WHERE id = $1")
                 .bind(&d.node_id)
                 .bind(Json(&d.instance_ids))
+                .bind(e.version)
                 .execute(conn)
                 .await?;
         }

@@ -23,8 +23,12 @@ use crate::work_queue::{self, Next};
 /// The work-queue kind of instance items.
 pub const KIND: &str = "instance";
 
-/// One reconcile pass over an instance.
+/// One reconcile pass over an instance (decided again if another writer got there first).
 pub async fn reconcile(ctx: &Ctx, timings: &Timings, id: &str) -> Result<Next, CommandError> {
+    vps_commands::error::retrying(id, || pass(ctx, timings, id)).await
+}
+
+async fn pass(ctx: &Ctx, timings: &Timings, id: &str) -> Result<Next, CommandError> {
     let now = Utc::now();
     let mut tx = ctx.pool.begin().await?;
     let Some(inst) = load(&mut tx, id).await? else {

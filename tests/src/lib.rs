@@ -33,6 +33,11 @@ pub struct Answer {
 impl TestServer {
     /// Starts a server on a fresh database with the four test identities.
     pub async fn start() -> TestServer {
+        TestServer::start_with(|_| {}).await
+    }
+
+    /// Like `start`, letting the test adjust the configuration (e.g. `[timings]`).
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
         vps::telemetry::init_logging();
         let url = vps_pg::testing::fresh_database().await;
         let pool = vps_events::connect(
@@ -58,6 +63,7 @@ impl TestServer {
             identity(BOB, "id_bob", Some("acme")),
             identity(EVE, "id_eve", Some("globex")),
         ];
+        adjust(&mut config);
         let server = vps::server::start(config, pool)
             .await
             .expect("server starts");
@@ -136,6 +142,60 @@ impl TestServer {
         )
         .await;
         pool_id
+    }
+
+    /// Registers a 16 vCPU / 64 GiB node in `pool_id`; returns its id and token.
+    pub async fn register_node(&self, pool_id: &str, name: &str) -> (String, String) {
+        let answer = self
+            .ok(OPERATOR, "nodes.register", json!({ "poolId": pool_id, "name": name, "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } }))
+            .await;
+        (
+            answer["node"]["id"].as_str().unwrap().to_string(),
+            answer["nodeToken"].as_str().unwrap().to_string(),
+        )
+    }
+
+    /// Starts an emulated host for a node, talking to this server over HTTP.
+    pub fn host(
+        &self,
+        node_id: &str,
+        token: &str,
+        boot_delay: std::time::Duration,
+    ) -> vps_emulators::host::HostHandle {
+        let mut config = vps_emulators::host::HostConfig::new(
+            self.server.url(),
+            node_id.to_string(),
+            token.to_string(),
+        );
+        config.boot_delay = boot_delay;
+        config.report_interval = std::time::Duration::from_millis(200);
+        config.poll_wait = std::time::Duration::from_millis(1000);
+        vps_emulators::host::EmulatedHost::start(config)
+    }
+
+    /// Polls `instances.get` until `done(instance)` or `timeout`; the last answer.
+    pub async fn until(
+        &self,
+        token: &str,
+        tenant: &str,
+        id: &str,
+        timeout: std::time::Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let inst = self
+                .ok(
+                    token,
+                    "instances.get",
+                    json!({ "tenantId": tenant, "instanceId": id }),
+                )
+                .await;
+            if done(&inst) || std::time::Instant::now() > deadline {
+                return inst;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 
     /// `vps replay --verify` on this server's database: `true` when every projection equals

@@ -1,0 +1,234 @@
+//! Provider accounts (`providerAccounts.create`) and what the reconciler learns about them
+//! (a credential refused, then accepted again). Each change is one event on the account's
+//! stream `provider_account-<id>`.
+//!
+//! Secrets never reach the log: the fields in [`SECRET_FIELDS`] are sealed in the secret store
+//! under `secret://<account id>`, and the event keeps only that reference and the rest of the
+//! configuration.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use sqlx::PgConnection;
+use vps_domain::DomainError;
+use vps_events::ExpectedVersion;
+use vps_projections::provider_accounts::{
+    self as accounts, ProviderAccount, ProviderAccountCreated, ProviderAccountErrorCleared,
+    ProviderAccountErrorRecorded,
+};
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::record::{new_id, record};
+use crate::secrets;
+
+/// Configuration fields that are credentials: sealed, never logged, never shown.
+pub const SECRET_FIELDS: &[&str] = &["token", "tokenSecret"];
+
+/// `providerAccounts.create`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateProviderAccount {
+    /// `hetzner-cloud`, `proxmox` or `emulator`.
+    pub provider: String,
+    /// Unique name.
+    pub name: String,
+    /// The provider's settings, credentials included.
+    #[serde(default)]
+    pub config: Value,
+}
+
+/// The reference an account's sealed credentials are stored under.
+pub fn secret_ref(account_id: &str) -> String {
+    format!("secret://{account_id}")
+}
+
+/// Creates an account and answers it as the API shows it (without secrets).
+///
+/// The caller has validated `config` for `provider` (the provider clients, which know what a
+/// valid configuration is, live in `vps_reactors`, above this crate).
+pub async fn create(ctx: &Ctx, input: CreateProviderAccount) -> Result<Value, CommandError> {
+    check_name(&input.name)?;
+    let (public, secret) = split(&input.config)?;
+    retrying(&input.name, || create_once(ctx, &input, &public, &secret)).await
+}
+
+async fn create_once(
+    ctx: &Ctx,
+    input: &CreateProviderAccount,
+    public: &Value,
+    secret: &Map<String, Value>,
+) -> Result<Value, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let taken: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM provider_accounts WHERE name = $1)")
+            .bind(&input.name)
+            .fetch_one(&mut *tx)
+            .await?;
+    if taken {
+        return Err(invalid(
+            "name",
+            format!("a provider account named {} exists", input.name),
+        ));
+    }
+    let id = new_id("pacct");
+    let secret_ref = if secret.is_empty() {
+        None
+    } else {
+        let reference = secret_ref(&id);
+        let sealed = serde_json::to_vec(secret).expect("a JSON map serialises");
+        secrets::seal(&mut tx, &ctx.secrets, &reference, &id, &sealed).await?;
+        Some(reference)
+    };
+    let event = ProviderAccountCreated {
+        account_id: id.clone(),
+        name: input.name.clone(),
+        provider: input.provider.clone(),
+        config: public.clone(),
+        secret_ref,
+    };
+    record(
+        &mut tx,
+        &format!("provider_account-{id}"),
+        ExpectedVersion::NoStream,
+        vec![(
+            "provider_account.created".into(),
+            serde_json::to_value(&event).expect("serialises"),
+        )],
+        &ctx.metadata(None),
+    )
+    .await?;
+    let view = accounts::view(&mut *tx, &id).await?;
+    tx.commit().await?;
+    ctx.notifier.committed();
+    Ok(view.expect("just created"))
+}
+
+/// An account's whole configuration, its sealed credentials opened and merged back in, for
+/// building its provider. `None` when the credentials do not open under this deployment's key
+/// (the server was restarted with another `[secrets] key`).
+pub async fn full_config(
+    conn: &mut PgConnection,
+    key: &secrets::SecretKey,
+    account: &ProviderAccount,
+) -> Result<Option<Value>, sqlx::Error> {
+    let mut config = match &account.config {
+        Value::Object(map) => map.clone(),
+        _ => Map::new(),
+    };
+    if let Some(reference) = &account.secret_ref {
+        let Some(sealed) = secrets::open(conn, key, reference).await? else {
+            return Ok(None);
+        };
+        let Ok(Value::Object(secret)) = serde_json::from_slice::<Value>(&sealed) else {
+            return Ok(None);
+        };
+        config.extend(secret);
+    }
+    Ok(Some(Value::Object(config)))
+}
+
+/// Records that the provider refused a call made with the account's configuration (shown as
+/// the account's `lastError`). Repeating the error that already stands records nothing.
+pub async fn record_error(
+    ctx: &Ctx,
+    account_id: &str,
+    code: &str,
+    message: &str,
+) -> Result<(), CommandError> {
+    retrying(account_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let Some(account) = accounts::load(&mut *tx, account_id).await? else {
+            return Ok(());
+        };
+        let standing = account.last_error.as_ref().is_some_and(|e| {
+            e["code"].as_str() == Some(code) && e["message"].as_str() == Some(message)
+        });
+        if standing {
+            return Ok(());
+        }
+        let event = ProviderAccountErrorRecorded {
+            account_id: account_id.into(),
+            code: code.into(),
+            message: message.into(),
+        };
+        record(
+            &mut tx,
+            &format!("provider_account-{account_id}"),
+            ExpectedVersion::Exact(account.version),
+            vec![(
+                "provider_account.error_recorded".into(),
+                serde_json::to_value(&event).expect("serialises"),
+            )],
+            &ctx.metadata(None),
+        )
+        .await?;
+        tx.commit().await?;
+        ctx.notifier.committed();
+        Ok(())
+    })
+    .await
+}
+
+/// Clears the account's `lastError` after a call with it succeeded; nothing when none stands.
+pub async fn clear_error(ctx: &Ctx, account_id: &str) -> Result<(), CommandError> {
+    retrying(account_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let Some(account) = accounts::load(&mut *tx, account_id).await? else {
+            return Ok(());
+        };
+        if account.last_error.is_none() {
+            return Ok(());
+        }
+        let event = ProviderAccountErrorCleared {
+            account_id: account_id.into(),
+        };
+        record(
+            &mut tx,
+            &format!("provider_account-{account_id}"),
+            ExpectedVersion::Exact(account.version),
+            vec![(
+                "provider_account.error_cleared".into(),
+                serde_json::to_value(&event).expect("serialises"),
+            )],
+            &ctx.metadata(None),
+        )
+        .await?;
+        tx.commit().await?;
+        ctx.notifier.committed();
+        Ok(())
+    })
+    .await
+}
+
+/// Splits a configuration into what may be logged and shown, and the credentials.
+fn split(config: &Value) -> Result<(Value, Map<String, Value>), CommandError> {
+    let map = match config {
+        Value::Null => Map::new(),
+        Value::Object(map) => map.clone(),
+        _ => return Err(invalid("config", "must be a JSON object")),
+    };
+    let (secret, public): (Map<String, Value>, Map<String, Value>) = map
+        .into_iter()
+        .partition(|(field, _)| SECRET_FIELDS.contains(&field.as_str()));
+    Ok((Value::Object(public), secret))
+}
+
+fn check_name(name: &str) -> Result<(), CommandError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid("name", "1 to 63 letters, digits, '-', '_' or '.'"))
+    }
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> CommandError {
+    CommandError::Domain(DomainError::InvalidInput {
+        field: field.into(),
+        message: message.into(),
+    })
+}

@@ -1,0 +1,172 @@
+//! Provider accounts: the `provider_account.*` events' payloads, their projector, and the
+//! account as the API shows it. Neither the events nor the table hold a secret: credentials
+//! are sealed in the secret store and only their reference is kept.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor, Row};
+use vps_events::RecordedEvent;
+
+use crate::{data, ProjectionError};
+
+/// `provider_account.created`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAccountCreated {
+    /// `pacct_…`.
+    pub account_id: String,
+    /// Unique name.
+    pub name: String,
+    /// `hetzner-cloud`, `proxmox` or `emulator`.
+    pub provider: String,
+    /// The account's configuration without its secret fields.
+    pub config: Value,
+    /// Where the secret fields are sealed (`secret://pacct_…`), when there are any.
+    pub secret_ref: Option<String>,
+}
+
+/// `provider_account.error_recorded`: a call with this account's credentials was refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAccountErrorRecorded {
+    /// `pacct_…`.
+    pub account_id: String,
+    /// The provider error code (`INVALID_CONFIG`).
+    pub code: String,
+    /// The provider's words (no secrets).
+    pub message: String,
+}
+
+/// `provider_account.error_cleared`: a later call with the account succeeded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAccountErrorCleared {
+    /// `pacct_…`.
+    pub account_id: String,
+}
+
+/// Applies one `provider_account.*` event.
+pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
+    let at = e.recorded_at;
+    match e.event_type.as_str() {
+        "provider_account.created" => {
+            let d: ProviderAccountCreated = data(e)?;
+            sqlx::query(
+                "INSERT INTO provider_accounts (id, name, provider, config, secret_ref, last_error,
+                                                created_at, updated_at, version)
+                 VALUES ($1, $2, $3, $4, $5, NULL, $6, $6, $7)",
+            )
+            .bind(&d.account_id)
+            .bind(&d.name)
+            .bind(&d.provider)
+            .bind(Json(&d.config))
+            .bind(&d.secret_ref)
+            .bind(at)
+            .bind(e.version)
+            .execute(conn)
+            .await?;
+        }
+        "provider_account.error_recorded" => {
+            let d: ProviderAccountErrorRecorded = data(e)?;
+            let error = json!({ "code": d.code, "message": d.message, "at": at });
+            sqlx::query(
+                "UPDATE provider_accounts SET last_error = $2, updated_at = $3, version = $4 WHERE id = $1",
+            )
+            .bind(&d.account_id)
+            .bind(Json(error))
+            .bind(at)
+            .bind(e.version)
+            .execute(conn)
+            .await?;
+        }
+        "provider_account.error_cleared" => {
+            let d: ProviderAccountErrorCleared = data(e)?;
+            sqlx::query(
+                "UPDATE provider_accounts SET last_error = NULL, updated_at = $2, version = $3 WHERE id = $1",
+            )
+            .bind(&d.account_id)
+            .bind(at)
+            .bind(e.version)
+            .execute(conn)
+            .await?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A provider account as stored: what the reconciler needs to build its provider.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderAccount {
+    /// `pacct_…`.
+    pub id: String,
+    /// Unique name.
+    pub name: String,
+    /// `hetzner-cloud`, `proxmox` or `emulator`.
+    pub provider: String,
+    /// The configuration without its secret fields.
+    pub config: Value,
+    /// Where the secret fields are sealed.
+    pub secret_ref: Option<String>,
+    /// The last credential error, if it still stands: `{ code, message, at }`.
+    pub last_error: Option<Value>,
+    /// The stream version.
+    pub version: i64,
+}
+
+const SELECT: &str = "SELECT id, name, provider, config, secret_ref, last_error, created_at, updated_at, version FROM provider_accounts";
+
+/// Loads an account, or `None`.
+pub async fn load<'e>(
+    db: impl PgExecutor<'e>,
+    id: &str,
+) -> Result<Option<ProviderAccount>, sqlx::Error> {
+    Ok(sqlx::query(&format!("{SELECT} WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(db)
+        .await?
+        .map(|r| ProviderAccount {
+            id: r.get(0),
+            name: r.get(1),
+            provider: r.get(2),
+            config: r.get(3),
+            secret_ref: r.get(4),
+            last_error: r.get(5),
+            version: r.get(8),
+        }))
+}
+
+/// An account as the API shows it (never a secret), or `None`.
+pub async fn view<'e>(db: impl PgExecutor<'e>, id: &str) -> Result<Option<Value>, sqlx::Error> {
+    Ok(sqlx::query(&format!("{SELECT} WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(db)
+        .await?
+        .map(|r| view_json(&r)))
+}
+
+/// Every account, by name.
+pub async fn list<'e>(db: impl PgExecutor<'e>) -> Result<Vec<Value>, sqlx::Error> {
+    Ok(sqlx::query(&format!("{SELECT} ORDER BY name, id"))
+        .fetch_all(db)
+        .await?
+        .iter()
+        .map(view_json)
+        .collect())
+}
+
+fn view_json(r: &sqlx::postgres::PgRow) -> Value {
+    json!({
+        "id": r.get::<String, _>(0),
+        "name": r.get::<String, _>(1),
+        "provider": r.get::<String, _>(2),
+        "config": r.get::<Value, _>(3),
+        "secretRef": r.get::<Option<String>, _>(4),
+        "lastError": r.get::<Option<Value>, _>(5),
+        "createdAt": r.get::<DateTime<Utc>, _>(6),
+        "updatedAt": r.get::<DateTime<Utc>, _>(7),
+        "version": r.get::<i64, _>(8),
+    })
+}

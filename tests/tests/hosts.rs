@@ -1,0 +1,404 @@
+//! Hosts converge instances: the real server, its reconciler and emulated hosts over HTTP.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use vps_emulators::host::DomainState;
+use vps_tests::{TestServer, ALICE, OPERATOR, SSH_KEY};
+
+const BOOT: Duration = Duration::from_millis(100);
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn fast_server() -> TestServer {
+    TestServer::start_with(|c| {
+        c.timings.transitional_look = 0.1;
+        c.timings.unschedulable_retry = 0.2;
+        c.timings.replacement_wait = 0.3;
+        c.timings.lost_look = 0.2;
+        c.timings.liveness_check = 0.1;
+    })
+    .await
+}
+
+/// A hosted pool (no nodes) offered to acme with plenty of quota.
+async fn pool(t: &TestServer) -> String {
+    t.hosted_pool(
+        "10.0.0.0/24",
+        0,
+        json!({ "vcpu": 1000, "memoryGiB": 10000, "diskGiB": 100000 }),
+    )
+    .await
+}
+
+async fn create(t: &TestServer, pool: &str, key: &str) -> String {
+    let inst = t
+        .ok(
+            ALICE,
+            "instances.create",
+            json!({ "tenantId": "acme", "poolId": pool, "flavor": "small",
+            "imageId": "img_ubuntu", "sshKeys": [SSH_KEY], "idempotencyKey": key }),
+        )
+        .await;
+    inst["id"].as_str().unwrap().to_string()
+}
+
+fn state(s: &'static str) -> impl Fn(&Value) -> bool {
+    move |i| i["state"] == s
+}
+
+async fn history(t: &TestServer, id: &str) -> Vec<String> {
+    let h = t
+        .ok(
+            ALICE,
+            "instances.history",
+            json!({ "tenantId": "acme", "instanceId": id }),
+        )
+        .await;
+    h["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_runs_stops_starts_and_is_deleted_only_after_a_complete_report() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let host = t.host(&node, &token, BOOT);
+    let id = create(&t, &pool, "k").await;
+
+    let running = t.until(ALICE, "acme", &id, WAIT, state("running")).await;
+    assert_eq!(running["state"], "running", "{running}");
+    assert_eq!(running["addresses"][0], "10.0.0.2");
+    let domain = host.domain(&id).expect("the host runs it");
+    assert!(
+        domain
+            .user_data
+            .unwrap_or_default()
+            .contains("#cloud-config"),
+        "user data reached the host"
+    );
+
+    let req = json!({ "tenantId": "acme", "instanceId": id });
+    t.ok(ALICE, "instances.stop", req.clone()).await;
+    assert_eq!(
+        t.until(ALICE, "acme", &id, WAIT, state("stopped")).await["state"],
+        "stopped"
+    );
+    t.ok(ALICE, "instances.start", req.clone()).await;
+    assert_eq!(
+        t.until(ALICE, "acme", &id, WAIT, state("running")).await["state"],
+        "running"
+    );
+
+    t.ok(ALICE, "instances.delete", req.clone()).await;
+    let deleted = t.until(ALICE, "acme", &id, WAIT, state("deleted")).await;
+    assert_eq!(deleted["state"], "deleted");
+    assert!(host.domain(&id).is_none(), "the host destroyed it");
+    let spec = t
+        .ok(OPERATOR, "nodes.spec", json!({ "nodeId": node }))
+        .await;
+    assert_eq!(spec["instances"], json!([]));
+    let leases = t
+        .ok(OPERATOR, "pools.leases", json!({ "poolId": pool }))
+        .await;
+    assert_eq!(leases["items"], json!([]));
+    let usage = t
+        .ok(OPERATOR, "pools.usage", json!({ "poolId": pool }))
+        .await;
+    assert!(
+        usage["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["used"] == 0),
+        "{usage}"
+    );
+    let h = history(&t, &id).await;
+    assert_eq!(h.first().map(String::as_str), Some("instance.created"));
+    assert_eq!(h.last().map(String::as_str), Some("instance.deleted"));
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_error_fails_the_instance_with_a_runtime_error_condition() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let host = t.host(&node, &token, BOOT);
+    let id = create(&t, &pool, "k").await;
+    t.until(ALICE, "acme", &id, WAIT, state("running")).await;
+    host.fail_instance(&id, "qemu crashed");
+    let failed = t.until(ALICE, "acme", &id, WAIT, state("error")).await;
+    assert_eq!(failed["state"], "error");
+    let condition = failed["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "RuntimeError")
+        .cloned();
+    assert_eq!(condition.expect("RuntimeError")["message"], "qemu crashed");
+    assert!(history(&t, &id)
+        .await
+        .contains(&"instance.failed".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_host_is_left_for_another_after_the_wait() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (a, ta) = t.register_node(&pool, "host-a").await;
+    let host_a = t.host(&a, &ta, BOOT);
+    host_a.refuse_new(Some("no hugepages".into()));
+    let id = create(&t, &pool, "k").await;
+    let refused = t
+        .until(ALICE, "acme", &id, WAIT, |i| {
+            i["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "HostResourcesExhausted"))
+        })
+        .await;
+    assert_eq!(refused["nodeId"], a.as_str(), "{refused}");
+    let (b, tb) = t.register_node(&pool, "host-b").await;
+    let _host_b = t.host(&b, &tb, BOOT);
+    let running = t
+        .until(ALICE, "acme", &id, WAIT, |i| {
+            i["state"] == "running" && i["nodeId"] == b.as_str()
+        })
+        .await;
+    assert_eq!(
+        (running["state"].as_str(), running["nodeId"].as_str()),
+        (Some("running"), Some(b.as_str())),
+        "{running}"
+    );
+    assert!(history(&t, &id)
+        .await
+        .contains(&"instance.recreating".to_string()));
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_refused_by_four_hosts_fails() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let mut hosts = Vec::new();
+    for n in 0..4 {
+        let (node, token) = t.register_node(&pool, &format!("host-{n}")).await;
+        let host = t.host(&node, &token, BOOT);
+        host.refuse_new(Some("no memory".into()));
+        hosts.push(host);
+    }
+    let id = create(&t, &pool, "k").await;
+    let failed = t.until(ALICE, "acme", &id, WAIT, state("error")).await;
+    assert_eq!(failed["state"], "error", "{failed}");
+    let h = history(&t, &id).await;
+    assert_eq!(
+        h.iter().filter(|t| *t == "instance.recreating").count(),
+        3,
+        "{h:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_node_loses_its_instances_and_they_recover_when_it_reports_again() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    t.ok(
+        OPERATOR,
+        "pools.update",
+        json!({ "poolId": pool, "policy": { "lostAfterSeconds": 1 } }),
+    )
+    .await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let host = t.host(&node, &token, BOOT);
+    let id = create(&t, &pool, "k").await;
+    t.until(ALICE, "acme", &id, WAIT, state("running")).await;
+    host.set_reporting(false);
+    assert_eq!(
+        t.until(ALICE, "acme", &id, WAIT, state("lost")).await["state"],
+        "lost"
+    );
+    assert_eq!(
+        t.ok(OPERATOR, "nodes.get", json!({ "nodeId": node })).await["state"],
+        "lost"
+    );
+    host.set_reporting(true);
+    assert_eq!(
+        t.until(ALICE, "acme", &id, WAIT, state("running")).await["state"],
+        "running"
+    );
+    assert!(history(&t, &id)
+        .await
+        .contains(&"instance.recovered".to_string()));
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_recreate_on_host_loss_a_lost_hosts_instances_move_to_another_node() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    t.ok(
+        OPERATOR,
+        "pools.update",
+        json!({ "poolId": pool, "policy": { "lostAfterSeconds": 1, "recreateOnHostLoss": true } }),
+    )
+    .await;
+    let (a, ta) = t.register_node(&pool, "host-a").await;
+    let host_a = t.host(&a, &ta, BOOT);
+    let id = create(&t, &pool, "k").await;
+    t.until(ALICE, "acme", &id, WAIT, state("running")).await;
+    let (b, tb) = t.register_node(&pool, "host-b").await;
+    let _host_b = t.host(&b, &tb, BOOT);
+    host_a.set_reporting(false);
+    let moved = t
+        .until(ALICE, "acme", &id, WAIT, |i| {
+            i["state"] == "running" && i["nodeId"] == b.as_str()
+        })
+        .await;
+    assert_eq!(moved["nodeId"], b.as_str(), "{moved}");
+    assert!(history(&t, &id)
+        .await
+        .contains(&"instance.recreating".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_returned_sorted_and_announced_only_when_the_set_changes() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let report = |ids: &[&str]| {
+        json!({ "nodeId": node, "complete": true,
+                "instances": ids.iter().map(|i| json!({ "id": i, "state": "RUNNING" })).collect::<Vec<_>>() })
+    };
+    let answer = t
+        .ok(&token, "nodes.report", report(&["inst_zz", "inst_aa"]))
+        .await;
+    assert_eq!(answer["orphans"], json!(["inst_aa", "inst_zz"]));
+    t.ok(&token, "nodes.report", report(&["inst_aa", "inst_zz"]))
+        .await;
+    t.ok(&token, "nodes.report", report(&["inst_aa"])).await;
+    let events = t
+        .ok(
+            OPERATOR,
+            "events.list",
+            json!({ "types": ["instance.orphaned"] }),
+        )
+        .await;
+    let sets: Vec<Value> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data"]["instanceIds"].clone())
+        .collect();
+    assert_eq!(
+        sets,
+        vec![json!(["inst_aa", "inst_zz"]), json!(["inst_aa"])]
+    );
+    assert_eq!(events["items"][0]["subject"], format!("node/{node}"));
+    // Another node's token cannot speak for this node.
+    let (_, other) = t.register_node(&pool, "host-b").await;
+    let err = t
+        .call(&other, "nodes.report", report(&[]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "ACCESS_DENIED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reads_user_data_only_for_instances_placed_on_it() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (a, ta) = t.register_node(&pool, "host-a").await;
+    let id = create(&t, &pool, "k").await;
+    let (_b, tb) = t.register_node(&pool, "host-b").await;
+    let reference = format!("secret://{id}");
+    let value = t
+        .ok(
+            &ta,
+            "nodes.secret",
+            json!({ "nodeId": a, "ref": reference }),
+        )
+        .await;
+    assert!(value["value"].as_str().unwrap().contains(SSH_KEY));
+    let err = t
+        .call(
+            &tb,
+            "nodes.secret",
+            json!({ "nodeId": a, "ref": reference }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "ACCESS_DENIED");
+    let err = t
+        .call(
+            OPERATOR,
+            "nodes.secret",
+            json!({ "nodeId": a, "ref": reference }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "ACCESS_DENIED");
+    // User data is in no event and no view.
+    let events = t
+        .ok(OPERATOR, "events.list", json!({ "limit": 1000 }))
+        .await;
+    assert!(!events.to_string().contains("cloud-config"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_request_waits_for_a_newer_generation() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let first = t.ok(&token, "nodes.spec", json!({ "nodeId": node })).await;
+    assert_eq!(first["generation"], 0);
+    let waiting = {
+        let (node, token) = (node.clone(), token.clone());
+        let t = &t;
+        async move {
+            let started = std::time::Instant::now();
+            let spec = t
+                .ok(
+                    &token,
+                    "nodes.spec",
+                    json!({ "nodeId": node, "afterGeneration": 0, "waitMs": 10000 }),
+                )
+                .await;
+            (spec, started.elapsed())
+        }
+    };
+    let creating = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        create(&t, &pool, "k").await
+    };
+    let ((spec, waited), id) = tokio::join!(waiting, creating);
+    assert_eq!(spec["generation"], 1);
+    assert_eq!(spec["instances"][0]["id"], id.as_str());
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(9),
+        "{waited:?}"
+    );
+    let nic = &spec["instances"][0]["nics"][0];
+    assert_eq!(nic["address"], "10.0.0.2/24");
+    assert!(nic["mac"].as_str().unwrap().starts_with("02:"));
+    let unchanged = t
+        .ok(
+            &token,
+            "nodes.spec",
+            json!({ "nodeId": node, "afterGeneration": 1, "waitMs": 200 }),
+        )
+        .await;
+    assert_eq!(
+        unchanged["generation"], 1,
+        "the generation moves only with the content"
+    );
+}
+
+#[tokio::test]
+async fn domain_states_are_reported_by_the_emulated_host() {
+    // The emulator's own API is what the scenario tests rely on.
+    assert_ne!(DomainState::Running, DomainState::Stopped);
+}
