@@ -1,39 +1,62 @@
-//! `vps dev`: the server on the embedded database, with tokens printed so a newcomer can try
-//! the API at once.
+//! `vps dev --sim N`: the server on the embedded database with N emulated hosts and a demo
+//! pool, so a newcomer can create an instance and watch it run within seconds.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use vps_commands::operator::{self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool};
+use vps_domain::operator::PoolPolicy;
+use vps_domain::resources::Capacity;
+use vps_emulators::host::{EmulatedHost, HostConfig, HostHandle};
 
 use crate::config::{Config, IdentityConfig};
 use crate::database::Database;
 
+const DEMO_POOL: &str = "demo";
+const NODES_FILE: &str = ".vps/dev-nodes.json";
+
 /// Runs the dev server until interrupted.
-pub async fn run(mut config: Config, _hosts: usize) -> anyhow::Result<i32> {
+pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
     if config.identities.is_empty() {
         config.identities = vec![
-            IdentityConfig {
-                token: format!("op_{}", random_token()),
-                identity: "id_operator".into(),
-                operator: true,
-                tenant: None,
-            },
-            IdentityConfig {
-                token: format!("tk_{}", random_token()),
-                identity: "id_alice".into(),
-                operator: false,
-                tenant: Some("acme".into()),
-            },
+            identity("op", "id_operator", None),
+            identity("tk", "id_alice", Some("acme")),
         ];
+    }
+    if config.timings == crate::config::Timings::default() {
+        // Snappier than production so the demo converges in seconds.
+        config.timings.transitional_look = 2.0;
+        config.timings.unschedulable_retry = 5.0;
     }
     let db = Database::open(&config, 30).await?;
     let server = crate::server::start(config.clone(), db.pool.clone()).await?;
-    println!("vps dev is running at {}", server.url());
+    let ctx = crate::server::reactor_ctx(&server.state, "dev");
+    let pool_id = demo_pool(&ctx).await?;
+    let nodes = demo_nodes(&ctx, &pool_id, hosts).await?;
+    let _hosts: Vec<HostHandle> = nodes
+        .iter()
+        .map(|(node, token)| {
+            let mut host = HostConfig::new(server.url(), node.clone(), token.clone());
+            host.boot_delay = Duration::from_secs(2);
+            EmulatedHost::start(host)
+        })
+        .collect();
+
+    let url = server.url();
+    let tenant_token = &config.identities.iter().find(|i| !i.operator).map(|i| i.token.clone()).unwrap_or_default();
+    println!("vps dev is running at {url} with {} emulated hosts", nodes.len());
     println!("database: {}", crate::database::redact(&db.url));
     for id in &config.identities {
-        let who = if id.operator {
-            "operator".to_string()
-        } else {
-            format!("tenant {}", id.tenant.as_deref().unwrap_or(""))
-        };
+        let who = if id.operator { "operator".to_string() } else { format!("tenant {}", id.tenant.as_deref().unwrap_or("")) };
         println!("token for {} ({who}): {}", id.identity, id.token);
     }
+    println!("\ncreate an instance (answers once it runs, or after 15 s):");
+    println!(
+        "  curl -s -X POST {url}/api/compute/instances/create -H 'Authorization: Bearer {tenant_token}' \\\n    -d '{{\"tenantId\":\"acme\",\"poolId\":\"{pool_id}\",\"flavor\":\"small\",\"imageId\":\"img_demo\",\"idempotencyKey\":\"demo-1\",\"wait\":{{\"timeoutMs\":15000}}}}'"
+    );
+    println!("watch the log:   cargo run -p vps -- events tail");
+    println!("delete it:       curl -s -X POST {url}/api/compute/instances/delete -H 'Authorization: Bearer {tenant_token}' -d '{{\"tenantId\":\"acme\",\"instanceId\":\"<id>\"}}'");
     println!("press Ctrl-C to stop");
     crate::server::shutdown_signal().await;
     server.shutdown().await;
@@ -41,8 +64,98 @@ pub async fn run(mut config: Config, _hosts: usize) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn random_token() -> String {
+fn identity(prefix: &str, identity: &str, tenant: Option<&str>) -> IdentityConfig {
     use rand::Rng;
     let bytes: [u8; 16] = rand::thread_rng().gen();
-    hex::encode(bytes)
+    IdentityConfig {
+        token: format!("{prefix}_{}", hex::encode(bytes)),
+        identity: identity.into(),
+        operator: tenant.is_none(),
+        tenant: tenant.map(str::to_string),
+    }
+}
+
+/// The demo pool, created on first run: a hosted pool with an IP range, offered to `acme`,
+/// two flavors and a public image.
+async fn demo_pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
+    let existing: Option<String> = sqlx::query_scalar("SELECT id FROM pools WHERE name = $1")
+        .bind(DEMO_POOL)
+        .fetch_optional(&ctx.pool)
+        .await?;
+    if let Some(id) = existing {
+        return Ok(id);
+    }
+    let pool = ops::create_pool(
+        ctx,
+        CreatePool {
+            name: DEMO_POOL.into(),
+            class: "vps-host".into(),
+            runtime: Some("libvirt-kvm".into()),
+            provider_account_id: None,
+            policy: PoolPolicy { recreate_on_host_loss: true, lost_after_seconds: Some(30) },
+        },
+    )
+    .await?;
+    let id = pool["id"].as_str().unwrap_or_default().to_string();
+    ops::set_ip_pool(ctx, SetIpPool { pool_id: id.clone(), cidr: "10.42.0.0/24".into(), gateway: None }).await?;
+    let quota = [("vcpu", 64), ("memoryGiB", 256), ("diskGiB", 2000), ("gpu", 0)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    ops::offer_pool(ctx, OfferPool { pool_id: id.clone(), tenant_id: "acme".into(), quota }).await?;
+    for (name, vcpu, memory) in [("small", 1, 2), ("medium", 4, 8)] {
+        let flavor = CreateFlavor { pool_id: id.clone(), name: name.into(), vcpu, memory_gib: memory, disk_gib: 20, gpus: None, offer_id: None };
+        ops::create_flavor(ctx, flavor).await?;
+    }
+    let image = RegisterImage {
+        image_id: "img_demo".into(),
+        tenant_id: None,
+        url: "https://cloud-images.example/demo.qcow2".into(),
+        sha256: "0".repeat(64),
+        format: "qcow2".into(),
+        verified: true,
+    };
+    ops::register_image(ctx, image).await?;
+    Ok(id)
+}
+
+/// `hosts` nodes with their tokens: reused from `.vps/dev-nodes.json` when still registered,
+/// registered anew otherwise (a token is shown only once).
+async fn demo_nodes(ctx: &vps_commands::Ctx, pool_id: &str, hosts: usize) -> anyhow::Result<Vec<(String, String)>> {
+    let saved: Vec<(String, String)> = std::fs::read_to_string(NODES_FILE)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let mut nodes = Vec::new();
+    for (node, token) in saved {
+        let known: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1 AND token_hash = $2)")
+            .bind(&node)
+            .bind(ops::token_hash(&token))
+            .fetch_one(&ctx.pool)
+            .await?;
+        if known && nodes.len() < hosts {
+            nodes.push((node, token));
+        }
+    }
+    while nodes.len() < hosts {
+        let name = format!("sim-{}", ulid::Ulid::generate().to_string().to_lowercase());
+        let registered: Value = ops::register_node(
+            ctx,
+            RegisterNode {
+                pool_id: pool_id.into(),
+                name,
+                capacity: Capacity { vcpu: 32, memory_gib: 128, disk_gib: 1000, gpus: vec![] },
+                labels: Default::default(),
+                runtimes: None,
+                cpu_model: Some("emulated".into()),
+            },
+        )
+        .await?;
+        nodes.push((
+            registered["node"]["id"].as_str().unwrap_or_default().to_string(),
+            registered["nodeToken"].as_str().unwrap_or_default().to_string(),
+        ));
+    }
+    if let Some(dir) = Path::new(NODES_FILE).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(NODES_FILE, serde_json::to_string(&json!(nodes))?)?;
+    Ok(nodes)
 }
