@@ -27,6 +27,14 @@ enum Command {
     /// Read the log.
     #[command(subcommand)]
     Events(EventsCommand),
+    /// Every event of a resource (inst_…, pool_…, node_…, …), oldest first.
+    History {
+        /// The resource id.
+        id: String,
+        /// CloudEvents JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the log's integrity.
     #[command(subcommand)]
     Audit(AuditCommand),
@@ -138,6 +146,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             } else {
                 1
             })
+        }
+        Command::History { id, json } => {
+            let db = Database::open(&config, 4).await?;
+            Ok(
+                if crate::tools::history::print(&db.pool, &id, json).await? {
+                    0
+                } else {
+                    1
+                },
+            )
         }
         Command::Replay { .. } => {
             let db = Database::open(&config, 4).await?;

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use vps_commands::operator::{self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool};
+use vps_commands::operator::{
+    self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool,
+};
 use vps_domain::operator::PoolPolicy;
 use vps_domain::resources::Capacity;
 use vps_emulators::host::{EmulatedHost, HostConfig, HostHandle};
@@ -44,11 +46,23 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
         .collect();
 
     let url = server.url();
-    let tenant_token = &config.identities.iter().find(|i| !i.operator).map(|i| i.token.clone()).unwrap_or_default();
-    println!("vps dev is running at {url} with {} emulated hosts", nodes.len());
+    let tenant_token = &config
+        .identities
+        .iter()
+        .find(|i| !i.operator)
+        .map(|i| i.token.clone())
+        .unwrap_or_default();
+    println!(
+        "vps dev is running at {url} with {} emulated hosts",
+        nodes.len()
+    );
     println!("database: {}", crate::database::redact(&db.url));
     for id in &config.identities {
-        let who = if id.operator { "operator".to_string() } else { format!("tenant {}", id.tenant.as_deref().unwrap_or("")) };
+        let who = if id.operator {
+            "operator".to_string()
+        } else {
+            format!("tenant {}", id.tenant.as_deref().unwrap_or(""))
+        };
         println!("token for {} ({who}): {}", id.identity, id.token);
     }
     println!("\ncreate an instance (answers once it runs, or after 15 s):");
@@ -92,16 +106,51 @@ async fn demo_pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
             class: "vps-host".into(),
             runtime: Some("libvirt-kvm".into()),
             provider_account_id: None,
-            policy: PoolPolicy { recreate_on_host_loss: true, lost_after_seconds: Some(30) },
+            policy: PoolPolicy {
+                recreate_on_host_loss: true,
+                lost_after_seconds: Some(30),
+            },
         },
     )
     .await?;
     let id = pool["id"].as_str().unwrap_or_default().to_string();
-    ops::set_ip_pool(ctx, SetIpPool { pool_id: id.clone(), cidr: "10.42.0.0/24".into(), gateway: None }).await?;
-    let quota = [("vcpu", 64), ("memoryGiB", 256), ("diskGiB", 2000), ("gpu", 0)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    ops::offer_pool(ctx, OfferPool { pool_id: id.clone(), tenant_id: "acme".into(), quota }).await?;
+    ops::set_ip_pool(
+        ctx,
+        SetIpPool {
+            pool_id: id.clone(),
+            cidr: "10.42.0.0/24".into(),
+            gateway: None,
+        },
+    )
+    .await?;
+    let quota = [
+        ("vcpu", 64),
+        ("memoryGiB", 256),
+        ("diskGiB", 2000),
+        ("gpu", 0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    ops::offer_pool(
+        ctx,
+        OfferPool {
+            pool_id: id.clone(),
+            tenant_id: "acme".into(),
+            quota,
+        },
+    )
+    .await?;
     for (name, vcpu, memory) in [("small", 1, 2), ("medium", 4, 8)] {
-        let flavor = CreateFlavor { pool_id: id.clone(), name: name.into(), vcpu, memory_gib: memory, disk_gib: 20, gpus: None, offer_id: None };
+        let flavor = CreateFlavor {
+            pool_id: id.clone(),
+            name: name.into(),
+            vcpu,
+            memory_gib: memory,
+            disk_gib: 20,
+            gpus: None,
+            offer_id: None,
+        };
         ops::create_flavor(ctx, flavor).await?;
     }
     let image = RegisterImage {
@@ -118,18 +167,24 @@ async fn demo_pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
 
 /// `hosts` nodes with their tokens: reused from `.vps/dev-nodes.json` when still registered,
 /// registered anew otherwise (a token is shown only once).
-async fn demo_nodes(ctx: &vps_commands::Ctx, pool_id: &str, hosts: usize) -> anyhow::Result<Vec<(String, String)>> {
+async fn demo_nodes(
+    ctx: &vps_commands::Ctx,
+    pool_id: &str,
+    hosts: usize,
+) -> anyhow::Result<Vec<(String, String)>> {
     let saved: Vec<(String, String)> = std::fs::read_to_string(NODES_FILE)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
     let mut nodes = Vec::new();
     for (node, token) in saved {
-        let known: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1 AND token_hash = $2)")
-            .bind(&node)
-            .bind(ops::token_hash(&token))
-            .fetch_one(&ctx.pool)
-            .await?;
+        let known: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1 AND token_hash = $2)",
+        )
+        .bind(&node)
+        .bind(ops::token_hash(&token))
+        .fetch_one(&ctx.pool)
+        .await?;
         if known && nodes.len() < hosts {
             nodes.push((node, token));
         }
@@ -141,7 +196,12 @@ async fn demo_nodes(ctx: &vps_commands::Ctx, pool_id: &str, hosts: usize) -> any
             RegisterNode {
                 pool_id: pool_id.into(),
                 name,
-                capacity: Capacity { vcpu: 32, memory_gib: 128, disk_gib: 1000, gpus: vec![] },
+                capacity: Capacity {
+                    vcpu: 32,
+                    memory_gib: 128,
+                    disk_gib: 1000,
+                    gpus: vec![],
+                },
                 labels: Default::default(),
                 runtimes: None,
                 cpu_model: Some("emulated".into()),
@@ -149,8 +209,14 @@ async fn demo_nodes(ctx: &vps_commands::Ctx, pool_id: &str, hosts: usize) -> any
         )
         .await?;
         nodes.push((
-            registered["node"]["id"].as_str().unwrap_or_default().to_string(),
-            registered["nodeToken"].as_str().unwrap_or_default().to_string(),
+            registered["node"]["id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            registered["nodeToken"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
         ));
     }
     if let Some(dir) = Path::new(NODES_FILE).parent() {

@@ -37,6 +37,15 @@ struct InstanceRef {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct GetBody {
+    tenant_id: String,
+    instance_id: String,
+    /// A cursor (`<transaction id>-<position>`) or an RFC 3339 time.
+    as_of: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ResizeBody {
     tenant_id: String,
     instance_id: String,
@@ -64,12 +73,14 @@ pub async fn handle(
     match method {
         "create" => create(ctx, caller, body).await,
         "get" => {
-            let q: InstanceRef = parse(body)?;
+            let q: GetBody = parse(body)?;
             let tenant = caller.tenant(&q.tenant_id)?;
             let mut conn = ctx.pool.acquire().await?;
-            Ok(instance_json(
-                &instances::visible(&mut conn, &tenant, &q.instance_id).await?,
-            ))
+            let current = instances::visible(&mut conn, &tenant, &q.instance_id).await?;
+            match q.as_of {
+                None => Ok(instance_json(&current)),
+                Some(as_of) => as_of_view(&mut conn, &q.instance_id, &as_of).await,
+            }
         }
         "start" | "stop" | "delete" => {
             let q: InstanceRef = parse(body)?;
@@ -199,4 +210,39 @@ async fn list(ctx: &Ctx, caller: &Caller, body: &[u8]) -> Result<Value, ApiError
         })
         .flatten();
     Ok(json!({ "items": items.iter().map(instance_json).collect::<Vec<_>>(), "cursor": cursor }))
+}
+
+/// The instance as it was at a point of the log (time travel): its stream folded up to the
+/// cursor or time. Before its creation it is `NOT_FOUND`.
+async fn as_of_view(
+    conn: &mut sqlx::PgConnection,
+    id: &str,
+    as_of: &str,
+) -> Result<Value, ApiError> {
+    enum Point {
+        Cursor(vps_events::Cursor),
+        Time(chrono::DateTime<chrono::Utc>),
+    }
+    let point = if let Ok(c) = as_of.parse::<vps_events::Cursor>() {
+        Point::Cursor(c)
+    } else if let Ok(t) = chrono::DateTime::parse_from_rfc3339(as_of) {
+        Point::Time(t.with_timezone(&chrono::Utc))
+    } else {
+        return Err(ApiError::invalid("asOf", "a cursor or an RFC 3339 time"));
+    };
+    let events = vps_events::read::read_stream(&mut *conn, &format!("instance-{id}")).await?;
+    let mut parsed = Vec::new();
+    for e in events.iter().filter(|e| match &point {
+        Point::Cursor(c) => e.cursor() <= *c,
+        Point::Time(t) => e.recorded_at <= *t,
+    }) {
+        let event = vps_domain::instance::InstanceEvent::from_parts(&e.event_type, e.data.clone())
+            .map_err(|err| ApiError::from(sqlx::Error::Decode(Box::new(err))))?;
+        parsed.push((event, e.recorded_at));
+    }
+    let folded = vps_domain::instance::fold(parsed.iter().map(|(e, at)| (e, *at)))
+        .map_err(|err| ApiError::from(sqlx::Error::Decode(Box::new(err))))?;
+    folded
+        .map(|i| instance_json(&i))
+        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("instance {id} did not exist yet")))
 }

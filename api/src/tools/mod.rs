@@ -2,4 +2,5 @@
 
 pub mod audit;
 pub mod events;
+pub mod history;
 pub mod replay;
