@@ -92,6 +92,15 @@ enum AuditCommand {
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
+    /// instances.create over HTTP from concurrent clients vs single-event appends.
+    Api {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Concurrent HTTP clients.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+    },
     /// Appends vs raw INSERTs, batched appends, follower reads.
     Log {
         /// Seconds per phase.
@@ -164,6 +173,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             } else {
                 1
             })
+        }
+        Command::Bench(BenchCommand::Api { seconds, clients }) => {
+            let (url, _cluster) = crate::database::server_url(&config).await?;
+            let options = crate::bench::api::ApiBench { clients: clients.max(1), seconds: seconds.clamp(0.5, 600.0) };
+            crate::bench::api::run(&url, &options).await?;
+            Ok(0)
         }
         Command::Bench(BenchCommand::Log { seconds, writers }) => {
             let (url, _cluster) = crate::database::server_url(&config).await?;

@@ -23,7 +23,7 @@ pub struct LogBench {
     pub batch: usize,
 }
 
-fn new_event(n: u64) -> NewEvent {
+pub(super) fn new_event(n: u64) -> NewEvent {
     NewEvent {
         id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
         event_type: "bench.appended".into(),
@@ -168,7 +168,7 @@ async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value
 }
 
 /// Runs `writers` loops of `op(writer, iteration)` for `duration`; returns the summed counts.
-async fn run_writers<F, Fut>(writers: usize, duration: Duration, op: F) -> anyhow::Result<Rate>
+pub(super) async fn run_writers<F, Fut>(writers: usize, duration: Duration, op: F) -> anyhow::Result<Rate>
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = anyhow::Result<u64>> + Send,
@@ -198,13 +198,13 @@ where
 }
 
 /// A count over the time it took.
-struct Rate {
+pub(super) struct Rate {
     count: u64,
     seconds: f64,
 }
 
 impl Rate {
-    fn per_second(&self) -> f64 {
+    pub(super) fn per_second(&self) -> f64 {
         self.count as f64 / self.seconds
     }
 }
