@@ -176,7 +176,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Bench(BenchCommand::Api { seconds, clients }) => {
             let (url, _cluster) = crate::database::server_url(&config).await?;
-            let options = crate::bench::api::ApiBench { clients: clients.max(1), seconds: seconds.clamp(0.5, 600.0) };
+            let options = crate::bench::api::ApiBench {
+                clients: clients.max(1),
+                seconds: seconds.clamp(0.5, 600.0),
+            };
             crate::bench::api::run(&url, &options).await?;
             Ok(0)
         }

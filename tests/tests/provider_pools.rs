@@ -292,7 +292,10 @@ async fn until_machines(cloud: &Cloud, done: impl Fn(&[(String, String)]) -> boo
 }
 
 async fn assert_replay_equal(t: &TestServer) {
-    assert!(t.replay_equal().await, "replay differs from the live projections");
+    assert!(
+        t.replay_equal().await,
+        "replay differs from the live projections"
+    );
 }
 
 async fn history(t: &TestServer, id: &str) -> Vec<String> {
@@ -333,10 +336,7 @@ mod scenarios {
         assert!(provider_error(&running).is_none());
         let types = history(&t, &id).await;
         assert!(
-            types.starts_with(&[
-                "instance.created".into(),
-                "instance.provisioning".into()
-            ]),
+            types.starts_with(&["instance.created".into(), "instance.provisioning".into()]),
             "{types:?}"
         );
 
@@ -384,7 +384,9 @@ mod scenarios {
             .to_string();
 
         let waiting = t
-            .until(ALICE, "acme", &id, PATIENCE, |i| provider_error(i).is_some())
+            .until(ALICE, "acme", &id, PATIENCE, |i| {
+                provider_error(i).is_some()
+            })
             .await;
         let condition = provider_error(&waiting).expect("a ProviderError condition while waiting");
         assert_eq!(condition["reason"], "RATE_LIMITED");
@@ -431,7 +433,9 @@ mod scenarios {
             .unwrap()
             .to_string();
         let failed = first
-            .until(ALICE, "acme", &id, PATIENCE, |i| provider_error(i).is_some())
+            .until(ALICE, "acme", &id, PATIENCE, |i| {
+                provider_error(i).is_some()
+            })
             .await;
         assert_eq!(
             provider_error(&failed).expect("the lost answer is a provider error")["reason"],
@@ -461,9 +465,7 @@ mod scenarios {
         assert_replay_equal(&second).await;
     }
 
-    pub async fn an_invalid_token_fails_the_instance_and_is_recorded_on_the_account(
-        cloud: Cloud,
-    ) {
+    pub async fn an_invalid_token_fails_the_instance_and_is_recorded_on_the_account(cloud: Cloud) {
         let t = server_on(&vps_pg::testing::fresh_database().await, 0.2).await;
         let (pool, account) = provider_pool(&t, &cloud, false).await;
         let id = create(&t, &pool, "web-1").await["id"]
@@ -489,7 +491,10 @@ mod scenarios {
                 json!({ "providerAccountId": account }),
             )
             .await;
-        assert_eq!(account["lastError"]["code"], "INVALID_CONFIG", "{account:#}");
+        assert_eq!(
+            account["lastError"]["code"], "INVALID_CONFIG",
+            "{account:#}"
+        );
 
         // It never got a machine, so it cannot be retried, only deleted.
         change(&t, "instances.delete", &id).await;
@@ -557,12 +562,11 @@ async fn a_provider_account_keeps_its_secret_out_of_the_log_and_every_answer() {
     for answer in [&got, &listed] {
         assert!(!answer.to_string().contains(&secret), "{answer}");
     }
-    let events: Vec<String> = sqlx::query_scalar(
-        "SELECT data::text FROM events WHERE type LIKE 'provider_account.%'",
-    )
-    .fetch_all(&t.server.state.pool)
-    .await
-    .unwrap();
+    let events: Vec<String> =
+        sqlx::query_scalar("SELECT data::text FROM events WHERE type LIKE 'provider_account.%'")
+            .fetch_all(&t.server.state.pool)
+            .await
+            .unwrap();
     assert_eq!(events.len(), 1);
     assert!(!events[0].contains(&secret), "{}", events[0]);
     assert_replay_equal(&t).await;

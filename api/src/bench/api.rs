@@ -41,7 +41,11 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<serde_json::V
             let (pool, notifier) = (pool.clone(), notifier.clone());
             async move {
                 let mut tx = pool.begin().await?;
-                let expected = if n == 0 { ExpectedVersion::NoStream } else { ExpectedVersion::Exact(n as i64) };
+                let expected = if n == 0 {
+                    ExpectedVersion::NoStream
+                } else {
+                    ExpectedVersion::Exact(n as i64)
+                };
                 append(&mut tx, &format!("baseline-{w}"), expected, &[new_event(n)]).await?;
                 tx.commit().await?;
                 notifier.committed();
@@ -51,13 +55,26 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<serde_json::V
     })
     .await?;
     let append_tps = baseline.per_second();
-    println!("single-event appends ({} writers): {append_tps:>8.0} /s", o.clients);
+    println!(
+        "single-event appends ({} writers): {append_tps:>8.0} /s",
+        o.clients
+    );
 
     let mut config = Config::default();
     config.http.listen = "127.0.0.1:0".into();
     config.identities = vec![
-        IdentityConfig { token: "bench-operator-token".into(), identity: "id_bench_op".into(), operator: true, tenant: None },
-        IdentityConfig { token: TOKEN.into(), identity: "id_bench".into(), operator: false, tenant: Some("bench".into()) },
+        IdentityConfig {
+            token: "bench-operator-token".into(),
+            identity: "id_bench_op".into(),
+            operator: true,
+            tenant: None,
+        },
+        IdentityConfig {
+            token: TOKEN.into(),
+            identity: "id_bench".into(),
+            operator: false,
+            tenant: Some("bench".into()),
+        },
     ];
     let server = crate::server::start(config, scratch.pool.clone()).await?;
     let ctx = crate::server::reactor_ctx(&server.state, "bench");
@@ -70,7 +87,12 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<serde_json::V
     let deadline = started + duration;
     let mut clients = Vec::new();
     for c in 0..o.clients {
-        let (http, url, pool_id, latencies) = (http.clone(), url.clone(), pool_id.clone(), latencies.clone());
+        let (http, url, pool_id, latencies) = (
+            http.clone(),
+            url.clone(),
+            pool_id.clone(),
+            latencies.clone(),
+        );
         clients.push(tokio::spawn(async move {
             let mut n = 0;
             while Instant::now() < deadline {
@@ -96,7 +118,10 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<serde_json::V
     samples.sort_by(f64::total_cmp);
     let creates = samples.len() as f64 / elapsed;
     let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
-    println!("instances.create ({} clients):     {creates:>8.0} /s  p50 {p50:.2} ms  p99 {p99:.2} ms", o.clients);
+    println!(
+        "instances.create ({} clients):     {creates:>8.0} /s  p50 {p50:.2} ms  p99 {p99:.2} ms",
+        o.clients
+    );
     let ratio = creates / append_tps;
     println!("ratio creates/appends: {ratio:.2}");
     Ok(json!({

@@ -168,7 +168,11 @@ async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value
 }
 
 /// Runs `writers` loops of `op(writer, iteration)` for `duration`; returns the summed counts.
-pub(super) async fn run_writers<F, Fut>(writers: usize, duration: Duration, op: F) -> anyhow::Result<Rate>
+pub(super) async fn run_writers<F, Fut>(
+    writers: usize,
+    duration: Duration,
+    op: F,
+) -> anyhow::Result<Rate>
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = anyhow::Result<u64>> + Send,

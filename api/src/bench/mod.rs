@@ -64,26 +64,97 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// A hosted pool for benchmarks: a /16 range, `nodes` nodes of `vcpu` vCPUs each, a 1-vCPU
 /// flavor `bench`, a public image `img_bench`, offered to tenant `bench` with ample quota.
-pub async fn setup_hosted_pool(ctx: &vps_commands::Ctx, name: &str, nodes: usize, vcpu: u32) -> anyhow::Result<String> {
-    use vps_commands::operator::{self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool};
+pub async fn setup_hosted_pool(
+    ctx: &vps_commands::Ctx,
+    name: &str,
+    nodes: usize,
+    vcpu: u32,
+) -> anyhow::Result<String> {
+    use vps_commands::operator::{
+        self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool,
+    };
     let pool = ops::create_pool(
         ctx,
-        CreatePool { name: name.into(), class: "vps-host".into(), runtime: None, provider_account_id: None, policy: Default::default() },
+        CreatePool {
+            name: name.into(),
+            class: "vps-host".into(),
+            runtime: None,
+            provider_account_id: None,
+            policy: Default::default(),
+        },
     )
     .await?;
     let pool_id = pool["id"].as_str().unwrap_or_default().to_string();
-    ops::set_ip_pool(ctx, SetIpPool { pool_id: pool_id.clone(), cidr: "10.0.0.0/16".into(), gateway: None }).await?;
-    let quota = [("vcpu", 1_000_000), ("memoryGiB", 1_000_000), ("diskGiB", 1_000_000)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    ops::offer_pool(ctx, OfferPool { pool_id: pool_id.clone(), tenant_id: "bench".into(), quota }).await?;
-    ops::create_flavor(ctx, CreateFlavor { pool_id: pool_id.clone(), name: "bench".into(), vcpu: 1, memory_gib: 1, disk_gib: 1, gpus: None, offer_id: None }).await?;
+    ops::set_ip_pool(
+        ctx,
+        SetIpPool {
+            pool_id: pool_id.clone(),
+            cidr: "10.0.0.0/16".into(),
+            gateway: None,
+        },
+    )
+    .await?;
+    let quota = [
+        ("vcpu", 1_000_000),
+        ("memoryGiB", 1_000_000),
+        ("diskGiB", 1_000_000),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    ops::offer_pool(
+        ctx,
+        OfferPool {
+            pool_id: pool_id.clone(),
+            tenant_id: "bench".into(),
+            quota,
+        },
+    )
+    .await?;
+    ops::create_flavor(
+        ctx,
+        CreateFlavor {
+            pool_id: pool_id.clone(),
+            name: "bench".into(),
+            vcpu: 1,
+            memory_gib: 1,
+            disk_gib: 1,
+            gpus: None,
+            offer_id: None,
+        },
+    )
+    .await?;
     ops::register_image(
         ctx,
-        RegisterImage { image_id: "img_bench".into(), tenant_id: None, url: "https://images.example/bench.raw".into(), sha256: "0".repeat(64), format: "raw".into(), verified: true },
+        RegisterImage {
+            image_id: "img_bench".into(),
+            tenant_id: None,
+            url: "https://images.example/bench.raw".into(),
+            sha256: "0".repeat(64),
+            format: "raw".into(),
+            verified: true,
+        },
     )
     .await?;
     for n in 0..nodes {
-        let capacity = vps_domain::resources::Capacity { vcpu, memory_gib: vcpu * 4, disk_gib: vcpu * 10, gpus: vec![] };
-        ops::register_node(ctx, RegisterNode { pool_id: pool_id.clone(), name: format!("bench-{n}"), capacity, labels: Default::default(), runtimes: None, cpu_model: None }).await?;
+        let capacity = vps_domain::resources::Capacity {
+            vcpu,
+            memory_gib: vcpu * 4,
+            disk_gib: vcpu * 10,
+            gpus: vec![],
+        };
+        ops::register_node(
+            ctx,
+            RegisterNode {
+                pool_id: pool_id.clone(),
+                name: format!("bench-{n}"),
+                capacity,
+                labels: Default::default(),
+                runtimes: None,
+                cpu_model: None,
+            },
+        )
+        .await?;
     }
     Ok(pool_id)
 }
