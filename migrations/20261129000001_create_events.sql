@@ -1,6 +1,6 @@
 -- The append-only event log: the single source of truth. Rows are never updated or deleted.
 CREATE TABLE events (
-    position       bigserial   PRIMARY KEY,
+    position       bigserial   NOT NULL,
     transaction_id xid8        NOT NULL DEFAULT pg_current_xact_id(),
     stream         text        NOT NULL,
     version        bigint      NOT NULL CHECK (version > 0),
@@ -9,11 +9,12 @@ CREATE TABLE events (
     data           jsonb       NOT NULL,
     metadata       jsonb       NOT NULL DEFAULT '{}',
     recorded_at    timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (stream, version)
+    UNIQUE (stream, version),
+    -- The one read order every follower agrees on (ARCHITECTURE.md, "Reading in order"). As
+    -- the primary key it is the only index besides the two uniqueness rules: every index
+    -- costs each append.
+    PRIMARY KEY (transaction_id, position)
 );
-
--- The one read order every follower agrees on (ARCHITECTURE.md, "Reading in order").
-CREATE INDEX events_read_order ON events (transaction_id, position);
 
 CREATE FUNCTION vps_forbid_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -37,12 +38,12 @@ CREATE TABLE follower_checkpoints (
 
 -- The tamper-evidence chain, written by the single chainer in read order.
 CREATE TABLE event_hashes (
-    position       bigint      PRIMARY KEY,
+    position       bigint      NOT NULL,
     transaction_id xid8        NOT NULL,
     hash           bytea       NOT NULL,
-    chained_at     timestamptz NOT NULL DEFAULT now()
+    chained_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (transaction_id, position)
 );
-CREATE INDEX event_hashes_read_order ON event_hashes (transaction_id, position);
 
 CREATE TRIGGER event_hashes_append_only BEFORE UPDATE OR DELETE ON event_hashes
     FOR EACH ROW EXECUTE FUNCTION vps_forbid_change();

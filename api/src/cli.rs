@@ -110,6 +110,43 @@ enum BenchCommand {
         #[arg(long, default_value_t = 16)]
         writers: usize,
     },
+    /// Instances created over HTTP until all run on emulated hosts vs bare log appends.
+    Converge {
+        /// Nodes, one emulated host each.
+        #[arg(long, default_value_t = 100)]
+        hosts: usize,
+        /// Instances to create.
+        #[arg(long, default_value_t = 10_000)]
+        instances: usize,
+        /// How long an emulated domain boots, in ms.
+        #[arg(long, default_value_t = 50)]
+        boot_ms: u64,
+        /// Concurrent HTTP clients (and baseline writers).
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// Stop waiting for convergence after this many seconds.
+        #[arg(long, default_value_t = 600.0)]
+        timeout: f64,
+    },
+    /// The emulated hosts of `bench converge`, in their own process (internal).
+    #[command(hide = true)]
+    ConvergeHosts {
+        /// The server's root URL.
+        #[arg(long)]
+        url: String,
+        /// Boot delay in ms.
+        #[arg(long)]
+        boot_ms: u64,
+    },
+    /// Append → JetStream and append → webhook latency vs core NATS publish → subscribe.
+    Delivery {
+        /// Events appended per second.
+        #[arg(long, default_value_t = 1000.0)]
+        rate: f64,
+        /// How long to append.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+    },
 }
 
 /// Runs the command line; the exit code comes back as `Ok(code)`.
@@ -191,6 +228,38 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 batch: 100,
             };
             crate::bench::log::run(&url, &options).await?;
+            Ok(0)
+        }
+        Command::Bench(BenchCommand::Converge {
+            hosts,
+            instances,
+            boot_ms,
+            clients,
+            timeout,
+        }) => {
+            let (url, _cluster) = crate::database::server_url(&config).await?;
+            let options = crate::bench::converge::ConvergeBench {
+                hosts: hosts.max(1),
+                instances: instances.max(1),
+                boot: std::time::Duration::from_millis(boot_ms),
+                clients: clients.max(1),
+                timeout: std::time::Duration::from_secs_f64(timeout.clamp(1.0, 86_400.0)),
+            };
+            crate::bench::converge::run(&url, &options).await?;
+            Ok(0)
+        }
+        Command::Bench(BenchCommand::ConvergeHosts { url, boot_ms }) => {
+            crate::bench::converge::hosts_process(&url, std::time::Duration::from_millis(boot_ms))
+                .await?;
+            Ok(0)
+        }
+        Command::Bench(BenchCommand::Delivery { rate, seconds }) => {
+            let (url, _cluster) = crate::database::server_url(&config).await?;
+            let options = crate::bench::delivery::DeliveryBench {
+                rate: rate.clamp(1.0, 100_000.0),
+                seconds: seconds.clamp(0.5, 600.0),
+            };
+            crate::bench::delivery::run(&url, &options).await?;
             Ok(0)
         }
     }

@@ -135,7 +135,7 @@ pub async fn verify(
     let sql = format!(
         "SELECT h.position, h.transaction_id::text, h.hash, e.position IS NOT NULL, {}
            FROM event_hashes h
-           LEFT JOIN events e ON e.position = h.position
+           LEFT JOIN events e ON e.transaction_id = h.transaction_id AND e.position = h.position
           WHERE (h.transaction_id, h.position) > ($1::text::xid8, $2)
           ORDER BY h.transaction_id, h.position
           LIMIT $3",

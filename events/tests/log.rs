@@ -262,8 +262,10 @@ async fn every_follower_sees_every_committed_event_once_in_one_order() {
             while seen.len() < expected.load(std::sync::atomic::Ordering::SeqCst) {
                 let batch = follower.next_batch(250).await.unwrap();
                 if let Some(last) = batch.last() {
+                    let before = follower.cursor();
                     follower.commit(&pool, last.cursor()).await.unwrap();
-                    seen.extend(batch.into_iter().map(|e| e.id));
+                    let n = batch.len();
+                    seen.extend(batch.into_iter().map(|e| format!("{} {} after={before} n={n}", e.id, e.cursor())));
                     continue;
                 }
                 follower.wait().await;
@@ -276,7 +278,7 @@ async fn every_follower_sees_every_committed_event_once_in_one_order() {
                     .await
                     .unwrap()
                     .into_iter()
-                    .map(|e| e.id),
+                    .map(|e| format!("{} {} late", e.id, e.cursor())),
             );
             seen
         }));
@@ -328,11 +330,18 @@ async fn every_follower_sees_every_committed_event_once_in_one_order() {
             .await
             .unwrap()
             .unwrap();
+        let ids: Vec<String> = seen.iter().map(|s| s.split(' ').next().unwrap().to_string()).collect();
+        let mut dups = std::collections::HashMap::<&str, Vec<(usize, &str)>>::new();
+        for (i, (id, full)) in ids.iter().zip(&seen).enumerate() {
+            dups.entry(id).or_default().push((i, full));
+        }
+        let dups = format!("{:?}", dups.values().filter(|v| v.len() > 1).collect::<Vec<_>>());
+        let seen = ids.clone();
         let unique: HashSet<_> = seen.iter().cloned().collect();
         assert_eq!(
             unique.len(),
             seen.len(),
-            "a follower received an event twice"
+            "a follower received an event twice: {dups:?}"
         );
         assert_eq!(
             unique, committed,

@@ -141,7 +141,7 @@ enum Answer {
 /// The result of an apply.
 enum Applied {
     /// Recorded; the instance as it is now.
-    Now(Instance),
+    Now(Box<Instance>),
     /// The instance changed since the plan: nothing recorded.
     Moved,
 }
@@ -366,7 +366,7 @@ async fn apply(
         .expect("the instance exists");
     tx.commit().await?;
     ctx.notifier.committed();
-    Ok(Applied::Now(after))
+    Ok(Applied::Now(Box::new(after)))
 }
 
 /// A create answered while the instance moved on. If it is being deleted and never learnt of

@@ -3,6 +3,8 @@
 //! figures first, one JSON line last.
 
 pub mod api;
+pub mod converge;
+pub mod delivery;
 pub mod log;
 
 use anyhow::Context;

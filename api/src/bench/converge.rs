@@ -1,0 +1,619 @@
+//! `vps bench converge`: `--instances` instances created over HTTP by 16 concurrent clients on
+//! a hosted pool of `--hosts` emulated hosts, timed from the first create until every one is
+//! `running`, with the server process's peak RSS. Baseline, same run and database: appending
+//! as many `instance.created`-sized events with the log alone (16 writers, one event per
+//! transaction), so the ratio says what the whole path (API, quota, placement, IP leases,
+//! reconciler, node specs, host reports) costs over the bare log writes it makes.
+//!
+//! The emulated hosts run in a child process (`vps bench converge-hosts`, the same binary), so
+//! the server's peak RSS (`VmHWM` of this process) does not include them; the hosts' own peak
+//! is reported separately. This process also holds the 16 HTTP clients and the progress
+//! poller, which are small next to the server.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+use sqlx::{PgPool, Row};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use vps_commands::operator::{
+    self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool,
+};
+use vps_domain::operator::PoolPolicy;
+use vps_domain::resources::Capacity;
+use vps_events::{append, ExpectedVersion, Metadata, NewEvent, Notifier};
+
+use super::Scratch;
+use crate::config::{Config, IdentityConfig};
+
+/// The tenant the instances belong to.
+const TENANT: &str = "bench";
+const FLAVOR: &str = "bench-1";
+const IMAGE: &str = "img_bench";
+
+/// Knobs.
+#[derive(Debug, Clone)]
+pub struct ConvergeBench {
+    /// Nodes, one emulated host each.
+    pub hosts: usize,
+    /// Instances to create.
+    pub instances: usize,
+    /// How long an emulated domain boots.
+    pub boot: Duration,
+    /// Concurrent HTTP clients creating instances (and log writers in the baseline).
+    pub clients: usize,
+    /// Give up waiting for convergence after this long (the figures then say how far it got).
+    pub timeout: Duration,
+}
+
+/// Runs the benchmark and prints the figures, JSON line last.
+pub async fn run(server_url: &str, o: &ConvergeBench) -> anyhow::Result<()> {
+    // The server's pool, as `vps serve` sizes it, plus room for the progress poller.
+    let scratch = Scratch::create(server_url, 32).await?;
+    let result = phases(&scratch, o).await;
+    scratch.drop_database().await?;
+    let figures = result?;
+    println!("{}", serde_json::to_string(&figures)?);
+    Ok(())
+}
+
+fn server_config(operator: &str, tenant: &str) -> Config {
+    use base64::Engine;
+    let mut config = Config::default();
+    config.http.listen = "127.0.0.1:0".into();
+    config.secrets.key =
+        Some(base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>()));
+    config.identities = vec![
+        IdentityConfig {
+            token: operator.into(),
+            identity: "id_bench_operator".into(),
+            operator: true,
+            tenant: None,
+        },
+        IdentityConfig {
+            token: tenant.into(),
+            identity: "id_bench".into(),
+            operator: false,
+            tenant: Some(TENANT.into()),
+        },
+    ];
+    // Fast enough that a transitional instance is looked at again within a second.
+    config.timings.transitional_look = 1.0;
+    config.timings.unschedulable_retry = 1.0;
+    config
+}
+
+async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
+    let tenant_token = format!("tk_{}", hex::encode(rand::random::<[u8; 16]>()));
+    let operator_token = format!("op_{}", hex::encode(rand::random::<[u8; 16]>()));
+    let config = server_config(&operator_token, &tenant_token);
+    let server = crate::server::start(config, scratch.pool.clone()).await?;
+    let url = server.url();
+    let ctx = crate::server::reactor_ctx(&server.state, "bench");
+
+    let setup = Instant::now();
+    let pool_id = hosted_pool(&ctx, o).await?;
+    let nodes = register_nodes(&ctx, &pool_id, o).await?;
+    println!(
+        "setup: pool, flavor, image and {} nodes in {:.1} s",
+        nodes.len(),
+        setup.elapsed().as_secs_f64()
+    );
+    let rss_before_hosts = proc_status_kb("self", "VmRSS").unwrap_or(0);
+
+    let mut hosts = HostsProcess::start(&url, &nodes, o.boot).await?;
+    // Let every host take its first spec before the clock starts.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let started = Instant::now();
+    let progress = tokio::spawn(watch_progress(
+        scratch.pool.clone(),
+        started,
+        o.instances,
+        o.timeout,
+    ));
+    let created = create_instances(&url, &tenant_token, &pool_id, o).await;
+    let created_seconds = started.elapsed().as_secs_f64();
+    let progress = match created {
+        Ok(errors) => {
+            println!(
+                "created {} instances over HTTP in {created_seconds:.1} s ({:.0}/s, {} clients, {errors} retried errors)",
+                o.instances,
+                o.instances as f64 / created_seconds,
+                o.clients
+            );
+            progress.await?
+        }
+        Err(e) => {
+            progress.abort();
+            let _ = hosts.stop().await;
+            server.shutdown().await;
+            return Err(e);
+        }
+    };
+    let server_peak_kb = proc_status_kb("self", "VmHWM").unwrap_or(0);
+    let hosts_peak_kb = hosts.peak_kb();
+    hosts.stop().await?;
+
+    let states = state_counts(&scratch.pool).await?;
+    let counters = work_counters(&scratch.pool).await.unwrap_or_default();
+    server.shutdown().await;
+
+    let running = *states.get("running").unwrap_or(&0);
+    let converge_seconds = progress.converged_after;
+    match converge_seconds {
+        Some(s) => println!(
+            "all {} instances running after {s:.1} s ({:.0}/s)",
+            o.instances,
+            o.instances as f64 / s
+        ),
+        None => println!(
+            "NOT converged: {running} of {} running after {:.0} s; states {states:?}",
+            o.instances,
+            o.timeout.as_secs_f64()
+        ),
+    }
+    for (what, at) in &progress.milestones {
+        println!("  {what:<28} {at:>7.1} s");
+    }
+    println!("  log and queue: {counters}");
+    let mb = |kb: u64| (kb as f64 / 1024.0 * 10.0).round() / 10.0;
+    println!(
+        "server process RSS: {:.1} MB before hosts started, {:.1} MB peak (VmHWM; the emulated \
+         hosts run in a child process: {:.1} MB peak)",
+        mb(rss_before_hosts),
+        mb(server_peak_kb),
+        mb(hosts_peak_kb)
+    );
+
+    let template = created_event_template(&scratch.pool).await?;
+    let baseline = baseline_appends(&scratch.pool, &template, o.instances, o.clients).await?;
+    println!(
+        "baseline: {} instance.created-sized single-event appends by {} writers in {baseline:.2} s ({:.0}/s)",
+        o.instances,
+        o.clients,
+        o.instances as f64 / baseline
+    );
+    let ratio = converge_seconds.map(|c| c / baseline);
+    if let Some(r) = ratio {
+        println!("ratio converge/baseline: {r:.1}");
+    }
+    let round = |x: f64, d: f64| (x * d).round() / d;
+    Ok(json!({
+        "converge_seconds": converge_seconds.map(|s| round(s, 100.0)),
+        "instances": o.instances,
+        "hosts": o.hosts,
+        "peak_rss_mb": mb(server_peak_kb),
+        "baseline_append_seconds": round(baseline, 1000.0),
+        "ratio": ratio.map(|r| round(r, 100.0)),
+        "running": running,
+        "create_seconds": round(created_seconds, 100.0),
+        "rss_before_hosts_mb": mb(rss_before_hosts),
+        "hosts_peak_rss_mb": mb(hosts_peak_kb),
+        "boot_ms": o.boot.as_millis() as u64,
+        "clients": o.clients,
+    }))
+}
+
+/// A hosted pool with a range big enough for every instance, offered to the bench tenant with
+/// room to spare, a 1-vCPU flavor and a public image.
+async fn hosted_pool(ctx: &vps_commands::Ctx, o: &ConvergeBench) -> anyhow::Result<String> {
+    let pool = ops::create_pool(
+        ctx,
+        CreatePool {
+            name: "bench".into(),
+            class: "vps-host".into(),
+            runtime: Some("libvirt-kvm".into()),
+            provider_account_id: None,
+            policy: PoolPolicy {
+                recreate_on_host_loss: false,
+                lost_after_seconds: Some(120),
+            },
+        },
+    )
+    .await?;
+    let pool_id = pool["id"].as_str().unwrap_or_default().to_string();
+    // A /16: 65 534 addresses; smaller counts still get one, which is what a real pool has.
+    ops::set_ip_pool(
+        ctx,
+        SetIpPool {
+            pool_id: pool_id.clone(),
+            cidr: "10.0.0.0/16".into(),
+            gateway: None,
+        },
+    )
+    .await?;
+    let room = (o.instances as u64 * 2).max(16);
+    let quota: BTreeMap<String, u64> = [("vcpu", room), ("memoryGiB", room), ("diskGiB", room)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    ops::offer_pool(
+        ctx,
+        OfferPool {
+            pool_id: pool_id.clone(),
+            tenant_id: TENANT.into(),
+            quota,
+        },
+    )
+    .await?;
+    ops::create_flavor(
+        ctx,
+        CreateFlavor {
+            pool_id: pool_id.clone(),
+            name: FLAVOR.into(),
+            vcpu: 1,
+            memory_gib: 1,
+            disk_gib: 1,
+            gpus: None,
+            offer_id: None,
+        },
+    )
+    .await?;
+    ops::register_image(
+        ctx,
+        RegisterImage {
+            image_id: IMAGE.into(),
+            tenant_id: None,
+            url: "https://images.example/bench.qcow2".into(),
+            sha256: "0".repeat(64),
+            format: "qcow2".into(),
+            verified: true,
+        },
+    )
+    .await?;
+    Ok(pool_id)
+}
+
+/// `hosts` nodes with twice the capacity their share of the instances needs.
+async fn register_nodes(
+    ctx: &vps_commands::Ctx,
+    pool_id: &str,
+    o: &ConvergeBench,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let share = o.instances.div_ceil(o.hosts) as u32;
+    let size = (share * 2).clamp(8, 4096);
+    let mut nodes = Vec::with_capacity(o.hosts);
+    for n in 0..o.hosts {
+        let registered = ops::register_node(
+            ctx,
+            RegisterNode {
+                pool_id: pool_id.into(),
+                name: format!("bench-{n}"),
+                capacity: Capacity {
+                    vcpu: size,
+                    memory_gib: size,
+                    disk_gib: size,
+                    gpus: vec![],
+                },
+                labels: Default::default(),
+                runtimes: None,
+                cpu_model: Some("emulated".into()),
+            },
+        )
+        .await?;
+        let field = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        nodes.push((
+            field(&registered["node"]["id"]),
+            field(&registered["nodeToken"]),
+        ));
+    }
+    Ok(nodes)
+}
+
+/// Creates every instance from `clients` concurrent HTTP clients; returns how many calls had
+/// to be retried (connection errors or 5xx). Fails on a 4xx or on an instance that cannot be
+/// created after a few tries.
+async fn create_instances(
+    url: &str,
+    token: &str,
+    pool_id: &str,
+    o: &ConvergeBench,
+) -> anyhow::Result<usize> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(o.clients)
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let retried = Arc::new(AtomicUsize::new(0));
+    let endpoint = format!("{url}/api/compute/instances/create");
+    let mut tasks = Vec::new();
+    for _ in 0..o.clients {
+        let (http, next, retried) = (http.clone(), next.clone(), retried.clone());
+        let (endpoint, token, pool_id) = (endpoint.clone(), token.to_string(), pool_id.to_string());
+        let total = o.instances;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= total {
+                    return anyhow::Ok(());
+                }
+                let body = json!({ "tenantId": TENANT, "poolId": pool_id, "flavor": FLAVOR,
+                    "imageId": IMAGE, "idempotencyKey": format!("bench-{n}") });
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    let answer = http
+                        .post(&endpoint)
+                        .bearer_auth(&token)
+                        .json(&body)
+                        .send()
+                        .await;
+                    let failure = match answer {
+                        Ok(r) if r.status().is_success() => break,
+                        Ok(r) if r.status().is_client_error() => {
+                            let status = r.status();
+                            let text = r.text().await.unwrap_or_default();
+                            anyhow::bail!("instances.create #{n}: {status} {text}");
+                        }
+                        Ok(r) => format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+                        Err(e) => e.to_string(),
+                    };
+                    retried.fetch_add(1, Ordering::Relaxed);
+                    if tries >= 5 {
+                        anyhow::bail!("instances.create #{n} failed {tries} times: {failure}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(100 * tries)).await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(retried.load(Ordering::Relaxed))
+}
+
+/// What the progress poller saw.
+struct Progress {
+    converged_after: Option<f64>,
+    milestones: Vec<(String, f64)>,
+}
+
+/// Counts instance states on the database every 200 ms (one cheap query, not one GET per
+/// instance) until all are running or the timeout; prints a line every 5 s.
+async fn watch_progress(
+    pool: PgPool,
+    started: Instant,
+    instances: usize,
+    timeout: Duration,
+) -> Progress {
+    let mut milestones = Vec::new();
+    let mut last_print = Instant::now();
+    let mut placed_all = false;
+    let mut half = false;
+    loop {
+        let at = started.elapsed().as_secs_f64();
+        if let Ok(states) = state_counts(&pool).await {
+            let total: i64 = states.values().sum();
+            let running = *states.get("running").unwrap_or(&0);
+            let unplaced: i64 = ["pending", "scheduling"]
+                .iter()
+                .map(|s| *states.get(*s).unwrap_or(&0))
+                .sum();
+            if !placed_all && total as usize >= instances && unplaced == 0 {
+                placed_all = true;
+                milestones.push(("all created and placed".into(), at));
+            }
+            if !half && running as usize * 2 >= instances {
+                half = true;
+                milestones.push(("half running".into(), at));
+            }
+            if running as usize >= instances {
+                milestones.push(("all running".into(), at));
+                return Progress {
+                    converged_after: Some(at),
+                    milestones,
+                };
+            }
+            if last_print.elapsed() >= Duration::from_secs(5) {
+                last_print = Instant::now();
+                eprintln!("  [{at:>6.1} s] {states:?}");
+            }
+        }
+        if started.elapsed() > timeout {
+            return Progress {
+                converged_after: None,
+                milestones,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn state_counts(pool: &PgPool) -> anyhow::Result<BTreeMap<String, i64>> {
+    let rows = sqlx::query("SELECT state, count(*) FROM instances GROUP BY state")
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect()
+}
+
+/// Events in the log by kind, and reconcile passes (the work queue), for telling where the
+/// time went.
+async fn work_counters(pool: &PgPool) -> anyhow::Result<String> {
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(pool)
+        .await?;
+    let by_type = sqlx::query(
+        "SELECT type, count(*) FROM events WHERE type LIKE 'instance.%' OR type LIKE 'node.%'
+          GROUP BY type ORDER BY count(*) DESC LIMIT 8",
+    )
+    .fetch_all(pool)
+    .await?;
+    let types: Vec<String> = by_type
+        .iter()
+        .map(|r| format!("{} {}", r.get::<String, _>(0), r.get::<i64, _>(1)))
+        .collect();
+    let passes = crate::telemetry::metrics_handle()
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("vps_reconcile_passes_total") || l.starts_with("vps_reconcile_failures_total"))
+        .map(|l| l.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok(format!("{events} events ({}); {passes}", types.join(", ")))
+}
+
+/// A real `instance.created` event's payload, to size the baseline's events like it.
+async fn created_event_template(pool: &PgPool) -> anyhow::Result<(Value, Value)> {
+    let row = sqlx::query(
+        "SELECT data, metadata FROM events WHERE type = 'instance.created' ORDER BY position LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        Some(r) => (r.try_get(0)?, r.try_get(1)?),
+        None => (json!({ "state": "pending" }), json!({ "tenantId": TENANT })),
+    })
+}
+
+/// Seconds to append `count` single-event transactions from `writers` writers, each event a
+/// new stream like an instance's first event.
+async fn baseline_appends(
+    pool: &PgPool,
+    template: &(Value, Value),
+    count: usize,
+    writers: usize,
+) -> anyhow::Result<f64> {
+    let metadata: Metadata = serde_json::from_value(template.1.clone()).unwrap_or_default();
+    let notifier = Notifier::local_only();
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..writers {
+        let (pool, notifier, next) = (pool.clone(), notifier.clone(), next.clone());
+        let (data, metadata) = (template.0.clone(), metadata.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= count {
+                    return anyhow::Ok(());
+                }
+                let event = NewEvent {
+                    id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+                    event_type: "instance.created".into(),
+                    data: data.clone(),
+                    metadata: metadata.clone(),
+                };
+                let mut tx = pool.begin().await?;
+                append(
+                    &mut tx,
+                    &format!("bench-baseline-{n}"),
+                    ExpectedVersion::NoStream,
+                    &[event],
+                )
+                .await?;
+                tx.commit().await?;
+                notifier.committed();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// `Name:   123 kB` from `/proc/<pid>/status`, in kB.
+fn proc_status_kb(pid: &str, name: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// The emulated hosts, in a child `vps bench converge-hosts`.
+struct HostsProcess {
+    child: tokio::process::Child,
+    stdin: Option<tokio::process::ChildStdin>,
+}
+
+impl HostsProcess {
+    async fn start(url: &str, nodes: &[(String, String)], boot: Duration) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("the vps binary's path")?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["bench", "converge-hosts", "--url", url, "--boot-ms"])
+            .arg(boot.as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("start the emulated hosts' process")?;
+        let mut stdin = child.stdin.take().context("hosts' stdin")?;
+        let mut lines = String::new();
+        for (node, token) in nodes {
+            lines.push_str(&format!("{node} {token}\n"));
+        }
+        lines.push('\n');
+        stdin.write_all(lines.as_bytes()).await?;
+        stdin.flush().await?;
+        let stdout = child.stdout.take().context("hosts' stdout")?;
+        let mut ready = String::new();
+        BufReader::new(stdout).read_line(&mut ready).await?;
+        anyhow::ensure!(
+            ready.trim() == "ready",
+            "the emulated hosts' process did not start"
+        );
+        Ok(HostsProcess {
+            child,
+            stdin: Some(stdin),
+        })
+    }
+
+    fn peak_kb(&self) -> u64 {
+        self.child
+            .id()
+            .and_then(|pid| proc_status_kb(&pid.to_string(), "VmHWM"))
+            .unwrap_or(0)
+    }
+
+    /// Closes its stdin (it exits on EOF), killing it if it lingers.
+    async fn stop(&mut self) -> anyhow::Result<()> {
+        drop(self.stdin.take());
+        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
+            .await
+            .is_err()
+        {
+            self.child.kill().await?;
+        }
+        Ok(())
+    }
+}
+
+/// The child side: reads `node token` lines (up to an empty line) from stdin, starts one
+/// emulated host per node against `url`, prints `ready`, and runs until stdin closes.
+pub async fn hosts_process(url: &str, boot: Duration) -> anyhow::Result<()> {
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    // Blocking stdin on its own thread; the channel closes at EOF.
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut handles = Vec::new();
+    while let Some(line) = lines.recv().await {
+        let Some((node, token)) = line.trim().split_once(' ') else {
+            break;
+        };
+        let mut config = vps_emulators::host::HostConfig::new(url, node, token);
+        config.boot_delay = boot;
+        config.report_interval = Duration::from_secs(1);
+        config.poll_wait = Duration::from_secs(5);
+        handles.push(vps_emulators::host::EmulatedHost::start(config));
+    }
+    println!("ready");
+    while lines.recv().await.is_some() {}
+    drop(handles);
+    Ok(())
+}
