@@ -15,6 +15,7 @@ pub mod operator;
 pub mod provider_accounts;
 pub mod replay;
 pub mod views;
+pub mod webhooks;
 
 use sqlx::PgConnection;
 use vps_events::RecordedEvent;
@@ -49,6 +50,7 @@ pub const TABLES: &[&str] = &[
     "ip_leases",
     "node_specs",
     "provider_accounts",
+    "webhooks",
 ];
 
 /// Applies every inline projector to one event, in the caller's transaction.
@@ -62,6 +64,7 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
         "instance" => instances::apply(conn, event).await,
         "pool" | "node" | "flavor" | "image" => operator::apply(conn, event).await,
         "provider_account" => provider_accounts::apply(conn, event).await,
+        "webhook" => Ok(webhooks::apply(conn, event).await?),
         _ => Ok(()),
     }
 }

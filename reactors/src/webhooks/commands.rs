@@ -11,7 +11,7 @@ use super::model::{
     DeleteWebhook, Delivery, DeliveryStatus, NewWebhook, Webhook, WebhookError, WebhookSecret,
     WebhookState,
 };
-use super::projection::{self, CREATED, DELETED, DISABLED};
+use vps_projections::webhooks::{self as projection, CREATED, DELETED, DISABLED};
 use super::signature::generate_secret;
 
 /// The actor recorded on events the delivery worker appends.

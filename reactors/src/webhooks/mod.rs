@@ -30,7 +30,6 @@ mod commands;
 mod dispatch;
 mod fanout;
 mod model;
-pub mod projection;
 pub mod signature;
 
 use std::sync::Arc;
