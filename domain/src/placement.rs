@@ -113,6 +113,10 @@ pub fn place(
         .copied()
         .filter(|n| n.runtimes.iter().any(|r| r == request.runtime))
         .collect();
+    // No schedulable node at all is plain `NoFit`: the runtime is not what is missing.
+    if eligible.is_empty() {
+        return Err(Unschedulable::NoFit);
+    }
     if with_runtime.is_empty() {
         return Err(Unschedulable::MissingRuntime {
             runtime: request.runtime.to_owned(),

@@ -63,6 +63,8 @@ impl TestServer {
             identity(BOB, "id_bob", Some("acme")),
             identity(EVE, "id_eve", Some("globex")),
         ];
+        // Every replica must seal and open with the same key.
+        config.secrets.key = Some("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=".into());
         adjust(&mut config);
         let server = vps::server::start(config, pool)
             .await
@@ -142,6 +144,13 @@ impl TestServer {
         )
         .await;
         pool_id
+    }
+
+    /// A second server on the same database, as another replica would be.
+    pub async fn replica(&self) -> RunningServer {
+        let mut config = (*self.server.state.config).clone();
+        config.http.listen = "127.0.0.1:0".into();
+        vps::server::start(config, self.server.state.pool.clone()).await.expect("replica starts")
     }
 
     /// Registers a 16 vCPU / 64 GiB node in `pool_id`; returns its id and token.

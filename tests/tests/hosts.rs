@@ -402,3 +402,50 @@ async fn domain_states_are_reported_by_the_emulated_host() {
     // The emulator's own API is what the scenario tests rely on.
     assert_ne!(DomainState::Running, DomainState::Stopped);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_database_share_the_work() {
+    let t = fast_server().await;
+    let replica = t.replica().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    // The host talks to the replica; the tenant to the first server.
+    let mut config = vps_emulators::host::HostConfig::new(replica.url(), node.clone(), token.clone());
+    config.boot_delay = BOOT;
+    config.report_interval = Duration::from_millis(200);
+    let _host = vps_emulators::host::EmulatedHost::start(config);
+    let mut ids = Vec::new();
+    // Eight 2-vCPU instances fill the 16-vCPU node.
+    for k in 0..8 {
+        ids.push(create(&t, &pool, &format!("r{k}")).await);
+    }
+    for id in &ids {
+        assert_eq!(t.until(ALICE, "acme", id, WAIT, state("running")).await["state"], "running");
+        let h = history(&t, id).await;
+        let running = h.iter().filter(|t| *t == "instance.running").count();
+        assert_eq!(running, 1, "{id}: {h:?}");
+    }
+    let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM work_items WHERE last_error IS NOT NULL")
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+    assert_eq!(failures, 0);
+    replica.shutdown().await;
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unschedulable_instance_is_placed_as_soon_as_a_node_is_added() {
+    // The periodic retry is far away: only the wake-up on new capacity can place it in time.
+    let t = TestServer::start_with(|c| c.timings.unschedulable_retry = 600.0).await;
+    let pool = pool(&t).await;
+    let id = create(&t, &pool, "k").await;
+    let waiting = t.ok(ALICE, "instances.get", json!({ "tenantId": "acme", "instanceId": id })).await;
+    assert_eq!(waiting["state"], "scheduling");
+    assert_eq!(waiting["conditions"][0]["type"], "Unschedulable");
+    assert_eq!(waiting["conditions"][0]["reason"], "NoFit");
+    let (node, _) = t.register_node(&pool, "late").await;
+    let placed = t.until(ALICE, "acme", &id, Duration::from_secs(10), state("provisioning")).await;
+    assert_eq!(placed["nodeId"], node.as_str(), "{placed}");
+    assert_eq!(placed["conditions"], json!([]));
+}
