@@ -1,10 +1,9 @@
 //! Fresh databases for tests: one per test, on a shared server, so tests run in parallel.
 //!
 //! The server is `VPS_TEST_DATABASE_URL` when set (CI points it at the machine's cluster);
-//! otherwise a throw-away embedded cluster under the workspace's `target/vps-test-pg`, shared by
-//! every test process and left running for the next one.
+//! otherwise a throw-away embedded cluster under `$TMPDIR/vps-test-pg`, shared by every test
+//! process and left running for the next one.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use sqlx::{Connection, Executor, PgConnection};
@@ -18,7 +17,9 @@ pub fn server_url() -> String {
         if let Ok(url) = std::env::var("VPS_TEST_DATABASE_URL") {
             return url;
         }
-        let data_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/vps-test-pg");
+        // In the temp dir, which the cluster's user can always reach (the checkout may sit
+        // under a home directory it cannot).
+        let data_dir = std::env::temp_dir().join("vps-test-pg");
         let cluster = EmbeddedCluster::start(&EmbeddedOptions {
             data_dir,
             throwaway: true,
