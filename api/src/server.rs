@@ -35,7 +35,10 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(crate::health::healthz))
         .route("/readyz", get(crate::health::readyz))
         .route("/metrics", get(crate::health::metrics))
-        .route("/api/compute/events/stream", get(crate::routes::events::stream))
+        .route(
+            "/api/compute/events/stream",
+            get(crate::routes::events::stream),
+        )
         .route(
             "/api/compute/{group}/{method}",
             axum::routing::post(crate::rpc::dispatch),

@@ -16,7 +16,7 @@ use vps_projections::instances::load;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
-use crate::record::record;
+use crate::record::{record, record_one};
 
 /// The most orphans one `instance.orphaned` event names.
 pub const MAX_ORPHANS: usize = 100;
@@ -123,17 +123,9 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     .await?;
     let mut node_version = node_version;
     if node_state == "lost" {
-        let data = serde_json::to_value(NodeStateChanged {
+        record_one(&mut tx, &format!("node-{}", report.node_id), ExpectedVersion::Exact(node_version), "node.recovered", &NodeStateChanged {
             node_id: report.node_id.clone(),
-        })
-        .expect("serialises");
-        record(
-            &mut tx,
-            &format!("node-{}", report.node_id),
-            ExpectedVersion::Exact(node_version),
-            vec![("node.recovered".into(), data)],
-            &ctx.metadata(None),
-        )
+        }, &ctx.metadata(None))
         .await?;
         node_version += 1;
     }
@@ -194,18 +186,10 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     orphans.sort();
     orphans.truncate(MAX_ORPHANS);
     if orphans != known_orphans && (report.complete || !orphans.is_empty()) {
-        let data = serde_json::to_value(OrphansChanged {
+        record_one(&mut tx, &format!("node-{}", report.node_id), ExpectedVersion::Exact(node_version), "instance.orphaned", &OrphansChanged {
             node_id: report.node_id.clone(),
             instance_ids: orphans.clone(),
-        })
-        .expect("serialises");
-        record(
-            &mut tx,
-            &format!("node-{}", report.node_id),
-            ExpectedVersion::Exact(node_version),
-            vec![("instance.orphaned".into(), data)],
-            &ctx.metadata(None),
-        )
+        }, &ctx.metadata(None))
         .await?;
     }
     tx.commit().await?;
@@ -300,17 +284,9 @@ pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, Com
         if state == "lost" {
             return Ok(Vec::new());
         }
-        let data = serde_json::to_value(NodeStateChanged {
+        record_one(&mut tx, &format!("node-{node_id}"), ExpectedVersion::Exact(version), "node.lost", &NodeStateChanged {
             node_id: node_id.into(),
-        })
-        .expect("serialises");
-        record(
-            &mut tx,
-            &format!("node-{node_id}"),
-            ExpectedVersion::Exact(version),
-            vec![("node.lost".into(), data)],
-            &ctx.metadata(None),
-        )
+        }, &ctx.metadata(None))
         .await?;
         let mut changed = Vec::new();
         for (id, instance) in placed_on(&mut tx, node_id).await? {

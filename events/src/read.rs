@@ -66,9 +66,11 @@ pub async fn read_after<'e>(
 /// The highest position handed out so far (an upper bound for lag metrics).
 pub async fn head_position<'e>(db: impl PgExecutor<'e>) -> Result<i64, sqlx::Error> {
     // The sequence, not max(position): no index serves that, and lag is an estimate anyway.
-    sqlx::query_scalar("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_position_seq")
-        .fetch_one(db)
-        .await
+    sqlx::query_scalar(
+        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_position_seq",
+    )
+    .fetch_one(db)
+    .await
 }
 
 /// Narrows a read of the whole log.

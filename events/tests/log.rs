@@ -265,7 +265,11 @@ async fn every_follower_sees_every_committed_event_once_in_one_order() {
                     let before = follower.cursor();
                     follower.commit(&pool, last.cursor()).await.unwrap();
                     let n = batch.len();
-                    seen.extend(batch.into_iter().map(|e| format!("{} {} after={before} n={n}", e.id, e.cursor())));
+                    seen.extend(
+                        batch
+                            .into_iter()
+                            .map(|e| format!("{} {} after={before} n={n}", e.id, e.cursor())),
+                    );
                     continue;
                 }
                 follower.wait().await;
@@ -330,12 +334,18 @@ async fn every_follower_sees_every_committed_event_once_in_one_order() {
             .await
             .unwrap()
             .unwrap();
-        let ids: Vec<String> = seen.iter().map(|s| s.split(' ').next().unwrap().to_string()).collect();
+        let ids: Vec<String> = seen
+            .iter()
+            .map(|s| s.split(' ').next().unwrap().to_string())
+            .collect();
         let mut dups = std::collections::HashMap::<&str, Vec<(usize, &str)>>::new();
         for (i, (id, full)) in ids.iter().zip(&seen).enumerate() {
             dups.entry(id).or_default().push((i, full));
         }
-        let dups = format!("{:?}", dups.values().filter(|v| v.len() > 1).collect::<Vec<_>>());
+        let dups = format!(
+            "{:?}",
+            dups.values().filter(|v| v.len() > 1).collect::<Vec<_>>()
+        );
         let seen = ids.clone();
         let unique: HashSet<_> = seen.iter().cloned().collect();
         assert_eq!(

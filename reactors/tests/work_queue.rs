@@ -11,7 +11,14 @@ use vps_reactors::work_queue::{complete, fail, take, wake, wake_all, Next};
 
 async fn fresh() -> PgPool {
     let url = vps_pg::testing::fresh_database().await;
-    let pool = vps_events::connect(&url, &vps_events::DbOptions { max_connections: 20 }).await.unwrap();
+    let pool = vps_events::connect(
+        &url,
+        &vps_events::DbOptions {
+            max_connections: 20,
+        },
+    )
+    .await
+    .unwrap();
     vps_events::migrate(&pool).await.unwrap();
     pool
 }
@@ -28,15 +35,23 @@ async fn two_workers_never_hold_the_same_item_at_once() {
         let (pool, holding, passes) = (pool.clone(), holding.clone(), passes.clone());
         workers.push(tokio::spawn(async move {
             for _ in 0..40 {
-                for item in take(&pool, "test", 5, Duration::from_secs(30)).await.unwrap() {
+                for item in take(&pool, "test", 5, Duration::from_secs(30))
+                    .await
+                    .unwrap()
+                {
                     if let Some(other) = holding.lock().unwrap().insert(item.key.clone(), w) {
-                        panic!("{} taken by worker {w} while worker {other} holds it", item.key);
+                        panic!(
+                            "{} taken by worker {w} while worker {other} holds it",
+                            item.key
+                        );
                     }
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     holding.lock().unwrap().remove(&item.key);
                     *passes.lock().unwrap() += 1;
                     // Ask to be looked at again at once: items keep circulating between workers.
-                    complete(&pool, "test", &item, Next::After(Duration::ZERO)).await.unwrap();
+                    complete(&pool, "test", &item, Next::After(Duration::ZERO))
+                        .await
+                        .unwrap();
                 }
             }
         }));
@@ -51,23 +66,57 @@ async fn two_workers_never_hold_the_same_item_at_once() {
 async fn a_wake_during_a_pass_makes_the_item_due_again() {
     let pool = fresh().await;
     wake(&pool, "test", "a", Utc::now()).await.unwrap();
-    let item = take(&pool, "test", 10, Duration::from_secs(30)).await.unwrap().remove(0);
-    assert!(take(&pool, "test", 10, Duration::from_secs(30)).await.unwrap().is_empty(), "leased");
+    let item = take(&pool, "test", 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(
+        take(&pool, "test", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "leased"
+    );
     wake(&pool, "test", "a", Utc::now()).await.unwrap();
-    complete(&pool, "test", &item, Next::WhenWoken).await.unwrap();
-    let again = take(&pool, "test", 10, Duration::from_secs(30)).await.unwrap();
+    complete(&pool, "test", &item, Next::WhenWoken)
+        .await
+        .unwrap();
+    let again = take(&pool, "test", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(again.len(), 1, "the wake-up during the pass was kept");
-    complete(&pool, "test", &again[0], Next::WhenWoken).await.unwrap();
-    assert!(take(&pool, "test", 10, Duration::from_secs(30)).await.unwrap().is_empty(), "settled items are forgotten");
+    complete(&pool, "test", &again[0], Next::WhenWoken)
+        .await
+        .unwrap();
+    assert!(
+        take(&pool, "test", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "settled items are forgotten"
+    );
 }
 
 #[tokio::test]
 async fn a_failed_pass_backs_off() {
     let pool = fresh().await;
     wake(&pool, "test", "a", Utc::now()).await.unwrap();
-    let item = take(&pool, "test", 10, Duration::from_secs(30)).await.unwrap().remove(0);
+    let item = take(&pool, "test", 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
     fail(&pool, "test", &item, "boom").await.unwrap();
-    assert!(take(&pool, "test", 10, Duration::from_secs(30)).await.unwrap().is_empty(), "not due yet");
-    let (attempts, error): (i32, String) = sqlx::query_as("SELECT attempts, last_error FROM work_items WHERE key = 'a'").fetch_one(&pool).await.unwrap();
+    assert!(
+        take(&pool, "test", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "not due yet"
+    );
+    let (attempts, error): (i32, String) =
+        sqlx::query_as("SELECT attempts, last_error FROM work_items WHERE key = 'a'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!((attempts, error.as_str()), (1, "boom"));
 }

@@ -150,7 +150,9 @@ impl TestServer {
     pub async fn replica(&self) -> RunningServer {
         let mut config = (*self.server.state.config).clone();
         config.http.listen = "127.0.0.1:0".into();
-        vps::server::start(config, self.server.state.pool.clone()).await.expect("replica starts")
+        vps::server::start(config, self.server.state.pool.clone())
+            .await
+            .expect("replica starts")
     }
 
     /// Registers a 16 vCPU / 64 GiB node in `pool_id`; returns its id and token.

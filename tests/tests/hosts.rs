@@ -410,7 +410,8 @@ async fn two_replicas_on_one_database_share_the_work() {
     let pool = pool(&t).await;
     let (node, token) = t.register_node(&pool, "host-a").await;
     // The host talks to the replica; the tenant to the first server.
-    let mut config = vps_emulators::host::HostConfig::new(replica.url(), node.clone(), token.clone());
+    let mut config =
+        vps_emulators::host::HostConfig::new(replica.url(), node.clone(), token.clone());
     config.boot_delay = BOOT;
     config.report_interval = Duration::from_millis(200);
     let _host = vps_emulators::host::EmulatedHost::start(config);
@@ -420,15 +421,19 @@ async fn two_replicas_on_one_database_share_the_work() {
         ids.push(create(&t, &pool, &format!("r{k}")).await);
     }
     for id in &ids {
-        assert_eq!(t.until(ALICE, "acme", id, WAIT, state("running")).await["state"], "running");
+        assert_eq!(
+            t.until(ALICE, "acme", id, WAIT, state("running")).await["state"],
+            "running"
+        );
         let h = history(&t, id).await;
         let running = h.iter().filter(|t| *t == "instance.running").count();
         assert_eq!(running, 1, "{id}: {h:?}");
     }
-    let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM work_items WHERE last_error IS NOT NULL")
-        .fetch_one(&t.server.state.pool)
-        .await
-        .unwrap();
+    let failures: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM work_items WHERE last_error IS NOT NULL")
+            .fetch_one(&t.server.state.pool)
+            .await
+            .unwrap();
     assert_eq!(failures, 0);
     replica.shutdown().await;
     assert!(t.replay_equal().await);
@@ -440,12 +445,26 @@ async fn an_unschedulable_instance_is_placed_as_soon_as_a_node_is_added() {
     let t = TestServer::start_with(|c| c.timings.unschedulable_retry = 600.0).await;
     let pool = pool(&t).await;
     let id = create(&t, &pool, "k").await;
-    let waiting = t.ok(ALICE, "instances.get", json!({ "tenantId": "acme", "instanceId": id })).await;
+    let waiting = t
+        .ok(
+            ALICE,
+            "instances.get",
+            json!({ "tenantId": "acme", "instanceId": id }),
+        )
+        .await;
     assert_eq!(waiting["state"], "scheduling");
     assert_eq!(waiting["conditions"][0]["type"], "Unschedulable");
     assert_eq!(waiting["conditions"][0]["reason"], "NoFit");
     let (node, _) = t.register_node(&pool, "late").await;
-    let placed = t.until(ALICE, "acme", &id, Duration::from_secs(10), state("provisioning")).await;
+    let placed = t
+        .until(
+            ALICE,
+            "acme",
+            &id,
+            Duration::from_secs(10),
+            state("provisioning"),
+        )
+        .await;
     assert_eq!(placed["nodeId"], node.as_str(), "{placed}");
     assert_eq!(placed["conditions"], json!([]));
 }

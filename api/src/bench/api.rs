@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use vps_events::{append, ExpectedVersion, Notifier};
+use vps_events::Notifier;
 
-use super::log::{new_event, run_writers};
+use super::log::single_appends;
 use super::{percentile, Scratch};
 use crate::config::{Config, IdentityConfig};
 
@@ -35,25 +35,7 @@ pub async fn run(server_url: &str, options: &ApiBench) -> anyhow::Result<()> {
 async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<serde_json::Value> {
     let duration = Duration::from_secs_f64(o.seconds);
     let notifier = Notifier::start(scratch.pool.clone());
-    let baseline = run_writers(o.clients, duration, {
-        let (pool, notifier) = (scratch.pool.clone(), notifier.clone());
-        move |w, n| {
-            let (pool, notifier) = (pool.clone(), notifier.clone());
-            async move {
-                let mut tx = pool.begin().await?;
-                let expected = if n == 0 {
-                    ExpectedVersion::NoStream
-                } else {
-                    ExpectedVersion::Exact(n as i64)
-                };
-                append(&mut tx, &format!("baseline-{w}"), expected, &[new_event(n)]).await?;
-                tx.commit().await?;
-                notifier.committed();
-                Ok(1)
-            }
-        }
-    })
-    .await?;
+    let baseline = single_appends(&scratch.pool, &notifier, o.clients, duration).await?;
     let append_tps = baseline.per_second();
     println!(
         "single-event appends ({} writers): {append_tps:>8.0} /s",

@@ -88,25 +88,7 @@ async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value
         o.writers
     );
 
-    let appended = run_writers(o.writers, duration, {
-        let (pool, notifier) = (pool.clone(), notifier.clone());
-        move |w, n| {
-            let (pool, notifier) = (pool.clone(), notifier.clone());
-            async move {
-                let mut tx = pool.begin().await?;
-                let expected = if n == 0 {
-                    ExpectedVersion::NoStream
-                } else {
-                    ExpectedVersion::Exact(n as i64)
-                };
-                append(&mut tx, &format!("single-{w}"), expected, &[new_event(n)]).await?;
-                tx.commit().await?;
-                notifier.committed();
-                Ok(1)
-            }
-        }
-    })
-    .await?;
+    let appended = single_appends(pool, &notifier, o.writers, duration).await?;
     let append_tps = appended.per_second();
     println!(
         "single-event appends ({} writers):  {append_tps:>10.0} tx/s",
@@ -165,6 +147,24 @@ async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value
         "writers": o.writers,
         "seconds_per_phase": o.seconds,
     }))
+}
+
+/// `writers` writers appending one event per transaction, each to its own stream, for
+/// `duration`: what the log alone sustains (the baseline of other benchmarks too).
+pub(super) async fn single_appends(pool: &PgPool, notifier: &Notifier, writers: usize, duration: Duration) -> anyhow::Result<Rate> {
+    let (pool, notifier) = (pool.clone(), notifier.clone());
+    run_writers(writers, duration, move |w, n| {
+        let (pool, notifier) = (pool.clone(), notifier.clone());
+        async move {
+            let mut tx = pool.begin().await?;
+            let expected = if n == 0 { ExpectedVersion::NoStream } else { ExpectedVersion::Exact(n as i64) };
+            append(&mut tx, &format!("single-{w}"), expected, &[new_event(n)]).await?;
+            tx.commit().await?;
+            notifier.committed();
+            Ok(1)
+        }
+    })
+    .await
 }
 
 /// Runs `writers` loops of `op(writer, iteration)` for `duration`; returns the summed counts.

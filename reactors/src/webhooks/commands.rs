@@ -11,8 +11,8 @@ use super::model::{
     DeleteWebhook, Delivery, DeliveryStatus, NewWebhook, Webhook, WebhookError, WebhookSecret,
     WebhookState,
 };
-use vps_projections::webhooks::{self as projection, CREATED, DELETED, DISABLED};
 use super::signature::generate_secret;
+use vps_projections::webhooks::{self as projection, CREATED, DELETED, DISABLED};
 
 /// The actor recorded on events the delivery worker appends.
 pub const REACTOR_ACTOR: &str = "reactor:webhooks";
