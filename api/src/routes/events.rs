@@ -47,7 +47,7 @@ struct ListEvents {
 impl From<WebhookError> for ApiError {
     fn from(e: WebhookError) -> Self {
         match e {
-            WebhookError::Invalid { field, message } => ApiError::invalid(&field, message),
+            WebhookError::Invalid { field, message } => ApiError::invalid(field, message),
             WebhookError::NotFound(what) => ApiError::new("NOT_FOUND", format!("{what} not found")),
             other => {
                 tracing::error!(error = %other, "webhook command failed");
