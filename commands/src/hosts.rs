@@ -123,9 +123,16 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     .await?;
     let mut node_version = node_version;
     if node_state == "lost" {
-        record_one(&mut tx, &format!("node-{}", report.node_id), ExpectedVersion::Exact(node_version), "node.recovered", &NodeStateChanged {
-            node_id: report.node_id.clone(),
-        }, &ctx.metadata(None))
+        record_one(
+            &mut tx,
+            &format!("node-{}", report.node_id),
+            ExpectedVersion::Exact(node_version),
+            "node.recovered",
+            &NodeStateChanged {
+                node_id: report.node_id.clone(),
+            },
+            &ctx.metadata(None),
+        )
         .await?;
         node_version += 1;
     }
@@ -186,10 +193,17 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     orphans.sort();
     orphans.truncate(MAX_ORPHANS);
     if orphans != known_orphans && (report.complete || !orphans.is_empty()) {
-        record_one(&mut tx, &format!("node-{}", report.node_id), ExpectedVersion::Exact(node_version), "instance.orphaned", &OrphansChanged {
-            node_id: report.node_id.clone(),
-            instance_ids: orphans.clone(),
-        }, &ctx.metadata(None))
+        record_one(
+            &mut tx,
+            &format!("node-{}", report.node_id),
+            ExpectedVersion::Exact(node_version),
+            "instance.orphaned",
+            &OrphansChanged {
+                node_id: report.node_id.clone(),
+                instance_ids: orphans.clone(),
+            },
+            &ctx.metadata(None),
+        )
         .await?;
     }
     tx.commit().await?;
@@ -284,9 +298,16 @@ pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, Com
         if state == "lost" {
             return Ok(Vec::new());
         }
-        record_one(&mut tx, &format!("node-{node_id}"), ExpectedVersion::Exact(version), "node.lost", &NodeStateChanged {
-            node_id: node_id.into(),
-        }, &ctx.metadata(None))
+        record_one(
+            &mut tx,
+            &format!("node-{node_id}"),
+            ExpectedVersion::Exact(version),
+            "node.lost",
+            &NodeStateChanged {
+                node_id: node_id.into(),
+            },
+            &ctx.metadata(None),
+        )
         .await?;
         let mut changed = Vec::new();
         for (id, instance) in placed_on(&mut tx, node_id).await? {

@@ -114,7 +114,14 @@ pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<Value, CommandE
         provider_account_id: input.provider_account_id,
         policy: input.policy,
     };
-    record_one(&mut tx, &format!("pool-{id}"), ExpectedVersion::NoStream, "pool.created", &event, &ctx.metadata(None))
+    record_one(
+        &mut tx,
+        &format!("pool-{id}"),
+        ExpectedVersion::NoStream,
+        "pool.created",
+        &event,
+        &ctx.metadata(None),
+    )
     .await?;
     let view = views::pool(&mut *tx, &id).await?;
     tx.commit().await?;
@@ -161,7 +168,14 @@ pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<Value, CommandE
             None => serde_json::from_value(view["policy"].clone()).unwrap_or_default(),
         },
     };
-    record_one(&mut tx, &format!("pool-{}", input.pool_id), ExpectedVersion::Exact(version), "pool.updated", &event, &ctx.metadata(None))
+    record_one(
+        &mut tx,
+        &format!("pool-{}", input.pool_id),
+        ExpectedVersion::Exact(version),
+        "pool.updated",
+        &event,
+        &ctx.metadata(None),
+    )
     .await?;
     let view = views::pool(&mut *tx, &input.pool_id).await?;
     tx.commit().await?;
@@ -203,7 +217,13 @@ pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Value, CommandErr
         tenant_id: input.tenant_id.clone(),
         quota: input.quota.clone(),
     };
-    record_one(&mut tx, &format!("pool-{}", input.pool_id), ExpectedVersion::Exact(version), "pool.offered", &event, &ctx.metadata(Some(&input.tenant_id)),
+    record_one(
+        &mut tx,
+        &format!("pool-{}", input.pool_id),
+        ExpectedVersion::Exact(version),
+        "pool.offered",
+        &event,
+        &ctx.metadata(Some(&input.tenant_id)),
     )
     .await?;
     tx.commit().await?;
@@ -265,7 +285,14 @@ pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<Value, CommandEr
         cidr: input.cidr.clone(),
         gateway: gateway.to_string(),
     };
-    record_one(&mut tx, &format!("pool-{}", input.pool_id), ExpectedVersion::Exact(version), "pool.ip_range.set", &event, &ctx.metadata(None))
+    record_one(
+        &mut tx,
+        &format!("pool-{}", input.pool_id),
+        ExpectedVersion::Exact(version),
+        "pool.ip_range.set",
+        &event,
+        &ctx.metadata(None),
+    )
     .await?;
     let view = views::pool(&mut *tx, &input.pool_id).await?;
     tx.commit().await?;
@@ -347,7 +374,14 @@ pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<Value, Comm
         cpu_model: input.cpu_model,
         token_hash: token_hash(&token),
     };
-    record_one(&mut tx, &format!("node-{id}"), ExpectedVersion::NoStream, "node.registered", &event, &ctx.metadata(None))
+    record_one(
+        &mut tx,
+        &format!("node-{id}"),
+        ExpectedVersion::NoStream,
+        "node.registered",
+        &event,
+        &ctx.metadata(None),
+    )
     .await?;
     let node = views::node(&mut *tx, &id).await?;
     tx.commit().await?;
@@ -375,9 +409,16 @@ pub async fn set_cordon(ctx: &Ctx, node_id: &str, cordon: bool) -> Result<Value,
         } else {
             "node.uncordoned"
         };
-        record_one(&mut tx, &format!("node-{node_id}"), ExpectedVersion::Exact(version), event_type, &NodeStateChanged {
-            node_id: node_id.into(),
-        }, &ctx.metadata(None))
+        record_one(
+            &mut tx,
+            &format!("node-{node_id}"),
+            ExpectedVersion::Exact(version),
+            event_type,
+            &NodeStateChanged {
+                node_id: node_id.into(),
+            },
+            &ctx.metadata(None),
+        )
         .await?;
     }
     let node = views::node(&mut *tx, node_id).await?;
@@ -461,7 +502,14 @@ pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<Value, Comm
         },
         offer_id: input.offer_id,
     };
-    record_one(&mut tx, &format!("flavor-{id}"), ExpectedVersion::NoStream, "flavor.created", &event, &ctx.metadata(None))
+    record_one(
+        &mut tx,
+        &format!("flavor-{id}"),
+        ExpectedVersion::NoStream,
+        "flavor.created",
+        &event,
+        &ctx.metadata(None),
+    )
     .await?;
     let view = views::flavor(&mut *tx, &id).await?;
     tx.commit().await?;
@@ -479,9 +527,16 @@ pub async fn archive_flavor(ctx: &Ctx, flavor_id: &str) -> Result<Value, Command
         .ok_or_else(|| not_found(format!("flavor {flavor_id}")))?;
     let (version, archived): (i64, bool) = (row.get(0), row.get(1));
     if !archived {
-        record_one(&mut tx, &format!("flavor-{flavor_id}"), ExpectedVersion::Exact(version), "flavor.archived", &FlavorArchived {
-            flavor_id: flavor_id.into(),
-        }, &ctx.metadata(None))
+        record_one(
+            &mut tx,
+            &format!("flavor-{flavor_id}"),
+            ExpectedVersion::Exact(version),
+            "flavor.archived",
+            &FlavorArchived {
+                flavor_id: flavor_id.into(),
+            },
+            &ctx.metadata(None),
+        )
         .await?;
     }
     let view = views::flavor(&mut *tx, flavor_id).await?;
@@ -540,7 +595,13 @@ pub async fn register_image(ctx: &Ctx, input: RegisterImage) -> Result<Value, Co
         format: input.format,
         verified: input.verified,
     };
-    record_one(&mut tx, &format!("image-{}", input.image_id), expected, "image.registered", &event, &ctx.metadata(input.tenant_id.as_deref()),
+    record_one(
+        &mut tx,
+        &format!("image-{}", input.image_id),
+        expected,
+        "image.registered",
+        &event,
+        &ctx.metadata(input.tenant_id.as_deref()),
     )
     .await?;
     tx.commit().await?;
@@ -558,9 +619,16 @@ pub async fn delete_image(ctx: &Ctx, image_id: &str) -> Result<Value, CommandErr
         .ok_or_else(|| not_found(format!("image {image_id}")))?;
     let (version, deleted): (i64, bool) = (row.get(0), row.get(1));
     if !deleted {
-        record_one(&mut tx, &format!("image-{image_id}"), ExpectedVersion::Exact(version), "image.deleted", &ImageDeleted {
-            image_id: image_id.into(),
-        }, &ctx.metadata(None))
+        record_one(
+            &mut tx,
+            &format!("image-{image_id}"),
+            ExpectedVersion::Exact(version),
+            "image.deleted",
+            &ImageDeleted {
+                image_id: image_id.into(),
+            },
+            &ctx.metadata(None),
+        )
         .await?;
     }
     tx.commit().await?;

@@ -53,5 +53,12 @@ pub async fn record_one(
     metadata: &Metadata,
 ) -> Result<Vec<RecordedEvent>, CommandError> {
     let data = serde_json::to_value(data).expect("event payloads serialise");
-    record(conn, stream, expected, vec![(event_type.to_string(), data)], metadata).await
+    record(
+        conn,
+        stream,
+        expected,
+        vec![(event_type.to_string(), data)],
+        metadata,
+    )
+    .await
 }

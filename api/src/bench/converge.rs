@@ -116,14 +116,16 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
         o.instances,
         o.timeout,
     ));
-    let created = create_instances(&url, &tenant_token, &pool_id, o).await;
+    let created = create_instances(&url, &tenant_token, &pool_id, o, started + o.timeout).await;
     let created_seconds = started.elapsed().as_secs_f64();
     let progress = match created {
         Ok(errors) => {
+            let count: i64 = sqlx::query_scalar("SELECT count(*) FROM instances")
+                .fetch_one(&scratch.pool)
+                .await?;
             println!(
-                "created {} instances over HTTP in {created_seconds:.1} s ({:.0}/s, {} clients, {errors} retried errors)",
-                o.instances,
-                o.instances as f64 / created_seconds,
+                "created {count} instances over HTTP in {created_seconds:.1} s ({:.0}/s, {} clients, {errors} retried errors)",
+                count as f64 / created_seconds,
                 o.clients
             );
             progress.await?
@@ -305,14 +307,15 @@ async fn register_nodes(
     Ok(nodes)
 }
 
-/// Creates every instance from `clients` concurrent HTTP clients; returns how many calls had
-/// to be retried (connection errors or 5xx). Fails on a 4xx or on an instance that cannot be
-/// created after a few tries.
+/// Creates every instance (or as many as it can before `deadline`) from `clients` concurrent
+/// HTTP clients; returns how many calls had to be retried (connection errors or 5xx). Fails
+/// on a 4xx or on an instance that cannot be created after a few tries.
 async fn create_instances(
     url: &str,
     token: &str,
     pool_id: &str,
     o: &ConvergeBench,
+    deadline: Instant,
 ) -> anyhow::Result<usize> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(o.clients)
@@ -328,6 +331,9 @@ async fn create_instances(
         let total = o.instances;
         tasks.push(tokio::spawn(async move {
             loop {
+                if Instant::now() > deadline {
+                    return anyhow::Ok(());
+                }
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 if n >= total {
                     return anyhow::Ok(());
@@ -453,7 +459,10 @@ async fn work_counters(pool: &PgPool) -> anyhow::Result<String> {
     let passes = crate::telemetry::metrics_handle()
         .render()
         .lines()
-        .filter(|l| l.starts_with("vps_reconcile_passes_total") || l.starts_with("vps_reconcile_failures_total"))
+        .filter(|l| {
+            l.starts_with("vps_reconcile_passes_total")
+                || l.starts_with("vps_reconcile_failures_total")
+        })
         .map(|l| l.to_string())
         .collect::<Vec<_>>()
         .join(", ");

@@ -125,7 +125,11 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
                     .and_then(|h| h.get("Nats-Msg-Id"))
                     .map(|v| v.as_str().to_string())
                 {
-                    arrivals.lock().expect("not poisoned").entry(id).or_insert(at);
+                    arrivals
+                        .lock()
+                        .expect("not poisoned")
+                        .entry(id)
+                        .or_insert(at);
                 }
             }
             anyhow::Ok(())
@@ -159,12 +163,30 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
         }
         if last_print.elapsed() >= Duration::from_secs(5) {
             last_print = Instant::now();
-            eprintln!("  waiting: {at_nats}/{n} at the JetStream consumer, {at_hook}/{n} at the webhook");
+            eprintln!(
+                "  waiting: {at_nats}/{n} at the JetStream consumer, {at_hook}/{n} at the webhook"
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     consuming.abort();
     server.shutdown().await;
+    // Every attempt that did not deliver: a failed attempt holds the subscription's queue for
+    // its back-off (deliveries are in log order).
+    let failed_attempts: Vec<(Option<i32>, Option<String>, i64)> = sqlx::query_as(
+        "SELECT response_code, error, count(*) FROM webhook_deliveries
+          WHERE status <> 'delivered' GROUP BY 1, 2 ORDER BY 3 DESC",
+    )
+    .fetch_all(&scratch.pool)
+    .await?;
+    for (code, error, count) in &failed_attempts {
+        println!(
+            "webhook attempts that failed: {count} × {} {}",
+            code.map(|c| c.to_string()).unwrap_or_default(),
+            error.as_deref().unwrap_or_default()
+        );
+    }
+    let failed_attempts: i64 = failed_attempts.iter().map(|f| f.2).sum();
 
     let nats_arrivals = nats_arrivals.lock().expect("not poisoned").clone();
     let hook_arrivals = receiver.arrivals.lock().expect("not poisoned").clone();
@@ -191,6 +213,30 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
             lat.last().copied().unwrap_or(0.0)
         );
     }
+    // How the latency moved over the run: by commit order, the latency of the events at each
+    // tenth of the run (a queue that grows shows a ramp, a stall a step).
+    let mut by_commit: Vec<(&Instant, &String)> = commits.iter().map(|(id, t)| (t, id)).collect();
+    by_commit.sort();
+    for (what, arrivals) in [("JetStream", &nats_arrivals), ("webhook", &hook_arrivals)] {
+        let steps: Vec<String> = (0..10)
+            .map(|d| by_commit[d * (by_commit.len() - 1) / 9])
+            .map(|(t, id)| match arrivals.get(id) {
+                Some(at) => format!(
+                    "{:.0}",
+                    at.saturating_duration_since(*t).as_secs_f64() * 1000.0
+                ),
+                None => "-".into(),
+            })
+            .collect();
+        println!(
+            "{what} latency over the run (ms, by tenths): {}",
+            steps.join(" ")
+        );
+    }
+    // Deliveries per second while the webhook queue was never empty tell the dispatcher's
+    // service rate (one attempt in flight per subscription).
+    let hook_rate = delivery_rate(&hook_arrivals);
+    println!("webhook deliveries: {hook_rate:.0}/s from first to last arrival");
     if bad_signatures > 0 {
         println!("{bad_signatures} webhook requests carried a bad signature");
     }
@@ -213,7 +259,19 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
         "nats_arrived": nats_latency.len(),
         "webhook_arrived": hook_latency.len(),
         "webhook_bad_signatures": bad_signatures,
+        "webhook_deliveries_per_s": hook_rate.round(),
+        "webhook_failed_attempts": failed_attempts,
     }))
+}
+
+/// Arrivals per second between the first and the last arrival.
+fn delivery_rate(arrivals: &HashMap<String, Instant>) -> f64 {
+    match (arrivals.values().min(), arrivals.values().max()) {
+        (Some(first), Some(last)) if last > first => {
+            (arrivals.len() - 1) as f64 / last.duration_since(*first).as_secs_f64()
+        }
+        _ => 0.0,
+    }
 }
 
 /// Sorted latencies in ms of every event that arrived.
@@ -285,9 +343,7 @@ async fn append_at_rate(
 
 /// A pull consumer on the publisher's stream, for every `instance.*` event from the start.
 async fn jetstream_consumer(url: &str) -> anyhow::Result<jetstream::consumer::PullConsumer> {
-    let client = async_nats::connect(url)
-        .await
-        .context("connect to NATS")?;
+    let client = async_nats::connect(url).await.context("connect to NATS")?;
     let js = jetstream::new(client);
     let deadline = Instant::now() + Duration::from_secs(30);
     let stream = loop {
@@ -299,7 +355,7 @@ async fn jetstream_consumer(url: &str) -> anyhow::Result<jetstream::consumer::Pu
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     };
-    Ok(stream
+    stream
         .create_consumer(pull::Config {
             filter_subject: "instance.>".into(),
             deliver_policy: DeliverPolicy::All,
@@ -307,18 +363,14 @@ async fn jetstream_consumer(url: &str) -> anyhow::Result<jetstream::consumer::Pu
             ..Default::default()
         })
         .await
-        .map_err(|e| anyhow::anyhow!("create a JetStream consumer: {e}"))?)
+        .map_err(|e| anyhow::anyhow!("create a JetStream consumer: {e}"))
 }
 
 /// Core NATS publish → subscribe latencies (ms, sorted) of `n` messages published every
 /// `interval` on one connection and received on another.
 async fn core_round_trips(url: &str, n: usize, interval: Duration) -> anyhow::Result<Vec<f64>> {
-    let publisher = async_nats::connect(url)
-        .await
-        .context("connect to NATS")?;
-    let subscriber = async_nats::connect(url)
-        .await
-        .context("connect to NATS")?;
+    let publisher = async_nats::connect(url).await.context("connect to NATS")?;
+    let subscriber = async_nats::connect(url).await.context("connect to NATS")?;
     let mut subscription = subscriber.subscribe("bench.rtt").await?;
     subscriber.flush().await?;
     let sent: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; n]));
@@ -400,7 +452,9 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> 
         (Some(secret), Ok(ts)) => {
             let body = std::str::from_utf8(&body).unwrap_or_default();
             let expected = vps_reactors::webhooks::signature::sign(secret, id, ts, body);
-            header("webhook-signature").split(' ').any(|s| s == expected)
+            header("webhook-signature")
+                .split(' ')
+                .any(|s| s == expected)
         }
         _ => false,
     };

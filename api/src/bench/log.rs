@@ -151,13 +151,22 @@ async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value
 
 /// `writers` writers appending one event per transaction, each to its own stream, for
 /// `duration`: what the log alone sustains (the baseline of other benchmarks too).
-pub(super) async fn single_appends(pool: &PgPool, notifier: &Notifier, writers: usize, duration: Duration) -> anyhow::Result<Rate> {
+pub(super) async fn single_appends(
+    pool: &PgPool,
+    notifier: &Notifier,
+    writers: usize,
+    duration: Duration,
+) -> anyhow::Result<Rate> {
     let (pool, notifier) = (pool.clone(), notifier.clone());
     run_writers(writers, duration, move |w, n| {
         let (pool, notifier) = (pool.clone(), notifier.clone());
         async move {
             let mut tx = pool.begin().await?;
-            let expected = if n == 0 { ExpectedVersion::NoStream } else { ExpectedVersion::Exact(n as i64) };
+            let expected = if n == 0 {
+                ExpectedVersion::NoStream
+            } else {
+                ExpectedVersion::Exact(n as i64)
+            };
             append(&mut tx, &format!("single-{w}"), expected, &[new_event(n)]).await?;
             tx.commit().await?;
             notifier.committed();
