@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
 use vps_domain::instance::{
-    decide, CreateInstance, Instance, InstanceCommand, InstanceEvent, PlaceInstance, PoolKind,
+    decide, evolve, CreateInstance, Instance, InstanceCommand, InstanceEvent, PlaceInstance, PoolKind,
     Requester, ResizeInstance,
 };
 use vps_domain::placement::{place, NodeCandidate, NodeState, PlacementRequest};
@@ -160,13 +160,10 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
             }
         }
     }
-    charge_quota(
-        &mut tx,
-        &input.pool_id,
-        &input.tenant_id,
-        &charge_of(&shape),
-    )
-    .await?;
+    // A first look without locks refuses what cannot fit; the exact check runs after the
+    // charge, when this transaction holds the quota rows, so they stay locked only briefly.
+    let charge = charge_of(&shape);
+    check_quota(&mut tx, &input.pool_id, &input.tenant_id, &charge, Charged::No).await?;
 
     let user_data_ref = secrets::user_data_ref(id);
     let user_data = input.user_data.clone().unwrap_or_else(|| {
@@ -203,49 +200,92 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
         sandbox_id: None,
         warm_template_id: None,
     }));
-    let events = decide(None, &create, now)?;
-    let mut instance = apply(ctx, &mut tx, None, events).await?;
+    // Create and place are decided in memory and recorded as one append.
+    let mut events = decide(None, &create, now)?;
     if kind == PoolKind::Hosted {
+        let created = events
+            .iter()
+            .try_fold(None, |state, e| evolve(state, e, now).map(Some))
+            .map_err(|e| DomainError::InvalidState { message: e.to_string() })?
+            .expect("a create decides at least one event");
         let runtime: Option<String> = pool.get(1);
         let range = pool
             .get::<Option<String>, _>(3)
             .zip(pool.get::<Option<String>, _>(4));
         let command = placement(
             &mut tx,
-            &instance,
+            &created,
             runtime.as_deref().unwrap_or("libvirt-kvm"),
             range,
         )
         .await?;
-        let events = decide(Some(&instance), &command, now)?;
-        instance = apply(ctx, &mut tx, Some(&instance), events).await?;
+        events.extend(decide(Some(&created), &command, now)?);
     }
+    let instance = apply(ctx, &mut tx, None, events).await?;
+    check_quota(&mut tx, &input.pool_id, &input.tenant_id, &charge, Charged::Yes).await?;
     tx.commit().await?;
     ctx.notifier.committed();
     Ok(instance)
 }
 
 /// Chooses a node and an address for a scheduling instance, or says why nothing fits.
-/// Locks the pool's nodes, so concurrent placements in one pool see each other's bookings.
+///
+/// The pool's nodes are read without locks; only the chosen node is locked and checked again
+/// with its bookings as they stand then, so concurrent placements never overbook it and only
+/// placements on the same node wait for each other. A node that no longer fits is left out
+/// and the choice is made again.
 pub async fn placement(
     tx: &mut PgConnection,
     instance: &Instance,
     runtime: &str,
     range: Option<(String, String)>,
 ) -> Result<InstanceCommand, CommandError> {
-    let rows = sqlx::query(
+    let mut excluded = instance.excluded_nodes(Utc::now());
+    let node_id = loop {
+        let nodes = candidates(tx, &instance.pool_id, None).await?;
+        let request = PlacementRequest {
+            shape: &instance.shape,
+            runtime,
+            required_labels: &BTreeMap::new(),
+            excluded: &excluded,
+            only_nodes: None,
+        };
+        let chosen = match place(&request, &nodes) {
+            Ok(node) => node,
+            Err(why) => return Ok(InstanceCommand::MarkUnschedulable(why)),
+        };
+        let locked = candidates(tx, &instance.pool_id, Some(&chosen)).await?;
+        let fits = locked.first().is_some_and(|n| {
+            n.state == NodeState::Ready && n.capacity.lacks(&n.allocated, &instance.shape).is_none()
+        });
+        if fits {
+            break chosen;
+        }
+        excluded.insert(chosen);
+    };
+    lease_command(tx, instance, node_id, range).await
+}
+
+/// The pool's nodes with what is booked on them; with `lock`, only that node, locked.
+async fn candidates(tx: &mut PgConnection, pool_id: &str, lock: Option<&str>) -> Result<Vec<NodeCandidate>, CommandError> {
+    let nodes = match lock {
+        None => "SELECT * FROM nodes WHERE pool_id = $1",
+        Some(_) => "SELECT * FROM nodes WHERE pool_id = $1 AND id = $2 FOR UPDATE",
+    };
+    let rows = sqlx::query(&format!(
         "SELECT n.id, n.state, n.runtimes, n.labels, n.capacity,
                 coalesce(sum(a.vcpu), 0)::bigint, coalesce(sum(a.memory_gib), 0)::bigint,
                 coalesce(sum(a.disk_gib), 0)::bigint,
-                coalesce(jsonb_object_agg(a.gpu_model, a.gpus) FILTER (WHERE a.gpus > 0), '{}')
-           FROM (SELECT * FROM nodes WHERE pool_id = $1 ORDER BY id FOR UPDATE) n
+                coalesce(jsonb_object_agg(a.gpu_model, a.gpus) FILTER (WHERE a.gpus > 0), '{{}}')
+           FROM ({nodes}) n
            LEFT JOIN node_allocations a ON a.node_id = n.id
-          GROUP BY n.id, n.state, n.runtimes, n.labels, n.capacity",
-    )
-    .bind(&instance.pool_id)
+          GROUP BY n.id, n.state, n.runtimes, n.labels, n.capacity"
+    ))
+    .bind(pool_id)
+    .bind(lock)
     .fetch_all(&mut *tx)
     .await?;
-    let nodes: Vec<NodeCandidate> = rows
+    let nodes = rows
         .iter()
         .map(|r| {
             let Json(runtimes): Json<Vec<String>> = r.get(2);
@@ -278,18 +318,17 @@ pub async fn placement(
             }
         })
         .collect();
-    let excluded = instance.excluded_nodes(Utc::now());
-    let request = PlacementRequest {
-        shape: &instance.shape,
-        runtime,
-        required_labels: &BTreeMap::new(),
-        excluded: &excluded,
-        only_nodes: None,
-    };
-    let node_id = match place(&request, &nodes) {
-        Ok(node) => node,
-        Err(why) => return Ok(InstanceCommand::MarkUnschedulable(why)),
-    };
+    Ok(nodes)
+}
+
+/// Leases the lowest free address for an instance going to `node_id`. Two placements that
+/// pick the same address collide on the lease's key and the loser decides again.
+async fn lease_command(
+    tx: &mut PgConnection,
+    instance: &Instance,
+    node_id: String,
+    range: Option<(String, String)>,
+) -> Result<InstanceCommand, CommandError> {
     let (cidr, gateway) = range.ok_or_else(|| {
         CommandError::Domain(DomainError::CapacityUnavailable {
             resource: "ipv4".into(),
@@ -315,14 +354,24 @@ pub async fn placement(
     }))
 }
 
-/// Checks that `delta` fits the tenant's quota in the pool (locking its rows until commit).
-async fn charge_quota(
+/// Whether the quota rows already hold this transaction's charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charged {
+    /// Not yet: a first look, without locks.
+    No,
+    /// Yes: the projector's update locked the rows; the usage read includes the charge.
+    Yes,
+}
+
+/// Checks that `delta` fits the tenant's quota in the pool.
+async fn check_quota(
     tx: &mut PgConnection,
     pool_id: &str,
     tenant_id: &str,
     delta: &BTreeMap<QuotaResource, i64>,
+    charged: Charged,
 ) -> Result<(), CommandError> {
-    let rows = sqlx::query("SELECT resource, max, used FROM quotas WHERE pool_id = $1 AND tenant_id = $2 ORDER BY resource FOR UPDATE")
+    let rows = sqlx::query("SELECT resource, max, used FROM quotas WHERE pool_id = $1 AND tenant_id = $2")
         .bind(pool_id)
         .bind(tenant_id)
         .fetch_all(&mut *tx)
@@ -331,8 +380,9 @@ async fn charge_quota(
     let mut used = Amounts::new();
     for r in &rows {
         if let Some(resource) = QuotaResource::parse(&r.get::<String, _>(0)) {
+            let charge = if charged == Charged::Yes { delta.get(&resource).copied().unwrap_or(0) } else { 0 };
             max.insert(resource, r.get::<i64, _>(1).max(0) as u64);
-            used.insert(resource, r.get::<i64, _>(2).max(0) as u64);
+            used.insert(resource, (r.get::<i64, _>(2) - charge).max(0) as u64);
         }
     }
     check(&max, &used, delta)?;
@@ -439,6 +489,10 @@ async fn change_once(
     };
     let events = decide(Some(&instance), &command, Utc::now())?;
     let after = apply(ctx, &mut tx, Some(&instance), events).await?;
+    if matches!(change, Change::Resize(_)) {
+        let growth = resize_delta(&instance.shape, &after.shape);
+        check_quota(&mut tx, &after.pool_id, &after.tenant_id, &growth, Charged::Yes).await?;
+    }
     tx.commit().await?;
     ctx.notifier.committed();
     Ok(after)
@@ -464,13 +518,7 @@ async fn resize_command(
     });
     // Let the decision refuse what the domain refuses (provider pool, GPUs, state) first.
     decide(Some(instance), &command, Utc::now())?;
-    charge_quota(
-        tx,
-        &instance.pool_id,
-        &instance.tenant_id,
-        &resize_delta(&instance.shape, &shape),
-    )
-    .await?;
+    check_quota(tx, &instance.pool_id, &instance.tenant_id, &resize_delta(&instance.shape, &shape), Charged::No).await?;
     if let Some(node_id) = &instance.node_id {
         let node = sqlx::query(
             "SELECT n.capacity, coalesce(sum(a.vcpu), 0)::bigint, coalesce(sum(a.memory_gib), 0)::bigint, coalesce(sum(a.disk_gib), 0)::bigint

@@ -61,9 +61,14 @@ impl Notifier {
     }
 }
 
+/// The shortest gap between two notifies: under load, many commits share one, and other
+/// replicas' followers learn of them at most this much later (this process's at once).
+pub const NOTIFY_GAP: Duration = Duration::from_millis(10);
+
 async fn send_notifies(pool: PgPool, notifier: Notifier) {
     loop {
         notifier.kick.notified().await;
+        tokio::time::sleep(NOTIFY_GAP).await;
         if notifier.pending.swap(false, Ordering::AcqRel) {
             if let Err(e) = sqlx::query("SELECT pg_notify($1, '')")
                 .bind(CHANNEL)
