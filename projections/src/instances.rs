@@ -1,7 +1,8 @@
 //! Instance views, and what instances hold: quota usage, node allocations and IP leases.
 //!
 //! One projector for all four because they move together: the view's stored state says what
-//! an event releases (the shape to refund, the allocation to drop).
+//! an event releases (the shape to refund, the allocation to drop). NodeSpecs follow from these
+//! views asynchronously (`node_specs`), off the commands' path.
 
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
@@ -68,18 +69,7 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
         }
         _ => {}
     }
-    store(conn, &after).await?;
-    // Both nodes, when a recreate or a deletion moved the instance off one.
-    let nodes: std::collections::BTreeSet<&String> = before
-        .as_ref()
-        .and_then(|b| b.node_id.as_ref())
-        .into_iter()
-        .chain(after.node_id.as_ref())
-        .collect();
-    for node in nodes {
-        crate::node_specs::refresh(conn, node).await?;
-    }
-    Ok(())
+    store(conn, &after).await
 }
 
 /// The stored view of an instance (the projection doubles as the aggregate's snapshot).
@@ -123,28 +113,32 @@ async fn store(conn: &mut PgConnection, i: &Instance) -> Result<(), ProjectionEr
     Ok(())
 }
 
-/// Adds `sign * delta` to the tenant's usage in the instance's pool.
+/// Adds `sign * delta` to the tenant's usage in the instance's pool, in one statement.
 async fn charge(
     conn: &mut PgConnection,
     i: &Instance,
     delta: &Delta,
     sign: i64,
 ) -> Result<(), ProjectionError> {
-    for (resource, amount) in delta {
-        if *amount == 0 {
-            continue;
-        }
-        sqlx::query(
-            "INSERT INTO quotas (pool_id, tenant_id, resource, used) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used",
-        )
-        .bind(&i.pool_id)
-        .bind(&i.tenant_id)
-        .bind(resource.as_str())
-        .bind(sign * amount)
-        .execute(&mut *conn)
-        .await?;
+    let (resources, amounts): (Vec<&str>, Vec<i64>) = delta
+        .iter()
+        .filter(|(_, amount)| **amount != 0)
+        .map(|(resource, amount)| (resource.as_str(), sign * amount))
+        .unzip();
+    if resources.is_empty() {
+        return Ok(());
     }
+    sqlx::query(
+        "INSERT INTO quotas (pool_id, tenant_id, resource, used)
+         SELECT $1, $2, r, a FROM unnest($3::text[], $4::bigint[]) AS u(r, a)
+         ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used",
+    )
+    .bind(&i.pool_id)
+    .bind(&i.tenant_id)
+    .bind(&resources)
+    .bind(&amounts)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 

@@ -4,7 +4,8 @@
 //! time comes from the event, never from `now()`.
 //!
 //! Modules: `operator` (pools, quotas' maxima, nodes, flavors, images), `instances` (instance
-//! views, quota usage, node allocations, IP leases), `replay` (rebuild and verify).
+//! views, quota usage, node allocations, IP leases), `node_specs` (the async NodeSpec
+//! projector), `provider_accounts`, `webhooks`, `views` (reads), `replay` (rebuild and verify).
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
