@@ -215,7 +215,9 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
         vps_reactors::waker::run(pool.clone(), notifier.clone())
     }));
     let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
-    tasks.push(supervise("node-specs", move || vps_projections::node_specs::run(pool.clone(), notifier.clone())));
+    tasks.push(supervise("node-specs", move || {
+        vps_projections::node_specs::run(pool.clone(), notifier.clone())
+    }));
     let (ctx, t) = (reactor_ctx(state, "instances"), timings.clone());
     tasks.push(supervise("instance-reconciler", move || {
         vps_reactors::instances::run(ctx.clone(), t.clone(), 8)

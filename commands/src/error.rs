@@ -13,6 +13,9 @@ pub enum CommandError {
     /// Someone else changed the stream first, too many times in a row.
     #[error("too much contention on {0}; try again")]
     Contention(String),
+    /// A concurrent command took what this one booked (e.g. the room on a node): decide again.
+    #[error("{0}")]
+    Raced(String),
     /// The log refused the append for another reason.
     #[error(transparent)]
     Append(AppendError),
@@ -37,7 +40,7 @@ impl CommandError {
     /// Whether loading, deciding and appending again may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            CommandError::Append(AppendError::Concurrency { .. }) => true,
+            CommandError::Append(AppendError::Concurrency { .. }) | CommandError::Raced(_) => true,
             CommandError::Database(sqlx::Error::Database(db))
             | CommandError::Projection(ProjectionError::Database(sqlx::Error::Database(db))) => {
                 // Unique violations from racing inserts (a lease, an allocation) and

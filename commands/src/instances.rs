@@ -11,8 +11,8 @@ use sha2::{Digest, Sha256};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
 use vps_domain::instance::{
-    decide, evolve, CreateInstance, Instance, InstanceCommand, InstanceEvent, PlaceInstance, PoolKind,
-    Requester, ResizeInstance,
+    decide, evolve, CreateInstance, Instance, InstanceCommand, InstanceEvent, PlaceInstance,
+    PoolKind, Requester, ResizeInstance,
 };
 use vps_domain::placement::{place, NodeCandidate, NodeState, PlacementRequest};
 use vps_domain::quota::{charge_of, check, resize_delta, Amounts};
@@ -163,7 +163,14 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
     // A first look without locks refuses what cannot fit; the exact check runs after the
     // charge, when this transaction holds the quota rows, so they stay locked only briefly.
     let charge = charge_of(&shape);
-    check_quota(&mut tx, &input.pool_id, &input.tenant_id, &charge, Charged::No).await?;
+    check_quota(
+        &mut tx,
+        &input.pool_id,
+        &input.tenant_id,
+        &charge,
+        Charged::No,
+    )
+    .await?;
 
     let user_data_ref = secrets::user_data_ref(id);
     let user_data = input.user_data.clone().unwrap_or_else(|| {
@@ -206,7 +213,9 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
         let created = events
             .iter()
             .try_fold(None, |state, e| evolve(state, e, now).map(Some))
-            .map_err(|e| DomainError::InvalidState { message: e.to_string() })?
+            .map_err(|e| DomainError::InvalidState {
+                message: e.to_string(),
+            })?
             .expect("a create decides at least one event");
         let runtime: Option<String> = pool.get(1);
         let range = pool
@@ -222,7 +231,15 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
         events.extend(decide(Some(&created), &command, now)?);
     }
     let instance = apply(ctx, &mut tx, None, events).await?;
-    check_quota(&mut tx, &input.pool_id, &input.tenant_id, &charge, Charged::Yes).await?;
+    confirm_placement(&mut tx, &instance).await?;
+    check_quota(
+        &mut tx,
+        &input.pool_id,
+        &input.tenant_id,
+        &charge,
+        Charged::Yes,
+    )
+    .await?;
     tx.commit().await?;
     ctx.notifier.committed();
     Ok(instance)
@@ -230,44 +247,57 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
 
 /// Chooses a node and an address for a scheduling instance, or says why nothing fits.
 ///
-/// The pool's nodes are read without locks; only the chosen node is locked and checked again
-/// with its bookings as they stand then, so concurrent placements never overbook it and only
-/// placements on the same node wait for each other. A node that no longer fits is left out
-/// and the choice is made again.
+/// The pool's nodes are read without locks. The choice is confirmed by [`confirm_placement`]
+/// at the end of the transaction, which locks only the chosen node: placements on different
+/// nodes never wait for each other, and those on the same node only for each other's commit.
 pub async fn placement(
     tx: &mut PgConnection,
     instance: &Instance,
     runtime: &str,
     range: Option<(String, String)>,
 ) -> Result<InstanceCommand, CommandError> {
-    let mut excluded = instance.excluded_nodes(Utc::now());
-    let node_id = loop {
-        let nodes = candidates(tx, &instance.pool_id, None).await?;
-        let request = PlacementRequest {
-            shape: &instance.shape,
-            runtime,
-            required_labels: &BTreeMap::new(),
-            excluded: &excluded,
-            only_nodes: None,
-        };
-        let chosen = match place(&request, &nodes) {
-            Ok(node) => node,
-            Err(why) => return Ok(InstanceCommand::MarkUnschedulable(why)),
-        };
-        let locked = candidates(tx, &instance.pool_id, Some(&chosen)).await?;
-        let fits = locked.first().is_some_and(|n| {
-            n.state == NodeState::Ready && n.capacity.lacks(&n.allocated, &instance.shape).is_none()
-        });
-        if fits {
-            break chosen;
-        }
-        excluded.insert(chosen);
+    let excluded = instance.excluded_nodes(Utc::now());
+    let nodes = candidates(tx, &instance.pool_id, None).await?;
+    let request = PlacementRequest {
+        shape: &instance.shape,
+        runtime,
+        required_labels: &BTreeMap::new(),
+        excluded: &excluded,
+        only_nodes: None,
     };
-    lease_command(tx, instance, node_id, range).await
+    match place(&request, &nodes) {
+        Ok(node) => lease_command(tx, instance, node, range).await,
+        Err(why) => Ok(InstanceCommand::MarkUnschedulable(why)),
+    }
+}
+
+/// Checks, holding the node's lock until commit, that the node an instance was just placed on
+/// still holds every booking (its own included). When a concurrent placement took the room
+/// first, the transaction must be decided again.
+pub async fn confirm_placement(
+    tx: &mut PgConnection,
+    instance: &Instance,
+) -> Result<(), CommandError> {
+    let Some(node_id) = &instance.node_id else {
+        return Ok(());
+    };
+    let node = candidates(tx, &instance.pool_id, Some(node_id)).await?;
+    let fits = node.first().is_some_and(|n| n.capacity.holds(&n.allocated));
+    if fits {
+        Ok(())
+    } else {
+        Err(CommandError::Raced(format!(
+            "node {node_id} filled up meanwhile"
+        )))
+    }
 }
 
 /// The pool's nodes with what is booked on them; with `lock`, only that node, locked.
-async fn candidates(tx: &mut PgConnection, pool_id: &str, lock: Option<&str>) -> Result<Vec<NodeCandidate>, CommandError> {
+async fn candidates(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    lock: Option<&str>,
+) -> Result<Vec<NodeCandidate>, CommandError> {
     let nodes = match lock {
         None => "SELECT * FROM nodes WHERE pool_id = $1",
         Some(_) => "SELECT * FROM nodes WHERE pool_id = $1 AND id = $2 FOR UPDATE",
@@ -321,8 +351,11 @@ async fn candidates(tx: &mut PgConnection, pool_id: &str, lock: Option<&str>) ->
     Ok(nodes)
 }
 
-/// Leases the lowest free address for an instance going to `node_id`. Two placements that
-/// pick the same address collide on the lease's key and the loser decides again.
+/// Leases the lowest free address for an instance going to `node_id`.
+///
+/// "Lowest free first" means two concurrent placements would pick the same address; rather
+/// than let them collide and retry in a herd, address choice in a pool is serialized with a
+/// transaction-scoped advisory lock (held to commit; the lease's key still guards it).
 async fn lease_command(
     tx: &mut PgConnection,
     instance: &Instance,
@@ -338,6 +371,10 @@ async fn lease_command(
     let gateway = gateway
         .parse()
         .map_err(|_| invalid("gateway", "stored gateway is not IPv4"))?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ip-lease:' || $1, 0))")
+        .bind(&instance.pool_id)
+        .execute(&mut *tx)
+        .await?;
     let leased: BTreeSet<std::net::Ipv4Addr> =
         sqlx::query_scalar::<_, String>("SELECT address FROM ip_leases WHERE pool_id = $1")
             .bind(&instance.pool_id)
@@ -371,16 +408,21 @@ async fn check_quota(
     delta: &BTreeMap<QuotaResource, i64>,
     charged: Charged,
 ) -> Result<(), CommandError> {
-    let rows = sqlx::query("SELECT resource, max, used FROM quotas WHERE pool_id = $1 AND tenant_id = $2")
-        .bind(pool_id)
-        .bind(tenant_id)
-        .fetch_all(&mut *tx)
-        .await?;
+    let rows =
+        sqlx::query("SELECT resource, max, used FROM quotas WHERE pool_id = $1 AND tenant_id = $2")
+            .bind(pool_id)
+            .bind(tenant_id)
+            .fetch_all(&mut *tx)
+            .await?;
     let mut max = Amounts::new();
     let mut used = Amounts::new();
     for r in &rows {
         if let Some(resource) = QuotaResource::parse(&r.get::<String, _>(0)) {
-            let charge = if charged == Charged::Yes { delta.get(&resource).copied().unwrap_or(0) } else { 0 };
+            let charge = if charged == Charged::Yes {
+                delta.get(&resource).copied().unwrap_or(0)
+            } else {
+                0
+            };
             max.insert(resource, r.get::<i64, _>(1).max(0) as u64);
             used.insert(resource, (r.get::<i64, _>(2) - charge).max(0) as u64);
         }
@@ -491,7 +533,14 @@ async fn change_once(
     let after = apply(ctx, &mut tx, Some(&instance), events).await?;
     if matches!(change, Change::Resize(_)) {
         let growth = resize_delta(&instance.shape, &after.shape);
-        check_quota(&mut tx, &after.pool_id, &after.tenant_id, &growth, Charged::Yes).await?;
+        check_quota(
+            &mut tx,
+            &after.pool_id,
+            &after.tenant_id,
+            &growth,
+            Charged::Yes,
+        )
+        .await?;
     }
     tx.commit().await?;
     ctx.notifier.committed();
@@ -518,7 +567,14 @@ async fn resize_command(
     });
     // Let the decision refuse what the domain refuses (provider pool, GPUs, state) first.
     decide(Some(instance), &command, Utc::now())?;
-    check_quota(tx, &instance.pool_id, &instance.tenant_id, &resize_delta(&instance.shape, &shape), Charged::No).await?;
+    check_quota(
+        tx,
+        &instance.pool_id,
+        &instance.tenant_id,
+        &resize_delta(&instance.shape, &shape),
+        Charged::No,
+    )
+    .await?;
     if let Some(node_id) = &instance.node_id {
         let node = sqlx::query(
             "SELECT n.capacity, coalesce(sum(a.vcpu), 0)::bigint, coalesce(sum(a.memory_gib), 0)::bigint, coalesce(sum(a.disk_gib), 0)::bigint

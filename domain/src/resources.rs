@@ -141,6 +141,17 @@ impl Capacity {
         }
     }
 
+    /// Whether bookings of `allocated` stay within this capacity (GPUs per model).
+    pub fn holds(&self, allocated: &Capacity) -> bool {
+        allocated.vcpu <= self.vcpu
+            && allocated.memory_gib <= self.memory_gib
+            && allocated.disk_gib <= self.disk_gib
+            && allocated
+                .gpus
+                .iter()
+                .all(|g| g.count <= self.gpus_of(&g.model))
+    }
+
     fn adjust_gpus(&mut self, model: &str, f: impl Fn(u32) -> u32) {
         match self.gpus.iter_mut().find(|g| g.model == model) {
             Some(g) => g.count = f(g.count),
@@ -188,6 +199,38 @@ impl fmt::Display for QuotaResource {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_capacity_holds_bookings_up_to_and_including_itself() {
+        let cap = Capacity {
+            vcpu: 4,
+            memory_gib: 8,
+            disk_gib: 10,
+            gpus: vec![Gpus {
+                model: "l40s".into(),
+                count: 1,
+            }],
+        };
+        let mut booked = Capacity {
+            vcpu: 4,
+            memory_gib: 8,
+            disk_gib: 10,
+            gpus: vec![Gpus {
+                model: "l40s".into(),
+                count: 1,
+            }],
+        };
+        assert!(cap.holds(&booked));
+        booked.vcpu = 5;
+        assert!(!cap.holds(&booked));
+        booked.vcpu = 1;
+        booked.gpus = vec![Gpus {
+            model: "h100".into(),
+            count: 1,
+        }];
+        assert!(!cap.holds(&booked), "a GPU model the node lacks");
+    }
+
     use serde_json::json;
 
     use super::*;

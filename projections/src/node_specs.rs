@@ -105,7 +105,10 @@ pub const FOLLOWER: &str = "node-specs";
 
 /// Nodes whose spec a batch may have changed: the nodes its events name, and the nodes whose
 /// spec lists an instance of the batch (an instance moved off or deleted names none).
-async fn touched(conn: &mut PgConnection, batch: &[vps_events::RecordedEvent]) -> Result<Vec<String>, sqlx::Error> {
+async fn touched(
+    conn: &mut PgConnection,
+    batch: &[vps_events::RecordedEvent],
+) -> Result<Vec<String>, sqlx::Error> {
     let mut nodes: Vec<String> = Vec::new();
     let mut instances: Vec<String> = Vec::new();
     for e in batch {
@@ -121,7 +124,9 @@ async fn touched(conn: &mut PgConnection, batch: &[vps_events::RecordedEvent]) -
         }
         if e.event_type.starts_with("image.") || e.event_type == "pool.ip_range.set" {
             // Rare, and they change every spec that shows them: refresh all.
-            let all: Vec<String> = sqlx::query_scalar("SELECT node_id FROM node_specs").fetch_all(&mut *conn).await?;
+            let all: Vec<String> = sqlx::query_scalar("SELECT node_id FROM node_specs")
+                .fetch_all(&mut *conn)
+                .await?;
             nodes.extend(all);
         }
     }
@@ -134,10 +139,12 @@ async fn touched(conn: &mut PgConnection, batch: &[vps_events::RecordedEvent]) -
         .fetch_all(&mut *conn)
         .await?;
         nodes.extend(listing);
-        let placed: Vec<String> = sqlx::query_scalar("SELECT DISTINCT node_id FROM instances WHERE id = ANY($1) AND node_id IS NOT NULL")
-            .bind(&instances)
-            .fetch_all(&mut *conn)
-            .await?;
+        let placed: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT node_id FROM instances WHERE id = ANY($1) AND node_id IS NOT NULL",
+        )
+        .bind(&instances)
+        .fetch_all(&mut *conn)
+        .await?;
         nodes.extend(placed);
     }
     nodes.sort();
@@ -165,8 +172,12 @@ pub async fn apply_batch(
 }
 
 /// Runs the projector for as long as the task lives (one replica at a time).
-pub async fn run(pool: sqlx::PgPool, notifier: vps_events::Notifier) -> Result<(), ProjectionError> {
-    let _lease = vps_events::lease::Lease::acquire(&pool, FOLLOWER, std::time::Duration::from_secs(2)).await;
+pub async fn run(
+    pool: sqlx::PgPool,
+    notifier: vps_events::Notifier,
+) -> Result<(), ProjectionError> {
+    let _lease =
+        vps_events::lease::Lease::acquire(&pool, FOLLOWER, std::time::Duration::from_secs(2)).await;
     let mut follower = vps_events::Follower::load(pool.clone(), FOLLOWER, &notifier).await?;
     loop {
         let batch = follower.next_batch(2000).await?;
@@ -183,7 +194,9 @@ pub async fn run(pool: sqlx::PgPool, notifier: vps_events::Notifier) -> Result<(
 
 /// Recomputes every node's spec (a replay's last step).
 pub async fn refresh_all(conn: &mut PgConnection) -> Result<(), ProjectionError> {
-    let nodes: Vec<String> = sqlx::query_scalar("SELECT id FROM nodes ORDER BY id").fetch_all(&mut *conn).await?;
+    let nodes: Vec<String> = sqlx::query_scalar("SELECT id FROM nodes ORDER BY id")
+        .fetch_all(&mut *conn)
+        .await?;
     for node in nodes {
         refresh(conn, &node).await?;
     }

@@ -76,7 +76,12 @@ pub async fn verify(
     .fetch_optional(&mut *tx)
     .await?;
     let specs_done = specs_at
-        .and_then(|(t, p)| Some(Cursor { transaction_id: t.parse().ok()?, position: p }))
+        .and_then(|(t, p)| {
+            Some(Cursor {
+                transaction_id: t.parse().ok()?,
+                position: p,
+            })
+        })
         .is_some_and(|at| at >= cursor);
     let mut skipped = Vec::new();
     let mut diffs = Vec::new();
@@ -85,7 +90,12 @@ pub async fn verify(
             skipped.push(table.to_string());
             continue;
         }
-        let diff = compare(&mut tx, &comparable(table, "public"), &comparable(table, &schema)).await?;
+        let diff = compare(
+            &mut tx,
+            &comparable(table, "public"),
+            &comparable(table, &schema),
+        )
+        .await?;
         if !diff.0.is_empty() || !diff.1.is_empty() {
             diffs.push(TableDiff {
                 table: table.to_string(),
@@ -95,7 +105,11 @@ pub async fn verify(
         }
     }
     tx.rollback().await?;
-    Ok(ReplayReport { events, diffs, skipped })
+    Ok(ReplayReport {
+        events,
+        diffs,
+        skipped,
+    })
 }
 
 async fn read_all_visible(

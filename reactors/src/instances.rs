@@ -82,7 +82,12 @@ async fn pass(ctx: &Ctx, timings: &Timings, id: &str) -> Result<Next, CommandErr
         _ => exhausted_or_settled(&mut tx, timings, &inst, now).await?,
     };
     if let Some(command) = command {
+        let placing = matches!(command, InstanceCommand::Place(_));
         apply_all(ctx, &mut tx, &inst, &[command], now).await?;
+        if placing {
+            let placed = load(&mut tx, id).await?.expect("just recorded");
+            vps_commands::instances::confirm_placement(&mut tx, &placed).await?;
+        }
     }
     tx.commit().await?;
     ctx.notifier.committed();

@@ -146,6 +146,24 @@ impl TestServer {
         pool_id
     }
 
+    /// Waits until every event appended so far is readable by followers and `events.list`:
+    /// open transactions anywhere on the server (other tests' too) hold the horizon back.
+    pub async fn settle(&self) {
+        for _ in 0..400 {
+            let pending: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM events WHERE transaction_id >= (SELECT pg_snapshot_xmin(pg_current_snapshot())))",
+            )
+            .fetch_one(&self.server.state.pool)
+            .await
+            .unwrap();
+            if !pending {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        panic!("events never became readable");
+    }
+
     /// A second server on the same database, as another replica would be.
     pub async fn replica(&self) -> RunningServer {
         let mut config = (*self.server.state.config).clone();
@@ -213,7 +231,7 @@ impl TestServer {
     /// its rebuild.
     pub async fn replay_equal(&self) -> bool {
         // The NodeSpec projector runs behind the log: let it catch up first.
-        for _ in 0..200 {
+        for _ in 0..800 {
             let behind: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM events e WHERE NOT EXISTS (
                      SELECT 1 FROM follower_checkpoints c WHERE c.name = 'node-specs'

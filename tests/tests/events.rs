@@ -50,7 +50,7 @@ async fn all_events(t: &TestServer, token: &str, types: Value) -> Vec<Value> {
 async fn tenants_list_only_their_own_events_and_pages_neither_skip_nor_repeat() {
     let t = TestServer::start().await;
     some_instances(&t, 5).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    t.settle().await;
     let operator = all_events(&t, OPERATOR, json!([])).await;
     let alice = all_events(&t, ALICE, json!(["instance.*"])).await;
     let eve = all_events(&t, EVE, json!([])).await;
@@ -114,7 +114,7 @@ async fn read_sse(t: &TestServer, last_id: Option<&str>, want: usize) -> Vec<(St
 async fn the_event_stream_resumes_after_last_event_id_without_gap_or_repeat() {
     let t = TestServer::start().await;
     some_instances(&t, 4).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    t.settle().await;
     let everything = all_events(&t, OPERATOR, json!([])).await;
     let first = read_sse(&t, None, 5).await;
     let rest = read_sse(&t, Some(&first.last().unwrap().0), everything.len() - 5).await;

@@ -280,6 +280,7 @@ async fn orphans_are_returned_sorted_and_announced_only_when_the_set_changes() {
     t.ok(&token, "nodes.report", report(&["inst_aa", "inst_zz"]))
         .await;
     t.ok(&token, "nodes.report", report(&["inst_aa"])).await;
+    t.settle().await;
     let events = t
         .ok(
             OPERATOR,
