@@ -1,6 +1,6 @@
 //! `POST /api/compute/<group>/<method>`: authentication, body parsing, dispatch.
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::Json;
@@ -104,15 +104,16 @@ pub async fn dispatch(
     State(state): State<AppState>,
     Path((group, method)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let caller = authenticate(&state, &headers).await?;
-    if body.len() > MAX_BODY {
-        return Err(ApiError::invalid(
+    // Read with our own limit so an oversized body is INVALID_INPUT like any bad input.
+    let body: Bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
+        ApiError::invalid(
             "body",
-            format!("larger than {MAX_BODY} bytes"),
-        ));
-    }
+            format!("larger than {MAX_BODY} bytes, or cut short"),
+        )
+    })?;
     let ctx = Ctx {
         pool: state.pool.clone(),
         notifier: state.notifier.clone(),

@@ -43,6 +43,8 @@ pub fn app(state: AppState) -> Router {
             "/api/compute/{group}/{method}",
             axum::routing::post(crate::rpc::dispatch),
         )
+        // `rpc::dispatch` enforces its own limit and answers INVALID_INPUT.
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
 }
 

@@ -458,11 +458,13 @@ async fn bad_input_names_the_field_and_never_answers_500() {
         .http
         .post(format!("{}/api/compute/pools/create", t.server.url()))
         .bearer_auth(OPERATOR)
-        .body(vec![b' '; 300 * 1024])
+        .body(vec![b' '; 3 * 1024 * 1024])
         .send()
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 400);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "INVALID_INPUT");
 }
 
 /// SPEC's race: 64 concurrent creates against a quota of 10 vCPU and a /28.
