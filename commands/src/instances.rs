@@ -3,7 +3,8 @@
 //! also books quota, a node and an address in the same transaction, under row locks, so
 //! concurrent creates can never overbook any of them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
@@ -368,22 +369,40 @@ async fn lease_command(
         })
     })?;
     let cidr = vps_domain::ipam::Ipv4Cidr::parse(&cidr)?;
-    let gateway = gateway
+    let gateway: Ipv4Addr = gateway
         .parse()
         .map_err(|_| invalid("gateway", "stored gateway is not IPv4"))?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ip-lease:' || $1, 0))")
         .bind(&instance.pool_id)
         .execute(&mut *tx)
         .await?;
-    let leased: BTreeSet<std::net::Ipv4Addr> =
-        sqlx::query_scalar::<_, String>("SELECT address FROM ip_leases WHERE pool_id = $1")
-            .bind(&instance.pool_id)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .filter_map(|a| a.parse().ok())
-            .collect();
-    let address = vps_domain::ipam::lease(&cidr, gateway, &leased)?;
+    // The domain says which addresses are leasable; the database finds the lowest of them
+    // that is free without shipping every lease: it is the first host, or right after a
+    // leased address or the gateway.
+    let first = Ipv4Addr::from(u32::from(cidr.network()) + 1);
+    let last = Ipv4Addr::from(u32::from(cidr.broadcast()) - 1);
+    let found: Option<String> = sqlx::query_scalar(
+        "SELECT host(c) FROM (
+             SELECT $2::inet AS c
+             UNION ALL SELECT inet(address) + 1 FROM ip_leases WHERE pool_id = $1
+             UNION ALL SELECT $4::inet + 1
+         ) candidates
+         WHERE c BETWEEN $2::inet AND $3::inet AND c <> $4::inet
+           AND NOT EXISTS (SELECT 1 FROM ip_leases l WHERE l.pool_id = $1 AND l.address = host(c))
+         ORDER BY c LIMIT 1",
+    )
+    .bind(&instance.pool_id)
+    .bind(first.to_string())
+    .bind(last.to_string())
+    .bind(gateway.to_string())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let address = found
+        .and_then(|a| a.parse::<Ipv4Addr>().ok())
+        .filter(|a| cidr.is_host(*a) && *a != gateway)
+        .ok_or_else(|| DomainError::CapacityUnavailable {
+            resource: "ipv4".into(),
+        })?;
     Ok(InstanceCommand::Place(PlaceInstance {
         node_id,
         allocation_id: new_id("alloc"),
