@@ -199,12 +199,35 @@ async fn pass(
     };
     let mut acked = None;
     let mut result = Ok(());
+    // Publishes are pipelined (several in flight on the one connection, which keeps their
+    // order) and their acks awaited in log order; the checkpoint stops at the first failure.
+    let mut in_flight = std::collections::VecDeque::new();
     for event in &batch {
-        if let Err(e) = sink.publish(config, event).await {
-            result = Err(e);
+        match sink.send(config, event).await {
+            Ok(pending) => in_flight.push_back((event, pending)),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+        if in_flight.len() >= PIPELINE {
+            let (event, pending) = in_flight.pop_front().expect("not empty");
+            if let Err(e) = sink.confirm(event, pending).await {
+                result = Err(e);
+                in_flight.clear();
+                break;
+            }
+            acked = Some(event.cursor());
+        }
+    }
+    while let Some((event, pending)) = in_flight.pop_front() {
+        if result.is_err() {
             break;
         }
-        acked = Some(event.cursor());
+        match sink.confirm(event, pending).await {
+            Ok(()) => acked = Some(event.cursor()),
+            Err(e) => result = Err(e),
+        }
     }
     // Keep what was acknowledged even when a later event failed: the retry starts there.
     if let Some(cursor) = acked {
@@ -214,6 +237,9 @@ async fn pass(
     tracing::debug!(events = batch.len(), "published");
     Ok(batch.len())
 }
+
+/// Publishes in flight at once, at most.
+const PIPELINE: usize = 64;
 
 /// A JetStream connection and the stream subjects known to be captured.
 struct Sink {
@@ -248,18 +274,19 @@ impl Sink {
         Ok(sink)
     }
 
-    /// Publishes one event and waits for JetStream's ack.
-    async fn publish(
+    /// Sends one event; its ack is awaited with [`Sink::confirm`]. `None`: nothing to await
+    /// (an unpublishable type, skipped).
+    async fn send(
         &mut self,
         config: &NatsPublisherConfig,
         event: &RecordedEvent,
-    ) -> Result<(), NatsPublishError> {
+    ) -> Result<Option<async_nats::jetstream::context::PublishAckFuture>, NatsPublishError> {
         let Some(subject) = subject_for(&config.subject_prefix, &event.event_type) else {
             // Such a type can never be published; blocking on it would stop every later event.
             metrics::counter!("vps_nats_unpublishable_total").increment(1);
             tracing::error!(event_id = %event.id, r#type = %event.event_type,
                 "event type is not a valid NATS subject; not published");
-            return Ok(());
+            return Ok(None);
         };
         self.capture(
             config,
@@ -267,10 +294,6 @@ impl Sink {
         )
         .await?;
         let body = serde_json::to_vec(&cloud_event(event)).expect("a CloudEvent serialises");
-        let fail = |source| NatsPublishError::Publish {
-            event_id: event.id.clone(),
-            source,
-        };
         let sent = self
             .js
             .send_publish(
@@ -280,11 +303,22 @@ impl Sink {
                     .message_id(&event.id),
             )
             .await;
-        let ack = match sent {
-            Ok(ack) => ack.await,
-            Err(e) => Err(e),
+        match sent {
+            Ok(pending) => Ok(Some(pending)),
+            Err(e) => Err(self.failed(event, e)),
+        }
+    }
+
+    /// Waits for the ack of a sent event.
+    async fn confirm(
+        &mut self,
+        event: &RecordedEvent,
+        pending: Option<async_nats::jetstream::context::PublishAckFuture>,
+    ) -> Result<(), NatsPublishError> {
+        let Some(pending) = pending else {
+            return Ok(());
         };
-        match ack {
+        match pending.await {
             Ok(ack) => {
                 if ack.duplicate {
                     metrics::counter!("vps_nats_duplicates_total").increment(1);
@@ -292,11 +326,20 @@ impl Sink {
                 metrics::counter!("vps_nats_published_total").increment(1);
                 Ok(())
             }
-            Err(e) => {
-                // The stream may have been deleted or changed: look again before the retry.
-                self.captured.clear();
-                Err(fail(e))
-            }
+            Err(e) => Err(self.failed(event, e)),
+        }
+    }
+
+    fn failed(
+        &mut self,
+        event: &RecordedEvent,
+        source: async_nats::jetstream::context::PublishError,
+    ) -> NatsPublishError {
+        // The stream may have been deleted or changed: look again before the retry.
+        self.captured.clear();
+        NatsPublishError::Publish {
+            event_id: event.id.clone(),
+            source,
         }
     }
 
