@@ -60,7 +60,12 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<serde_json::V
     ];
     let server = crate::server::start(config, scratch.pool.clone()).await?;
     let ctx = crate::server::reactor_ctx(&server.state, "bench");
-    let pool_id = super::setup_hosted_pool(&ctx, "bench", 64, 256).await?;
+    let spec = super::BenchPool {
+        nodes: 64,
+        node_size: 256,
+        quota: 1_000_000,
+    };
+    let (pool_id, _nodes) = super::setup_hosted_pool(&ctx, &spec).await?;
 
     let http = reqwest::Client::new();
     let url = format!("{}/api/compute/instances/create", server.url());
@@ -78,7 +83,7 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<serde_json::V
         clients.push(tokio::spawn(async move {
             let mut n = 0;
             while Instant::now() < deadline {
-                let body = json!({ "tenantId": "bench", "poolId": pool_id, "flavor": "bench", "imageId": "img_bench",
+                let body = json!({ "tenantId": super::TENANT, "poolId": pool_id, "flavor": super::FLAVOR, "imageId": super::IMAGE,
                                    "idempotencyKey": format!("bench-{c}-{n}") });
                 let t0 = Instant::now();
                 let response = http.post(&url).bearer_auth(TOKEN).json(&body).send().await?;

@@ -20,20 +20,13 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use sqlx::{PgPool, Row};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use vps_commands::operator::{
-    self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool,
-};
-use vps_domain::operator::PoolPolicy;
-use vps_domain::resources::Capacity;
 use vps_events::{append, ExpectedVersion, Metadata, NewEvent, Notifier};
 
 use super::Scratch;
 use crate::config::{Config, IdentityConfig};
 
 /// The tenant the instances belong to.
-const TENANT: &str = "bench";
-const FLAVOR: &str = "bench-1";
-const IMAGE: &str = "img_bench";
+use super::{FLAVOR, IMAGE, TENANT};
 
 /// Knobs.
 #[derive(Debug, Clone)]
@@ -96,8 +89,14 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
     let ctx = crate::server::reactor_ctx(&server.state, "bench");
 
     let setup = Instant::now();
-    let pool_id = hosted_pool(&ctx, o).await?;
-    let nodes = register_nodes(&ctx, &pool_id, o).await?;
+    // Nodes twice as big as their share, so placement never runs out of room.
+    let share = o.instances.div_ceil(o.hosts) as u32;
+    let spec = super::BenchPool {
+        nodes: o.hosts,
+        node_size: (share * 2).clamp(8, 4096),
+        quota: (o.instances as u64 * 2).max(16),
+    };
+    let (pool_id, nodes) = super::setup_hosted_pool(&ctx, &spec).await?;
     println!(
         "setup: pool, flavor, image and {} nodes in {:.1} s",
         nodes.len(),
@@ -199,112 +198,6 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
         "boot_ms": o.boot.as_millis() as u64,
         "clients": o.clients,
     }))
-}
-
-/// A hosted pool with a range big enough for every instance, offered to the bench tenant with
-/// room to spare, a 1-vCPU flavor and a public image.
-async fn hosted_pool(ctx: &vps_commands::Ctx, o: &ConvergeBench) -> anyhow::Result<String> {
-    let pool = ops::create_pool(
-        ctx,
-        CreatePool {
-            name: "bench".into(),
-            class: "vps-host".into(),
-            runtime: Some("libvirt-kvm".into()),
-            provider_account_id: None,
-            policy: PoolPolicy {
-                recreate_on_host_loss: false,
-                lost_after_seconds: Some(120),
-            },
-        },
-    )
-    .await?;
-    let pool_id = pool["id"].as_str().unwrap_or_default().to_string();
-    // A /16: 65 534 addresses; smaller counts still get one, which is what a real pool has.
-    ops::set_ip_pool(
-        ctx,
-        SetIpPool {
-            pool_id: pool_id.clone(),
-            cidr: "10.0.0.0/16".into(),
-            gateway: None,
-        },
-    )
-    .await?;
-    let room = (o.instances as u64 * 2).max(16);
-    let quota: BTreeMap<String, u64> = [("vcpu", room), ("memoryGiB", room), ("diskGiB", room)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-    ops::offer_pool(
-        ctx,
-        OfferPool {
-            pool_id: pool_id.clone(),
-            tenant_id: TENANT.into(),
-            quota,
-        },
-    )
-    .await?;
-    ops::create_flavor(
-        ctx,
-        CreateFlavor {
-            pool_id: pool_id.clone(),
-            name: FLAVOR.into(),
-            vcpu: 1,
-            memory_gib: 1,
-            disk_gib: 1,
-            gpus: None,
-            offer_id: None,
-        },
-    )
-    .await?;
-    ops::register_image(
-        ctx,
-        RegisterImage {
-            image_id: IMAGE.into(),
-            tenant_id: None,
-            url: "https://images.example/bench.qcow2".into(),
-            sha256: "0".repeat(64),
-            format: "qcow2".into(),
-            verified: true,
-        },
-    )
-    .await?;
-    Ok(pool_id)
-}
-
-/// `hosts` nodes with twice the capacity their share of the instances needs.
-async fn register_nodes(
-    ctx: &vps_commands::Ctx,
-    pool_id: &str,
-    o: &ConvergeBench,
-) -> anyhow::Result<Vec<(String, String)>> {
-    let share = o.instances.div_ceil(o.hosts) as u32;
-    let size = (share * 2).clamp(8, 4096);
-    let mut nodes = Vec::with_capacity(o.hosts);
-    for n in 0..o.hosts {
-        let registered = ops::register_node(
-            ctx,
-            RegisterNode {
-                pool_id: pool_id.into(),
-                name: format!("bench-{n}"),
-                capacity: Capacity {
-                    vcpu: size,
-                    memory_gib: size,
-                    disk_gib: size,
-                    gpus: vec![],
-                },
-                labels: Default::default(),
-                runtimes: None,
-                cpu_model: Some("emulated".into()),
-            },
-        )
-        .await?;
-        let field = |v: &Value| v.as_str().unwrap_or_default().to_string();
-        nodes.push((
-            field(&registered["node"]["id"]),
-            field(&registered["nodeToken"]),
-        ));
-    }
-    Ok(nodes)
 }
 
 /// Creates every instance (or as many as it can before `deadline`) from `clients` concurrent

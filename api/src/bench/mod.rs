@@ -64,21 +64,37 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
-/// A hosted pool for benchmarks: a /16 range, `nodes` nodes of `vcpu` vCPUs each, a 1-vCPU
-/// flavor `bench`, a public image `img_bench`, offered to tenant `bench` with ample quota.
+/// The benchmarks' tenant, flavor (1 vCPU, 1 GiB, 1 GiB disk) and public image.
+pub const TENANT: &str = "bench";
+/// See [`TENANT`].
+pub const FLAVOR: &str = "bench";
+/// See [`TENANT`].
+pub const IMAGE: &str = "img_bench";
+
+/// The hosted pool a benchmark runs in.
+#[derive(Debug, Clone)]
+pub struct BenchPool {
+    /// Nodes to register.
+    pub nodes: usize,
+    /// vCPUs (and GiB of memory and disk) of each node.
+    pub node_size: u32,
+    /// The tenant's quota of each resource.
+    pub quota: u64,
+}
+
+/// A hosted pool with a /16 range, offered to [`TENANT`], with [`FLAVOR`], [`IMAGE`] and
+/// `spec.nodes` nodes; returns the pool id and each node's id and token.
 pub async fn setup_hosted_pool(
     ctx: &vps_commands::Ctx,
-    name: &str,
-    nodes: usize,
-    vcpu: u32,
-) -> anyhow::Result<String> {
+    spec: &BenchPool,
+) -> anyhow::Result<(String, Vec<(String, String)>)> {
     use vps_commands::operator::{
         self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool,
     };
     let pool = ops::create_pool(
         ctx,
         CreatePool {
-            name: name.into(),
+            name: "bench".into(),
             class: "vps-host".into(),
             runtime: None,
             provider_account_id: None,
@@ -96,19 +112,15 @@ pub async fn setup_hosted_pool(
         },
     )
     .await?;
-    let quota = [
-        ("vcpu", 1_000_000),
-        ("memoryGiB", 1_000_000),
-        ("diskGiB", 1_000_000),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    let quota = ["vcpu", "memoryGiB", "diskGiB"]
+        .into_iter()
+        .map(|k| (k.to_string(), spec.quota))
+        .collect();
     ops::offer_pool(
         ctx,
         OfferPool {
             pool_id: pool_id.clone(),
-            tenant_id: "bench".into(),
+            tenant_id: TENANT.into(),
             quota,
         },
     )
@@ -117,7 +129,7 @@ pub async fn setup_hosted_pool(
         ctx,
         CreateFlavor {
             pool_id: pool_id.clone(),
-            name: "bench".into(),
+            name: FLAVOR.into(),
             vcpu: 1,
             memory_gib: 1,
             disk_gib: 1,
@@ -129,7 +141,7 @@ pub async fn setup_hosted_pool(
     ops::register_image(
         ctx,
         RegisterImage {
-            image_id: "img_bench".into(),
+            image_id: IMAGE.into(),
             tenant_id: None,
             url: "https://images.example/bench.raw".into(),
             sha256: "0".repeat(64),
@@ -138,14 +150,16 @@ pub async fn setup_hosted_pool(
         },
     )
     .await?;
-    for n in 0..nodes {
+    let mut nodes = Vec::with_capacity(spec.nodes);
+    for n in 0..spec.nodes {
+        let size = spec.node_size;
         let capacity = vps_domain::resources::Capacity {
-            vcpu,
-            memory_gib: vcpu * 4,
-            disk_gib: vcpu * 10,
+            vcpu: size,
+            memory_gib: size,
+            disk_gib: size,
             gpus: vec![],
         };
-        ops::register_node(
+        let registered = ops::register_node(
             ctx,
             RegisterNode {
                 pool_id: pool_id.clone(),
@@ -153,10 +167,15 @@ pub async fn setup_hosted_pool(
                 capacity,
                 labels: Default::default(),
                 runtimes: None,
-                cpu_model: None,
+                cpu_model: Some("emulated".into()),
             },
         )
         .await?;
+        let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        nodes.push((
+            field(&registered["node"]["id"]),
+            field(&registered["nodeToken"]),
+        ));
     }
-    Ok(pool_id)
+    Ok((pool_id, nodes))
 }
