@@ -168,19 +168,32 @@ pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<Value, CommandE
             None => serde_json::from_value(view["policy"].clone()).unwrap_or_default(),
         },
     };
+    finish_pool_change(ctx, tx, &input.pool_id, version, "pool.updated", &event).await
+}
+
+/// Records a pool's event, commits and answers the pool as it is now.
+async fn finish_pool_change(
+    ctx: &Ctx,
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    pool_id: &str,
+    version: i64,
+    event_type: &str,
+    event: &impl serde::Serialize,
+) -> Result<Value, CommandError> {
+    let stream = format!("pool-{pool_id}");
     record_one(
         &mut tx,
-        &format!("pool-{}", input.pool_id),
+        &stream,
         ExpectedVersion::Exact(version),
-        "pool.updated",
-        &event,
+        event_type,
+        event,
         &ctx.metadata(None),
     )
     .await?;
-    let view = views::pool(&mut *tx, &input.pool_id).await?;
+    let view = views::pool(&mut *tx, pool_id).await?;
     tx.commit().await?;
     ctx.notifier.committed();
-    Ok(view.expect("exists"))
+    Ok(view.expect("the pool exists"))
 }
 
 /// `pools.offer`.
@@ -285,19 +298,15 @@ pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<Value, CommandEr
         cidr: input.cidr.clone(),
         gateway: gateway.to_string(),
     };
-    record_one(
-        &mut tx,
-        &format!("pool-{}", input.pool_id),
-        ExpectedVersion::Exact(version),
+    finish_pool_change(
+        ctx,
+        tx,
+        &input.pool_id,
+        version,
         "pool.ip_range.set",
         &event,
-        &ctx.metadata(None),
     )
-    .await?;
-    let view = views::pool(&mut *tx, &input.pool_id).await?;
-    tx.commit().await?;
-    ctx.notifier.committed();
-    Ok(view.expect("exists"))
+    .await
 }
 
 /// `nodes.register`.
