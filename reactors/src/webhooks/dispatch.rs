@@ -165,14 +165,55 @@ async fn claim(
         .collect()
 }
 
-/// One POST, then its record. Returns the retry delay when another attempt is scheduled.
+/// POSTs a subscription's queue in order, starting with `item`: after each delivery the next
+/// row is claimed in the same statement that records it, so a healthy endpoint costs one round
+/// trip per event. Stops at the first failure (recorded with its back-off, which is returned),
+/// an empty queue, or `BURST` deliveries, and leaves the rest to the dispatcher's next pass.
 async fn attempt(
     pool: PgPool,
     notifier: Notifier,
     config: WebhookConfig,
     client: reqwest::Client,
-    item: Claimed,
+    mut item: Claimed,
 ) -> Option<Duration> {
+    for _ in 0..BURST {
+        let outcome = post(&client, &item).await;
+        if let Outcome::Delivered(code) = outcome {
+            match delivered_then_claim_next(&pool, &config, &item, code).await {
+                Ok(Some(next)) => {
+                    item = next;
+                    continue;
+                }
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot record a webhook delivery");
+                    return None;
+                }
+            }
+        }
+        return match record(&pool, &config, &item, outcome).await {
+            Ok(Recorded { retry_in, disabled }) => {
+                if disabled {
+                    notifier.committed();
+                }
+                retry_in
+            }
+            Err(e) => {
+                // The claim runs out and the row is attempted again: at-least-once, and
+                // receivers de-duplicate by `webhook-id`.
+                tracing::warn!(error = %e, "cannot record a webhook attempt");
+                None
+            }
+        };
+    }
+    None
+}
+
+/// Deliveries one task makes in a row before handing back to the dispatcher.
+const BURST: usize = 200;
+
+/// One signed POST of a claimed row.
+async fn post(client: &reqwest::Client, item: &Claimed) -> Outcome {
     let timestamp = Utc::now().timestamp();
     let signature = sign(&item.secret, &item.event_id, timestamp, &item.body);
     let started = Instant::now();
@@ -186,7 +227,7 @@ async fn attempt(
         .send()
         .await;
     metrics::histogram!("vps_webhook_request_seconds").record(started.elapsed().as_secs_f64());
-    let outcome = match response {
+    match response {
         Ok(r) if r.status().is_success() => Outcome::Delivered(r.status().as_u16()),
         Ok(r) if r.status() == StatusCode::GONE => Outcome::Gone(r.status().as_u16()),
         Ok(r) => Outcome::Failed {
@@ -203,21 +244,63 @@ async fn attempt(
             error: Some(describe(&e)),
             retry_after: None,
         },
-    };
-    match record(&pool, &config, &item, outcome).await {
-        Ok(Recorded { retry_in, disabled }) => {
-            if disabled {
-                notifier.committed();
-            }
-            retry_in
-        }
-        Err(e) => {
-            // The claim runs out and the row is attempted again: at-least-once, and receivers
-            // de-duplicate by `webhook-id`.
-            tracing::warn!(error = %e, "cannot record a webhook attempt");
-            None
-        }
     }
+}
+
+/// Records a delivery (queue row gone, attempt logged) and claims the subscription's next
+/// queued row, in one statement. `None` when the claim was lost meanwhile, the queue is
+/// empty, or the subscription is no longer active.
+async fn delivered_then_claim_next(
+    pool: &PgPool,
+    config: &WebhookConfig,
+    item: &Claimed,
+    code: u16,
+) -> Result<Option<Claimed>, sqlx::Error> {
+    metrics::counter!("vps_webhook_attempts_total", "outcome" => "delivered").increment(1);
+    let lease = (config.request_timeout + LEASE_MARGIN).as_secs_f64();
+    // The deleted row is still visible to the other parts of the statement: exclude it.
+    let row = sqlx::query(
+        "WITH done AS (
+             DELETE FROM webhook_outbox WHERE id = $1 AND lease_token = $2
+             RETURNING webhook_id, event_id
+         ), logged AS (
+             INSERT INTO webhook_deliveries (webhook_id, event_id, attempt, status, response_code)
+             SELECT webhook_id, event_id, $3, 'delivered', $4 FROM done
+         ), next AS (
+             SELECT o.id FROM webhook_outbox o
+               JOIN done ON o.webhook_id = done.webhook_id
+               JOIN webhooks w ON w.id = o.webhook_id AND w.state = 'active'
+              WHERE o.id <> $1
+              ORDER BY o.event_transaction_id, o.event_position
+              LIMIT 1
+         )
+         UPDATE webhook_outbox o
+            SET lease_token = $2, lease_until = now() + make_interval(secs => $5)
+           FROM next
+          WHERE o.id = next.id AND o.next_attempt_at <= now()
+            AND (o.lease_until IS NULL OR o.lease_until < now())
+         RETURNING o.id, o.event_id, o.body, o.attempts",
+    )
+    .bind(item.id)
+    .bind(&item.lease_token)
+    .bind(item.attempts + 1)
+    .bind(i32::from(code))
+    .bind(lease)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        None => None,
+        Some(row) => Some(Claimed {
+            id: row.try_get(0)?,
+            lease_token: item.lease_token.clone(),
+            webhook_id: item.webhook_id.clone(),
+            event_id: row.try_get(1)?,
+            body: row.try_get(2)?,
+            attempts: row.try_get(3)?,
+            url: item.url.clone(),
+            secret: item.secret.clone(),
+        }),
+    })
 }
 
 struct Recorded {
