@@ -878,3 +878,43 @@ async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log
         vec![global.id]
     );
 }
+
+#[tokio::test]
+async fn a_long_queue_is_delivered_in_order_in_bursts_without_stalling() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "busy",
+        Script::Accept,
+        &["instance.*"],
+        None,
+    )
+    .await;
+    // More than one burst, so a burst's end must hand the queue back cleanly.
+    for n in 0..450 {
+        emit(
+            &pool,
+            &notifier,
+            &format!("instance-inst_{}", n % 7),
+            "instance.running",
+            None,
+        )
+        .await;
+    }
+    let expected = log_ids(&pool, &["instance."], None, 450).await;
+    let worker = start_worker(&pool, &notifier, fast());
+    eventually("every event delivered", Duration::from_secs(15), || async {
+        receiver.accepted("busy").len() >= 450
+    })
+    .await;
+    assert_eq!(
+        receiver.accepted("busy"),
+        expected,
+        "in log order, once each"
+    );
+    worker.abort();
+}

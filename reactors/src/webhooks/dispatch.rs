@@ -176,9 +176,13 @@ async fn attempt(
     client: reqwest::Client,
     mut item: Claimed,
 ) -> Option<Duration> {
-    for _ in 0..BURST {
+    for n in 1..=BURST {
         let outcome = post(&client, &item).await;
-        if let Outcome::Delivered(code) = outcome {
+        // The last of a burst claims nothing more: a claimed row left behind would wait out
+        // its lease.
+        let last = n == BURST;
+        if let (Outcome::Delivered(code), false) = (&outcome, last) {
+            let code = *code;
             match delivered_then_claim_next(&pool, &config, &item, code).await {
                 Ok(Some(next)) => {
                     item = next;
