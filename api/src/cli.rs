@@ -27,6 +27,17 @@ enum Command {
     /// Read the log.
     #[command(subcommand)]
     Events(EventsCommand),
+    /// Call an API method with `VPS_URL` (default http://127.0.0.1:8080) and `VPS_TOKEN`,
+    /// e.g. `vps call instances.list '{"tenantId":"acme"}'`.
+    Call {
+        /// `<group>.<method>`.
+        method: String,
+        /// The JSON body (default `{}`).
+        body: Option<String>,
+        /// One line of JSON instead of pretty-printed.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every event of a resource (inst_…, pool_…, node_…, …), oldest first.
     History {
         /// The resource id.
@@ -193,6 +204,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 1
             })
         }
+        Command::Call { method, body, json } => Ok(
+            if crate::tools::call::call(&method, body.as_deref(), json).await? {
+                0
+            } else {
+                1
+            },
+        ),
         Command::History { id, json } => {
             let db = Database::open(&config, 4).await?;
             Ok(

@@ -69,6 +69,7 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
     println!(
         "  curl -s -X POST {url}/api/compute/instances/create -H 'Authorization: Bearer {tenant_token}' \\\n    -d '{{\"tenantId\":\"acme\",\"poolId\":\"{pool_id}\",\"flavor\":\"small\",\"imageId\":\"img_demo\",\"idempotencyKey\":\"demo-1\",\"wait\":{{\"timeoutMs\":15000}}}}'"
     );
+    println!("or with the CLI: VPS_TOKEN={tenant_token} vps call instances.list '{{\"tenantId\":\"acme\"}}'");
     println!("watch the log:   cargo run -p vps -- events tail");
     println!("delete it:       curl -s -X POST {url}/api/compute/instances/delete -H 'Authorization: Bearer {tenant_token}' -d '{{\"tenantId\":\"acme\",\"instanceId\":\"<id>\"}}'");
     println!("press Ctrl-C to stop");
