@@ -472,7 +472,7 @@ async fn apply(
         .iter()
         .map(|e| (e.event_type().to_string(), e.data()))
         .collect();
-    record(
+    let stored = record(
         tx,
         &format!("instance-{id}"),
         expected,
@@ -486,7 +486,16 @@ async fn apply(
     {
         secrets::forget(tx, &id).await?;
     }
-    Ok(load(tx, &id).await?.expect("recorded"))
+    // The instance as the projector just stored it: the same fold, without reading it back.
+    let mut state = before.cloned();
+    for (event, recorded) in events.iter().zip(&stored) {
+        let next =
+            evolve(state, event, recorded.recorded_at).map_err(|e| DomainError::InvalidState {
+                message: e.to_string(),
+            })?;
+        state = Some(next);
+    }
+    Ok(state.expect("at least one event"))
 }
 
 /// Loads an instance the caller may see: another tenant's is `NOT_FOUND`.

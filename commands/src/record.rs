@@ -37,9 +37,7 @@ pub async fn record(
         })
         .collect();
     let stored = append(&mut *conn, stream, expected, &new).await?;
-    for event in &stored {
-        vps_projections::apply(&mut *conn, event).await?;
-    }
+    vps_projections::apply_all(&mut *conn, &stored).await?;
     Ok(stored)
 }
 

@@ -5,6 +5,9 @@ use sqlx::{PgConnection, Row};
 use crate::model::{ExpectedVersion, NewEvent, RecordedEvent};
 use crate::read::{columns, decode};
 
+/// `AppendError::Concurrency::actual` when it cannot be known.
+pub const UNKNOWN_VERSION: i64 = -1;
+
 /// Why an append did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
@@ -15,7 +18,8 @@ pub enum AppendError {
         stream: String,
         /// What the appender expected.
         expected: ExpectedVersion,
-        /// What the stream holds (0 = no stream).
+        /// What the stream holds (0 = no stream; [`UNKNOWN_VERSION`] when the race was lost at
+        /// insert and the transaction can no longer read it).
         actual: i64,
     },
     /// Some but not all of the event ids are already in the log, or in another stream.
@@ -91,11 +95,11 @@ pub async fn append(
     let rows = match result {
         Ok(rows) => rows,
         Err(sqlx::Error::Database(e)) if e.constraint() == Some("events_stream_version_key") => {
-            let actual = stream_version(conn, stream).await?;
+            // The transaction is aborted now: it cannot even read the version it lost to.
             return Err(AppendError::Concurrency {
                 stream: stream.to_string(),
                 expected,
-                actual,
+                actual: UNKNOWN_VERSION,
             });
         }
         Err(e) => return Err(e.into()),

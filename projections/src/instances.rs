@@ -15,24 +15,53 @@ use crate::ProjectionError;
 
 /// Applies one `instance.*` event.
 pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
-    let event = InstanceEvent::from_parts(&e.event_type, e.data.clone()).map_err(|err| {
-        ProjectionError::Malformed {
-            event_id: e.id.clone(),
-            event_type: e.event_type.clone(),
-            message: err.to_string(),
-        }
-    })?;
-    let before = load(conn, event.instance_id()).await?;
-    let after = evolve(before.clone(), &event, e.recorded_at).map_err(|err| {
-        ProjectionError::Malformed {
-            event_id: e.id.clone(),
-            event_type: e.event_type.clone(),
-            message: err.to_string(),
-        }
-    })?;
+    apply_run(conn, std::slice::from_ref(e)).await
+}
 
-    match &event {
-        InstanceEvent::Created(_) => charge(conn, &after, &charge_of(&after.shape), 1).await?,
+/// Applies consecutive events of one instance's stream: the view is read once, each event's
+/// side effects (quota, allocation, lease) applied in turn, and the view stored once.
+pub async fn apply_run(
+    conn: &mut PgConnection,
+    run: &[RecordedEvent],
+) -> Result<(), ProjectionError> {
+    let mut state: Option<Option<Instance>> = None;
+    let mut last = None;
+    for e in run {
+        let event = InstanceEvent::from_parts(&e.event_type, e.data.clone())
+            .map_err(|err| malformed(e, err))?;
+        let before = match state.take() {
+            Some(s) => s,
+            None => load(conn, event.instance_id()).await?,
+        };
+        let after =
+            evolve(before.clone(), &event, e.recorded_at).map_err(|err| malformed(e, err))?;
+        side_effects(conn, &event, before.as_ref(), &after).await?;
+        state = Some(Some(after.clone()));
+        last = Some(after);
+    }
+    match last {
+        Some(after) => store(conn, &after).await,
+        None => Ok(()),
+    }
+}
+
+fn malformed(e: &RecordedEvent, err: impl std::fmt::Display) -> ProjectionError {
+    ProjectionError::Malformed {
+        event_id: e.id.clone(),
+        event_type: e.event_type.clone(),
+        message: err.to_string(),
+    }
+}
+
+/// What an event does besides changing the view.
+async fn side_effects(
+    conn: &mut PgConnection,
+    event: &InstanceEvent,
+    before: Option<&Instance>,
+    after: &Instance,
+) -> Result<(), ProjectionError> {
+    match event {
+        InstanceEvent::Created(_) => charge(conn, after, &charge_of(&after.shape), 1).await?,
         InstanceEvent::Scheduled(s) => {
             sqlx::query(
                 "INSERT INTO node_allocations (id, node_id, instance_id, vcpu, memory_gib, disk_gib, gpu_model, gpus)
@@ -58,18 +87,18 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             .await?;
         }
         InstanceEvent::Resized(r) => {
-            charge(conn, &after, &resize_delta(&r.previous_shape, &r.shape), 1).await?;
+            charge(conn, after, &resize_delta(&r.previous_shape, &r.shape), 1).await?;
             resize_allocation(conn, &after.id, &r.shape).await?;
         }
         InstanceEvent::Recreating(_) => release_placement(conn, &after.id).await?,
         InstanceEvent::Deleted(_) => {
             release_placement(conn, &after.id).await?;
-            let shape = before.as_ref().map(|b| &b.shape).unwrap_or(&after.shape);
-            charge(conn, &after, &charge_of(shape), -1).await?;
+            let shape = before.map(|b| &b.shape).unwrap_or(&after.shape);
+            charge(conn, after, &charge_of(shape), -1).await?;
         }
         _ => {}
     }
-    store(conn, &after).await
+    Ok(())
 }
 
 /// The stored view of an instance (the projection doubles as the aggregate's snapshot).

@@ -70,6 +70,35 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
     }
 }
 
+/// Applies every inline projector to events just appended, in order. Consecutive events of one
+/// instance are applied as a run (one read and one write of its view).
+pub async fn apply_all(
+    conn: &mut PgConnection,
+    events: &[RecordedEvent],
+) -> Result<(), ProjectionError> {
+    let mut rest = events;
+    while let Some(first) = rest.first() {
+        let instance_run =
+            first.event_type.starts_with("instance.") && first.event_type != "instance.orphaned";
+        if !instance_run {
+            apply(conn, first).await?;
+            rest = &rest[1..];
+            continue;
+        }
+        let n = rest
+            .iter()
+            .take_while(|e| {
+                e.stream == first.stream
+                    && e.event_type.starts_with("instance.")
+                    && e.event_type != "instance.orphaned"
+            })
+            .count();
+        instances::apply_run(conn, &rest[..n]).await?;
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
 /// Parses an event's data as `T`.
 pub(crate) fn data<T: serde::de::DeserializeOwned>(
     event: &RecordedEvent,
