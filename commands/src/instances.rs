@@ -377,18 +377,24 @@ async fn lease_command(
         .execute(&mut *tx)
         .await?;
     // The domain says which addresses are leasable; the database finds the lowest of them
-    // that is free without shipping every lease: it is the first host, or right after a
-    // leased address or the gateway.
+    // that is free without shipping every lease: the first host, or right after a taken
+    // address (a lease or the gateway) whose successor is free. One sort, no per-candidate
+    // lookups, so a table without statistics yet cannot make it quadratic.
     let first = Ipv4Addr::from(u32::from(cidr.network()) + 1);
     let last = Ipv4Addr::from(u32::from(cidr.broadcast()) - 1);
     let found: Option<String> = sqlx::query_scalar(
-        "SELECT host(c) FROM (
-             SELECT $2::inet AS c
-             UNION ALL SELECT inet(address) + 1 FROM ip_leases WHERE pool_id = $1
-             UNION ALL SELECT $4::inet + 1
-         ) candidates
-         WHERE c BETWEEN $2::inet AND $3::inet AND c <> $4::inet
-           AND NOT EXISTS (SELECT 1 FROM ip_leases l WHERE l.pool_id = $1 AND l.address = host(c))
+        "WITH taken AS (
+             SELECT inet(address) AS a FROM ip_leases WHERE pool_id = $1
+             UNION ALL SELECT $4::inet
+         ), ordered AS (
+             SELECT a, lead(a) OVER (ORDER BY a) AS next FROM taken
+              WHERE a BETWEEN $2::inet AND $3::inet
+         )
+         SELECT host(c) FROM (
+             SELECT $2::inet AS c WHERE NOT EXISTS (SELECT 1 FROM taken WHERE a = $2::inet)
+             UNION ALL
+             SELECT a + 1 FROM ordered WHERE (next IS NULL OR next > a + 1) AND a + 1 <= $3::inet
+         ) gaps
          ORDER BY c LIMIT 1",
     )
     .bind(&instance.pool_id)
