@@ -529,29 +529,66 @@ pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<Value, Comm
 /// Archives a flavor: no new instances of it.
 pub async fn archive_flavor(ctx: &Ctx, flavor_id: &str) -> Result<Value, CommandError> {
     let mut tx = ctx.pool.begin().await?;
-    let row = sqlx::query("SELECT version, archived FROM flavors WHERE id = $1")
-        .bind(flavor_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| not_found(format!("flavor {flavor_id}")))?;
-    let (version, archived): (i64, bool) = (row.get(0), row.get(1));
-    if !archived {
-        record_one(
-            &mut tx,
-            &format!("flavor-{flavor_id}"),
-            ExpectedVersion::Exact(version),
-            "flavor.archived",
-            &FlavorArchived {
-                flavor_id: flavor_id.into(),
-            },
-            &ctx.metadata(None),
-        )
-        .await?;
-    }
+    let event = FlavorArchived {
+        flavor_id: flavor_id.into(),
+    };
+    let target = Flagged {
+        table: "flavors",
+        flag: "archived",
+        kind: "flavor",
+        id: flavor_id,
+    };
+    record_unless_flagged(ctx, &mut tx, &target, "flavor.archived", &event).await?;
     let view = views::flavor(&mut *tx, flavor_id).await?;
     tx.commit().await?;
     ctx.notifier.committed();
     Ok(view.expect("exists"))
+}
+
+/// A resource whose change sets a boolean column of its projection (archived, deleted).
+struct Flagged<'a> {
+    table: &'static str,
+    flag: &'static str,
+    kind: &'static str,
+    id: &'a str,
+}
+
+/// Records `event` on the resource's stream unless its flag is already set (the change is
+/// idempotent); `NOT_FOUND` when it does not exist.
+async fn record_unless_flagged(
+    ctx: &Ctx,
+    tx: &mut sqlx::PgConnection,
+    target: &Flagged<'_>,
+    event_type: &str,
+    event: &impl serde::Serialize,
+) -> Result<(), CommandError> {
+    let Flagged {
+        table,
+        flag,
+        kind,
+        id,
+    } = target;
+    let row = sqlx::query(&format!(
+        "SELECT version, {flag} FROM {table} WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or_else(|| not_found(format!("{kind} {id}")))?;
+    let (version, set): (i64, bool) = (row.get(0), row.get(1));
+    if !set {
+        let stream = format!("{kind}-{id}");
+        record_one(
+            tx,
+            &stream,
+            ExpectedVersion::Exact(version),
+            event_type,
+            event,
+            &ctx.metadata(None),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// `images.register`.
@@ -621,25 +658,16 @@ pub async fn register_image(ctx: &Ctx, input: RegisterImage) -> Result<Value, Co
 /// Deletes an image (instances already created from it keep running).
 pub async fn delete_image(ctx: &Ctx, image_id: &str) -> Result<Value, CommandError> {
     let mut tx = ctx.pool.begin().await?;
-    let row = sqlx::query("SELECT version, deleted FROM images WHERE id = $1")
-        .bind(image_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| not_found(format!("image {image_id}")))?;
-    let (version, deleted): (i64, bool) = (row.get(0), row.get(1));
-    if !deleted {
-        record_one(
-            &mut tx,
-            &format!("image-{image_id}"),
-            ExpectedVersion::Exact(version),
-            "image.deleted",
-            &ImageDeleted {
-                image_id: image_id.into(),
-            },
-            &ctx.metadata(None),
-        )
-        .await?;
-    }
+    let event = ImageDeleted {
+        image_id: image_id.into(),
+    };
+    let target = Flagged {
+        table: "images",
+        flag: "deleted",
+        kind: "image",
+        id: image_id,
+    };
+    record_unless_flagged(ctx, &mut tx, &target, "image.deleted", &event).await?;
     tx.commit().await?;
     ctx.notifier.committed();
     Ok(serde_json::json!({ "id": image_id, "deleted": true }))

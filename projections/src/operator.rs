@@ -96,12 +96,12 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             .execute(conn)
             .await?;
         }
-        "node.cordoned" | "node.uncordoned" => {
+        "node.cordoned" | "node.uncordoned" | "node.lost" | "node.recovered" => {
             let d: NodeStateChanged = data(e)?;
-            let state = if e.event_type == "node.cordoned" {
-                "cordoned"
-            } else {
-                "ready"
+            let state = match e.event_type.as_str() {
+                "node.cordoned" => "cordoned",
+                "node.lost" => "lost",
+                _ => "ready",
             };
             sqlx::query("UPDATE nodes SET state = $2, updated_at = $3, version = $4 WHERE id = $1")
                 .bind(&d.node_id)
@@ -116,21 +116,6 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             sqlx::query("UPDATE nodes SET orphans = $2, version = $3 WHERE id = $1")
                 .bind(&d.node_id)
                 .bind(Json(&d.instance_ids))
-                .bind(e.version)
-                .execute(conn)
-                .await?;
-        }
-        "node.lost" | "node.recovered" => {
-            let d: NodeStateChanged = data(e)?;
-            let state = if e.event_type == "node.lost" {
-                "lost"
-            } else {
-                "ready"
-            };
-            sqlx::query("UPDATE nodes SET state = $2, updated_at = $3, version = $4 WHERE id = $1")
-                .bind(&d.node_id)
-                .bind(state)
-                .bind(at)
                 .bind(e.version)
                 .execute(conn)
                 .await?;
