@@ -227,10 +227,8 @@ impl TestServer {
         }
     }
 
-    /// `vps replay --verify` on this server's database: `true` when every projection equals
-    /// its rebuild.
-    pub async fn replay_equal(&self) -> bool {
-        // The NodeSpec projector runs behind the log: let it catch up first.
+    /// Waits until the async NodeSpec projector has applied every event appended so far.
+    pub async fn specs_caught_up(&self) {
         for _ in 0..800 {
             let behind: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM events e WHERE NOT EXISTS (
@@ -245,6 +243,12 @@ impl TestServer {
             }
             tokio::time::sleep(std::time::Duration::from_millis(25)).await;
         }
+    }
+
+    /// `vps replay --verify` on this server's database: `true` when every projection equals
+    /// its rebuild.
+    pub async fn replay_equal(&self) -> bool {
+        self.specs_caught_up().await;
         let report = vps_projections::replay::verify(&self.server.state.pool, |_| {})
             .await
             .expect("replay");

@@ -110,6 +110,7 @@ async fn churn_leaves_no_allocation_lease_quota_spec_entry_or_domain_behind() {
     wait_all(&t, &ids, "deleted", Duration::from_secs(120)).await;
 
     let db = &t.server.state.pool;
+    t.specs_caught_up().await;
     for (table, sql) in [
         ("allocations", "SELECT count(*) FROM node_allocations"),
         ("leases", "SELECT count(*) FROM ip_leases"),

@@ -98,6 +98,7 @@ async fn an_instance_runs_stops_starts_and_is_deleted_only_after_a_complete_repo
     let deleted = t.until(ALICE, "acme", &id, WAIT, state("deleted")).await;
     assert_eq!(deleted["state"], "deleted");
     assert!(host.domain(&id).is_none(), "the host destroyed it");
+    t.specs_caught_up().await;
     let spec = t
         .ok(OPERATOR, "nodes.spec", json!({ "nodeId": node }))
         .await;
