@@ -369,6 +369,13 @@ async fn failing_deliveries_are_retried_signed_recorded_and_kept_in_order() {
         || async { receiver.accepted("flaky").len() >= 10 },
     )
     .await;
+    // Deliveries are recorded in runs, right after their POSTs.
+    eventually(
+        "every attempt recorded",
+        Duration::from_secs(20),
+        || async { list_deliveries(&pool, &hook.id, 100).await.unwrap().len() >= 13 },
+    )
+    .await;
     worker.abort();
 
     assert_all_signed(&receiver, "flaky");
@@ -771,6 +778,12 @@ async fn an_event_is_given_up_after_the_last_attempt_and_the_next_one_follows() 
         "the second event delivered",
         Duration::from_secs(10),
         || async { receiver.accepted("stubborn") == expected[1..] },
+    )
+    .await;
+    eventually(
+        "every attempt recorded",
+        Duration::from_secs(10),
+        || async { list_deliveries(&pool, &hook.id, 10).await.unwrap().len() >= 4 },
     )
     .await;
     worker.abort();
