@@ -66,6 +66,39 @@ fn check_name(field: &str, name: &str) -> Result<(), CommandError> {
     }
 }
 
+/// Refuses a `name` already used in `table` (within `pool_id` when given) as INVALID_INPUT.
+pub(crate) async fn ensure_name_free(
+    tx: &mut sqlx::PgConnection,
+    table: &'static str,
+    pool_id: Option<&str>,
+    name: &str,
+    what: &str,
+) -> Result<(), CommandError> {
+    let scope = if pool_id.is_some() {
+        " AND pool_id = $2"
+    } else {
+        ""
+    };
+    let sql = format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE name = $1{scope})");
+    let mut query = sqlx::query_scalar(&sql).bind(name);
+    if let Some(pool_id) = pool_id {
+        query = query.bind(pool_id);
+    }
+    let taken: bool = query.fetch_one(&mut *tx).await?;
+    if !taken {
+        return Ok(());
+    }
+    let place = if pool_id.is_some() {
+        " in this pool"
+    } else {
+        ""
+    };
+    Err(invalid(
+        "name",
+        format!("a {what} named {name} exists{place}"),
+    ))
+}
+
 /// Creates a pool.
 pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<Value, CommandError> {
     check_name("name", &input.name)?;
@@ -95,16 +128,7 @@ pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<Value, CommandE
         return Err(invalid("policy.lostAfterSeconds", "must be positive"));
     }
     let mut tx = ctx.pool.begin().await?;
-    let taken: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pools WHERE name = $1)")
-        .bind(&input.name)
-        .fetch_one(&mut *tx)
-        .await?;
-    if taken {
-        return Err(invalid(
-            "name",
-            format!("a pool named {} exists", input.name),
-        ));
-    }
+    ensure_name_free(&mut tx, "pools", None, &input.name, "pool").await?;
     let id = new_id("pool");
     let event = PoolCreated {
         pool_id: id.clone(),
@@ -350,18 +374,7 @@ pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<Value, Comm
     if view["class"] != "vps-host" {
         return Err(invalid("poolId", "nodes belong to hosted (vps-host) pools"));
     }
-    let taken: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM nodes WHERE pool_id = $1 AND name = $2)")
-            .bind(&input.pool_id)
-            .bind(&input.name)
-            .fetch_one(&mut *tx)
-            .await?;
-    if taken {
-        return Err(invalid(
-            "name",
-            format!("a node named {} exists in this pool", input.name),
-        ));
-    }
+    ensure_name_free(&mut tx, "nodes", Some(&input.pool_id), &input.name, "node").await?;
     let runtimes = input.runtimes.unwrap_or_else(|| {
         vec![view["runtime"]
             .as_str()
@@ -485,19 +498,14 @@ pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<Value, Comm
             "provider pools' flavors name the provider's offer",
         ));
     }
-    let taken: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM flavors WHERE pool_id = $1 AND name = $2)",
+    ensure_name_free(
+        &mut tx,
+        "flavors",
+        Some(&input.pool_id),
+        &input.name,
+        "flavor",
     )
-    .bind(&input.pool_id)
-    .bind(&input.name)
-    .fetch_one(&mut *tx)
     .await?;
-    if taken {
-        return Err(invalid(
-            "name",
-            format!("a flavor named {} exists in this pool", input.name),
-        ));
-    }
     let id = new_id("flv");
     let event = FlavorCreated {
         flavor_id: id.clone(),

@@ -59,17 +59,14 @@ async fn create_once(
     secret: &Map<String, Value>,
 ) -> Result<Value, CommandError> {
     let mut tx = ctx.pool.begin().await?;
-    let taken: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM provider_accounts WHERE name = $1)")
-            .bind(&input.name)
-            .fetch_one(&mut *tx)
-            .await?;
-    if taken {
-        return Err(invalid(
-            "name",
-            format!("a provider account named {} exists", input.name),
-        ));
-    }
+    crate::operator::ensure_name_free(
+        &mut tx,
+        "provider_accounts",
+        None,
+        &input.name,
+        "provider account",
+    )
+    .await?;
     let id = new_id("pacct");
     let secret_ref = if secret.is_empty() {
         None
