@@ -38,6 +38,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the API's OpenAPI 3.1 document (the one served at /api/compute/openapi.json).
+    Openapi,
     /// Every event of a resource (inst_…, pool_…, node_…, …), oldest first.
     History {
         /// The resource id.
@@ -203,6 +205,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             } else {
                 1
             })
+        }
+        Command::Openapi => {
+            let document = serde_json::to_string_pretty(crate::openapi::document())?;
+            println!("{document}");
+            Ok(0)
         }
         Command::Call { method, body, json } => Ok(
             if crate::tools::call::call(&method, body.as_deref(), json).await? {

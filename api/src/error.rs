@@ -4,6 +4,8 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use schemars::JsonSchema;
+use serde::Serialize;
 use serde_json::{json, Value};
 use vps_commands::CommandError;
 use vps_domain::DomainError;
@@ -98,9 +100,47 @@ fn internal(e: &dyn std::error::Error) -> ApiError {
     ApiError::new("INTERNAL", "internal error; see the server log")
 }
 
+/// The body of an error answer, as the OpenAPI document describes it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ErrorBody {
+    /// The SPEC's code.
+    #[schemars(with = "ErrorCode")]
+    pub code: &'static str,
+    /// For people.
+    pub message: String,
+    /// For programs: `field` for `INVALID_INPUT`; `resource, requested, max, used` for
+    /// `QUOTA_EXCEEDED`; the existing id for `CONFLICT`.
+    #[schemars(with = "serde_json::Map<String, Value>")]
+    pub details: Value,
+}
+
+/// Every code an error answer can carry.
+#[allow(dead_code)] // Only its schema is used.
+#[derive(JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum ErrorCode {
+    InvalidInput,
+    Unauthenticated,
+    AccessDenied,
+    NotFound,
+    Conflict,
+    InvalidState,
+    QuotaExceeded,
+    CapacityUnavailable,
+    SpendLimitReached,
+    Unsupported,
+    RateLimited,
+    Internal,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "code": self.code, "message": self.message, "details": self.details });
-        (self.status(), Json(body)).into_response()
+        let status = self.status();
+        let body = ErrorBody {
+            code: self.code,
+            message: self.message,
+            details: self.details,
+        };
+        (status, Json(body)).into_response()
     }
 }

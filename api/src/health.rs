@@ -6,7 +6,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::json;
 
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The process is up.
 pub async fn healthz() -> &'static str {

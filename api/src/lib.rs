@@ -2,7 +2,9 @@
 //! dev, events, audit, bench) and the embedded database they open.
 //!
 //! Modules: `config` (vps.toml + environment), `database` (URL or embedded cluster),
-//! `server` (router, background parts), `health`, `telemetry`, `tools` (events, audit),
+//! `registry` (every API method declared once), `methods` (one module per group), `rpc`
+//! (authentication, parsing, dispatch), `openapi` (the document generated from the registry),
+//! `state`, `wait`, `server` (router, background parts), `health`, `telemetry`, `tools` (events, audit),
 //! `bench`, `dev`, `cli`.
 //!
 //! This is the only crate that knows HTTP or the command line; nothing imports it.
@@ -14,8 +16,12 @@ pub mod database;
 pub mod dev;
 pub mod error;
 pub mod health;
-pub mod routes;
+pub mod methods;
+pub mod openapi;
+pub mod registry;
 pub mod rpc;
 pub mod server;
+pub mod state;
 pub mod telemetry;
 pub mod tools;
+pub mod wait;

@@ -10,7 +10,8 @@ use tracing::Instrument;
 use vps_commands::{Actor, Ctx};
 
 use crate::error::ApiError;
-use crate::server::AppState;
+use crate::registry::{registry, Call};
+use crate::state::AppState;
 
 /// The largest request body accepted.
 pub const MAX_BODY: usize = 256 * 1024;
@@ -65,10 +66,8 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
             node: None,
         });
     }
-    let node: Option<String> = sqlx::query_scalar("SELECT id FROM nodes WHERE token_hash = $1")
-        .bind(vps_commands::operator::token_hash(token))
-        .fetch_optional(&state.pool)
-        .await?;
+    let token_hash = vps_commands::operator::token_hash(token);
+    let node = vps_projections::views::node_by_token_hash(&state.pool, &token_hash).await?;
     let node = node.ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown token"))?;
     Ok(Caller {
         actor: Actor {
@@ -80,7 +79,8 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
     })
 }
 
-/// Parses a JSON body into `T`, naming the offending field.
+/// Parses a JSON body into `T`, naming the offending field. Strings may not hold NUL
+/// characters (PostgreSQL text cannot store them).
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let body = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}".as_slice()
@@ -88,15 +88,47 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         body
     };
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." {
-            "body".to_string()
-        } else {
-            path
-        };
-        ApiError::invalid(&field, e.inner().to_string())
-    })
+    let value: Value = serde_path_to_error::deserialize(de).map_err(|e| refusal(&e))?;
+    if let Some(path) = nul_at(&value, String::new()) {
+        return Err(ApiError::invalid(&path, "contains a NUL character"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| refusal(&e))
+}
+
+fn refusal<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> ApiError {
+    let path = e.path().to_string();
+    let field = if path == "." {
+        "body".to_string()
+    } else {
+        path
+    };
+    ApiError::invalid(&field, e.inner().to_string())
+}
+
+/// The path of the first string (or key) holding a NUL character.
+fn nul_at(value: &Value, path: String) -> Option<String> {
+    match value {
+        Value::String(s) if s.contains('\0') => {
+            Some(if path.is_empty() { "body".into() } else { path })
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| nul_at(v, format!("{path}[{i}]"))),
+        Value::Object(map) => map.iter().find_map(|(k, v)| {
+            let here = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            if k.contains('\0') {
+                Some(here)
+            } else {
+                nul_at(v, here)
+            }
+        }),
+        _ => None,
+    }
 }
 
 /// The one route every method goes through.
@@ -121,33 +153,11 @@ pub async fn dispatch(
         actor: caller.actor.clone(),
         request_id: Some(vps_commands::record::new_id("req")),
     };
-    let span = tracing::info_span!("command", %group, %method, identity = %caller.actor.identity);
-    metrics::counter!("vps_api_requests_total", "method" => format!("{group}.{method}"))
-        .increment(1);
-    let answer = async {
-        if group == "nodes" {
-            if let Some(answer) = crate::routes::hosts::handle(&ctx, &caller, &method, &body).await
-            {
-                return answer;
-            }
-        }
-        match group.as_str() {
-            "pools" | "nodes" | "flavors" | "images" => {
-                crate::routes::operator::handle(&ctx, &caller, &group, &method, &body).await
-            }
-            "instances" => crate::routes::instances::handle(&ctx, &caller, &method, &body).await,
-            "providerAccounts" => {
-                crate::routes::provider_accounts::handle(&ctx, &caller, &method, &body).await
-            }
-            "webhooks" => crate::routes::events::webhooks(&ctx, &caller, &method, &body).await,
-            "events" if method == "list" => crate::routes::events::list(&ctx, &caller, &body).await,
-            _ => Err(ApiError::new(
-                "NOT_FOUND",
-                format!("no method {group}.{method}"),
-            )),
-        }
-    }
-    .instrument(span)
-    .await;
-    answer.map(Json)
+    let method = registry()
+        .get(&group, &method)
+        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("no method {group}.{method}")))?;
+    let span = tracing::info_span!("command", method = %method.full_name(), identity = %caller.actor.identity);
+    metrics::counter!("vps_api_requests_total", "method" => method.full_name()).increment(1);
+    let call = Call { ctx, caller };
+    method.call(call, &body).instrument(span).await.map(Json)
 }

@@ -15,19 +15,7 @@ use tokio::task::JoinHandle;
 use vps_events::Notifier;
 
 use crate::config::Config;
-
-/// What every handler can reach.
-#[derive(Clone)]
-pub struct AppState {
-    /// The database.
-    pub pool: PgPool,
-    /// Wakes followers after appends.
-    pub notifier: Notifier,
-    /// The configuration in force.
-    pub config: Arc<Config>,
-    /// Seals user data.
-    pub secrets: vps_commands::secrets::SecretKey,
-}
+pub use crate::state::AppState;
 
 /// The HTTP routes, without any background part (handlers can be driven with `oneshot`).
 pub fn app(state: AppState) -> Router {
@@ -37,8 +25,9 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(crate::health::metrics))
         .route(
             "/api/compute/events/stream",
-            get(crate::routes::events::stream),
+            get(crate::methods::events::stream),
         )
+        .route("/api/compute/openapi.json", get(crate::openapi::serve))
         .route(
             "/api/compute/{group}/{method}",
             axum::routing::post(crate::rpc::dispatch),

@@ -22,7 +22,7 @@ use crate::record::{record, record_one};
 pub const MAX_ORPHANS: usize = 100;
 
 /// `nodes.report`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Report {
     /// The reporting node.
@@ -38,7 +38,7 @@ pub struct Report {
 }
 
 /// One instance as the host sees it.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReportedInstance {
     /// `inst_…`.
@@ -52,7 +52,7 @@ pub struct ReportedInstance {
 }
 
 /// A host-side instance state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum ReportedState {
     /// Running.

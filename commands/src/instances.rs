@@ -29,7 +29,7 @@ use crate::record::{new_id, record};
 use crate::secrets;
 
 /// `instances.create` (without `wait`, which the API handles).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateInput {
     /// The tenant.

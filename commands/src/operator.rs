@@ -26,7 +26,7 @@ const RUNTIMES: &[&str] = &[
 ];
 
 /// `pools.create`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreatePool {
     /// Unique name.
@@ -154,7 +154,7 @@ pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<Value, CommandE
 }
 
 /// `pools.update`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdatePool {
     /// The pool.
@@ -221,7 +221,7 @@ async fn finish_pool_change(
 }
 
 /// `pools.offer`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OfferPool {
     /// The pool.
@@ -278,7 +278,7 @@ pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Value, CommandErr
 }
 
 /// `pools.setIpPool`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SetIpPool {
     /// The pool.
@@ -334,7 +334,7 @@ pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<Value, CommandEr
 }
 
 /// `nodes.register`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterNode {
     /// A hosted pool.
@@ -450,7 +450,7 @@ pub async fn set_cordon(ctx: &Ctx, node_id: &str, cordon: bool) -> Result<Value,
 }
 
 /// `flavors.create`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateFlavor {
     /// The pool.
@@ -600,7 +600,7 @@ async fn record_unless_flagged(
 }
 
 /// `images.register`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterImage {
     /// The id (`img_…` or any name of letters, digits, `-_.`).

@@ -25,7 +25,7 @@ use crate::secrets;
 pub const SECRET_FIELDS: &[&str] = &["token", "tokenSecret"];
 
 /// `providerAccounts.create`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateProviderAccount {
     /// `hetzner-cloud`, `proxmox` or `emulator`.

@@ -6,7 +6,19 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// The kinds of condition an instance can carry; at most one of each at a time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum ConditionType {
     /// No node fits (reason `NoFit`) or a requirement no node meets (reason names it).
     Unschedulable,
@@ -22,7 +34,7 @@ pub enum ConditionType {
 
 /// Whether the condition holds. Conditions are removed when they stop holding, so the ones on an
 /// instance are `True`; the field exists for the wire shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum ConditionStatus {
     /// It holds.
     True,
@@ -31,7 +43,7 @@ pub enum ConditionStatus {
 }
 
 /// One condition of an instance.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     /// The kind.

@@ -26,7 +26,7 @@ pub struct PoolCreated {
 }
 
 /// A hosted pool's policy for lost hosts.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolPolicy {
     /// Place a lost host's instances elsewhere.

@@ -116,6 +116,51 @@ pub async fn load(conn: &mut PgConnection, id: &str) -> Result<Option<Instance>,
     }
 }
 
+/// What `instances.list` selects: a tenant's instances (not warm ones), newest first.
+#[derive(Debug, Clone, Default)]
+pub struct InstanceFilter {
+    /// The tenant.
+    pub tenant_id: String,
+    /// Only those this identity created.
+    pub owner: Option<String>,
+    /// Only in this state.
+    pub state: Option<String>,
+    /// Only in this pool.
+    pub pool_id: Option<String>,
+    /// Only older than this (created at, id): the previous page's last item.
+    pub before: Option<(chrono::DateTime<chrono::Utc>, String)>,
+}
+
+/// Up to `limit` instances matching `filter`, newest first.
+pub async fn page<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    filter: &InstanceFilter,
+    limit: i64,
+) -> Result<Vec<Instance>, ProjectionError> {
+    let rows = sqlx::query(
+        "SELECT doc FROM instances
+          WHERE tenant_id = $1 AND NOT warm
+            AND ($2::text IS NULL OR owner_identity_id = $2)
+            AND ($3::text IS NULL OR state = $3)
+            AND ($4::text IS NULL OR pool_id = $4)
+            AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6))
+          ORDER BY created_at DESC, id DESC
+          LIMIT $7",
+    )
+    .bind(&filter.tenant_id)
+    .bind(&filter.owner)
+    .bind(&filter.state)
+    .bind(&filter.pool_id)
+    .bind(filter.before.as_ref().map(|b| b.0))
+    .bind(filter.before.as_ref().map(|b| b.1.as_str()))
+    .bind(limit)
+    .fetch_all(db)
+    .await?;
+    rows.iter()
+        .map(|r| Ok(r.try_get::<Json<Instance>, _>(0)?.0))
+        .collect()
+}
+
 async fn store(conn: &mut PgConnection, i: &Instance) -> Result<(), ProjectionError> {
     sqlx::query(
         "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,

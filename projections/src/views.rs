@@ -1,8 +1,12 @@
 //! Reading projections as the API shows them (camelCase JSON).
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use serde_json::{json, Value};
 use sqlx::{PgExecutor, Row};
+use vps_domain::condition::Condition;
 use vps_domain::instance::Instance;
+use vps_domain::state_table::{DesiredState, InstanceState};
 
 /// A pool, or `None`.
 pub async fn pool<'e>(db: impl PgExecutor<'e>, id: &str) -> Result<Option<Value>, sqlx::Error> {
@@ -155,26 +159,176 @@ pub async fn images<'e>(
 }
 
 /// The public view of an instance (SPEC §3.2).
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceView {
+    /// `inst_…`.
+    pub id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The pool.
+    pub pool_id: String,
+    /// Where it is.
+    pub state: InstanceState,
+    /// What it should become.
+    pub desired_state: DesiredState,
+    /// The flavor's name.
+    pub flavor: String,
+    /// The image.
+    pub image_id: String,
+    /// OpenSSH public keys.
+    pub ssh_keys: Vec<String>,
+    /// The leased address first, then reported ones.
+    pub addresses: Vec<String>,
+    /// Why it is not where it should be.
+    pub conditions: Vec<Condition>,
+    /// Hosted: its node.
+    pub node_id: Option<String>,
+    /// Hosted: its allocation.
+    pub allocation_id: Option<String>,
+    /// Provider: the machine id.
+    pub external_id: Option<String>,
+    /// The project.
+    pub project_id: Option<String>,
+    /// Who created it.
+    pub owner_identity_id: String,
+    /// The create's idempotency key.
+    pub idempotency_key: String,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Its stream version.
+    pub version: u64,
+}
+
+impl From<&Instance> for InstanceView {
+    fn from(i: &Instance) -> Self {
+        InstanceView {
+            id: i.id.clone(),
+            tenant_id: i.tenant_id.clone(),
+            pool_id: i.pool_id.clone(),
+            state: i.state,
+            desired_state: i.desired_state,
+            flavor: i.flavor.clone(),
+            image_id: i.image_id.clone(),
+            ssh_keys: i.ssh_keys.clone(),
+            addresses: i.addresses.clone(),
+            conditions: i.conditions.clone(),
+            node_id: i.node_id.clone(),
+            allocation_id: i.allocation_id.clone(),
+            external_id: i.external_id.clone(),
+            project_id: i.project_id.clone(),
+            owner_identity_id: i.owner_identity_id.clone(),
+            idempotency_key: i.idempotency_key.clone(),
+            created_at: i.created_at,
+            updated_at: i.updated_at,
+            version: i.version,
+        }
+    }
+}
+
+/// The public view of an instance as JSON.
 pub fn instance_json(i: &Instance) -> Value {
-    json!({
-        "id": i.id,
-        "tenantId": i.tenant_id,
-        "poolId": i.pool_id,
-        "state": i.state,
-        "desiredState": i.desired_state,
-        "flavor": i.flavor,
-        "imageId": i.image_id,
-        "sshKeys": i.ssh_keys,
-        "addresses": i.addresses,
-        "conditions": i.conditions,
-        "nodeId": i.node_id,
-        "allocationId": i.allocation_id,
-        "externalId": i.external_id,
-        "projectId": i.project_id,
-        "ownerIdentityId": i.owner_identity_id,
-        "idempotencyKey": i.idempotency_key,
-        "createdAt": i.created_at,
-        "updatedAt": i.updated_at,
-        "version": i.version,
-    })
+    serde_json::to_value(InstanceView::from(i)).expect("serialises")
+}
+
+/// One tenant's quota of one resource in a pool.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaUsage {
+    /// The tenant.
+    pub tenant_id: String,
+    /// `vcpu`, `memoryGiB`, …
+    pub resource: String,
+    /// The maximum.
+    pub max: i64,
+    /// What is charged.
+    pub used: i64,
+}
+
+/// A pool's quotas, optionally of one tenant.
+pub async fn quota_usage<'e>(
+    db: impl PgExecutor<'e>,
+    pool_id: &str,
+    tenant_id: Option<&str>,
+) -> Result<Vec<QuotaUsage>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT tenant_id, resource, max, used FROM quotas
+          WHERE pool_id = $1 AND ($2::text IS NULL OR tenant_id = $2) ORDER BY tenant_id, resource",
+    )
+    .bind(pool_id)
+    .bind(tenant_id)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| QuotaUsage {
+            tenant_id: r.get(0),
+            resource: r.get(1),
+            max: r.get(2),
+            used: r.get(3),
+        })
+        .collect())
+}
+
+/// An address leased to an instance.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    /// The IPv4 address.
+    pub address: String,
+    /// Who holds it.
+    pub instance_id: String,
+}
+
+/// A pool's leases, by address.
+pub async fn leases<'e>(db: impl PgExecutor<'e>, pool_id: &str) -> Result<Vec<Lease>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT address, instance_id FROM ip_leases WHERE pool_id = $1 ORDER BY inet(address)",
+    )
+    .bind(pool_id)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| Lease {
+            address: r.get(0),
+            instance_id: r.get(1),
+        })
+        .collect())
+}
+
+/// Whether a pool is offered to a tenant.
+pub async fn offered<'e>(
+    db: impl PgExecutor<'e>,
+    pool_id: &str,
+    tenant_id: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = $2 AND offered)",
+    )
+    .bind(pool_id)
+    .bind(tenant_id)
+    .fetch_one(db)
+    .await
+}
+
+/// Whether a node exists.
+pub async fn node_exists<'e>(db: impl PgExecutor<'e>, id: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1)")
+        .bind(id)
+        .fetch_one(db)
+        .await
+}
+
+/// The node whose token hashes to `token_hash`.
+pub async fn node_by_token_hash<'e>(
+    db: impl PgExecutor<'e>,
+    token_hash: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM nodes WHERE token_hash = $1")
+        .bind(token_hash)
+        .fetch_optional(db)
+        .await
 }

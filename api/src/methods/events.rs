@@ -1,4 +1,5 @@
-//! `webhooks.*`, `events.list` and the server-sent event stream.
+//! `events.list` and `GET /api/compute/events/stream` (server-sent events): the log as
+//! CloudEvents, tenants seeing only their own events.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -7,140 +8,58 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
-use serde::Deserialize;
-use serde_json::{json, Value};
-use vps_commands::Ctx;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use vps_events::envelope::{cloud_event, stream_of};
 use vps_events::read::{read_filtered, Filter};
 use vps_events::Cursor;
-use vps_reactors::webhooks::{self, DeleteWebhook, NewWebhook, WebhookError};
 
 use crate::error::ApiError;
-use crate::rpc::{authenticate, parse, Caller};
-use crate::server::AppState;
+use crate::registry::{Access::Tenant, Call, Method};
+use crate::rpc::{authenticate, Caller};
+use crate::state::AppState;
 
-#[derive(Deserialize)]
+/// `events.list`.
+#[derive(Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct CreateWebhook {
-    url: String,
-    types: Vec<String>,
-    tenant_id: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct WebhookRef {
-    webhook_id: String,
-    limit: Option<i64>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ListEvents {
+pub struct ListEvents {
+    /// Start after this cursor.
     after: Option<String>,
+    /// Type patterns (`instance.*`).
     #[serde(default)]
     types: Vec<String>,
+    /// Only this subject (`instance/inst_…`).
     subject: Option<String>,
+    /// 1 to 1000 (default 100).
     limit: Option<i64>,
 }
 
-impl From<WebhookError> for ApiError {
-    fn from(e: WebhookError) -> Self {
-        match e {
-            WebhookError::Invalid { field, message } => ApiError::invalid(field, message),
-            WebhookError::NotFound(what) => ApiError::new("NOT_FOUND", format!("{what} not found")),
-            other => {
-                tracing::error!(error = %other, "webhook command failed");
-                ApiError::new("INTERNAL", "internal error; see the server log")
-            }
-        }
-    }
+/// A page of the log.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct EventPage {
+    /// CloudEvents, in log order.
+    items: Vec<Value>,
+    /// Where the next page starts.
+    cursor: String,
+}
+
+/// The methods of the group.
+pub fn methods() -> Vec<Method> {
+    vec![Method::new(
+        "events",
+        "list",
+        Tenant,
+        "One page of the log as CloudEvents.",
+        list,
+    )]
 }
 
 /// The tenant whose events a caller sees: its own, or everything for operators.
-fn scope(caller: &Caller) -> Result<Option<String>, ApiError> {
+pub fn scope(caller: &Caller) -> Result<Option<String>, ApiError> {
     match (&caller.actor.tenant, caller.actor.operator) {
         (_, true) => Ok(None),
         (Some(t), false) => Ok(Some(t.clone())),
         (None, false) => Err(ApiError::new("ACCESS_DENIED", "nodes do not read events")),
-    }
-}
-
-/// Dispatches `webhooks.*`.
-pub async fn webhooks(
-    ctx: &Ctx,
-    caller: &Caller,
-    method: &str,
-    body: &[u8],
-) -> Result<Value, ApiError> {
-    let tenant_scope = scope(caller)?;
-    match method {
-        "create" => {
-            let q: CreateWebhook = parse(body)?;
-            let tenant_id = match (&tenant_scope, q.tenant_id) {
-                (Some(own), Some(asked)) if own != &asked => {
-                    return Err(ApiError::new(
-                        "NOT_FOUND",
-                        format!("tenant {asked} not found"),
-                    ))
-                }
-                (Some(own), _) => Some(own.clone()),
-                (None, asked) => asked,
-            };
-            let (hook, secret) = webhooks::create_webhook(
-                &ctx.pool,
-                &ctx.notifier,
-                NewWebhook {
-                    url: q.url,
-                    types: q.types,
-                    tenant_id,
-                    actor: ctx.actor.identity.clone(),
-                },
-            )
-            .await?;
-            let mut view = serde_json::to_value(&hook).expect("serialises");
-            view["secret"] = json!(secret.0);
-            Ok(view)
-        }
-        "list" => {
-            let _: Value = parse(body)?;
-            Ok(
-                json!({ "items": webhooks::list_webhooks(&ctx.pool, tenant_scope.as_deref()).await? }),
-            )
-        }
-        "delete" => {
-            let q: WebhookRef = parse(body)?;
-            webhooks::delete_webhook(
-                &ctx.pool,
-                &ctx.notifier,
-                DeleteWebhook {
-                    id: q.webhook_id.clone(),
-                    tenant_scope,
-                    actor: ctx.actor.identity.clone(),
-                },
-            )
-            .await?;
-            Ok(json!({ "id": q.webhook_id, "deleted": true }))
-        }
-        "deliveries" => {
-            let q: WebhookRef = parse(body)?;
-            webhooks::get_webhook(&ctx.pool, &q.webhook_id, tenant_scope.as_deref())
-                .await?
-                .ok_or_else(|| {
-                    ApiError::new("NOT_FOUND", format!("webhook {} not found", q.webhook_id))
-                })?;
-            let limit = q.limit.unwrap_or(100);
-            if !(1..=1000).contains(&limit) {
-                return Err(ApiError::invalid("limit", "1 to 1000"));
-            }
-            Ok(
-                json!({ "items": webhooks::list_deliveries(&ctx.pool, &q.webhook_id, limit).await? }),
-            )
-        }
-        _ => Err(ApiError::new(
-            "NOT_FOUND",
-            format!("no method webhooks.{method}"),
-        )),
     }
 }
 
@@ -170,20 +89,19 @@ fn cursor(field: &str, value: Option<&str>) -> Result<Cursor, ApiError> {
     }
 }
 
-/// `events.list`.
-pub async fn list(ctx: &Ctx, caller: &Caller, body: &[u8]) -> Result<Value, ApiError> {
-    let q: ListEvents = parse(body)?;
+async fn list(c: Call, q: ListEvents) -> Result<EventPage, ApiError> {
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit", "1 to 1000"));
     }
     let after = cursor("after", q.after.as_deref())?;
-    let filter = filter(caller, q.types, q.subject)?;
-    let events = read_filtered(&ctx.pool, after, &filter, limit).await?;
+    let filter = filter(&c.caller, q.types, q.subject)?;
+    let events = read_filtered(&c.ctx.pool, after, &filter, limit).await?;
     let next = events.last().map(|e| e.cursor()).unwrap_or(after);
-    Ok(
-        json!({ "items": events.iter().map(cloud_event).collect::<Vec<_>>(), "cursor": next.to_string() }),
-    )
+    Ok(EventPage {
+        items: events.iter().map(cloud_event).collect(),
+        cursor: next.to_string(),
+    })
 }
 
 /// Query parameters of the stream.

@@ -1,0 +1,303 @@
+//! `instances.*`: a tenant's instances (operators: any tenant's). Another tenant's instance is
+//! `NOT_FOUND`, never `ACCESS_DENIED`.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Datelike, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use vps_commands::instances::{self, Change, CreateInput};
+use vps_domain::instance::Instance;
+use vps_domain::state_table::InstanceState;
+use vps_projections::instances::InstanceFilter;
+use vps_projections::views::InstanceView;
+
+use crate::error::ApiError;
+use crate::registry::{Access::Tenant, Call, Items, Method};
+
+/// `instances.create`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateBody {
+    #[serde(flatten)]
+    input: CreateInput,
+    /// Answer once the instance settles, or after the timeout.
+    wait: Option<Wait>,
+}
+
+/// How long a create may wait for its instance to settle.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Wait {
+    /// At most 30000.
+    timeout_ms: u64,
+}
+
+/// An instance by id.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InstanceRef {
+    /// The tenant.
+    tenant_id: String,
+    /// `inst_…`.
+    instance_id: String,
+}
+
+/// `instances.get`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GetBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `inst_…`.
+    instance_id: String,
+    /// A cursor (`<transaction id>-<position>`) or an RFC 3339 time: the instance as it was.
+    as_of: Option<String>,
+}
+
+/// `instances.resize`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResizeBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `inst_…`.
+    instance_id: String,
+    /// The new flavor's name.
+    flavor: String,
+}
+
+/// `instances.list`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `mine` or `all` (default).
+    scope: Option<String>,
+    /// Only in this state.
+    state: Option<InstanceState>,
+    /// Only in this pool.
+    pool_id: Option<String>,
+    /// 1 to 200 (default 50).
+    limit: Option<i64>,
+    /// The previous page's cursor.
+    cursor: Option<String>,
+}
+
+/// A page of instances, newest first.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct InstancePage {
+    /// The instances.
+    items: Vec<InstanceView>,
+    /// Present when there are more.
+    cursor: Option<String>,
+}
+
+/// The methods of the group.
+pub fn methods() -> Vec<Method> {
+    vec![
+        Method::new(
+            "instances",
+            "create",
+            Tenant,
+            "Creates an instance (idempotent by key).",
+            create,
+        ),
+        Method::new(
+            "instances",
+            "get",
+            Tenant,
+            "One instance, now or as it was (`asOf`).",
+            get,
+        ),
+        Method::new(
+            "instances",
+            "list",
+            Tenant,
+            "A tenant's instances, newest first.",
+            list,
+        ),
+        Method::new(
+            "instances",
+            "start",
+            Tenant,
+            "Wants the instance running.",
+            |c: Call, q: InstanceRef| change(c, q, Change::Start),
+        ),
+        Method::new(
+            "instances",
+            "stop",
+            Tenant,
+            "Wants the instance stopped.",
+            |c: Call, q: InstanceRef| change(c, q, Change::Stop),
+        ),
+        Method::new(
+            "instances",
+            "delete",
+            Tenant,
+            "Deletes the instance.",
+            |c: Call, q: InstanceRef| change(c, q, Change::Delete),
+        ),
+        Method::new(
+            "instances",
+            "resize",
+            Tenant,
+            "Moves the instance to another flavor.",
+            |c: Call, q: ResizeBody| {
+                change(
+                    c,
+                    InstanceRef {
+                        tenant_id: q.tenant_id,
+                        instance_id: q.instance_id,
+                    },
+                    Change::Resize(q.flavor),
+                )
+            },
+        ),
+        Method::new(
+            "instances",
+            "history",
+            Tenant,
+            "Every event of the instance.",
+            history,
+        ),
+    ]
+}
+
+async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
+    q.input.tenant_id = c.caller.tenant(&q.input.tenant_id)?;
+    let wait = match q.wait {
+        Some(w) if w.timeout_ms > 30_000 => {
+            return Err(ApiError::invalid("wait.timeoutMs", "at most 30000"))
+        }
+        Some(w) => Duration::from_millis(w.timeout_ms),
+        None => Duration::ZERO,
+    };
+    let created = instances::create(&c.ctx, q.input).await?;
+    if !created.state.is_settling() || wait.is_zero() {
+        return Ok(InstanceView::from(&created));
+    }
+    let instance = crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
+        let mut conn = c.ctx.pool.acquire().await?;
+        let now = vps_projections::instances::load(&mut conn, &created.id)
+            .await
+            .map_err(vps_commands::CommandError::from)?
+            .unwrap_or_else(|| created.clone());
+        Ok((!now.state.is_settling(), now))
+    })
+    .await?;
+    Ok(InstanceView::from(&instance))
+}
+
+async fn get(c: Call, q: GetBody) -> Result<InstanceView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let mut conn = c.ctx.pool.acquire().await?;
+    let current = instances::visible(&mut conn, &tenant, &q.instance_id).await?;
+    match q.as_of {
+        None => Ok(InstanceView::from(&current)),
+        Some(as_of) => as_of_view(&mut conn, &q.instance_id, &as_of).await,
+    }
+}
+
+async fn change(c: Call, q: InstanceRef, change: Change) -> Result<InstanceView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let instance = instances::change(&c.ctx, &tenant, &q.instance_id, change).await?;
+    Ok(InstanceView::from(&instance))
+}
+
+async fn history(c: Call, q: InstanceRef) -> Result<Items<Value>, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let mut conn = c.ctx.pool.acquire().await?;
+    instances::visible(&mut conn, &tenant, &q.instance_id).await?;
+    let events =
+        vps_events::read::read_stream(&mut *conn, &format!("instance-{}", q.instance_id)).await?;
+    Ok(events
+        .iter()
+        .map(vps_events::envelope::cloud_event)
+        .collect::<Vec<_>>()
+        .into())
+}
+
+async fn list(c: Call, q: ListBody) -> Result<InstancePage, ApiError> {
+    let tenant_id = c.caller.tenant(&q.tenant_id)?;
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=200).contains(&limit) {
+        return Err(ApiError::invalid("limit", "1 to 200"));
+    }
+    let owner = match q.scope.as_deref() {
+        None | Some("all") => None,
+        Some("mine") => Some(c.caller.actor.identity.clone()),
+        Some(_) => return Err(ApiError::invalid("scope", "mine or all")),
+    };
+    let filter = InstanceFilter {
+        tenant_id,
+        owner,
+        state: q.state.map(|s| s.as_str().to_string()),
+        pool_id: q.pool_id,
+        before: q.cursor.as_deref().map(parse_cursor).transpose()?,
+    };
+    let mut items = vps_projections::instances::page(&c.ctx.pool, &filter, limit + 1)
+        .await
+        .map_err(vps_commands::CommandError::from)?;
+    let more = items.len() as i64 > limit;
+    items.truncate(limit as usize);
+    let cursor = more.then(|| items.last().map(page_cursor)).flatten();
+    Ok(InstancePage {
+        items: items.iter().map(InstanceView::from).collect(),
+        cursor,
+    })
+}
+
+/// A page's cursor: its last item's (createdAt in microseconds, id); pages run newest first.
+fn page_cursor(i: &Instance) -> String {
+    format!("{}.{}", i.created_at.timestamp_micros(), i.id)
+}
+
+fn parse_cursor(cursor: &str) -> Result<(DateTime<Utc>, String), ApiError> {
+    cursor
+        .split_once('.')
+        .and_then(|(micros, id)| {
+            let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+            // Only times an instance can have been created at (and PostgreSQL can hold).
+            (1970..=9999)
+                .contains(&at.year())
+                .then(|| (at, id.to_string()))
+        })
+        .ok_or_else(|| ApiError::invalid("cursor", "not a cursor from a previous page"))
+}
+
+/// The instance as it was at a point of the log (time travel): its stream folded up to the
+/// cursor or time. Before its creation it is `NOT_FOUND`.
+async fn as_of_view(
+    conn: &mut sqlx::PgConnection,
+    id: &str,
+    as_of: &str,
+) -> Result<InstanceView, ApiError> {
+    enum Point {
+        Cursor(vps_events::Cursor),
+        Time(DateTime<Utc>),
+    }
+    let point = if let Ok(c) = as_of.parse::<vps_events::Cursor>() {
+        Point::Cursor(c)
+    } else if let Ok(t) = DateTime::parse_from_rfc3339(as_of) {
+        Point::Time(t.with_timezone(&Utc))
+    } else {
+        return Err(ApiError::invalid("asOf", "a cursor or an RFC 3339 time"));
+    };
+    let events = vps_events::read::read_stream(&mut *conn, &format!("instance-{id}")).await?;
+    let mut parsed = Vec::new();
+    for e in events.iter().filter(|e| match &point {
+        Point::Cursor(c) => e.cursor() <= *c,
+        Point::Time(t) => e.recorded_at <= *t,
+    }) {
+        let event = vps_domain::instance::InstanceEvent::from_parts(&e.event_type, e.data.clone())
+            .map_err(|err| ApiError::from(sqlx::Error::Decode(Box::new(err))))?;
+        parsed.push((event, e.recorded_at));
+    }
+    let folded = vps_domain::instance::fold(parsed.iter().map(|(e, at)| (e, *at)))
+        .map_err(|err| ApiError::from(sqlx::Error::Decode(Box::new(err))))?;
+    folded
+        .map(|i| InstanceView::from(&i))
+        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("instance {id} did not exist yet")))
+}

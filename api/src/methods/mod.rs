@@ -1,0 +1,36 @@
+//! The API's methods, one module per group; each module declares its methods once
+//! ([`crate::registry::Method`]) and the registry collects them here.
+
+pub mod events;
+pub mod flavors;
+pub mod images;
+pub mod instances;
+pub mod nodes;
+pub mod pools;
+pub mod provider_accounts;
+pub mod webhooks;
+
+use crate::error::ApiError;
+use crate::registry::Method;
+
+/// Every method of the API, group by group.
+pub fn all() -> Vec<Method> {
+    [
+        pools::methods(),
+        nodes::methods(),
+        flavors::methods(),
+        images::methods(),
+        instances::methods(),
+        provider_accounts::methods(),
+        webhooks::methods(),
+        events::methods(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// `NOT_FOUND` for a named resource.
+pub fn missing(what: &str, id: &str) -> ApiError {
+    ApiError::new("NOT_FOUND", format!("{what} {id} not found"))
+}

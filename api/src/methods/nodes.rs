@@ -1,0 +1,203 @@
+//! `nodes.*`: the operator side (register, read, cordon) and the host seam (`spec`
+//! long-poll, `report`, `secret`). A node calls with its own token and speaks only for
+//! itself; operators may read and report for any node.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use vps_commands::hosts::{self, Report};
+use vps_commands::operator::{self as ops, RegisterNode};
+use vps_projections::views;
+
+use super::missing;
+use crate::error::ApiError;
+use crate::registry::{Access, Call, Items, Method};
+use crate::rpc::Caller;
+
+/// A node by id.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeRef {
+    /// `node_…`.
+    pub node_id: String,
+}
+
+/// `nodes.list`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeList {
+    /// Only this pool's nodes.
+    pub pool_id: Option<String>,
+}
+
+/// `nodes.spec`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecQuery {
+    /// `node_…`.
+    pub node_id: String,
+    /// Answer once the generation is newer than this.
+    pub after_generation: Option<i64>,
+    /// How long to hold the request (at most 30000).
+    pub wait_ms: Option<u64>,
+}
+
+/// `nodes.secret`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretQuery {
+    /// `node_…`.
+    pub node_id: String,
+    /// `secret://…`.
+    #[serde(rename = "ref")]
+    pub reference: String,
+}
+
+/// What `nodes.report` changed.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct ReportAnswer {
+    /// Instances whose state or data changed.
+    pub updated: usize,
+    /// Instances the node holds that nothing places there.
+    pub orphans: Vec<String>,
+}
+
+/// A secret's plain value.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct SecretAnswer {
+    /// The value.
+    pub value: String,
+}
+
+/// The longest a spec request is held.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// The methods of the group.
+pub fn methods() -> Vec<Method> {
+    use Access::{Node, Operator};
+    vec![
+        Method::new(
+            "nodes",
+            "register",
+            Operator,
+            "Registers a node; answers its token once.",
+            |c: Call, q: RegisterNode| async move { Ok(ops::register_node(&c.ctx, q).await?) },
+        ),
+        Method::new(
+            "nodes",
+            "get",
+            Operator,
+            "One node with its allocations.",
+            get,
+        ),
+        Method::new(
+            "nodes",
+            "list",
+            Operator,
+            "Nodes, optionally of one pool.",
+            list,
+        ),
+        Method::new(
+            "nodes",
+            "cordon",
+            Operator,
+            "Stops placing on a node.",
+            |c: Call, q: NodeRef| async move { Ok(ops::set_cordon(&c.ctx, &q.node_id, true).await?) },
+        ),
+        Method::new(
+            "nodes",
+            "uncordon",
+            Operator,
+            "Places on a node again.",
+            |c: Call, q: NodeRef| async move { Ok(ops::set_cordon(&c.ctx, &q.node_id, false).await?) },
+        ),
+        Method::new(
+            "nodes",
+            "spec",
+            Node,
+            "The node's NodeSpec (long-poll).",
+            spec,
+        ),
+        Method::new(
+            "nodes",
+            "report",
+            Node,
+            "What the node's runtime holds.",
+            report,
+        ),
+        Method::new(
+            "nodes",
+            "secret",
+            Node,
+            "A sealed secret of an instance placed on the node.",
+            secret,
+        ),
+    ]
+}
+
+/// A node speaks only for itself; an operator for any node.
+fn authorize(caller: &Caller, node_id: &str) -> Result<(), ApiError> {
+    match &caller.node {
+        Some(own) if own == node_id => Ok(()),
+        Some(_) => Err(ApiError::new(
+            "ACCESS_DENIED",
+            "a node speaks only for itself",
+        )),
+        None => caller.operator(),
+    }
+}
+
+async fn get(c: Call, q: NodeRef) -> Result<Value, ApiError> {
+    views::node(&c.ctx.pool, &q.node_id)
+        .await?
+        .ok_or_else(|| missing("node", &q.node_id))
+}
+
+async fn list(c: Call, q: NodeList) -> Result<Items<Value>, ApiError> {
+    Ok(views::nodes(&c.ctx.pool, q.pool_id.as_deref())
+        .await?
+        .into())
+}
+
+async fn spec(c: Call, q: SpecQuery) -> Result<Value, ApiError> {
+    authorize(&c.caller, &q.node_id)?;
+    let wait = Duration::from_millis(q.wait_ms.unwrap_or(0));
+    if wait > MAX_WAIT {
+        return Err(ApiError::invalid("waitMs", "at most 30000"));
+    }
+    if !views::node_exists(&c.ctx.pool, &q.node_id).await? {
+        return Err(missing("node", &q.node_id));
+    }
+    let newer = |spec: &Value| {
+        q.after_generation
+            .is_none_or(|after| spec["generation"].as_i64().unwrap_or(0) > after)
+    };
+    crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
+        let mut conn = c.ctx.pool.acquire().await?;
+        let spec = vps_projections::node_specs::load(&mut conn, &q.node_id).await?;
+        Ok((newer(&spec), spec))
+    })
+    .await
+}
+
+async fn report(c: Call, report: Report) -> Result<ReportAnswer, ApiError> {
+    authorize(&c.caller, &report.node_id)?;
+    let outcome = hosts::report(&c.ctx, report).await?;
+    Ok(ReportAnswer {
+        updated: outcome.updated,
+        orphans: outcome.orphans,
+    })
+}
+
+async fn secret(c: Call, q: SecretQuery) -> Result<SecretAnswer, ApiError> {
+    // Only the node itself: an operator has no business reading tenants' user data.
+    if c.caller.node.as_deref() != Some(q.node_id.as_str()) {
+        return Err(ApiError::new(
+            "ACCESS_DENIED",
+            "only the node itself reads its instances' secrets",
+        ));
+    }
+    let value = hosts::node_secret(&c.ctx, &q.node_id, &q.reference).await?;
+    Ok(SecretAnswer { value })
+}

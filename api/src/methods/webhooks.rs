@@ -1,0 +1,131 @@
+//! `webhooks.*`: subscriptions to the log delivered as signed POSTs. Tenants manage their
+//! own; operators any, or all-tenant ones.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use vps_reactors::webhooks::{self, DeleteWebhook, NewWebhook, WebhookError};
+
+use super::events::scope;
+use super::missing;
+use crate::error::ApiError;
+use crate::registry::{Access::Tenant, Call, Items, Method, NoParams};
+
+/// `webhooks.create`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateWebhook {
+    /// Where deliveries are POSTed (http or https).
+    url: String,
+    /// Type patterns (`instance.*`).
+    types: Vec<String>,
+    /// Operators: one tenant's events only; tenants: their own (the default).
+    tenant_id: Option<String>,
+}
+
+/// A webhook by id.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WebhookRef {
+    /// `wh_…`.
+    webhook_id: String,
+}
+
+/// `webhooks.deliveries`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeliveriesQuery {
+    /// `wh_…`.
+    webhook_id: String,
+    /// 1 to 1000 (default 100).
+    limit: Option<i64>,
+}
+
+impl From<WebhookError> for ApiError {
+    fn from(e: WebhookError) -> Self {
+        match e {
+            WebhookError::Invalid { field, message } => ApiError::invalid(field, message),
+            WebhookError::NotFound(what) => ApiError::new("NOT_FOUND", format!("{what} not found")),
+            other => {
+                tracing::error!(error = %other, "webhook command failed");
+                ApiError::new("INTERNAL", "internal error; see the server log")
+            }
+        }
+    }
+}
+
+/// The methods of the group.
+pub fn methods() -> Vec<Method> {
+    vec![
+        Method::new(
+            "webhooks",
+            "create",
+            Tenant,
+            "Subscribes a URL; answers its secret once.",
+            create,
+        ),
+        Method::new("webhooks", "list", Tenant, "The caller's webhooks.", list),
+        Method::new("webhooks", "delete", Tenant, "Deletes a webhook.", delete),
+        Method::new(
+            "webhooks",
+            "deliveries",
+            Tenant,
+            "A webhook's delivery attempts, newest first.",
+            deliveries,
+        ),
+    ]
+}
+
+async fn create(c: Call, q: CreateWebhook) -> Result<Value, ApiError> {
+    let tenant_id = match (scope(&c.caller)?, q.tenant_id) {
+        (Some(own), Some(asked)) if own != asked => return Err(missing("tenant", &asked)),
+        (Some(own), _) => Some(own),
+        (None, asked) => asked,
+    };
+    let new = NewWebhook {
+        url: q.url,
+        types: q.types,
+        tenant_id,
+        actor: c.ctx.actor.identity.clone(),
+    };
+    let (hook, secret) = webhooks::create_webhook(&c.ctx.pool, &c.ctx.notifier, new).await?;
+    let mut view = serde_json::to_value(&hook).expect("serialises");
+    view["secret"] = json!(secret.0);
+    Ok(view)
+}
+
+async fn list(c: Call, _: NoParams) -> Result<Items<Value>, ApiError> {
+    let tenant_scope = scope(&c.caller)?;
+    let hooks = webhooks::list_webhooks(&c.ctx.pool, tenant_scope.as_deref()).await?;
+    Ok(hooks
+        .iter()
+        .map(|h| serde_json::to_value(h).expect("serialises"))
+        .collect::<Vec<_>>()
+        .into())
+}
+
+async fn delete(c: Call, q: WebhookRef) -> Result<Value, ApiError> {
+    let delete = DeleteWebhook {
+        id: q.webhook_id.clone(),
+        tenant_scope: scope(&c.caller)?,
+        actor: c.ctx.actor.identity.clone(),
+    };
+    webhooks::delete_webhook(&c.ctx.pool, &c.ctx.notifier, delete).await?;
+    Ok(json!({ "id": q.webhook_id, "deleted": true }))
+}
+
+async fn deliveries(c: Call, q: DeliveriesQuery) -> Result<Items<Value>, ApiError> {
+    let tenant_scope = scope(&c.caller)?;
+    webhooks::get_webhook(&c.ctx.pool, &q.webhook_id, tenant_scope.as_deref())
+        .await?
+        .ok_or_else(|| missing("webhook", &q.webhook_id))?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit", "1 to 1000"));
+    }
+    let rows = webhooks::list_deliveries(&c.ctx.pool, &q.webhook_id, limit).await?;
+    Ok(rows
+        .iter()
+        .map(|d| serde_json::to_value(d).expect("serialises"))
+        .collect::<Vec<_>>()
+        .into())
+}

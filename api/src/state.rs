@@ -1,0 +1,22 @@
+//! What every handler can reach: the pool, the wake-up notifier, the configuration and the
+//! sealing key. Its own module so routes and the server both depend on it, not on each other.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use vps_events::Notifier;
+
+use crate::config::Config;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// The database.
+    pub pool: PgPool,
+    /// Wakes followers after appends.
+    pub notifier: Notifier,
+    /// The configuration in force.
+    pub config: Arc<Config>,
+    /// Seals user data.
+    pub secrets: vps_commands::secrets::SecretKey,
+}

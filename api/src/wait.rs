@@ -1,0 +1,35 @@
+//! Waiting for the projections to reach a condition (long-polls, `wait` on creates): woken by
+//! every commit the notifier hears of (this process's, or another replica's via `pg_notify`),
+//! never by a fixed polling interval.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use vps_events::Notifier;
+
+use crate::error::ApiError;
+
+/// The longest a missed wake-up can delay an answer.
+const RECHECK: Duration = Duration::from_millis(500);
+
+/// Runs `probe` until it reports done or `deadline` passes, and answers its last value.
+pub async fn until<T, F, Fut>(
+    notifier: &Notifier,
+    deadline: Instant,
+    mut probe: F,
+) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(bool, T), ApiError>>,
+{
+    let mut wake = notifier.subscribe();
+    loop {
+        wake.borrow_and_update();
+        let (done, value) = probe().await?;
+        let now = Instant::now();
+        if done || now >= deadline {
+            return Ok(value);
+        }
+        let _ = tokio::time::timeout((deadline - now).min(RECHECK), wake.changed()).await;
+    }
+}
