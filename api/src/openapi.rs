@@ -90,7 +90,7 @@ fn operation(method: &Method, request: Value, answer: Value) -> Value {
         "summary": method.summary,
         "description": format!("Who may call it: {}.", method.access.describe()),
         "requestBody": {
-            "required": true,
+            "required": !method.body_optional,
             "content": { "application/json": { "schema": request } },
         },
         "responses": responses,

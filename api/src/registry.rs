@@ -78,6 +78,8 @@ pub struct Method {
     pub request: fn(&mut SchemaGenerator) -> Schema,
     /// The answer's schema.
     pub answer: fn(&mut SchemaGenerator) -> Schema,
+    /// Whether the body may be left out (the request has no required field).
+    pub body_optional: bool,
     handler: Handler,
 }
 
@@ -104,6 +106,7 @@ impl Method {
             access,
             request: |g| g.subschema_for::<Req>(),
             answer: |g| g.subschema_for::<Ans>(),
+            body_optional: parse::<Req>(b"").is_ok(),
             handler: Box::new(move |call, body| match parse::<Req>(body) {
                 Ok(request) => handler(call, request)
                     .map(|answer| answer.map(|a| serde_json::to_value(a).expect("serialises")))

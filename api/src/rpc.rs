@@ -89,6 +89,9 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     };
     let de = &mut serde_json::Deserializer::from_slice(body);
     let value: Value = serde_path_to_error::deserialize(de).map_err(|e| refusal(&e))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("body", "a JSON object"));
+    }
     if let Some(path) = nul_at(&value, String::new()) {
         return Err(ApiError::invalid(&path, "contains a NUL character"));
     }

@@ -12,17 +12,7 @@ use vps_events::read::read_stream;
 use vps_events::{append, AppendError, ExpectedVersion, Follower, Metadata, NewEvent, Notifier};
 
 async fn fresh_log() -> PgPool {
-    let url = vps_pg::testing::fresh_database().await;
-    let pool = vps_events::connect(
-        &url,
-        &vps_events::DbOptions {
-            max_connections: 30,
-        },
-    )
-    .await
-    .expect("connect");
-    vps_events::migrate(&pool).await.expect("migrate");
-    pool
+    vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 30).await
 }
 
 fn event(n: usize) -> NewEvent {

@@ -1,10 +1,12 @@
 //! PostgreSQL server plumbing that sits below every layer: the embedded cluster `vps` runs when
 //! no database URL is configured, and fresh throw-away databases for tests.
 //!
-//! Modules: `embedded` (initdb + pg_ctl from the binaries on the machine, as a non-root user),
-//! `testing` (one database per test on a shared server). This crate knows nothing of events
-//! or the schema; it only hands out connection URLs.
+//! Modules: `connect` (pools with the session settings every connection needs), `embedded`
+//! (initdb + pg_ctl from the binaries on the machine, as a non-root user), `testing` (one
+//! database per test on a shared server). This crate knows nothing of events or the schema:
+//! a fresh test pool is migrated with the migrator its caller hands in.
 
+pub mod connect;
 pub mod embedded;
 pub mod testing;
 

@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use sqlx::{Connection, Executor, PgConnection};
+use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 use crate::embedded::{EmbeddedCluster, EmbeddedOptions};
 
@@ -44,6 +44,19 @@ pub async fn fresh_database() -> String {
         .await
         .expect("create test database");
     with_database(&server, &name)
+}
+
+/// A pool on a fresh database with `migrator`'s schema applied.
+pub async fn fresh_pool(migrator: &sqlx::migrate::Migrator, max_connections: u32) -> PgPool {
+    let url = fresh_database().await;
+    let pool = crate::connect::connect(&url, &crate::connect::DbOptions { max_connections })
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    migrator
+        .run(&pool)
+        .await
+        .expect("migrate the test database");
+    pool
 }
 
 /// `url` with its database name replaced.

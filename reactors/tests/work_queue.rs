@@ -10,17 +10,7 @@ use sqlx::PgPool;
 use vps_reactors::work_queue::{complete, fail, take, wake, wake_all, Next};
 
 async fn fresh() -> PgPool {
-    let url = vps_pg::testing::fresh_database().await;
-    let pool = vps_events::connect(
-        &url,
-        &vps_events::DbOptions {
-            max_connections: 20,
-        },
-    )
-    .await
-    .unwrap();
-    vps_events::migrate(&pool).await.unwrap();
-    pool
+    vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 20).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

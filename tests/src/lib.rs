@@ -39,16 +39,7 @@ impl TestServer {
     /// Like `start`, letting the test adjust the configuration (e.g. `[timings]`).
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
         vps::telemetry::init_logging();
-        let url = vps_pg::testing::fresh_database().await;
-        let pool = vps_events::connect(
-            &url,
-            &vps_events::DbOptions {
-                max_connections: 40,
-            },
-        )
-        .await
-        .expect("connect");
-        vps_events::migrate(&pool).await.expect("migrate");
+        let pool = vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 40).await;
         let identity = |token: &str, identity: &str, tenant: Option<&str>| IdentityConfig {
             token: token.into(),
             identity: identity.into(),
