@@ -7,16 +7,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::Utc;
 use serde::Deserialize;
 use sqlx::{PgConnection, Row};
-use vps_domain::instance::{decide, AddressMode, Failure, Instance, InstanceCommand, Observed};
+use vps_domain::instance::{AddressMode, Failure, Instance, InstanceCommand, Observed};
 use vps_domain::operator::{NodeStateChanged, OrphansChanged};
 use vps_domain::state_table::InstanceState;
 use vps_domain::DomainError;
 use vps_events::ExpectedVersion;
-use vps_projections::instances::load;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
-use crate::record::{record, record_one};
+use crate::pipeline::apply_commands;
+use crate::record::record_one;
 
 /// The most orphans one `instance.orphaned` event names.
 pub const MAX_ORPHANS: usize = 100;
@@ -176,7 +176,9 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
                 mode: AddressMode::Add,
             });
         }
-        if apply_all(ctx, &mut tx, instance, &commands, now).await? {
+        if apply_commands(ctx, &mut tx, instance, &commands, now)
+            .await?
+            .is_some() {
             changed.push(entry.id.clone());
         }
     }
@@ -184,7 +186,9 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
         for (id, instance) in &placed {
             if !reported.contains(id.as_str())
                 && instance.state == InstanceState::Deleting
-                && apply_all(ctx, &mut tx, instance, &[InstanceCommand::Release], now).await?
+                && apply_commands(ctx, &mut tx, instance, &[InstanceCommand::Release], now)
+                    .await?
+                    .is_some()
             {
                 changed.push(id.clone());
             }
@@ -235,52 +239,6 @@ pub async fn placed_on(
         .collect())
 }
 
-/// Decides and records each command in turn; refusals of the state table are skipped (a
-/// report that does not apply to the instance's state changes nothing). Returns whether
-/// anything was recorded.
-pub async fn apply_all(
-    ctx: &Ctx,
-    tx: &mut PgConnection,
-    instance: &Instance,
-    commands: &[InstanceCommand],
-    now: chrono::DateTime<Utc>,
-) -> Result<bool, CommandError> {
-    let mut current = instance.clone();
-    let mut any = false;
-    for command in commands {
-        let events = match decide(Some(&current), command, now) {
-            Ok(events) => events,
-            Err(DomainError::InvalidState { .. }) => continue,
-            Err(other) => return Err(other.into()),
-        };
-        if events.is_empty() {
-            continue;
-        }
-        let pairs = events
-            .iter()
-            .map(|e| (e.event_type().to_string(), e.data()))
-            .collect();
-        let metadata = ctx.metadata(Some(&current.tenant_id));
-        record(
-            &mut *tx,
-            &format!("instance-{}", current.id),
-            ExpectedVersion::Exact(current.version as i64),
-            pairs,
-            &metadata,
-        )
-        .await?;
-        if events
-            .iter()
-            .any(|e| matches!(e, vps_domain::instance::InstanceEvent::Deleted(_)))
-        {
-            crate::secrets::forget(tx, &current.id).await?;
-        }
-        current = load(tx, &current.id).await?.expect("recorded");
-        any = true;
-    }
-    Ok(any)
-}
-
 /// Marks a silent node lost and its instances lost (`node.lost`, `instance.lost`). Returns the
 /// instances that changed.
 pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, CommandError> {
@@ -311,7 +269,10 @@ pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, Com
         .await?;
         let mut changed = Vec::new();
         for (id, instance) in placed_on(&mut tx, node_id).await? {
-            if apply_all(ctx, &mut tx, &instance, &[InstanceCommand::Lose], now).await? {
+            if apply_commands(ctx, &mut tx, &instance, &[InstanceCommand::Lose], now)
+                .await?
+                .is_some()
+            {
                 changed.push(id);
             }
         }

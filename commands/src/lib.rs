@@ -14,6 +14,7 @@ pub mod error;
 pub mod hosts;
 pub mod instances;
 pub mod operator;
+pub mod pipeline;
 pub mod provider_accounts;
 pub mod record;
 pub mod secrets;

@@ -6,6 +6,7 @@
 //! event; folding a stream with it rebuilds the instance exactly, so the view needs nothing but
 //! the log.
 
+mod admission;
 mod command;
 mod decide;
 mod event;
@@ -19,6 +20,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::condition::{Condition, ConditionType};
+use crate::error::DomainError;
 use crate::resources::Shape;
 use crate::state_table::{DesiredState, InstanceState};
 
@@ -26,7 +28,11 @@ pub use command::{
     AddressMode, CreateInstance, Failure, InstanceCommand, Observed, PlaceInstance, RecreateCause,
     Requester, ResizeInstance,
 };
-pub use decide::decide;
+pub use admission::{
+    admit, check_user_data, placement, resize, Admission, AdmissionFacts, AdmissionPool,
+    ResizeFacts,
+};
+pub use decide::{decide, decide_all, MAX_IDEMPOTENCY_KEY, MAX_SSH_KEYS};
 pub use event::{
     AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
     InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled, EVENT_TYPES,
@@ -113,6 +119,14 @@ pub struct Instance {
     pub version: u64,
     /// Hosts that refused it for lack of resources, oldest first (one per re-placement).
     pub refusals: Vec<Refusal>,
+}
+
+/// The instance `events` make from nothing, each applied at `now` (for deciding further
+/// commands in the same decision; the recorded times come with the append).
+pub fn fold_now(events: &[InstanceEvent], now: DateTime<Utc>) -> Result<Instance, DomainError> {
+    fold(events.iter().map(|e| (e, now)))
+        .map_err(|e| DomainError::invalid_state(e.to_string()))?
+        .ok_or_else(|| DomainError::invalid_state("no events to fold"))
 }
 
 /// A stream that cannot be folded: a bug or a damaged log, never a user error.

@@ -89,6 +89,31 @@ pub fn decide(
     Ok(d.events)
 }
 
+/// Decides `commands` in turn, each on the state the previous ones left. A command the state
+/// table refuses (`INVALID_STATE`) is skipped: a report that no longer applies to the
+/// instance's state changes nothing. Any other refusal refuses the whole list.
+pub fn decide_all(
+    state: &Instance,
+    commands: &[InstanceCommand],
+    now: DateTime<Utc>,
+) -> Result<Vec<InstanceEvent>, DomainError> {
+    let mut current = state.clone();
+    let mut events = Vec::new();
+    for command in commands {
+        match decide(Some(&current), command, now) {
+            Ok(decided) => {
+                for event in &decided {
+                    apply(&mut current, event, now);
+                }
+                events.extend(decided);
+            }
+            Err(DomainError::InvalidState { .. }) => continue,
+            Err(other) => return Err(other),
+        }
+    }
+    Ok(events)
+}
+
 /// The instance as the decision goes, and the events so far. Each event is applied as it is
 /// emitted, so later events carry the state the earlier ones left.
 struct Draft {
@@ -241,6 +266,7 @@ fn create_instance(
     existing: Option<&Instance>,
     c: &CreateInstance,
 ) -> Result<Vec<InstanceEvent>, DomainError> {
+    check_create_request(c)?;
     if let Some(inst) = existing {
         // Same key: the same request is a replay (no new events), a different one a conflict.
         return if inst.request_hash == c.request_hash {
@@ -251,44 +277,11 @@ fn create_instance(
             })
         };
     }
-    if !ids::is_valid_id(prefix::INSTANCE, &c.id) {
-        return Err(DomainError::invalid_input(
-            "id",
-            format!("{:?} is not an instance id", c.id),
-        ));
-    }
-    for (field, value) in [
-        ("tenantId", &c.tenant_id),
-        ("poolId", &c.pool_id),
-        ("flavor", &c.flavor),
-        ("imageId", &c.image_id),
-        ("idempotencyKey", &c.idempotency_key),
-        ("ownerIdentityId", &c.owner_identity_id),
-    ] {
-        if value.trim().is_empty() {
-            return Err(DomainError::invalid_input(field, "must not be empty"));
-        }
-    }
     if c.shape.vcpu == 0 || c.shape.memory_gib == 0 {
         return Err(DomainError::invalid_input(
             "flavor",
             "a flavor needs at least one vCPU and 1 GiB of memory",
         ));
-    }
-    if c.desired_state == DesiredState::Deleted {
-        return Err(DomainError::invalid_input(
-            "desiredState",
-            "an instance cannot be created deleted",
-        ));
-    }
-    if c.sandbox_id.is_some() && c.warm_template_id.is_some() {
-        return Err(DomainError::invalid_input(
-            "sandboxId",
-            "an instance belongs to a sandbox or is a warm instance of a template, never both",
-        ));
-    }
-    for key in &c.ssh_keys {
-        validate_ssh_public_key(key)?;
     }
     let state = transition(InstanceState::Pending, Verb::Admit)?;
     Ok(vec![InstanceEvent::Created(Created {
@@ -713,4 +706,64 @@ fn release(d: &mut Draft) -> Result<(), DomainError> {
     }
     let to = transition(d.inst.state, Verb::Release)?;
     d.emit(to, DesiredState::Deleted, InstanceEvent::Deleted)
+}
+
+/// The most SSH keys one instance takes.
+pub const MAX_SSH_KEYS: usize = 32;
+
+/// The longest idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 200;
+
+/// Checks a create's own fields (not whether the pool, flavor or image exist).
+pub(super) fn check_create_request(c: &CreateInstance) -> Result<(), DomainError> {
+    if !ids::is_valid_id(prefix::INSTANCE, &c.id) {
+        return Err(DomainError::invalid_input(
+            "id",
+            format!("{:?} is not an instance id", c.id),
+        ));
+    }
+    for (field, value) in [
+        ("tenantId", &c.tenant_id),
+        ("poolId", &c.pool_id),
+        ("flavor", &c.flavor),
+        ("imageId", &c.image_id),
+        ("idempotencyKey", &c.idempotency_key),
+        ("ownerIdentityId", &c.owner_identity_id),
+    ] {
+        if value.trim().is_empty() {
+            return Err(DomainError::invalid_input(field, "must not be empty"));
+        }
+    }
+    if c.idempotency_key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(DomainError::invalid_input(
+            "idempotencyKey",
+            format!("1 to {MAX_IDEMPOTENCY_KEY} characters"),
+        ));
+    }
+    match c.desired_state {
+        DesiredState::Running | DesiredState::Stopped => {}
+        DesiredState::Paused if c.warm_template_id.is_some() => {}
+        _ => return Err(DomainError::invalid_input("desiredState", "running or stopped")),
+    }
+    if c.sandbox_id.is_some() && c.warm_template_id.is_some() {
+        return Err(DomainError::invalid_input(
+            "sandboxId",
+            "an instance belongs to a sandbox or is a warm instance of a template, never both",
+        ));
+    }
+    if c.ssh_keys.len() > MAX_SSH_KEYS {
+        return Err(DomainError::invalid_input(
+            "sshKeys",
+            format!("at most {MAX_SSH_KEYS} keys"),
+        ));
+    }
+    for (i, key) in c.ssh_keys.iter().enumerate() {
+        validate_ssh_public_key(key).map_err(|e| match e {
+            DomainError::InvalidInput { message, .. } => {
+                DomainError::invalid_input(&format!("sshKeys[{i}]"), message)
+            }
+            other => other,
+        })?;
+    }
+    Ok(())
 }

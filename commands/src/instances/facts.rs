@@ -1,0 +1,338 @@
+//! What instance decisions read: admission's facts in one place, the pool's nodes with their
+//! bookings, a free address, and the confirmations that run after the append (the chosen node
+//! still holds every booking, the charged quota still fits).
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use sqlx::types::Json;
+use sqlx::{PgConnection, Row};
+use vps_domain::instance::{AdmissionFacts, AdmissionPool, Instance, PoolKind, ResizeFacts};
+use vps_domain::placement::{NodeCandidate, NodeState};
+use vps_domain::quota::{check, Amounts, Delta};
+use vps_domain::resources::{Capacity, Gpus, QuotaResource, Shape};
+use vps_domain::DomainError;
+use vps_projections::instances::load;
+
+use super::CreateInput;
+use crate::error::CommandError;
+
+/// Reads everything admission decides on for instance `id`.
+pub async fn admission(
+    tx: &mut PgConnection,
+    id: &str,
+    input: &CreateInput,
+) -> Result<AdmissionFacts, CommandError> {
+    let existing = load(tx, id).await?;
+    if existing.is_some() {
+        return Ok(AdmissionFacts {
+            existing,
+            ..AdmissionFacts::default()
+        });
+    }
+    let pool = offered_pool(tx, &input.pool_id, &input.tenant_id).await?;
+    let mut facts = AdmissionFacts {
+        shape: flavor_shape(tx, &input.pool_id, &input.flavor).await?,
+        image_visible: image_visible(tx, &input.image_id, &input.tenant_id).await?,
+        ..AdmissionFacts::default()
+    };
+    (facts.quota_max, facts.quota_used) = quota(tx, &input.pool_id, &input.tenant_id).await?;
+    if let Some(pool) = pool.as_ref().filter(|p| p.kind == PoolKind::Hosted) {
+        facts.nodes = candidates(tx, &input.pool_id, None).await?;
+        if pool.has_range {
+            facts.free_address = free_address(tx, &input.pool_id).await?;
+        }
+    }
+    facts.pool = pool;
+    Ok(facts)
+}
+
+/// What a resize of `instance` to `flavor` decides on. The node's row is locked to commit, so
+/// a concurrent placement cannot take the room the resize counts on.
+pub async fn resize(
+    tx: &mut PgConnection,
+    instance: &Instance,
+    flavor: &str,
+) -> Result<ResizeFacts, CommandError> {
+    let (quota_max, quota_used) = quota(tx, &instance.pool_id, &instance.tenant_id).await?;
+    let node = match &instance.node_id {
+        Some(node_id) => candidates(tx, &instance.pool_id, Some(node_id))
+            .await?
+            .into_iter()
+            .next()
+            .map(|n| (n.capacity, n.allocated)),
+        None => None,
+    };
+    Ok(ResizeFacts {
+        shape: flavor_shape(tx, &instance.pool_id, flavor).await?,
+        quota_max,
+        quota_used,
+        node,
+    })
+}
+
+/// The facts a scheduling instance is placed on: its pool, nodes and a free address.
+pub async fn placement(
+    tx: &mut PgConnection,
+    pool_id: &str,
+) -> Result<(AdmissionPool, AdmissionFacts), CommandError> {
+    let pool = pool(tx, pool_id, None)
+        .await?
+        .ok_or_else(|| DomainError::NotFound {
+            what: format!("pool {pool_id}"),
+        })?;
+    let facts = AdmissionFacts {
+        nodes: candidates(tx, pool_id, None).await?,
+        free_address: match pool.has_range {
+            true => free_address(tx, pool_id).await?,
+            false => None,
+        },
+        ..AdmissionFacts::default()
+    };
+    Ok((pool, facts))
+}
+
+async fn offered_pool(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    tenant_id: &str,
+) -> Result<Option<AdmissionPool>, CommandError> {
+    pool(tx, pool_id, Some(tenant_id)).await
+}
+
+/// A pool; with `tenant`, only when it is offered to that tenant.
+async fn pool(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    tenant: Option<&str>,
+) -> Result<Option<AdmissionPool>, CommandError> {
+    let row = sqlx::query(
+        "SELECT p.class, p.runtime, p.provider_account_id IS NOT NULL, p.ip_cidr IS NOT NULL FROM pools p
+          WHERE p.id = $1 AND ($2::text IS NULL OR EXISTS
+                (SELECT 1 FROM quotas q WHERE q.pool_id = p.id AND q.tenant_id = $2 AND q.offered))",
+    )
+    .bind(pool_id)
+    .bind(tenant)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(row.and_then(|r| {
+        let kind = match r.get::<String, _>(0).as_str() {
+            "vps-host" => PoolKind::Hosted,
+            "provider" => PoolKind::Provider,
+            _ => return None,
+        };
+        Some(AdmissionPool {
+            kind,
+            runtime: r
+                .get::<Option<String>, _>(1)
+                .unwrap_or_else(|| "libvirt-kvm".into()),
+            has_account: r.get(2),
+            has_range: r.get(3),
+        })
+    }))
+}
+
+/// The shape of a pool's flavor that is not archived.
+pub async fn flavor_shape(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    flavor: &str,
+) -> Result<Option<Shape>, CommandError> {
+    let shape: Option<Json<Shape>> = sqlx::query_scalar(
+        "SELECT shape FROM flavors WHERE pool_id = $1 AND name = $2 AND NOT archived",
+    )
+    .bind(pool_id)
+    .bind(flavor)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(shape.map(|Json(s)| s))
+}
+
+async fn image_visible(
+    tx: &mut PgConnection,
+    image_id: &str,
+    tenant_id: &str,
+) -> Result<bool, CommandError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM images WHERE id = $1 AND NOT deleted AND (tenant_id = $2 OR tenant_id IS NULL))",
+    )
+    .bind(image_id)
+    .bind(tenant_id)
+    .fetch_one(&mut *tx)
+    .await?)
+}
+
+/// A tenant's quota maxima and usage in a pool.
+async fn quota(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    tenant_id: &str,
+) -> Result<(Amounts, Amounts), CommandError> {
+    let rows =
+        sqlx::query("SELECT resource, max, used FROM quotas WHERE pool_id = $1 AND tenant_id = $2")
+            .bind(pool_id)
+            .bind(tenant_id)
+            .fetch_all(&mut *tx)
+            .await?;
+    let (mut max, mut used) = (Amounts::new(), Amounts::new());
+    for r in &rows {
+        if let Some(resource) = QuotaResource::parse(&r.get::<String, _>(0)) {
+            max.insert(resource, r.get::<i64, _>(1).max(0) as u64);
+            used.insert(resource, r.get::<i64, _>(2).max(0) as u64);
+        }
+    }
+    Ok((max, used))
+}
+
+/// Checks that the quota still fits once this transaction's charge `delta` is in it. The
+/// projector's update holds the quota rows locked, so concurrent charges queue here and the
+/// check is exact: usage read now includes every committed charge and this one.
+pub async fn confirm_quota(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    tenant_id: &str,
+    delta: &Delta,
+) -> Result<(), CommandError> {
+    let (max, charged) = quota(tx, pool_id, tenant_id).await?;
+    let before: Amounts = charged
+        .iter()
+        .map(|(r, used)| {
+            let charge = delta.get(r).copied().unwrap_or(0);
+            (*r, (*used as i64 - charge).max(0) as u64)
+        })
+        .collect();
+    check(&max, &before, delta)?;
+    Ok(())
+}
+
+/// Checks, holding the node's lock until commit, that the node an instance was just placed on
+/// still holds every booking (its own included). When a concurrent placement took the room
+/// first, the transaction must be decided again.
+pub async fn confirm_placement(
+    tx: &mut PgConnection,
+    instance: &Instance,
+) -> Result<(), CommandError> {
+    let Some(node_id) = &instance.node_id else {
+        return Ok(());
+    };
+    let node = candidates(tx, &instance.pool_id, Some(node_id)).await?;
+    if node.first().is_some_and(|n| n.capacity.holds(&n.allocated)) {
+        Ok(())
+    } else {
+        Err(CommandError::Raced(format!(
+            "node {node_id} filled up meanwhile"
+        )))
+    }
+}
+
+/// The pool's nodes with what is booked on them; with `lock`, only that node, locked.
+pub async fn candidates(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    lock: Option<&str>,
+) -> Result<Vec<NodeCandidate>, CommandError> {
+    let nodes = match lock {
+        None => "SELECT * FROM nodes WHERE pool_id = $1",
+        Some(_) => "SELECT * FROM nodes WHERE pool_id = $1 AND id = $2 FOR UPDATE",
+    };
+    let rows = sqlx::query(&format!(
+        "SELECT n.id, n.state, n.runtimes, n.labels, n.capacity,
+                coalesce(sum(a.vcpu), 0)::bigint, coalesce(sum(a.memory_gib), 0)::bigint,
+                coalesce(sum(a.disk_gib), 0)::bigint,
+                coalesce(jsonb_object_agg(a.gpu_model, a.gpus) FILTER (WHERE a.gpus > 0), '{{}}')
+           FROM ({nodes}) n
+           LEFT JOIN node_allocations a ON a.node_id = n.id
+          GROUP BY n.id, n.state, n.runtimes, n.labels, n.capacity"
+    ))
+    .bind(pool_id)
+    .bind(lock)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows.iter().map(candidate).collect())
+}
+
+fn candidate(r: &sqlx::postgres::PgRow) -> NodeCandidate {
+    let Json(runtimes): Json<Vec<String>> = r.get(2);
+    let Json(labels): Json<BTreeMap<String, String>> = r.get(3);
+    let Json(capacity): Json<Capacity> = r.get(4);
+    let Json(gpus): Json<BTreeMap<String, i64>> = r.get(8);
+    NodeCandidate {
+        id: r.get(0),
+        state: match r.get::<String, _>(1).as_str() {
+            "ready" => NodeState::Ready,
+            "unreachable" => NodeState::Unreachable,
+            "lost" => NodeState::Lost,
+            _ => NodeState::Cordoned,
+        },
+        runtimes,
+        labels,
+        capacity,
+        allocated: Capacity {
+            vcpu: r.get::<i64, _>(5) as u32,
+            memory_gib: r.get::<i64, _>(6) as u32,
+            disk_gib: r.get::<i64, _>(7) as u32,
+            gpus: gpus
+                .into_iter()
+                .map(|(model, count)| Gpus {
+                    model,
+                    count: count as u32,
+                })
+                .collect(),
+        },
+    }
+}
+
+/// The lowest free host address of the pool's range (not the gateway), or `None`.
+///
+/// "Lowest free first" means two concurrent placements would pick the same address; rather
+/// than let them collide and retry in a herd, address choice in a pool is serialized with a
+/// transaction-scoped advisory lock (held to commit; the lease's key still guards it).
+async fn free_address(
+    tx: &mut PgConnection,
+    pool_id: &str,
+) -> Result<Option<Ipv4Addr>, CommandError> {
+    let range: Option<(String, String)> =
+        sqlx::query_as("SELECT ip_cidr, ip_gateway FROM pools WHERE id = $1 AND ip_cidr IS NOT NULL")
+            .bind(pool_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some((cidr, gateway)) = range else {
+        return Ok(None);
+    };
+    let cidr = vps_domain::ipam::Ipv4Cidr::parse(&cidr)?;
+    let gateway: Ipv4Addr = gateway
+        .parse()
+        .map_err(|_| DomainError::invalid_state("the stored gateway is not IPv4"))?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ip-lease:' || $1, 0))")
+        .bind(pool_id)
+        .execute(&mut *tx)
+        .await?;
+    // The first host, or right after a taken address (a lease or the gateway) whose
+    // successor is free: one sort, no per-candidate lookups.
+    let first = Ipv4Addr::from(u32::from(cidr.network()) + 1);
+    let last = Ipv4Addr::from(u32::from(cidr.broadcast()) - 1);
+    let found: Option<String> = sqlx::query_scalar(
+        "WITH taken AS (
+             SELECT inet(address) AS a FROM ip_leases WHERE pool_id = $1
+             UNION ALL SELECT $4::inet
+         ), ordered AS (
+             SELECT a, lead(a) OVER (ORDER BY a) AS next FROM taken
+              WHERE a BETWEEN $2::inet AND $3::inet
+         )
+         SELECT host(c) FROM (
+             SELECT $2::inet AS c WHERE NOT EXISTS (SELECT 1 FROM taken WHERE a = $2::inet)
+             UNION ALL
+             SELECT a + 1 FROM ordered WHERE (next IS NULL OR next > a + 1) AND a + 1 <= $3::inet
+         ) gaps
+         ORDER BY c LIMIT 1",
+    )
+    .bind(pool_id)
+    .bind(first.to_string())
+    .bind(last.to_string())
+    .bind(gateway.to_string())
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(found
+        .and_then(|a| a.parse::<Ipv4Addr>().ok())
+        .filter(|a| cidr.is_host(*a) && *a != gateway))
+}

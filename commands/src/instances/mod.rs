@@ -1,0 +1,211 @@
+//! Instances: admission (`create`), `start`, `stop`, `resize` and `delete`. Each reads its
+//! facts ([`facts`]), decides with `vps_domain::instance` and records the events through the
+//! [`crate::pipeline`]; admission and resize then confirm, under row locks held to commit, that
+//! the quota and the node still hold what they booked, so concurrent commands never overbook.
+
+pub mod facts;
+
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
+use vps_domain::instance::{
+    self as domain, Admission, CreateInstance, Instance, InstanceCommand, PoolKind, Requester,
+};
+use vps_domain::quota::{charge_of, resize_delta};
+use vps_domain::resources::Shape;
+use vps_domain::state_table::DesiredState;
+use vps_domain::DomainError;
+use vps_projections::instances::load;
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::pipeline::{commit, record_instance};
+use crate::record::new_id;
+use crate::secrets;
+
+pub use facts::confirm_placement;
+
+/// `instances.create` (without `wait`, which the API handles).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateInput {
+    /// The tenant.
+    pub tenant_id: String,
+    /// The pool (offered to the tenant).
+    pub pool_id: String,
+    /// The flavor's name in the pool.
+    pub flavor: String,
+    /// The image (hosted pools).
+    pub image_id: String,
+    /// OpenSSH public keys.
+    #[serde(default)]
+    pub ssh_keys: Vec<String>,
+    /// Cloud-init user data; default: rendered from the id and keys.
+    pub user_data: Option<String>,
+    /// The project.
+    pub project_id: Option<String>,
+    /// `running` (default) or `stopped`.
+    pub desired_state: Option<DesiredState>,
+    /// Makes the create idempotent.
+    pub idempotency_key: String,
+}
+
+/// The hash that tells a replay from a conflicting reuse of an idempotency key.
+pub fn request_hash(input: &CreateInput) -> String {
+    hex::encode(Sha256::digest(
+        serde_json::to_vec(input).expect("serialises"),
+    ))
+}
+
+/// Admits an instance, or answers the one this idempotency key already made.
+pub async fn create(ctx: &Ctx, input: CreateInput) -> Result<Instance, CommandError> {
+    domain::check_user_data(input.user_data.as_deref())?;
+    let id = vps_domain::ids::instance_id(
+        &input.tenant_id,
+        &ctx.actor.identity,
+        &input.idempotency_key,
+    );
+    retrying(&id, || admit(ctx, &id, &input)).await
+}
+
+async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let facts = facts::admission(&mut tx, id, input).await?;
+    let now = Utc::now();
+    let events = match domain::admit(&facts, create_command(ctx, id, input), &new_id("alloc"), now)? {
+        Admission::Replay(existing) => return Ok(existing),
+        Admission::Admit(events) => events,
+    };
+    let user_data = input.user_data.clone().unwrap_or_else(|| {
+        vps_domain::cloud_config::render_cloud_config(
+            &vps_domain::ids::hostname_for(id),
+            &input.ssh_keys,
+        )
+    });
+    let reference = secrets::user_data_ref(id);
+    secrets::seal(&mut tx, &ctx.secrets, &reference, id, user_data.as_bytes()).await?;
+    let instance = record_instance(ctx, &mut tx, None, events).await?;
+    facts::confirm_placement(&mut tx, &instance).await?;
+    let charge = charge_of(&instance.shape);
+    facts::confirm_quota(&mut tx, &input.pool_id, &input.tenant_id, &charge).await?;
+    commit(ctx, tx).await?;
+    Ok(instance)
+}
+
+/// The domain's create command for `input`; admission fills in the pool kind and shape.
+fn create_command(ctx: &Ctx, id: &str, input: &CreateInput) -> CreateInstance {
+    CreateInstance {
+        id: id.into(),
+        tenant_id: input.tenant_id.clone(),
+        pool_id: input.pool_id.clone(),
+        pool_kind: PoolKind::Hosted,
+        flavor: input.flavor.clone(),
+        shape: Shape {
+            vcpu: 0,
+            memory_gib: 0,
+            disk_gib: 0,
+            gpus: None,
+        },
+        image_id: input.image_id.clone(),
+        ssh_keys: input.ssh_keys.clone(),
+        user_data_ref: Some(secrets::user_data_ref(id)),
+        project_id: input.project_id.clone(),
+        desired_state: input.desired_state.unwrap_or(DesiredState::Running),
+        owner_identity_id: ctx.actor.identity.clone(),
+        idempotency_key: input.idempotency_key.clone(),
+        request_hash: request_hash(input),
+        sandbox_id: None,
+        warm_template_id: None,
+    }
+}
+
+/// Chooses a node and an address for a scheduling instance, or says why nothing fits. The
+/// pool's nodes are read without locks; [`confirm_placement`] checks the choice at the end of
+/// the transaction under the chosen node's lock, so placements on different nodes never wait
+/// for each other.
+pub async fn placement(
+    tx: &mut PgConnection,
+    instance: &Instance,
+) -> Result<InstanceCommand, CommandError> {
+    let (pool, facts) = facts::placement(tx, &instance.pool_id).await?;
+    Ok(domain::placement(
+        &facts,
+        &pool,
+        instance,
+        &new_id("alloc"),
+        Utc::now(),
+    )?)
+}
+
+/// Loads an instance the caller may see: another tenant's is `NOT_FOUND`.
+pub async fn visible(
+    tx: &mut PgConnection,
+    tenant_id: &str,
+    instance_id: &str,
+) -> Result<Instance, CommandError> {
+    match load(tx, instance_id).await? {
+        Some(i) if i.tenant_id == tenant_id => Ok(i),
+        _ => Err(DomainError::NotFound {
+            what: format!("instance {instance_id}"),
+        }
+        .into()),
+    }
+}
+
+/// What a tenant asks of an existing instance.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Desired running.
+    Start,
+    /// Desired stopped.
+    Stop,
+    /// Desired deleted.
+    Delete,
+    /// A new flavor (stopped, hosted).
+    Resize(String),
+}
+
+/// Applies a tenant's change to an instance and returns it.
+pub async fn change(
+    ctx: &Ctx,
+    tenant_id: &str,
+    instance_id: &str,
+    change: Change,
+) -> Result<Instance, CommandError> {
+    retrying(instance_id, || {
+        change_once(ctx, tenant_id, instance_id, &change)
+    })
+    .await
+}
+
+async fn change_once(
+    ctx: &Ctx,
+    tenant_id: &str,
+    instance_id: &str,
+    change: &Change,
+) -> Result<Instance, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let instance = visible(&mut tx, tenant_id, instance_id).await?;
+    let now = Utc::now();
+    let requester = Requester::Api;
+    let events = match change {
+        Change::Start => domain::decide(Some(&instance), &InstanceCommand::Start { requester }, now)?,
+        Change::Stop => domain::decide(Some(&instance), &InstanceCommand::Stop { requester }, now)?,
+        Change::Delete => {
+            let delete = InstanceCommand::Delete { requester, reason: None };
+            domain::decide(Some(&instance), &delete, now)?
+        }
+        Change::Resize(flavor) => {
+            let facts = facts::resize(&mut tx, &instance, flavor).await?;
+            domain::resize(&instance, flavor, &facts, now)?
+        }
+    };
+    let after = record_instance(ctx, &mut tx, Some(&instance), events).await?;
+    if matches!(change, Change::Resize(_)) {
+        let growth = resize_delta(&instance.shape, &after.shape);
+        facts::confirm_quota(&mut tx, &after.pool_id, &after.tenant_id, &growth).await?;
+    }
+    commit(ctx, tx).await?;
+    Ok(after)
+}
