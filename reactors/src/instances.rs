@@ -1,178 +1,165 @@
 //! The instance reconciler (hosted path): one work item per instance, woken by every change
 //! to it; each pass reads the instance, decides what the situation calls for and returns when
 //! to look again (SPEC §3.6).
+//!
+//! A pass reads the facts it needs (`step::HostedFacts`), lets the pure `step::step` decide, and
+//! records the command in the same transaction. Provider instances go to
+//! [`crate::provider_instances`].
+
+mod step;
 
 use std::time::Duration;
 
-use chrono::Utc;
-use futures::StreamExt;
-use sqlx::Row;
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use sqlx::{PgConnection, Row};
 use tracing::Instrument;
 use vps_commands::hosts::apply_all;
 use vps_commands::instances::placement;
 use vps_commands::{CommandError, Ctx};
-use vps_domain::condition::ConditionType;
-use vps_domain::instance::{Instance, InstanceCommand, PoolKind, RecreateCause};
+use vps_domain::instance::{Instance, InstanceCommand, PoolKind};
 use vps_domain::state_table::InstanceState;
 use vps_domain::DomainError;
 use vps_projections::instances::load;
 
+use step::{standing_refusal, step, HostedFacts, Placement};
+
 use crate::timings::Timings;
-use crate::work_queue::{self, Next};
+use crate::work_queue::{self, Next, Pass, Taken};
 
 /// The work-queue kind of instance items.
 pub const KIND: &str = "instance";
 
+/// How long a taken batch is leased; [`work_queue::holding`] renews it while the batch works.
+const LEASE: Duration = Duration::from_secs(60);
+
 /// One reconcile pass over an instance (decided again if another writer got there first).
-pub async fn reconcile(ctx: &Ctx, timings: &Timings, id: &str) -> Result<Next, CommandError> {
-    vps_commands::error::retrying(id, || pass(ctx, timings, id)).await
+pub async fn reconcile(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
+    vps_commands::error::retrying(&item.key, || pass(ctx, timings, item)).await
 }
 
-async fn pass(ctx: &Ctx, timings: &Timings, id: &str) -> Result<Next, CommandError> {
+async fn pass(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
     let now = Utc::now();
     let mut tx = ctx.pool.begin().await?;
-    let Some(inst) = load(&mut tx, id).await? else {
-        return Ok(Next::WhenWoken);
+    let Some(inst) = load(&mut tx, &item.key).await? else {
+        return Ok(Next::WhenWoken.into());
     };
     if inst.pool_kind == PoolKind::Provider {
         drop(tx);
-        return crate::provider_instances::reconcile(ctx, timings, inst).await;
+        return crate::provider_instances::reconcile(ctx, timings, inst, item.retry_at).await;
     }
-    let pool = sqlx::query("SELECT runtime, ip_cidr, ip_gateway, policy FROM pools WHERE id = $1")
-        .bind(&inst.pool_id)
-        .fetch_one(&mut *tx)
-        .await?;
-    let (next, command) = match inst.state {
-        InstanceState::Scheduling => {
-            let range = pool
-                .get::<Option<String>, _>(1)
-                .zip(pool.get::<Option<String>, _>(2));
-            let runtime: Option<String> = pool.get(0);
-            match placement(
-                &mut tx,
-                &inst,
-                runtime.as_deref().unwrap_or("libvirt-kvm"),
-                range,
-            )
-            .await
-            {
-                Ok(cmd @ InstanceCommand::Place(_)) => (Next::WhenWoken, Some(cmd)),
-                Ok(cmd) => (Next::After(timings.unschedulable_retry), Some(cmd)),
-                // No free address: wait for one like for capacity.
-                Err(CommandError::Domain(DomainError::CapacityUnavailable { .. })) => {
-                    (Next::After(timings.unschedulable_retry), None)
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        InstanceState::Lost => {
-            let policy: serde_json::Value = pool.get(3);
-            if policy["recreateOnHostLoss"].as_bool() == Some(true)
-                && inst.desired_state.as_state() != InstanceState::Deleted
-            {
-                (
-                    Next::After(Duration::ZERO),
-                    Some(InstanceCommand::Recreate(RecreateCause::HostLost)),
-                )
-            } else {
-                (Next::After(timings.lost_look), None)
-            }
-        }
-        InstanceState::Deleted | InstanceState::Error => (Next::WhenWoken, None),
-        _ => exhausted_or_settled(&mut tx, timings, &inst, now).await?,
-    };
+    let facts = hosted_facts(&mut tx, &inst, now, timings).await?;
+    let (command, next) = step(&inst, facts, now, timings);
     if let Some(command) = command {
         let placing = matches!(command, InstanceCommand::Place(_));
         apply_all(ctx, &mut tx, &inst, &[command], now).await?;
         if placing {
-            let placed = load(&mut tx, id).await?.expect("just recorded");
+            let placed = load(&mut tx, &inst.id).await?.expect("just recorded");
             vps_commands::instances::confirm_placement(&mut tx, &placed).await?;
         }
     }
     tx.commit().await?;
     ctx.notifier.committed();
-    Ok(next)
+    Ok(next.into())
 }
 
-/// A placed instance: re-place it away from a host that keeps refusing it, or look again
-/// while it is still on its way.
-async fn exhausted_or_settled(
-    tx: &mut sqlx::PgConnection,
-    timings: &Timings,
+/// Reads what [`step`] needs to decide about a hosted instance: the pool's policy, placement
+/// for a scheduling instance, and the tenant's presence on a node whose refusal stands.
+async fn hosted_facts(
+    tx: &mut PgConnection,
     inst: &Instance,
-    now: chrono::DateTime<Utc>,
-) -> Result<(Next, Option<InstanceCommand>), CommandError> {
-    let wait =
-        chrono::TimeDelta::from_std(timings.replacement_wait).unwrap_or(chrono::TimeDelta::MAX);
-    if let Some(condition) = inst.condition(ConditionType::HostResourcesExhausted) {
-        let standing = inst.refusal_standing(now, wait).map(str::to_string);
-        let Some(node) = standing else {
-            let remaining = (condition.since + wait - now)
-                .to_std()
-                .unwrap_or(Duration::ZERO);
-            return Ok((Next::After(remaining), None));
-        };
-        // A tenant's running instance on that node means the refusal is the tenant's own
-        // doing (its neighbours), not the host's: leave it there.
-        let tenant_runs_there: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM instances WHERE node_id = $1 AND tenant_id = $2 AND id <> $3 AND state = 'running')",
-        )
-        .bind(&node)
-        .bind(&inst.tenant_id)
-        .bind(&inst.id)
+    now: DateTime<Utc>,
+    timings: &Timings,
+) -> Result<HostedFacts, CommandError> {
+    let pool = sqlx::query("SELECT runtime, ip_cidr, ip_gateway, policy FROM pools WHERE id = $1")
+        .bind(&inst.pool_id)
         .fetch_one(&mut *tx)
         .await?;
-        if !tenant_runs_there {
-            let exclude_until = now
-                + chrono::TimeDelta::from_std(timings.refusing_node_exclusion)
-                    .unwrap_or(chrono::TimeDelta::MAX);
-            return Ok((
-                Next::After(Duration::ZERO),
-                Some(InstanceCommand::Recreate(
-                    RecreateCause::ResourcesExhausted { exclude_until },
-                )),
-            ));
-        }
-        return Ok((Next::After(timings.transitional_look), None));
-    }
-    let settled = inst.state == inst.desired_state.as_state();
-    Ok(if settled {
-        (Next::WhenWoken, None)
+    let placement = if inst.state == InstanceState::Scheduling {
+        let runtime: Option<String> = pool.get(0);
+        let range = pool
+            .get::<Option<String>, _>(1)
+            .zip(pool.get::<Option<String>, _>(2));
+        let runtime = runtime.as_deref().unwrap_or("libvirt-kvm");
+        Some(match placement(tx, inst, runtime, range).await {
+            Ok(cmd) => Placement::Decided(cmd),
+            Err(CommandError::Domain(DomainError::CapacityUnavailable { .. })) => {
+                Placement::NoAddress
+            }
+            Err(e) => return Err(e),
+        })
     } else {
-        (Next::After(timings.transitional_look), None)
+        None
+    };
+    let tenant_runs_there = match standing_refusal(inst, now, timings) {
+        Some(node) => tenant_runs_on(tx, inst, node).await?,
+        None => false,
+    };
+    let policy: serde_json::Value = pool.get(3);
+    Ok(HostedFacts {
+        recreate_on_host_loss: policy["recreateOnHostLoss"].as_bool() == Some(true),
+        placement,
+        tenant_runs_there,
     })
 }
 
-/// Runs the reconciler: takes due items and reconciles up to `parallel` at once.
+/// Whether the instance's tenant has another running instance on `node`.
+async fn tenant_runs_on(
+    tx: &mut PgConnection,
+    inst: &Instance,
+    node: &str,
+) -> Result<bool, CommandError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM instances WHERE node_id = $1 AND tenant_id = $2 AND id <> $3 AND state = 'running')",
+    )
+    .bind(node)
+    .bind(&inst.tenant_id)
+    .bind(&inst.id)
+    .fetch_one(&mut *tx)
+    .await?)
+}
+
+/// Runs the reconciler: takes due items and reconciles up to `parallel` at once, keeping the
+/// batch's leases alive while it works.
 pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx::Error> {
     let mut wake = ctx.notifier.subscribe();
     loop {
-        let items = work_queue::take(&ctx.pool, KIND, 64, Duration::from_secs(60)).await?;
+        let items = work_queue::take(&ctx.pool, KIND, 64, LEASE).await?;
         if items.is_empty() {
             let _ = tokio::time::timeout(Duration::from_millis(100), wake.changed()).await;
             continue;
         }
-        futures::stream::iter(items)
-            .for_each_concurrent(parallel, |item| {
-                let (ctx, timings) = (&ctx, &timings);
-                let span = tracing::debug_span!("reconcile", instance = %item.key);
-                async move {
-                    let result = reconcile(ctx, timings, &item.key).await;
-                    metrics::counter!("vps_reconcile_passes_total", "kind" => KIND).increment(1);
-                    let done = match result {
-                        Ok(next) => work_queue::complete(&ctx.pool, KIND, &item, next).await,
-                        Err(e) => {
-                            tracing::warn!(instance = %item.key, error = %e, "reconcile failed");
-                            metrics::counter!("vps_reconcile_failures_total", "kind" => KIND).increment(1);
-                            work_queue::fail(&ctx.pool, KIND, &item, &e.to_string()).await
-                        }
-                    };
-                    if let Err(e) = done {
-                        tracing::warn!(error = %e, "cannot record a reconcile pass; its lease will expire");
-                    }
-                }
-                .instrument(span)
-            })
-            .await;
+        let batch = futures::stream::iter(&items).for_each_concurrent(parallel, |item| {
+            let span = tracing::debug_span!("reconcile", instance = %item.key);
+            work_on(&ctx, &timings, item).instrument(span)
+        });
+        // Boxed: the batch's type is too intricate for the compiler to prove it `Send`.
+        let batch: BoxFuture<'_, ()> = batch.boxed();
+        work_queue::holding(&ctx.pool, KIND, &items, LEASE, batch).await;
+    }
+}
+
+/// One pass over a taken item, recorded on the item (unless its lease was lost meanwhile).
+async fn work_on(ctx: &Ctx, timings: &Timings, item: &Taken) {
+    let result = reconcile(ctx, timings, item).await;
+    metrics::counter!("vps_reconcile_passes_total", "kind" => KIND).increment(1);
+    let done = match result {
+        Ok(pass) => work_queue::complete(&ctx.pool, KIND, item, pass).await,
+        Err(e) => {
+            tracing::warn!(instance = %item.key, error = %e, "reconcile failed");
+            metrics::counter!("vps_reconcile_failures_total", "kind" => KIND).increment(1);
+            work_queue::fail(&ctx.pool, KIND, item, &e.to_string()).await
+        }
+    };
+    match done {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            instance = %item.key,
+            "the item's lease was lost to another holder; this pass is not recorded on it"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot record a reconcile pass; its lease will expire")
+        }
     }
 }

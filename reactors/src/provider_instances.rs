@@ -2,7 +2,8 @@
 //! transaction (the instance, its pool's account, the call to make), **calls** the provider
 //! with no transaction open (the instance id is the idempotency key), then **applies** the
 //! answer in a new transaction, only if the instance's stream version has not moved meanwhile;
-//! otherwise it plans again at once.
+//! otherwise it plans again at once. Every decision is a pure function in `step`; this module
+//! reads, calls and records.
 //!
 //! | instance | call |
 //! | --- | --- |
@@ -11,165 +12,128 @@
 //! | any other live state with a machine | `get`, then `power` if the machine is not where `desiredState` wants it, then `get` |
 //! | `deleted`, `error`, `lost` | none |
 //!
-//! A provider is built per pass from the account (cheap, no I/O; every `emulator` account
-//! shares one in-process cloud).
+//! After a failed call the earliest time to call again is kept on the work item (`retry_at`),
+//! so it holds across restarts and replicas. A provider is built per pass from the account
+//! (cheap, no I/O; every `emulator` account shares one in-process cloud).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+mod step;
 
-use chrono::Utc;
-use sqlx::Row;
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
 use vps_commands::hosts::apply_all;
 use vps_commands::provider_accounts as accounts;
 use vps_commands::{CommandError, Ctx};
-use vps_domain::condition::ConditionType;
-use vps_domain::instance::{AddressMode, Failure, Instance, InstanceCommand, Observed};
-use vps_domain::state_table::{DesiredState, InstanceState};
+use vps_domain::instance::{Instance, InstanceCommand};
+use vps_domain::state_table::DesiredState;
 use vps_projections::instances::load;
 
+use self::step::{
+    answered, commands_for, plan, prepare, recorded, unwanted, Account, AccountChange, Answer,
+    Call, CallFacts, Plan, Prepared,
+};
 use crate::providers::{
-    build, CreateMachine, Machine, MachineState, Power, Provider, ProviderConfig, ProviderError,
-    ProviderErrorCode,
+    build, Machine, MachineState, Power, Provider, ProviderError, ProviderErrorCode,
 };
 use crate::timings::Timings;
-use crate::work_queue::Next;
+use crate::work_queue::{Next, Pass};
 
-/// One pass over a provider instance.
-pub async fn reconcile(ctx: &Ctx, timings: &Timings, inst: Instance) -> Result<Next, CommandError> {
-    if let Some(wait) = retry_wait(timings, &inst) {
-        // A failed call asked us to wait (our own condition event woke us early).
-        return Ok(Next::After(wait));
-    }
-    let planned = match plan(ctx, timings, &inst).await? {
-        Plan::Wait(next) => return Ok(next),
-        Plan::Record(commands) => {
-            return Ok(match apply(ctx, &inst, &commands).await? {
-                Applied::Moved => Next::After(Duration::ZERO),
-                Applied::Now(after) => match &commands[..] {
-                    [InstanceCommand::SetCondition { .. }] => Next::After(timings.provider_retry),
-                    _ => next_look(timings, &after),
-                },
-            });
-        }
-        Plan::Call(planned) => planned,
+/// One pass over a provider instance; `retry_at` is its work item's.
+pub async fn reconcile(
+    ctx: &Ctx,
+    timings: &Timings,
+    inst: Instance,
+    retry_at: Option<DateTime<Utc>>,
+) -> Result<Pass, CommandError> {
+    let keep = |next| Pass { next, retry_at };
+    let call = match plan(&inst, retry_at, Utc::now(), timings) {
+        Plan::Wait(next) => return Ok(keep(next)),
+        Plan::Record(commands) => return Ok(keep(record(ctx, timings, &inst, &commands).await?)),
+        Plan::Call(call) => call,
     };
-    let answer = call(&*planned.provider, &planned.call).await;
+    let planned = match read_call_facts(ctx, &inst, call).await? {
+        Prepared::Record(commands) => {
+            return Ok(keep(record(ctx, timings, &inst, &commands).await?))
+        }
+        Prepared::Call(planned) => planned,
+    };
+    let provider = build(planned.config.clone());
+    let answer = call_provider(&*provider, &planned.call).await;
     let commands = commands_for(&inst, &planned.call, &answer);
-    let after = match apply(ctx, &inst, &commands).await? {
-        Applied::Now(after) => after,
-        Applied::Moved => {
-            if let (Call::Create(_), Answer::Machine(machine)) = (&planned.call, &answer) {
-                drop_if_unwanted(ctx, &*planned.provider, &inst.id, machine).await?;
-            }
-            return Ok(Next::After(Duration::ZERO));
+    let after = apply(ctx, &inst, &commands).await?;
+    if let (None, Call::Create(_), Answer::Machine(machine)) = (&after, &planned.call, &answer) {
+        drop_if_unwanted(ctx, &*provider, &inst.id, machine).await?;
+    }
+    let outcome = answered(
+        &planned,
+        &answer,
+        after.as_deref(),
+        retry_at,
+        Utc::now(),
+        timings,
+    );
+    match outcome.account {
+        AccountChange::Keep => {}
+        AccountChange::Record(error) => {
+            accounts::record_error(
+                ctx,
+                &planned.account_id,
+                error.code.as_str(),
+                &error.message,
+            )
+            .await?
         }
-    };
-    let next = match &answer {
-        Answer::Failed(error) => {
-            if error.code == ProviderErrorCode::InvalidConfig {
-                accounts::record_error(
-                    ctx,
-                    &planned.account_id,
-                    error.code.as_str(),
-                    &error.message,
-                )
-                .await?;
-            }
-            if error.is_terminal() && after.state == InstanceState::Error {
-                Next::WhenWoken
-            } else {
-                let wait = timings
-                    .provider_retry
-                    .max(error.retry_after.unwrap_or_default());
-                hold_retries(&inst, wait);
-                Next::After(wait)
-            }
-        }
-        _ => {
-            forget_retries(&inst);
-            if planned.account_has_error {
-                accounts::clear_error(ctx, &planned.account_id).await?;
-            }
-            next_look(timings, &after)
-        }
-    };
-    Ok(next)
+        AccountChange::Clear => accounts::clear_error(ctx, &planned.account_id).await?,
+    }
+    Ok(Pass {
+        next: outcome.next,
+        retry_at: outcome.retry_at,
+    })
 }
 
-/// What a pass does after planning.
-enum Plan {
-    /// No call and nothing to record: look again then.
-    Wait(Next),
-    /// No call, but something to record (a machine-less teardown, a broken account).
-    Record(Vec<InstanceCommand>),
-    /// A provider call.
-    Call(Planned),
+/// Records the commands of a pass without a call, and says when to look again.
+async fn record(
+    ctx: &Ctx,
+    timings: &Timings,
+    inst: &Instance,
+    commands: &[InstanceCommand],
+) -> Result<Next, CommandError> {
+    let after = apply(ctx, inst, commands).await?;
+    Ok(recorded(commands, after.as_deref(), timings))
 }
 
-/// A planned call and what it needs.
-struct Planned {
-    provider: Arc<dyn Provider>,
-    account_id: String,
-    /// The account has a `lastError` to clear once a call succeeds.
-    account_has_error: bool,
-    call: Call,
-}
-
-/// The provider call a pass makes.
-enum Call {
-    /// Create the machine (idempotent by the instance id).
-    Create(CreateMachine),
-    /// Delete the machine.
-    Delete(String),
-    /// Read the machine, power it towards `desired` if it is elsewhere, and read it again.
-    Look { id: String, desired: DesiredState },
-}
-
-/// What the provider answered.
-enum Answer {
-    /// The machine as it is now.
-    Machine(Machine),
-    /// A `get` or `power` found no machine: it was removed behind our back.
-    Gone,
-    /// The machine is deleted (or there was nothing to delete).
-    Deleted,
-    /// The call failed.
-    Failed(ProviderError),
-}
-
-/// The result of an apply.
-enum Applied {
-    /// Recorded; the instance as it is now.
-    Now(Box<Instance>),
-    /// The instance changed since the plan: nothing recorded.
-    Moved,
-}
-
-async fn plan(ctx: &Ctx, timings: &Timings, inst: &Instance) -> Result<Plan, CommandError> {
-    let call = match (inst.state, inst.external_id.clone()) {
-        (InstanceState::Deleted | InstanceState::Error, _) => {
-            return Ok(Plan::Wait(Next::WhenWoken))
-        }
-        // `get` would find nothing again; only a delete moves a lost machine on.
-        (InstanceState::Lost, _) => return Ok(Plan::Wait(Next::After(timings.lost_look))),
-        (InstanceState::Deleting, None) => return Ok(Plan::Record(vec![InstanceCommand::Release])),
-        (InstanceState::Deleting, Some(id)) => Call::Delete(id),
-        (InstanceState::Scheduling, None) => Call::Create(CreateMachine {
-            idempotency_key: inst.id.clone(),
-            name: inst.id.clone(),
-            offer_id: String::new(),
-            image_id: inst.image_id.clone(),
-            user_data: None,
-        }),
-        (_, Some(id)) => Call::Look {
-            id,
-            desired: inst.desired_state,
-        },
-        (_, None) => return Ok(Plan::Wait(Next::After(timings.transitional_look))),
-    };
-
+/// Reads, in one short transaction, what the call needs (`CallFacts`), and readies it.
+async fn read_call_facts(ctx: &Ctx, inst: &Instance, call: Call) -> Result<Prepared, CommandError> {
     let mut tx = ctx.pool.begin().await?;
+    let account = read_account(&mut tx, ctx, inst).await?;
+    let (mut offer_id, mut user_data) = (None, None);
+    if matches!(call, Call::Create(_)) {
+        offer_id = sqlx::query("SELECT offer_id FROM flavors WHERE pool_id = $1 AND name = $2")
+            .bind(&inst.pool_id)
+            .bind(&inst.flavor)
+            .fetch_optional(&mut *tx)
+            .await?
+            .and_then(|r| r.get::<Option<String>, _>(0));
+        if let Some(reference) = &inst.user_data_ref {
+            user_data = vps_commands::secrets::open(&mut tx, &ctx.secrets, reference)
+                .await?
+                .and_then(|bytes| String::from_utf8(bytes).ok());
+        }
+    }
+    tx.commit().await?;
+    let facts = CallFacts {
+        account,
+        offer_id,
+        user_data,
+    };
+    Ok(prepare(inst, call, facts))
+}
+
+/// The pool's provider account, its credentials opened.
+async fn read_account(
+    tx: &mut PgConnection,
+    ctx: &Ctx,
+    inst: &Instance,
+) -> Result<Account, CommandError> {
     let account_id: Option<String> =
         sqlx::query_scalar("SELECT provider_account_id FROM pools WHERE id = $1")
             .bind(&inst.pool_id)
@@ -177,80 +141,23 @@ async fn plan(ctx: &Ctx, timings: &Timings, inst: &Instance) -> Result<Plan, Com
             .await?
             .flatten();
     let Some(account_id) = account_id else {
-        return Ok(Plan::Record(vec![broken_account(format!(
-            "pool {} has no provider account",
-            inst.pool_id
-        ))]));
+        return Ok(Account::Unset);
     };
     let Some(account) = vps_projections::provider_accounts::load(&mut *tx, &account_id).await?
     else {
-        return Ok(Plan::Record(vec![broken_account(format!(
-            "provider account {account_id} does not exist"
-        ))]));
+        return Ok(Account::Missing(account_id));
     };
-    let Some(config) = accounts::full_config(&mut tx, &ctx.secrets, &account).await? else {
-        // Not the account's fault: the server runs with another sealing key. Restarting it with
-        // the right `[secrets] key` heals this, so it is retried rather than failed.
-        return Ok(Plan::Record(vec![InstanceCommand::SetCondition {
-            condition_type: ConditionType::ProviderError,
-            reason: ProviderErrorCode::InvalidConfig.as_str().into(),
-            message: format!(
-                "the credentials of provider account {account_id} do not open under this server's [secrets] key"
-            ),
-        }]));
-    };
-    let config = match ProviderConfig::parse(&account.provider, &config) {
-        Ok(config) => config,
-        Err(e) => {
-            return Ok(Plan::Record(vec![broken_account(format!(
-                "provider account {account_id}: {e}"
-            ))]))
-        }
-    };
-    let call = match call {
-        Call::Create(mut request) => {
-            let offer: Option<Option<String>> =
-                sqlx::query("SELECT offer_id FROM flavors WHERE pool_id = $1 AND name = $2")
-                    .bind(&inst.pool_id)
-                    .bind(&inst.flavor)
-                    .fetch_optional(&mut *tx)
-                    .await?
-                    .map(|r| r.get(0));
-            let Some(offer_id) = offer.flatten() else {
-                return Ok(Plan::Record(vec![broken_account(format!(
-                    "flavor {} of pool {} has no offerId",
-                    inst.flavor, inst.pool_id
-                ))]));
-            };
-            request.offer_id = offer_id;
-            if let Some(reference) = &inst.user_data_ref {
-                request.user_data = vps_commands::secrets::open(&mut tx, &ctx.secrets, reference)
-                    .await?
-                    .and_then(|bytes| String::from_utf8(bytes).ok());
-            }
-            Call::Create(request)
-        }
-        other => other,
-    };
-    tx.commit().await?;
-    Ok(Plan::Call(Planned {
-        provider: build(config),
-        account_id,
-        account_has_error: account.last_error.is_some(),
-        call,
-    }))
-}
-
-/// A configuration fault no retry will fix: the instance fails with `INVALID_CONFIG`.
-fn broken_account(message: String) -> InstanceCommand {
-    InstanceCommand::Fail(Failure::Provider {
-        code: ProviderErrorCode::InvalidConfig.as_str().into(),
-        message,
+    let config = accounts::full_config(tx, &ctx.secrets, &account).await?;
+    Ok(Account::Found {
+        id: account_id,
+        provider: account.provider,
+        has_error: account.last_error.is_some(),
+        config,
     })
 }
 
 /// Makes the planned call. No transaction is open here.
-async fn call(provider: &dyn Provider, call: &Call) -> Answer {
+async fn call_provider(provider: &dyn Provider, call: &Call) -> Answer {
     match call {
         Call::Create(request) => match provider.create(request.clone()).await {
             Ok(machine) => Answer::Machine(machine),
@@ -290,59 +197,13 @@ fn gone_or_failed(error: ProviderError) -> Answer {
     }
 }
 
-/// What the answer means for the instance, as commands (refusals of the state table are
-/// skipped by `apply_all`).
-fn commands_for(inst: &Instance, call: &Call, answer: &Answer) -> Vec<InstanceCommand> {
-    match answer {
-        Answer::Machine(machine) => {
-            let mut commands = vec![match call {
-                Call::Create(_) => InstanceCommand::Provisioned {
-                    external_id: machine.id.clone(),
-                    addresses: machine.addresses.clone(),
-                },
-                _ => InstanceCommand::RecordAddresses {
-                    addresses: machine.addresses.clone(),
-                    mode: AddressMode::Replace,
-                },
-            }];
-            commands.push(InstanceCommand::ClearCondition(
-                ConditionType::ProviderError,
-            ));
-            match machine.state {
-                MachineState::Running => commands.push(InstanceCommand::Observe(Observed::Running)),
-                MachineState::Stopped => commands.push(InstanceCommand::Observe(Observed::Stopped)),
-                MachineState::Error => commands.push(InstanceCommand::Fail(Failure::Runtime {
-                    message: format!(
-                        "the provider reports machine {} of instance {} in error",
-                        machine.id, inst.id
-                    ),
-                })),
-                MachineState::Starting => {}
-            }
-            commands
-        }
-        Answer::Gone => vec![InstanceCommand::Lose],
-        Answer::Deleted => vec![InstanceCommand::Release],
-        Answer::Failed(error) if error.is_terminal() => {
-            vec![InstanceCommand::Fail(Failure::Provider {
-                code: error.code.as_str().into(),
-                message: error.message.clone(),
-            })]
-        }
-        Answer::Failed(error) => vec![InstanceCommand::SetCondition {
-            condition_type: ConditionType::ProviderError,
-            reason: error.code.as_str().into(),
-            message: error.message.clone(),
-        }],
-    }
-}
-
 /// Records `commands` on the instance, unless its stream moved since `planned` was read.
+/// Returns the instance as they left it, or `None` when it had moved (nothing recorded).
 async fn apply(
     ctx: &Ctx,
     planned: &Instance,
     commands: &[InstanceCommand],
-) -> Result<Applied, CommandError> {
+) -> Result<Option<Box<Instance>>, CommandError> {
     let now = Utc::now();
     let mut tx = ctx.pool.begin().await?;
     // The row lock keeps API commands from appending between the check and our append.
@@ -351,14 +212,14 @@ async fn apply(
         .execute(&mut *tx)
         .await?;
     let Some(current) = load(&mut tx, &planned.id).await? else {
-        return Ok(Applied::Moved);
+        return Ok(None);
     };
     if current.version != planned.version {
-        return Ok(Applied::Moved);
+        return Ok(None);
     }
     match apply_all(ctx, &mut tx, &current, commands, now).await {
         Ok(_) => {}
-        Err(e) if e.is_retryable() => return Ok(Applied::Moved),
+        Err(e) if e.is_retryable() => return Ok(None),
         Err(e) => return Err(e),
     }
     let after = load(&mut tx, &planned.id)
@@ -366,7 +227,7 @@ async fn apply(
         .expect("the instance exists");
     tx.commit().await?;
     ctx.notifier.committed();
-    Ok(Applied::Now(Box::new(after)))
+    Ok(Some(Box::new(after)))
 }
 
 /// A create answered while the instance moved on. If it is being deleted and never learnt of
@@ -382,13 +243,7 @@ async fn drop_if_unwanted(
         return Ok(());
     };
     drop(conn);
-    let unwanted = current.external_id.is_none()
-        && (current.desired_state == DesiredState::Deleted
-            || matches!(
-                current.state,
-                InstanceState::Deleting | InstanceState::Deleted
-            ));
-    if unwanted {
+    if unwanted(&current) {
         match provider.delete(&machine.id).await {
             Ok(()) => {}
             Err(e) if e.code == ProviderErrorCode::NotFound => {}
@@ -399,71 +254,6 @@ async fn drop_if_unwanted(
         }
     }
     Ok(())
-}
-
-/// When to look at an instance again, from where it stands.
-fn next_look(timings: &Timings, inst: &Instance) -> Next {
-    match inst.state {
-        InstanceState::Deleted | InstanceState::Error => Next::WhenWoken,
-        InstanceState::Lost => Next::After(timings.lost_look),
-        state if state == inst.desired_state.as_state() => Next::After(timings.provider_poll),
-        _ => Next::After(timings.transitional_look),
-    }
-}
-
-/// Instances whose last call failed, and the earliest time to call again. Keyed by instance id
-/// and creation time, so two databases in one process (tests) never share an entry. Lost on a
-/// restart, which costs one early retry.
-fn retries() -> &'static Mutex<HashMap<String, Instant>> {
-    static RETRIES: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
-    RETRIES.get_or_init(Mutex::default)
-}
-
-fn retry_key(inst: &Instance) -> String {
-    format!("{}@{}", inst.id, inst.created_at.timestamp_micros())
-}
-
-fn hold_retries(inst: &Instance, wait: Duration) {
-    let mut retries = retries().lock().unwrap_or_else(|e| e.into_inner());
-    retries.insert(retry_key(inst), Instant::now() + wait);
-}
-
-fn forget_retries(inst: &Instance) {
-    let mut retries = retries().lock().unwrap_or_else(|e| e.into_inner());
-    retries.remove(&retry_key(inst));
-}
-
-/// How long to hold off calling, when a failed call asked for a wait that has not passed.
-///
-/// Recording a `ProviderError` condition is an instance event, and every instance event wakes
-/// the instance, so without this the retry would come at once. The wait remembered in this
-/// process honours `Retry-After`; the condition's own time covers a restarted server or another
-/// replica.
-fn retry_wait(timings: &Timings, inst: &Instance) -> Option<Duration> {
-    if matches!(
-        inst.state,
-        InstanceState::Error | InstanceState::Deleted | InstanceState::Lost
-    ) {
-        return None;
-    }
-    let remembered = {
-        let retries = retries().lock().unwrap_or_else(|e| e.into_inner());
-        retries
-            .get(&retry_key(inst))
-            .and_then(|at| at.checked_duration_since(Instant::now()))
-    };
-    let recorded = inst
-        .condition(ConditionType::ProviderError)
-        .and_then(|_| {
-            let until =
-                inst.updated_at + chrono::TimeDelta::from_std(timings.provider_retry).ok()?;
-            (until - Utc::now()).to_std().ok()
-        })
-        .filter(|wait| !wait.is_zero());
-    match (remembered, recorded) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,15 @@
 //! The work queue in PostgreSQL: one row per (kind, key), taken with `FOR UPDATE SKIP LOCKED`
 //! under a lease, so several replicas share the work and no item runs twice at once.
 //!
+//! Leases are fenced: every take draws a fresh `lease_id`, and [`complete`] and [`fail`] change
+//! the row only while it still carries the taker's. A holder that stalled past its lease (and
+//! whose item another holder took meanwhile) changes nothing and is told so. [`holding`] keeps
+//! the leases of a batch alive while it is worked on, however long its provider calls take.
+//!
 //! A pass returns its next look. A wake-up that arrives while the item is being worked on is
 //! not lost: it bumps `wakes`, and completing an item whose `wakes` moved makes it due again.
 
+use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -27,6 +33,29 @@ pub struct Taken {
     pub wakes: i64,
     /// Failed passes in a row.
     pub attempts: i32,
+    /// The lease token: completing the item needs the row to still carry it.
+    pub lease_id: i64,
+    /// The earliest time the item's reconciler may call out again (after a failed call).
+    pub retry_at: Option<DateTime<Utc>>,
+}
+
+/// How a pass ended: when to look again, and the retry time to keep on the item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    /// When to look again.
+    pub next: Next,
+    /// The earliest time to call out again (`None`: no failed call to wait for).
+    pub retry_at: Option<DateTime<Utc>>,
+}
+
+impl From<Next> for Pass {
+    /// A pass that leaves no retry time.
+    fn from(next: Next) -> Self {
+        Pass {
+            next,
+            retry_at: None,
+        }
+    }
 }
 
 /// The longest an item waits after repeated failures.
@@ -72,7 +101,7 @@ pub async fn wake_all<'e>(
     Ok(())
 }
 
-/// Takes up to `limit` due items of `kind` under a lease of `lease`.
+/// Takes up to `limit` due items of `kind` under a lease of `lease`, each with a fresh lease id.
 pub async fn take(
     pool: &PgPool,
     kind: &str,
@@ -80,12 +109,13 @@ pub async fn take(
     lease: Duration,
 ) -> Result<Vec<Taken>, sqlx::Error> {
     let rows = sqlx::query(
-        "UPDATE work_items w SET lease_until = now() + make_interval(secs => $3)
+        "UPDATE work_items w
+            SET lease_until = now() + make_interval(secs => $3), lease_id = nextval('work_item_leases')
           WHERE (w.kind, w.key) IN (
                 SELECT kind, key FROM work_items
                  WHERE kind = $1 AND due_at <= now() AND (lease_until IS NULL OR lease_until < now())
                  ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-         RETURNING w.key, w.wakes, w.attempts",
+         RETURNING w.key, w.wakes, w.attempts, w.lease_id, w.retry_at",
     )
     .bind(kind)
     .bind(limit)
@@ -98,56 +128,141 @@ pub async fn take(
             key: r.get(0),
             wakes: r.get(1),
             attempts: r.get(2),
+            lease_id: r.get(3),
+            retry_at: r.get(4),
         })
         .collect())
 }
 
-/// Finishes a pass: schedules the next look (or due now, if woken meanwhile).
+/// Runs `work` while renewing the leases of `items` (still held) every third of `lease`, so a
+/// batch whose passes wait on slow calls keeps its items for as long as it works on them.
+pub async fn holding<F: Future>(
+    pool: &PgPool,
+    kind: &str,
+    items: &[Taken],
+    lease: Duration,
+    work: F,
+) -> F::Output {
+    let renew = async {
+        loop {
+            tokio::time::sleep(lease / 3).await;
+            if let Err(e) = extend(pool, kind, items, lease).await {
+                tracing::warn!(kind, error = %e, "cannot renew work-item leases");
+            }
+        }
+    };
+    tokio::pin!(work);
+    tokio::select! {
+        out = &mut work => out,
+        () = renew => work.await,
+    }
+}
+
+/// Renews the leases of those `items` whose rows still carry their lease ids; returns how many.
+pub async fn extend(
+    pool: &PgPool,
+    kind: &str,
+    items: &[Taken],
+    lease: Duration,
+) -> Result<u64, sqlx::Error> {
+    let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+    let leases: Vec<i64> = items.iter().map(|i| i.lease_id).collect();
+    let renewed = sqlx::query(
+        "UPDATE work_items w SET lease_until = now() + make_interval(secs => $4)
+           FROM unnest($2::text[], $3::bigint[]) AS h(key, lease_id)
+          WHERE w.kind = $1 AND w.key = h.key AND w.lease_id = h.lease_id",
+    )
+    .bind(kind)
+    .bind(&keys)
+    .bind(&leases)
+    .bind(lease.as_secs_f64())
+    .execute(pool)
+    .await?;
+    Ok(renewed.rows_affected())
+}
+
+/// Finishes a pass: records its retry time and schedules the next look (or due now, if woken
+/// meanwhile). `false` when the lease was lost: another holder has the item, nothing changed.
 pub async fn complete(
     pool: &PgPool,
     kind: &str,
     item: &Taken,
-    next: Next,
-) -> Result<(), sqlx::Error> {
-    match next {
+    pass: Pass,
+) -> Result<bool, sqlx::Error> {
+    match pass.next {
         Next::WhenWoken => {
             // Forget the item unless it was woken during the pass.
-            let deleted =
-                sqlx::query("DELETE FROM work_items WHERE kind = $1 AND key = $2 AND wakes = $3")
-                    .bind(kind)
-                    .bind(&item.key)
-                    .bind(item.wakes)
-                    .execute(pool)
-                    .await?;
-            if deleted.rows_affected() == 0 {
-                reschedule(pool, kind, item, Duration::ZERO, 0, None).await?;
+            let deleted = sqlx::query(
+                "DELETE FROM work_items WHERE kind = $1 AND key = $2 AND wakes = $3 AND lease_id = $4",
+            )
+            .bind(kind)
+            .bind(&item.key)
+            .bind(item.wakes)
+            .bind(item.lease_id)
+            .execute(pool)
+            .await?;
+            if deleted.rows_affected() == 1 {
+                return Ok(true);
             }
+            reschedule(
+                pool,
+                kind,
+                item,
+                Duration::ZERO,
+                Outcome::Done(pass.retry_at),
+            )
+            .await
         }
-        Next::After(d) => reschedule(pool, kind, item, d, 0, None).await?,
+        Next::After(d) => reschedule(pool, kind, item, d, Outcome::Done(pass.retry_at)).await,
     }
-    Ok(())
 }
 
-/// Records a failed pass and backs off exponentially (capped at [`MAX_BACKOFF`]).
-pub async fn fail(pool: &PgPool, kind: &str, item: &Taken, error: &str) -> Result<(), sqlx::Error> {
+/// Records a failed pass and backs off exponentially (capped at [`MAX_BACKOFF`]); the item's
+/// retry time stays. `false` when the lease was lost: another holder has the item.
+pub async fn fail(
+    pool: &PgPool,
+    kind: &str,
+    item: &Taken,
+    error: &str,
+) -> Result<bool, sqlx::Error> {
     let attempts = item.attempts.saturating_add(1);
     let backoff =
         Duration::from_millis(200u64.saturating_mul(1 << attempts.min(16))).min(MAX_BACKOFF);
-    reschedule(pool, kind, item, backoff, attempts, Some(error)).await
+    reschedule(
+        pool,
+        kind,
+        item,
+        backoff,
+        Outcome::Failed { attempts, error },
+    )
+    .await
 }
 
+/// What a rescheduled pass leaves on its item.
+enum Outcome<'a> {
+    /// It completed: attempts start over, and this is the retry time.
+    Done(Option<DateTime<Utc>>),
+    /// It failed, `attempts` times in a row now; the retry time stays.
+    Failed { attempts: i32, error: &'a str },
+}
+
+/// Releases the item due `after` from now (now, if woken during the pass), if it is still ours.
 async fn reschedule(
     pool: &PgPool,
     kind: &str,
     item: &Taken,
     after: Duration,
-    attempts: i32,
-    error: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE work_items SET lease_until = NULL, attempts = $5, last_error = $6,
+    outcome: Outcome<'_>,
+) -> Result<bool, sqlx::Error> {
+    let (attempts, error, retry_at) = match outcome {
+        Outcome::Done(retry_at) => (0, None, retry_at),
+        Outcome::Failed { attempts, error } => (attempts, Some(error), item.retry_at),
+    };
+    let updated = sqlx::query(
+        "UPDATE work_items SET lease_until = NULL, lease_id = NULL, attempts = $5, last_error = $6,
+                retry_at = $8,
                 due_at = CASE WHEN wakes = $3 THEN now() + make_interval(secs => $4) ELSE now() END
-          WHERE kind = $1 AND key = $2",
+          WHERE kind = $1 AND key = $2 AND lease_id = $7",
     )
     .bind(kind)
     .bind(&item.key)
@@ -155,7 +270,9 @@ async fn reschedule(
     .bind(after.as_secs_f64())
     .bind(attempts)
     .bind(error)
+    .bind(item.lease_id)
+    .bind(retry_at)
     .execute(pool)
     .await?;
-    Ok(())
+    Ok(updated.rows_affected() == 1)
 }

@@ -1,5 +1,6 @@
 //! The work queue against a real PostgreSQL: several workers (as several replicas would) never
-//! hold one item at once, wake-ups during a pass are not lost, failures back off.
+//! hold one item at once, wake-ups during a pass are not lost, failures back off, a stale
+//! holder changes nothing, and the retry time stays on the item.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -7,7 +8,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 use sqlx::PgPool;
-use vps_reactors::work_queue::{complete, fail, take, wake, wake_all, Next};
+use vps_reactors::work_queue::{
+    complete, extend, fail, holding, take, wake, wake_all, Next, Pass, Taken,
+};
 
 async fn fresh() -> PgPool {
     vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 20).await
@@ -39,9 +42,10 @@ async fn two_workers_never_hold_the_same_item_at_once() {
                     holding.lock().unwrap().remove(&item.key);
                     *passes.lock().unwrap() += 1;
                     // Ask to be looked at again at once: items keep circulating between workers.
-                    complete(&pool, "test", &item, Next::After(Duration::ZERO))
+                    let done = complete(&pool, "test", &item, Next::After(Duration::ZERO).into())
                         .await
                         .unwrap();
+                    assert!(done, "{} was still ours", item.key);
                 }
             }
         }));
@@ -68,16 +72,16 @@ async fn a_wake_during_a_pass_makes_the_item_due_again() {
         "leased"
     );
     wake(&pool, "test", "a", Utc::now()).await.unwrap();
-    complete(&pool, "test", &item, Next::WhenWoken)
+    assert!(complete(&pool, "test", &item, Next::WhenWoken.into())
         .await
-        .unwrap();
+        .unwrap());
     let again = take(&pool, "test", 10, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(again.len(), 1, "the wake-up during the pass was kept");
-    complete(&pool, "test", &again[0], Next::WhenWoken)
+    assert!(complete(&pool, "test", &again[0], Next::WhenWoken.into())
         .await
-        .unwrap();
+        .unwrap());
     assert!(
         take(&pool, "test", 10, Duration::from_secs(30))
             .await
@@ -95,7 +99,7 @@ async fn a_failed_pass_backs_off() {
         .await
         .unwrap()
         .remove(0);
-    fail(&pool, "test", &item, "boom").await.unwrap();
+    assert!(fail(&pool, "test", &item, "boom").await.unwrap());
     assert!(
         take(&pool, "test", 10, Duration::from_secs(30))
             .await
@@ -109,4 +113,112 @@ async fn a_failed_pass_backs_off() {
             .await
             .unwrap();
     assert_eq!((attempts, error.as_str()), (1, "boom"));
+}
+
+/// Takes the one due item "a", leased for `lease`.
+async fn take_a(pool: &PgPool, lease: Duration) -> Taken {
+    let mut items = take(pool, "test", 10, lease).await.unwrap();
+    assert_eq!(items.len(), 1, "{items:?}");
+    items.remove(0)
+}
+
+async fn row_of_a(pool: &PgPool) -> (i32, Option<String>, Option<chrono::DateTime<Utc>>) {
+    sqlx::query_as("SELECT attempts, last_error, retry_at FROM work_items WHERE key = 'a'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_stale_holder_cannot_complete_reschedule_fail_or_renew_a_retaken_item() {
+    let pool = fresh().await;
+    wake(&pool, "test", "a", Utc::now()).await.unwrap();
+    let stale = take_a(&pool, Duration::from_millis(50)).await;
+    // The stale holder stalls past its lease; another holder takes the item.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let current = take_a(&pool, Duration::from_secs(30)).await;
+    assert_ne!(stale.lease_id, current.lease_id);
+
+    let later = Pass {
+        next: Next::After(Duration::from_secs(3600)),
+        retry_at: Some(Utc::now() + chrono::TimeDelta::hours(1)),
+    };
+    assert!(!complete(&pool, "test", &stale, Next::WhenWoken.into())
+        .await
+        .unwrap());
+    assert!(!complete(&pool, "test", &stale, later).await.unwrap());
+    assert!(!fail(&pool, "test", &stale, "stale").await.unwrap());
+    assert_eq!(
+        extend(
+            &pool,
+            "test",
+            std::slice::from_ref(&stale),
+            Duration::from_secs(60)
+        )
+        .await
+        .unwrap(),
+        0
+    );
+    assert_eq!(
+        row_of_a(&pool).await,
+        (0, None, None),
+        "the stale holder changed nothing"
+    );
+    assert!(
+        take(&pool, "test", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the current holder still holds it"
+    );
+
+    // The current holder's pass is recorded, and after it the stale lease still counts for nothing.
+    assert!(
+        complete(&pool, "test", &current, Next::After(Duration::ZERO).into())
+            .await
+            .unwrap()
+    );
+    assert!(!fail(&pool, "test", &stale, "stale").await.unwrap());
+    assert_eq!(take_a(&pool, Duration::from_secs(30)).await.attempts, 0);
+}
+
+#[tokio::test]
+async fn the_retry_time_rides_on_the_item_and_a_failed_pass_keeps_it() {
+    let pool = fresh().await;
+    wake(&pool, "test", "a", Utc::now()).await.unwrap();
+    let item = take_a(&pool, Duration::from_secs(30)).await;
+    assert_eq!(item.retry_at, None);
+    let retry_at = Utc::now() + chrono::TimeDelta::seconds(90);
+    let pass = Pass {
+        next: Next::After(Duration::ZERO),
+        retry_at: Some(retry_at),
+    };
+    assert!(complete(&pool, "test", &item, pass).await.unwrap());
+    let item = take_a(&pool, Duration::from_secs(30)).await;
+    let micros = |t: chrono::DateTime<Utc>| t.timestamp_micros();
+    assert_eq!(item.retry_at.map(micros), Some(micros(retry_at)));
+    assert!(fail(&pool, "test", &item, "boom").await.unwrap());
+    assert_eq!(row_of_a(&pool).await.2.map(micros), Some(micros(retry_at)));
+}
+
+#[tokio::test]
+async fn holding_keeps_a_slow_pass_leased_past_its_lease() {
+    let pool = fresh().await;
+    wake(&pool, "test", "a", Utc::now()).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let items = vec![take_a(&pool, lease).await];
+    let slow = async {
+        // Two leases long: without renewal another holder could take it meanwhile.
+        for _ in 0..6 {
+            tokio::time::sleep(lease / 3).await;
+            assert!(
+                take(&pool, "test", 10, lease).await.unwrap().is_empty(),
+                "taken from a holder that still works on it"
+            );
+        }
+    };
+    holding(&pool, "test", &items, lease, slow).await;
+    assert!(complete(&pool, "test", &items[0], Next::WhenWoken.into())
+        .await
+        .unwrap());
 }
