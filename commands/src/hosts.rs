@@ -178,7 +178,8 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
         }
         if apply_commands(ctx, &mut tx, instance, &commands, now)
             .await?
-            .is_some() {
+            .is_some()
+        {
             changed.push(entry.id.clone());
         }
     }

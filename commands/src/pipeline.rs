@@ -39,7 +39,10 @@ pub async fn record_instance(
         .collect();
     let stream = format!("instance-{id}");
     let stored = record(tx, &stream, expected, pairs, &ctx.metadata(Some(&tenant))).await?;
-    if events.iter().any(|e| matches!(e, InstanceEvent::Deleted(_))) {
+    if events
+        .iter()
+        .any(|e| matches!(e, InstanceEvent::Deleted(_)))
+    {
         secrets::forget(tx, &id).await?;
     }
     // The instance as the projector just stored it: one fold, with the recorded times.

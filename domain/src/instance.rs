@@ -24,13 +24,13 @@ use crate::error::DomainError;
 use crate::resources::Shape;
 use crate::state_table::{DesiredState, InstanceState};
 
-pub use command::{
-    AddressMode, CreateInstance, Failure, InstanceCommand, Observed, PlaceInstance, RecreateCause,
-    Requester, ResizeInstance,
-};
 pub use admission::{
     admit, check_user_data, placement, resize, Admission, AdmissionFacts, AdmissionPool,
     ResizeFacts,
+};
+pub use command::{
+    AddressMode, CreateInstance, Failure, InstanceCommand, Observed, PlaceInstance, RecreateCause,
+    Requester, ResizeInstance,
 };
 pub use decide::{decide, decide_all, MAX_IDEMPOTENCY_KEY, MAX_SSH_KEYS};
 pub use event::{

@@ -13,10 +13,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use tracing::Instrument;
-use vps_commands::hosts::apply_all;
-use vps_commands::instances::placement;
+use vps_commands::instances::{confirm_placement, placement};
+use vps_commands::pipeline::{apply_commands, commit};
 use vps_commands::{CommandError, Ctx};
 use vps_domain::instance::{Instance, InstanceCommand, PoolKind};
 use vps_domain::state_table::InstanceState;
@@ -53,14 +53,12 @@ async fn pass(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, Comman
     let (command, next) = step(&inst, facts, now, timings);
     if let Some(command) = command {
         let placing = matches!(command, InstanceCommand::Place(_));
-        apply_all(ctx, &mut tx, &inst, &[command], now).await?;
-        if placing {
-            let placed = load(&mut tx, &inst.id).await?.expect("just recorded");
-            vps_commands::instances::confirm_placement(&mut tx, &placed).await?;
+        let after = apply_commands(ctx, &mut tx, &inst, &[command], now).await?;
+        if let Some(placed) = after.filter(|_| placing) {
+            confirm_placement(&mut tx, &placed).await?;
         }
     }
-    tx.commit().await?;
-    ctx.notifier.committed();
+    commit(ctx, tx).await?;
     Ok(next.into())
 }
 
@@ -72,17 +70,12 @@ async fn hosted_facts(
     now: DateTime<Utc>,
     timings: &Timings,
 ) -> Result<HostedFacts, CommandError> {
-    let pool = sqlx::query("SELECT runtime, ip_cidr, ip_gateway, policy FROM pools WHERE id = $1")
+    let policy: serde_json::Value = sqlx::query_scalar("SELECT policy FROM pools WHERE id = $1")
         .bind(&inst.pool_id)
         .fetch_one(&mut *tx)
         .await?;
     let placement = if inst.state == InstanceState::Scheduling {
-        let runtime: Option<String> = pool.get(0);
-        let range = pool
-            .get::<Option<String>, _>(1)
-            .zip(pool.get::<Option<String>, _>(2));
-        let runtime = runtime.as_deref().unwrap_or("libvirt-kvm");
-        Some(match placement(tx, inst, runtime, range).await {
+        Some(match placement(tx, inst).await {
             Ok(cmd) => Placement::Decided(cmd),
             Err(CommandError::Domain(DomainError::CapacityUnavailable { .. })) => {
                 Placement::NoAddress
@@ -96,7 +89,6 @@ async fn hosted_facts(
         Some(node) => tenant_runs_on(tx, inst, node).await?,
         None => false,
     };
-    let policy: serde_json::Value = pool.get(3);
     Ok(HostedFacts {
         recreate_on_host_loss: policy["recreateOnHostLoss"].as_bool() == Some(true),
         placement,

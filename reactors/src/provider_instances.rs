@@ -20,7 +20,7 @@ mod step;
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
-use vps_commands::hosts::apply_all;
+use vps_commands::pipeline::{apply_commands, commit};
 use vps_commands::provider_accounts as accounts;
 use vps_commands::{CommandError, Ctx};
 use vps_domain::instance::{Instance, InstanceCommand};
@@ -217,16 +217,12 @@ async fn apply(
     if current.version != planned.version {
         return Ok(None);
     }
-    match apply_all(ctx, &mut tx, &current, commands, now).await {
-        Ok(_) => {}
+    let after = match apply_commands(ctx, &mut tx, &current, commands, now).await {
+        Ok(after) => after.unwrap_or(current),
         Err(e) if e.is_retryable() => return Ok(None),
         Err(e) => return Err(e),
-    }
-    let after = load(&mut tx, &planned.id)
-        .await?
-        .expect("the instance exists");
-    tx.commit().await?;
-    ctx.notifier.committed();
+    };
+    commit(ctx, tx).await?;
     Ok(Some(Box::new(after)))
 }
 

@@ -291,11 +291,12 @@ async fn free_address(
     tx: &mut PgConnection,
     pool_id: &str,
 ) -> Result<Option<Ipv4Addr>, CommandError> {
-    let range: Option<(String, String)> =
-        sqlx::query_as("SELECT ip_cidr, ip_gateway FROM pools WHERE id = $1 AND ip_cidr IS NOT NULL")
-            .bind(pool_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let range: Option<(String, String)> = sqlx::query_as(
+        "SELECT ip_cidr, ip_gateway FROM pools WHERE id = $1 AND ip_cidr IS NOT NULL",
+    )
+    .bind(pool_id)
+    .fetch_optional(&mut *tx)
+    .await?;
     let Some((cidr, gateway)) = range else {
         return Ok(None);
     };

@@ -73,8 +73,13 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
     let mut tx = ctx.pool.begin().await?;
     let facts = facts::admission(&mut tx, id, input).await?;
     let now = Utc::now();
-    let events = match domain::admit(&facts, create_command(ctx, id, input), &new_id("alloc"), now)? {
-        Admission::Replay(existing) => return Ok(existing),
+    let events = match domain::admit(
+        &facts,
+        create_command(ctx, id, input),
+        &new_id("alloc"),
+        now,
+    )? {
+        Admission::Replay(existing) => return Ok(*existing),
         Admission::Admit(events) => events,
     };
     let user_data = input.user_data.clone().unwrap_or_else(|| {
@@ -190,10 +195,15 @@ async fn change_once(
     let now = Utc::now();
     let requester = Requester::Api;
     let events = match change {
-        Change::Start => domain::decide(Some(&instance), &InstanceCommand::Start { requester }, now)?,
+        Change::Start => {
+            domain::decide(Some(&instance), &InstanceCommand::Start { requester }, now)?
+        }
         Change::Stop => domain::decide(Some(&instance), &InstanceCommand::Stop { requester }, now)?,
         Change::Delete => {
-            let delete = InstanceCommand::Delete { requester, reason: None };
+            let delete = InstanceCommand::Delete {
+                requester,
+                reason: None,
+            };
             domain::decide(Some(&instance), &delete, now)?
         }
         Change::Resize(flavor) => {

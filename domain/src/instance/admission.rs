@@ -54,7 +54,7 @@ pub struct AdmissionFacts {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admission {
     /// The same request was admitted before: answer that instance.
-    Replay(Instance),
+    Replay(Box<Instance>),
     /// A new instance: record these events.
     Admit(Vec<InstanceEvent>),
 }
@@ -69,8 +69,12 @@ pub fn admit(
 ) -> Result<Admission, DomainError> {
     super::decide::check_create_request(&create)?;
     if let Some(existing) = &facts.existing {
-        decide(Some(existing), &InstanceCommand::Create(Box::new(create)), now)?;
-        return Ok(Admission::Replay(existing.clone()));
+        decide(
+            Some(existing),
+            &InstanceCommand::Create(Box::new(create)),
+            now,
+        )?;
+        return Ok(Admission::Replay(Box::new(existing.clone())));
     }
     let not_found = |what: String| DomainError::NotFound { what };
     let pool = facts

@@ -743,7 +743,12 @@ pub(super) fn check_create_request(c: &CreateInstance) -> Result<(), DomainError
     match c.desired_state {
         DesiredState::Running | DesiredState::Stopped => {}
         DesiredState::Paused if c.warm_template_id.is_some() => {}
-        _ => return Err(DomainError::invalid_input("desiredState", "running or stopped")),
+        _ => {
+            return Err(DomainError::invalid_input(
+                "desiredState",
+                "running or stopped",
+            ))
+        }
     }
     if c.sandbox_id.is_some() && c.warm_template_id.is_some() {
         return Err(DomainError::invalid_input(
@@ -760,7 +765,7 @@ pub(super) fn check_create_request(c: &CreateInstance) -> Result<(), DomainError
     for (i, key) in c.ssh_keys.iter().enumerate() {
         validate_ssh_public_key(key).map_err(|e| match e {
             DomainError::InvalidInput { message, .. } => {
-                DomainError::invalid_input(&format!("sshKeys[{i}]"), message)
+                DomainError::invalid_input(format!("sshKeys[{i}]"), message)
             }
             other => other,
         })?;

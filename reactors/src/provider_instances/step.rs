@@ -259,7 +259,7 @@ fn broken_account(message: String) -> Prepared {
 }
 
 /// What the answer means for the instance, as commands (refusals of the state table are
-/// skipped by `apply_all`).
+/// skipped by `vps_commands::pipeline::apply_commands`).
 pub fn commands_for(inst: &Instance, call: &Call, answer: &Answer) -> Vec<InstanceCommand> {
     match answer {
         Answer::Machine(machine) => {
