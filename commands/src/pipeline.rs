@@ -6,7 +6,8 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Postgres, Transaction};
-use vps_domain::instance::{decide_all, evolve, Instance, InstanceCommand, InstanceEvent};
+use vps_domain::aggregate::{Aggregate, Event};
+use vps_domain::instance::{decide_all, Instance, InstanceCommand, InstanceEvent};
 use vps_domain::DomainError;
 use vps_events::ExpectedVersion;
 
@@ -15,8 +16,55 @@ use crate::error::CommandError;
 use crate::record::record;
 use crate::secrets;
 
-/// Records `events` on the instance's stream (expecting the version `before` was read at)
-/// and answers the instance after them.
+/// Records `events` on the aggregate's stream (expecting the version `before` was read at)
+/// and answers the aggregate after them, folded once with the recorded times.
+pub async fn record_events<A: Aggregate>(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    id: &str,
+    before: Option<&A>,
+    events: Vec<A::Event>,
+    tenant: Option<&str>,
+) -> Result<Option<A>, CommandError> {
+    if events.is_empty() {
+        return Ok(before.cloned());
+    }
+    let expected = before.map_or(ExpectedVersion::NoStream, |b| {
+        ExpectedVersion::Exact(b.version() as i64)
+    });
+    let pairs = events
+        .iter()
+        .map(|e| (e.event_type().to_string(), e.data()))
+        .collect();
+    let stored = record(tx, &A::stream(id), expected, pairs, &ctx.metadata(tenant)).await?;
+    let mut state = before.cloned();
+    for (event, recorded) in events.iter().zip(&stored) {
+        let next = A::evolve(state, event, recorded.recorded_at)
+            .map_err(|e| DomainError::invalid_state(e.to_string()))?;
+        state = Some(next);
+    }
+    Ok(state)
+}
+
+/// The aggregate `id` folded from its stream, or `None` when the stream is empty.
+pub async fn load<A: Aggregate>(
+    tx: &mut PgConnection,
+    id: &str,
+) -> Result<Option<A>, CommandError> {
+    let stored = vps_events::read::read_stream(&mut *tx, &A::stream(id)).await?;
+    let mut state = None;
+    for e in &stored {
+        let event = A::Event::from_parts(&e.event_type, e.data.clone())
+            .map_err(|err| DomainError::invalid_state(err.to_string()))?;
+        state = Some(
+            A::evolve(state, &event, e.recorded_at)
+                .map_err(|err| DomainError::invalid_state(err.to_string()))?,
+        );
+    }
+    Ok(state)
+}
+
+/// Records an instance's events; a deleted instance's sealed secrets go with it.
 pub async fn record_instance(
     ctx: &Ctx,
     tx: &mut PgConnection,
@@ -30,29 +78,14 @@ pub async fn record_instance(
     };
     let id = first.instance_id().to_string();
     let tenant = first.common().tenant_id.clone();
-    let expected = before.map_or(ExpectedVersion::NoStream, |b| {
-        ExpectedVersion::Exact(b.version as i64)
-    });
-    let pairs = events
+    let deleted = events
         .iter()
-        .map(|e| (e.event_type().to_string(), e.data()))
-        .collect();
-    let stream = format!("instance-{id}");
-    let stored = record(tx, &stream, expected, pairs, &ctx.metadata(Some(&tenant))).await?;
-    if events
-        .iter()
-        .any(|e| matches!(e, InstanceEvent::Deleted(_)))
-    {
+        .any(|e| matches!(e, InstanceEvent::Deleted(_)));
+    let after = record_events(ctx, tx, &id, before, events, Some(&tenant)).await?;
+    if deleted {
         secrets::forget(tx, &id).await?;
     }
-    // The instance as the projector just stored it: one fold, with the recorded times.
-    let mut state = before.cloned();
-    for (event, recorded) in events.iter().zip(&stored) {
-        let next = evolve(state, event, recorded.recorded_at)
-            .map_err(|e| DomainError::invalid_state(e.to_string()))?;
-        state = Some(next);
-    }
-    Ok(state.expect("at least one event"))
+    Ok(after.expect("at least one event"))
 }
 
 /// Decides `commands` in turn on `instance` (those the state table refuses are skipped) and

@@ -329,3 +329,45 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         refusals: Vec::new(),
     }
 }
+
+impl crate::aggregate::Event for InstanceEvent {
+    fn event_type(&self) -> &'static str {
+        InstanceEvent::event_type(self)
+    }
+
+    fn data(&self) -> serde_json::Value {
+        InstanceEvent::data(self)
+    }
+
+    fn from_parts(
+        event_type: &str,
+        data: serde_json::Value,
+    ) -> Result<Self, crate::aggregate::FoldError> {
+        crate::aggregate::parse_tagged(event_type, data)
+    }
+}
+
+impl crate::aggregate::Aggregate for Instance {
+    type Event = InstanceEvent;
+    const CATEGORY: &'static str = "instance";
+
+    fn evolve(
+        state: Option<Self>,
+        event: &InstanceEvent,
+        at: DateTime<Utc>,
+    ) -> Result<Self, crate::aggregate::FoldError> {
+        evolve(state, event, at).map_err(|e| match e {
+            StreamError::NotCreated { event_type } => crate::aggregate::FoldError::NotCreated {
+                category: "instance",
+                event_type: event_type.to_string(),
+            },
+            StreamError::CreatedTwice { .. } => crate::aggregate::FoldError::CreatedTwice {
+                category: "instance",
+            },
+        })
+    }
+
+    fn version(&self) -> u64 {
+        self.version
+    }
+}

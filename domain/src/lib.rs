@@ -7,6 +7,7 @@
 //!
 //! # Layout
 //!
+//! - [`aggregate`]: the `Event` and `Aggregate` traits every stream's resource implements.
 //! - [`ids`]: derived instance and sandbox ids, prefixed ULID ids, NIC MACs, hostnames.
 //! - [`state_table`]: instance states, desired states, verbs and the table of legal moves.
 //! - [`resources`]: flavor shapes, node capacity, quota resources.
@@ -19,6 +20,7 @@
 //! - [`cloud_config`]: the default cloud-config user data.
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
+pub mod aggregate;
 pub mod cloud_config;
 pub mod condition;
 pub mod error;

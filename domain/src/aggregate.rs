@@ -1,0 +1,99 @@
+//! What every event-sourced resource shares: a typed event with its wire type and data, and an
+//! aggregate folded from its stream (`<category>-<id>`) one event at a time. Commands decide on
+//! the folded state; `vps_commands::pipeline` appends the events and folds the answer once.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+/// A typed event of one stream category.
+pub trait Event: Sized {
+    /// The wire type (`pool.created`).
+    fn event_type(&self) -> &'static str;
+    /// The `data` as JSON (camelCase).
+    fn data(&self) -> Value;
+    /// Parses a stored event.
+    fn from_parts(event_type: &str, data: Value) -> Result<Self, FoldError>;
+}
+
+/// A resource whose state is the fold of its stream.
+pub trait Aggregate: Sized + Clone {
+    /// Its events.
+    type Event: Event;
+    /// The stream category: the stream of `id` is `<CATEGORY>-<id>`.
+    const CATEGORY: &'static str;
+    /// Applies one event recorded at `at` (`None`: the stream begins).
+    fn evolve(
+        state: Option<Self>,
+        event: &Self::Event,
+        at: DateTime<Utc>,
+    ) -> Result<Self, FoldError>;
+    /// How many events made it: the stream version the next append expects.
+    fn version(&self) -> u64;
+
+    /// The stream of `id`.
+    fn stream(id: &str) -> String {
+        format!("{}-{id}", Self::CATEGORY)
+    }
+}
+
+/// A stream that cannot be folded: a bug or a damaged log, never a user error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FoldError {
+    /// The stream's first event does not create the resource.
+    #[error("{category} stream starts with {event_type}")]
+    NotCreated {
+        /// The category.
+        category: &'static str,
+        /// The event found.
+        event_type: String,
+    },
+    /// A creating event after the stream began.
+    #[error("{category} is created twice")]
+    CreatedTwice {
+        /// The category.
+        category: &'static str,
+    },
+    /// An event type or data this category does not know.
+    #[error("{event_type}: {message}")]
+    Malformed {
+        /// The type.
+        event_type: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Parses `{type, data}` into an adjacently tagged event enum.
+pub fn parse_tagged<E: serde::de::DeserializeOwned>(
+    event_type: &str,
+    data: Value,
+) -> Result<E, FoldError> {
+    serde_json::from_value(serde_json::json!({ "type": event_type, "data": data })).map_err(|e| {
+        FoldError::Malformed {
+            event_type: event_type.to_string(),
+            message: e.to_string(),
+        }
+    })
+}
+
+/// The `data` part of an adjacently tagged event enum.
+pub fn tagged_data(event: &impl serde::Serialize) -> Value {
+    match serde_json::to_value(event) {
+        Ok(Value::Object(mut map)) => map.remove("data").unwrap_or(Value::Null),
+        _ => Value::Null,
+    }
+}
+
+/// Folds events from nothing, each applied at its time.
+pub fn fold<'a, A: Aggregate + 'a>(
+    events: impl IntoIterator<Item = (&'a A::Event, DateTime<Utc>)>,
+) -> Result<Option<A>, FoldError>
+where
+    A::Event: 'a,
+{
+    let mut state = None;
+    for (event, at) in events {
+        state = Some(A::evolve(state, event, at)?);
+    }
+    Ok(state)
+}
