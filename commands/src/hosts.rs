@@ -8,18 +8,15 @@ use chrono::Utc;
 use serde::Deserialize;
 use sqlx::{PgConnection, Row};
 use vps_domain::instance::{AddressMode, Failure, Instance, InstanceCommand, Observed};
-use vps_domain::operator::{NodeStateChanged, OrphansChanged};
+use vps_domain::node::{decide, Node, NodeCommand};
 use vps_domain::state_table::InstanceState;
 use vps_domain::DomainError;
-use vps_events::ExpectedVersion;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
-use crate::pipeline::apply_commands;
-use crate::record::record_one;
+use crate::pipeline::{apply_commands, load, record_events};
 
-/// The most orphans one `instance.orphaned` event names.
-pub const MAX_ORPHANS: usize = 100;
+pub use vps_domain::node::MAX_ORPHANS;
 
 /// `nodes.report`.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
@@ -104,15 +101,7 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
 async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, CommandError> {
     let now = Utc::now();
     let mut tx = ctx.pool.begin().await?;
-    let node = sqlx::query("SELECT state, version, orphans FROM nodes WHERE id = $1 FOR UPDATE")
-        .bind(&report.node_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| DomainError::NotFound {
-            what: format!("node {}", report.node_id),
-        })?;
-    let (node_state, node_version): (String, i64) = (node.get(0), node.get(1));
-    let known_orphans: Vec<String> = serde_json::from_value(node.get(2)).unwrap_or_default();
+    lock_node(&mut tx, &report.node_id).await?;
     sqlx::query(
         "INSERT INTO node_heartbeats (node_id, last_report_at) VALUES ($1, $2)
          ON CONFLICT (node_id) DO UPDATE SET last_report_at = excluded.last_report_at",
@@ -121,21 +110,17 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     .bind(now)
     .execute(&mut *tx)
     .await?;
-    let mut node_version = node_version;
-    if node_state == "lost" {
-        record_one(
-            &mut tx,
-            &format!("node-{}", report.node_id),
-            ExpectedVersion::Exact(node_version),
-            "node.recovered",
-            &NodeStateChanged {
-                node_id: report.node_id.clone(),
-            },
-            &ctx.metadata(None),
-        )
-        .await?;
-        node_version += 1;
-    }
+    let node = load::<Node>(&mut tx, &report.node_id).await?;
+    let recovered = decide(node.as_ref(), &NodeCommand::Recover)?;
+    let node = record_events(
+        ctx,
+        &mut tx,
+        &report.node_id,
+        node.as_ref(),
+        recovered,
+        None,
+    )
+    .await?;
 
     let placed: BTreeMap<String, Instance> = placed_on(&mut tx, &report.node_id).await?;
     let mut changed = Vec::new();
@@ -195,22 +180,22 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
             }
         }
     }
+    let record = NodeCommand::RecordOrphans {
+        orphans: orphans.clone(),
+        complete: report.complete,
+    };
+    let announced = decide(node.as_ref(), &record)?;
+    record_events(
+        ctx,
+        &mut tx,
+        &report.node_id,
+        node.as_ref(),
+        announced,
+        None,
+    )
+    .await?;
     orphans.sort();
     orphans.truncate(MAX_ORPHANS);
-    if orphans != known_orphans && (report.complete || !orphans.is_empty()) {
-        record_one(
-            &mut tx,
-            &format!("node-{}", report.node_id),
-            ExpectedVersion::Exact(node_version),
-            "instance.orphaned",
-            &OrphansChanged {
-                node_id: report.node_id.clone(),
-                instance_ids: orphans.clone(),
-            },
-            &ctx.metadata(None),
-        )
-        .await?;
-    }
     tx.commit().await?;
     ctx.notifier.committed();
     Ok(ReportOutcome {
@@ -218,6 +203,22 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
         orphans,
         changed,
     })
+}
+
+/// Locks a node's row to commit, so one node's reports and liveness decisions apply one at a
+/// time; `NOT_FOUND` when there is no such node.
+async fn lock_node(tx: &mut PgConnection, node_id: &str) -> Result<(), CommandError> {
+    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM nodes WHERE id = $1 FOR UPDATE")
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    match found {
+        Some(_) => Ok(()),
+        None => Err(DomainError::NotFound {
+            what: format!("node {node_id}"),
+        }
+        .into()),
+    }
 }
 
 /// Live instances placed on a node, by id.
@@ -246,28 +247,13 @@ pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, Com
     retrying(node_id, || async {
         let now = Utc::now();
         let mut tx = ctx.pool.begin().await?;
-        let row = sqlx::query("SELECT state, version FROM nodes WHERE id = $1 FOR UPDATE")
-            .bind(node_id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or_else(|| DomainError::NotFound {
-                what: format!("node {node_id}"),
-            })?;
-        let (state, version): (String, i64) = (row.get(0), row.get(1));
-        if state == "lost" {
+        lock_node(&mut tx, node_id).await?;
+        let before = load::<Node>(&mut tx, node_id).await?;
+        let events = decide(before.as_ref(), &NodeCommand::Lose)?;
+        if events.is_empty() {
             return Ok(Vec::new());
         }
-        record_one(
-            &mut tx,
-            &format!("node-{node_id}"),
-            ExpectedVersion::Exact(version),
-            "node.lost",
-            &NodeStateChanged {
-                node_id: node_id.into(),
-            },
-            &ctx.metadata(None),
-        )
-        .await?;
+        record_events(ctx, &mut tx, node_id, before.as_ref(), events, None).await?;
         let mut changed = Vec::new();
         for (id, instance) in placed_on(&mut tx, node_id).await? {
             if apply_commands(ctx, &mut tx, &instance, &[InstanceCommand::Lose], now)

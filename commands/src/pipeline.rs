@@ -112,3 +112,18 @@ pub async fn commit(ctx: &Ctx, tx: Transaction<'_, Postgres>) -> Result<(), Comm
     ctx.notifier.committed();
     Ok(())
 }
+
+/// Loads aggregate `id`, lets `decide` judge it, and records what it decided, all in `tx`.
+/// Answers the aggregate after the events (`None` when it does not exist and nothing was
+/// decided).
+pub async fn change<A: Aggregate>(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    id: &str,
+    tenant: Option<&str>,
+    decide: impl FnOnce(Option<&A>) -> Result<Vec<A::Event>, DomainError>,
+) -> Result<Option<A>, CommandError> {
+    let before = load::<A>(tx, id).await?;
+    let events = decide(before.as_ref())?;
+    record_events(ctx, tx, id, before.as_ref(), events, tenant).await
+}

@@ -9,16 +9,17 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use sqlx::PgConnection;
-use vps_domain::DomainError;
-use vps_events::ExpectedVersion;
-use vps_projections::provider_accounts::{
-    self as accounts, ProviderAccount, ProviderAccountCreated, ProviderAccountErrorCleared,
-    ProviderAccountErrorRecorded,
+use vps_domain::provider_account::{
+    self as domain, ProviderAccount as Account, ProviderAccountCreated, ProviderAccountEvent,
 };
+use vps_domain::DomainError;
+use vps_projections::provider_accounts::{self as accounts, ProviderAccount};
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
-use crate::record::{new_id, record};
+use crate::operator::name_taken;
+use crate::pipeline::{change, commit};
+use crate::record::new_id;
 use crate::secrets;
 
 /// Configuration fields that are credentials: sealed, never logged, never shown.
@@ -47,7 +48,6 @@ pub fn secret_ref(account_id: &str) -> String {
 /// The caller has validated `config` for `provider` (the provider clients, which know what a
 /// valid configuration is, live in `vps_reactors`, above this crate).
 pub async fn create(ctx: &Ctx, input: CreateProviderAccount) -> Result<Value, CommandError> {
-    check_name(&input.name)?;
     let (public, secret) = split(&input.config)?;
     retrying(&input.name, || create_once(ctx, &input, &public, &secret)).await
 }
@@ -59,14 +59,7 @@ async fn create_once(
     secret: &Map<String, Value>,
 ) -> Result<Value, CommandError> {
     let mut tx = ctx.pool.begin().await?;
-    crate::operator::ensure_name_free(
-        &mut tx,
-        "provider_accounts",
-        None,
-        &input.name,
-        "provider account",
-    )
-    .await?;
+    let name_taken = name_taken(&mut tx, "provider_accounts", None, &input.name, None).await?;
     let id = new_id("pacct");
     let secret_ref = if secret.is_empty() {
         None
@@ -76,27 +69,17 @@ async fn create_once(
         secrets::seal(&mut tx, &ctx.secrets, &reference, &id, &sealed).await?;
         Some(reference)
     };
-    let event = ProviderAccountCreated {
+    let created = ProviderAccountCreated {
         account_id: id.clone(),
         name: input.name.clone(),
         provider: input.provider.clone(),
         config: public.clone(),
         secret_ref,
     };
-    record(
-        &mut tx,
-        &format!("provider_account-{id}"),
-        ExpectedVersion::NoStream,
-        vec![(
-            "provider_account.created".into(),
-            serde_json::to_value(&event).expect("serialises"),
-        )],
-        &ctx.metadata(None),
-    )
-    .await?;
+    let decided = domain::create(created, name_taken);
+    change::<Account>(ctx, &mut tx, &id, None, |_| decided).await?;
     let view = accounts::view(&mut *tx, &id).await?;
-    tx.commit().await?;
-    ctx.notifier.committed();
+    commit(ctx, tx).await?;
     Ok(view.expect("just created"))
 }
 
@@ -132,67 +115,27 @@ pub async fn record_error(
     code: &str,
     message: &str,
 ) -> Result<(), CommandError> {
-    retrying(account_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let Some(account) = accounts::load(&mut *tx, account_id).await? else {
-            return Ok(());
-        };
-        let standing = account.last_error.as_ref().is_some_and(|e| {
-            e["code"].as_str() == Some(code) && e["message"].as_str() == Some(message)
-        });
-        if standing {
-            return Ok(());
-        }
-        let event = ProviderAccountErrorRecorded {
-            account_id: account_id.into(),
-            code: code.into(),
-            message: message.into(),
-        };
-        record(
-            &mut tx,
-            &format!("provider_account-{account_id}"),
-            ExpectedVersion::Exact(account.version),
-            vec![(
-                "provider_account.error_recorded".into(),
-                serde_json::to_value(&event).expect("serialises"),
-            )],
-            &ctx.metadata(None),
-        )
-        .await?;
-        tx.commit().await?;
-        ctx.notifier.committed();
-        Ok(())
-    })
-    .await
+    note(ctx, account_id, |a| domain::record_error(a, code, message)).await
 }
 
 /// Clears the account's `lastError` after a call with it succeeded; nothing when none stands.
 pub async fn clear_error(ctx: &Ctx, account_id: &str) -> Result<(), CommandError> {
+    note(ctx, account_id, domain::clear_error).await
+}
+
+/// Records what `decide` says of an existing account; a missing account records nothing.
+async fn note(
+    ctx: &Ctx,
+    account_id: &str,
+    decide: impl Fn(&Account) -> Vec<ProviderAccountEvent>,
+) -> Result<(), CommandError> {
     retrying(account_id, || async {
         let mut tx = ctx.pool.begin().await?;
-        let Some(account) = accounts::load(&mut *tx, account_id).await? else {
-            return Ok(());
-        };
-        if account.last_error.is_none() {
-            return Ok(());
-        }
-        let event = ProviderAccountErrorCleared {
-            account_id: account_id.into(),
-        };
-        record(
-            &mut tx,
-            &format!("provider_account-{account_id}"),
-            ExpectedVersion::Exact(account.version),
-            vec![(
-                "provider_account.error_cleared".into(),
-                serde_json::to_value(&event).expect("serialises"),
-            )],
-            &ctx.metadata(None),
-        )
+        change::<Account>(ctx, &mut tx, account_id, None, |a| {
+            Ok(a.map(&decide).unwrap_or_default())
+        })
         .await?;
-        tx.commit().await?;
-        ctx.notifier.committed();
-        Ok(())
+        commit(ctx, tx).await
     })
     .await
 }
@@ -208,19 +151,6 @@ fn split(config: &Value) -> Result<(Value, Map<String, Value>), CommandError> {
         .into_iter()
         .partition(|(field, _)| SECRET_FIELDS.contains(&field.as_str()));
     Ok((Value::Object(public), secret))
-}
-
-fn check_name(name: &str) -> Result<(), CommandError> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid("name", "1 to 63 letters, digits, '-', '_' or '.'"))
-    }
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> CommandError {

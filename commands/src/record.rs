@@ -40,23 +40,3 @@ pub async fn record(
     vps_projections::apply_all(&mut *conn, &stored).await?;
     Ok(stored)
 }
-
-/// Records one event whose payload is `data`.
-pub async fn record_one(
-    conn: &mut PgConnection,
-    stream: &str,
-    expected: ExpectedVersion,
-    event_type: &str,
-    data: &impl serde::Serialize,
-    metadata: &Metadata,
-) -> Result<Vec<RecordedEvent>, CommandError> {
-    let data = serde_json::to_value(data).expect("event payloads serialise");
-    record(
-        conn,
-        stream,
-        expected,
-        vec![(event_type.to_string(), data)],
-        metadata,
-    )
-    .await
-}

@@ -97,3 +97,67 @@ where
     }
     Ok(state)
 }
+
+/// Declares a stream's event enum: each variant wraps its payload and names its wire type.
+/// The enum is adjacently tagged (`{ "type", "data" }`) and implements [`Event`].
+#[macro_export]
+macro_rules! event_enum {
+    ($(#[$meta:meta])* pub enum $name:ident {
+        $($(#[$vmeta:meta])* $variant:ident($payload:ty) = $wire:literal,)+
+    }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(tag = "type", content = "data")]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $wire)] $variant($payload),)+
+        }
+
+        impl $name {
+            /// Every wire type of the stream.
+            pub const TYPES: &'static [&'static str] = &[$($wire),+];
+        }
+
+        impl $crate::aggregate::Event for $name {
+            fn event_type(&self) -> &'static str {
+                match self {
+                    $(Self::$variant(_) => $wire,)+
+                }
+            }
+
+            fn data(&self) -> serde_json::Value {
+                $crate::aggregate::tagged_data(self)
+            }
+
+            fn from_parts(
+                event_type: &str,
+                data: serde_json::Value,
+            ) -> Result<Self, $crate::aggregate::FoldError> {
+                $crate::aggregate::parse_tagged(event_type, data)
+            }
+        }
+    };
+}
+
+/// The state a creating event starts, or [`FoldError`] when the stream is not at its start.
+pub fn created<A>(
+    state: Option<A>,
+    category: &'static str,
+    make: impl FnOnce() -> A,
+) -> Result<A, FoldError> {
+    match state {
+        None => Ok(make()),
+        Some(_) => Err(FoldError::CreatedTwice { category }),
+    }
+}
+
+/// The existing state a later event changes, or [`FoldError`] when the stream has not begun.
+pub fn existing<A>(
+    state: Option<A>,
+    category: &'static str,
+    event_type: &str,
+) -> Result<A, FoldError> {
+    state.ok_or_else(|| FoldError::NotCreated {
+        category,
+        event_type: event_type.to_string(),
+    })
+}

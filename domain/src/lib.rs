@@ -13,6 +13,8 @@
 //! - [`resources`]: flavor shapes, node capacity, quota resources.
 //! - [`condition`]: instance conditions and their message caps.
 //! - [`instance`]: the instance aggregate: state, commands, events, `decide` and `evolve`.
+//! - [`pool`], [`node`], [`flavor`], [`image`], [`provider_account`]: the operator's
+//!   aggregates, each with its typed events and `decide`; their payloads are in [`operator`].
 //! - [`placement`]: choosing a node for a hosted instance; in-place resize room.
 //! - [`ipam`]: IPv4 ranges and lowest-free-address leasing.
 //! - [`quota`]: whether a charge (or a resize delta) fits a tenant's quota.
@@ -24,11 +26,16 @@ pub mod aggregate;
 pub mod cloud_config;
 pub mod condition;
 pub mod error;
+pub mod flavor;
 pub mod ids;
+pub mod image;
 pub mod instance;
 pub mod ipam;
+pub mod node;
 pub mod operator;
 pub mod placement;
+pub mod pool;
+pub mod provider_account;
 pub mod quota;
 pub mod resources;
 pub mod ssh_keys;

@@ -5,7 +5,50 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::DomainError;
 use crate::resources::{Capacity, Shape};
+
+/// The runtimes a hosted pool or a node may name.
+pub const RUNTIMES: &[&str] = &[
+    "libvirt-kvm",
+    "cloud-hypervisor",
+    "firecracker",
+    "containerd",
+];
+
+/// Checks a resource name: 1 to 63 letters, digits, `-`, `_` or `.`.
+pub fn check_name(field: &str, name: &str) -> Result<(), DomainError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(DomainError::invalid_input(
+            field,
+            "1 to 63 letters, digits, '-', '_' or '.'",
+        ))
+    }
+}
+
+/// Refuses a name another resource of the same kind (and scope) already has.
+pub fn check_name_free(
+    taken: bool,
+    what: &str,
+    name: &str,
+    scope: &str,
+) -> Result<(), DomainError> {
+    if taken {
+        Err(DomainError::invalid_input(
+            "name",
+            format!("a {what} named {name} exists{scope}"),
+        ))
+    } else {
+        Ok(())
+    }
+}
 
 /// `pool.created`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

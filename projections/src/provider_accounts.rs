@@ -3,7 +3,7 @@
 //! are sealed in the secret store and only their reference is kept.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+
 use serde_json::{json, Value};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor, Row};
@@ -11,41 +11,9 @@ use vps_events::RecordedEvent;
 
 use crate::{data, ProjectionError};
 
-/// `provider_account.created`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProviderAccountCreated {
-    /// `pacct_…`.
-    pub account_id: String,
-    /// Unique name.
-    pub name: String,
-    /// `hetzner-cloud`, `proxmox` or `emulator`.
-    pub provider: String,
-    /// The account's configuration without its secret fields.
-    pub config: Value,
-    /// Where the secret fields are sealed (`secret://pacct_…`), when there are any.
-    pub secret_ref: Option<String>,
-}
-
-/// `provider_account.error_recorded`: a call with this account's credentials was refused.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProviderAccountErrorRecorded {
-    /// `pacct_…`.
-    pub account_id: String,
-    /// The provider error code (`INVALID_CONFIG`).
-    pub code: String,
-    /// The provider's words (no secrets).
-    pub message: String,
-}
-
-/// `provider_account.error_cleared`: a later call with the account succeeded.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProviderAccountErrorCleared {
-    /// `pacct_…`.
-    pub account_id: String,
-}
+pub use vps_domain::provider_account::{
+    ProviderAccountCreated, ProviderAccountErrorCleared, ProviderAccountErrorRecorded,
+};
 
 /// Applies one `provider_account.*` event.
 pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {

@@ -1,0 +1,68 @@
+//! `images.register` and `images.delete`.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use vps_domain::image::{self, Image};
+use vps_domain::operator::ImageRegistered;
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::pipeline::{change, commit};
+
+/// `images.register`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterImage {
+    /// The id (`img_…` or any name of letters, digits, `-_.`).
+    pub image_id: String,
+    /// Owner; absent = public.
+    pub tenant_id: Option<String>,
+    /// Where hosts fetch it.
+    pub url: String,
+    /// Hex SHA-256.
+    pub sha256: String,
+    /// `raw`, `qcow2` or `iso`.
+    pub format: String,
+    /// Vetted by the operator.
+    #[serde(default)]
+    pub verified: bool,
+}
+
+/// Registers (or re-registers) an image.
+pub async fn register_image(ctx: &Ctx, input: RegisterImage) -> Result<Value, CommandError> {
+    let registered = ImageRegistered {
+        image_id: input.image_id.clone(),
+        tenant_id: input.tenant_id.clone(),
+        url: input.url.clone(),
+        sha256: input.sha256.clone(),
+        format: input.format.clone(),
+        verified: input.verified,
+    };
+    let events = image::register(&registered)?;
+    let answer = serde_json::to_value(match &events[0] {
+        image::ImageEvent::Registered(r) => r,
+        image::ImageEvent::Deleted(_) => unreachable!("a registration registers"),
+    })
+    .expect("serialises");
+    let tenant = input.tenant_id.as_deref();
+    retrying(&input.image_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let decided = Ok(events.clone());
+        change::<Image>(ctx, &mut tx, &input.image_id, tenant, |_| decided).await?;
+        commit(ctx, tx).await
+    })
+    .await?;
+    Ok(answer)
+}
+
+/// Deletes an image (instances already created from it keep running).
+pub async fn delete_image(ctx: &Ctx, image_id: &str) -> Result<Value, CommandError> {
+    retrying(image_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        change::<Image>(ctx, &mut tx, image_id, None, |i| image::delete(i, image_id)).await?;
+        commit(ctx, tx).await?;
+        Ok(())
+    })
+    .await?;
+    Ok(json!({ "id": image_id, "deleted": true }))
+}

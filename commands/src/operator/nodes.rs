@@ -1,0 +1,88 @@
+//! `nodes.register`, `nodes.cordon` and `nodes.uncordon`.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use vps_domain::node::{decide, Node, NodeCommand};
+use vps_domain::pool::Pool;
+use vps_domain::resources::Capacity;
+use vps_projections::views;
+
+use super::name_taken;
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::pipeline::{change, commit, load};
+use crate::record::new_id;
+
+/// `nodes.register`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterNode {
+    /// A hosted pool.
+    pub pool_id: String,
+    /// Unique in the pool.
+    pub name: String,
+    /// What it offers.
+    pub capacity: Capacity,
+    /// Placement labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Runtimes it advertises (default: the pool's).
+    pub runtimes: Option<Vec<String>>,
+    /// CPU model.
+    pub cpu_model: Option<String>,
+}
+
+/// Registers a node; answers the node and its token (shown once, stored only as a hash).
+pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<Value, CommandError> {
+    let id = new_id("node");
+    let token = format!("nt_{}", hex::encode(rand::random::<[u8; 24]>()));
+    let node = retrying(&id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let pool = load::<Pool>(&mut tx, &input.pool_id).await?;
+        let register = vps_domain::node::RegisterNode {
+            id: id.clone(),
+            pool_id: input.pool_id.clone(),
+            name: input.name.clone(),
+            capacity: input.capacity.clone(),
+            labels: input.labels.clone(),
+            runtimes: input.runtimes.clone(),
+            cpu_model: input.cpu_model.clone(),
+            token_hash: token_hash(&token),
+            pool: pool.map(|p| (p.class, p.runtime)),
+            name_taken: name_taken(&mut tx, "nodes", Some(&input.pool_id), &input.name, None)
+                .await?,
+        };
+        let command = NodeCommand::Register(Box::new(register));
+        change::<Node>(ctx, &mut tx, &id, None, |n| decide(n, &command)).await?;
+        let answer = views::node(&mut *tx, &id).await?;
+        commit(ctx, tx).await?;
+        Ok(answer)
+    })
+    .await?;
+    Ok(json!({ "node": node, "nodeToken": token }))
+}
+
+/// The stored form of a node token.
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// Cordons (`true`) or uncordons a node.
+pub async fn set_cordon(ctx: &Ctx, node_id: &str, cordon: bool) -> Result<Value, CommandError> {
+    let command = if cordon {
+        NodeCommand::Cordon
+    } else {
+        NodeCommand::Uncordon
+    };
+    retrying(node_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        change::<Node>(ctx, &mut tx, node_id, None, |n| decide(n, &command)).await?;
+        let node = views::node(&mut *tx, node_id).await?;
+        let answer = node.expect("the node exists");
+        commit(ctx, tx).await?;
+        Ok(answer)
+    })
+    .await
+}

@@ -1,0 +1,169 @@
+//! `pools.*` commands.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use vps_domain::operator::PoolPolicy;
+use vps_domain::pool::{decide, Pool, PoolCommand};
+use vps_domain::resources::QuotaResource;
+use vps_projections::views;
+
+use super::name_taken;
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::pipeline::{change, commit};
+use crate::record::new_id;
+
+/// `pools.create`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreatePool {
+    /// Unique name.
+    pub name: String,
+    /// `vps-host` or `provider`.
+    pub class: String,
+    /// Hosted pools' runtime (default `libvirt-kvm`).
+    pub runtime: Option<String>,
+    /// Provider pools' account.
+    pub provider_account_id: Option<String>,
+    /// Host-loss policy.
+    #[serde(default)]
+    pub policy: PoolPolicy,
+}
+
+/// `pools.update`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpdatePool {
+    /// The pool.
+    pub pool_id: String,
+    /// A new name.
+    pub name: Option<String>,
+    /// A new policy.
+    pub policy: Option<PoolPolicy>,
+}
+
+/// `pools.offer`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OfferPool {
+    /// The pool.
+    pub pool_id: String,
+    /// The tenant it becomes visible to.
+    pub tenant_id: String,
+    /// Maxima per resource; a missing one is 0.
+    #[serde(default)]
+    pub quota: BTreeMap<String, u64>,
+}
+
+/// `pools.setIpPool`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetIpPool {
+    /// The pool.
+    pub pool_id: String,
+    /// IPv4 CIDR.
+    pub cidr: String,
+    /// Default: the first host address.
+    pub gateway: Option<String>,
+}
+
+/// Creates a pool.
+pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<Value, CommandError> {
+    let id = new_id("pool");
+    retrying(&id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let command = PoolCommand::Create {
+            id: id.clone(),
+            name: input.name.clone(),
+            class: input.class.clone(),
+            runtime: input.runtime.clone(),
+            provider_account_id: input.provider_account_id.clone(),
+            policy: input.policy.clone(),
+            name_taken: name_taken(&mut tx, "pools", None, &input.name, None).await?,
+        };
+        change::<Pool>(ctx, &mut tx, &id, None, |pool| decide(pool, &command)).await?;
+        let answer = view(&mut tx, &id).await?;
+        commit(ctx, tx).await?;
+        Ok(answer)
+    })
+    .await
+}
+
+/// Renames a pool or changes its policy.
+pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<Value, CommandError> {
+    retrying(&input.pool_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let name_taken = match &input.name {
+            Some(name) => name_taken(&mut tx, "pools", None, name, Some(&input.pool_id)).await?,
+            None => false,
+        };
+        let command = PoolCommand::Update {
+            name: input.name.clone(),
+            policy: input.policy.clone(),
+            name_taken,
+        };
+        change::<Pool>(ctx, &mut tx, &input.pool_id, None, |p| decide(p, &command)).await?;
+        let answer = view(&mut tx, &input.pool_id).await?;
+        commit(ctx, tx).await?;
+        Ok(answer)
+    })
+    .await
+}
+
+/// Offers a pool to a tenant with quota maxima.
+pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Value, CommandError> {
+    retrying(&input.pool_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let command = PoolCommand::Offer {
+            tenant_id: input.tenant_id.clone(),
+            quota: input.quota.clone(),
+        };
+        let tenant = Some(input.tenant_id.as_str());
+        change::<Pool>(ctx, &mut tx, &input.pool_id, tenant, |p| {
+            decide(p, &command)
+        })
+        .await?;
+        commit(ctx, tx).await?;
+        Ok(())
+    })
+    .await?;
+    let quota: BTreeMap<&str, u64> = QuotaResource::ALL
+        .into_iter()
+        .map(|r| {
+            (
+                r.as_str(),
+                input.quota.get(r.as_str()).copied().unwrap_or(0),
+            )
+        })
+        .collect();
+    Ok(json!({ "poolId": input.pool_id, "tenantId": input.tenant_id, "quota": quota }))
+}
+
+/// Sets a hosted pool's IPv4 range.
+pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<Value, CommandError> {
+    retrying(&input.pool_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let leased: i64 = sqlx::query_scalar("SELECT count(*) FROM ip_leases WHERE pool_id = $1")
+            .bind(&input.pool_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let command = PoolCommand::SetIpRange {
+            cidr: input.cidr.clone(),
+            gateway: input.gateway.clone(),
+            leased: leased as u64,
+        };
+        change::<Pool>(ctx, &mut tx, &input.pool_id, None, |p| decide(p, &command)).await?;
+        let answer = view(&mut tx, &input.pool_id).await?;
+        commit(ctx, tx).await?;
+        Ok(answer)
+    })
+    .await
+}
+
+async fn view(tx: &mut sqlx::PgConnection, pool_id: &str) -> Result<Value, CommandError> {
+    Ok(views::pool(&mut *tx, pool_id)
+        .await?
+        .expect("the pool exists"))
+}
