@@ -3,16 +3,20 @@
 //! (`replay`). Each projector is a deterministic function of the event and projection tables:
 //! time comes from the event, never from `now()`.
 //!
-//! Modules: `operator` (pools, quotas' maxima, nodes, flavors, images), `instances` (instance
-//! views, quota usage, node allocations, IP leases), `node_specs` (the async NodeSpec
+//! Projectors are routed by stream category, one module per table family: `pools` (pools and
+//! quota maxima), `nodes`, `flavors`, `images`, `instances` (instance views, quota usage, node
+//! allocations, IP leases), `node_specs` (the async NodeSpec
 //! projector), `provider_accounts`, `webhooks`, `views` (reads), `replay` (rebuild and verify).
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
 
+pub mod flavors;
+pub mod images;
 pub mod instances;
 pub mod node_specs;
-pub mod operator;
+pub mod nodes;
+pub mod pools;
 pub mod provider_accounts;
 pub mod replay;
 pub mod views;
@@ -54,16 +58,23 @@ pub const TABLES: &[&str] = &[
     "webhooks",
 ];
 
+/// The category of an event's stream (`instance` of `instance-inst_…`): it names the
+/// aggregate, and so the projector.
+fn category(event: &RecordedEvent) -> &str {
+    event
+        .stream
+        .split_once('-')
+        .map_or("", |(category, _)| category)
+}
+
 /// Applies every inline projector to one event, in the caller's transaction.
 pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), ProjectionError> {
-    let kind = event.event_type.split('.').next().unwrap_or("");
-    if event.event_type == "instance.orphaned" {
-        // A node's event about instances it holds: it belongs to the node's projection.
-        return operator::apply(conn, event).await;
-    }
-    match kind {
+    match category(event) {
         "instance" => instances::apply(conn, event).await,
-        "pool" | "node" | "flavor" | "image" => operator::apply(conn, event).await,
+        "pool" => pools::apply(conn, event).await,
+        "node" => nodes::apply(conn, event).await,
+        "flavor" => flavors::apply(conn, event).await,
+        "image" => images::apply(conn, event).await,
         "provider_account" => provider_accounts::apply(conn, event).await,
         "webhook" => Ok(webhooks::apply(conn, event).await?),
         _ => Ok(()),
@@ -78,32 +89,23 @@ pub async fn apply_all(
 ) -> Result<(), ProjectionError> {
     let mut rest = events;
     while let Some(first) = rest.first() {
-        let instance_run =
-            first.event_type.starts_with("instance.") && first.event_type != "instance.orphaned";
-        if !instance_run {
+        if category(first) != "instance" {
             apply(conn, first).await?;
             rest = &rest[1..];
             continue;
         }
-        let n = rest
-            .iter()
-            .take_while(|e| {
-                e.stream == first.stream
-                    && e.event_type.starts_with("instance.")
-                    && e.event_type != "instance.orphaned"
-            })
-            .count();
+        let n = rest.iter().take_while(|e| e.stream == first.stream).count();
         instances::apply_run(conn, &rest[..n]).await?;
         rest = &rest[n..];
     }
     Ok(())
 }
 
-/// Parses an event's data as `T`.
-pub(crate) fn data<T: serde::de::DeserializeOwned>(
+/// Parses a stored event as its stream's typed event.
+pub(crate) fn typed<E: vps_domain::aggregate::Event>(
     event: &RecordedEvent,
-) -> Result<T, ProjectionError> {
-    serde_json::from_value(event.data.clone()).map_err(|e| ProjectionError::Malformed {
+) -> Result<E, ProjectionError> {
+    E::from_parts(&event.event_type, event.data.clone()).map_err(|e| ProjectionError::Malformed {
         event_id: event.id.clone(),
         event_type: event.event_type.clone(),
         message: e.to_string(),

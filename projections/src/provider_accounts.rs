@@ -9,18 +9,15 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor, Row};
 use vps_events::RecordedEvent;
 
-use crate::{data, ProjectionError};
+use vps_domain::provider_account::ProviderAccountEvent;
 
-pub use vps_domain::provider_account::{
-    ProviderAccountCreated, ProviderAccountErrorCleared, ProviderAccountErrorRecorded,
-};
+use crate::ProjectionError;
 
 /// Applies one `provider_account.*` event.
 pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
     let at = e.recorded_at;
-    match e.event_type.as_str() {
-        "provider_account.created" => {
-            let d: ProviderAccountCreated = data(e)?;
+    match crate::typed::<ProviderAccountEvent>(e)? {
+        ProviderAccountEvent::Created(d) => {
             sqlx::query(
                 "INSERT INTO provider_accounts (id, name, provider, config, secret_ref, last_error,
                                                 created_at, updated_at, version)
@@ -36,8 +33,7 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             .execute(conn)
             .await?;
         }
-        "provider_account.error_recorded" => {
-            let d: ProviderAccountErrorRecorded = data(e)?;
+        ProviderAccountEvent::ErrorRecorded(d) => {
             let error = json!({ "code": d.code, "message": d.message, "at": at });
             sqlx::query(
                 "UPDATE provider_accounts SET last_error = $2, updated_at = $3, version = $4 WHERE id = $1",
@@ -49,8 +45,7 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             .execute(conn)
             .await?;
         }
-        "provider_account.error_cleared" => {
-            let d: ProviderAccountErrorCleared = data(e)?;
+        ProviderAccountEvent::ErrorCleared(d) => {
             sqlx::query(
                 "UPDATE provider_accounts SET last_error = NULL, updated_at = $2, version = $3 WHERE id = $1",
             )
@@ -60,7 +55,6 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             .execute(conn)
             .await?;
         }
-        _ => {}
     }
     Ok(())
 }

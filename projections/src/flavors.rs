@@ -1,0 +1,38 @@
+//! The `flavors` table, from a flavor's stream.
+
+use sqlx::types::Json;
+use sqlx::PgConnection;
+use vps_domain::flavor::FlavorEvent;
+use vps_events::RecordedEvent;
+
+use crate::ProjectionError;
+
+/// Applies one flavor event.
+pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
+    let at = e.recorded_at;
+    match crate::typed::<FlavorEvent>(e)? {
+        FlavorEvent::Created(d) => {
+            sqlx::query(
+            "INSERT INTO flavors (id, pool_id, name, shape, offer_id, archived, created_at, version)
+             VALUES ($1, $2, $3, $4, $5, false, $6, $7)",
+        )
+        .bind(&d.flavor_id)
+        .bind(&d.pool_id)
+        .bind(&d.name)
+        .bind(Json(&d.shape))
+        .bind(&d.offer_id)
+        .bind(at)
+        .bind(e.version)
+        .execute(conn)
+        .await?;
+        }
+        FlavorEvent::Archived(d) => {
+            sqlx::query("UPDATE flavors SET archived = true, version = $2 WHERE id = $1")
+                .bind(&d.flavor_id)
+                .bind(e.version)
+                .execute(conn)
+                .await?;
+        }
+    }
+    Ok(())
+}

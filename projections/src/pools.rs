@@ -1,0 +1,77 @@
+//! The `pools` table and the quota maxima of offers (`quotas`), from a pool's stream.
+
+use sqlx::types::Json;
+use sqlx::PgConnection;
+use vps_domain::pool::PoolEvent;
+use vps_domain::resources::QuotaResource;
+use vps_events::RecordedEvent;
+
+use crate::ProjectionError;
+
+/// Applies one pool event.
+pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
+    let at = e.recorded_at;
+    match crate::typed::<PoolEvent>(e)? {
+        PoolEvent::Created(d) => {
+            sqlx::query(
+                "INSERT INTO pools (id, name, class, runtime, policy, provider_account_id,
+                                created_at, updated_at, version)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8)",
+            )
+            .bind(&d.pool_id)
+            .bind(&d.name)
+            .bind(&d.class)
+            .bind(&d.runtime)
+            .bind(Json(&d.policy))
+            .bind(&d.provider_account_id)
+            .bind(at)
+            .bind(e.version)
+            .execute(conn)
+            .await?;
+        }
+        PoolEvent::Updated(d) => {
+            sqlx::query("UPDATE pools SET name = $2, policy = $3, updated_at = $4, version = $5 WHERE id = $1")
+            .bind(&d.pool_id)
+            .bind(&d.name)
+            .bind(Json(&d.policy))
+            .bind(at)
+            .bind(e.version)
+            .execute(conn)
+            .await?;
+        }
+        PoolEvent::IpRangeSet(d) => {
+            sqlx::query("UPDATE pools SET ip_cidr = $2, ip_gateway = $3, updated_at = $4, version = $5 WHERE id = $1")
+            .bind(&d.pool_id)
+            .bind(&d.cidr)
+            .bind(&d.gateway)
+            .bind(at)
+            .bind(e.version)
+            .execute(conn)
+            .await?;
+        }
+        PoolEvent::Offered(d) => {
+            for resource in QuotaResource::ALL {
+                let max = d.quota.get(resource.as_str()).copied().unwrap_or(0) as i64;
+                sqlx::query(
+                    "INSERT INTO quotas (pool_id, tenant_id, resource, max, offered)
+                 VALUES ($1, $2, $3, $4, true)
+                 ON CONFLICT (pool_id, tenant_id, resource)
+                 DO UPDATE SET max = excluded.max, offered = true",
+                )
+                .bind(&d.pool_id)
+                .bind(&d.tenant_id)
+                .bind(resource.as_str())
+                .bind(max)
+                .execute(&mut *conn)
+                .await?;
+            }
+            sqlx::query("UPDATE pools SET updated_at = $2, version = $3 WHERE id = $1")
+                .bind(&d.pool_id)
+                .bind(at)
+                .bind(e.version)
+                .execute(conn)
+                .await?;
+        }
+    }
+    Ok(())
+}

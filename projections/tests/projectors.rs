@@ -1,0 +1,318 @@
+//! Projectors against a real database: given a stream's events, the rows they leave.
+
+use std::collections::BTreeMap;
+
+use chrono::Utc;
+use serde_json::{json, Value};
+use sqlx::{PgPool, Row};
+use vps_domain::aggregate::Event;
+use vps_domain::flavor::FlavorEvent;
+use vps_domain::image::ImageEvent;
+use vps_domain::instance::{self, AdmissionFacts, AdmissionPool, CreateInstance, PoolKind};
+use vps_domain::node::NodeEvent;
+use vps_domain::operator::*;
+use vps_domain::placement::{NodeCandidate, NodeState};
+use vps_domain::pool::PoolEvent;
+use vps_domain::provider_account::*;
+use vps_domain::resources::{Capacity, QuotaResource, Shape};
+use vps_domain::state_table::DesiredState;
+use vps_events::{append, ExpectedVersion, Metadata, NewEvent};
+
+async fn fresh() -> PgPool {
+    vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 4).await
+}
+
+/// Appends `events` to `stream` and applies the inline projectors, as a command would.
+async fn project<E: Event>(db: &PgPool, stream: &str, events: &[E]) {
+    let mut tx = db.begin().await.unwrap();
+    let current: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM events WHERE stream = $1")
+            .bind(stream)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+    let expected = current.map_or(ExpectedVersion::NoStream, ExpectedVersion::Exact);
+    let new: Vec<NewEvent> = events
+        .iter()
+        .map(|e| NewEvent {
+            id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+            event_type: e.event_type().into(),
+            data: e.data(),
+            metadata: Metadata::default(),
+        })
+        .collect();
+    let stored = append(&mut tx, stream, expected, &new).await.unwrap();
+    vps_projections::apply_all(&mut tx, &stored).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn one<T>(db: &PgPool, sql: &str) -> T
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    sqlx::query_as(sql).fetch_one(db).await.unwrap()
+}
+
+fn capacity(vcpu: u32) -> Capacity {
+    Capacity {
+        vcpu,
+        memory_gib: vcpu * 4,
+        disk_gib: 100,
+        gpus: vec![],
+    }
+}
+
+fn small() -> Shape {
+    Shape {
+        vcpu: 2,
+        memory_gib: 4,
+        disk_gib: 20,
+        gpus: None,
+    }
+}
+
+async fn pool_with_offer(db: &PgPool) {
+    let created = PoolCreated {
+        pool_id: "pool_1".into(),
+        name: "east".into(),
+        class: "vps-host".into(),
+        runtime: Some("libvirt-kvm".into()),
+        provider_account_id: None,
+        policy: PoolPolicy::default(),
+    };
+    let range = IpRangeSet {
+        pool_id: "pool_1".into(),
+        cidr: "10.0.0.0/29".into(),
+        gateway: "10.0.0.1".into(),
+    };
+    let offered = PoolOffered {
+        pool_id: "pool_1".into(),
+        tenant_id: "acme".into(),
+        quota: BTreeMap::from([("vcpu".into(), 8)]),
+    };
+    let events = [
+        PoolEvent::Created(created),
+        PoolEvent::IpRangeSet(range),
+        PoolEvent::Offered(offered),
+    ];
+    project(db, "pool-pool_1", &events).await;
+}
+
+#[tokio::test]
+async fn pool_events_make_the_pool_row_and_the_offer_makes_quota_rows() {
+    let db = fresh().await;
+    pool_with_offer(&db).await;
+    let renamed = PoolUpdated {
+        pool_id: "pool_1".into(),
+        name: "west".into(),
+        policy: PoolPolicy {
+            recreate_on_host_loss: true,
+            lost_after_seconds: Some(30),
+        },
+    };
+    project(&db, "pool-pool_1", &[PoolEvent::Updated(renamed)]).await;
+    let row = sqlx::query(
+        "SELECT name, ip_cidr, ip_gateway, policy, version FROM pools WHERE id = 'pool_1'",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(row.get::<String, _>(0), "west");
+    assert_eq!(row.get::<String, _>(1), "10.0.0.0/29");
+    assert_eq!(row.get::<String, _>(2), "10.0.0.1");
+    assert_eq!(row.get::<Value, _>(3)["recreateOnHostLoss"], true);
+    assert_eq!(row.get::<i64, _>(4), 4);
+    let quotas: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT resource, max, used FROM quotas WHERE pool_id = 'pool_1' AND tenant_id = 'acme'",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    assert_eq!(quotas.len(), QuotaResource::ALL.len(), "a row per resource");
+    assert!(quotas.contains(&("vcpu".into(), 8, 0)), "{quotas:?}");
+    assert!(quotas.contains(&("gpu".into(), 0, 0)), "{quotas:?}");
+}
+
+#[tokio::test]
+async fn node_events_set_its_state_and_orphans() {
+    let db = fresh().await;
+    let registered = NodeRegistered {
+        node_id: "node_1".into(),
+        pool_id: "pool_1".into(),
+        name: "h1".into(),
+        capacity: capacity(16),
+        labels: BTreeMap::new(),
+        runtimes: vec!["libvirt-kvm".into()],
+        cpu_model: None,
+        token_hash: "00".repeat(32),
+    };
+    let changed = || NodeStateChanged {
+        node_id: "node_1".into(),
+    };
+    let sql = "SELECT state, orphans FROM nodes WHERE id = 'node_1'";
+    project(&db, "node-node_1", &[NodeEvent::Registered(registered)]).await;
+    assert_eq!(one::<(String, Value)>(&db, sql).await.0, "ready");
+    project(&db, "node-node_1", &[NodeEvent::Cordoned(changed())]).await;
+    assert_eq!(one::<(String, Value)>(&db, sql).await.0, "cordoned");
+    project(&db, "node-node_1", &[NodeEvent::Lost(changed())]).await;
+    assert_eq!(one::<(String, Value)>(&db, sql).await.0, "lost");
+    let orphans = OrphansChanged {
+        node_id: "node_1".into(),
+        instance_ids: vec!["inst_a".into()],
+    };
+    let events = [
+        NodeEvent::Recovered(changed()),
+        NodeEvent::Orphaned(orphans),
+    ];
+    project(&db, "node-node_1", &events).await;
+    let (liveness, orphans) = one::<(String, Value)>(&db, sql).await;
+    assert_eq!(liveness, "ready");
+    assert_eq!(orphans, json!(["inst_a"]));
+}
+
+#[tokio::test]
+async fn flavor_and_image_events_make_their_rows() {
+    let db = fresh().await;
+    let flavor = FlavorCreated {
+        flavor_id: "flv_1".into(),
+        pool_id: "pool_1".into(),
+        name: "small".into(),
+        shape: small(),
+        offer_id: None,
+    };
+    let archived = FlavorArchived {
+        flavor_id: "flv_1".into(),
+    };
+    let events = [
+        FlavorEvent::Created(flavor),
+        FlavorEvent::Archived(archived),
+    ];
+    project(&db, "flavor-flv_1", &events).await;
+    let row: (String, bool) =
+        one(&db, "SELECT name, archived FROM flavors WHERE id = 'flv_1'").await;
+    assert_eq!(row, ("small".into(), true));
+
+    let image = ImageRegistered {
+        image_id: "img_1".into(),
+        tenant_id: None,
+        url: "https://images.example/a.qcow2".into(),
+        sha256: "a".repeat(64),
+        format: "qcow2".into(),
+        verified: true,
+    };
+    let deleted = ImageDeleted {
+        image_id: "img_1".into(),
+    };
+    let events = [
+        ImageEvent::Registered(image.clone()),
+        ImageEvent::Deleted(deleted),
+    ];
+    project(&db, "image-img_1", &events).await;
+    let sql = "SELECT deleted, version FROM images WHERE id = 'img_1'";
+    assert_eq!(one::<(bool, i64)>(&db, sql).await, (true, 2));
+    project(&db, "image-img_1", &[ImageEvent::Registered(image)]).await;
+    assert_eq!(
+        one::<(bool, i64)>(&db, sql).await,
+        (false, 3),
+        "registered again"
+    );
+}
+
+#[tokio::test]
+async fn provider_account_events_keep_the_last_error() {
+    let db = fresh().await;
+    let created = ProviderAccountCreated {
+        account_id: "pacct_1".into(),
+        name: "cloud".into(),
+        provider: "emulator".into(),
+        config: json!({ "endpoint": "http://127.0.0.1:1" }),
+        secret_ref: Some("secret://pacct_1".into()),
+    };
+    let error = ProviderAccountErrorRecorded {
+        account_id: "pacct_1".into(),
+        code: "INVALID_CONFIG".into(),
+        message: "bad token".into(),
+    };
+    let events = [
+        ProviderAccountEvent::Created(created),
+        ProviderAccountEvent::ErrorRecorded(error),
+    ];
+    project(&db, "provider_account-pacct_1", &events).await;
+    let sql = "SELECT last_error FROM provider_accounts WHERE id = 'pacct_1'";
+    let (last,): (Option<Value>,) = one(&db, sql).await;
+    assert_eq!(last.unwrap()["code"], "INVALID_CONFIG");
+    let cleared = ProviderAccountErrorCleared {
+        account_id: "pacct_1".into(),
+    };
+    let events = [ProviderAccountEvent::ErrorCleared(cleared)];
+    project(&db, "provider_account-pacct_1", &events).await;
+    let (last,): (Option<Value>,) = one(&db, sql).await;
+    assert!(last.is_none());
+}
+
+fn admission_facts() -> AdmissionFacts {
+    AdmissionFacts {
+        pool: Some(AdmissionPool {
+            kind: PoolKind::Hosted,
+            runtime: "libvirt-kvm".into(),
+            has_account: false,
+            has_range: true,
+        }),
+        shape: Some(small()),
+        image_visible: true,
+        quota_max: QuotaResource::ALL.into_iter().map(|r| (r, 100)).collect(),
+        nodes: vec![NodeCandidate {
+            id: "node_1".into(),
+            state: NodeState::Ready,
+            runtimes: vec!["libvirt-kvm".into()],
+            labels: BTreeMap::new(),
+            capacity: capacity(16),
+            allocated: Capacity::default(),
+        }],
+        free_address: Some("10.0.0.2".parse().unwrap()),
+        ..AdmissionFacts::default()
+    }
+}
+
+fn create(id: &str) -> CreateInstance {
+    CreateInstance {
+        id: id.into(),
+        tenant_id: "acme".into(),
+        pool_id: "pool_1".into(),
+        pool_kind: PoolKind::Hosted,
+        flavor: "small".into(),
+        shape: small(),
+        image_id: "img_1".into(),
+        ssh_keys: vec![],
+        user_data_ref: None,
+        project_id: None,
+        desired_state: DesiredState::Running,
+        owner_identity_id: "id_alice".into(),
+        idempotency_key: "k1".into(),
+        request_hash: "h".into(),
+        sandbox_id: None,
+        warm_template_id: None,
+    }
+}
+
+#[tokio::test]
+async fn an_admitted_instance_books_its_view_allocation_lease_and_quota() {
+    let db = fresh().await;
+    pool_with_offer(&db).await;
+    let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
+    let decided = instance::admit(&admission_facts(), create(&id), "alloc_1", Utc::now());
+    let Ok(instance::Admission::Admit(events)) = decided else {
+        panic!("admitted: {decided:?}");
+    };
+    project(&db, &format!("instance-{id}"), &events).await;
+    let sql = format!("SELECT state, node_id FROM instances WHERE id = '{id}'");
+    let (state, node): (String, Option<String>) = one(&db, &sql).await;
+    assert_eq!(state, "provisioning");
+    assert_eq!(node.as_deref(), Some("node_1"));
+    let sql = format!("SELECT address FROM ip_leases WHERE instance_id = '{id}'");
+    assert_eq!(one::<(String,)>(&db, &sql).await.0, "10.0.0.2");
+    let sql = "SELECT vcpu::bigint FROM node_allocations WHERE node_id = 'node_1'";
+    assert_eq!(one::<(i64,)>(&db, sql).await.0, 2);
+    let sql = "SELECT used FROM quotas WHERE pool_id = 'pool_1' AND resource = 'vcpu'";
+    assert_eq!(one::<(i64,)>(&db, sql).await.0, 2);
+}
