@@ -169,75 +169,78 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Serve => serve(config).await,
         Command::Dev(args) => crate::dev::run(config, args.sim).await,
-        Command::Events(cmd) => {
-            let (args, tail) = match cmd {
-                EventsCommand::List(a) => (a, false),
-                EventsCommand::Tail(a) => (a, true),
-            };
-            for t in &args.types {
-                vps_events::pattern::validate(t).map_err(anyhow::Error::msg)?;
-            }
-            let options = crate::tools::events::ListOptions {
-                after: match &args.after {
-                    Some(c) => c.parse()?,
-                    None => vps_events::Cursor::START,
-                },
-                types: args.types,
-                subject: args.subject,
-                limit: args.limit.clamp(1, 10_000),
-                json: args.json,
-            };
-            let db = Database::open(&config, 4).await?;
-            if tail {
-                tokio::select! {
-                    r = crate::tools::events::tail(&db.pool, &options) => r?,
-                    _ = crate::server::shutdown_signal() => {},
-                }
-            } else {
-                crate::tools::events::list(&db.pool, &options).await?;
-            }
-            Ok(0)
-        }
+        Command::Events(cmd) => events(&config, cmd).await,
         Command::Audit(AuditCommand::Verify) => {
             let db = Database::open(&config, 4).await?;
-            Ok(if crate::tools::audit::verify(&db.pool).await? {
-                0
-            } else {
-                1
-            })
+            Ok(exit_code(crate::tools::audit::verify(&db.pool).await?))
         }
         Command::Openapi => {
             let document = serde_json::to_string_pretty(crate::openapi::document())?;
             println!("{document}");
             Ok(0)
         }
-        Command::Call { method, body, json } => Ok(
-            if crate::tools::call::call(&method, body.as_deref(), json).await? {
-                0
-            } else {
-                1
-            },
-        ),
+        Command::Call { method, body, json } => Ok(exit_code(
+            crate::tools::call::call(&method, body.as_deref(), json).await?,
+        )),
         Command::History { id, json } => {
             let db = Database::open(&config, 4).await?;
-            Ok(
-                if crate::tools::history::print(&db.pool, &id, json).await? {
-                    0
-                } else {
-                    1
-                },
-            )
+            Ok(exit_code(
+                crate::tools::history::print(&db.pool, &id, json).await?,
+            ))
         }
         Command::Replay { .. } => {
             let db = Database::open(&config, 4).await?;
-            Ok(if crate::tools::replay::verify(&db.pool).await? {
-                0
-            } else {
-                1
-            })
+            Ok(exit_code(crate::tools::replay::verify(&db.pool).await?))
         }
-        Command::Bench(BenchCommand::Api { seconds, clients }) => {
-            let (url, _cluster) = crate::database::server_url(&config).await?;
+        Command::Bench(cmd) => bench(&config, cmd).await,
+    }
+}
+
+/// 0 when the check passed, 1 when it did not.
+fn exit_code(passed: bool) -> i32 {
+    if passed {
+        0
+    } else {
+        1
+    }
+}
+
+/// `vps events list|tail`.
+async fn events(config: &Config, cmd: EventsCommand) -> anyhow::Result<i32> {
+    let (args, tail) = match cmd {
+        EventsCommand::List(a) => (a, false),
+        EventsCommand::Tail(a) => (a, true),
+    };
+    for t in &args.types {
+        vps_events::pattern::validate(t).map_err(anyhow::Error::msg)?;
+    }
+    let options = crate::tools::events::ListOptions {
+        after: match &args.after {
+            Some(c) => c.parse()?,
+            None => vps_events::Cursor::START,
+        },
+        types: args.types,
+        subject: args.subject,
+        limit: args.limit.clamp(1, 10_000),
+        json: args.json,
+    };
+    let db = Database::open(config, 4).await?;
+    if tail {
+        tokio::select! {
+            r = crate::tools::events::tail(&db.pool, &options) => r?,
+            _ = crate::server::shutdown_signal() => {},
+        }
+    } else {
+        crate::tools::events::list(&db.pool, &options).await?;
+    }
+    Ok(0)
+}
+
+/// `vps bench …`: each benchmark runs in a scratch database on the configured server.
+async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
+    match cmd {
+        BenchCommand::Api { seconds, clients } => {
+            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::api::ApiBench {
                 clients: clients.max(1),
                 seconds: seconds.clamp(0.5, 600.0),
@@ -245,8 +248,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             crate::bench::api::run(&url, &options).await?;
             Ok(0)
         }
-        Command::Bench(BenchCommand::Log { seconds, writers }) => {
-            let (url, _cluster) = crate::database::server_url(&config).await?;
+        BenchCommand::Log { seconds, writers } => {
+            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::log::LogBench {
                 writers: writers.max(1),
                 seconds: seconds.clamp(0.5, 600.0),
@@ -255,14 +258,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             crate::bench::log::run(&url, &options).await?;
             Ok(0)
         }
-        Command::Bench(BenchCommand::Converge {
+        BenchCommand::Converge {
             hosts,
             instances,
             boot_ms,
             clients,
             timeout,
-        }) => {
-            let (url, _cluster) = crate::database::server_url(&config).await?;
+        } => {
+            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::converge::ConvergeBench {
                 hosts: hosts.max(1),
                 instances: instances.max(1),
@@ -273,13 +276,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             crate::bench::converge::run(&url, &options).await?;
             Ok(0)
         }
-        Command::Bench(BenchCommand::ConvergeHosts { url, boot_ms }) => {
+        BenchCommand::ConvergeHosts { url, boot_ms } => {
             crate::bench::converge::hosts_process(&url, std::time::Duration::from_millis(boot_ms))
                 .await?;
             Ok(0)
         }
-        Command::Bench(BenchCommand::Delivery { rate, seconds }) => {
-            let (url, _cluster) = crate::database::server_url(&config).await?;
+        BenchCommand::Delivery { rate, seconds } => {
+            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::delivery::DeliveryBench {
                 rate: rate.clamp(1.0, 100_000.0),
                 seconds: seconds.clamp(0.5, 600.0),

@@ -14,7 +14,7 @@ use vps_domain::DomainError;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
-use crate::pipeline::{apply_commands, load, record_events};
+use crate::pipeline::{apply_commands, commit, load, record_events};
 
 pub use vps_domain::node::MAX_ORPHANS;
 
@@ -100,67 +100,23 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
 
 async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, CommandError> {
     let now = Utc::now();
+    let node_id = &report.node_id;
     let mut tx = ctx.pool.begin().await?;
-    lock_node(&mut tx, &report.node_id).await?;
-    sqlx::query(
-        "INSERT INTO node_heartbeats (node_id, last_report_at) VALUES ($1, $2)
-         ON CONFLICT (node_id) DO UPDATE SET last_report_at = excluded.last_report_at",
-    )
-    .bind(&report.node_id)
-    .bind(now)
-    .execute(&mut *tx)
-    .await?;
-    let node = load::<Node>(&mut tx, &report.node_id).await?;
+    lock_node(&mut tx, node_id).await?;
+    heartbeat(&mut tx, node_id, now).await?;
+    let node = load::<Node>(&mut tx, node_id).await?;
     let recovered = decide(node.as_ref(), &NodeCommand::Recover)?;
-    let node = record_events(
-        ctx,
-        &mut tx,
-        &report.node_id,
-        node.as_ref(),
-        recovered,
-        None,
-    )
-    .await?;
+    let node = record_events(ctx, &mut tx, node_id, node.as_ref(), recovered, None).await?;
 
-    let placed: BTreeMap<String, Instance> = placed_on(&mut tx, &report.node_id).await?;
+    let placed: BTreeMap<String, Instance> = placed_on(&mut tx, node_id).await?;
     let mut changed = Vec::new();
     let mut orphans = Vec::new();
-    let reported: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
     for entry in &report.instances {
         let Some(instance) = placed.get(&entry.id) else {
             orphans.push(entry.id.clone());
             continue;
         };
-        let mut commands = Vec::new();
-        match (entry.state, entry.message.as_deref()) {
-            (ReportedState::Unspecified, _) => continue,
-            (ReportedState::Stopped, Some(m)) if m.starts_with(RESOURCES_EXHAUSTED) => commands
-                .push(InstanceCommand::ReportResourcesExhausted {
-                    node_id: report.node_id.clone(),
-                    message: m.to_string(),
-                }),
-            (ReportedState::Error, m) => commands.push(InstanceCommand::Fail(Failure::Runtime {
-                message: m.unwrap_or("the runtime reported an error").to_string(),
-            })),
-            (state, _) => {
-                let observed = match state {
-                    ReportedState::Running => Observed::Running,
-                    ReportedState::Paused => Observed::Paused,
-                    _ => Observed::Stopped,
-                };
-                commands.push(if instance.state == InstanceState::Lost {
-                    InstanceCommand::Recover(observed)
-                } else {
-                    InstanceCommand::Observe(observed)
-                });
-            }
-        }
-        if let Some(addresses) = entry.addresses.clone().filter(|a| !a.is_empty()) {
-            commands.push(InstanceCommand::RecordAddresses {
-                addresses,
-                mode: AddressMode::Add,
-            });
-        }
+        let commands = commands_for(entry, instance, node_id);
         if apply_commands(ctx, &mut tx, instance, &commands, now)
             .await?
             .is_some()
@@ -169,14 +125,17 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
         }
     }
     if report.complete {
-        for (id, instance) in &placed {
-            if !reported.contains(id.as_str())
-                && instance.state == InstanceState::Deleting
-                && apply_commands(ctx, &mut tx, instance, &[InstanceCommand::Release], now)
-                    .await?
-                    .is_some()
+        let reported: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
+        let gone = placed
+            .values()
+            .filter(|i| !reported.contains(i.id.as_str()));
+        for instance in gone.filter(|i| i.state == InstanceState::Deleting) {
+            let release = [InstanceCommand::Release];
+            if apply_commands(ctx, &mut tx, instance, &release, now)
+                .await?
+                .is_some()
             {
-                changed.push(id.clone());
+                changed.push(instance.id.clone());
             }
         }
     }
@@ -185,24 +144,74 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
         complete: report.complete,
     };
     let announced = decide(node.as_ref(), &record)?;
-    record_events(
-        ctx,
-        &mut tx,
-        &report.node_id,
-        node.as_ref(),
-        announced,
-        None,
-    )
-    .await?;
+    record_events(ctx, &mut tx, node_id, node.as_ref(), announced, None).await?;
+    commit(ctx, tx).await?;
     orphans.sort();
     orphans.truncate(MAX_ORPHANS);
-    tx.commit().await?;
-    ctx.notifier.committed();
     Ok(ReportOutcome {
         updated: changed.len(),
         orphans,
         changed,
     })
+}
+
+/// What one entry of a report asks of the instance it names: an observed state (a recovery
+/// when the instance was lost), a failure, a refusal for lack of resources, and the guest's
+/// addresses. `UNSPECIFIED` asks nothing.
+fn commands_for(
+    entry: &ReportedInstance,
+    instance: &Instance,
+    node_id: &str,
+) -> Vec<InstanceCommand> {
+    let mut commands = Vec::new();
+    match (entry.state, entry.message.as_deref()) {
+        (ReportedState::Unspecified, _) => return commands,
+        (ReportedState::Stopped, Some(m)) if m.starts_with(RESOURCES_EXHAUSTED) => {
+            commands.push(InstanceCommand::ReportResourcesExhausted {
+                node_id: node_id.to_string(),
+                message: m.to_string(),
+            })
+        }
+        (ReportedState::Error, m) => commands.push(InstanceCommand::Fail(Failure::Runtime {
+            message: m.unwrap_or("the runtime reported an error").to_string(),
+        })),
+        (state, _) => {
+            let observed = match state {
+                ReportedState::Running => Observed::Running,
+                ReportedState::Paused => Observed::Paused,
+                _ => Observed::Stopped,
+            };
+            commands.push(match instance.state {
+                InstanceState::Lost => InstanceCommand::Recover(observed),
+                _ => InstanceCommand::Observe(observed),
+            });
+        }
+    }
+    if let Some(addresses) = entry.addresses.clone().filter(|a| !a.is_empty()) {
+        commands.push(InstanceCommand::RecordAddresses {
+            addresses,
+            mode: AddressMode::Add,
+        });
+    }
+    commands
+}
+
+/// Notes when the node last reported (liveness reads it; not an event: it changes every few
+/// seconds and nothing is decided from its history).
+async fn heartbeat(
+    tx: &mut PgConnection,
+    node_id: &str,
+    now: chrono::DateTime<Utc>,
+) -> Result<(), CommandError> {
+    sqlx::query(
+        "INSERT INTO node_heartbeats (node_id, last_report_at) VALUES ($1, $2)
+         ON CONFLICT (node_id) DO UPDATE SET last_report_at = excluded.last_report_at",
+    )
+    .bind(node_id)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// Locks a node's row to commit, so one node's reports and liveness decisions apply one at a

@@ -105,30 +105,49 @@ pub async fn append(
         Err(e) => return Err(e.into()),
     };
     if rows.len() == events.len() {
-        return rows
-            .iter()
-            .zip(events)
-            .map(|(row, e)| {
-                let txid: String = row.try_get(1)?;
-                Ok(RecordedEvent {
-                    position: row.try_get(0)?,
-                    transaction_id: txid.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-                    stream: stream.to_string(),
-                    version: row.try_get(2)?,
-                    id: e.id.clone(),
-                    event_type: e.event_type.clone(),
-                    data: e.data.clone(),
-                    metadata: e.metadata.clone(),
-                    recorded_at: row.try_get(3)?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Into::into);
+        return recorded(stream, events, &rows).map_err(Into::into);
     }
-    // Fewer rows than events: either the version check failed or some ids exist already.
+    not_appended(conn, stream, expected, events, rows.is_empty()).await
+}
+
+/// The events as stored: the caller's payloads with the columns the insert generated.
+fn recorded(
+    stream: &str,
+    events: &[NewEvent],
+    rows: &[sqlx::postgres::PgRow],
+) -> Result<Vec<RecordedEvent>, sqlx::Error> {
+    rows.iter()
+        .zip(events)
+        .map(|(row, e)| {
+            let txid: String = row.try_get(1)?;
+            Ok(RecordedEvent {
+                position: row.try_get(0)?,
+                transaction_id: txid.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                stream: stream.to_string(),
+                version: row.try_get(2)?,
+                id: e.id.clone(),
+                event_type: e.event_type.clone(),
+                data: e.data.clone(),
+                metadata: e.metadata.clone(),
+                recorded_at: row.try_get(3)?,
+            })
+        })
+        .collect()
+}
+
+/// Fewer rows than events came back: the events were appended before (a retry, answered with
+/// what is stored), some ids are reused, or the version check failed.
+async fn not_appended(
+    conn: &mut PgConnection,
+    stream: &str,
+    expected: ExpectedVersion,
+    events: &[NewEvent],
+    nothing_inserted: bool,
+) -> Result<Vec<RecordedEvent>, AppendError> {
+    let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
     let stored = stored_events(conn, &ids).await?;
-    if rows.is_empty() && stored.len() == events.len() && stored.iter().all(|e| e.stream == stream)
-    {
+    let retried = stored.len() == events.len() && stored.iter().all(|e| e.stream == stream);
+    if nothing_inserted && retried {
         return Ok(stored);
     }
     if !stored.is_empty() {

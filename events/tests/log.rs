@@ -1,6 +1,7 @@
 //! The log against a real PostgreSQL server, each test on its own fresh database.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -236,125 +237,151 @@ async fn every_follower_sees_every_committed_event_once_in_one_order() {
     const FOLLOWERS: usize = 3;
     let pool = fresh_log().await;
     let notifier = Notifier::start(pool.clone());
-    let committed = Arc::new(std::sync::Mutex::new(HashSet::new()));
-    let rolled_back = Arc::new(std::sync::Mutex::new(HashSet::new()));
     // How many events the followers must see; known once the writers are done.
-    let expected = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
-
-    let mut followers = Vec::new();
-    for f in 0..FOLLOWERS {
-        let (pool, notifier, expected) = (pool.clone(), notifier.clone(), expected.clone());
-        followers.push(tokio::spawn(async move {
-            let mut follower = Follower::load(pool.clone(), &format!("f{f}"), &notifier)
-                .await
-                .unwrap();
-            let mut seen = Vec::new();
-            while seen.len() < expected.load(std::sync::atomic::Ordering::SeqCst) {
-                let batch = follower.next_batch(250).await.unwrap();
-                if let Some(last) = batch.last() {
-                    let before = follower.cursor();
-                    follower.commit(&pool, last.cursor()).await.unwrap();
-                    let n = batch.len();
-                    seen.extend(
-                        batch
-                            .into_iter()
-                            .map(|e| format!("{} {} after={before} n={n}", e.id, e.cursor())),
-                    );
-                    continue;
-                }
-                follower.wait().await;
-            }
-            // Anything beyond the expected count (a repeat, a rolled-back event) shows here.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            seen.extend(
-                follower
-                    .next_batch(250)
-                    .await
-                    .unwrap()
-                    .into_iter()
-                    .map(|e| format!("{} {} late", e.id, e.cursor())),
-            );
-            seen
-        }));
-    }
-
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let (pool, notifier) = (pool.clone(), notifier.clone());
-        let (committed, rolled_back) = (committed.clone(), rolled_back.clone());
-        writers.push(tokio::spawn(async move {
-            let mut version = 0;
-            for n in 0..EVENTS / WRITERS {
-                let e = event(n);
-                let mut tx = pool.begin().await.unwrap();
-                append(
-                    &mut tx,
-                    &format!("w-{w}"),
-                    ExpectedVersion::Exact(version),
-                    std::slice::from_ref(&e),
-                )
-                .await
-                .unwrap();
-                let (hold, roll_back) = {
-                    let mut rng = rand::thread_rng();
-                    (rng.gen_range(0..3000u64), rng.gen_ratio(1, 20))
-                };
-                tokio::time::sleep(Duration::from_micros(hold)).await;
-                if roll_back {
-                    tx.rollback().await.unwrap();
-                    rolled_back.lock().unwrap().insert(e.id);
-                } else {
-                    tx.commit().await.unwrap();
-                    notifier.committed();
-                    committed.lock().unwrap().insert(e.id);
-                    version += 1;
-                }
-            }
-        }));
-    }
+    let expected = Arc::new(AtomicUsize::new(usize::MAX));
+    let followers: Vec<_> = (0..FOLLOWERS)
+        .map(|f| tokio::spawn(follow(pool.clone(), notifier.clone(), f, expected.clone())))
+        .collect();
+    let outcomes = Arc::new(std::sync::Mutex::new(Outcomes::default()));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let outcomes = outcomes.clone();
+            tokio::spawn(write(
+                pool.clone(),
+                notifier.clone(),
+                w,
+                EVENTS / WRITERS,
+                outcomes,
+            ))
+        })
+        .collect();
     for w in writers {
         w.await.unwrap();
     }
-    let committed = committed.lock().unwrap().clone();
-    expected.store(committed.len(), std::sync::atomic::Ordering::SeqCst);
-    let rolled_back = rolled_back.lock().unwrap().clone();
+    let outcomes = outcomes.lock().unwrap().clone();
+    expected.store(outcomes.committed.len(), Ordering::SeqCst);
     let mut orders = Vec::new();
     for f in followers {
         let seen = tokio::time::timeout(Duration::from_secs(120), f)
             .await
             .unwrap()
             .unwrap();
-        let ids: Vec<String> = seen
-            .iter()
-            .map(|s| s.split(' ').next().unwrap().to_string())
-            .collect();
-        let mut dups = std::collections::HashMap::<&str, Vec<(usize, &str)>>::new();
-        for (i, (id, full)) in ids.iter().zip(&seen).enumerate() {
-            dups.entry(id).or_default().push((i, full));
-        }
-        let dups = format!(
-            "{:?}",
-            dups.values().filter(|v| v.len() > 1).collect::<Vec<_>>()
-        );
-        let seen = ids.clone();
-        let unique: HashSet<_> = seen.iter().cloned().collect();
-        assert_eq!(
-            unique.len(),
-            seen.len(),
-            "a follower received an event twice: {dups:?}"
-        );
-        assert_eq!(
-            unique, committed,
-            "a follower missed a committed event or saw a rolled-back one"
-        );
-        assert!(unique.is_disjoint(&rolled_back));
-        orders.push(seen);
+        orders.push(check_seen(&seen, &outcomes));
     }
     assert!(
         orders.windows(2).all(|w| w[0] == w[1]),
         "followers disagree on the order"
     );
-    assert!(committed.len() > EVENTS / 2);
+    assert!(outcomes.committed.len() > EVENTS / 2);
+}
+
+/// Which writers' events committed and which rolled back.
+#[derive(Debug, Clone, Default)]
+struct Outcomes {
+    committed: HashSet<String>,
+    rolled_back: HashSet<String>,
+}
+
+/// A follower reading until it has seen `expected` events, then once more: anything beyond
+/// (a repeat, a rolled-back event) shows as `late`. Each entry is `id cursor …`.
+async fn follow(
+    pool: PgPool,
+    notifier: Notifier,
+    f: usize,
+    expected: Arc<AtomicUsize>,
+) -> Vec<String> {
+    let mut follower = Follower::load(pool.clone(), &format!("f{f}"), &notifier)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < expected.load(Ordering::SeqCst) {
+        let batch = follower.next_batch(250).await.unwrap();
+        let Some(last) = batch.last() else {
+            follower.wait().await;
+            continue;
+        };
+        let before = follower.cursor();
+        follower.commit(&pool, last.cursor()).await.unwrap();
+        let n = batch.len();
+        seen.extend(
+            batch
+                .into_iter()
+                .map(|e| format!("{} {} after={before} n={n}", e.id, e.cursor())),
+        );
+    }
+    // A bounded look past the end, not a wait for a condition: nothing more may arrive.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let late = follower.next_batch(250).await.unwrap();
+    seen.extend(
+        late.into_iter()
+            .map(|e| format!("{} {} late", e.id, e.cursor())),
+    );
+    seen
+}
+
+/// A writer appending `count` events to its own stream, each in a transaction held open for
+/// a random time and rolled back one time in twenty.
+async fn write(
+    pool: PgPool,
+    notifier: Notifier,
+    w: usize,
+    count: usize,
+    outcomes: Arc<std::sync::Mutex<Outcomes>>,
+) {
+    let mut version = 0;
+    for n in 0..count {
+        let e = event(n);
+        let mut tx = pool.begin().await.unwrap();
+        let events = std::slice::from_ref(&e);
+        append(
+            &mut tx,
+            &format!("w-{w}"),
+            ExpectedVersion::Exact(version),
+            events,
+        )
+        .await
+        .unwrap();
+        let (hold, roll_back) = {
+            let mut rng = rand::thread_rng();
+            (rng.gen_range(0..3000u64), rng.gen_ratio(1, 20))
+        };
+        tokio::time::sleep(Duration::from_micros(hold)).await;
+        if roll_back {
+            tx.rollback().await.unwrap();
+            outcomes.lock().unwrap().rolled_back.insert(e.id);
+        } else {
+            tx.commit().await.unwrap();
+            notifier.committed();
+            outcomes.lock().unwrap().committed.insert(e.id);
+            version += 1;
+        }
+    }
+}
+
+/// Checks one follower saw every committed event once and nothing else; answers the ids in
+/// the order it saw them.
+fn check_seen(seen: &[String], outcomes: &Outcomes) -> Vec<String> {
+    let ids: Vec<String> = seen
+        .iter()
+        .map(|s| s.split(' ').next().unwrap().to_string())
+        .collect();
+    let mut entries = std::collections::HashMap::<&str, Vec<(usize, &str)>>::new();
+    for (i, (id, full)) in ids.iter().zip(seen).enumerate() {
+        entries.entry(id).or_default().push((i, full));
+    }
+    let dups: Vec<_> = entries.values().filter(|v| v.len() > 1).collect();
+    let unique: HashSet<String> = ids.iter().cloned().collect();
+    assert_eq!(
+        unique.len(),
+        ids.len(),
+        "a follower received an event twice: {dups:?}"
+    );
+    assert_eq!(
+        unique, outcomes.committed,
+        "a follower missed a committed event or saw a rolled-back one"
+    );
+    assert!(unique.is_disjoint(&outcomes.rolled_back));
+    ids
 }
 
 #[tokio::test]
