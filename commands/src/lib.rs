@@ -4,7 +4,7 @@
 //!
 //! Modules: `context` (who acts), `error`, `record` (append + project), `operator` (pools,
 //! offers, IP ranges, nodes, flavors, images), `instances` (admission, start, stop, resize,
-//! delete), `secrets` (sealed user data).
+//! delete), `secrets` (sealed user data), `webhooks` (subscriptions and their secrets).
 //!
 //! Handlers never call a host or a cloud API and never write a projection table directly: the
 //! projectors of `vps_projections` do that, inside the handler's transaction.
@@ -18,6 +18,7 @@ pub mod pipeline;
 pub mod provider_accounts;
 pub mod record;
 pub mod secrets;
+pub mod webhooks;
 
 pub use context::{Actor, Ctx};
 pub use error::CommandError;

@@ -20,6 +20,7 @@
 //! - [`quota`]: whether a charge (or a resize delta) fits a tenant's quota.
 //! - [`ssh_keys`]: OpenSSH public key validation.
 //! - [`cloud_config`]: the default cloud-config user data.
+//! - [`webhook`]: the webhook subscription aggregate and its decision.
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
 pub mod aggregate;
@@ -40,5 +41,6 @@ pub mod quota;
 pub mod resources;
 pub mod ssh_keys;
 pub mod state_table;
+pub mod webhook;
 
 pub use error::DomainError;

@@ -1,73 +1,225 @@
-//! The `webhooks` table as a projection of the `webhook-<id>` streams. Deterministic: it reads
-//! only the event (time included), so replaying the log rebuilds the table exactly.
+//! The `webhooks` table as a projection of the `webhook-<id>` streams, and the reads behind
+//! `webhooks.list` and `webhooks.deliveries`. The projector is deterministic: it reads only the
+//! event (time included), so replaying the log rebuilds the table exactly.
 
-use serde::Deserialize;
-use sqlx::PgConnection;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgExecutor, Row};
+use vps_domain::aggregate::Event;
+use vps_domain::webhook::{self as domain, WebhookEvent, WebhookState};
 use vps_events::RecordedEvent;
 
-/// Subscription created: `{ id, url, types, tenantId? }` (the secret is not in the log).
-pub const CREATED: &str = "webhook.created";
-/// Subscription removed by its owner: `{ id }`.
-pub const DELETED: &str = "webhook.deleted";
-/// The endpoint answered `410 Gone`: `{ id, reason, responseCode }`.
-pub const DISABLED: &str = "webhook.disabled";
+use crate::ProjectionError;
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Created {
-    id: String,
-    url: String,
-    types: Vec<String>,
-    #[serde(default)]
-    tenant_id: Option<String>,
-}
+/// Most deliveries one [`deliveries`] call returns.
+pub const MAX_DELIVERIES: i64 = 1000;
 
-#[derive(Deserialize)]
-struct Changed {
-    id: String,
-}
-
-/// Applies one event to the projection; other types are ignored.
-pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), sqlx::Error> {
-    let decode = |e: serde_json::Error| sqlx::Error::Decode(Box::new(e));
-    match event.event_type.as_str() {
-        CREATED => {
-            let created: Created = serde_json::from_value(event.data.clone()).map_err(decode)?;
-            sqlx::query(
-                "INSERT INTO webhooks (id, url, types, tenant_id, state, created_transaction_id,
-                                       created_position, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, 'active', $5::text::xid8, $6, $7, $7)
-                 ON CONFLICT (id) DO NOTHING",
-            )
-            .bind(&created.id)
-            .bind(&created.url)
-            .bind(&created.types)
-            .bind(&created.tenant_id)
-            .bind(event.transaction_id.to_string())
-            .bind(event.position)
-            .bind(event.recorded_at)
-            .execute(conn)
-            .await?;
+/// Applies one `webhook.*` event to the projection.
+pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), ProjectionError> {
+    let typed = WebhookEvent::from_parts(&event.event_type, event.data.clone()).map_err(|e| {
+        ProjectionError::Malformed {
+            event_id: event.id.clone(),
+            event_type: event.event_type.clone(),
+            message: e.to_string(),
         }
-        DISABLED | DELETED => {
-            let changed: Changed = serde_json::from_value(event.data.clone()).map_err(decode)?;
-            let state = if event.event_type == DELETED {
-                "deleted"
-            } else {
-                "disabled"
-            };
-            // A deleted subscription stays deleted, whatever arrives after.
-            sqlx::query(
-                "UPDATE webhooks SET state = $2, updated_at = $3
-                  WHERE id = $1 AND state <> 'deleted'",
-            )
-            .bind(&changed.id)
-            .bind(state)
-            .bind(event.recorded_at)
-            .execute(conn)
-            .await?;
-        }
-        _ => {}
-    }
+    })?;
+    let state = match &typed {
+        WebhookEvent::Created(created) => return insert(conn, event, created).await,
+        WebhookEvent::Deleted(_) => WebhookState::Deleted,
+        WebhookEvent::Disabled(_) => WebhookState::Disabled,
+    };
+    // A deleted subscription stays deleted, whatever arrives after.
+    sqlx::query(
+        "UPDATE webhooks SET state = $2, updated_at = $3
+          WHERE id = $1 AND state <> 'deleted'",
+    )
+    .bind(typed.webhook_id())
+    .bind(state.as_str())
+    .bind(event.recorded_at)
+    .execute(conn)
+    .await?;
     Ok(())
+}
+
+async fn insert(
+    conn: &mut PgConnection,
+    event: &RecordedEvent,
+    created: &domain::Created,
+) -> Result<(), ProjectionError> {
+    // The creating event's log position orders `webhooks.list`.
+    sqlx::query(
+        "INSERT INTO webhooks (id, url, types, tenant_id, state, created_transaction_id,
+                               created_position, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, 'active', $5::text::xid8, $6, $7, $7)
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(&created.id)
+    .bind(&created.url)
+    .bind(&created.types)
+    .bind(&created.tenant_id)
+    .bind(event.transaction_id.to_string())
+    .bind(event.position)
+    .bind(event.recorded_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A subscription as callers see it. The secret is shown once, by the create command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Webhook {
+    /// `whk_` + lowercase ULID.
+    pub id: String,
+    /// Where deliveries are POSTed.
+    pub url: String,
+    /// Type patterns (`instance.*`, `sandbox.ready`, `*`).
+    pub types: Vec<String>,
+    /// When set, only this tenant's events are delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<String>,
+    /// Whether deliveries are still made.
+    pub state: WebhookState,
+    /// When it was created (its `webhook.created` event's time).
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<domain::Webhook> for Webhook {
+    fn from(w: domain::Webhook) -> Self {
+        Webhook {
+            id: w.id,
+            url: w.url,
+            types: w.types,
+            tenant_id: w.tenant_id,
+            state: w.state,
+            created_at: w.created_at,
+        }
+    }
+}
+
+/// One delivery attempt, as `webhooks.deliveries` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Delivery {
+    /// The event delivered (also the `webhook-id` header).
+    pub event_id: String,
+    /// 1 for the first attempt of this event.
+    pub attempt: i32,
+    /// The delivery's state after this attempt.
+    pub status: DeliveryStatus,
+    /// The HTTP status, when the endpoint answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_code: Option<i32>,
+    /// Why the attempt failed without an answer (timeout, connection refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When the attempt ended.
+    pub at: DateTime<Utc>,
+}
+
+/// A delivery's state after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    /// The endpoint answered 2xx.
+    Delivered,
+    /// The attempt failed and another one is scheduled.
+    Pending,
+    /// The attempt failed and none follows (attempts exhausted, `410 Gone`).
+    Failed,
+}
+
+impl DeliveryStatus {
+    /// The form stored in `webhook_deliveries.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> DeliveryStatus {
+        match s {
+            "delivered" => DeliveryStatus::Delivered,
+            "pending" => DeliveryStatus::Pending,
+            _ => DeliveryStatus::Failed,
+        }
+    }
+}
+
+const WEBHOOK_SELECT: &str = "SELECT id, url, types, tenant_id, state, created_at FROM webhooks";
+
+/// One subscription, if it exists, is not deleted, and is visible to `tenant_scope`
+/// (`None` = operator, sees all).
+pub async fn get<'e>(
+    db: impl PgExecutor<'e>,
+    id: &str,
+    tenant_scope: Option<&str>,
+) -> Result<Option<Webhook>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "{WEBHOOK_SELECT} WHERE id = $1 AND state <> 'deleted'
+            AND ($2::text IS NULL OR tenant_id = $2)"
+    ))
+    .bind(id)
+    .bind(tenant_scope)
+    .fetch_optional(db)
+    .await?;
+    row.as_ref().map(decode_webhook).transpose()
+}
+
+/// The subscriptions visible to `tenant_scope` (`None` = every one), oldest first.
+pub async fn list<'e>(
+    db: impl PgExecutor<'e>,
+    tenant_scope: Option<&str>,
+) -> Result<Vec<Webhook>, sqlx::Error> {
+    let rows = sqlx::query(&format!(
+        "{WEBHOOK_SELECT} WHERE state <> 'deleted' AND ($1::text IS NULL OR tenant_id = $1)
+          ORDER BY created_transaction_id, created_position"
+    ))
+    .bind(tenant_scope)
+    .fetch_all(db)
+    .await?;
+    rows.iter().map(decode_webhook).collect()
+}
+
+/// The latest `limit` attempts (at most [`MAX_DELIVERIES`]) of a subscription, newest first.
+/// The caller checks that the subscription is visible to it ([`get`]).
+pub async fn deliveries<'e>(
+    db: impl PgExecutor<'e>,
+    webhook_id: &str,
+    limit: i64,
+) -> Result<Vec<Delivery>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT event_id, attempt, status, response_code, error, at FROM webhook_deliveries
+          WHERE webhook_id = $1 ORDER BY id DESC LIMIT $2",
+    )
+    .bind(webhook_id)
+    .bind(limit.clamp(1, MAX_DELIVERIES))
+    .fetch_all(db)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Delivery {
+                event_id: row.try_get(0)?,
+                attempt: row.try_get(1)?,
+                status: DeliveryStatus::parse(row.try_get(2)?),
+                response_code: row.try_get(3)?,
+                error: row.try_get(4)?,
+                at: row.try_get(5)?,
+            })
+        })
+        .collect()
+}
+
+fn decode_webhook(row: &PgRow) -> Result<Webhook, sqlx::Error> {
+    Ok(Webhook {
+        id: row.try_get(0)?,
+        url: row.try_get(1)?,
+        types: row.try_get(2)?,
+        tenant_id: row.try_get(3)?,
+        state: WebhookState::parse(row.try_get(4)?),
+        created_at: row.try_get(5)?,
+    })
 }

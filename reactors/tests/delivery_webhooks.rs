@@ -19,13 +19,18 @@ use serde_json::{json, Value};
 use sha2::Sha256;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
+use vps_commands::secrets::SecretKey;
+use vps_commands::webhooks::{self as commands, NewWebhook, WebhookSecret};
+use vps_commands::{Actor, CommandError, Ctx};
+use vps_domain::webhook::WebhookState;
+use vps_domain::DomainError;
 use vps_events::read::{read_after, read_stream};
 use vps_events::{append, Cursor, ExpectedVersion, Metadata, NewEvent, Notifier, RecordedEvent};
-use vps_reactors::webhooks::{
-    create_webhook, delete_webhook, get_webhook, list_deliveries, list_webhooks,
-    run_webhook_delivery, DeleteWebhook, DeliveryStatus, NewWebhook, Webhook, WebhookConfig,
-    WebhookError, WebhookSecret, WebhookState,
+use vps_projections::webhooks::{
+    deliveries as list_deliveries, get as get_webhook, list as list_webhooks, DeliveryStatus,
+    Webhook,
 };
+use vps_reactors::webhooks::{run_webhook_delivery, WebhookConfig};
 
 // ---------------------------------------------------------------------------------------------
 // The receiver
@@ -219,6 +224,31 @@ async fn fresh_log() -> PgPool {
     vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 30).await
 }
 
+/// `identity` acting on `pool`, as the API would call the webhook commands.
+fn ctx(pool: &PgPool, notifier: &Notifier, identity: &str) -> Ctx {
+    Ctx {
+        pool: pool.clone(),
+        notifier: notifier.clone(),
+        secrets: SecretKey::new([7; 32]),
+        actor: Actor {
+            identity: identity.into(),
+            tenant: None,
+            operator: true,
+        },
+        request_id: None,
+    }
+}
+
+/// Subscribes as `identity`, an operator.
+async fn create_webhook(
+    pool: &PgPool,
+    notifier: &Notifier,
+    identity: &str,
+    new: NewWebhook,
+) -> Result<(Webhook, WebhookSecret), CommandError> {
+    commands::create(&ctx(pool, notifier, identity), new).await
+}
+
 fn fast() -> WebhookConfig {
     WebhookConfig {
         request_timeout: Duration::from_secs(2),
@@ -247,11 +277,12 @@ async fn subscribe(
     let (webhook, secret) = create_webhook(
         pool,
         notifier,
+        "id_test",
         NewWebhook {
             url,
             types: types.iter().map(|t| t.to_string()).collect(),
             tenant_id: tenant.map(Into::into),
-            actor: "id_test".into(),
+            tenant_scope: None,
         },
     )
     .await
@@ -611,11 +642,12 @@ async fn a_dead_endpoint_does_not_delay_another_subscription() {
     let (refused, _) = create_webhook(
         &pool,
         &notifier,
+        "id_test",
         NewWebhook {
             url: format!("http://127.0.0.1:{closed_port}/hook"),
             types: vec!["*".into()],
             tenant_id: None,
-            actor: "id_test".into(),
+            tenant_scope: None,
         },
     )
     .await
@@ -802,7 +834,7 @@ async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log
         url: url.into(),
         types: types.iter().map(|t| t.to_string()).collect(),
         tenant_id: tenant.map(Into::into),
-        actor: "id_alice".into(),
+        tenant_scope: None,
     };
     for bad in [
         new("ftp://example.com/", &["*"], None),
@@ -810,13 +842,19 @@ async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log
         new("http://127.0.0.1/x", &[], None),
         new("http://127.0.0.1/x", &["Instance.*"], None),
     ] {
-        let err = create_webhook(&pool, &notifier, bad).await.unwrap_err();
-        assert!(matches!(err, WebhookError::Invalid { .. }), "{err:?}");
+        let err = create_webhook(&pool, &notifier, "id_alice", bad)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, CommandError::Domain(DomainError::InvalidInput { .. })),
+            "{err:?}"
+        );
     }
 
     let (acme, secret) = create_webhook(
         &pool,
         &notifier,
+        "id_alice",
         new("https://hooks.example.com/a", &["instance.*"], Some("acme")),
     )
     .await
@@ -824,9 +862,14 @@ async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log
     assert!(acme.id.starts_with("whk_") && acme.id.len() == 4 + 26);
     assert!(secret.0.starts_with("whsec_"));
     assert_eq!(STANDARD.decode(&secret.0[6..]).unwrap().len(), 24);
-    let (global, _) = create_webhook(&pool, &notifier, new("http://127.0.0.1/g", &["*"], None))
-        .await
-        .unwrap();
+    let (global, _) = create_webhook(
+        &pool,
+        &notifier,
+        "id_alice",
+        new("http://127.0.0.1/g", &["*"], None),
+    )
+    .await
+    .unwrap();
 
     let created = read_stream(&pool, &format!("webhook-{}", acme.id))
         .await
@@ -855,23 +898,18 @@ async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log
         .is_empty());
 
     // Another tenant cannot delete it, and cannot tell that it exists.
-    let delete = |tenant: Option<&str>| DeleteWebhook {
-        id: acme.id.clone(),
-        tenant_scope: tenant.map(Into::into),
-        actor: "id_bob".into(),
-    };
-    let err = delete_webhook(&pool, &notifier, delete(Some("globex")))
+    let bob = ctx(&pool, &notifier, "id_bob");
+    let not_found = |err| matches!(err, CommandError::Domain(DomainError::NotFound { .. }));
+    let err = commands::delete(&bob, &acme.id, Some("globex"))
         .await
         .unwrap_err();
-    assert!(matches!(err, WebhookError::NotFound(_)));
-    delete_webhook(&pool, &notifier, delete(Some("acme")))
+    assert!(not_found(err));
+    commands::delete(&bob, &acme.id, Some("acme"))
         .await
         .unwrap();
     assert!(get_webhook(&pool, &acme.id, None).await.unwrap().is_none());
-    let err = delete_webhook(&pool, &notifier, delete(None))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, WebhookError::NotFound(_)));
+    let err = commands::delete(&bob, &acme.id, None).await.unwrap_err();
+    assert!(not_found(err));
     let history = read_stream(&pool, &format!("webhook-{}", acme.id))
         .await
         .unwrap();

@@ -24,8 +24,8 @@ use axum::Router;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use sqlx::PgPool;
+use vps_commands::webhooks::{NewWebhook, WebhookSecret};
 use vps_events::{append, ExpectedVersion, Metadata, NewEvent, Notifier};
-use vps_reactors::webhooks::{create_webhook, NewWebhook, WebhookSecret};
 
 use super::{percentile, Scratch};
 use crate::config::{Config, NatsConfig};
@@ -95,14 +95,13 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
     }
     let server = crate::server::start(config, scratch.pool.clone()).await?;
     let notifier = server.state.notifier.clone();
-    let (_, secret) = create_webhook(
-        &scratch.pool,
-        &notifier,
+    let (_, secret) = vps_commands::webhooks::create(
+        &crate::server::reactor_ctx(&server.state, "bench"),
         NewWebhook {
             url: receiver.url.clone(),
             types: vec!["instance.*".into()],
             tenant_id: None,
-            actor: "id_bench".into(),
+            tenant_scope: None,
         },
     )
     .await

@@ -3,7 +3,8 @@
 
 use serde::Deserialize;
 use serde_json::{json, Value};
-use vps_reactors::webhooks::{self, DeleteWebhook, NewWebhook, WebhookError};
+use vps_commands::webhooks::{self as commands, NewWebhook};
+use vps_projections::webhooks::{self as views, MAX_DELIVERIES};
 
 use super::events::scope;
 use super::missing;
@@ -40,19 +41,6 @@ pub struct DeliveriesQuery {
     limit: Option<i64>,
 }
 
-impl From<WebhookError> for ApiError {
-    fn from(e: WebhookError) -> Self {
-        match e {
-            WebhookError::Invalid { field, message } => ApiError::invalid(field, message),
-            WebhookError::NotFound(what) => ApiError::new("NOT_FOUND", format!("{what} not found")),
-            other => {
-                tracing::error!(error = %other, "webhook command failed");
-                ApiError::new("INTERNAL", "internal error; see the server log")
-            }
-        }
-    }
-}
-
 /// The methods of the group.
 pub fn methods() -> Vec<Method> {
     vec![
@@ -76,18 +64,13 @@ pub fn methods() -> Vec<Method> {
 }
 
 async fn create(c: Call, q: CreateWebhook) -> Result<Value, ApiError> {
-    let tenant_id = match (scope(&c.caller)?, q.tenant_id) {
-        (Some(own), Some(asked)) if own != asked => return Err(missing("tenant", &asked)),
-        (Some(own), _) => Some(own),
-        (None, asked) => asked,
-    };
     let new = NewWebhook {
         url: q.url,
         types: q.types,
-        tenant_id,
-        actor: c.ctx.actor.identity.clone(),
+        tenant_id: q.tenant_id,
+        tenant_scope: scope(&c.caller)?,
     };
-    let (hook, secret) = webhooks::create_webhook(&c.ctx.pool, &c.ctx.notifier, new).await?;
+    let (hook, secret) = commands::create(&c.ctx, new).await?;
     let mut view = serde_json::to_value(&hook).expect("serialises");
     view["secret"] = json!(secret.0);
     Ok(view)
@@ -95,7 +78,7 @@ async fn create(c: Call, q: CreateWebhook) -> Result<Value, ApiError> {
 
 async fn list(c: Call, _: NoParams) -> Result<Items<Value>, ApiError> {
     let tenant_scope = scope(&c.caller)?;
-    let hooks = webhooks::list_webhooks(&c.ctx.pool, tenant_scope.as_deref()).await?;
+    let hooks = views::list(&c.ctx.pool, tenant_scope.as_deref()).await?;
     Ok(hooks
         .iter()
         .map(|h| serde_json::to_value(h).expect("serialises"))
@@ -104,25 +87,21 @@ async fn list(c: Call, _: NoParams) -> Result<Items<Value>, ApiError> {
 }
 
 async fn delete(c: Call, q: WebhookRef) -> Result<Value, ApiError> {
-    let delete = DeleteWebhook {
-        id: q.webhook_id.clone(),
-        tenant_scope: scope(&c.caller)?,
-        actor: c.ctx.actor.identity.clone(),
-    };
-    webhooks::delete_webhook(&c.ctx.pool, &c.ctx.notifier, delete).await?;
+    let tenant_scope = scope(&c.caller)?;
+    commands::delete(&c.ctx, &q.webhook_id, tenant_scope.as_deref()).await?;
     Ok(json!({ "id": q.webhook_id, "deleted": true }))
 }
 
 async fn deliveries(c: Call, q: DeliveriesQuery) -> Result<Items<Value>, ApiError> {
     let tenant_scope = scope(&c.caller)?;
-    webhooks::get_webhook(&c.ctx.pool, &q.webhook_id, tenant_scope.as_deref())
+    views::get(&c.ctx.pool, &q.webhook_id, tenant_scope.as_deref())
         .await?
         .ok_or_else(|| missing("webhook", &q.webhook_id))?;
     let limit = q.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
+    if !(1..=MAX_DELIVERIES).contains(&limit) {
         return Err(ApiError::invalid("limit", "1 to 1000"));
     }
-    let rows = webhooks::list_deliveries(&c.ctx.pool, &q.webhook_id, limit).await?;
+    let rows = views::deliveries(&c.ctx.pool, &q.webhook_id, limit).await?;
     Ok(rows
         .iter()
         .map(|d| serde_json::to_value(d).expect("serialises"))

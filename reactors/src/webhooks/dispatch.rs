@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use reqwest::StatusCode;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tracing::Instrument;
-use vps_events::Notifier;
+use vps_commands::webhooks::{disable_gone, WebhookSecret};
+use vps_commands::{CommandError, Ctx};
+use vps_projections::webhooks::DeliveryStatus;
 
 use super::backoff::{parse_retry_after, retry_delay};
-use super::commands::disable_gone;
-use super::model::{DeliveryStatus, WebhookError, WebhookSecret};
 use super::signature::sign;
 use super::WebhookConfig;
 
@@ -52,10 +52,9 @@ enum Outcome {
     },
 }
 
-/// Runs the dispatcher forever; `enqueued` wakes it when the fan-out queued rows.
+/// Runs the dispatcher forever as `ctx`; `enqueued` wakes it when the fan-out queued rows.
 pub(crate) async fn run(
-    pool: PgPool,
-    notifier: Notifier,
+    ctx: Ctx,
     config: WebhookConfig,
     client: reqwest::Client,
     enqueued: Arc<Notify>,
@@ -68,21 +67,18 @@ pub(crate) async fn run(
         let room = config.concurrency.saturating_sub(inflight.len());
         if room > 0 {
             let span = tracing::debug_span!("webhook_dispatch_pass", inflight = inflight.len());
-            match claim(&pool, &config, room as i64).instrument(span).await {
+            match claim(&ctx.pool, &config, room as i64)
+                .instrument(span)
+                .await
+            {
                 Ok(items) => {
                     for item in items {
                         let span = tracing::info_span!("webhook_attempt",
                             webhook = %item.webhook_id, event = %item.event_id,
                             attempt = item.attempts + 1);
                         inflight.spawn(
-                            attempt(
-                                pool.clone(),
-                                notifier.clone(),
-                                config.clone(),
-                                client.clone(),
-                                item,
-                            )
-                            .instrument(span),
+                            attempt(ctx.clone(), config.clone(), client.clone(), item)
+                                .instrument(span),
                         );
                     }
                 }
@@ -171,8 +167,7 @@ async fn claim(
 /// the task (recorded with its back-off, which is returned); the rows claimed after it are
 /// released untouched, so order is kept.
 async fn attempt(
-    pool: PgPool,
-    notifier: Notifier,
+    ctx: Ctx,
     config: WebhookConfig,
     client: reqwest::Client,
     item: Claimed,
@@ -200,21 +195,21 @@ async fn attempt(
         } else {
             0
         };
-        let next = match record_delivered(&pool, &config, &delivered, more).await {
+        let next = match record_delivered(&ctx.pool, &config, &delivered, more).await {
             Ok(next) => next,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot record webhook deliveries");
                 return None;
             }
         };
-        if let Err(e) = release(&pool, &rest).await {
+        if let Err(e) = release(&ctx.pool, &rest).await {
             tracing::warn!(error = %e, "cannot release claimed webhook rows; their lease will expire");
         }
         if let Some((item, outcome)) = failure {
-            return match record(&pool, &config, &item, outcome).await {
+            return match record(&ctx, &config, &item, outcome).await {
                 Ok(Recorded { retry_in, disabled }) => {
                     if disabled {
-                        notifier.committed();
+                        ctx.notifier.committed();
                     }
                     retry_in
                 }
@@ -369,28 +364,63 @@ struct Recorded {
     disabled: bool,
 }
 
-/// Records an attempt and moves the queue, only if the claim is still ours.
+/// What an attempt's outcome makes of its delivery.
+struct Verdict {
+    status: DeliveryStatus,
+    code: Option<u16>,
+    error: Option<String>,
+    /// When the next attempt is due (`Pending` only).
+    retry_in: Option<Duration>,
+}
+
+/// Records an attempt and moves the queue, only if the claim is still ours; a `410 Gone`
+/// disables the subscription in the same transaction.
 async fn record(
-    pool: &PgPool,
+    ctx: &Ctx,
     config: &WebhookConfig,
     item: &Claimed,
     outcome: Outcome,
-) -> Result<Recorded, WebhookError> {
+) -> Result<Recorded, CommandError> {
     let attempt = item.attempts + 1;
     let gone = matches!(outcome, Outcome::Gone(_));
-    let mut tx = pool.begin().await?;
-    let mut recorded = Recorded {
-        retry_in: None,
-        disabled: false,
+    let mut tx = ctx.pool.begin().await?;
+    let verdict = judge(config, attempt, outcome);
+    if !settle(&mut tx, item, attempt, &verdict).await? {
+        // Deleted or disabled meanwhile, or the claim ran out and another replica took it.
+        return Ok(Recorded {
+            retry_in: None,
+            disabled: false,
+        });
+    }
+    log_attempt(&mut tx, item, attempt, &verdict).await?;
+    let disabled =
+        gone && disable_gone(ctx, &mut tx, &item.webhook_id, StatusCode::GONE.as_u16()).await?;
+    if disabled {
+        tracing::info!("endpoint answered 410 Gone; subscription disabled");
+    }
+    tx.commit().await?;
+    Ok(Recorded {
+        retry_in: verdict.retry_in,
+        disabled,
+    })
+}
+
+/// The delivery's status after attempt number `attempt`, and its back-off when another follows.
+fn judge(config: &WebhookConfig, attempt: i32, outcome: Outcome) -> Verdict {
+    let verdict = |status, code, error, retry_in| Verdict {
+        status,
+        code,
+        error,
+        retry_in,
     };
-    let (status, code, error) = match outcome {
+    match outcome {
         Outcome::Delivered(code) => {
             metrics::counter!("vps_webhook_attempts_total", "outcome" => "delivered").increment(1);
-            (DeliveryStatus::Delivered, Some(code), None)
+            verdict(DeliveryStatus::Delivered, Some(code), None, None)
         }
         Outcome::Gone(code) => {
             metrics::counter!("vps_webhook_attempts_total", "outcome" => "gone").increment(1);
-            (DeliveryStatus::Failed, Some(code), None)
+            verdict(DeliveryStatus::Failed, Some(code), None, None)
         }
         Outcome::Failed { code, error, .. } if attempt >= config.max_attempts as i32 => {
             metrics::counter!("vps_webhook_attempts_total", "outcome" => "failed").increment(1);
@@ -399,7 +429,7 @@ async fn record(
                 ?error,
                 "webhook delivery abandoned after the last attempt"
             );
-            (DeliveryStatus::Failed, code, error)
+            verdict(DeliveryStatus::Failed, code, error, None)
         }
         Outcome::Failed {
             code,
@@ -411,11 +441,20 @@ async fn record(
                 Some(asked) => asked.min(config.max_delay),
                 None => retry_delay(config.base_delay, config.max_delay, attempt as u32),
             };
-            recorded.retry_in = Some(delay);
-            (DeliveryStatus::Pending, code, error)
+            verdict(DeliveryStatus::Pending, code, error, Some(delay))
         }
-    };
-    let still_ours = if status == DeliveryStatus::Pending {
+    }
+}
+
+/// Reschedules the queue row (`Pending`) or removes it (the delivery is over), if the claim is
+/// still ours. Whether it was.
+async fn settle(
+    tx: &mut PgConnection,
+    item: &Claimed,
+    attempt: i32,
+    verdict: &Verdict,
+) -> Result<bool, sqlx::Error> {
+    let done = if verdict.status == DeliveryStatus::Pending {
         sqlx::query(
             "UPDATE webhook_outbox
                 SET attempts = $3, next_attempt_at = now() + make_interval(secs => $4),
@@ -425,25 +464,26 @@ async fn record(
         .bind(item.id)
         .bind(&item.lease_token)
         .bind(attempt)
-        .bind(recorded.retry_in.unwrap_or_default().as_secs_f64())
-        .execute(&mut *tx)
+        .bind(verdict.retry_in.unwrap_or_default().as_secs_f64())
+        .execute(tx)
         .await?
     } else {
         sqlx::query("DELETE FROM webhook_outbox WHERE id = $1 AND lease_token = $2")
             .bind(item.id)
             .bind(&item.lease_token)
-            .execute(&mut *tx)
+            .execute(tx)
             .await?
-    }
-    .rows_affected()
-        == 1;
-    if !still_ours {
-        // Deleted or disabled meanwhile, or the claim ran out and another replica took it.
-        return Ok(Recorded {
-            retry_in: None,
-            disabled: false,
-        });
-    }
+    };
+    Ok(done.rows_affected() == 1)
+}
+
+/// Adds the attempt to the subscription's delivery log.
+async fn log_attempt(
+    tx: &mut PgConnection,
+    item: &Claimed,
+    attempt: i32,
+    verdict: &Verdict,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO webhook_deliveries
                 (webhook_id, event_id, attempt, status, response_code, error)
@@ -452,20 +492,12 @@ async fn record(
     .bind(&item.webhook_id)
     .bind(&item.event_id)
     .bind(attempt)
-    .bind(status.as_str())
-    .bind(code.map(i32::from))
-    .bind(error)
-    .execute(&mut *tx)
+    .bind(verdict.status.as_str())
+    .bind(verdict.code.map(i32::from))
+    .bind(&verdict.error)
+    .execute(tx)
     .await?;
-    if gone {
-        recorded.disabled =
-            disable_gone(&mut tx, &item.webhook_id, StatusCode::GONE.as_u16()).await?;
-        if recorded.disabled {
-            tracing::info!("endpoint answered 410 Gone; subscription disabled");
-        }
-    }
-    tx.commit().await?;
-    Ok(recorded)
+    Ok(())
 }
 
 /// A transport error with its causes, without the URL (it may carry credentials).

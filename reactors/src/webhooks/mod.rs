@@ -1,13 +1,11 @@
-//! Webhook subscriptions and their signed, ordered, retried delivery (SPEC §4.3).
+//! The signed, ordered, retried delivery of webhook subscriptions (SPEC §4.3).
 //!
-//! Layout:
-//! - `model`: [`Webhook`], [`NewWebhook`], [`Delivery`], [`WebhookError`];
-//! - `commands`: [`create_webhook`], [`delete_webhook`], [`get_webhook`], [`list_webhooks`],
-//!   [`list_deliveries`]; each command appends to `webhook-<id>` and applies the projection in
-//!   one transaction;
-//! - `projection`: the `webhooks` table from `webhook.created|disabled|deleted`;
-//! - `signature`: Standard Webhooks secrets and signatures;
-//! - `fanout`, `dispatch`, `backoff`: the delivery worker ([`run_webhook_delivery`]).
+//! Subscriptions themselves are elsewhere: the aggregate and its rules in
+//! `vps_domain::webhook`, create/delete (and the secret) in `vps_commands::webhooks`, the
+//! `webhooks` table and the reads in `vps_projections::webhooks`. Here:
+//! - `signature`: Standard Webhooks signatures;
+//! - `fanout`, `dispatch`, `backoff`: the delivery worker ([`run_webhook_delivery`]), which
+//!   disables a subscription whose endpoint answers `410 Gone` through the same command path.
 //!
 //! ## Why a fan-out follower and a queue, not one follower per subscription
 //!
@@ -26,10 +24,8 @@
 //! Secrets are kept in `webhook_secrets`, never in the log.
 
 mod backoff;
-mod commands;
 mod dispatch;
 mod fanout;
-mod model;
 pub mod signature;
 
 use std::sync::Arc;
@@ -37,18 +33,15 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::Notify;
+use vps_commands::secrets::SecretKey;
+use vps_commands::{Actor, Ctx};
 use vps_events::Notifier;
 
 pub use backoff::{parse_retry_after, retry_delay};
-pub use commands::{
-    create_webhook, delete_webhook, get_webhook, list_deliveries, list_webhooks, MAX_DELIVERIES,
-    REACTOR_ACTOR,
-};
 pub use fanout::{FOLLOWER, LEASE};
-pub use model::{
-    DeleteWebhook, Delivery, DeliveryStatus, NewWebhook, Webhook, WebhookError, WebhookSecret,
-    WebhookState,
-};
+
+/// The actor recorded on events the delivery worker appends.
+pub const REACTOR_ACTOR: &str = "reactor:webhooks";
 
 /// How the delivery worker behaves.
 #[derive(Debug, Clone)]
@@ -101,6 +94,22 @@ pub async fn run_webhook_delivery(pool: PgPool, notifier: Notifier, config: Webh
             config.clone(),
             enqueued.clone()
         ),
-        dispatch::run(pool, notifier, config, client, enqueued),
+        dispatch::run(reactor_ctx(pool, notifier), config, client, enqueued),
     );
+}
+
+/// Who the dispatcher acts as when it disables a subscription.
+fn reactor_ctx(pool: PgPool, notifier: Notifier) -> Ctx {
+    Ctx {
+        pool,
+        notifier,
+        // Webhook commands seal nothing; a key of this process only keeps `Ctx` whole.
+        secrets: SecretKey::new(rand::random()),
+        actor: Actor {
+            identity: REACTOR_ACTOR.to_string(),
+            tenant: None,
+            operator: true,
+        },
+        request_id: None,
+    }
 }
