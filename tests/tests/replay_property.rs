@@ -142,7 +142,7 @@ impl World<'_> {
                 .map(|_| ()),
             Op::AddNode => {
                 let n = nodes.len();
-                nodes.push(t.register_node(&pool, &format!("n{n}")).await);
+                nodes.push(t.register_node(pool, &format!("n{n}")).await);
                 Ok(())
             }
             Op::ArchiveLarge => {
