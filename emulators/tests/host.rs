@@ -13,6 +13,10 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 use vps_emulators::host::{DomainState, EmulatedHost, HostConfig, HostHandle};
 
+mod support;
+
+use support::poll_until;
+
 const TOKEN: &str = "node-token";
 const NODE: &str = "node_test";
 const BOOT_DELAY: Duration = Duration::from_millis(300);
@@ -129,18 +133,30 @@ impl Stub {
         self.reported(id).map(|(state, _)| state)
     }
 
-    /// Waits up to five seconds for `condition`.
+    /// The spec generation the last report says the host converged to.
+    fn reported_generation(&self) -> Option<u64> {
+        self.served().reports.last()?["appliedGeneration"].as_u64()
+    }
+
+    /// Waits for `condition`, failing with the last report when it never holds.
     async fn eventually(&self, what: &str, condition: impl Fn(&Stub) -> bool) {
-        for _ in 0..250 {
+        poll_until(what, || async {
             if condition(self) {
-                return;
+                Ok(())
+            } else {
+                Err(self.served().reports.last().cloned())
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!(
-            "never happened: {what}; last report: {:?}",
-            self.served().reports.last()
-        );
+        })
+        .await
+    }
+
+    /// Waits until every report the stub received was acknowledged to the host: none is
+    /// half-delivered, so the two counts agree and are final until the host reports again.
+    async fn reports_settled(&self, host: &HostHandle) {
+        self.eventually("the host heard every answer", |stub| {
+            stub.report_count() as u64 == host.reports_sent()
+        })
+        .await;
     }
 }
 
@@ -192,6 +208,7 @@ async fn spec(served: &Mutex<Served>, body: &Value) -> (StatusCode, Json<Value>)
                 return (StatusCode::OK, Json(answer));
             }
         }
+        // The stub's side of the long poll (not a test's wait): look again until `waitMs`.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -340,9 +357,14 @@ async fn a_failed_instance_is_reported_in_error_with_its_message_until_it_is_del
     })
     .await;
 
-    // A new spec that still wants it running does not heal it.
+    // A new spec that still wants it running does not heal it: once the host has converged to
+    // that spec and reported so, a heal would already show (a boot starts in that pass).
     stub.set_desired("inst_a", "running");
-    tokio::time::sleep(BOOT_DELAY * 2).await;
+    let generation = stub.served().generation;
+    stub.eventually("the host converged to the new spec", |stub| {
+        stub.reported_generation() == Some(generation)
+    })
+    .await;
     assert_eq!(host.domains()["inst_a"], DomainState::Error);
 
     stub.set_desired("inst_a", "deleted");
@@ -388,11 +410,16 @@ async fn a_silent_host_sends_no_reports_until_it_speaks_again() {
     })
     .await;
 
+    // Go silent just after a report was answered, so the next is an interval away and none is
+    // on its way; then let any report already sent be answered.
+    let sent = host.reports_sent();
+    stub.eventually("a report answered", |_| host.reports_sent() > sent)
+        .await;
     host.set_reporting(false);
-    // A report already on its way may still land.
-    tokio::time::sleep(REPORT_INTERVAL).await;
+    stub.reports_settled(&host).await;
     let before = stub.report_count();
     let sent = host.reports_sent();
+    // Not a wait for a condition: the negative under test, no report for five intervals.
     tokio::time::sleep(REPORT_INTERVAL * 5).await;
     assert_eq!(stub.report_count(), before);
     assert_eq!(host.reports_sent(), sent);
@@ -493,7 +520,9 @@ async fn an_unchanged_host_still_reports_every_interval() {
     stub.eventually("a first report", |stub| stub.report_count() >= 1)
         .await;
 
+    // Not a wait for a condition: the window the report rate is measured over.
     tokio::time::sleep(REPORT_INTERVAL * 5).await;
+    stub.reports_settled(&host).await;
 
     let count = stub.report_count();
     assert!(
@@ -512,6 +541,8 @@ async fn a_stopped_host_sends_nothing_more() {
 
     host.stop().await;
     let count = stub.report_count();
+    // Not a wait for a condition: the negative under test, nothing for three intervals after
+    // `stop` returned (it waits for the loop to end, so nothing is on its way).
     tokio::time::sleep(REPORT_INTERVAL * 3).await;
 
     assert_eq!(stub.report_count(), count);

@@ -12,9 +12,14 @@ use rand::Rng;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
-use vps_events::read::read_after;
-use vps_events::{append, Cursor, ExpectedVersion, Metadata, NewEvent, Notifier};
-use vps_reactors::nats::{run_publisher, NatsPublisherConfig};
+use vps_events::{append, ExpectedVersion, Metadata, NewEvent, Notifier};
+use vps_reactors::nats::{run_publisher, NatsPublisherConfig, FOLLOWER};
+
+mod support;
+
+use support::{
+    events_after_follower, eventually, eventually_ok, fresh_log, readable, PATIENCE, POLL,
+};
 
 const NATS_SERVER: &str = "/usr/sbin/nats-server";
 const STREAM: &str = "VPS_EVENTS";
@@ -74,10 +79,11 @@ impl NatsServer {
             .spawn()
             .expect("start nats-server");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // Synchronous (no runtime here): poll the port until it answers, within the deadline.
+        let deadline = Instant::now() + PATIENCE;
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(Instant::now() < deadline, "nats-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL);
         }
     }
 
@@ -87,12 +93,13 @@ impl NatsServer {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
                 .status();
+            // Synchronous: poll for the exit, killing the server if it outlives the deadline.
             let deadline = Instant::now() + Duration::from_secs(10);
             while child.try_wait().ok().flatten().is_none() {
                 if Instant::now() > deadline {
                     let _ = child.kill();
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(POLL);
             }
             let _ = child.wait();
         }
@@ -107,10 +114,6 @@ impl Drop for NatsServer {
         }
         let _ = std::fs::remove_dir_all(&self.store);
     }
-}
-
-async fn fresh_log() -> PgPool {
-    vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 30).await
 }
 
 fn config(server: &NatsServer) -> NatsPublisherConfig {
@@ -165,6 +168,7 @@ async fn mixed_workload(pool: &PgPool, notifier: &Notifier, writers: usize, per_
                     .await
                     .unwrap();
                 let pause = rand::thread_rng().gen_range(0..3);
+                // Part of the workload, not a wait: commits land out of position order.
                 tokio::time::sleep(Duration::from_millis(pause)).await;
                 tx.commit().await.unwrap();
                 notifier.committed();
@@ -178,14 +182,7 @@ async fn mixed_workload(pool: &PgPool, notifier: &Notifier, writers: usize, per_
 
 /// Every event of the log in the agreed read order, once all `n` are readable.
 async fn log_order(pool: &PgPool, n: usize) -> Vec<vps_events::RecordedEvent> {
-    for _ in 0..1000 {
-        let events = read_after(pool, Cursor::START, 1_000_000).await.unwrap();
-        if events.len() == n {
-            return events;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{n} events never became readable");
+    readable(pool, n, |_| true).await
 }
 
 /// A message as a consumer received it.
@@ -202,14 +199,7 @@ async fn consume(url: &str, filter: &str, n: usize) -> Vec<Received> {
     let client = async_nats::connect(url).await.expect("connect to NATS");
     let js = jetstream::new(client);
     // The publisher creates the stream when it first publishes.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let stream = loop {
-        match js.get_stream(STREAM).await {
-            Ok(stream) => break stream,
-            Err(e) if Instant::now() > deadline => panic!("the stream never appeared: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    };
+    let stream = eventually_ok("the stream", PATIENCE, || js.get_stream(STREAM)).await;
     let consumer = stream
         .create_consumer(pull::Config {
             filter_subject: filter.into(),
@@ -265,20 +255,40 @@ async fn consume(url: &str, filter: &str, n: usize) -> Vec<Received> {
 async fn stream_reaches(url: &str, n: u64, within: Duration) {
     let client = async_nats::connect(url).await.expect("connect to NATS");
     let js = jetstream::new(client);
-    let deadline = Instant::now() + within;
-    loop {
-        if let Ok(mut stream) = js.get_stream(STREAM).await {
-            if let Ok(info) = stream.info().await {
-                if info.state.messages >= n {
-                    return;
-                }
-            }
+    let what = format!("the stream holding {n} messages");
+    eventually(&what, within, || async {
+        match js.get_stream(STREAM).await {
+            Ok(mut stream) => stream
+                .info()
+                .await
+                .is_ok_and(|info| info.state.messages >= n),
+            Err(_) => false,
         }
-        assert!(
-            Instant::now() < deadline,
-            "the stream never held {n} messages"
+    })
+    .await;
+}
+
+/// Waits until the publisher's checkpoint is at the head of the log: everything appended so
+/// far was acknowledged by JetStream.
+async fn publisher_caught_up(pool: &PgPool) {
+    eventually("the publisher at the head of the log", PATIENCE, || async {
+        events_after_follower(pool, FOLLOWER).await == 0
+    })
+    .await;
+}
+
+/// Keeps NATS down for `outage` (the scenario's outage, not a wait for a condition), checking
+/// all along that the publisher acknowledges nothing: its checkpoint stays `unpublished`
+/// events short of the head.
+async fn hold_outage(pool: &PgPool, outage: Duration, unpublished: i64) {
+    let end = Instant::now() + outage;
+    while Instant::now() < end {
+        let behind = events_after_follower(pool, FOLLOWER).await;
+        assert_eq!(
+            behind, unpublished,
+            "the checkpoint moved while NATS was down"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(POLL).await;
     }
 }
 
@@ -366,10 +376,13 @@ async fn events_appended_while_nats_is_down_are_published_in_order_when_it_is_ba
 
     mixed_workload(&pool, &notifier, 4, 25).await;
     stream_reaches(&server.url(), 100, Duration::from_secs(30)).await;
+    publisher_caught_up(&pool).await;
 
     server.stop();
     mixed_workload(&pool, &notifier, 4, 25).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Quiescent: all 100 new events are readable, so the publisher is trying them.
+    log_order(&pool, 200).await;
+    hold_outage(&pool, Duration::from_secs(2), 100).await;
     server.resume();
     mixed_workload(&pool, &notifier, 4, 25).await;
 

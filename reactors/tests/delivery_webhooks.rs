@@ -24,13 +24,17 @@ use vps_commands::webhooks::{self as commands, NewWebhook, WebhookSecret};
 use vps_commands::{Actor, CommandError, Ctx};
 use vps_domain::webhook::WebhookState;
 use vps_domain::DomainError;
-use vps_events::read::{read_after, read_stream};
-use vps_events::{append, Cursor, ExpectedVersion, Metadata, NewEvent, Notifier, RecordedEvent};
+use vps_events::read::read_stream;
+use vps_events::{append, ExpectedVersion, Metadata, NewEvent, Notifier, RecordedEvent};
 use vps_projections::webhooks::{
     deliveries as list_deliveries, get as get_webhook, list as list_webhooks, DeliveryStatus,
     Webhook,
 };
-use vps_reactors::webhooks::{run_webhook_delivery, WebhookConfig};
+use vps_reactors::webhooks::{run_webhook_delivery, WebhookConfig, FOLLOWER};
+
+mod support;
+
+use support::{events_after_follower, eventually, eventually_ok, fresh_log, readable, PATIENCE};
 
 // ---------------------------------------------------------------------------------------------
 // The receiver
@@ -179,6 +183,7 @@ async fn receive(
     };
     match script {
         Script::Hang => {
+            // The endpoint's behaviour, not a wait: it never answers within any request timeout.
             tokio::time::sleep(Duration::from_secs(600)).await;
             StatusCode::OK.into_response()
         }
@@ -219,10 +224,6 @@ fn verify(secret: &str, id: &str, timestamp: &str, body: &str, signatures: &str)
 
 // ---------------------------------------------------------------------------------------------
 // The log and the worker
-
-async fn fresh_log() -> PgPool {
-    vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 30).await
-}
 
 /// `identity` acting on `pool`, as the API would call the webhook commands.
 fn ctx(pool: &PgPool, notifier: &Notifier, identity: &str) -> Ctx {
@@ -319,33 +320,32 @@ async fn emit(
 
 /// The ids of the log's events of these type prefixes, in read order, once `n` are readable.
 async fn log_ids(pool: &PgPool, prefixes: &[&str], tenant: Option<&str>, n: usize) -> Vec<String> {
-    for _ in 0..1000 {
-        let ids: Vec<String> = read_after(pool, Cursor::START, 100_000)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|e| prefixes.iter().any(|p| e.event_type.starts_with(p)))
-            .filter(|e| tenant.is_none() || e.metadata.tenant_id.as_deref() == tenant)
-            .map(|e| e.id)
-            .collect();
-        if ids.len() == n {
-            return ids;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{n} events never became readable");
+    let wanted = |e: &RecordedEvent| {
+        prefixes.iter().any(|p| e.event_type.starts_with(p))
+            && (tenant.is_none() || e.metadata.tenant_id.as_deref() == tenant)
+    };
+    let events = readable(pool, n, wanted).await;
+    events.into_iter().map(|e| e.id).collect()
 }
 
-async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Waits until the fan-out has handled every event and the outbox is empty: every delivery
+/// was made (or given up) and recorded, and nothing more is sent until a new event comes.
+async fn deliveries_settled(pool: &PgPool) {
+    eventually_ok("deliveries settled", PATIENCE, || async {
+        // The fan-out first: a row it enqueues after the outbox was read is then already seen.
+        let behind = events_after_follower(pool, FOLLOWER).await;
+        let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_outbox")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        match (behind, queued) {
+            (0, 0) => Ok(()),
+            _ => Err(format!(
+                "fan-out {behind} events behind, {queued} rows queued"
+            )),
+        }
+    })
+    .await;
 }
 
 fn assert_all_signed(receiver: &Receiver, name: &str) {
@@ -530,7 +530,8 @@ async fn an_endpoint_answering_410_gone_disables_its_subscription() {
     assert_eq!(deliveries[0].status, DeliveryStatus::Failed);
     assert_eq!(deliveries[0].response_code, Some(410));
 
-    // Nothing more is sent to it.
+    // Nothing more is sent to it: once the fan-out has passed the new event and nothing is
+    // queued, nothing can be.
     emit(
         &pool,
         &notifier,
@@ -539,7 +540,7 @@ async fn an_endpoint_answering_410_gone_disables_its_subscription() {
         Some("acme"),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    deliveries_settled(&pool).await;
     worker.abort();
     assert_eq!(receiver.requests("gone").len(), 1);
     assert_all_signed(&receiver, "gone");
@@ -605,7 +606,8 @@ async fn a_tenant_scoped_subscription_receives_no_other_tenants_event() {
         || async { receiver.accepted("acme").len() >= 6 },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nothing more comes once the queue is empty: the counts below are final.
+    deliveries_settled(&pool).await;
     worker.abort();
 
     assert_eq!(receiver.accepted("acme"), acme);
@@ -757,7 +759,8 @@ async fn undelivered_events_survive_a_restart_of_the_worker() {
         || async { receiver.accepted("down").len() >= 10 },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nothing more comes once the queue is empty: the list below is final.
+    deliveries_settled(&pool).await;
     worker.abort();
     assert_eq!(
         receiver.accepted("down"),

@@ -1,8 +1,18 @@
 //! Black-box test support: a real `vps` server on a fresh database, driven over HTTP.
 
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
 use serde_json::{json, Value};
 use vps::config::{Config, IdentityConfig};
 use vps::server::RunningServer;
+
+/// How long a wait on background work lasts before the test fails: generous, so a busy
+/// 2-core CI machine does not flake. A passing test never waits this long.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+/// How often a wait looks again.
+pub const POLL: Duration = Duration::from_millis(50);
 
 /// The operator's token in every test server.
 pub const OPERATOR: &str = "operator-token";
@@ -140,19 +150,16 @@ impl TestServer {
     /// Waits until every event appended so far is readable by followers and `events.list`:
     /// open transactions anywhere on the server (other tests' too) hold the horizon back.
     pub async fn settle(&self) {
-        for _ in 0..400 {
+        wait_until("every event readable", PATIENCE, || async {
             let pending: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM events WHERE transaction_id >= (SELECT pg_snapshot_xmin(pg_current_snapshot())))",
             )
             .fetch_one(&self.server.state.pool)
             .await
             .unwrap();
-            if !pending {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
-        panic!("events never became readable");
+            !pending
+        })
+        .await;
     }
 
     /// A second server on the same database, as another replica would be.
@@ -199,10 +206,10 @@ impl TestServer {
         token: &str,
         tenant: &str,
         id: &str,
-        timeout: std::time::Duration,
+        timeout: Duration,
         done: impl Fn(&Value) -> bool,
     ) -> Value {
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = Instant::now() + timeout;
         loop {
             let inst = self
                 .ok(
@@ -211,29 +218,78 @@ impl TestServer {
                     json!({ "tenantId": tenant, "instanceId": id }),
                 )
                 .await;
-            if done(&inst) || std::time::Instant::now() > deadline {
+            if done(&inst) || Instant::now() > deadline {
                 return inst;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(POLL).await;
         }
     }
 
     /// Waits until the async NodeSpec projector has applied every event appended so far.
     pub async fn specs_caught_up(&self) {
-        for _ in 0..800 {
-            let behind: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM events e WHERE NOT EXISTS (
-                     SELECT 1 FROM follower_checkpoints c WHERE c.name = 'node-specs'
-                        AND (c.transaction_id, c.position) >= (e.transaction_id, e.position)))",
+        self.follower_caught_up(vps_projections::node_specs::FOLLOWER)
+            .await;
+    }
+
+    /// Waits until the durable follower `name` has handled every event appended so far (a
+    /// follower that has not started yet is not caught up).
+    pub async fn follower_caught_up(&self, name: &str) {
+        let what = format!("follower {name} at the head of the log");
+        eventually(&what, PATIENCE, || async {
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM events e
+                  WHERE (e.transaction_id, e.position) > (
+                        coalesce((SELECT transaction_id FROM follower_checkpoints WHERE name = $1), '0'),
+                        coalesce((SELECT position FROM follower_checkpoints WHERE name = $1), 0))",
             )
+            .bind(name)
             .fetch_one(&self.server.state.pool)
             .await
             .unwrap();
-            if !behind {
-                break;
+            if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} events to go"))
             }
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
+        })
+        .await;
+    }
+
+    /// Waits until the server is quiescent: every follower (waker, NodeSpecs, chainer,
+    /// webhook fan-out, …) has handled every event appended so far, and no work item is being
+    /// worked on or due. Until something comes due or a host speaks, nothing more happens.
+    pub async fn quiescent(&self) {
+        eventually("a quiescent server", PATIENCE, || async {
+            let behind = self.followers_behind().await;
+            let busy: Vec<(String, String)> = sqlx::query_as(
+                "SELECT kind, key FROM work_items WHERE due_at <= now() OR lease_until > now()",
+            )
+            .fetch_all(&self.server.state.pool)
+            .await
+            .unwrap();
+            if behind.is_empty() && busy.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "followers behind: {behind:?}; work items due or leased: {busy:?}"
+                ))
+            }
+        })
+        .await;
+    }
+
+    /// The followers with events after their checkpoint, and how many.
+    async fn followers_behind(&self) -> Vec<(String, i64)> {
+        sqlx::query_as(
+            "SELECT c.name, (SELECT count(*) FROM events e
+                              WHERE (e.transaction_id, e.position) > (c.transaction_id, c.position))
+               FROM follower_checkpoints c
+              WHERE EXISTS (SELECT 1 FROM events e
+                             WHERE (e.transaction_id, e.position) > (c.transaction_id, c.position))",
+        )
+        .fetch_all(&self.server.state.pool)
+        .await
+        .unwrap()
     }
 
     /// `vps replay --verify` on this server's database: `true` when every projection equals
@@ -248,6 +304,54 @@ impl TestServer {
         }
         report.diffs.is_empty() && report.skipped.is_empty()
     }
+}
+
+/// Calls `check` every `every` until it answers `Ok`, and returns that value. After `within`
+/// the test fails, naming `what` and the last `Err` (what was seen instead).
+pub async fn eventually_every<T, E, F, Fut>(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    mut check: F,
+) -> T
+where
+    E: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("timed out after {within:?} waiting for {what}; last seen: {last:?}")
+            }
+            Err(_) => tokio::time::sleep(every).await,
+        }
+    }
+}
+
+/// [`eventually_every`] at the usual [`POLL`].
+pub async fn eventually<T, E, F, Fut>(what: &str, within: Duration, check: F) -> T
+where
+    E: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    eventually_every(what, within, POLL, check).await
+}
+
+/// Waits until `condition` holds, failing the test naming `what` after `within`.
+pub async fn wait_until<F, Fut>(what: &str, within: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    eventually(what, within, || {
+        let holds = condition();
+        async move { holds.await.then_some(()).ok_or("not yet") }
+    })
+    .await
 }
 
 /// A valid OpenSSH public key for tests.

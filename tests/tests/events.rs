@@ -9,7 +9,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use vps_tests::{TestServer, ALICE, EVE, OPERATOR};
+use vps_tests::{eventually, wait_until, TestServer, ALICE, EVE, OPERATOR, PATIENCE};
 
 async fn some_instances(t: &TestServer, n: usize) -> String {
     let pool = t
@@ -132,9 +132,8 @@ async fn the_event_stream_resumes_after_last_event_id_without_gap_or_repeat() {
 
 type Received = Arc<Mutex<Vec<(HeaderMap, String)>>>;
 
-#[tokio::test]
-async fn a_tenant_webhook_receives_signed_deliveries_of_its_own_events_only() {
-    let t = TestServer::start().await;
+/// A webhook endpoint on 127.0.0.1: its URL, and the requests it received.
+async fn receiver() -> (String, Received) {
     let received: Received = Arc::default();
     let sink = received.clone();
     let app = axum::Router::new().route(
@@ -150,6 +149,64 @@ async fn a_tenant_webhook_receives_signed_deliveries_of_its_own_events_only() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, received)
+}
+
+/// Asserts that each request is an `instance.created` of acme, signed with `secret`.
+fn assert_signed_instance_created(got: &[(HeaderMap, String)], secret: &str) {
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(secret.trim_start_matches("whsec_"))
+        .unwrap();
+    for (headers, body) in got {
+        let id = headers["webhook-id"].to_str().unwrap();
+        let timestamp = headers["webhook-timestamp"].to_str().unwrap();
+        let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+        mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
+        let expected = format!(
+            "v1,{}",
+            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+        );
+        assert!(
+            headers["webhook-signature"]
+                .to_str()
+                .unwrap()
+                .split(' ')
+                .any(|s| s == expected),
+            "bad signature"
+        );
+        let event: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            (event["type"].as_str(), event["tenantid"].as_str()),
+            (Some("instance.created"), Some("acme"))
+        );
+    }
+}
+
+/// Waits until `webhooks.deliveries` lists `n` delivered attempts of `hook`.
+async fn delivered(t: &TestServer, hook: &Value, n: usize) {
+    eventually("the deliveries listed", PATIENCE, || async {
+        let deliveries = t
+            .ok(ALICE, "webhooks.deliveries", json!({ "webhookId": hook }))
+            .await;
+        let delivered = deliveries["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["status"] == "delivered")
+            .count();
+        if delivered == n {
+            Ok(())
+        } else {
+            Err(deliveries)
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_tenant_webhook_receives_signed_deliveries_of_its_own_events_only() {
+    let t = TestServer::start().await;
+    let (url, received) = receiver().await;
 
     let hook = t
         .ok(
@@ -180,61 +237,15 @@ async fn a_tenant_webhook_receives_signed_deliveries_of_its_own_events_only() {
     assert_eq!(err.body["code"], "NOT_FOUND");
 
     some_instances(&t, 2).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while received.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("two webhook POSTs", PATIENCE, || async {
+        received.lock().unwrap().len() >= 2
+    })
+    .await;
     let got = received.lock().unwrap().clone();
     assert_eq!(got.len(), 2, "one delivery per instance.created");
-    let key = base64::engine::general_purpose::STANDARD
-        .decode(secret.trim_start_matches("whsec_"))
-        .unwrap();
-    for (headers, body) in &got {
-        let id = headers["webhook-id"].to_str().unwrap();
-        let timestamp = headers["webhook-timestamp"].to_str().unwrap();
-        let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
-        mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
-        let expected = format!(
-            "v1,{}",
-            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
-        );
-        assert!(
-            headers["webhook-signature"]
-                .to_str()
-                .unwrap()
-                .split(' ')
-                .any(|s| s == expected),
-            "bad signature"
-        );
-        let event: Value = serde_json::from_str(body).unwrap();
-        assert_eq!(
-            (event["type"].as_str(), event["tenantid"].as_str()),
-            (Some("instance.created"), Some("acme"))
-        );
-    }
+    assert_signed_instance_created(&got, &secret);
     // Deliveries are recorded right after their POSTs, in runs.
-    let mut recorded = false;
-    for _ in 0..200 {
-        let deliveries = t
-            .ok(
-                ALICE,
-                "webhooks.deliveries",
-                json!({ "webhookId": hook["id"] }),
-            )
-            .await;
-        let delivered = deliveries["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|d| d["status"] == "delivered")
-            .count();
-        if delivered == 2 {
-            recorded = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(recorded, "both deliveries are listed");
+    delivered(&t, &hook["id"], 2).await;
 }
 
 #[tokio::test]

@@ -373,6 +373,7 @@ async fn a_spec_request_waits_for_a_newer_generation() {
         }
     };
     let creating = async {
+        // Not a wait for a condition: the delay under test, that the long poll holds across.
         tokio::time::sleep(Duration::from_millis(300)).await;
         create(&t, &pool, "k").await
     };

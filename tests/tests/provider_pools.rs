@@ -10,7 +10,7 @@ use vps::config::{Config, IdentityConfig};
 use vps_domain::state_table::InstanceState;
 use vps_emulators::{hetzner, proxmox, Fault};
 use vps_reactors::providers::{EmulatorConfig, EmulatorFault, EmulatorProvider};
-use vps_tests::{TestServer, ALICE, OPERATOR, SSH_KEY};
+use vps_tests::{eventually, TestServer, ALICE, OPERATOR, SSH_KEY};
 
 /// How long a scenario waits for the reconciler to get somewhere.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -286,18 +286,15 @@ fn provider_error(inst: &Value) -> Option<&Value> {
 
 /// Polls `done` over the cloud's machines until it holds.
 async fn until_machines(cloud: &Cloud, done: impl Fn(&[(String, String)]) -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    eventually("the cloud's machines", PATIENCE, || async {
         let machines = cloud.machines();
         if done(&machines) {
-            return;
+            Ok(())
+        } else {
+            Err(machines)
         }
-        assert!(
-            Instant::now() < deadline,
-            "the cloud never got there: {machines:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 async fn pool_db(url: &str) -> sqlx::PgPool {

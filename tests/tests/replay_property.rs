@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use serde_json::json;
-use vps_tests::{TestServer, ALICE, BOB, OPERATOR, SSH_KEY};
+use vps_tests::{Answer, TestServer, ALICE, BOB, OPERATOR, SSH_KEY};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -60,13 +60,47 @@ async fn run(ops: Vec<Op>) {
             json!({ "vcpu": 24, "memoryGiB": 200, "diskGiB": 2000 }),
         )
         .await;
-    let mut nodes = Vec::new();
+    let mut world = World {
+        t: &t,
+        pool,
+        nodes: Vec::new(),
+        ids: vec![None; 12],
+    };
     for n in 0..2 {
-        nodes.push(t.register_node(&pool, &format!("n{n}")).await);
+        world
+            .nodes
+            .push(t.register_node(&world.pool, &format!("n{n}")).await);
     }
-    let mut ids: Vec<Option<String>> = vec![None; 12];
     for op in ops {
-        let answer = match &op {
+        if let Err(e) = world.apply(&op).await {
+            assert!(
+                e.status < 500 || e.body["code"] == "CAPACITY_UNAVAILABLE",
+                "{op:?} answered {} {}",
+                e.status,
+                e.body
+            );
+        }
+    }
+    // Compare once the reconciler and every follower are done with what the ops started.
+    t.quiescent().await;
+    assert!(t.replay_equal().await, "replay differs from live");
+    t.server.shutdown().await;
+}
+
+/// What the ops act on: the server, the pool, its nodes and the instances by key.
+struct World<'a> {
+    t: &'a TestServer,
+    pool: String,
+    nodes: Vec<(String, String)>,
+    ids: Vec<Option<String>>,
+}
+
+impl World<'_> {
+    /// Calls what `op` stands for; an op on an instance never created does nothing.
+    async fn apply(&mut self, op: &Op) -> Result<(), Answer> {
+        let (t, pool, ids) = (self.t, &self.pool, &mut self.ids);
+        let nodes = &mut self.nodes;
+        match op {
             Op::Create { who, key, large } => {
                 let token = if *who == 0 { ALICE } else { BOB };
                 let r = t
@@ -79,7 +113,7 @@ async fn run(ops: Vec<Op>) {
                 r.map(|_| ())
             }
             Op::Stop(k) | Op::Start(k) | Op::Delete(k) => {
-                let Some(id) = &ids[*k as usize] else { continue };
+                let Some(id) = &ids[*k as usize] else { return Ok(()) };
                 let method = match op {
                     Op::Stop(_) => "instances.stop",
                     Op::Start(_) => "instances.start",
@@ -88,13 +122,13 @@ async fn run(ops: Vec<Op>) {
                 t.call(ALICE, method, json!({ "tenantId": "acme", "instanceId": id })).await.map(|_| ())
             }
             Op::Resize { key, large } => {
-                let Some(id) = &ids[*key as usize] else { continue };
+                let Some(id) = &ids[*key as usize] else { return Ok(()) };
                 t.call(ALICE, "instances.resize", json!({ "tenantId": "acme", "instanceId": id, "flavor": if *large { "large" } else { "small" } }))
                     .await
                     .map(|_| ())
             }
             Op::Report { node, key, state } => {
-                let Some((node_id, token)) = nodes.get(*node as usize % nodes.len()) else { continue };
+                let Some((node_id, token)) = nodes.get(*node as usize % nodes.len()) else { return Ok(()) };
                 let instances: Vec<_> = ids[*key as usize].iter().map(|id| json!({ "id": id, "state": state, "message": "from the property test" })).collect();
                 t.call(token, "nodes.report", json!({ "nodeId": node_id, "instances": instances, "complete": true })).await.map(|_| ())
             }
@@ -108,7 +142,7 @@ async fn run(ops: Vec<Op>) {
                 .map(|_| ()),
             Op::AddNode => {
                 let n = nodes.len();
-                nodes.push(t.register_node(&pool, &format!("n{n}")).await);
+                nodes.push(t.register_node(pool, &format!("n{n}")).await);
                 Ok(())
             }
             Op::ArchiveLarge => {
@@ -116,20 +150,8 @@ async fn run(ops: Vec<Op>) {
                 let large = flavors["items"].as_array().unwrap().iter().find(|f| f["name"] == "large").unwrap()["id"].clone();
                 t.call(OPERATOR, "flavors.archive", json!({ "flavorId": large })).await.map(|_| ())
             }
-        };
-        if let Err(e) = answer {
-            assert!(
-                e.status < 500 || e.body["code"] == "CAPACITY_UNAVAILABLE",
-                "{op:?} answered {} {}",
-                e.status,
-                e.body
-            );
         }
     }
-    // Let the reconciler settle whatever it was doing before comparing.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(t.replay_equal().await, "replay differs from live");
-    t.server.shutdown().await;
 }
 
 proptest! {
