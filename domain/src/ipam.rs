@@ -1,5 +1,6 @@
 //! IP address management for hosted pools (SPEC §3.1): one IPv4 range per pool, one lease per
-//! placed instance, lowest free address first; network, broadcast and gateway never leased.
+//! placed instance, any free address (kept as a free list); network, broadcast and gateway
+//! never leased.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -13,6 +14,10 @@ use crate::error::DomainError;
 /// The longest prefix that still leaves an address to lease: a /30 holds network, gateway, one
 /// lease and broadcast. A /31 or /32 has nothing left once those are set aside.
 pub const MAX_PREFIX: u8 = 30;
+
+/// The shortest prefix a pool's range may have: a /16 holds 65,534 addresses, and every free
+/// one is kept as a row so concurrent creates can each claim a different one.
+pub const MIN_PREFIX: u8 = 16;
 
 /// An IPv4 network in CIDR notation, host bits zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -36,6 +41,11 @@ impl Ipv4Cidr {
             .ok()
             .filter(|p| *p <= 32)
             .ok_or_else(|| bad(format!("prefix {prefix:?} is not a number from 0 to 32")))?;
+        if prefix < MIN_PREFIX {
+            return Err(bad(format!(
+                "a /{prefix} is larger than a pool's range may be; use /{MIN_PREFIX} or longer"
+            )));
+        }
         if prefix > MAX_PREFIX {
             return Err(bad(format!(
                 "a /{prefix} holds no address to lease once network, broadcast and gateway \
@@ -105,49 +115,35 @@ impl Ipv4Cidr {
     }
 }
 
-/// The lowest address of `cidr` that is neither network, broadcast, `gateway` nor in `leased`;
-/// `None` when the range is full.
-pub fn lowest_free(
-    cidr: &Ipv4Cidr,
-    gateway: Ipv4Addr,
-    leased: &BTreeSet<Ipv4Addr>,
-) -> Option<Ipv4Addr> {
+/// Every address of `cidr` that may be leased: the hosts other than `gateway`, in order. A
+/// pool keeps these, minus the leased ones, as its free list.
+pub fn leasable_addresses(cidr: &Ipv4Cidr, gateway: Ipv4Addr) -> impl Iterator<Item = Ipv4Addr> {
     let first = u32::from(cidr.network()) + 1;
     let last = u32::from(cidr.broadcast()) - 1;
-    // Walk the candidates and the sorted leases together, so a full /16 costs one pass.
-    let mut taken = leased
-        .range(Ipv4Addr::from(first)..=Ipv4Addr::from(last))
-        .map(|a| u32::from(*a))
-        .peekable();
-    let mut candidate = first;
-    while candidate <= last {
-        if Ipv4Addr::from(candidate) == gateway {
-            candidate += 1;
-            continue;
-        }
-        match taken.peek() {
-            Some(&t) if t < candidate => {
-                taken.next();
-            }
-            Some(&t) if t == candidate => {
-                taken.next();
-                candidate += 1;
-            }
-            _ => return Some(Ipv4Addr::from(candidate)),
-        }
-    }
-    None
+    (first..=last)
+        .map(Ipv4Addr::from)
+        .filter(move |a| *a != gateway)
 }
 
-/// `lowest_free`, or `CAPACITY_UNAVAILABLE` (`resource: ipv4`) when the range is full.
+/// Leases `candidate`, any free address the caller found (SPEC §3.1: any free address may be
+/// chosen), after checking it may be leased: a host of the range, not the gateway, not already
+/// leased. `None` (no free address found) is `CAPACITY_UNAVAILABLE` for `ipv4`.
 pub fn lease(
     cidr: &Ipv4Cidr,
     gateway: Ipv4Addr,
     leased: &BTreeSet<Ipv4Addr>,
+    candidate: Option<Ipv4Addr>,
 ) -> Result<Ipv4Addr, DomainError> {
-    lowest_free(cidr, gateway, leased).ok_or_else(|| DomainError::CapacityUnavailable {
+    let full = || DomainError::CapacityUnavailable {
         resource: "ipv4".into(),
-    })
+    };
+    let address = candidate.ok_or_else(full)?;
+    if !cidr.is_host(address) || address == gateway || leased.contains(&address) {
+        return Err(DomainError::invalid_state(format!(
+            "{address} cannot be leased from {cidr}"
+        )));
+    }
+    Ok(address)
 }
 
 fn mask(prefix: u8) -> u32 {
@@ -196,38 +192,35 @@ mod tests {
     }
 
     #[test]
-    fn a_slash_24_has_gateway_dot_one_and_leases_from_dot_two() {
+    fn a_slash_24_has_gateway_dot_one_and_every_other_host_leasable() {
         let cidr = Ipv4Cidr::parse("10.0.0.0/24").unwrap();
         assert_eq!(cidr.default_gateway(), ip("10.0.0.1"));
         assert_eq!(cidr.broadcast(), ip("10.0.0.255"));
-        let gw = cidr.default_gateway();
-        assert_eq!(
-            lowest_free(&cidr, gw, &BTreeSet::new()),
-            Some(ip("10.0.0.2"))
-        );
-        let leased = BTreeSet::from([ip("10.0.0.2"), ip("10.0.0.4")]);
-        assert_eq!(lowest_free(&cidr, gw, &leased), Some(ip("10.0.0.3")));
+        let all: Vec<_> = leasable_addresses(&cidr, cidr.default_gateway()).collect();
+        assert_eq!(all.first(), Some(&ip("10.0.0.2")));
+        assert_eq!(all.last(), Some(&ip("10.0.0.254")));
+        assert_eq!(all.len() as u64, cidr.leasable());
         assert_eq!(cidr.with_prefix(ip("10.0.0.5")), "10.0.0.5/24");
     }
 
     #[test]
-    fn a_gateway_elsewhere_in_the_range_is_skipped() {
+    fn a_gateway_elsewhere_in_the_range_is_never_leasable() {
         let cidr = Ipv4Cidr::parse("192.168.1.0/29").unwrap();
         let gw = ip("192.168.1.3");
-        let leased = BTreeSet::from([ip("192.168.1.1"), ip("192.168.1.2")]);
-        assert_eq!(lowest_free(&cidr, gw, &leased), Some(ip("192.168.1.4")));
+        assert!(!leasable_addresses(&cidr, gw).any(|a| a == gw));
+        let refused = lease(&cidr, gw, &BTreeSet::new(), Some(gw)).unwrap_err();
+        assert_eq!(refused.code(), "INVALID_STATE");
     }
 
     #[test]
-    fn a_full_range_has_no_free_address_and_leasing_is_capacity_unavailable() {
+    fn no_free_address_is_capacity_unavailable_and_a_leased_one_is_refused() {
         let cidr = Ipv4Cidr::parse("10.0.0.0/30").unwrap();
         let gw = cidr.default_gateway();
         let leased = BTreeSet::from([ip("10.0.0.2")]);
-        assert_eq!(lowest_free(&cidr, gw, &leased), None);
-        assert_eq!(
-            lease(&cidr, gw, &leased).unwrap_err().code(),
-            "CAPACITY_UNAVAILABLE"
-        );
+        let full = lease(&cidr, gw, &leased, None).unwrap_err();
+        assert_eq!(full.code(), "CAPACITY_UNAVAILABLE");
+        let twice = lease(&cidr, gw, &leased, Some(ip("10.0.0.2"))).unwrap_err();
+        assert_eq!(twice.code(), "INVALID_STATE");
     }
 
     #[test]
@@ -240,6 +233,7 @@ mod tests {
             ("10.0.0.0/31", "no address to lease"),
             ("10.0.0.1/32", "no address to lease"),
             ("10.0.0.5/24", "host bits set; the network is 10.0.0.0/24"),
+            ("10.0.0.0/8", "larger than a pool's range may be"),
         ] {
             let error = Ipv4Cidr::parse(input).unwrap_err();
             assert_eq!(error.code(), "INVALID_INPUT");
@@ -265,38 +259,37 @@ mod tests {
     }
 
     proptest! {
+        /// SPEC §3.1: any free address may be leased, never network, broadcast, gateway or
+        /// an address already leased; whichever free address each lease picks, leasing until
+        /// full hands out every leasable address exactly once.
         #[test]
-        fn the_lease_is_the_lowest_host_that_is_free(
+        fn any_free_address_is_leased_once_until_the_range_is_full(
             prefix in 24u8..=30,
-            offsets in prop::collection::btree_set(0u32..256, 0..64),
             gw_offset in 1u32..255,
+            picks in prop::collection::vec(any::<prop::sample::Index>(), 256),
         ) {
             let cidr = Ipv4Cidr::parse(&format!("10.1.2.0/{prefix}")).unwrap();
             let size = 1u32 << (32 - prefix);
-            let base = u32::from(cidr.network());
-            let gateway = Ipv4Addr::from(base + (gw_offset % (size - 2)) + 1);
-            let leased: BTreeSet<Ipv4Addr> =
-                offsets.iter().map(|o| Ipv4Addr::from(base + o % size)).collect();
-            let expected = (1..size - 1)
-                .map(|o| Ipv4Addr::from(base + o))
-                .find(|a| *a != gateway && !leased.contains(a));
-            let got = lowest_free(&cidr, gateway, &leased);
-            prop_assert_eq!(got, expected);
-            if let Some(addr) = got {
+            let gateway = Ipv4Addr::from(u32::from(cidr.network()) + (gw_offset % (size - 2)) + 1);
+            let mut free: Vec<Ipv4Addr> = leasable_addresses(&cidr, gateway).collect();
+            let mut leased = BTreeSet::new();
+            for pick in &picks {
+                if free.is_empty() {
+                    break;
+                }
+                let candidate = free.swap_remove(pick.index(free.len()));
+                let addr = lease(&cidr, gateway, &leased, Some(candidate)).unwrap();
                 prop_assert!(cidr.is_host(addr));
                 prop_assert_ne!(addr, gateway);
+                prop_assert!(leased.insert(addr), "leased twice: {}", addr);
             }
-        }
-
-        #[test]
-        fn leasing_until_full_hands_out_every_leasable_address_once(prefix in 26u8..=30) {
-            let cidr = Ipv4Cidr::parse(&format!("172.16.0.0/{prefix}")).unwrap();
-            let gateway = cidr.default_gateway();
-            let mut leased = BTreeSet::new();
-            while let Some(addr) = lowest_free(&cidr, gateway, &leased) {
-                prop_assert!(leased.insert(addr));
+            if free.is_empty() {
+                prop_assert_eq!(leased.len() as u64, cidr.leasable());
+                prop_assert_eq!(
+                    lease(&cidr, gateway, &leased, None).unwrap_err().code(),
+                    "CAPACITY_UNAVAILABLE"
+                );
             }
-            prop_assert_eq!(leased.len() as u64, cidr.leasable());
         }
     }
 }

@@ -77,8 +77,10 @@ async fn side_effects(
             .bind(after.shape.gpus.as_ref().map(|g| g.count as i64).unwrap_or(0))
             .execute(&mut *conn)
             .await?;
+            // The lease leaves the free list in the same statement.
             sqlx::query(
-                "INSERT INTO ip_leases (pool_id, address, instance_id) VALUES ($1, $2, $3)",
+                "WITH claimed AS (DELETE FROM ip_free WHERE pool_id = $1 AND address = $2)
+                 INSERT INTO ip_leases (pool_id, address, instance_id) VALUES ($1, $2, $3)",
             )
             .bind(&after.pool_id)
             .bind(&s.address)
@@ -239,9 +241,18 @@ async fn release_placement(
         .bind(instance_id)
         .execute(&mut *conn)
         .await?;
-    sqlx::query("DELETE FROM ip_leases WHERE instance_id = $1")
-        .bind(instance_id)
-        .execute(conn)
-        .await?;
+    // A released address goes back to the free list (when still in the pool's range).
+    sqlx::query(
+        "WITH gone AS (DELETE FROM ip_leases WHERE instance_id = $1 RETURNING pool_id, address)
+         INSERT INTO ip_free (pool_id, address)
+         SELECT g.pool_id, g.address FROM gone g JOIN pools p ON p.id = g.pool_id
+          WHERE inet(g.address) << inet(p.ip_cidr) AND g.address <> p.ip_gateway
+             AND inet(g.address) <> network(inet(p.ip_cidr))
+             AND inet(g.address) <> broadcast(inet(p.ip_cidr))
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(instance_id)
+    .execute(conn)
+    .await?;
     Ok(())
 }

@@ -53,6 +53,7 @@ pub const TABLES: &[&str] = &[
     "instances",
     "node_allocations",
     "ip_leases",
+    "ip_free",
     "node_specs",
     "provider_accounts",
     "webhooks",

@@ -2,6 +2,10 @@
 
 use sqlx::types::Json;
 use sqlx::PgConnection;
+use std::net::Ipv4Addr;
+
+use vps_domain::ipam::{leasable_addresses, Ipv4Cidr};
+use vps_domain::operator::IpRangeSet;
 use vps_domain::pool::PoolEvent;
 use vps_domain::resources::QuotaResource;
 use vps_events::RecordedEvent;
@@ -46,8 +50,9 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             .bind(&d.gateway)
             .bind(at)
             .bind(e.version)
-            .execute(conn)
+            .execute(&mut *conn)
             .await?;
+            free_list(conn, &d).await?;
         }
         PoolEvent::Offered(d) => {
             for resource in QuotaResource::ALL {
@@ -73,5 +78,32 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
                 .await?;
         }
     }
+    Ok(())
+}
+
+/// Makes the pool's free list the range's leasable addresses that no instance leases.
+async fn free_list(conn: &mut PgConnection, range: &IpRangeSet) -> Result<(), ProjectionError> {
+    let cidr = Ipv4Cidr::parse(&range.cidr).map_err(|e| ProjectionError::Malformed {
+        event_id: range.pool_id.clone(),
+        event_type: "pool.ip_range.set".into(),
+        message: e.to_string(),
+    })?;
+    let gateway: Ipv4Addr = range.gateway.parse().unwrap_or(cidr.default_gateway());
+    let addresses: Vec<String> = leasable_addresses(&cidr, gateway)
+        .map(|a| a.to_string())
+        .collect();
+    sqlx::query("DELETE FROM ip_free WHERE pool_id = $1")
+        .bind(&range.pool_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "INSERT INTO ip_free (pool_id, address)
+         SELECT $1, a FROM unnest($2::text[]) AS a
+          WHERE NOT EXISTS (SELECT 1 FROM ip_leases l WHERE l.pool_id = $1 AND l.address = a)",
+    )
+    .bind(&range.pool_id)
+    .bind(&addresses)
+    .execute(conn)
+    .await?;
     Ok(())
 }

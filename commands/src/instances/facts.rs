@@ -282,58 +282,28 @@ fn candidate(r: &sqlx::postgres::PgRow) -> NodeCandidate {
     }
 }
 
-/// The lowest free host address of the pool's range (not the gateway), or `None`.
+/// A free address of the pool's range, locked to this transaction's end; `None` when the
+/// range is full. Concurrent claims skip each other's locked rows, so creates in one pool never
+/// queue behind one another (SPEC §3.1: any free address may be chosen); the projector removes
+/// the row from the free list when the lease is booked.
 ///
-/// "Lowest free first" means two concurrent placements would pick the same address; rather
-/// than let them collide and retry in a herd, address choice in a pool is serialized with a
-/// transaction-scoped advisory lock (held to commit; the lease's key still guards it).
+/// Only when every free row is locked does a claim wait: those claims may yet roll back (a
+/// refused create), so "no unlocked row" is not "no free address".
 async fn free_address(
     tx: &mut PgConnection,
     pool_id: &str,
 ) -> Result<Option<Ipv4Addr>, CommandError> {
-    let range: Option<(String, String)> = sqlx::query_as(
-        "SELECT ip_cidr, ip_gateway FROM pools WHERE id = $1 AND ip_cidr IS NOT NULL",
-    )
-    .bind(pool_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some((cidr, gateway)) = range else {
-        return Ok(None);
-    };
-    let cidr = vps_domain::ipam::Ipv4Cidr::parse(&cidr)?;
-    let gateway: Ipv4Addr = gateway
-        .parse()
-        .map_err(|_| DomainError::invalid_state("the stored gateway is not IPv4"))?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('ip-lease:' || $1, 0))")
-        .bind(pool_id)
-        .execute(&mut *tx)
-        .await?;
-    // The first host, or right after a taken address (a lease or the gateway) whose
-    // successor is free: one sort, no per-candidate lookups.
-    let first = Ipv4Addr::from(u32::from(cidr.network()) + 1);
-    let last = Ipv4Addr::from(u32::from(cidr.broadcast()) - 1);
-    let found: Option<String> = sqlx::query_scalar(
-        "WITH taken AS (
-             SELECT inet(address) AS a FROM ip_leases WHERE pool_id = $1
-             UNION ALL SELECT $4::inet
-         ), ordered AS (
-             SELECT a, lead(a) OVER (ORDER BY a) AS next FROM taken
-              WHERE a BETWEEN $2::inet AND $3::inet
-         )
-         SELECT host(c) FROM (
-             SELECT $2::inet AS c WHERE NOT EXISTS (SELECT 1 FROM taken WHERE a = $2::inet)
-             UNION ALL
-             SELECT a + 1 FROM ordered WHERE (next IS NULL OR next > a + 1) AND a + 1 <= $3::inet
-         ) gaps
-         ORDER BY c LIMIT 1",
-    )
-    .bind(pool_id)
-    .bind(first.to_string())
-    .bind(last.to_string())
-    .bind(gateway.to_string())
-    .fetch_optional(&mut *tx)
-    .await?;
-    Ok(found
-        .and_then(|a| a.parse::<Ipv4Addr>().ok())
-        .filter(|a| cidr.is_host(*a) && *a != gateway))
+    for claim in [
+        "SELECT address FROM ip_free WHERE pool_id = $1 LIMIT 1 FOR UPDATE SKIP LOCKED",
+        "SELECT address FROM ip_free WHERE pool_id = $1 LIMIT 1 FOR UPDATE",
+    ] {
+        let found: Option<String> = sqlx::query_scalar(claim)
+            .bind(pool_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if let Some(address) = found {
+            return Ok(address.parse().ok());
+        }
+    }
+    Ok(None)
 }
