@@ -59,6 +59,8 @@ pub struct Call {
     pub ctx: Ctx,
     /// The authenticated caller.
     pub caller: Caller,
+    /// Admits creates in batches.
+    pub admitter: vps_commands::instances::Admitter,
 }
 
 type Handler =

@@ -77,6 +77,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         notifier: notifier.clone(),
         secrets: secret_key(&config),
         config: Arc::new(config),
+        admitter: vps_commands::instances::Admitter::start(),
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();

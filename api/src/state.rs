@@ -19,4 +19,6 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Seals user data.
     pub secrets: vps_commands::secrets::SecretKey,
+    /// Admits this process's creates in batches (one commit per batch).
+    pub admitter: vps_commands::instances::Admitter,
 }

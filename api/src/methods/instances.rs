@@ -174,7 +174,7 @@ async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
         Some(w) => Duration::from_millis(w.timeout_ms),
         None => Duration::ZERO,
     };
-    let created = instances::create(&c.ctx, q.input).await?;
+    let created = c.admitter.create(&c.ctx, q.input).await?;
     if !created.state.is_settling() || wait.is_zero() {
         return Ok(InstanceView::from(&created));
     }

@@ -92,7 +92,7 @@ pub async fn placement(
     Ok((pool, facts))
 }
 
-async fn offered_pool(
+pub(super) async fn offered_pool(
     tx: &mut PgConnection,
     pool_id: &str,
     tenant_id: &str,
@@ -148,7 +148,7 @@ pub async fn flavor_shape(
     Ok(shape.map(|Json(s)| s))
 }
 
-async fn image_visible(
+pub(super) async fn image_visible(
     tx: &mut PgConnection,
     image_id: &str,
     tenant_id: &str,
@@ -163,7 +163,7 @@ async fn image_visible(
 }
 
 /// A tenant's quota maxima and usage in a pool.
-async fn quota(
+pub(super) async fn quota(
     tx: &mut PgConnection,
     pool_id: &str,
     tenant_id: &str,
@@ -306,4 +306,24 @@ async fn free_address(
         }
     }
     Ok(None)
+}
+
+/// Up to `limit` free addresses of the pool, each locked to this transaction's end (see
+/// [`free_address`]); waits for one only when every free row is held.
+pub(super) async fn free_addresses(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    limit: i64,
+) -> Result<Vec<Ipv4Addr>, CommandError> {
+    let found: Vec<String> = sqlx::query_scalar(
+        "SELECT address FROM ip_free WHERE pool_id = $1 LIMIT $2 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(pool_id)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    if found.is_empty() {
+        return Ok(free_address(tx, pool_id).await?.into_iter().collect());
+    }
+    Ok(found.iter().filter_map(|a| a.parse().ok()).collect())
 }

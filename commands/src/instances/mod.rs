@@ -3,6 +3,7 @@
 //! [`crate::pipeline`]; admission and resize then confirm, under row locks held to commit, that
 //! the quota and the node still hold what they booked, so concurrent commands never overbook.
 
+pub mod batch;
 pub mod facts;
 
 use chrono::Utc;
@@ -24,6 +25,7 @@ use crate::pipeline::{commit, record_instance};
 use crate::record::new_id;
 use crate::secrets;
 
+pub use batch::Admitter;
 pub use facts::confirm_placement;
 
 /// `instances.create` (without `wait`, which the API handles).
@@ -61,12 +63,35 @@ pub fn request_hash(input: &CreateInput) -> String {
 /// Admits an instance, or answers the one this idempotency key already made.
 pub async fn create(ctx: &Ctx, input: CreateInput) -> Result<Instance, CommandError> {
     domain::check_user_data(input.user_data.as_deref())?;
-    let id = vps_domain::ids::instance_id(
+    let id = instance_id(ctx, &input);
+    retrying(&id, || admit(ctx, &id, &input)).await
+}
+
+/// The instance id a create derives from (tenant, caller, idempotency key).
+fn instance_id(ctx: &Ctx, input: &CreateInput) -> String {
+    vps_domain::ids::instance_id(
         &input.tenant_id,
         &ctx.actor.identity,
         &input.idempotency_key,
-    );
-    retrying(&id, || admit(ctx, &id, &input)).await
+    )
+}
+
+/// Seals the instance's user data (given, or cloud-config rendered from its id and keys).
+async fn seal_user_data(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    id: &str,
+    input: &CreateInput,
+) -> Result<(), CommandError> {
+    let user_data = input.user_data.clone().unwrap_or_else(|| {
+        vps_domain::cloud_config::render_cloud_config(
+            &vps_domain::ids::hostname_for(id),
+            &input.ssh_keys,
+        )
+    });
+    let reference = secrets::user_data_ref(id);
+    secrets::seal(tx, &ctx.secrets, &reference, id, user_data.as_bytes()).await?;
+    Ok(())
 }
 
 async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, CommandError> {
@@ -82,14 +107,7 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
         Admission::Replay(existing) => return Ok(*existing),
         Admission::Admit(events) => events,
     };
-    let user_data = input.user_data.clone().unwrap_or_else(|| {
-        vps_domain::cloud_config::render_cloud_config(
-            &vps_domain::ids::hostname_for(id),
-            &input.ssh_keys,
-        )
-    });
-    let reference = secrets::user_data_ref(id);
-    secrets::seal(&mut tx, &ctx.secrets, &reference, id, user_data.as_bytes()).await?;
+    seal_user_data(ctx, &mut tx, id, input).await?;
     let instance = record_instance(ctx, &mut tx, None, events).await?;
     facts::confirm_placement(&mut tx, &instance).await?;
     let charge = charge_of(&instance.shape);

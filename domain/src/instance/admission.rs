@@ -195,3 +195,24 @@ pub fn resize(
     }
     Ok(events)
 }
+
+impl AdmissionFacts {
+    /// The facts once `instance` is admitted on them: its charge in the quota's usage, its
+    /// booking on its node, its address no longer free. Batch admission decides the next create
+    /// of the batch on these.
+    pub fn book(&mut self, instance: &Instance) {
+        for (resource, amount) in charge_of(&instance.shape) {
+            let used = self.quota_used.entry(resource).or_insert(0);
+            *used = used.saturating_add(amount.max(0) as u64);
+        }
+        if let Some(node_id) = &instance.node_id {
+            if let Some(node) = self.nodes.iter_mut().find(|n| &n.id == node_id) {
+                node.allocated = node.allocated.plus(&instance.shape);
+            }
+        }
+        let leased = instance.addresses.first().and_then(|a| a.parse().ok());
+        if leased.is_some() && leased == self.free_address {
+            self.free_address = None;
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Batch admission (group commit): one admitter task takes every create waiting at that moment
+//! and admits them in one transaction with one commit, like Nomad's plan applier. Facts are
+//! read once per batch (per pool, flavor, image and tenant), each create is decided by the
+//! same pure `admit` on the facts the creates before it left, and the node and quota
+//! confirmations run once at the end. Each caller gets its own answer: a refused create never
+//! fails the others. If the batch as a whole fails (a race with another replica, a database
+//! error), every create in it is admitted again on its own.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::Ipv4Addr;
+
+use chrono::Utc;
+use sqlx::PgConnection;
+use tokio::sync::{mpsc, oneshot};
+use vps_domain::instance::{self as domain, Admission, AdmissionFacts, AdmissionPool, Instance};
+use vps_domain::placement::NodeCandidate;
+use vps_domain::quota::{charge_of, Amounts};
+use vps_domain::resources::Shape;
+
+use super::{create_command, facts, seal_user_data, CreateInput};
+use crate::context::Ctx;
+use crate::error::CommandError;
+use crate::pipeline::{commit, record_instance};
+use crate::record::new_id;
+
+/// The most creates one batch admits.
+pub const MAX_BATCH: usize = 128;
+
+/// Hands creates to the admitter task. Cheap to clone.
+#[derive(Clone)]
+pub struct Admitter {
+    jobs: mpsc::Sender<Job>,
+}
+
+struct Job {
+    ctx: Ctx,
+    id: String,
+    input: CreateInput,
+    reply: oneshot::Sender<Result<Instance, CommandError>>,
+}
+
+impl Admitter {
+    /// Starts the admitter task (it ends when every `Admitter` is dropped).
+    pub fn start() -> Admitter {
+        let (jobs, queue) = mpsc::channel(4 * MAX_BATCH);
+        tokio::spawn(run(queue));
+        Admitter { jobs }
+    }
+
+    /// Admits an instance (or answers the one this idempotency key already made), in the next
+    /// batch.
+    pub async fn create(&self, ctx: &Ctx, input: CreateInput) -> Result<Instance, CommandError> {
+        domain::check_user_data(input.user_data.as_deref())?;
+        let id = super::instance_id(ctx, &input);
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            ctx: ctx.clone(),
+            id,
+            input: input.clone(),
+            reply,
+        };
+        if self.jobs.send(job).await.is_err() {
+            return super::create(ctx, input).await;
+        }
+        match answer.await {
+            Ok(answer) => answer,
+            Err(_) => super::create(ctx, input).await,
+        }
+    }
+}
+
+async fn run(mut queue: mpsc::Receiver<Job>) {
+    while let Some(first) = queue.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let span = tracing::info_span!("admit_batch", creates = batch.len());
+        let _entered = span.enter();
+        metrics::histogram!("vps_admission_batch_size").record(batch.len() as f64);
+        admit(batch).await;
+    }
+}
+
+/// Admits a batch; creates that share an id with an earlier one of the batch, and every create
+/// of a batch that failed as a whole, are admitted on their own.
+async fn admit(batch: Vec<Job>) {
+    let mut seen = HashSet::new();
+    let (first, again): (Vec<Job>, Vec<Job>) = batch
+        .into_iter()
+        .partition(|job| seen.insert(job.id.clone()));
+    let alone = match admit_together(&first).await {
+        Ok(answers) => {
+            for (job, answer) in first.into_iter().zip(answers) {
+                let _ = job.reply.send(answer);
+            }
+            again
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "batch admission failed; admitting one by one");
+            first.into_iter().chain(again).collect()
+        }
+    };
+    for job in alone {
+        tokio::spawn(async move {
+            let answer = super::create(&job.ctx, job.input).await;
+            let _ = job.reply.send(answer);
+        });
+    }
+}
+
+/// One transaction for the whole batch; `Err` when it must be admitted again one by one.
+async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandError>>, CommandError> {
+    let ctx = &jobs[0].ctx;
+    let mut tx = ctx.pool.begin().await?;
+    let now = Utc::now();
+    let mut known = Known::default();
+    let mut answers = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let mut facts = known.facts(&mut tx, &job.id, &job.input).await?;
+        let create = create_command(&job.ctx, &job.id, &job.input);
+        let events = match domain::admit(&facts, create, &new_id("alloc"), now) {
+            Err(refused) => {
+                answers.push(Err(refused.into()));
+                continue;
+            }
+            Ok(Admission::Replay(existing)) => {
+                answers.push(Ok(*existing));
+                continue;
+            }
+            Ok(Admission::Admit(events)) => events,
+        };
+        seal_user_data(&job.ctx, &mut tx, &job.id, &job.input).await?;
+        let instance = record_instance(&job.ctx, &mut tx, None, events).await?;
+        facts.book(&instance);
+        known.keep(&job.input, &instance, facts);
+        answers.push(Ok(instance));
+    }
+    known.confirm(&mut tx).await?;
+    commit(ctx, tx).await?;
+    Ok(answers)
+}
+
+/// What the batch has read so far, kept up to date with what it admitted.
+#[derive(Default)]
+struct Known {
+    pools: HashMap<(String, String), Option<AdmissionPool>>,
+    shapes: HashMap<(String, String), Option<Shape>>,
+    images: HashMap<(String, String), bool>,
+    quotas: HashMap<(String, String), (Amounts, Amounts)>,
+    nodes: HashMap<String, Vec<NodeCandidate>>,
+    addresses: HashMap<String, VecDeque<Ipv4Addr>>,
+    /// Instances admitted, for the confirmations.
+    admitted: Vec<Instance>,
+}
+
+impl Known {
+    /// The facts of one create, read where the batch has not read them yet.
+    async fn facts(
+        &mut self,
+        tx: &mut PgConnection,
+        id: &str,
+        input: &CreateInput,
+    ) -> Result<AdmissionFacts, CommandError> {
+        let existing = vps_projections::instances::load(tx, id).await?;
+        if existing.is_some() {
+            return Ok(AdmissionFacts {
+                existing,
+                ..AdmissionFacts::default()
+            });
+        }
+        let (pool_id, tenant) = (input.pool_id.clone(), input.tenant_id.clone());
+        let pool = match self.pools.get(&(pool_id.clone(), tenant.clone())) {
+            Some(pool) => pool.clone(),
+            None => {
+                let pool = facts::offered_pool(tx, &pool_id, &tenant).await?;
+                self.pools
+                    .insert((pool_id.clone(), tenant.clone()), pool.clone());
+                pool
+            }
+        };
+        let key = (pool_id.clone(), input.flavor.clone());
+        if !self.shapes.contains_key(&key) {
+            let shape = facts::flavor_shape(tx, &pool_id, &input.flavor).await?;
+            self.shapes.insert(key.clone(), shape);
+        }
+        let image = (input.image_id.clone(), tenant.clone());
+        if !self.images.contains_key(&image) {
+            let visible = facts::image_visible(tx, &input.image_id, &tenant).await?;
+            self.images.insert(image.clone(), visible);
+        }
+        let quota = (pool_id.clone(), tenant.clone());
+        if !self.quotas.contains_key(&quota) {
+            let read = facts::quota(tx, &pool_id, &tenant).await?;
+            self.quotas.insert(quota.clone(), read);
+        }
+        let (quota_max, quota_used) = self.quotas[&quota].clone();
+        let mut facts = AdmissionFacts {
+            shape: self.shapes[&key].clone(),
+            image_visible: self.images[&image],
+            quota_max,
+            quota_used,
+            ..AdmissionFacts::default()
+        };
+        if let Some(p) = pool.as_ref().filter(|p| p.kind == domain::PoolKind::Hosted) {
+            facts.nodes = self.nodes(tx, &pool_id).await?;
+            if p.has_range {
+                facts.free_address = self.address(tx, &pool_id).await?;
+            }
+        }
+        facts.pool = pool;
+        Ok(facts)
+    }
+
+    async fn nodes(
+        &mut self,
+        tx: &mut PgConnection,
+        pool_id: &str,
+    ) -> Result<Vec<NodeCandidate>, CommandError> {
+        if !self.nodes.contains_key(pool_id) {
+            let read = facts::candidates(tx, pool_id, None).await?;
+            self.nodes.insert(pool_id.to_string(), read);
+        }
+        Ok(self.nodes[pool_id].clone())
+    }
+
+    /// A free address of the pool: claimed in runs (a run per batch, usually), each locked to
+    /// the batch's commit.
+    async fn address(
+        &mut self,
+        tx: &mut PgConnection,
+        pool_id: &str,
+    ) -> Result<Option<Ipv4Addr>, CommandError> {
+        let claimed = self.addresses.entry(pool_id.to_string()).or_default();
+        if claimed.is_empty() {
+            claimed.extend(facts::free_addresses(tx, pool_id, MAX_BATCH as i64).await?);
+        }
+        Ok(claimed.front().copied())
+    }
+
+    /// Keeps what admitting `instance` changed: its quota charge, its node's booking, its
+    /// address.
+    fn keep(&mut self, input: &CreateInput, instance: &Instance, facts: AdmissionFacts) {
+        let quota = (input.pool_id.clone(), input.tenant_id.clone());
+        self.quotas
+            .insert(quota, (facts.quota_max, facts.quota_used));
+        if !facts.nodes.is_empty() {
+            self.nodes.insert(input.pool_id.clone(), facts.nodes);
+        }
+        if facts.free_address.is_none() {
+            if let Some(claimed) = self.addresses.get_mut(&input.pool_id) {
+                claimed.pop_front();
+            }
+        }
+        self.admitted.push(instance.clone());
+    }
+
+    /// Confirms, under row locks held to commit, that every node booked still holds its
+    /// bookings and every quota charged still fits; each node and quota once, nodes in id
+    /// order so two batches never deadlock.
+    async fn confirm(&self, tx: &mut PgConnection) -> Result<(), CommandError> {
+        let mut nodes: Vec<&Instance> = self
+            .admitted
+            .iter()
+            .filter(|i| i.node_id.is_some())
+            .collect();
+        nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        nodes.dedup_by(|a, b| a.node_id == b.node_id);
+        for instance in nodes {
+            facts::confirm_placement(tx, instance).await?;
+        }
+        let mut charged: HashMap<(&str, &str), vps_domain::quota::Delta> = HashMap::new();
+        for i in &self.admitted {
+            let delta = charged.entry((&i.pool_id, &i.tenant_id)).or_default();
+            for (resource, amount) in charge_of(&i.shape) {
+                *delta.entry(resource).or_insert(0) += amount;
+            }
+        }
+        for ((pool_id, tenant_id), delta) in charged {
+            facts::confirm_quota(tx, pool_id, tenant_id, &delta).await?;
+        }
+        Ok(())
+    }
+}
