@@ -41,19 +41,34 @@ pub async fn seal(
     instance_id: &str,
     plaintext: &[u8],
 ) -> Result<(), sqlx::Error> {
-    let nonce: [u8; 12] = rand::random();
-    let ciphertext = key
-        .cipher()
-        .encrypt(Nonce::from_slice(&nonce), plaintext)
-        .expect("AES-GCM encryption of an in-memory buffer cannot fail");
+    seal_many(conn, key, &[(reference, instance_id, plaintext)]).await
+}
+
+/// Seals many secrets, each `(reference, instance id, plaintext)`, in one statement.
+pub async fn seal_many(
+    conn: &mut PgConnection,
+    key: &SecretKey,
+    secrets: &[(&str, &str, &[u8])],
+) -> Result<(), sqlx::Error> {
+    let cipher = key.cipher();
+    let (mut nonces, mut sealed) = (Vec::new(), Vec::new());
+    for (_, _, plaintext) in secrets {
+        let nonce: [u8; 12] = rand::random();
+        let ciphertext = cipher
+            .encrypt(Nonce::from_slice(&nonce), *plaintext)
+            .expect("AES-GCM encryption of an in-memory buffer cannot fail");
+        nonces.push(nonce.to_vec());
+        sealed.push(ciphertext);
+    }
     sqlx::query(
-        "INSERT INTO sealed_secrets (ref, instance_id, nonce, ciphertext) VALUES ($1, $2, $3, $4)
+        "INSERT INTO sealed_secrets (ref, instance_id, nonce, ciphertext)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[])
          ON CONFLICT (ref) DO NOTHING",
     )
-    .bind(reference)
-    .bind(instance_id)
-    .bind(nonce.as_slice())
-    .bind(ciphertext)
+    .bind(secrets.iter().map(|s| s.0).collect::<Vec<_>>())
+    .bind(secrets.iter().map(|s| s.1).collect::<Vec<_>>())
+    .bind(nonces)
+    .bind(sealed)
     .execute(conn)
     .await?;
     Ok(())

@@ -165,6 +165,77 @@ async fn not_appended(
     })
 }
 
+/// Appends the first events of many new streams in one statement (batch admission's group
+/// commit). Every stream must not exist yet: one that does fails the whole append as
+/// `Concurrency` (the caller decides again), as a single append with `NoStream` would.
+pub async fn append_new_streams(
+    conn: &mut PgConnection,
+    streams: &[(String, Vec<NewEvent>)],
+) -> Result<Vec<RecordedEvent>, AppendError> {
+    let rows: Vec<(&str, i64, &NewEvent)> = streams
+        .iter()
+        .flat_map(|(stream, events)| {
+            events
+                .iter()
+                .enumerate()
+                .map(move |(n, e)| (stream.as_str(), n as i64 + 1, e))
+        })
+        .collect();
+    if rows.is_empty() {
+        return Err(AppendError::Empty);
+    }
+    let metadata: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(_, _, e)| serde_json::to_value(&e.metadata).expect("metadata serialises"))
+        .collect();
+    let result = sqlx::query(
+        "INSERT INTO events (stream, version, id, type, data, metadata)
+         SELECT e.stream, e.version, e.id, e.type, e.data, e.metadata
+           FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[])
+                WITH ORDINALITY AS e(stream, version, id, type, data, metadata, ord)
+          ORDER BY e.ord
+         RETURNING position, transaction_id::text, version, recorded_at, id",
+    )
+    .bind(rows.iter().map(|r| r.0).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.2.id.as_str()).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|r| r.2.event_type.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(rows.iter().map(|r| &r.2.data).collect::<Vec<_>>())
+    .bind(&metadata)
+    .fetch_all(&mut *conn)
+    .await;
+    let stored = match result {
+        Ok(stored) => stored,
+        Err(sqlx::Error::Database(e)) if e.constraint() == Some("events_stream_version_key") => {
+            return Err(AppendError::Concurrency {
+                stream: "one of a batch's new streams".into(),
+                expected: ExpectedVersion::NoStream,
+                actual: UNKNOWN_VERSION,
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Matched by id: the order RETURNING gives is not promised.
+    let by_id: std::collections::HashMap<String, &sqlx::postgres::PgRow> = stored
+        .iter()
+        .map(|row| Ok((row.try_get::<String, _>(4)?, row)))
+        .collect::<Result<_, sqlx::Error>>()?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (stream, _, event) in &rows {
+        let row = *by_id.get(&event.id).ok_or(sqlx::Error::RowNotFound)?;
+        out.extend(recorded(
+            stream,
+            std::slice::from_ref(*event),
+            std::slice::from_ref(row),
+        )?);
+    }
+    Ok(out)
+}
+
 /// The version of a stream's last event (0 when the stream does not exist).
 pub async fn stream_version(conn: &mut PgConnection, stream: &str) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(

@@ -256,3 +256,187 @@ async fn release_placement(
     .await?;
     Ok(())
 }
+
+/// Applies the events of instances that did not exist before (batch admission's creates, each
+/// `instance.created` and possibly its placement) with one statement per table for the whole
+/// batch. The rows are the ones [`apply_run`] would write event by event; a run with any other
+/// side effect goes through [`apply_run`].
+pub async fn apply_new(
+    conn: &mut PgConnection,
+    runs: &[&[RecordedEvent]],
+) -> Result<(), ProjectionError> {
+    let mut rows = NewRows::default();
+    for run in runs {
+        match fold_new(run)? {
+            Some((instance, placement)) => rows.add(instance, placement),
+            None => apply_run(conn, run).await?,
+        }
+    }
+    rows.write(conn).await
+}
+
+/// A placement's allocation id and address.
+type Placement = (String, String);
+
+/// A new instance's run folded in memory, with its placement (allocation id, address); `None`
+/// when an event of the run has side effects beyond a create and a placement.
+fn fold_new(
+    run: &[RecordedEvent],
+) -> Result<Option<(Instance, Option<Placement>)>, ProjectionError> {
+    let mut state: Option<Instance> = None;
+    let mut placement = None;
+    for e in run {
+        let event = InstanceEvent::from_parts(&e.event_type, e.data.clone())
+            .map_err(|err| malformed(e, err))?;
+        match &event {
+            InstanceEvent::Created(_) if state.is_none() => {}
+            InstanceEvent::Scheduled(s) => {
+                placement = Some((s.allocation_id.clone(), s.address.clone()))
+            }
+            InstanceEvent::Created(_)
+            | InstanceEvent::Resized(_)
+            | InstanceEvent::Recreating(_)
+            | InstanceEvent::Deleted(_) => return Ok(None),
+            _ => {}
+        }
+        state = Some(evolve(state, &event, e.recorded_at).map_err(|err| malformed(e, err))?);
+    }
+    Ok(state.map(|i| (i, placement)))
+}
+
+/// The rows a batch of new instances adds, gathered for one statement per table.
+#[derive(Default)]
+struct NewRows {
+    instances: Vec<Instance>,
+    allocations: Vec<(String, Instance)>,
+    leases: Vec<(String, String, String)>,
+    charges: std::collections::BTreeMap<(String, String, &'static str), i64>,
+}
+
+impl NewRows {
+    fn add(&mut self, instance: Instance, placement: Option<Placement>) {
+        for (resource, amount) in charge_of(&instance.shape) {
+            let key = (
+                instance.pool_id.clone(),
+                instance.tenant_id.clone(),
+                resource.as_str(),
+            );
+            *self.charges.entry(key).or_insert(0) += amount;
+        }
+        if let Some((allocation_id, address)) = placement {
+            self.leases
+                .push((instance.pool_id.clone(), address, instance.id.clone()));
+            self.allocations.push((allocation_id, instance.clone()));
+        }
+        self.instances.push(instance);
+    }
+
+    async fn write(self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
+        store_many(conn, &self.instances).await?;
+        allocate_many(conn, &self.allocations).await?;
+        lease_many(conn, &self.leases).await?;
+        charge_many(conn, &self.charges).await
+    }
+}
+
+async fn store_many(conn: &mut PgConnection, all: &[Instance]) -> Result<(), ProjectionError> {
+    if all.is_empty() {
+        return Ok(());
+    }
+    let col = |f: fn(&Instance) -> String| all.iter().map(f).collect::<Vec<_>>();
+    sqlx::query(
+        "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
+                                owner_identity_id, warm, doc, created_at, updated_at, version)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                              $6::text[], $7::text[], $8::bool[], $9::jsonb[],
+                              $10::timestamptz[], $11::timestamptz[], $12::bigint[])",
+    )
+    .bind(col(|i| i.id.clone()))
+    .bind(col(|i| i.tenant_id.clone()))
+    .bind(col(|i| i.pool_id.clone()))
+    .bind(col(|i| i.state.as_str().to_string()))
+    .bind(col(|i| i.desired_state.as_str().to_string()))
+    .bind(all.iter().map(|i| i.node_id.clone()).collect::<Vec<_>>())
+    .bind(col(|i| i.owner_identity_id.clone()))
+    .bind(
+        all.iter()
+            .map(|i| i.warm_template_id.is_some())
+            .collect::<Vec<_>>(),
+    )
+    .bind(all.iter().map(Json).collect::<Vec<_>>())
+    .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
+    .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
+    .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn allocate_many(
+    conn: &mut PgConnection,
+    all: &[(String, Instance)],
+) -> Result<(), ProjectionError> {
+    if all.is_empty() {
+        return Ok(());
+    }
+    let shape = |f: fn(&Shape) -> i64| all.iter().map(|(_, i)| f(&i.shape)).collect::<Vec<_>>();
+    sqlx::query(
+        "INSERT INTO node_allocations (id, node_id, instance_id, vcpu, memory_gib, disk_gib, gpu_model, gpus)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[],
+                              $6::bigint[], $7::text[], $8::bigint[])",
+    )
+    .bind(all.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>())
+    .bind(all.iter().map(|(_, i)| i.node_id.clone()).collect::<Vec<_>>())
+    .bind(all.iter().map(|(_, i)| i.id.clone()).collect::<Vec<_>>())
+    .bind(shape(|s| s.vcpu as i64))
+    .bind(shape(|s| s.memory_gib as i64))
+    .bind(shape(|s| s.disk_gib as i64))
+    .bind(all.iter().map(|(_, i)| i.shape.gpus.as_ref().map(|g| g.model.clone())).collect::<Vec<_>>())
+    .bind(shape(|s| s.gpus.as_ref().map_or(0, |g| g.count as i64)))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn lease_many(
+    conn: &mut PgConnection,
+    all: &[(String, String, String)],
+) -> Result<(), ProjectionError> {
+    if all.is_empty() {
+        return Ok(());
+    }
+    // The leases leave the free list in the same statement.
+    sqlx::query(
+        "WITH l AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS u(pool_id, address, instance_id)),
+              claimed AS (DELETE FROM ip_free f USING l WHERE f.pool_id = l.pool_id AND f.address = l.address)
+         INSERT INTO ip_leases (pool_id, address, instance_id) SELECT pool_id, address, instance_id FROM l",
+    )
+    .bind(all.iter().map(|l| l.0.clone()).collect::<Vec<_>>())
+    .bind(all.iter().map(|l| l.1.clone()).collect::<Vec<_>>())
+    .bind(all.iter().map(|l| l.2.clone()).collect::<Vec<_>>())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn charge_many(
+    conn: &mut PgConnection,
+    charges: &std::collections::BTreeMap<(String, String, &'static str), i64>,
+) -> Result<(), ProjectionError> {
+    let charges: Vec<_> = charges.iter().filter(|(_, amount)| **amount != 0).collect();
+    if charges.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO quotas (pool_id, tenant_id, resource, used)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+         ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used",
+    )
+    .bind(charges.iter().map(|((p, _, _), _)| p.clone()).collect::<Vec<_>>())
+    .bind(charges.iter().map(|((_, t, _), _)| t.clone()).collect::<Vec<_>>())
+    .bind(charges.iter().map(|((_, _, r), _)| r.to_string()).collect::<Vec<_>>())
+    .bind(charges.iter().map(|(_, a)| **a).collect::<Vec<_>>())
+    .execute(conn)
+    .await?;
+    Ok(())
+}

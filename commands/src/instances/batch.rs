@@ -12,16 +12,21 @@ use std::net::Ipv4Addr;
 use chrono::Utc;
 use sqlx::PgConnection;
 use tokio::sync::{mpsc, oneshot};
-use vps_domain::instance::{self as domain, Admission, AdmissionFacts, AdmissionPool, Instance};
+use vps_domain::instance::{
+    self as domain, Admission, AdmissionFacts, AdmissionPool, Instance, InstanceEvent,
+};
 use vps_domain::placement::NodeCandidate;
 use vps_domain::quota::{charge_of, Amounts};
 use vps_domain::resources::Shape;
+use vps_domain::DomainError;
+use vps_events::NewEvent;
 
-use super::{create_command, facts, seal_user_data, CreateInput};
+use super::{create_command, facts, CreateInput};
 use crate::context::Ctx;
 use crate::error::CommandError;
-use crate::pipeline::{commit, record_instance};
+use crate::pipeline::commit;
 use crate::record::new_id;
+use crate::secrets;
 
 /// The most creates one batch admits.
 pub const MAX_BATCH: usize = 128;
@@ -118,30 +123,124 @@ async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandErro
     let mut tx = ctx.pool.begin().await?;
     let now = Utc::now();
     let mut known = Known::default();
-    let mut answers = Vec::with_capacity(jobs.len());
+    let mut decided = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let mut facts = known.facts(&mut tx, &job.id, &job.input).await?;
+        let facts = known.facts(&mut tx, &job.id, &job.input).await?;
         let create = create_command(&job.ctx, &job.id, &job.input);
-        let events = match domain::admit(&facts, create, &new_id("alloc"), now) {
-            Err(refused) => {
-                answers.push(Err(refused.into()));
-                continue;
+        decided.push(match domain::admit(&facts, create, &new_id("alloc"), now) {
+            Err(refused) => Decided::Answer(Box::new(Err(refused.into()))),
+            Ok(Admission::Replay(existing)) => Decided::Answer(Box::new(Ok(*existing))),
+            Ok(Admission::Admit(events)) => {
+                let instance = domain::fold_now(&events, now)?;
+                known.keep(&job.input, &instance, facts);
+                Decided::Record(events)
             }
-            Ok(Admission::Replay(existing)) => {
-                answers.push(Ok(*existing));
-                continue;
-            }
-            Ok(Admission::Admit(events)) => events,
-        };
-        seal_user_data(&job.ctx, &mut tx, &job.id, &job.input).await?;
-        let instance = record_instance(&job.ctx, &mut tx, None, events).await?;
-        facts.book(&instance);
-        known.keep(&job.input, &instance, facts);
-        answers.push(Ok(instance));
+        });
     }
+    let answers = record(&mut tx, jobs, decided).await?;
     known.confirm(&mut tx).await?;
     commit(ctx, tx).await?;
     Ok(answers)
+}
+
+/// What the batch decided for one create.
+enum Decided {
+    /// Answered without recording anything (a refusal, a replay).
+    Answer(Box<Result<Instance, CommandError>>),
+    /// A new instance's events.
+    Record(Vec<InstanceEvent>),
+}
+
+/// Seals the new instances' user data, appends their streams and projects them, each with one
+/// statement for the whole batch; answers every create, new instances folded with their
+/// recorded times.
+async fn record(
+    tx: &mut PgConnection,
+    jobs: &[Job],
+    decided: Vec<Decided>,
+) -> Result<Vec<Result<Instance, CommandError>>, CommandError> {
+    let new: Vec<(&Job, &Vec<InstanceEvent>)> = jobs
+        .iter()
+        .zip(&decided)
+        .filter_map(|(job, d)| match d {
+            Decided::Record(events) => Some((job, events)),
+            Decided::Answer(_) => None,
+        })
+        .collect();
+    if !new.is_empty() {
+        let data: Vec<(String, String)> = new
+            .iter()
+            .map(|(job, _)| {
+                (
+                    secrets::user_data_ref(&job.id),
+                    super::user_data(&job.id, &job.input),
+                )
+            })
+            .collect();
+        let sealed: Vec<(&str, &str, &[u8])> = new
+            .iter()
+            .zip(&data)
+            .map(|((job, _), (r, u))| (r.as_str(), job.id.as_str(), u.as_bytes()))
+            .collect();
+        secrets::seal_many(tx, &jobs[0].ctx.secrets, &sealed).await?;
+    }
+    let streams: Vec<(String, Vec<NewEvent>)> = new
+        .iter()
+        .map(|(job, events)| {
+            let metadata = job.ctx.metadata(Some(&job.input.tenant_id));
+            let stream = format!("instance-{}", job.id);
+            (
+                stream,
+                events.iter().map(|e| new_event(e, &metadata)).collect(),
+            )
+        })
+        .collect();
+    let stored = match streams.is_empty() {
+        true => Vec::new(),
+        false => vps_events::append_new_streams(tx, &streams).await?,
+    };
+    let mut runs: Vec<&[vps_events::RecordedEvent]> = Vec::new();
+    let mut rest = stored.as_slice();
+    for (_, events) in &new {
+        let (run, later) = rest.split_at(events.len());
+        runs.push(run);
+        rest = later;
+    }
+    vps_projections::instances::apply_new(tx, &runs).await?;
+    answers(decided, &runs)
+}
+
+fn new_event(event: &InstanceEvent, metadata: &vps_events::Metadata) -> NewEvent {
+    NewEvent {
+        id: crate::record::event_id(),
+        event_type: event.event_type().to_string(),
+        data: event.data(),
+        metadata: metadata.clone(),
+    }
+}
+
+/// Every create's answer: new instances folded once from their recorded events.
+fn answers(
+    decided: Vec<Decided>,
+    runs: &[&[vps_events::RecordedEvent]],
+) -> Result<Vec<Result<Instance, CommandError>>, CommandError> {
+    let mut runs = runs.iter();
+    decided
+        .into_iter()
+        .map(|d| match d {
+            Decided::Answer(answer) => Ok(*answer),
+            Decided::Record(events) => {
+                let run = runs.next().expect("a run per new instance");
+                let mut state = None;
+                for (event, recorded) in events.iter().zip(run.iter()) {
+                    let next = domain::evolve(state, event, recorded.recorded_at)
+                        .map_err(|e| DomainError::invalid_state(e.to_string()))?;
+                    state = Some(next);
+                }
+                Ok(Ok(state.expect("a new instance has events")))
+            }
+        })
+        .collect()
 }
 
 /// What the batch has read so far, kept up to date with what it admitted.
@@ -243,7 +342,8 @@ impl Known {
 
     /// Keeps what admitting `instance` changed: its quota charge, its node's booking, its
     /// address.
-    fn keep(&mut self, input: &CreateInput, instance: &Instance, facts: AdmissionFacts) {
+    fn keep(&mut self, input: &CreateInput, instance: &Instance, mut facts: AdmissionFacts) {
+        facts.book(instance);
         let quota = (input.pool_id.clone(), input.tenant_id.clone());
         self.quotas
             .insert(quota, (facts.quota_max, facts.quota_used));

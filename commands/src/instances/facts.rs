@@ -294,8 +294,8 @@ async fn free_address(
     pool_id: &str,
 ) -> Result<Option<Ipv4Addr>, CommandError> {
     for claim in [
-        "SELECT address FROM ip_free WHERE pool_id = $1 LIMIT 1 FOR UPDATE SKIP LOCKED",
-        "SELECT address FROM ip_free WHERE pool_id = $1 LIMIT 1 FOR UPDATE",
+        "SELECT address FROM ip_free WHERE pool_id = $1 ORDER BY address LIMIT 1 FOR UPDATE SKIP LOCKED",
+        "SELECT address FROM ip_free WHERE pool_id = $1 ORDER BY address LIMIT 1 FOR UPDATE",
     ] {
         let found: Option<String> = sqlx::query_scalar(claim)
             .bind(pool_id)
@@ -316,7 +316,7 @@ pub(super) async fn free_addresses(
     limit: i64,
 ) -> Result<Vec<Ipv4Addr>, CommandError> {
     let found: Vec<String> = sqlx::query_scalar(
-        "SELECT address FROM ip_free WHERE pool_id = $1 LIMIT $2 FOR UPDATE SKIP LOCKED",
+        "SELECT address FROM ip_free WHERE pool_id = $1 ORDER BY address LIMIT $2 FOR UPDATE SKIP LOCKED",
     )
     .bind(pool_id)
     .bind(limit)

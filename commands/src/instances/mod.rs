@@ -76,22 +76,14 @@ fn instance_id(ctx: &Ctx, input: &CreateInput) -> String {
     )
 }
 
-/// Seals the instance's user data (given, or cloud-config rendered from its id and keys).
-async fn seal_user_data(
-    ctx: &Ctx,
-    tx: &mut PgConnection,
-    id: &str,
-    input: &CreateInput,
-) -> Result<(), CommandError> {
-    let user_data = input.user_data.clone().unwrap_or_else(|| {
+/// The instance's user data: given, or cloud-config rendered from its id and keys.
+fn user_data(id: &str, input: &CreateInput) -> String {
+    input.user_data.clone().unwrap_or_else(|| {
         vps_domain::cloud_config::render_cloud_config(
             &vps_domain::ids::hostname_for(id),
             &input.ssh_keys,
         )
-    });
-    let reference = secrets::user_data_ref(id);
-    secrets::seal(tx, &ctx.secrets, &reference, id, user_data.as_bytes()).await?;
-    Ok(())
+    })
 }
 
 async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, CommandError> {
@@ -107,7 +99,9 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
         Admission::Replay(existing) => return Ok(*existing),
         Admission::Admit(events) => events,
     };
-    seal_user_data(ctx, &mut tx, id, input).await?;
+    let reference = secrets::user_data_ref(id);
+    let sealed = user_data(id, input);
+    secrets::seal(&mut tx, &ctx.secrets, &reference, id, sealed.as_bytes()).await?;
     let instance = record_instance(ctx, &mut tx, None, events).await?;
     facts::confirm_placement(&mut tx, &instance).await?;
     let charge = charge_of(&instance.shape);
