@@ -55,6 +55,7 @@ pub const TABLES: &[&str] = &[
     "ip_leases",
     "ip_free",
     "node_specs",
+    "node_spec_entries",
     "provider_accounts",
     "webhooks",
 ];

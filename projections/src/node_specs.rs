@@ -1,11 +1,14 @@
-//! NodeSpecs: per node, every live instance placed on it, as the host must run it. The
-//! generation moves only when the content does, so hosts can long-poll for a change.
+//! NodeSpecs: per node, every live instance placed on it, as the host must run it, kept as one
+//! entry per instance (`node_spec_entries`). The node's generation (`node_specs`) moves only
+//! when an entry of it changes, so hosts can long-poll for a change.
 //!
-//! An async projector: a follower (`run`) refreshes the nodes a batch of events touched, from
-//! the instance views as they stand, in one transaction with its checkpoint. Commands never
-//! wait for it, and one refresh covers every change a batch made to a node. The content is a
-//! function of the views (a replay compares it); the generation counts the refreshes that
-//! changed it, so it is not compared.
+//! An async projector: a follower (`run`) rewrites the entries of the instances a batch of
+//! events touched, from the instance views as they stand, in one transaction with its
+//! checkpoint; one instance event costs one entry, not the node's whole spec. Commands never
+//! wait for it. The entries are a function of the views (a replay compares them); the
+//! generation counts changes, so it is not compared.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 use sqlx::types::Json;
@@ -17,20 +20,28 @@ use crate::ProjectionError;
 /// The bridge hosted instances' NICs attach to.
 pub const BRIDGE: &str = "br0";
 
-/// Recomputes a node's spec and bumps its generation if the content changed.
-pub async fn refresh(conn: &mut PgConnection, node_id: &str) -> Result<(), ProjectionError> {
+/// One spec entry: (node, instance) and what the host must run.
+type Entry = ((String, String), Value);
+
+/// The entries the instances' views call for: `ids` (or, with `node`, every instance on it).
+async fn desired(
+    conn: &mut PgConnection,
+    ids: &[String],
+    node: Option<&str>,
+) -> Result<Vec<Entry>, ProjectionError> {
     let rows = sqlx::query(
         "SELECT i.doc, p.runtime, p.ip_cidr, im.url, im.sha256, im.format
            FROM instances i
            JOIN pools p ON p.id = i.pool_id
            LEFT JOIN images im ON im.id = (i.doc->>'imageId')
-          WHERE i.node_id = $1 AND i.state NOT IN ('pending', 'scheduling', 'deleted')
-          ORDER BY i.id",
+          WHERE (i.id = ANY($1) OR i.node_id = $2) AND i.node_id IS NOT NULL
+            AND i.state NOT IN ('pending', 'scheduling', 'deleted')",
     )
-    .bind(node_id)
+    .bind(ids)
+    .bind(node)
     .fetch_all(&mut *conn)
     .await?;
-    let entries: Vec<Value> = rows
+    Ok(rows
         .iter()
         .map(|r| {
             let Json(inst): Json<Instance> = r.get(0);
@@ -38,21 +49,84 @@ pub async fn refresh(conn: &mut PgConnection, node_id: &str) -> Result<(), Proje
                 .get::<Option<String>, _>(2)
                 .and_then(|c| c.split_once('/').map(|(_, p)| p.to_string()))
                 .unwrap_or_else(|| "32".into());
-            entry(&inst, r.get(1), &prefix, (r.get(3), r.get(4), r.get(5)))
+            let value = entry(&inst, r.get(1), &prefix, (r.get(3), r.get(4), r.get(5)));
+            let node = inst.node_id.clone().unwrap_or_default();
+            ((node, inst.id.clone()), value)
         })
-        .collect();
-    let spec = json!({ "nodeId": node_id, "instances": entries });
-    sqlx::query(
-        "INSERT INTO node_specs (node_id, generation, spec)
-         VALUES ($1, CASE WHEN jsonb_array_length($2::jsonb->'instances') = 0 THEN 0 ELSE 1 END, $2)
-         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1, spec = excluded.spec
-          WHERE node_specs.spec IS DISTINCT FROM excluded.spec",
+        .collect())
+}
+
+/// The entries stored now for `ids` (or, with `node`, every entry of it).
+async fn stored(
+    conn: &mut PgConnection,
+    ids: &[String],
+    node: Option<&str>,
+) -> Result<BTreeMap<(String, String), Value>, ProjectionError> {
+    let rows: Vec<(String, String, Value)> = sqlx::query_as(
+        "SELECT node_id, instance_id, entry FROM node_spec_entries
+          WHERE instance_id = ANY($1) OR node_id = $2",
     )
-    .bind(node_id)
-    .bind(Json(&spec))
+    .bind(ids)
+    .bind(node)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows.into_iter().map(|(n, i, e)| ((n, i), e)).collect())
+}
+
+/// Makes the stored entries of `ids` (or of `node`) what the views call for, and moves the
+/// generation of every node an entry of which changed.
+async fn sync(
+    conn: &mut PgConnection,
+    ids: &[String],
+    node: Option<&str>,
+) -> Result<(), ProjectionError> {
+    let want: BTreeMap<(String, String), Value> =
+        desired(conn, ids, node).await?.into_iter().collect();
+    let have = stored(conn, ids, node).await?;
+    let gone: Vec<&(String, String)> = have.keys().filter(|k| !want.contains_key(*k)).collect();
+    let set: Vec<(&(String, String), &Value)> = want
+        .iter()
+        .filter(|(k, v)| have.get(*k) != Some(*v))
+        .collect();
+    let changed: BTreeSet<&String> = gone
+        .iter()
+        .map(|k| &k.0)
+        .chain(set.iter().map(|(k, _)| &k.0))
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "DELETE FROM node_spec_entries e USING unnest($1::text[], $2::text[]) AS g(node_id, instance_id)
+          WHERE e.node_id = g.node_id AND e.instance_id = g.instance_id",
+    )
+    .bind(gone.iter().map(|k| k.0.as_str()).collect::<Vec<_>>())
+    .bind(gone.iter().map(|k| k.1.as_str()).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO node_spec_entries (node_id, instance_id, entry)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
+         ON CONFLICT (node_id, instance_id) DO UPDATE SET entry = excluded.entry",
+    )
+    .bind(set.iter().map(|(k, _)| k.0.as_str()).collect::<Vec<_>>())
+    .bind(set.iter().map(|(k, _)| k.1.as_str()).collect::<Vec<_>>())
+    .bind(set.iter().map(|(_, v)| *v).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO node_specs (node_id, generation) SELECT unnest($1::text[]), 1
+         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1",
+    )
+    .bind(changed.into_iter().collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Recomputes every entry of a node (a replay, or an image or range change).
+pub async fn refresh(conn: &mut PgConnection, node_id: &str) -> Result<(), ProjectionError> {
+    sync(conn, &[], Some(node_id)).await
 }
 
 fn entry(
@@ -86,73 +160,48 @@ fn entry(
 
 /// A node's spec with its generation (an empty spec at generation 0 before any instance).
 pub async fn load(conn: &mut PgConnection, node_id: &str) -> Result<Value, sqlx::Error> {
-    let row = sqlx::query("SELECT generation, spec FROM node_specs WHERE node_id = $1")
-        .bind(node_id)
-        .fetch_optional(conn)
-        .await?;
-    Ok(match row {
-        Some(r) => {
-            let mut spec: Value = r.get(1);
-            spec["generation"] = json!(r.get::<i64, _>(0));
-            spec
-        }
-        None => json!({ "nodeId": node_id, "generation": 0, "instances": [] }),
-    })
+    let (generation, instances): (i64, Value) = sqlx::query_as(
+        "SELECT coalesce((SELECT generation FROM node_specs WHERE node_id = $1), 0),
+                coalesce((SELECT jsonb_agg(entry ORDER BY instance_id) FROM node_spec_entries
+                           WHERE node_id = $1), '[]')",
+    )
+    .bind(node_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(json!({ "nodeId": node_id, "generation": generation, "instances": instances }))
 }
 
 /// The follower's (and lease's) name.
 pub const FOLLOWER: &str = "node-specs";
 
-/// Nodes whose spec a batch may have changed: the nodes its events name, and the nodes whose
-/// spec lists an instance of the batch (an instance moved off or deleted names none).
+/// What a batch may have changed: the instances its events name, and the nodes whose every
+/// entry an image or range change may touch (rare: those nodes are recomputed whole).
 async fn touched(
     conn: &mut PgConnection,
     batch: &[vps_events::RecordedEvent],
-) -> Result<Vec<String>, sqlx::Error> {
-    let mut nodes: Vec<String> = Vec::new();
-    let mut instances: Vec<String> = Vec::new();
+) -> Result<(Vec<String>, Vec<String>), sqlx::Error> {
+    let mut instances = BTreeSet::new();
+    let mut whole = false;
     for e in batch {
-        for key in ["nodeId", "fromNodeId"] {
-            if let Some(n) = e.data[key].as_str() {
-                nodes.push(n.to_string());
-            }
-        }
-        if e.event_type.starts_with("instance.") {
+        if e.stream.starts_with("instance-") {
             if let Some(i) = e.data["instanceId"].as_str() {
-                instances.push(i.to_string());
+                instances.insert(i.to_string());
             }
         }
-        if e.event_type.starts_with("image.") || e.event_type == "pool.ip_range.set" {
-            // Rare, and they change every spec that shows them: refresh all.
-            let all: Vec<String> = sqlx::query_scalar("SELECT node_id FROM node_specs")
+        whole |= e.event_type.starts_with("image.") || e.event_type == "pool.ip_range.set";
+    }
+    let nodes = match whole {
+        true => {
+            sqlx::query_scalar("SELECT id FROM nodes")
                 .fetch_all(&mut *conn)
-                .await?;
-            nodes.extend(all);
+                .await?
         }
-    }
-    if !instances.is_empty() {
-        let listing: Vec<String> = sqlx::query_scalar(
-            "SELECT DISTINCT s.node_id FROM node_specs s, jsonb_array_elements(s.spec->'instances') e
-              WHERE e->>'id' = ANY($1)",
-        )
-        .bind(&instances)
-        .fetch_all(&mut *conn)
-        .await?;
-        nodes.extend(listing);
-        let placed: Vec<String> = sqlx::query_scalar(
-            "SELECT DISTINCT node_id FROM instances WHERE id = ANY($1) AND node_id IS NOT NULL",
-        )
-        .bind(&instances)
-        .fetch_all(&mut *conn)
-        .await?;
-        nodes.extend(placed);
-    }
-    nodes.sort();
-    nodes.dedup();
-    Ok(nodes)
+        false => Vec::new(),
+    };
+    Ok((instances.into_iter().collect(), nodes))
 }
 
-/// Refreshes the specs a batch touched and moves the checkpoint, in one transaction.
+/// Brings the entries a batch touched up to date and moves the checkpoint, in one transaction.
 pub async fn apply_batch(
     pool: &sqlx::PgPool,
     follower: &mut vps_events::Follower,
@@ -162,7 +211,11 @@ pub async fn apply_batch(
         return Ok(());
     };
     let mut tx = pool.begin().await?;
-    for node in touched(&mut tx, batch).await? {
+    let (instances, nodes) = touched(&mut tx, batch).await?;
+    if !instances.is_empty() {
+        sync(&mut tx, &instances, None).await?;
+    }
+    for node in nodes {
         refresh(&mut tx, &node).await?;
     }
     vps_events::follower::save_checkpoint(&mut *tx, FOLLOWER, last).await?;
@@ -200,6 +253,5 @@ pub async fn refresh_all(conn: &mut PgConnection) -> Result<(), ProjectionError>
     for node in nodes {
         refresh(conn, &node).await?;
     }
-    // Nodes without a live instance keep an empty spec; drop the rows a rebuild would not make.
     Ok(())
 }

@@ -60,8 +60,11 @@ async fn assert_nothing_left_behind(t: &TestServer) {
     for (table, sql) in [
         ("allocations", "SELECT count(*) FROM node_allocations"),
         ("leases", "SELECT count(*) FROM ip_leases"),
-        ("quota usage", "SELECT coalesce(sum(used), 0)::bigint FROM quotas"),
-        ("spec entries", "SELECT coalesce(sum(jsonb_array_length(spec->'instances')), 0)::bigint FROM node_specs"),
+        (
+            "quota usage",
+            "SELECT coalesce(sum(used), 0)::bigint FROM quotas",
+        ),
+        ("spec entries", "SELECT count(*) FROM node_spec_entries"),
         ("sealed user data", "SELECT count(*) FROM sealed_secrets"),
     ] {
         let left: i64 = sqlx::query_scalar(sql).fetch_one(db).await.unwrap();

@@ -12,6 +12,7 @@ use std::net::Ipv4Addr;
 use chrono::Utc;
 use sqlx::PgConnection;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 use vps_domain::instance::{
     self as domain, Admission, AdmissionFacts, AdmissionPool, Instance, InstanceEvent,
 };
@@ -84,9 +85,8 @@ async fn run(mut queue: mpsc::Receiver<Job>) {
             }
         }
         let span = tracing::info_span!("admit_batch", creates = batch.len());
-        let _entered = span.enter();
         metrics::histogram!("vps_admission_batch_size").record(batch.len() as f64);
-        admit(batch).await;
+        admit(batch).instrument(span).await;
     }
 }
 
