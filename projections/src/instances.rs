@@ -163,6 +163,23 @@ pub async fn page<'e>(
         .collect()
 }
 
+/// The stored views of the instances among `ids` that exist, by id.
+pub async fn load_many(
+    conn: &mut PgConnection,
+    ids: &[String],
+) -> Result<std::collections::HashMap<String, Instance>, ProjectionError> {
+    let rows = sqlx::query("SELECT doc FROM instances WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let Json(doc): Json<Instance> = r.try_get(0)?;
+            Ok((doc.id.clone(), doc))
+        })
+        .collect()
+}
+
 async fn store(conn: &mut PgConnection, i: &Instance) -> Result<(), ProjectionError> {
     sqlx::query(
         "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,

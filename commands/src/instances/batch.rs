@@ -122,7 +122,11 @@ async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandErro
     let ctx = &jobs[0].ctx;
     let mut tx = ctx.pool.begin().await?;
     let now = Utc::now();
-    let mut known = Known::default();
+    let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+    let mut known = Known {
+        existing: vps_projections::instances::load_many(&mut tx, &ids).await?,
+        ..Known::default()
+    };
     let mut decided = Vec::with_capacity(jobs.len());
     for job in jobs {
         let facts = known.facts(&mut tx, &job.id, &job.input).await?;
@@ -246,6 +250,8 @@ fn answers(
 /// What the batch has read so far, kept up to date with what it admitted.
 #[derive(Default)]
 struct Known {
+    /// The instances the batch's ids already name (replays and conflicts).
+    existing: HashMap<String, Instance>,
     pools: HashMap<(String, String), Option<AdmissionPool>>,
     shapes: HashMap<(String, String), Option<Shape>>,
     images: HashMap<(String, String), bool>,
@@ -264,7 +270,7 @@ impl Known {
         id: &str,
         input: &CreateInput,
     ) -> Result<AdmissionFacts, CommandError> {
-        let existing = vps_projections::instances::load(tx, id).await?;
+        let existing = self.existing.remove(id);
         if existing.is_some() {
             return Ok(AdmissionFacts {
                 existing,

@@ -235,7 +235,41 @@ pub async fn candidates(
         None => "SELECT * FROM nodes WHERE pool_id = $1",
         Some(_) => "SELECT * FROM nodes WHERE pool_id = $1 AND id = $2 FOR UPDATE",
     };
-    let rows = sqlx::query(&format!(
+    let rows = sqlx::query(&booked(nodes))
+        .bind(pool_id)
+        .bind(lock)
+        .fetch_all(&mut *tx)
+        .await?;
+    Ok(rows.iter().map(candidate).collect())
+}
+
+/// Checks, holding their locks (taken in id order) until commit, that every node of
+/// `node_ids` still holds all its bookings; a batch's placements confirmed at once.
+pub async fn confirm_nodes(tx: &mut PgConnection, node_ids: &[String]) -> Result<(), CommandError> {
+    if node_ids.is_empty() {
+        return Ok(());
+    }
+    let nodes = "SELECT * FROM nodes WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+    let rows = sqlx::query(&booked(nodes))
+        .bind(node_ids)
+        .fetch_all(&mut *tx)
+        .await?;
+    match rows
+        .iter()
+        .map(candidate)
+        .find(|n| !n.capacity.holds(&n.allocated))
+    {
+        None => Ok(()),
+        Some(full) => Err(CommandError::Raced(format!(
+            "node {} filled up meanwhile",
+            full.id
+        ))),
+    }
+}
+
+/// The nodes `nodes` selects, each with the sums of what its allocations book.
+fn booked(nodes: &str) -> String {
+    format!(
         "SELECT n.id, n.state, n.runtimes, n.labels, n.capacity,
                 coalesce(sum(a.vcpu), 0)::bigint, coalesce(sum(a.memory_gib), 0)::bigint,
                 coalesce(sum(a.disk_gib), 0)::bigint,
@@ -243,12 +277,7 @@ pub async fn candidates(
            FROM ({nodes}) n
            LEFT JOIN node_allocations a ON a.node_id = n.id
           GROUP BY n.id, n.state, n.runtimes, n.labels, n.capacity"
-    ))
-    .bind(pool_id)
-    .bind(lock)
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(rows.iter().map(candidate).collect())
+    )
 }
 
 fn candidate(r: &sqlx::postgres::PgRow) -> NodeCandidate {
