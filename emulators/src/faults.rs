@@ -4,7 +4,9 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use axum::extract::Request;
 use axum::http::{header, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 /// A failure the next requests get.
@@ -54,8 +56,27 @@ impl Faults {
     }
 }
 
+/// Serves `request` unless a fault is due. A lost answer is served first, so its effect
+/// happens; `failure` answers the other faults in the provider's own shape.
+pub(crate) async fn serve_or_fail(
+    faults: &Faults,
+    is_create: bool,
+    request: Request,
+    next: Next,
+    failure: impl FnOnce(Fault) -> Response,
+) -> Response {
+    match faults.take(is_create) {
+        None => next.run(request).await,
+        Some(Fault::AnswerLost) => {
+            next.run(request).await;
+            answer_lost()
+        }
+        Some(fault) => failure(fault),
+    }
+}
+
 /// What a client sees when the answer was lost: a gateway timeout page, not the API's JSON.
-pub(crate) fn answer_lost() -> Response {
+fn answer_lost() -> Response {
     (
         StatusCode::GATEWAY_TIMEOUT,
         [(header::CONTENT_TYPE, "text/html")],

@@ -3,7 +3,7 @@
 use sqlx::{PgConnection, Row};
 
 use crate::model::{ExpectedVersion, NewEvent, RecordedEvent};
-use crate::read::{columns, decode};
+use crate::read::events_where;
 
 /// `AppendError::Concurrency::actual` when it cannot be known.
 pub const UNKNOWN_VERSION: i64 = -1;
@@ -251,10 +251,5 @@ async fn stored_events(
     conn: &mut PgConnection,
     ids: &[&str],
 ) -> Result<Vec<RecordedEvent>, sqlx::Error> {
-    let sql = format!(
-        "SELECT {} FROM events WHERE id = ANY($1) ORDER BY version",
-        columns("events")
-    );
-    let rows = sqlx::query(&sql).bind(ids).fetch_all(conn).await?;
-    rows.iter().map(decode).collect()
+    events_where(conn, "id = ANY($1)", ids).await
 }

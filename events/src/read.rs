@@ -44,11 +44,24 @@ pub async fn read_stream<'e>(
     db: impl PgExecutor<'e>,
     stream: &str,
 ) -> Result<Vec<RecordedEvent>, sqlx::Error> {
+    events_where(db, "stream = $1", stream).await
+}
+
+/// The events `condition` selects, `$1` bound to `value`, in version order. The condition is
+/// fixed SQL (`'static`): values go in bound, never formatted in.
+pub(crate) async fn events_where<'e, T>(
+    db: impl PgExecutor<'e>,
+    condition: &'static str,
+    value: T,
+) -> Result<Vec<RecordedEvent>, sqlx::Error>
+where
+    T: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+{
     let sql = format!(
-        "SELECT {} FROM events WHERE stream = $1 ORDER BY version",
+        "SELECT {} FROM events WHERE {condition} ORDER BY version",
         columns("events")
     );
-    let rows = sqlx::query(&sql).bind(stream).fetch_all(db).await?;
+    let rows = sqlx::query(&sql).bind(value).fetch_all(db).await?;
     rows.iter().map(decode).collect()
 }
 

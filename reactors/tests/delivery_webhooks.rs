@@ -374,16 +374,7 @@ async fn failing_deliveries_are_retried_signed_recorded_and_kept_in_order() {
     .await;
     let worker = start_worker(&pool, &notifier, fast());
 
-    for n in 0..15 {
-        let (stream, ty) = match n % 3 {
-            0 => (format!("instance-inst_{}", n % 4), "instance.created"),
-            1 => (format!("instance-inst_{}", n % 4), "instance.running"),
-            _ => (format!("sandbox-sbx_{n}"), "sandbox.ready"),
-        };
-        emit(&pool, &notifier, &stream, ty, Some("acme")).await;
-    }
-    let expected = log_ids(&pool, &["instance."], None, 10).await;
-
+    let expected = emit_mixed_instance_and_sandbox_events(&pool, &notifier).await;
     eventually(
         "every instance event delivered",
         Duration::from_secs(20),
@@ -399,13 +390,32 @@ async fn failing_deliveries_are_retried_signed_recorded_and_kept_in_order() {
     .await;
     worker.abort();
 
-    assert_all_signed(&receiver, "flaky");
+    assert_flaky_requests_in_order(&receiver, &expected);
+    assert_flaky_deliveries_recorded(&pool, &hook.id, &expected).await;
+}
+
+/// Fifteen events, ten of them on instance streams; answers the ids of those ten in log order.
+async fn emit_mixed_instance_and_sandbox_events(pool: &PgPool, notifier: &Notifier) -> Vec<String> {
+    for n in 0..15 {
+        let (stream, ty) = match n % 3 {
+            0 => (format!("instance-inst_{}", n % 4), "instance.created"),
+            1 => (format!("instance-inst_{}", n % 4), "instance.running"),
+            _ => (format!("sandbox-sbx_{n}"), "sandbox.ready"),
+        };
+        emit(pool, notifier, &stream, ty, Some("acme")).await;
+    }
+    log_ids(pool, &["instance."], None, 10).await
+}
+
+/// Every event once, signed, in log order, the first retried until it succeeded before the
+/// second was sent at all, and nothing but instance events.
+fn assert_flaky_requests_in_order(receiver: &Receiver, expected: &[String]) {
+    assert_all_signed(receiver, "flaky");
     assert_eq!(
         receiver.accepted("flaky"),
         expected,
         "each once, in log order"
     );
-    // The first event was attempted until it succeeded before the second was sent at all.
     let requests = receiver.requests("flaky");
     let first: Vec<u16> = requests.iter().take(4).map(|r| r.answered).collect();
     assert_eq!(first, vec![500, 500, 500, 200]);
@@ -413,8 +423,12 @@ async fn failing_deliveries_are_retried_signed_recorded_and_kept_in_order() {
     assert!(requests
         .iter()
         .all(|r| r.event["type"].as_str().unwrap().starts_with("instance.")));
+}
 
-    let mut deliveries = list_deliveries(&pool, &hook.id, 100).await.unwrap();
+/// The delivery records: three failed attempts and a success for the first event, then one
+/// success each for the rest, in order.
+async fn assert_flaky_deliveries_recorded(pool: &PgPool, hook_id: &str, expected: &[String]) {
+    let mut deliveries = list_deliveries(pool, hook_id, 100).await.unwrap();
     deliveries.reverse(); // oldest first
     assert_eq!(deliveries.len(), 13);
     let first: Vec<_> = deliveries
@@ -635,25 +649,7 @@ async fn a_dead_endpoint_does_not_delay_another_subscription() {
         None,
     )
     .await;
-    // An endpoint nobody listens on: every attempt is refused.
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let (refused, _) = create_webhook(
-        &pool,
-        &notifier,
-        "id_test",
-        NewWebhook {
-            url: format!("http://127.0.0.1:{closed_port}/hook"),
-            types: vec!["*".into()],
-            tenant_id: None,
-            tenant_scope: None,
-        },
-    )
-    .await
-    .unwrap();
+    let refused = subscribe_refusing_endpoint(&pool, &notifier).await;
     subscribe(
         &pool,
         &notifier,
@@ -696,14 +692,42 @@ async fn a_dead_endpoint_does_not_delay_another_subscription() {
         .await
         .unwrap()
         .is_empty());
+    assert_refusals_recorded_pending(&pool, &refused.id).await;
+    worker.abort();
+}
 
-    let refusals = list_deliveries(&pool, &refused.id, 100).await.unwrap();
+/// Subscribes, for every type, an endpoint nobody listens on: every attempt is refused.
+async fn subscribe_refusing_endpoint(pool: &PgPool, notifier: &Notifier) -> Webhook {
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (refused, _) = create_webhook(
+        pool,
+        notifier,
+        "id_test",
+        NewWebhook {
+            url: format!("http://127.0.0.1:{closed_port}/hook"),
+            types: vec!["*".into()],
+            tenant_id: None,
+            tenant_scope: None,
+        },
+    )
+    .await
+    .unwrap();
+    refused
+}
+
+/// Refused attempts are recorded, all for the first event, pending, with an error and no
+/// response code.
+async fn assert_refusals_recorded_pending(pool: &PgPool, hook_id: &str) {
+    let refusals = list_deliveries(pool, hook_id, 100).await.unwrap();
     assert!(!refusals.is_empty());
     assert!(refusals.iter().all(|d| d.event_id == refusals[0].event_id
         && d.status == DeliveryStatus::Pending
         && d.response_code.is_none()
         && d.error.is_some()));
-    worker.abort();
 }
 
 #[tokio::test]
@@ -833,32 +857,13 @@ async fn an_event_is_given_up_after_the_last_attempt_and_the_next_one_follows() 
 async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log() {
     let pool = fresh_log().await;
     let notifier = Notifier::local_only();
-    let new = |url: &str, types: &[&str], tenant: Option<&str>| NewWebhook {
-        url: url.into(),
-        types: types.iter().map(|t| t.to_string()).collect(),
-        tenant_id: tenant.map(Into::into),
-        tenant_scope: None,
-    };
-    for bad in [
-        new("ftp://example.com/", &["*"], None),
-        new("http://", &["*"], None),
-        new("http://127.0.0.1/x", &[], None),
-        new("http://127.0.0.1/x", &["Instance.*"], None),
-    ] {
-        let err = create_webhook(&pool, &notifier, "id_alice", bad)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(err, CommandError::Domain(DomainError::InvalidInput { .. })),
-            "{err:?}"
-        );
-    }
+    assert_bad_subscriptions_refused(&pool, &notifier).await;
 
     let (acme, secret) = create_webhook(
         &pool,
         &notifier,
         "id_alice",
-        new("https://hooks.example.com/a", &["instance.*"], Some("acme")),
+        new_webhook("https://hooks.example.com/a", &["instance.*"], Some("acme")),
     )
     .await
     .unwrap();
@@ -869,58 +874,94 @@ async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log
         &pool,
         &notifier,
         "id_alice",
-        new("http://127.0.0.1/g", &["*"], None),
+        new_webhook("http://127.0.0.1/g", &["*"], None),
     )
     .await
     .unwrap();
 
-    let created = read_stream(&pool, &format!("webhook-{}", acme.id))
-        .await
-        .unwrap();
+    assert_created_event_without_secret(&pool, &acme.id, &secret).await;
+    assert_listed_by_tenant(&pool, &acme.id, &global.id).await;
+    assert_only_its_tenant_deletes(&pool, &notifier, &acme.id).await;
+    assert_eq!(
+        webhook_ids(list_webhooks(&pool, None).await.unwrap()),
+        vec![global.id]
+    );
+}
+
+fn new_webhook(url: &str, types: &[&str], tenant: Option<&str>) -> NewWebhook {
+    NewWebhook {
+        url: url.into(),
+        types: types.iter().map(|t| t.to_string()).collect(),
+        tenant_id: tenant.map(Into::into),
+        tenant_scope: None,
+    }
+}
+
+fn webhook_ids(hooks: Vec<Webhook>) -> Vec<String> {
+    hooks.into_iter().map(|h| h.id).collect()
+}
+
+/// A URL that is not http(s) or has no host, no types, or a malformed type: `INVALID_INPUT`.
+async fn assert_bad_subscriptions_refused(pool: &PgPool, notifier: &Notifier) {
+    for bad in [
+        new_webhook("ftp://example.com/", &["*"], None),
+        new_webhook("http://", &["*"], None),
+        new_webhook("http://127.0.0.1/x", &[], None),
+        new_webhook("http://127.0.0.1/x", &["Instance.*"], None),
+    ] {
+        let err = create_webhook(pool, notifier, "id_alice", bad)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, CommandError::Domain(DomainError::InvalidInput { .. })),
+            "{err:?}"
+        );
+    }
+}
+
+/// `webhook.created` records the subscription and its actor, never the secret.
+async fn assert_created_event_without_secret(pool: &PgPool, id: &str, secret: &WebhookSecret) {
+    let created = read_stream(pool, &format!("webhook-{id}")).await.unwrap();
     assert_eq!(created[0].event_type, "webhook.created");
     assert_eq!(
         created[0].data,
-        json!({ "id": acme.id, "url": "https://hooks.example.com/a",
+        json!({ "id": id, "url": "https://hooks.example.com/a",
                 "types": ["instance.*"], "tenantId": "acme" })
     );
     assert!(!created[0].data.to_string().contains(&secret.0[6..]));
     assert_eq!(created[0].metadata.actor.as_deref(), Some("id_alice"));
+}
 
-    let ids = |hooks: Vec<Webhook>| hooks.into_iter().map(|h| h.id).collect::<Vec<_>>();
+/// The operator sees both subscriptions, acme only its own, another tenant none.
+async fn assert_listed_by_tenant(pool: &PgPool, acme: &str, global: &str) {
     assert_eq!(
-        ids(list_webhooks(&pool, None).await.unwrap()),
-        vec![acme.id.clone(), global.id.clone()]
+        webhook_ids(list_webhooks(pool, None).await.unwrap()),
+        vec![acme.to_owned(), global.to_owned()]
     );
     assert_eq!(
-        ids(list_webhooks(&pool, Some("acme")).await.unwrap()),
-        vec![acme.id.clone()]
+        webhook_ids(list_webhooks(pool, Some("acme")).await.unwrap()),
+        vec![acme.to_owned()]
     );
-    assert!(list_webhooks(&pool, Some("globex"))
+    assert!(list_webhooks(pool, Some("globex"))
         .await
         .unwrap()
         .is_empty());
+}
 
-    // Another tenant cannot delete it, and cannot tell that it exists.
-    let bob = ctx(&pool, &notifier, "id_bob");
+/// Another tenant cannot delete it, and cannot tell that it exists; its own tenant can, once.
+async fn assert_only_its_tenant_deletes(pool: &PgPool, notifier: &Notifier, id: &str) {
+    let bob = ctx(pool, notifier, "id_bob");
     let not_found = |err| matches!(err, CommandError::Domain(DomainError::NotFound { .. }));
-    let err = commands::delete(&bob, &acme.id, Some("globex"))
+    let err = commands::delete(&bob, id, Some("globex"))
         .await
         .unwrap_err();
     assert!(not_found(err));
-    commands::delete(&bob, &acme.id, Some("acme"))
-        .await
-        .unwrap();
-    assert!(get_webhook(&pool, &acme.id, None).await.unwrap().is_none());
-    let err = commands::delete(&bob, &acme.id, None).await.unwrap_err();
+    commands::delete(&bob, id, Some("acme")).await.unwrap();
+    assert!(get_webhook(pool, id, None).await.unwrap().is_none());
+    let err = commands::delete(&bob, id, None).await.unwrap_err();
     assert!(not_found(err));
-    let history = read_stream(&pool, &format!("webhook-{}", acme.id))
-        .await
-        .unwrap();
+    let history = read_stream(pool, &format!("webhook-{id}")).await.unwrap();
     assert_eq!(history.last().unwrap().event_type, "webhook.deleted");
-    assert_eq!(
-        ids(list_webhooks(&pool, None).await.unwrap()),
-        vec![global.id]
-    );
 }
 
 #[tokio::test]

@@ -134,20 +134,42 @@ async fn admission_refusals_carry_the_right_codes_and_leave_nothing_behind() {
         )
         .await;
 
+    assert_a_second_large_exceeds_the_quota(&t, &pool).await;
+    assert_unknown_references_and_bad_fields_refused(&t, &pool).await;
+
+    // A pool not offered to the tenant does not exist for it.
     let err = t
         .call(
-            ALICE,
+            EVE,
             "instances.create",
-            create_body(&pool, "big", "large"),
+            json!({ "tenantId": "globex", "poolId": pool, "flavor": "small",
+        "imageId": "img_ubuntu", "idempotencyKey": "e" }),
         )
         .await
+        .unwrap_err();
+    assert_eq!(err.body["code"], "NOT_FOUND");
+
+    // The /29 has 5 leasable addresses less the gateway: 4 more instances fit the range...
+    let small_pool = t
+        .ok(OPERATOR, "pools.usage", json!({ "poolId": pool }))
+        .await;
+    assert!(small_pool["items"].is_array());
+    assert_a_refusal_appends_nothing(&t, &pool).await;
+    assert!(t.replay_equal().await);
+}
+
+/// One 8-vCPU instance fits a 10-vCPU quota; a second is refused with the numbers.
+async fn assert_a_second_large_exceeds_the_quota(t: &TestServer, pool: &str) {
+    let created = t
+        .call(ALICE, "instances.create", create_body(pool, "big", "large"))
+        .await
         .unwrap();
-    assert_eq!(err["state"], "provisioning");
+    assert_eq!(created["state"], "provisioning");
     let err = t
         .call(
             ALICE,
             "instances.create",
-            create_body(&pool, "big2", "large"),
+            create_body(pool, "big2", "large"),
         )
         .await
         .unwrap_err();
@@ -159,8 +181,12 @@ async fn admission_refusals_carry_the_right_codes_and_leave_nothing_behind() {
         err.body["details"],
         json!({ "resource": "vcpu", "requested": 8, "max": 10, "used": 8 })
     );
+}
 
-    let mut body = create_body(&pool, "k", "tiny");
+/// An unknown flavor or image is `NOT_FOUND`; a private key as an SSH key and an unknown
+/// field are `INVALID_INPUT`, naming the field.
+async fn assert_unknown_references_and_bad_fields_refused(t: &TestServer, pool: &str) {
+    let mut body = create_body(pool, "k", "tiny");
     let err = t
         .call(ALICE, "instances.create", body.clone())
         .await
@@ -197,43 +223,29 @@ async fn admission_refusals_carry_the_right_codes_and_leave_nothing_behind() {
         .unwrap_err();
     assert_eq!(err.body["code"], "INVALID_INPUT");
     assert!(err.body["message"].as_str().unwrap().contains("surprise"));
+}
 
-    // A pool not offered to the tenant does not exist for it.
-    let err = t
-        .call(
-            EVE,
-            "instances.create",
-            json!({ "tenantId": "globex", "poolId": pool, "flavor": "small",
-        "imageId": "img_ubuntu", "idempotencyKey": "e" }),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(err.body["code"], "NOT_FOUND");
-
-    // The /29 has 5 leasable addresses less the gateway: 4 more instances fit the range...
-    let small_pool = t
-        .ok(OPERATOR, "pools.usage", json!({ "poolId": pool }))
-        .await;
-    assert!(small_pool["items"].is_array());
-    let events_before: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
-        .fetch_one(&t.server.state.pool)
-        .await
-        .unwrap();
+/// A create refused for quota leaves the log as it was.
+async fn assert_a_refusal_appends_nothing(t: &TestServer, pool: &str) {
+    let events_before = count_events(t).await;
     let err = t
         .call(
             ALICE,
             "instances.create",
-            create_body(&pool, "big2", "large"),
+            create_body(pool, "big2", "large"),
         )
         .await
         .unwrap_err();
     assert_eq!(err.body["code"], "QUOTA_EXCEEDED");
-    let events_after: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+    let events_after = count_events(t).await;
+    assert_eq!(events_before, events_after, "a refusal appends nothing");
+}
+
+async fn count_events(t: &TestServer) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM events")
         .fetch_one(&t.server.state.pool)
         .await
-        .unwrap();
-    assert_eq!(events_before, events_after, "a refusal appends nothing");
-    assert!(t.replay_equal().await);
+        .unwrap()
 }
 
 #[tokio::test]
@@ -398,11 +410,9 @@ async fn resize_is_all_or_nothing() {
     assert_eq!(vcpu["used"], 2, "a refused resize charges nothing");
 }
 
-#[tokio::test]
-async fn bad_input_names_the_field_and_never_answers_500() {
-    let t = TestServer::start().await;
-    let pool = t.hosted_pool("10.0.0.0/28", 1, json!({ "vcpu": 10 })).await;
-    for (method, body, field) in [
+/// Operator requests with one bad field each, and the field the refusal must name.
+fn bad_operator_inputs(pool: &str) -> Vec<(&'static str, serde_json::Value, &'static str)> {
+    vec![
         (
             "pools.setIpPool",
             json!({ "poolId": pool, "cidr": "10.0.0.0/33" }),
@@ -433,7 +443,14 @@ async fn bad_input_names_the_field_and_never_answers_500() {
             json!({ "poolId": pool, "tenantId": "acme", "quota": { "cpus": 1 } }),
             "quota.cpus",
         ),
-    ] {
+    ]
+}
+
+#[tokio::test]
+async fn bad_input_names_the_field_and_never_answers_500() {
+    let t = TestServer::start().await;
+    let pool = t.hosted_pool("10.0.0.0/28", 1, json!({ "vcpu": 10 })).await;
+    for (method, body, field) in bad_operator_inputs(&pool) {
         let err = t.call(OPERATOR, method, body).await.unwrap_err();
         assert_eq!(
             (err.status, err.body["code"].as_str()),
@@ -447,26 +464,29 @@ async fn bad_input_names_the_field_and_never_answers_500() {
             err.body
         );
     }
-    let response = t
-        .http
-        .post(format!("{}/api/compute/pools/create", t.server.url()))
-        .bearer_auth(OPERATOR)
-        .body("{ not json")
-        .send()
-        .await
-        .unwrap();
+    let response = post_raw_pools_create(&t, NOT_JSON).await;
     assert_eq!(response.status().as_u16(), 400);
-    let response = t
-        .http
-        .post(format!("{}/api/compute/pools/create", t.server.url()))
-        .bearer_auth(OPERATOR)
-        .body(vec![b' '; 3 * 1024 * 1024])
-        .send()
-        .await
-        .unwrap();
+    let response = post_raw_pools_create(&t, vec![b' '; 3 * 1024 * 1024]).await;
     assert_eq!(response.status().as_u16(), 400);
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["code"], "INVALID_INPUT");
+}
+
+/// A body that opens a JSON object and never closes it.
+const NOT_JSON: &str = "{ not json";
+
+/// `pools.create` as the operator with `body` as it is, not necessarily JSON.
+async fn post_raw_pools_create(
+    t: &TestServer,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::Response {
+    t.http
+        .post(format!("{}/api/compute/pools/create", t.server.url()))
+        .bearer_auth(OPERATOR)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
 }
 
 /// SPEC's race: 64 concurrent creates against a quota of 10 vCPU and a /28.

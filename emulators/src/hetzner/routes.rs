@@ -15,7 +15,7 @@ use chrono::Utc;
 use serde_json::{json, Value};
 
 use super::cloud::{not_found, ApiError, Cloud, NewServer, Server};
-use crate::faults::{answer_lost, Fault, Faults};
+use crate::faults::{serve_or_fail, Fault, Faults};
 
 /// Hetzner's user data limit.
 const MAX_USER_DATA_BYTES: usize = 32 * 1024;
@@ -58,19 +58,21 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         );
     }
     let is_create = request.method() == Method::POST && request.uri().path() == "/v1/servers";
-    match state.faults.take(is_create) {
-        None => next.run(request).await,
-        Some(Fault::RateLimited) => rate_limited(),
-        Some(Fault::ServerError) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "service unavailable",
-        ),
-        Some(Fault::AnswerLost) => {
-            next.run(request).await;
-            answer_lost()
-        }
-    }
+    serve_or_fail(
+        &state.faults,
+        is_create,
+        request,
+        next,
+        |fault| match fault {
+            Fault::RateLimited => rate_limited(),
+            _ => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "service unavailable",
+            ),
+        },
+    )
+    .await
 }
 
 async fn list_servers(
@@ -141,37 +143,37 @@ async fn server_action(
     State(state): State<AppState>,
     Path((id, action)): Path<(String, String)>,
 ) -> Response {
-    let mut cloud = lock(&state);
-    cloud.settle();
-    let id = match parse_id(&id) {
-        Ok(id) => id,
-        Err(e) => return e.into_response(),
-    };
-    let action_id = cloud.action_id();
-    match cloud.power(id, &action) {
-        Ok(command) => (
+    act_on_server(&state, &id, |cloud, id, action_id| {
+        let command = cloud.power(id, &action)?;
+        Ok((
             StatusCode::CREATED,
             Json(json!({ "action": action_json(action_id, command, id) })),
         )
-            .into_response(),
-        Err(e) => e.into_response(),
-    }
+            .into_response())
+    })
 }
 
 async fn delete_server(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let mut cloud = lock(&state);
+    act_on_server(&state, &id, |cloud, id, action_id| {
+        cloud.delete(id)?;
+        Ok(Json(json!({ "action": action_json(action_id, "delete_server", id) })).into_response())
+    })
+}
+
+/// Runs an action on server `id` in the settled cloud, with the id the action gets; an id
+/// that does not parse is `not_found` and draws no action id.
+fn act_on_server(
+    state: &AppState,
+    id: &str,
+    f: impl FnOnce(&mut Cloud, u64, u64) -> Result<Response, ApiError>,
+) -> Response {
+    let mut cloud = lock(state);
     cloud.settle();
-    let id = match parse_id(&id) {
-        Ok(id) => id,
-        Err(e) => return e.into_response(),
-    };
-    let action_id = cloud.action_id();
-    match cloud.delete(id) {
-        Ok(()) => {
-            Json(json!({ "action": action_json(action_id, "delete_server", id) })).into_response()
-        }
-        Err(e) => e.into_response(),
-    }
+    let result = parse_id(id).and_then(|id| {
+        let action_id = cloud.action_id();
+        f(&mut cloud, id, action_id)
+    });
+    result.unwrap_or_else(IntoResponse::into_response)
 }
 
 fn new_server(body: &Value) -> Result<NewServer, ApiError> {

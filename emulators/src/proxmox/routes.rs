@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use super::node::{server_error, Node, PveError};
-use crate::faults::{answer_lost, Fault, Faults};
+use crate::faults::{serve_or_fail, Fault, Faults};
 
 #[derive(Clone)]
 struct AppState {
@@ -64,19 +64,21 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         Some(_) => {}
     }
     let is_create = request.method() == Method::POST && request.uri().path().ends_with("/clone");
-    match state.faults.take(is_create) {
-        None => next.run(request).await,
-        Some(Fault::RateLimited) => {
-            let mut response = failure(StatusCode::TOO_MANY_REQUESTS, "too many requests");
-            response.headers_mut().insert(header::RETRY_AFTER, 1.into());
-            response
-        }
-        Some(Fault::ServerError) => failure(StatusCode::SERVICE_UNAVAILABLE, "service unavailable"),
-        Some(Fault::AnswerLost) => {
-            next.run(request).await;
-            answer_lost()
-        }
-    }
+    serve_or_fail(
+        &state.faults,
+        is_create,
+        request,
+        next,
+        |fault| match fault {
+            Fault::RateLimited => {
+                let mut response = failure(StatusCode::TOO_MANY_REQUESTS, "too many requests");
+                response.headers_mut().insert(header::RETRY_AFTER, 1.into());
+                response
+            }
+            _ => failure(StatusCode::SERVICE_UNAVAILABLE, "service unavailable"),
+        },
+    )
+    .await
 }
 
 async fn next_id(State(state): State<AppState>) -> Response {
@@ -97,11 +99,7 @@ async fn clone_vm(
     Path((node, vmid)): Path<(String, u32)>,
     body: Bytes,
 ) -> Response {
-    let params = match params(&body) {
-        Ok(params) => params,
-        Err(e) => return e.into_response(),
-    };
-    answer(with_node(&state, Some(&node), |node| {
+    answer(with_params(&state, &node, &body, |node, params| {
         node.clone_vm(vmid, &params).map(|upid| json!(upid))
     }))
 }
@@ -143,11 +141,7 @@ async fn set_config(
     Path((node, vmid)): Path<(String, u32)>,
     body: Bytes,
 ) -> Response {
-    let params = match params(&body) {
-        Ok(params) => params,
-        Err(e) => return e.into_response(),
-    };
-    answer(with_node(&state, Some(&node), |node| {
+    answer(with_params(&state, &node, &body, |node, params| {
         node.set_config(vmid, params).map(|()| Value::Null)
     }))
 }
@@ -185,6 +179,18 @@ fn with_node(
     }
     node.settle();
     f(&mut node)
+}
+
+/// Like [`with_node`], with the body's parameters; a body that does not parse is refused
+/// before the node is touched.
+fn with_params(
+    state: &AppState,
+    name: &str,
+    body: &[u8],
+    f: impl FnOnce(&mut Node, BTreeMap<String, String>) -> Result<Value, PveError>,
+) -> Result<Value, PveError> {
+    let params = params(body)?;
+    with_node(state, Some(name), |node| f(node, params))
 }
 
 /// Form-encoded parameters (the API also takes a JSON object).
