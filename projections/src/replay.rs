@@ -83,6 +83,22 @@ pub async fn verify(
             })
         })
         .is_some_and(|at| at >= cursor);
+    let (diffs, skipped) = compare_all(&mut tx, &schema, specs_done).await?;
+    tx.rollback().await?;
+    Ok(ReplayReport {
+        events,
+        diffs,
+        skipped,
+    })
+}
+
+/// Compares every projection table of `schema` with the live one: the tables that differ, and
+/// those not compared because their async projector had not caught up.
+async fn compare_all(
+    tx: &mut PgConnection,
+    schema: &str,
+    specs_done: bool,
+) -> Result<(Vec<TableDiff>, Vec<String>), ProjectionError> {
     let mut skipped = Vec::new();
     let mut diffs = Vec::new();
     for table in TABLES {
@@ -95,9 +111,9 @@ pub async fn verify(
             continue;
         }
         let diff = compare(
-            &mut tx,
+            &mut *tx,
             &comparable(table, "public"),
-            &comparable(table, &schema),
+            &comparable(table, schema),
         )
         .await?;
         if !diff.0.is_empty() || !diff.1.is_empty() {
@@ -108,12 +124,7 @@ pub async fn verify(
             });
         }
     }
-    tx.rollback().await?;
-    Ok(ReplayReport {
-        events,
-        diffs,
-        skipped,
-    })
+    Ok((diffs, skipped))
 }
 
 async fn read_all_visible(
