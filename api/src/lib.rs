@@ -2,8 +2,8 @@
 //! dev, events, audit, bench) and the embedded database they open.
 //!
 //! Modules: `config` (vps.toml + environment), `database` (URL or embedded cluster),
-//! `registry` (every API method declared once), `methods` (one module per group), `rpc`
-//! (authentication, parsing, dispatch), `openapi` (the document generated from the registry),
+//! `request` (the caller, the parsed body), `registry` (what a method is), `methods` (one
+//! module per group, and the registry of them all), `rpc` (dispatch), `openapi` (the document generated from the registry),
 //! `state`, `wait`, `server` (router, background parts), `health`, `telemetry`, `tools` (events, audit),
 //! `bench`, `dev`, `cli`.
 //!
@@ -19,6 +19,7 @@ pub mod health;
 pub mod methods;
 pub mod openapi;
 pub mod registry;
+pub mod request;
 pub mod rpc;
 pub mod server;
 pub mod state;

@@ -10,7 +10,8 @@ use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
 
 use crate::error::ErrorBody;
-use crate::registry::{registry, Method};
+use crate::methods::registry;
+use crate::registry::Method;
 
 /// Every error code with its HTTP status (SPEC §5).
 const ERRORS: &[(&str, &str)] = &[

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::LazyLock;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -15,7 +14,7 @@ use serde_json::Value;
 use vps_commands::Ctx;
 
 use crate::error::ApiError;
-use crate::rpc::{parse, Caller};
+use crate::request::{parse, Caller};
 
 /// Who may call a method. Finer rules (a tenant acts only for itself, a node only for its own
 /// node) are checked by the handler, which knows the ids in the request.
@@ -137,7 +136,8 @@ pub struct Registry {
 }
 
 impl Registry {
-    fn new(methods: Vec<Method>) -> Registry {
+    /// Indexes `methods`; a method declared twice is a bug.
+    pub fn new(methods: Vec<Method>) -> Registry {
         let mut index = HashMap::new();
         for (i, m) in methods.iter().enumerate() {
             let earlier = index.insert(m.full_name(), i);
@@ -157,12 +157,6 @@ impl Registry {
     pub fn methods(&self) -> &[Method] {
         &self.methods
     }
-}
-
-/// The registry of this build's API.
-pub fn registry() -> &'static Registry {
-    static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry::new(crate::methods::all()));
-    &REGISTRY
 }
 
 /// The request of methods that take no parameters: `{}` (or an empty body).

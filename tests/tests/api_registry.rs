@@ -25,7 +25,7 @@ async fn the_document_covers_every_method_with_its_schemas_and_errors() {
         doc["components"]["securitySchemes"]["bearer"]["scheme"],
         "bearer"
     );
-    let methods = vps::registry::registry().methods();
+    let methods = vps::methods::registry().methods();
     assert!(methods.len() >= 38, "{} methods", methods.len());
     for m in methods {
         let path = format!("/api/compute/{}/{}", m.group, m.name);

@@ -16,7 +16,7 @@ use vps_events::Cursor;
 
 use crate::error::ApiError;
 use crate::registry::{Access::Tenant, Call, Method};
-use crate::rpc::{authenticate, Caller};
+use crate::request::{authenticate, Caller};
 use crate::state::AppState;
 
 /// `events.list`.

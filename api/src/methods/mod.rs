@@ -11,7 +11,9 @@ pub mod provider_accounts;
 pub mod webhooks;
 
 use crate::error::ApiError;
-use crate::registry::Method;
+use std::sync::LazyLock;
+
+use crate::registry::{Method, Registry};
 
 /// Every method of the API, group by group.
 pub fn all() -> Vec<Method> {
@@ -28,6 +30,12 @@ pub fn all() -> Vec<Method> {
     .into_iter()
     .flatten()
     .collect()
+}
+
+/// The registry of this build's API.
+pub fn registry() -> &'static Registry {
+    static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry::new(all()));
+    &REGISTRY
 }
 
 /// `NOT_FOUND` for a named resource.

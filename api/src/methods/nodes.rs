@@ -13,7 +13,7 @@ use vps_projections::views;
 use super::missing;
 use crate::error::ApiError;
 use crate::registry::{Access, Call, Items, Method};
-use crate::rpc::Caller;
+use crate::request::Caller;
 
 /// A node by id.
 #[derive(Deserialize, schemars::JsonSchema)]

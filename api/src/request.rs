@@ -1,0 +1,128 @@
+//! What every request is made of before its method runs: who is calling (the bearer token's
+//! identity, or a node's token) and a body parsed into the method's request type.
+
+use axum::http::HeaderMap;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use vps_commands::Actor;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Who is calling.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The identity.
+    pub actor: Actor,
+    /// Set when a node calls with its node token.
+    pub node: Option<String>,
+}
+
+impl Caller {
+    /// Refuses non-operators.
+    pub fn operator(&self) -> Result<(), ApiError> {
+        if self.actor.operator {
+            Ok(())
+        } else {
+            Err(ApiError::new("ACCESS_DENIED", "operators only"))
+        }
+    }
+
+    /// The tenant a call acts for: a tenant identity acts only for its own tenant (another
+    /// tenant's resources are `NOT_FOUND`); an operator names any.
+    pub fn tenant(&self, requested: &str) -> Result<String, ApiError> {
+        match &self.actor.tenant {
+            _ if self.actor.operator => Ok(requested.to_string()),
+            Some(own) if own == requested => Ok(own.clone()),
+            _ => Err(ApiError::new(
+                "NOT_FOUND",
+                format!("tenant {requested} not found"),
+            )),
+        }
+    }
+}
+
+/// Resolves the bearer token: a configured identity, or a node's token.
+pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError::new("UNAUTHENTICATED", "missing Authorization: Bearer <token>"))?;
+    if let Some(id) = state.config.identities.iter().find(|i| i.token == token) {
+        return Ok(Caller {
+            actor: Actor {
+                identity: id.identity.clone(),
+                tenant: id.tenant.clone(),
+                operator: id.operator,
+            },
+            node: None,
+        });
+    }
+    let token_hash = vps_commands::operator::token_hash(token);
+    let node = vps_projections::views::node_by_token_hash(&state.pool, &token_hash).await?;
+    let node = node.ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown token"))?;
+    Ok(Caller {
+        actor: Actor {
+            identity: format!("node:{node}"),
+            tenant: None,
+            operator: false,
+        },
+        node: Some(node),
+    })
+}
+
+/// Parses a JSON body into `T`, naming the offending field. Strings may not hold NUL
+/// characters (PostgreSQL text cannot store them).
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    let value: Value = serde_path_to_error::deserialize(de).map_err(|e| refusal(&e))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("body", "a JSON object"));
+    }
+    if let Some(path) = nul_at(&value, String::new()) {
+        return Err(ApiError::invalid(&path, "contains a NUL character"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| refusal(&e))
+}
+
+fn refusal<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> ApiError {
+    let path = e.path().to_string();
+    let field = if path == "." {
+        "body".to_string()
+    } else {
+        path
+    };
+    ApiError::invalid(&field, e.inner().to_string())
+}
+
+/// The path of the first string (or key) holding a NUL character.
+fn nul_at(value: &Value, path: String) -> Option<String> {
+    match value {
+        Value::String(s) if s.contains('\0') => {
+            Some(if path.is_empty() { "body".into() } else { path })
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| nul_at(v, format!("{path}[{i}]"))),
+        Value::Object(map) => map.iter().find_map(|(k, v)| {
+            let here = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            if k.contains('\0') {
+                Some(here)
+            } else {
+                nul_at(v, here)
+            }
+        }),
+        _ => None,
+    }
+}
