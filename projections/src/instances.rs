@@ -348,112 +348,114 @@ impl NewRows {
         self.instances.push(instance);
     }
 
+    /// Writes every row in one statement: views, allocations, leases (each taking its address
+    /// off the free list) and the summed quota charges, so a batch costs one round trip.
     async fn write(self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
-        store_many(conn, &self.instances).await?;
-        allocate_many(conn, &self.allocations).await?;
-        lease_many(conn, &self.leases).await?;
-        charge_many(conn, &self.charges).await
+        if self.instances.is_empty() {
+            return Ok(());
+        }
+        let all = &self.instances;
+        let text = |f: fn(&Instance) -> String| all.iter().map(f).collect::<Vec<_>>();
+        let allocations = &self.allocations;
+        let shape = |f: fn(&Shape) -> i64| {
+            allocations
+                .iter()
+                .map(|(_, i)| f(&i.shape))
+                .collect::<Vec<_>>()
+        };
+        let charges: Vec<_> = self.charges.iter().filter(|(_, a)| **a != 0).collect();
+        sqlx::query(NEW_ROWS)
+            .bind(text(|i| i.id.clone()))
+            .bind(text(|i| i.tenant_id.clone()))
+            .bind(text(|i| i.pool_id.clone()))
+            .bind(text(|i| i.state.as_str().to_string()))
+            .bind(text(|i| i.desired_state.as_str().to_string()))
+            .bind(all.iter().map(|i| i.node_id.clone()).collect::<Vec<_>>())
+            .bind(text(|i| i.owner_identity_id.clone()))
+            .bind(
+                all.iter()
+                    .map(|i| i.warm_template_id.is_some())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(all.iter().map(Json).collect::<Vec<_>>())
+            .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
+            .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
+            .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>())
+            .bind(
+                allocations
+                    .iter()
+                    .map(|(a, _)| a.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                allocations
+                    .iter()
+                    .map(|(_, i)| i.node_id.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                allocations
+                    .iter()
+                    .map(|(_, i)| i.id.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(shape(|s| s.vcpu as i64))
+            .bind(shape(|s| s.memory_gib as i64))
+            .bind(shape(|s| s.disk_gib as i64))
+            .bind(
+                allocations
+                    .iter()
+                    .map(|(_, i)| i.shape.gpus.as_ref().map(|g| g.model.clone()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(shape(|s| s.gpus.as_ref().map_or(0, |g| g.count as i64)))
+            .bind(self.leases.iter().map(|l| l.0.clone()).collect::<Vec<_>>())
+            .bind(self.leases.iter().map(|l| l.1.clone()).collect::<Vec<_>>())
+            .bind(self.leases.iter().map(|l| l.2.clone()).collect::<Vec<_>>())
+            .bind(
+                charges
+                    .iter()
+                    .map(|((p, _, _), _)| p.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                charges
+                    .iter()
+                    .map(|((_, t, _), _)| t.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                charges
+                    .iter()
+                    .map(|((_, _, r), _)| r.to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(charges.iter().map(|(_, a)| **a).collect::<Vec<_>>())
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 }
 
-async fn store_many(conn: &mut PgConnection, all: &[Instance]) -> Result<(), ProjectionError> {
-    if all.is_empty() {
-        return Ok(());
-    }
-    let col = |f: fn(&Instance) -> String| all.iter().map(f).collect::<Vec<_>>();
-    sqlx::query(
-        "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
-                                owner_identity_id, warm, doc, created_at, updated_at, version)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                              $6::text[], $7::text[], $8::bool[], $9::jsonb[],
-                              $10::timestamptz[], $11::timestamptz[], $12::bigint[])",
-    )
-    .bind(col(|i| i.id.clone()))
-    .bind(col(|i| i.tenant_id.clone()))
-    .bind(col(|i| i.pool_id.clone()))
-    .bind(col(|i| i.state.as_str().to_string()))
-    .bind(col(|i| i.desired_state.as_str().to_string()))
-    .bind(all.iter().map(|i| i.node_id.clone()).collect::<Vec<_>>())
-    .bind(col(|i| i.owner_identity_id.clone()))
-    .bind(
-        all.iter()
-            .map(|i| i.warm_template_id.is_some())
-            .collect::<Vec<_>>(),
-    )
-    .bind(all.iter().map(Json).collect::<Vec<_>>())
-    .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
-    .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
-    .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>())
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-async fn allocate_many(
-    conn: &mut PgConnection,
-    all: &[(String, Instance)],
-) -> Result<(), ProjectionError> {
-    if all.is_empty() {
-        return Ok(());
-    }
-    let shape = |f: fn(&Shape) -> i64| all.iter().map(|(_, i)| f(&i.shape)).collect::<Vec<_>>();
-    sqlx::query(
-        "INSERT INTO node_allocations (id, node_id, instance_id, vcpu, memory_gib, disk_gib, gpu_model, gpus)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[],
-                              $6::bigint[], $7::text[], $8::bigint[])",
-    )
-    .bind(all.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>())
-    .bind(all.iter().map(|(_, i)| i.node_id.clone()).collect::<Vec<_>>())
-    .bind(all.iter().map(|(_, i)| i.id.clone()).collect::<Vec<_>>())
-    .bind(shape(|s| s.vcpu as i64))
-    .bind(shape(|s| s.memory_gib as i64))
-    .bind(shape(|s| s.disk_gib as i64))
-    .bind(all.iter().map(|(_, i)| i.shape.gpus.as_ref().map(|g| g.model.clone())).collect::<Vec<_>>())
-    .bind(shape(|s| s.gpus.as_ref().map_or(0, |g| g.count as i64)))
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-async fn lease_many(
-    conn: &mut PgConnection,
-    all: &[(String, String, String)],
-) -> Result<(), ProjectionError> {
-    if all.is_empty() {
-        return Ok(());
-    }
-    // The leases leave the free list in the same statement.
-    sqlx::query(
-        "WITH l AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS u(pool_id, address, instance_id)),
-              claimed AS (DELETE FROM ip_free f USING l WHERE f.pool_id = l.pool_id AND f.address = l.address)
-         INSERT INTO ip_leases (pool_id, address, instance_id) SELECT pool_id, address, instance_id FROM l",
-    )
-    .bind(all.iter().map(|l| l.0.clone()).collect::<Vec<_>>())
-    .bind(all.iter().map(|l| l.1.clone()).collect::<Vec<_>>())
-    .bind(all.iter().map(|l| l.2.clone()).collect::<Vec<_>>())
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-async fn charge_many(
-    conn: &mut PgConnection,
-    charges: &std::collections::BTreeMap<(String, String, &'static str), i64>,
-) -> Result<(), ProjectionError> {
-    let charges: Vec<_> = charges.iter().filter(|(_, amount)| **amount != 0).collect();
-    if charges.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "INSERT INTO quotas (pool_id, tenant_id, resource, used)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
-         ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used",
-    )
-    .bind(charges.iter().map(|((p, _, _), _)| p.clone()).collect::<Vec<_>>())
-    .bind(charges.iter().map(|((_, t, _), _)| t.clone()).collect::<Vec<_>>())
-    .bind(charges.iter().map(|((_, _, r), _)| r.to_string()).collect::<Vec<_>>())
-    .bind(charges.iter().map(|(_, a)| **a).collect::<Vec<_>>())
-    .execute(conn)
-    .await?;
-    Ok(())
-}
+/// The rows of a batch of new instances, one data-modifying CTE per table.
+const NEW_ROWS: &str = "
+WITH views AS (
+    INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
+                           owner_identity_id, warm, doc, created_at, updated_at, version)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                         $7::text[], $8::bool[], $9::jsonb[], $10::timestamptz[],
+                         $11::timestamptz[], $12::bigint[])
+), allocations AS (
+    INSERT INTO node_allocations (id, node_id, instance_id, vcpu, memory_gib, disk_gib, gpu_model, gpus)
+    SELECT * FROM unnest($13::text[], $14::text[], $15::text[], $16::bigint[], $17::bigint[],
+                         $18::bigint[], $19::text[], $20::bigint[])
+), l AS (
+    SELECT * FROM unnest($21::text[], $22::text[], $23::text[]) AS u(pool_id, address, instance_id)
+), claimed AS (
+    DELETE FROM ip_free f USING l WHERE f.pool_id = l.pool_id AND f.address = l.address
+), leases AS (
+    INSERT INTO ip_leases (pool_id, address, instance_id) SELECT pool_id, address, instance_id FROM l
+)
+INSERT INTO quotas (pool_id, tenant_id, resource, used)
+SELECT * FROM unnest($24::text[], $25::text[], $26::text[], $27::bigint[])
+ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used";

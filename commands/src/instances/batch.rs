@@ -278,30 +278,26 @@ impl Known {
             });
         }
         let (pool_id, tenant) = (input.pool_id.clone(), input.tenant_id.clone());
-        let pool = match self.pools.get(&(pool_id.clone(), tenant.clone())) {
-            Some(pool) => pool.clone(),
-            None => {
-                let pool = facts::offered_pool(tx, &pool_id, &tenant).await?;
-                self.pools
-                    .insert((pool_id.clone(), tenant.clone()), pool.clone());
-                pool
-            }
-        };
         let key = (pool_id.clone(), input.flavor.clone());
-        if !self.shapes.contains_key(&key) {
-            let shape = facts::flavor_shape(tx, &pool_id, &input.flavor).await?;
-            self.shapes.insert(key.clone(), shape);
-        }
         let image = (input.image_id.clone(), tenant.clone());
-        if !self.images.contains_key(&image) {
-            let visible = facts::image_visible(tx, &input.image_id, &tenant).await?;
-            self.images.insert(image.clone(), visible);
-        }
         let quota = (pool_id.clone(), tenant.clone());
-        if !self.quotas.contains_key(&quota) {
-            let read = facts::quota(tx, &pool_id, &tenant).await?;
-            self.quotas.insert(quota.clone(), read);
+        let offer = (pool_id.clone(), tenant.clone());
+        let known = self.pools.contains_key(&offer)
+            && self.shapes.contains_key(&key)
+            && self.images.contains_key(&image)
+            && self.quotas.contains_key(&quota);
+        if !known {
+            // One statement reads them all; what the batch already holds (its bookings on
+            // the quota) is kept.
+            let read = facts::create_facts(tx, input).await?;
+            self.pools.entry(offer.clone()).or_insert(read.pool);
+            self.shapes.entry(key.clone()).or_insert(read.shape);
+            self.images
+                .entry(image.clone())
+                .or_insert(read.image_visible);
+            self.quotas.entry(quota.clone()).or_insert(read.quota);
         }
+        let pool = self.pools[&offer].clone();
         let (quota_max, quota_used) = self.quotas[&quota].clone();
         let mut facts = AdmissionFacts {
             shape: self.shapes[&key].clone(),

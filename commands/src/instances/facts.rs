@@ -30,13 +30,15 @@ pub async fn admission(
             ..AdmissionFacts::default()
         });
     }
-    let pool = offered_pool(tx, &input.pool_id, &input.tenant_id).await?;
+    let read = create_facts(tx, input).await?;
+    let pool = read.pool;
     let mut facts = AdmissionFacts {
-        shape: flavor_shape(tx, &input.pool_id, &input.flavor).await?,
-        image_visible: image_visible(tx, &input.image_id, &input.tenant_id).await?,
+        shape: read.shape,
+        image_visible: read.image_visible,
+        quota_max: read.quota.0,
+        quota_used: read.quota.1,
         ..AdmissionFacts::default()
     };
-    (facts.quota_max, facts.quota_used) = quota(tx, &input.pool_id, &input.tenant_id).await?;
     if let Some(pool) = pool.as_ref().filter(|p| p.kind == PoolKind::Hosted) {
         facts.nodes = candidates(tx, &input.pool_id, None).await?;
         if pool.has_range {
@@ -45,6 +47,82 @@ pub async fn admission(
     }
     facts.pool = pool;
     Ok(facts)
+}
+
+/// What a create names, as it stands: the pool (when offered to the tenant), the flavor's
+/// shape, whether the image is the tenant's to use, and the tenant's quota in the pool.
+pub(super) struct CreateFacts {
+    pub pool: Option<AdmissionPool>,
+    pub shape: Option<Shape>,
+    pub image_visible: bool,
+    pub quota: (Amounts, Amounts),
+}
+
+/// Reads [`CreateFacts`] in one statement.
+pub(super) async fn create_facts(
+    tx: &mut PgConnection,
+    input: &CreateInput,
+) -> Result<CreateFacts, CommandError> {
+    let row = sqlx::query(
+        "SELECT p.class, p.runtime, p.provider_account_id IS NOT NULL, p.ip_cidr IS NOT NULL,
+                EXISTS (SELECT 1 FROM quotas q WHERE q.pool_id = $1 AND q.tenant_id = $2 AND q.offered),
+                (SELECT f.shape FROM flavors f WHERE f.pool_id = $1 AND f.name = $3 AND NOT f.archived),
+                EXISTS (SELECT 1 FROM images i WHERE i.id = $4 AND NOT i.deleted
+                          AND (i.tenant_id = $2 OR i.tenant_id IS NULL)),
+                (SELECT coalesce(jsonb_agg(jsonb_build_array(q.resource, q.max, q.used)), '[]')
+                   FROM quotas q WHERE q.pool_id = $1 AND q.tenant_id = $2)
+           FROM (SELECT 1) AS one LEFT JOIN pools p ON p.id = $1",
+    )
+    .bind(&input.pool_id)
+    .bind(&input.tenant_id)
+    .bind(&input.flavor)
+    .bind(&input.image_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    let offered: bool = row.get(4);
+    let pool = row
+        .get::<Option<String>, _>(0)
+        .filter(|_| offered)
+        .and_then(|class| admission_pool(&class, row.get(1), row.get(2), row.get(3)));
+    let Json(quota_rows): Json<Vec<(String, i64, i64)>> = row.get(7);
+    Ok(CreateFacts {
+        pool,
+        shape: row.get::<Option<Json<Shape>>, _>(5).map(|Json(s)| s),
+        image_visible: row.get(6),
+        quota: amounts(quota_rows),
+    })
+}
+
+/// Quota rows `(resource, max, used)` as maxima and usage.
+fn amounts(rows: Vec<(String, i64, i64)>) -> (Amounts, Amounts) {
+    let (mut max, mut used) = (Amounts::new(), Amounts::new());
+    for (resource, m, u) in rows {
+        if let Some(resource) = QuotaResource::parse(&resource) {
+            max.insert(resource, m.max(0) as u64);
+            used.insert(resource, u.max(0) as u64);
+        }
+    }
+    (max, used)
+}
+
+/// A pool row as admission sees it; `None` for a class admission does not know.
+fn admission_pool(
+    class: &str,
+    runtime: Option<String>,
+    has_account: bool,
+    has_range: bool,
+) -> Option<AdmissionPool> {
+    let kind = match class {
+        "vps-host" => PoolKind::Hosted,
+        "provider" => PoolKind::Provider,
+        _ => return None,
+    };
+    Some(AdmissionPool {
+        kind,
+        runtime: runtime.unwrap_or_else(|| "libvirt-kvm".into()),
+        has_account,
+        has_range,
+    })
 }
 
 /// What a resize of `instance` to `flavor` decides on. The node's row is locked to commit, so
@@ -92,14 +170,6 @@ pub async fn placement(
     Ok((pool, facts))
 }
 
-pub(super) async fn offered_pool(
-    tx: &mut PgConnection,
-    pool_id: &str,
-    tenant_id: &str,
-) -> Result<Option<AdmissionPool>, CommandError> {
-    pool(tx, pool_id, Some(tenant_id)).await
-}
-
 /// A pool; with `tenant`, only when it is offered to that tenant.
 async fn pool(
     tx: &mut PgConnection,
@@ -115,21 +185,7 @@ async fn pool(
     .bind(tenant)
     .fetch_optional(&mut *tx)
     .await?;
-    Ok(row.and_then(|r| {
-        let kind = match r.get::<String, _>(0).as_str() {
-            "vps-host" => PoolKind::Hosted,
-            "provider" => PoolKind::Provider,
-            _ => return None,
-        };
-        Some(AdmissionPool {
-            kind,
-            runtime: r
-                .get::<Option<String>, _>(1)
-                .unwrap_or_else(|| "libvirt-kvm".into()),
-            has_account: r.get(2),
-            has_range: r.get(3),
-        })
-    }))
+    Ok(row.and_then(|r| admission_pool(&r.get::<String, _>(0), r.get(1), r.get(2), r.get(3))))
 }
 
 /// The shape of a pool's flavor that is not archived.
@@ -148,40 +204,20 @@ pub async fn flavor_shape(
     Ok(shape.map(|Json(s)| s))
 }
 
-pub(super) async fn image_visible(
-    tx: &mut PgConnection,
-    image_id: &str,
-    tenant_id: &str,
-) -> Result<bool, CommandError> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM images WHERE id = $1 AND NOT deleted AND (tenant_id = $2 OR tenant_id IS NULL))",
-    )
-    .bind(image_id)
-    .bind(tenant_id)
-    .fetch_one(&mut *tx)
-    .await?)
-}
-
 /// A tenant's quota maxima and usage in a pool.
 pub(super) async fn quota(
     tx: &mut PgConnection,
     pool_id: &str,
     tenant_id: &str,
 ) -> Result<(Amounts, Amounts), CommandError> {
-    let rows =
-        sqlx::query("SELECT resource, max, used FROM quotas WHERE pool_id = $1 AND tenant_id = $2")
-            .bind(pool_id)
-            .bind(tenant_id)
-            .fetch_all(&mut *tx)
-            .await?;
-    let (mut max, mut used) = (Amounts::new(), Amounts::new());
-    for r in &rows {
-        if let Some(resource) = QuotaResource::parse(&r.get::<String, _>(0)) {
-            max.insert(resource, r.get::<i64, _>(1).max(0) as u64);
-            used.insert(resource, r.get::<i64, _>(2).max(0) as u64);
-        }
-    }
-    Ok((max, used))
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT resource, max, used FROM quotas WHERE pool_id = $1 AND tenant_id = $2",
+    )
+    .bind(pool_id)
+    .bind(tenant_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(amounts(rows))
 }
 
 /// Checks that the quota still fits once this transaction's charge `delta` is in it. The
