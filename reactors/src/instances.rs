@@ -42,6 +42,8 @@ pub async fn reconcile(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pas
 async fn pass(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
     let now = Utc::now();
     let mut tx = ctx.pool.begin().await?;
+    // Rows before streams, like host reports: the two never wait for each other in a circle.
+    vps_commands::instances::facts::lock_instance(&mut tx, &item.key).await?;
     let Some(inst) = load(&mut tx, &item.key).await? else {
         return Ok(Next::WhenWoken.into());
     };

@@ -141,6 +141,8 @@ async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandErro
             }
         });
     }
+    let nodes = known.booked_nodes();
+    facts::lock_nodes(&mut tx, &nodes).await?;
     let answers = record(&mut tx, jobs, decided).await?;
     known.confirm(&mut tx).await?;
     commit(ctx, tx).await?;
@@ -258,6 +260,8 @@ struct Known {
     quotas: HashMap<(String, String), (Amounts, Amounts)>,
     nodes: HashMap<String, Vec<NodeCandidate>>,
     addresses: HashMap<String, VecDeque<Ipv4Addr>>,
+    /// Every address the batch claimed, per pool (its locks do not hide them from it).
+    held: HashMap<String, Vec<String>>,
     /// Instances admitted, for the confirmations.
     admitted: Vec<Instance>,
 }
@@ -335,9 +339,12 @@ impl Known {
         tx: &mut PgConnection,
         pool_id: &str,
     ) -> Result<Option<Ipv4Addr>, CommandError> {
+        let held = self.held.entry(pool_id.to_string()).or_default();
         let claimed = self.addresses.entry(pool_id.to_string()).or_default();
         if claimed.is_empty() {
-            claimed.extend(facts::free_addresses(tx, pool_id, MAX_BATCH as i64).await?);
+            let more = facts::free_addresses(tx, pool_id, MAX_BATCH as i64, held).await?;
+            held.extend(more.iter().map(|a| a.to_string()));
+            claimed.extend(more);
         }
         Ok(claimed.front().copied())
     }
@@ -358,6 +365,16 @@ impl Known {
             }
         }
         self.admitted.push(instance.clone());
+    }
+
+    /// The nodes the batch booked, in id order.
+    fn booked_nodes(&self) -> Vec<String> {
+        let nodes: std::collections::BTreeSet<String> = self
+            .admitted
+            .iter()
+            .filter_map(|i| i.node_id.clone())
+            .collect();
+        nodes.into_iter().collect()
     }
 
     /// Confirms, under row locks held to commit, that every node booked still holds its

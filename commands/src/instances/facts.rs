@@ -303,6 +303,28 @@ pub async fn confirm_nodes(tx: &mut PgConnection, node_ids: &[String]) -> Result
     }
 }
 
+/// Locks `node_ids` (in id order) to this transaction's end. Taken before a create's writes,
+/// so creates lock a node before the tenant's quota rows, the order host reports use too.
+pub async fn lock_nodes(tx: &mut PgConnection, node_ids: &[String]) -> Result<(), CommandError> {
+    if !node_ids.is_empty() {
+        sqlx::query("SELECT id FROM nodes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(node_ids)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Locks an instance's row to this transaction's end, before its stream is appended to: the
+/// order host reports and liveness use (rows, then streams), so they never deadlock.
+pub async fn lock_instance(tx: &mut PgConnection, instance_id: &str) -> Result<(), CommandError> {
+    sqlx::query("SELECT 1 FROM instances WHERE id = $1 FOR UPDATE")
+        .bind(instance_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
 /// The nodes `nodes` selects, each with the sums of what its allocations book.
 fn booked(nodes: &str) -> String {
     format!(
@@ -358,37 +380,34 @@ async fn free_address(
     tx: &mut PgConnection,
     pool_id: &str,
 ) -> Result<Option<Ipv4Addr>, CommandError> {
-    for claim in [
-        "SELECT address FROM ip_free WHERE pool_id = $1 ORDER BY address LIMIT 1 FOR UPDATE SKIP LOCKED",
-        "SELECT address FROM ip_free WHERE pool_id = $1 ORDER BY address LIMIT 1 FOR UPDATE",
-    ] {
-        let found: Option<String> = sqlx::query_scalar(claim)
-            .bind(pool_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if let Some(address) = found {
-            return Ok(address.parse().ok());
-        }
-    }
-    Ok(None)
+    Ok(free_addresses(tx, pool_id, 1, &[])
+        .await?
+        .into_iter()
+        .next())
 }
 
-/// Up to `limit` free addresses of the pool, each locked to this transaction's end (see
-/// [`free_address`]); waits for one only when every free row is held.
+/// Up to `limit` free addresses of the pool other than `claimed` (those this transaction
+/// already holds: a lock does not hide a row from its own holder), each locked to this
+/// transaction's end (see [`free_address`]); waits for one only when every free row is held.
 pub(super) async fn free_addresses(
     tx: &mut PgConnection,
     pool_id: &str,
     limit: i64,
+    claimed: &[String],
 ) -> Result<Vec<Ipv4Addr>, CommandError> {
-    let found: Vec<String> = sqlx::query_scalar(
-        "SELECT address FROM ip_free WHERE pool_id = $1 ORDER BY address LIMIT $2 FOR UPDATE SKIP LOCKED",
-    )
-    .bind(pool_id)
-    .bind(limit)
-    .fetch_all(&mut *tx)
-    .await?;
-    if found.is_empty() {
-        return Ok(free_address(tx, pool_id).await?.into_iter().collect());
+    for (claim, limit) in [("FOR UPDATE SKIP LOCKED", limit), ("FOR UPDATE", 1)] {
+        let found: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT address FROM ip_free WHERE pool_id = $1 AND NOT (address = ANY($3))
+              ORDER BY address LIMIT $2 {claim}"
+        ))
+        .bind(pool_id)
+        .bind(limit)
+        .bind(claimed)
+        .fetch_all(&mut *tx)
+        .await?;
+        if !found.is_empty() {
+            return Ok(found.iter().filter_map(|a| a.parse().ok()).collect());
+        }
     }
-    Ok(found.iter().filter_map(|a| a.parse().ok()).collect())
+    Ok(Vec::new())
 }

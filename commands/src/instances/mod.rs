@@ -99,6 +99,8 @@ async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, Com
         Admission::Replay(existing) => return Ok(*existing),
         Admission::Admit(events) => events,
     };
+    let placed = domain::fold_now(&events, now)?.node_id;
+    facts::lock_nodes(&mut tx, &placed.into_iter().collect::<Vec<_>>()).await?;
     let reference = secrets::user_data_ref(id);
     let sealed = user_data(id, input);
     secrets::seal(&mut tx, &ctx.secrets, &reference, id, sealed.as_bytes()).await?;
@@ -203,6 +205,7 @@ async fn change_once(
     change: &Change,
 ) -> Result<Instance, CommandError> {
     let mut tx = ctx.pool.begin().await?;
+    facts::lock_instance(&mut tx, instance_id).await?;
     let instance = visible(&mut tx, tenant_id, instance_id).await?;
     let now = Utc::now();
     let requester = Requester::Api;
