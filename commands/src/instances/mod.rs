@@ -205,6 +205,11 @@ async fn change_once(
     change: &Change,
 ) -> Result<Instance, CommandError> {
     let mut tx = ctx.pool.begin().await?;
+    if matches!(change, Change::Resize(_)) {
+        // A resize locks its node: take it before the instance's row, in the common order.
+        let node = visible(&mut tx, tenant_id, instance_id).await?.node_id;
+        facts::lock_nodes(&mut tx, &node.into_iter().collect::<Vec<_>>()).await?;
+    }
     facts::lock_instance(&mut tx, instance_id).await?;
     let instance = visible(&mut tx, tenant_id, instance_id).await?;
     let now = Utc::now();
