@@ -110,11 +110,11 @@ enum BenchCommand {
         /// Seconds per phase.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
-        /// Concurrent HTTP clients.
-        #[arg(long, default_value_t = 16)]
-        clients: usize,
+        /// Concurrent HTTP clients of each run, one run per count, in order.
+        #[arg(long, value_delimiter = ',', default_value = "1,16")]
+        clients: Vec<usize>,
     },
-    /// Appends vs raw INSERTs, batched appends, follower reads.
+    /// Appends vs raw INSERTs, batched appends, follower reads (medians of the rounds).
     Log {
         /// Seconds per phase.
         #[arg(long, default_value_t = 5.0)]
@@ -122,6 +122,9 @@ enum BenchCommand {
         /// Concurrent writers.
         #[arg(long, default_value_t = 16)]
         writers: usize,
+        /// Rounds of every phase, each in a fresh scratch database.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// Instances created over HTTP until all run on emulated hosts vs bare log appends.
     Converge {
@@ -137,7 +140,7 @@ enum BenchCommand {
         /// Concurrent HTTP clients (and baseline writers).
         #[arg(long, default_value_t = 16)]
         clients: usize,
-        /// Stop waiting for convergence after this many seconds.
+        /// Stop waiting for convergence after this many seconds (then exit 1).
         #[arg(long, default_value_t = 600.0)]
         timeout: f64,
     },
@@ -242,18 +245,23 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Api { seconds, clients } => {
             let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::api::ApiBench {
-                clients: clients.max(1),
+                clients: clients.into_iter().map(|c| c.max(1)).collect(),
                 seconds: seconds.clamp(0.5, 600.0),
             };
             crate::bench::api::run(&url, &options).await?;
             Ok(0)
         }
-        BenchCommand::Log { seconds, writers } => {
+        BenchCommand::Log {
+            seconds,
+            writers,
+            rounds,
+        } => {
             let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::log::LogBench {
                 writers: writers.max(1),
                 seconds: seconds.clamp(0.5, 600.0),
                 batch: 100,
+                rounds: rounds.clamp(1, 100),
             };
             crate::bench::log::run(&url, &options).await?;
             Ok(0)
@@ -273,8 +281,9 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
                 clients: clients.max(1),
                 timeout: std::time::Duration::from_secs_f64(timeout.clamp(1.0, 86_400.0)),
             };
-            crate::bench::converge::run(&url, &options).await?;
-            Ok(0)
+            Ok(exit_code(
+                crate::bench::converge::run(&url, &options).await?,
+            ))
         }
         BenchCommand::ConvergeHosts { url, boot_ms } => {
             crate::bench::converge::hosts_process(&url, std::time::Duration::from_millis(boot_ms))

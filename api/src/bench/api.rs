@@ -1,123 +1,143 @@
-//! `vps bench api`: `instances.create` (placed, quota charged, address leased) from 16
-//! concurrent clients over HTTP on loopback, against single-event appends by 16 writers in the
-//! same run (the baseline: what the log alone sustains).
+//! `vps bench api`: `instances.create` (placed, quota charged, address leased) over HTTP on
+//! loopback, one run per client count (`--clients 1,16`: one client alone, then 16 at once),
+//! against single-event appends by as many writers as the largest client count in the same
+//! run (the baseline: what the log alone sustains).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{json, Value};
 use vps_events::Notifier;
 
-use super::log::single_appends;
-use super::{percentile, Scratch};
-use crate::config::{Config, IdentityConfig};
-
-const TOKEN: &str = "bench-tenant-token";
+use super::{percentile, round, single_appends, Creates, HostedServer, Scratch};
 
 /// Knobs.
 #[derive(Debug, Clone)]
 pub struct ApiBench {
-    /// Concurrent HTTP clients.
-    pub clients: usize,
-    /// How long each phase runs.
+    /// Concurrent HTTP clients of each run, in order.
+    pub clients: Vec<usize>,
+    /// How long the baseline and each run last.
     pub seconds: f64,
 }
 
-/// Runs both phases and prints the figures, JSON line last.
+impl ApiBench {
+    fn most_clients(&self) -> usize {
+        self.clients.iter().copied().max().unwrap_or(1)
+    }
+}
+
+/// Runs the baseline and every run and prints the figures, JSON line last.
 pub async fn run(server_url: &str, options: &ApiBench) -> anyhow::Result<()> {
-    let scratch = Scratch::create(server_url, options.clients as u32 + 8).await?;
+    let scratch = Scratch::create(server_url, options.most_clients() as u32 + 8).await?;
     let result = phases(&scratch, options).await;
     scratch.drop_database().await?;
     println!("{}", serde_json::to_string(&result?)?);
     Ok(())
 }
 
-async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<serde_json::Value> {
+async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<Value> {
     let duration = Duration::from_secs_f64(o.seconds);
+    let writers = o.most_clients();
     let notifier = Notifier::start(scratch.pool.clone());
-    let baseline = single_appends(&scratch.pool, &notifier, o.clients, duration).await?;
+    let baseline = single_appends(&scratch.pool, &notifier, writers, duration, "single").await?;
     let append_tps = baseline.per_second();
-    println!(
-        "single-event appends ({} writers): {append_tps:>8.0} /s",
-        o.clients
-    );
+    println!("single-event appends ({writers} writers): {append_tps:>8.0} /s");
 
-    let mut config = Config::default();
-    config.http.listen = "127.0.0.1:0".into();
-    config.identities = vec![
-        IdentityConfig {
-            token: "bench-operator-token".into(),
-            identity: "id_bench_op".into(),
-            operator: true,
-            tenant: None,
-        },
-        IdentityConfig {
-            token: TOKEN.into(),
-            identity: "id_bench".into(),
-            operator: false,
-            tenant: Some("bench".into()),
-        },
-    ];
-    let server = crate::server::start(config, scratch.pool.clone()).await?;
-    let ctx = crate::server::reactor_ctx(&server.state, "bench");
+    let (config, token) = super::server_config();
     let spec = super::BenchPool {
         nodes: 64,
         node_size: 256,
         quota: 1_000_000,
     };
-    let (pool_id, _nodes) = super::setup_hosted_pool(&ctx, &spec).await?;
+    let hosted = HostedServer::start(&scratch.pool, config, &spec).await?;
+    let creates = Creates::new(
+        reqwest::Client::new(),
+        &hosted.server.url(),
+        &token,
+        &hosted.pool_id,
+    );
+    let mut runs = Vec::new();
+    let mut ratio_16 = None;
+    for (i, &clients) in o.clients.iter().enumerate() {
+        let r = match create_run(&creates, i, clients, duration).await {
+            Ok(r) => r,
+            Err(e) => {
+                hosted.server.shutdown().await;
+                return Err(e);
+            }
+        };
+        let ratio = r.per_second / append_tps;
+        println!(
+            "instances.create ({clients:>2} clients): {:>8.0} /s  p50 {:.2} ms  p99 {:.2} ms  \
+             ({} creates; ratio to appends {ratio:.3})",
+            r.per_second, r.p50_ms, r.p99_ms, r.count
+        );
+        if clients == 16 {
+            ratio_16 = Some(round(ratio, 3));
+        }
+        runs.push(json!({
+            "clients": clients,
+            "p50_ms": round(r.p50_ms, 2),
+            "p99_ms": round(r.p99_ms, 2),
+            "creates_per_s": round(r.per_second, 0),
+            "creates": r.count,
+            "ratio": round(ratio, 3),
+        }));
+    }
+    hosted.server.shutdown().await;
+    Ok(json!({
+        "runs": runs,
+        "append_tps": round(append_tps, 0),
+        "append_writers": writers,
+        "ratio_16": ratio_16,
+        "seconds_per_run": o.seconds,
+    }))
+}
 
-    let http = reqwest::Client::new();
-    let url = format!("{}/api/compute/instances/create", server.url());
-    let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
+/// What one run measured.
+struct CreateRun {
+    count: usize,
+    per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// Run `run` of the benchmark: `clients` clients each creating one instance after another
+/// for `duration`; any answer but success fails it.
+async fn create_run(
+    creates: &Creates,
+    run: usize,
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<CreateRun> {
     let started = Instant::now();
     let deadline = started + duration;
-    let mut clients = Vec::new();
-    for c in 0..o.clients {
-        let (http, url, pool_id, latencies) = (
-            http.clone(),
-            url.clone(),
-            pool_id.clone(),
-            latencies.clone(),
-        );
-        clients.push(tokio::spawn(async move {
-            let mut n = 0;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let creates = creates.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies_ms = Vec::new();
             while Instant::now() < deadline {
-                let body = json!({ "tenantId": super::TENANT, "poolId": pool_id, "flavor": super::FLAVOR, "imageId": super::IMAGE,
-                                   "idempotencyKey": format!("bench-{c}-{n}") });
+                let key = format!("bench-{run}-{c}-{}", latencies_ms.len());
                 let t0 = Instant::now();
-                let response = http.post(&url).bearer_auth(TOKEN).json(&body).send().await?;
+                let response = creates.send(&key).await?;
                 let status = response.status();
                 let _ = response.bytes().await?;
                 anyhow::ensure!(status.is_success(), "instances.create answered {status}");
-                latencies.lock().expect("not poisoned").push(t0.elapsed().as_secs_f64() * 1000.0);
-                n += 1;
+                latencies_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
             }
-            anyhow::Ok(())
+            anyhow::Ok(latencies_ms)
         }));
     }
-    for c in clients {
-        c.await??;
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await??);
     }
     let elapsed = started.elapsed().as_secs_f64();
-    server.shutdown().await;
-    let mut samples = latencies.lock().expect("not poisoned").clone();
     samples.sort_by(f64::total_cmp);
-    let creates = samples.len() as f64 / elapsed;
-    let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
-    println!(
-        "instances.create ({} clients):     {creates:>8.0} /s  p50 {p50:.2} ms  p99 {p99:.2} ms",
-        o.clients
-    );
-    let ratio = creates / append_tps;
-    println!("ratio creates/appends: {ratio:.2}");
-    Ok(json!({
-        "creates_per_s": creates.round(),
-        "p50_ms": (p50 * 100.0).round() / 100.0,
-        "p99_ms": (p99 * 100.0).round() / 100.0,
-        "append_tps": append_tps.round(),
-        "ratio": (ratio * 1000.0).round() / 1000.0,
-        "creates": samples.len(),
-        "clients": o.clients,
-    }))
+    Ok(CreateRun {
+        count: samples.len(),
+        per_second: samples.len() as f64 / elapsed,
+        p50_ms: percentile(&samples, 0.5),
+        p99_ms: percentile(&samples, 0.99),
+    })
 }

@@ -5,6 +5,9 @@
 //! transaction), so the ratio says what the whole path (API, quota, placement, IP leases,
 //! reconciler, node specs, host reports) costs over the bare log writes it makes.
 //!
+//! It gives up after `--timeout`: the figures then say how many instances were running, and
+//! `vps` exits 1.
+//!
 //! The emulated hosts run in a child process (`vps bench converge-hosts`, the same binary), so
 //! the server's peak RSS (`VmHWM` of this process) does not include them; the hosts' own peak
 //! is reported separately. This process also holds the 16 HTTP clients and the progress
@@ -22,11 +25,7 @@ use sqlx::{PgPool, Row};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use vps_events::{append, ExpectedVersion, Metadata, NewEvent, Notifier};
 
-use super::Scratch;
-use crate::config::{Config, IdentityConfig};
-
-/// The tenant the instances belong to.
-use super::{FLAVOR, IMAGE, TENANT};
+use super::{round, run_writers, Creates, HostedServer, Rate, Scratch, Stop, TENANT};
 
 /// Knobs.
 #[derive(Debug, Clone)]
@@ -43,50 +42,23 @@ pub struct ConvergeBench {
     pub timeout: Duration,
 }
 
-/// Runs the benchmark and prints the figures, JSON line last.
-pub async fn run(server_url: &str, o: &ConvergeBench) -> anyhow::Result<()> {
+/// Runs the benchmark and prints the figures, JSON line last; returns whether every instance
+/// ran before the timeout.
+pub async fn run(server_url: &str, o: &ConvergeBench) -> anyhow::Result<bool> {
     // The server's pool, as `vps serve` sizes it, plus room for the progress poller.
     let scratch = Scratch::create(server_url, 32).await?;
     let result = phases(&scratch, o).await;
     scratch.drop_database().await?;
     let figures = result?;
     println!("{}", serde_json::to_string(&figures)?);
-    Ok(())
-}
-
-fn server_config(operator: &str, tenant: &str) -> Config {
-    use base64::Engine;
-    let mut config = Config::default();
-    config.http.listen = "127.0.0.1:0".into();
-    config.secrets.key =
-        Some(base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>()));
-    config.identities = vec![
-        IdentityConfig {
-            token: operator.into(),
-            identity: "id_bench_operator".into(),
-            operator: true,
-            tenant: None,
-        },
-        IdentityConfig {
-            token: tenant.into(),
-            identity: "id_bench".into(),
-            operator: false,
-            tenant: Some(TENANT.into()),
-        },
-    ];
-    // Fast enough that a transitional instance is looked at again within a second.
-    config.timings.transitional_look = 1.0;
-    config.timings.unschedulable_retry = 1.0;
-    config
+    Ok(figures["converged"] == json!(true))
 }
 
 async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
-    let tenant_token = format!("tk_{}", hex::encode(rand::random::<[u8; 16]>()));
-    let operator_token = format!("op_{}", hex::encode(rand::random::<[u8; 16]>()));
-    let config = server_config(&operator_token, &tenant_token);
-    let server = crate::server::start(config, scratch.pool.clone()).await?;
-    let url = server.url();
-    let ctx = crate::server::reactor_ctx(&server.state, "bench");
+    let (mut config, tenant_token) = super::server_config();
+    // Fast enough that a transitional instance is looked at again within a second.
+    config.timings.transitional_look = 1.0;
+    config.timings.unschedulable_retry = 1.0;
 
     let setup = Instant::now();
     // Nodes twice as big as their share, so placement never runs out of room.
@@ -96,7 +68,12 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
         node_size: (share * 2).clamp(8, 4096),
         quota: (o.instances as u64 * 2).max(16),
     };
-    let (pool_id, nodes) = super::setup_hosted_pool(&ctx, &spec).await?;
+    let HostedServer {
+        server,
+        pool_id,
+        nodes,
+    } = HostedServer::start(&scratch.pool, config, &spec).await?;
+    let url = server.url();
     println!(
         "setup: pool, flavor, image and {} nodes in {:.1} s",
         nodes.len(),
@@ -104,7 +81,13 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
     );
     let rss_before_hosts = proc_status_kb("self", "VmRSS").unwrap_or(0);
 
-    let mut hosts = HostsProcess::start(&url, &nodes, o.boot).await?;
+    let mut hosts = match HostsProcess::start(&url, &nodes, o.boot).await {
+        Ok(hosts) => hosts,
+        Err(e) => {
+            server.shutdown().await;
+            return Err(e);
+        }
+    };
     // Let every host take its first spec before the clock starts.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
@@ -162,7 +145,7 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
         println!("  {what:<28} {at:>7.1} s");
     }
     println!("  log and queue: {counters}");
-    let mb = |kb: u64| (kb as f64 / 1024.0 * 10.0).round() / 10.0;
+    let mb = |kb: u64| round(kb as f64 / 1024.0, 1);
     println!(
         "server process RSS: {:.1} MB before hosts started, {:.1} MB peak (VmHWM; the emulated \
          hosts run in a child process: {:.1} MB peak)",
@@ -174,25 +157,28 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
     let template = created_event_template(&scratch.pool).await?;
     let baseline = baseline_appends(&scratch.pool, &template, o.instances, o.clients).await?;
     println!(
-        "baseline: {} instance.created-sized single-event appends by {} writers in {baseline:.2} s ({:.0}/s)",
-        o.instances,
+        "baseline: {} instance.created-sized single-event appends by {} writers in {:.2} s ({:.0}/s)",
+        baseline.count,
         o.clients,
-        o.instances as f64 / baseline
+        baseline.seconds,
+        baseline.per_second()
     );
-    let ratio = converge_seconds.map(|c| c / baseline);
+    let ratio = converge_seconds.map(|c| c / baseline.seconds);
     if let Some(r) = ratio {
         println!("ratio converge/baseline: {r:.1}");
     }
-    let round = |x: f64, d: f64| (x * d).round() / d;
     Ok(json!({
-        "converge_seconds": converge_seconds.map(|s| round(s, 100.0)),
+        "converged": converge_seconds.is_some(),
+        "seconds": converge_seconds.map(|s| round(s, 2)),
+        "running": running,
         "instances": o.instances,
         "hosts": o.hosts,
         "peak_rss_mb": mb(server_peak_kb),
-        "baseline_append_seconds": round(baseline, 1000.0),
-        "ratio": ratio.map(|r| round(r, 100.0)),
-        "running": running,
-        "create_seconds": round(created_seconds, 100.0),
+        "baseline_append_seconds": round(baseline.seconds, 3),
+        "append_tps": round(baseline.per_second(), 0),
+        "ratio": ratio.map(|r| round(r, 2)),
+        "timeout_seconds": o.timeout.as_secs_f64(),
+        "create_seconds": round(created_seconds, 2),
         "rss_before_hosts_mb": mb(rss_before_hosts),
         "hosts_peak_rss_mb": mb(hosts_peak_kb),
         "boot_ms": o.boot.as_millis() as u64,
@@ -214,13 +200,12 @@ async fn create_instances(
         .pool_max_idle_per_host(o.clients)
         .timeout(Duration::from_secs(60))
         .build()?;
+    let creates = Creates::new(http, url, token, pool_id);
     let next = Arc::new(AtomicUsize::new(0));
     let retried = Arc::new(AtomicUsize::new(0));
-    let endpoint = format!("{url}/api/compute/instances/create");
     let mut tasks = Vec::new();
     for _ in 0..o.clients {
-        let (http, next, retried) = (http.clone(), next.clone(), retried.clone());
-        let (endpoint, token, pool_id) = (endpoint.clone(), token.to_string(), pool_id.to_string());
+        let (creates, next, retried) = (creates.clone(), next.clone(), retried.clone());
         let total = o.instances;
         tasks.push(tokio::spawn(async move {
             loop {
@@ -231,17 +216,11 @@ async fn create_instances(
                 if n >= total {
                     return anyhow::Ok(());
                 }
-                let body = json!({ "tenantId": TENANT, "poolId": pool_id, "flavor": FLAVOR,
-                    "imageId": IMAGE, "idempotencyKey": format!("bench-{n}") });
+                let key = format!("bench-{n}");
                 let mut tries = 0;
                 loop {
                     tries += 1;
-                    let answer = http
-                        .post(&endpoint)
-                        .bearer_auth(&token)
-                        .json(&body)
-                        .send()
-                        .await;
+                    let answer = creates.send(&key).await;
                     let failure = match answer {
                         Ok(r) if r.status().is_success() => break,
                         Ok(r) if r.status().is_client_error() => {
@@ -375,51 +354,35 @@ async fn created_event_template(pool: &PgPool) -> anyhow::Result<(Value, Value)>
     })
 }
 
-/// Seconds to append `count` single-event transactions from `writers` writers, each event a
-/// new stream like an instance's first event.
+/// `count` single-event transactions from `writers` writers, each event a new stream like an
+/// instance's first event.
 async fn baseline_appends(
     pool: &PgPool,
     template: &(Value, Value),
     count: usize,
     writers: usize,
-) -> anyhow::Result<f64> {
-    let metadata: Metadata = serde_json::from_value(template.1.clone()).unwrap_or_default();
-    let notifier = Notifier::local_only();
-    let next = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..writers {
-        let (pool, notifier, next) = (pool.clone(), notifier.clone(), next.clone());
-        let (data, metadata) = (template.0.clone(), metadata.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n >= count {
-                    return anyhow::Ok(());
-                }
-                let event = NewEvent {
-                    id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
-                    event_type: "instance.created".into(),
-                    data: data.clone(),
-                    metadata: metadata.clone(),
-                };
-                let mut tx = pool.begin().await?;
-                append(
-                    &mut tx,
-                    &format!("bench-baseline-{n}"),
-                    ExpectedVersion::NoStream,
-                    &[event],
-                )
-                .await?;
-                tx.commit().await?;
-                notifier.committed();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(started.elapsed().as_secs_f64())
+) -> anyhow::Result<Rate> {
+    let (data, metadata) = template.clone();
+    let metadata: Metadata = serde_json::from_value(metadata).unwrap_or_default();
+    let (pool, notifier) = (pool.clone(), Notifier::local_only());
+    run_writers(writers, Stop::Total(count as u64), move |w, n| {
+        let (pool, notifier) = (pool.clone(), notifier.clone());
+        let event = NewEvent {
+            id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+            event_type: "instance.created".into(),
+            data: data.clone(),
+            metadata: metadata.clone(),
+        };
+        async move {
+            let mut tx = pool.begin().await?;
+            let stream = format!("bench-baseline-{w}-{n}");
+            append(&mut tx, &stream, ExpectedVersion::NoStream, &[event]).await?;
+            tx.commit().await?;
+            notifier.committed();
+            Ok(1)
+        }
+    })
+    .await
 }
 
 /// `Name:   123 kB` from `/proc/<pid>/status`, in kB.

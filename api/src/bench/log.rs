@@ -1,16 +1,15 @@
 //! `vps bench log`: single-event appends by 16 concurrent writers against plain single-row
 //! INSERT transactions by 16 writers (the baseline), batched appends, and a full read by a
-//! follower.
+//! follower; `--rounds` rounds (3), each in a fresh scratch database, and the median of each
+//! figure over the rounds.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{json, Value};
 use sqlx::PgPool;
-use vps_events::{append, ExpectedVersion, Follower, Metadata, NewEvent, Notifier};
+use vps_events::{append, ExpectedVersion, Follower, NewEvent, Notifier};
 
-use super::Scratch;
+use super::{median, new_event, round, run_writers, single_appends, Scratch, Stop};
 
 /// Knobs.
 #[derive(Debug, Clone)]
@@ -21,32 +20,83 @@ pub struct LogBench {
     pub seconds: f64,
     /// Events per batched append.
     pub batch: usize,
+    /// Rounds of every phase; the figures reported are their medians.
+    pub rounds: usize,
 }
 
-pub(super) fn new_event(n: u64) -> NewEvent {
-    NewEvent {
-        id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
-        event_type: "bench.appended".into(),
-        data: json!({ "n": n, "state": "running", "tenantId": "bench" }),
-        metadata: Metadata {
-            actor: Some("id_bench".into()),
-            tenant_id: Some("bench".into()),
-            ..Metadata::default()
-        },
+/// One round's figures.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    append_tps: f64,
+    raw_insert_tps: f64,
+    /// `append_tps / raw_insert_tps` of the same round.
+    ratio: f64,
+    batched_events_per_s: f64,
+    follow_events_per_s: f64,
+}
+
+impl Figures {
+    fn print(&self, label: &str) {
+        println!(
+            "{label:<8} appends {:>6.0} tx/s  raw INSERTs {:>6.0} tx/s  ratio {:.2}  \
+             batched {:>7.0} events/s  follower {:>7.0} events/s",
+            self.append_tps,
+            self.raw_insert_tps,
+            self.ratio,
+            self.batched_events_per_s,
+            self.follow_events_per_s
+        );
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "append_tps": round(self.append_tps, 0),
+            "raw_insert_tps": round(self.raw_insert_tps, 0),
+            "ratio": round(self.ratio, 3),
+            "batched_events_per_s": round(self.batched_events_per_s, 0),
+            "follow_events_per_s": round(self.follow_events_per_s, 0),
+        })
+    }
+
+    /// Each figure's median over `rounds` (the ratio too: the median of the rounds' ratios).
+    fn medians(rounds: &[Figures]) -> Figures {
+        let of = |f: fn(&Figures) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
+        Figures {
+            append_tps: of(|r| r.append_tps),
+            raw_insert_tps: of(|r| r.raw_insert_tps),
+            ratio: of(|r| r.ratio),
+            batched_events_per_s: of(|r| r.batched_events_per_s),
+            follow_events_per_s: of(|r| r.follow_events_per_s),
+        }
     }
 }
 
-/// Runs every phase and prints the figures, JSON line last.
-pub async fn run(server_url: &str, options: &LogBench) -> anyhow::Result<()> {
-    let scratch = Scratch::create(server_url, options.writers as u32 + 4).await?;
-    let result = phases(&scratch.pool, options).await;
-    scratch.drop_database().await?;
-    let figures = result?;
-    println!("{}", serde_json::to_string(&figures)?);
+/// Runs every round and prints each round's figures and the medians, JSON line last.
+pub async fn run(server_url: &str, o: &LogBench) -> anyhow::Result<()> {
+    println!(
+        "{} writers, {} s per phase, {} events per batched append, {} rounds",
+        o.writers, o.seconds, o.batch, o.rounds
+    );
+    let mut rounds = Vec::with_capacity(o.rounds);
+    for r in 1..=o.rounds {
+        let scratch = Scratch::create(server_url, o.writers as u32 + 4).await?;
+        let result = phases(&scratch.pool, o).await;
+        scratch.drop_database().await?;
+        let figures = result?;
+        figures.print(&format!("round {r}"));
+        rounds.push(figures);
+    }
+    let medians = Figures::medians(&rounds);
+    medians.print("median");
+    let mut line = medians.json();
+    line["rounds"] = rounds.iter().map(Figures::json).collect();
+    line["writers"] = json!(o.writers);
+    line["seconds_per_phase"] = json!(o.seconds);
+    println!("{}", serde_json::to_string(&line)?);
     Ok(())
 }
 
-async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value> {
+async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<Figures> {
     sqlx::query(
         "CREATE TABLE bench_raw (id bigserial PRIMARY KEY, stream text NOT NULL,
              version bigint NOT NULL, event_id text NOT NULL UNIQUE, type text NOT NULL,
@@ -57,7 +107,7 @@ async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value
     let duration = Duration::from_secs_f64(o.seconds);
     let notifier = Notifier::start(pool.clone());
 
-    let raw = run_writers(o.writers, duration, {
+    let raw = run_writers(o.writers, Stop::After(duration), {
         let pool = pool.clone();
         move |w, n| {
             let pool = pool.clone();
@@ -82,21 +132,11 @@ async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value
         }
     })
     .await?;
-    let raw_tps = raw.per_second();
-    println!(
-        "raw INSERT transactions ({} writers): {raw_tps:>10.0} tx/s",
-        o.writers
-    );
 
-    let appended = single_appends(pool, &notifier, o.writers, duration).await?;
-    let append_tps = appended.per_second();
-    println!(
-        "single-event appends ({} writers):  {append_tps:>10.0} tx/s",
-        o.writers
-    );
+    let appended = single_appends(pool, &notifier, o.writers, duration, "single").await?;
 
     let batch = o.batch as u64;
-    let batched = run_writers(o.writers, duration, {
+    let batched = run_writers(o.writers, Stop::After(duration), {
         let (pool, notifier) = (pool.clone(), notifier.clone());
         move |w, n| {
             let (pool, notifier) = (pool.clone(), notifier.clone());
@@ -116,11 +156,6 @@ async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value
         }
     })
     .await?;
-    let batched_eps = batched.per_second();
-    println!(
-        "batched appends ({} per append):    {batched_eps:>10.0} events/s",
-        o.batch
-    );
 
     // Let every writer's transaction end so the whole log is below the horizon.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -134,90 +169,12 @@ async fn phases(pool: &PgPool, o: &LogBench) -> anyhow::Result<serde_json::Value
         read += page.len() as u64;
     }
     let follow_eps = read as f64 / started.elapsed().as_secs_f64();
-    println!("follower full read ({read} events):  {follow_eps:>10.0} events/s");
 
-    let ratio = append_tps / raw_tps;
-    println!("ratio append/raw: {ratio:.2}");
-    Ok(json!({
-        "append_tps": append_tps.round(),
-        "raw_insert_tps": raw_tps.round(),
-        "ratio": (ratio * 1000.0).round() / 1000.0,
-        "batched_events_per_s": batched_eps.round(),
-        "follow_events_per_s": follow_eps.round(),
-        "writers": o.writers,
-        "seconds_per_phase": o.seconds,
-    }))
-}
-
-/// `writers` writers appending one event per transaction, each to its own stream, for
-/// `duration`: what the log alone sustains (the baseline of other benchmarks too).
-pub(super) async fn single_appends(
-    pool: &PgPool,
-    notifier: &Notifier,
-    writers: usize,
-    duration: Duration,
-) -> anyhow::Result<Rate> {
-    let (pool, notifier) = (pool.clone(), notifier.clone());
-    run_writers(writers, duration, move |w, n| {
-        let (pool, notifier) = (pool.clone(), notifier.clone());
-        async move {
-            let mut tx = pool.begin().await?;
-            let expected = if n == 0 {
-                ExpectedVersion::NoStream
-            } else {
-                ExpectedVersion::Exact(n as i64)
-            };
-            append(&mut tx, &format!("single-{w}"), expected, &[new_event(n)]).await?;
-            tx.commit().await?;
-            notifier.committed();
-            Ok(1)
-        }
+    Ok(Figures {
+        append_tps: appended.per_second(),
+        raw_insert_tps: raw.per_second(),
+        ratio: appended.per_second() / raw.per_second(),
+        batched_events_per_s: batched.per_second(),
+        follow_events_per_s: follow_eps,
     })
-    .await
-}
-
-/// Runs `writers` loops of `op(writer, iteration)` for `duration`; returns the summed counts.
-pub(super) async fn run_writers<F, Fut>(
-    writers: usize,
-    duration: Duration,
-    op: F,
-) -> anyhow::Result<Rate>
-where
-    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = anyhow::Result<u64>> + Send,
-{
-    let total = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let deadline = Instant::now() + duration;
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let (op, total) = (op.clone(), total.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut n = 0;
-            while Instant::now() < deadline {
-                total.fetch_add(op(w, n).await?, Ordering::Relaxed);
-                n += 1;
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(Rate {
-        count: total.load(Ordering::Relaxed),
-        seconds: started.elapsed().as_secs_f64(),
-    })
-}
-
-/// A count over the time it took.
-pub(super) struct Rate {
-    count: u64,
-    seconds: f64,
-}
-
-impl Rate {
-    pub(super) fn per_second(&self) -> f64 {
-        self.count as f64 / self.seconds
-    }
 }

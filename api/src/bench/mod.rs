@@ -7,8 +7,17 @@ pub mod converge;
 pub mod delivery;
 pub mod log;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use anyhow::Context;
+use serde_json::json;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
+use vps_events::{append, ExpectedVersion, Metadata, NewEvent, Notifier};
+
+use crate::config::{Config, IdentityConfig};
+use crate::server::RunningServer;
 
 /// A scratch database for one benchmark run.
 pub struct Scratch {
@@ -62,6 +71,216 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted[i]
+}
+
+/// Median of unsorted figures (the mean of the middle two of an even count).
+pub fn median(figures: &[f64]) -> f64 {
+    let mut sorted = figures.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// `x` rounded to `decimals` places, for the JSON line.
+pub fn round(x: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (x * scale).round() / scale
+}
+
+/// A count over the time it took.
+#[derive(Debug, Clone, Copy)]
+pub struct Rate {
+    /// What was counted (transactions, events).
+    pub count: u64,
+    /// Seconds it took.
+    pub seconds: f64,
+}
+
+impl Rate {
+    /// Count per second.
+    pub fn per_second(&self) -> f64 {
+        self.count as f64 / self.seconds
+    }
+}
+
+/// When [`run_writers`] stops.
+#[derive(Debug, Clone, Copy)]
+pub enum Stop {
+    /// Every writer stops starting operations after this long.
+    After(Duration),
+    /// The writers share this many operations between them.
+    Total(u64),
+}
+
+/// Runs `writers` loops of `op(writer, iteration)` (iterations count from 0 per writer) until
+/// `stop`; returns the summed counts `op` reports and the time it took.
+pub async fn run_writers<F, Fut>(writers: usize, stop: Stop, op: F) -> anyhow::Result<Rate>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<u64>> + Send,
+{
+    let total = Arc::new(AtomicU64::new(0));
+    let claimed = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (op, total, claimed) = (op.clone(), total.clone(), claimed.clone());
+        tasks.push(tokio::spawn(async move {
+            for n in 0.. {
+                let more = match stop {
+                    Stop::After(duration) => started.elapsed() < duration,
+                    Stop::Total(ops) => claimed.fetch_add(1, Ordering::Relaxed) < ops,
+                };
+                if !more {
+                    break;
+                }
+                total.fetch_add(op(w, n).await?, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(Rate {
+        count: total.load(Ordering::Relaxed),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A small event like an instance's state change (`n` in its data).
+pub fn new_event(n: u64) -> NewEvent {
+    NewEvent {
+        id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+        event_type: "bench.appended".into(),
+        data: json!({ "n": n, "state": "running", "tenantId": TENANT }),
+        metadata: Metadata {
+            actor: Some("id_bench".into()),
+            tenant_id: Some(TENANT.into()),
+            ..Metadata::default()
+        },
+    }
+}
+
+/// The baseline of every benchmark: `writers` writers appending one event per transaction,
+/// each to its own stream `<prefix>-<writer>`, for `duration`: what the log alone sustains.
+pub async fn single_appends(
+    pool: &PgPool,
+    notifier: &Notifier,
+    writers: usize,
+    duration: Duration,
+    prefix: &str,
+) -> anyhow::Result<Rate> {
+    let (pool, notifier, prefix) = (pool.clone(), notifier.clone(), prefix.to_string());
+    run_writers(writers, Stop::After(duration), move |w, n| {
+        let (pool, notifier, stream) = (pool.clone(), notifier.clone(), format!("{prefix}-{w}"));
+        async move {
+            let mut tx = pool.begin().await?;
+            let expected = if n == 0 {
+                ExpectedVersion::NoStream
+            } else {
+                ExpectedVersion::Exact(n as i64)
+            };
+            append(&mut tx, &stream, expected, &[new_event(n)]).await?;
+            tx.commit().await?;
+            notifier.committed();
+            Ok(1)
+        }
+    })
+    .await
+}
+
+/// A server configuration for a benchmark: loopback on a free port, a sealing key, an
+/// operator and a [`TENANT`] identity with fresh random tokens; returns it with the tenant's
+/// token.
+pub fn server_config() -> (Config, String) {
+    use base64::Engine;
+    let token = |prefix: &str| format!("{prefix}_{}", hex::encode(rand::random::<[u8; 16]>()));
+    let tenant_token = token("tk");
+    let mut config = Config::default();
+    config.http.listen = "127.0.0.1:0".into();
+    config.secrets.key =
+        Some(base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>()));
+    config.identities = vec![
+        IdentityConfig {
+            token: token("op"),
+            identity: "id_bench_operator".into(),
+            operator: true,
+            tenant: None,
+        },
+        IdentityConfig {
+            token: tenant_token.clone(),
+            identity: "id_bench".into(),
+            operator: false,
+            tenant: Some(TENANT.into()),
+        },
+    ];
+    (config, tenant_token)
+}
+
+/// A server on the scratch database with the hosted pool of `spec` set up.
+pub struct HostedServer {
+    /// The running server.
+    pub server: RunningServer,
+    /// The pool's id.
+    pub pool_id: String,
+    /// Each node's id and token.
+    pub nodes: Vec<(String, String)>,
+}
+
+impl HostedServer {
+    /// Starts the server and sets up the pool (see [`setup_hosted_pool`]).
+    pub async fn start(pool: &PgPool, config: Config, spec: &BenchPool) -> anyhow::Result<Self> {
+        let server = crate::server::start(config, pool.clone()).await?;
+        let ctx = crate::server::reactor_ctx(&server.state, "bench");
+        match setup_hosted_pool(&ctx, spec).await {
+            Ok((pool_id, nodes)) => Ok(HostedServer {
+                server,
+                pool_id,
+                nodes,
+            }),
+            Err(e) => {
+                server.shutdown().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `instances.create` over HTTP as the [`TENANT`], of one [`FLAVOR`] instance from [`IMAGE`].
+#[derive(Clone)]
+pub struct Creates {
+    http: reqwest::Client,
+    endpoint: String,
+    token: String,
+    pool_id: String,
+}
+
+impl Creates {
+    /// Calls go to `server_url` with `token`, creating in `pool_id`.
+    pub fn new(http: reqwest::Client, server_url: &str, token: &str, pool_id: &str) -> Self {
+        Creates {
+            http,
+            endpoint: format!("{server_url}/api/compute/instances/create"),
+            token: token.to_string(),
+            pool_id: pool_id.to_string(),
+        }
+    }
+
+    /// One call with `idempotency_key`; the answer as it came.
+    pub async fn send(&self, idempotency_key: &str) -> reqwest::Result<reqwest::Response> {
+        let body = json!({ "tenantId": TENANT, "poolId": self.pool_id, "flavor": FLAVOR,
+                           "imageId": IMAGE, "idempotencyKey": idempotency_key });
+        self.http
+            .post(&self.endpoint)
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+    }
 }
 
 /// The benchmarks' tenant, flavor (1 vCPU, 1 GiB, 1 GiB disk) and public image.
