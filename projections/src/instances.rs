@@ -356,15 +356,7 @@ impl NewRows {
         }
         let all = &self.instances;
         let text = |f: fn(&Instance) -> String| all.iter().map(f).collect::<Vec<_>>();
-        let allocations = &self.allocations;
-        let shape = |f: fn(&Shape) -> i64| {
-            allocations
-                .iter()
-                .map(|(_, i)| f(&i.shape))
-                .collect::<Vec<_>>()
-        };
-        let charges: Vec<_> = self.charges.iter().filter(|(_, a)| **a != 0).collect();
-        sqlx::query(NEW_ROWS)
+        let query = sqlx::query(NEW_ROWS)
             .bind(text(|i| i.id.clone()))
             .bind(text(|i| i.tenant_id.clone()))
             .bind(text(|i| i.pool_id.clone()))
@@ -380,7 +372,25 @@ impl NewRows {
             .bind(all.iter().map(Json).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
-            .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>())
+            .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>());
+        self.bind_placements(query).execute(conn).await?;
+        Ok(())
+    }
+
+    /// Binds the allocations, leases and quota charges ($13 to $27) after the views.
+    fn bind_placements<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        let allocations = &self.allocations;
+        let shape = |f: fn(&Shape) -> i64| {
+            allocations
+                .iter()
+                .map(|(_, i)| f(&i.shape))
+                .collect::<Vec<_>>()
+        };
+        let charges: Vec<_> = self.charges.iter().filter(|(_, a)| **a != 0).collect();
+        query
             .bind(
                 allocations
                     .iter()
@@ -431,9 +441,6 @@ impl NewRows {
                     .collect::<Vec<_>>(),
             )
             .bind(charges.iter().map(|(_, a)| **a).collect::<Vec<_>>())
-            .execute(conn)
-            .await?;
-        Ok(())
     }
 }
 
