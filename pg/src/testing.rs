@@ -4,7 +4,10 @@
 //! otherwise a throw-away embedded cluster under `$TMPDIR/vps-test-pg`, shared by every test
 //! process and left running for the next one.
 
+use std::fmt::Debug;
+use std::future::Future;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
@@ -57,6 +60,32 @@ pub async fn fresh_pool(migrator: &sqlx::migrate::Migrator, max_connections: u32
         .await
         .expect("migrate the test database");
     pool
+}
+
+/// Calls `check` every `every` until it answers `Ok`, and returns that value: how tests wait for
+/// background work instead of sleeping. After `within` the test fails, naming `what` and the
+/// last `Err` (what was seen instead).
+pub async fn eventually_every<T, E, F, Fut>(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    mut check: F,
+) -> T
+where
+    E: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("timed out after {within:?} waiting for {what}; last seen: {last:?}")
+            }
+            Err(_) => tokio::time::sleep(every).await,
+        }
+    }
 }
 
 /// `url` with its database name replaced.

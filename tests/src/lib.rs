@@ -312,30 +312,7 @@ impl TestServer {
     }
 }
 
-/// Calls `check` every `every` until it answers `Ok`, and returns that value. After `within`
-/// the test fails, naming `what` and the last `Err` (what was seen instead).
-pub async fn eventually_every<T, E, F, Fut>(
-    what: &str,
-    within: Duration,
-    every: Duration,
-    mut check: F,
-) -> T
-where
-    E: Debug,
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("timed out after {within:?} waiting for {what}; last seen: {last:?}")
-            }
-            Err(_) => tokio::time::sleep(every).await,
-        }
-    }
-}
+pub use vps_pg::testing::eventually_every;
 
 /// [`eventually_every`] at the usual [`POLL`].
 pub async fn eventually<T, E, F, Fut>(what: &str, within: Duration, check: F) -> T

@@ -123,10 +123,7 @@ async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandErro
     let mut tx = ctx.pool.begin().await?;
     let now = Utc::now();
     let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
-    let mut known = Known {
-        existing: vps_projections::instances::load_many(&mut tx, &ids).await?,
-        ..Known::default()
-    };
+    let mut known = Known::load(&mut tx, &ids).await?;
     let mut decided = Vec::with_capacity(jobs.len());
     for job in jobs {
         let facts = known.facts(&mut tx, &job.id, &job.input).await?;
@@ -251,7 +248,7 @@ fn answers(
 
 /// What the batch has read so far, kept up to date with what it admitted.
 #[derive(Default)]
-struct Known {
+pub(super) struct Known {
     /// The instances the batch's ids already name (replays and conflicts).
     existing: HashMap<String, Instance>,
     pools: HashMap<(String, String), Option<AdmissionPool>>,
@@ -260,6 +257,8 @@ struct Known {
     quotas: HashMap<(String, String), (Amounts, Amounts)>,
     nodes: HashMap<String, Vec<NodeCandidate>>,
     addresses: HashMap<String, VecDeque<Ipv4Addr>>,
+    /// How many creates the batch holds: at most that many addresses are claimed at once.
+    creates: usize,
     /// Every address the batch claimed, per pool (its locks do not hide them from it).
     held: HashMap<String, Vec<String>>,
     /// Instances admitted, for the confirmations.
@@ -267,8 +266,17 @@ struct Known {
 }
 
 impl Known {
+    /// What the creates of `ids` start from: the instances those ids already name.
+    pub(super) async fn load(tx: &mut PgConnection, ids: &[String]) -> Result<Known, CommandError> {
+        Ok(Known {
+            existing: vps_projections::instances::load_many(tx, ids).await?,
+            creates: ids.len(),
+            ..Known::default()
+        })
+    }
+
     /// The facts of one create, read where the batch has not read them yet.
-    async fn facts(
+    pub(super) async fn facts(
         &mut self,
         tx: &mut PgConnection,
         id: &str,
@@ -342,7 +350,7 @@ impl Known {
         let held = self.held.entry(pool_id.to_string()).or_default();
         let claimed = self.addresses.entry(pool_id.to_string()).or_default();
         if claimed.is_empty() {
-            let more = facts::free_addresses(tx, pool_id, MAX_BATCH as i64, held).await?;
+            let more = facts::free_addresses(tx, pool_id, self.creates.max(1) as i64, held).await?;
             held.extend(more.iter().map(|a| a.to_string()));
             claimed.extend(more);
         }

@@ -12,42 +12,9 @@ use vps_domain::placement::{NodeCandidate, NodeState};
 use vps_domain::quota::{check, Amounts, Delta};
 use vps_domain::resources::{Capacity, Gpus, QuotaResource, Shape};
 use vps_domain::DomainError;
-use vps_projections::instances::load;
 
 use super::CreateInput;
 use crate::error::CommandError;
-
-/// Reads everything admission decides on for instance `id`.
-pub async fn admission(
-    tx: &mut PgConnection,
-    id: &str,
-    input: &CreateInput,
-) -> Result<AdmissionFacts, CommandError> {
-    let existing = load(tx, id).await?;
-    if existing.is_some() {
-        return Ok(AdmissionFacts {
-            existing,
-            ..AdmissionFacts::default()
-        });
-    }
-    let read = create_facts(tx, input).await?;
-    let pool = read.pool;
-    let mut facts = AdmissionFacts {
-        shape: read.shape,
-        image_visible: read.image_visible,
-        quota_max: read.quota.0,
-        quota_used: read.quota.1,
-        ..AdmissionFacts::default()
-    };
-    if let Some(pool) = pool.as_ref().filter(|p| p.kind == PoolKind::Hosted) {
-        facts.nodes = candidates(tx, &input.pool_id, None).await?;
-        if pool.has_range {
-            facts.free_address = free_address(tx, &input.pool_id).await?;
-        }
-    }
-    facts.pool = pool;
-    Ok(facts)
-}
 
 /// What a create names, as it stands: the pool (when offered to the tenant), the flavor's
 /// shape, whether the image is the tenant's to use, and the tenant's quota in the pool.
@@ -154,7 +121,7 @@ pub async fn placement(
     tx: &mut PgConnection,
     pool_id: &str,
 ) -> Result<(AdmissionPool, AdmissionFacts), CommandError> {
-    let pool = pool(tx, pool_id, None)
+    let pool = pool(tx, pool_id)
         .await?
         .ok_or_else(|| DomainError::NotFound {
             what: format!("pool {pool_id}"),
@@ -170,19 +137,13 @@ pub async fn placement(
     Ok((pool, facts))
 }
 
-/// A pool; with `tenant`, only when it is offered to that tenant.
-async fn pool(
-    tx: &mut PgConnection,
-    pool_id: &str,
-    tenant: Option<&str>,
-) -> Result<Option<AdmissionPool>, CommandError> {
+/// A pool as admission sees it.
+async fn pool(tx: &mut PgConnection, pool_id: &str) -> Result<Option<AdmissionPool>, CommandError> {
     let row = sqlx::query(
-        "SELECT p.class, p.runtime, p.provider_account_id IS NOT NULL, p.ip_cidr IS NOT NULL FROM pools p
-          WHERE p.id = $1 AND ($2::text IS NULL OR EXISTS
-                (SELECT 1 FROM quotas q WHERE q.pool_id = p.id AND q.tenant_id = $2 AND q.offered))",
+        "SELECT class, runtime, provider_account_id IS NOT NULL, ip_cidr IS NOT NULL
+           FROM pools WHERE id = $1",
     )
     .bind(pool_id)
-    .bind(tenant)
     .fetch_optional(&mut *tx)
     .await?;
     Ok(row.and_then(|r| admission_pool(&r.get::<String, _>(0), r.get(1), r.get(2), r.get(3))))

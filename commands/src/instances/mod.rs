@@ -88,7 +88,9 @@ fn user_data(id: &str, input: &CreateInput) -> String {
 
 async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, CommandError> {
     let mut tx = ctx.pool.begin().await?;
-    let facts = facts::admission(&mut tx, id, input).await?;
+    // The batch's facts, for a batch of one.
+    let mut known = batch::Known::load(&mut tx, &[id.to_string()]).await?;
+    let facts = known.facts(&mut tx, id, input).await?;
     let now = Utc::now();
     let events = match domain::admit(
         &facts,

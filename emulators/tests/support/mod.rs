@@ -5,7 +5,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use vps_emulators::{hetzner, proxmox, Fault};
@@ -72,24 +72,15 @@ pub fn create_request(key: &str, offer: &str) -> CreateMachine {
     }
 }
 
-/// Calls `check` every poll until it answers `Ok`, and returns that value. After
-/// [`PATIENCE`] the test fails, naming `what` and the last `Err` (what was seen instead).
-pub async fn poll_until<T, E, F, Fut>(what: &str, mut check: F) -> T
+/// Calls `check` every [`POLL`] until it answers `Ok`; the test fails after [`PATIENCE`],
+/// naming `what` and what was seen instead.
+pub async fn poll_until<T, E, F, Fut>(what: &str, check: F) -> T
 where
     E: Debug,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("timed out after {PATIENCE:?} waiting for {what}; last seen: {last:?}")
-            }
-            Err(_) => tokio::time::sleep(POLL).await,
-        }
-    }
+    vps_pg::testing::eventually_every(what, PATIENCE, POLL, check).await
 }
 
 /// Polls `get` until `done` holds for the machine.

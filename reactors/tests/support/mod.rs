@@ -4,7 +4,7 @@
 
 use std::fmt::Debug;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::PgPool;
 use vps_events::read::read_after;
@@ -21,24 +21,15 @@ pub async fn fresh_log() -> PgPool {
     vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 30).await
 }
 
-/// Calls `check` every [`POLL`] until it answers `Ok`, and returns that value. After `within`
-/// the test fails, naming `what` and the last `Err` (what was seen instead).
-pub async fn eventually_ok<T, E, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+/// Calls `check` every [`POLL`] until it answers `Ok`, and returns that value; the test fails
+/// after `within`, naming `what` and what was seen instead.
+pub async fn eventually_ok<T, E, F, Fut>(what: &str, within: Duration, check: F) -> T
 where
     E: Debug,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let deadline = Instant::now() + within;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("timed out after {within:?} waiting for {what}; last seen: {last:?}")
-            }
-            Err(_) => tokio::time::sleep(POLL).await,
-        }
-    }
+    vps_pg::testing::eventually_every(what, within, POLL, check).await
 }
 
 /// Waits until `condition` holds, failing the test naming `what` after `within`.
