@@ -17,6 +17,7 @@ pub mod operator;
 pub mod pipeline;
 pub mod provider_accounts;
 pub mod record;
+pub mod sandboxes;
 pub mod secrets;
 pub mod webhooks;
 

@@ -14,6 +14,7 @@ use vps_events::ExpectedVersion;
 use crate::context::Ctx;
 use crate::error::CommandError;
 use crate::record::record;
+use crate::sandboxes::follow;
 use crate::secrets;
 
 /// Records `events` on the aggregate's stream (expecting the version `before` was read at)
@@ -64,7 +65,8 @@ pub async fn load<A: Aggregate>(
     Ok(state)
 }
 
-/// Records an instance's events; a deleted instance's sealed secrets go with it.
+/// Records an instance's events; a deleted instance's sealed secrets go with it, and the
+/// sandbox driving it follows in the same transaction.
 pub async fn record_instance(
     ctx: &Ctx,
     tx: &mut PgConnection,
@@ -81,11 +83,17 @@ pub async fn record_instance(
     let deleted = events
         .iter()
         .any(|e| matches!(e, InstanceEvent::Deleted(_)));
-    let after = record_events(ctx, tx, &id, before, events, Some(&tenant)).await?;
+    let outcome = follow::outcome(&events);
+    let after = record_events(ctx, tx, &id, before, events, Some(&tenant))
+        .await?
+        .expect("at least one event");
     if deleted {
         secrets::forget(tx, &id).await?;
     }
-    Ok(after.expect("at least one event"))
+    if let Some(outcome) = outcome.filter(|_| after.sandbox_id.is_some()) {
+        follow::instance_changed(ctx, tx, &after, outcome).await?;
+    }
+    Ok(after)
 }
 
 /// Decides `commands` in turn on `instance` (those the state table refuses are skipped) and

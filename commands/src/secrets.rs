@@ -101,3 +101,61 @@ pub async fn forget(conn: &mut PgConnection, instance_id: &str) -> Result<(), sq
         .await?;
     Ok(())
 }
+
+/// The reference of a tenant's own secret `name`: `secret://<tenant>/<name>`.
+pub fn tenant_secret_ref(tenant_id: &str, name: &str) -> String {
+    format!("secret://{tenant_id}/{name}")
+}
+
+/// The owner column of a tenant's secrets (instances' own secrets carry their instance id).
+fn tenant_owner(tenant_id: &str) -> String {
+    format!("tenant:{tenant_id}")
+}
+
+/// Seals a tenant's secret under its reference, replacing an earlier value (a rotation).
+pub async fn put_tenant(
+    conn: &mut PgConnection,
+    key: &SecretKey,
+    tenant_id: &str,
+    name: &str,
+    value: &[u8],
+) -> Result<String, sqlx::Error> {
+    let reference = tenant_secret_ref(tenant_id, name);
+    let nonce: [u8; 12] = rand::random();
+    let ciphertext = key
+        .cipher()
+        .encrypt(Nonce::from_slice(&nonce), value)
+        .expect("AES-GCM encryption of an in-memory buffer cannot fail");
+    sqlx::query(
+        "INSERT INTO sealed_secrets (ref, instance_id, nonce, ciphertext) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (ref) DO UPDATE SET nonce = excluded.nonce, ciphertext = excluded.ciphertext",
+    )
+    .bind(&reference)
+    .bind(tenant_owner(tenant_id))
+    .bind(nonce.to_vec())
+    .bind(ciphertext)
+    .execute(conn)
+    .await?;
+    Ok(reference)
+}
+
+/// The references among `refs` that name no secret the tenant wrote itself (a platform-made
+/// secret, another tenant's, or none at all).
+pub async fn foreign_refs(
+    conn: &mut PgConnection,
+    tenant_id: &str,
+    refs: &[&str],
+) -> Result<Vec<String>, sqlx::Error> {
+    let found: Vec<String> = sqlx::query_scalar(
+        "SELECT ref FROM sealed_secrets WHERE ref = ANY($1) AND instance_id = $2",
+    )
+    .bind(refs)
+    .bind(tenant_owner(tenant_id))
+    .fetch_all(conn)
+    .await?;
+    Ok(refs
+        .iter()
+        .filter(|r| !found.iter().any(|f| f == *r))
+        .map(|r| r.to_string())
+        .collect())
+}

@@ -19,6 +19,34 @@ pub fn render_cloud_config(hostname: &str, ssh_keys: &[String]) -> String {
     out
 }
 
+/// A sandbox instance's user data: the template's (`base`), plus `/etc/sandbox/env` (root,
+/// mode 0600) holding one `NAME='value'` shell assignment per line when the template names
+/// environment values. The two go as a MIME multi-part document, which cloud-init runs part
+/// by part, so the template's own user data stays as the tenant wrote it.
+pub fn sandbox_user_data(base: &str, env: &[(String, String)]) -> String {
+    if env.is_empty() {
+        return base.to_string();
+    }
+    let file: String = env
+        .iter()
+        .map(|(name, value)| format!("{name}='{}'\n", value.replace('\'', "'\\''")))
+        .collect();
+    let boundary = "==vps-sandbox-env==";
+    let base_type = if base.starts_with("#cloud-config") {
+        "text/cloud-config"
+    } else {
+        "text/x-shellscript"
+    };
+    format!(
+        "Content-Type: multipart/mixed; boundary=\"{boundary}\"\nMIME-Version: 1.0\n\n\
+         --{boundary}\nContent-Type: text/cloud-config; charset=\"utf-8\"\n\n\
+         #cloud-config\nwrite_files:\n  - path: /etc/sandbox/env\n    owner: root:root\n    \
+         permissions: '0600'\n    encoding: b64\n    content: {}\n\
+         --{boundary}\nContent-Type: {base_type}; charset=\"utf-8\"\n\n{base}\n--{boundary}--\n",
+        data_encoding::BASE64.encode(file.as_bytes())
+    )
+}
+
 fn yaml_quoted(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -40,6 +68,24 @@ fn yaml_quoted(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sandbox_env_goes_to_a_root_only_file_beside_the_template_user_data() {
+        let base = "#!/bin/sh\necho hi\n";
+        assert_eq!(sandbox_user_data(base, &[]), base);
+        let env = vec![("TOKEN".to_string(), "it's secret".to_string())];
+        let doc = sandbox_user_data(base, &env);
+        assert!(doc.contains("path: /etc/sandbox/env"));
+        assert!(doc.contains("permissions: '0600'"));
+        assert!(doc.contains("text/x-shellscript"));
+        assert!(!doc.contains("it's secret"), "values are encoded, never in the clear");
+        let encoded = doc
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("content: "))
+            .unwrap();
+        let file = data_encoding::BASE64.decode(encoded.as_bytes()).unwrap();
+        assert_eq!(String::from_utf8(file).unwrap(), "TOKEN='it'\\''s secret'\n");
+    }
     use crate::ids::{hostname_for, instance_id};
 
     #[test]

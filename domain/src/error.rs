@@ -37,6 +37,17 @@ pub enum DomainError {
         /// The instance the key already belongs to.
         instance_id: String,
     },
+    /// Another conflict (`CONFLICT`): a sandbox's idempotency key, an extend in flight. The
+    /// detail names what it conflicts with (`sandboxId`, `reason`).
+    #[error("{message}")]
+    ConflictOn {
+        /// What happened.
+        message: String,
+        /// The `details` key (`sandboxId`, `reason`).
+        key: &'static str,
+        /// Its value.
+        value: String,
+    },
     /// The charge does not fit the tenant's quota in the pool (`QUOTA_EXCEEDED`).
     #[error("quota exceeded for {resource}: requested {requested}, max {max}, used {used}")]
     QuotaExceeded {
@@ -70,7 +81,7 @@ impl DomainError {
             DomainError::InvalidInput { .. } => "INVALID_INPUT",
             DomainError::NotFound { .. } => "NOT_FOUND",
             DomainError::InvalidState { .. } => "INVALID_STATE",
-            DomainError::Conflict { .. } => "CONFLICT",
+            DomainError::Conflict { .. } | DomainError::ConflictOn { .. } => "CONFLICT",
             DomainError::QuotaExceeded { .. } => "QUOTA_EXCEEDED",
             DomainError::CapacityUnavailable { .. } => "CAPACITY_UNAVAILABLE",
             DomainError::Unsupported { .. } => "UNSUPPORTED",
@@ -82,6 +93,7 @@ impl DomainError {
         match self {
             DomainError::InvalidInput { field, .. } => json!({ "field": field }),
             DomainError::Conflict { instance_id } => json!({ "instanceId": instance_id }),
+            DomainError::ConflictOn { key, value, .. } => json!({ *key: value }),
             DomainError::QuotaExceeded {
                 resource,
                 requested,
@@ -112,6 +124,15 @@ impl DomainError {
     pub fn invalid_state(message: impl Into<String>) -> Self {
         DomainError::InvalidState {
             message: message.into(),
+        }
+    }
+
+    /// Shorthand for an [`DomainError::ConflictOn`].
+    pub fn conflict(message: impl Into<String>, key: &'static str, value: impl Into<String>) -> Self {
+        DomainError::ConflictOn {
+            message: message.into(),
+            key,
+            value: value.into(),
         }
     }
 

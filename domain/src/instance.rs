@@ -35,8 +35,10 @@ pub use command::{
 pub use decide::{decide, decide_all, MAX_IDEMPOTENCY_KEY, MAX_SSH_KEYS};
 pub use event::{
     AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
-    InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled, EVENT_TYPES,
+    InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled, Starting,
+    EVENT_TYPES,
 };
+pub use event::starting;
 
 /// After this many re-placements away from refusing hosts, the next refusal fails the instance.
 pub const MAX_EXHAUSTED_REPLACEMENTS: usize = 3;
@@ -111,6 +113,15 @@ pub struct Instance {
     pub sandbox_id: Option<String>,
     /// The template it is a warm instance of.
     pub warm_template_id: Option<String>,
+    /// A warm instance: the template's instance version it was made from.
+    #[serde(default)]
+    pub template_version: Option<u64>,
+    /// When a sandbox claimed it from its template's warm pool.
+    #[serde(default)]
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// A sandbox template's network rule (`InstanceSpec.networkPolicy`).
+    #[serde(default)]
+    pub network_policy: Option<crate::template::Network>,
     /// When it was created (the `instance.created` event's time).
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -186,6 +197,14 @@ impl Instance {
             )
     }
 
+    /// Whether a sandbox may claim it: a warm instance that has settled (`stopped` or
+    /// `paused`) and is not being deleted.
+    pub fn claimable(&self) -> bool {
+        self.warm_template_id.is_some()
+            && matches!(self.state, InstanceState::Stopped | InstanceState::Paused)
+            && self.desired_state != DesiredState::Deleted
+    }
+
     /// Whether `instances.list` hides it (warm instances are hidden).
     pub fn is_warm(&self) -> bool {
         self.warm_template_id.is_some()
@@ -239,6 +258,12 @@ pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc
             inst.addresses = vec![d.address.clone()];
         }
         InstanceEvent::Provisioning(d) => inst.external_id = Some(d.external_id.clone()),
+        InstanceEvent::Starting(d) => {
+            if let Some(owner) = &d.owner_identity_id {
+                inst.owner_identity_id.clone_from(owner);
+                inst.claimed_at = Some(at);
+            }
+        }
         InstanceEvent::Resized(d) => {
             inst.flavor.clone_from(&d.flavor);
             inst.shape = d.shape.clone();
@@ -276,8 +301,7 @@ pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc
             .conditions
             .retain(|c| c.condition_type != d.condition_type),
         InstanceEvent::AddressesChanged(d) => inst.addresses.clone_from(&d.addresses),
-        InstanceEvent::Starting(_)
-        | InstanceEvent::Stopping(_)
+        InstanceEvent::Stopping(_)
         | InstanceEvent::Deleting(_)
         | InstanceEvent::Running(_)
         | InstanceEvent::Stopped(_)
@@ -323,6 +347,9 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         request_hash: d.request_hash.clone(),
         sandbox_id: d.common.sandbox_id.clone(),
         warm_template_id: d.common.warm_template_id.clone(),
+        template_version: d.template_version,
+        claimed_at: None,
+        network_policy: d.network_policy,
         created_at: at,
         updated_at: at,
         version: 1,

@@ -20,6 +20,7 @@
 //! - [`quota`]: whether a charge (or a resize delta) fits a tenant's quota.
 //! - [`ssh_keys`]: OpenSSH public key validation.
 //! - [`cloud_config`]: the default cloud-config user data.
+//! - [`template`], [`sandbox`]: sandbox templates and sandboxes (lifetimes, extends, expiry).
 //! - [`webhook`]: the webhook subscription aggregate and its decision.
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
@@ -39,8 +40,10 @@ pub mod pool;
 pub mod provider_account;
 pub mod quota;
 pub mod resources;
+pub mod sandbox;
 pub mod ssh_keys;
 pub mod state_table;
+pub mod template;
 pub mod webhook;
 
 pub use error::DomainError;

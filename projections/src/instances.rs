@@ -183,11 +183,13 @@ pub async fn load_many(
 async fn store(conn: &mut PgConnection, i: &Instance) -> Result<(), ProjectionError> {
     sqlx::query(
         "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
-                                owner_identity_id, warm, doc, created_at, updated_at, version)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                                owner_identity_id, warm, doc, created_at, updated_at, version,
+                                warm_template_id, template_version)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
          ON CONFLICT (id) DO UPDATE SET state = excluded.state, desired_state = excluded.desired_state,
             node_id = excluded.node_id, doc = excluded.doc, updated_at = excluded.updated_at,
-            version = excluded.version",
+            version = excluded.version, owner_identity_id = excluded.owner_identity_id,
+            warm = excluded.warm, warm_template_id = excluded.warm_template_id",
     )
     .bind(&i.id)
     .bind(&i.tenant_id)
@@ -201,6 +203,8 @@ async fn store(conn: &mut PgConnection, i: &Instance) -> Result<(), ProjectionEr
     .bind(i.created_at)
     .bind(i.updated_at)
     .bind(i.version as i64)
+    .bind(&i.warm_template_id)
+    .bind(i.template_version.map(|v| v as i64))
     .execute(conn)
     .await?;
     Ok(())

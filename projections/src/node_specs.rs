@@ -141,7 +141,7 @@ fn entry(
         .iter()
         .map(|g| json!({ "model": g.model, "count": g.count }))
         .collect::<Vec<_>>();
-    json!({
+    let mut spec = json!({
         "id": inst.id,
         "desiredState": inst.desired_state,
         "runtime": runtime,
@@ -155,7 +155,15 @@ fn entry(
             "mac": vps_domain::ids::mac_for(&inst.id),
             "address": format!("{a}/{prefix}"),
         })]).unwrap_or_default(),
-    })
+    });
+    // Sandbox and warm instances: the template's network rule, and SSH only from the host.
+    if let Some(policy) = inst.network_policy {
+        spec["networkPolicy"] = json!(policy);
+    }
+    if inst.sandbox_id.is_some() || inst.warm_template_id.is_some() {
+        spec["sshFromHostOnly"] = json!(true);
+    }
+    spec
 }
 
 /// A node's spec with its generation (an empty spec at generation 0 before any instance).

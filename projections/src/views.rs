@@ -194,6 +194,15 @@ pub struct InstanceView {
     pub owner_identity_id: String,
     /// The create's idempotency key.
     pub idempotency_key: String,
+    /// The sandbox that drives it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+    /// The template it is a warm instance of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_template_id: Option<String>,
+    /// When a sandbox claimed it from a warm pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claimed_at: Option<DateTime<Utc>>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -221,6 +230,9 @@ impl From<&Instance> for InstanceView {
             project_id: i.project_id.clone(),
             owner_identity_id: i.owner_identity_id.clone(),
             idempotency_key: i.idempotency_key.clone(),
+            sandbox_id: i.sandbox_id.clone(),
+            warm_template_id: i.warm_template_id.clone(),
+            claimed_at: i.claimed_at,
             created_at: i.created_at,
             updated_at: i.updated_at,
             version: i.version,
@@ -331,4 +343,117 @@ pub async fn node_by_token_hash<'e>(
         .bind(token_hash)
         .fetch_optional(db)
         .await
+}
+
+/// The public view of a sandbox template (SPEC §5.1): user data and secret values never show.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateView {
+    /// `sbxt_…`.
+    pub id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// Its name.
+    pub name: String,
+    /// The hosted pool.
+    pub pool_id: String,
+    /// The flavor's name.
+    pub flavor: String,
+    /// The image.
+    pub image_id: String,
+    /// The pool's runtime.
+    pub runtime: String,
+    /// `egress`, `private` or `none`.
+    pub network: vps_domain::template::Network,
+    /// The names of the environment variables (their values are secret references).
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Whether the template has user data.
+    pub has_user_data: bool,
+    /// A sandbox's lifetime when the create names none.
+    pub default_ttl_seconds: u64,
+    /// The longest lifetime.
+    pub max_ttl_seconds: u64,
+    /// The warm pool.
+    pub warm: Option<vps_domain::template::Warm>,
+    /// Rises with every update.
+    pub version: u64,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<&vps_domain::template::Template> for TemplateView {
+    fn from(t: &vps_domain::template::Template) -> Self {
+        TemplateView {
+            id: t.id.clone(),
+            tenant_id: t.tenant_id.clone(),
+            name: t.name.clone(),
+            pool_id: t.pool_id.clone(),
+            flavor: t.spec.flavor.clone(),
+            image_id: t.spec.image_id.clone(),
+            runtime: t.runtime.clone(),
+            network: t.spec.network,
+            env: t.spec.env.clone(),
+            has_user_data: t.spec.user_data_ref.is_some(),
+            default_ttl_seconds: t.spec.default_ttl_seconds,
+            max_ttl_seconds: t.spec.max_ttl_seconds,
+            warm: t.spec.warm,
+            version: t.version,
+            created_at: t.created_at,
+            updated_at: t.updated_at,
+        }
+    }
+}
+
+/// The public view of a sandbox (SPEC §5.1).
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxView {
+    /// `sbx_…`.
+    pub id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// Its template.
+    pub template_id: String,
+    /// The instance it drives.
+    pub instance_id: String,
+    /// `starting`, `ready`, `failed`, `deleting` or `deleted`.
+    pub state: vps_domain::sandbox::SandboxState,
+    /// Whether a warm instance was claimed for it.
+    pub warm: bool,
+    /// Who made it.
+    pub owner_identity_id: String,
+    /// When it was admitted.
+    pub created_at: DateTime<Utc>,
+    /// When its instance first ran.
+    pub ready_at: Option<DateTime<Utc>>,
+    /// When it ends.
+    pub expires_at: DateTime<Utc>,
+    /// When it was deleted.
+    pub deleted_at: Option<DateTime<Utc>>,
+    /// Whether its lifetime ended it.
+    pub expired: bool,
+    /// Its stream version.
+    pub version: u64,
+}
+
+impl From<&vps_domain::sandbox::Sandbox> for SandboxView {
+    fn from(s: &vps_domain::sandbox::Sandbox) -> Self {
+        SandboxView {
+            id: s.id.clone(),
+            tenant_id: s.tenant_id.clone(),
+            template_id: s.template_id.clone(),
+            instance_id: s.instance_id.clone(),
+            state: s.state,
+            warm: s.warm,
+            owner_identity_id: s.owner_identity_id.clone(),
+            created_at: s.created_at,
+            ready_at: s.ready_at,
+            expires_at: s.expires_at,
+            deleted_at: s.deleted_at,
+            expired: s.expired,
+            version: s.version,
+        }
+    }
 }

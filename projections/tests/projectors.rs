@@ -292,6 +292,8 @@ fn create(id: &str) -> CreateInstance {
         request_hash: "h".into(),
         sandbox_id: None,
         warm_template_id: None,
+        template_version: None,
+        network_policy: None,
     }
 }
 

@@ -41,6 +41,8 @@ pub fn instance(kind: PoolKind, state: InstanceState, desired: DesiredState) -> 
         request_hash: "hash".into(),
         sandbox_id: None,
         warm_template_id: None,
+        template_version: None,
+        network_policy: None,
         created_at: now() - chrono::TimeDelta::hours(1),
         updated_at: now() - chrono::TimeDelta::minutes(1),
         version: 3,

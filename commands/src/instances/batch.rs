@@ -127,7 +127,7 @@ async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandErro
     let mut decided = Vec::with_capacity(jobs.len());
     for job in jobs {
         let facts = known.facts(&mut tx, &job.id, &job.input).await?;
-        let create = create_command(&job.ctx, &job.id, &job.input);
+        let create = create_command(&job.ctx, &job.id, &job.input, &Default::default());
         decided.push(match domain::admit(&facts, create, &new_id("alloc"), now) {
             Err(refused) => Decided::Answer(Box::new(Err(refused.into()))),
             Ok(Admission::Replay(existing)) => Decided::Answer(Box::new(Ok(*existing))),

@@ -18,7 +18,7 @@ use crate::error::CommandError;
 
 /// What a create names, as it stands: the pool (when offered to the tenant), the flavor's
 /// shape, whether the image is the tenant's to use, and the tenant's quota in the pool.
-pub(super) struct CreateFacts {
+pub(crate) struct CreateFacts {
     pub pool: Option<AdmissionPool>,
     pub shape: Option<Shape>,
     pub image_visible: bool,
@@ -26,7 +26,7 @@ pub(super) struct CreateFacts {
 }
 
 /// Reads [`CreateFacts`] in one statement.
-pub(super) async fn create_facts(
+pub(crate) async fn create_facts(
     tx: &mut PgConnection,
     input: &CreateInput,
 ) -> Result<CreateFacts, CommandError> {

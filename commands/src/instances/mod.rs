@@ -88,34 +88,62 @@ fn user_data(id: &str, input: &CreateInput) -> String {
 
 async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, CommandError> {
     let mut tx = ctx.pool.begin().await?;
-    // The batch's facts, for a batch of one.
-    let mut known = batch::Known::load(&mut tx, &[id.to_string()]).await?;
-    let facts = known.facts(&mut tx, id, input).await?;
-    let now = Utc::now();
-    let events = match domain::admit(
-        &facts,
-        create_command(ctx, id, input),
-        &new_id("alloc"),
-        now,
-    )? {
-        Admission::Replay(existing) => return Ok(*existing),
-        Admission::Admit(events) => events,
-    };
-    let placed = domain::fold_now(&events, now)?.node_id;
-    facts::lock_nodes(&mut tx, &placed.into_iter().collect::<Vec<_>>()).await?;
-    let reference = secrets::user_data_ref(id);
-    let sealed = user_data(id, input);
-    secrets::seal(&mut tx, &ctx.secrets, &reference, id, sealed.as_bytes()).await?;
-    let instance = record_instance(ctx, &mut tx, None, events).await?;
-    facts::confirm_placement(&mut tx, &instance).await?;
-    let charge = charge_of(&instance.shape);
-    facts::confirm_quota(&mut tx, &input.pool_id, &input.tenant_id, &charge).await?;
+    let instance = admit_in(ctx, &mut tx, id, input, &Origin::default()).await?;
     commit(ctx, tx).await?;
     Ok(instance)
 }
 
+/// Who an instance is made for beyond a tenant's own create: a sandbox, or a template's warm
+/// pool. The default is an ordinary `instances.create`.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    /// The sandbox that will drive it.
+    pub sandbox_id: Option<String>,
+    /// The template whose warm pool it joins, with the template's instance version.
+    pub warm: Option<(String, u64)>,
+    /// The template's network rule.
+    pub network_policy: Option<vps_domain::template::Network>,
+    /// The owner, when not the caller (a warm instance belongs to its template's author).
+    pub owner_identity_id: Option<String>,
+    /// The user data to seal, when not the input's (a template's, with its environment).
+    pub user_data: Option<String>,
+}
+
+/// Admits an instance in the caller's transaction (a replay answers the existing one): the
+/// path every hosted create takes, sandboxes' and warm pools' included.
+pub async fn admit_in(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    id: &str,
+    input: &CreateInput,
+    origin: &Origin,
+) -> Result<Instance, CommandError> {
+    // The batch's facts, for a batch of one.
+    let mut known = batch::Known::load(tx, &[id.to_string()]).await?;
+    let facts = known.facts(tx, id, input).await?;
+    let now = Utc::now();
+    let command = create_command(ctx, id, input, origin);
+    let events = match domain::admit(&facts, command, &new_id("alloc"), now)? {
+        Admission::Replay(existing) => return Ok(*existing),
+        Admission::Admit(events) => events,
+    };
+    let placed = domain::fold_now(&events, now)?.node_id;
+    facts::lock_nodes(tx, &placed.into_iter().collect::<Vec<_>>()).await?;
+    let reference = secrets::user_data_ref(id);
+    let sealed = origin
+        .user_data
+        .clone()
+        .unwrap_or_else(|| user_data(id, input));
+    secrets::seal(tx, &ctx.secrets, &reference, id, sealed.as_bytes()).await?;
+    let instance = record_instance(ctx, tx, None, events).await?;
+    facts::confirm_placement(tx, &instance).await?;
+    let charge = charge_of(&instance.shape);
+    facts::confirm_quota(tx, &input.pool_id, &input.tenant_id, &charge).await?;
+    Ok(instance)
+}
+
 /// The domain's create command for `input`; admission fills in the pool kind and shape.
-fn create_command(ctx: &Ctx, id: &str, input: &CreateInput) -> CreateInstance {
+fn create_command(ctx: &Ctx, id: &str, input: &CreateInput, origin: &Origin) -> CreateInstance {
     CreateInstance {
         id: id.into(),
         tenant_id: input.tenant_id.clone(),
@@ -133,11 +161,16 @@ fn create_command(ctx: &Ctx, id: &str, input: &CreateInput) -> CreateInstance {
         user_data_ref: Some(secrets::user_data_ref(id)),
         project_id: input.project_id.clone(),
         desired_state: input.desired_state.unwrap_or(DesiredState::Running),
-        owner_identity_id: ctx.actor.identity.clone(),
+        owner_identity_id: origin
+            .owner_identity_id
+            .clone()
+            .unwrap_or_else(|| ctx.actor.identity.clone()),
         idempotency_key: input.idempotency_key.clone(),
         request_hash: request_hash(input),
-        sandbox_id: None,
-        warm_template_id: None,
+        sandbox_id: origin.sandbox_id.clone(),
+        warm_template_id: origin.warm.as_ref().map(|(t, _)| t.clone()),
+        template_version: origin.warm.as_ref().map(|(_, v)| *v),
+        network_policy: origin.network_policy,
     }
 }
 

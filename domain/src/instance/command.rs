@@ -48,6 +48,13 @@ pub enum InstanceCommand {
     },
     /// `instances.resize` to a flavor whose quota and node room the caller already checked.
     Resize(ResizeInstance),
+    /// A sandbox claims this warm instance: it becomes the sandbox's, wanted running.
+    Claim {
+        /// The claiming sandbox.
+        sandbox_id: String,
+        /// The sandbox's owner.
+        owner_identity_id: String,
+    },
     /// The host (or provider) reports the instance in this state: walk `state` there when it is
     /// what is desired (one event per table move), recover a lost instance, clear conditions.
     Observe(Observed),
@@ -124,6 +131,10 @@ pub struct CreateInstance {
     pub sandbox_id: Option<String>,
     /// The template it is a warm instance of.
     pub warm_template_id: Option<String>,
+    /// A warm instance: the template's instance version.
+    pub template_version: Option<u64>,
+    /// A sandbox template's network rule.
+    pub network_policy: Option<crate::template::Network>,
 }
 
 /// A placement the caller made (node chosen, allocation booked, address leased).

@@ -19,6 +19,7 @@ use super::event::{
     AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
     InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled,
 };
+use super::event::{starting, Starting};
 use super::{apply, Instance, PoolKind, MAX_EXHAUSTED_REPLACEMENTS};
 
 /// The events `cmd` produces on `state` at `now`, or why it is refused (and then nothing
@@ -59,6 +60,10 @@ pub fn decide(
         InstanceCommand::Stop { requester } => stop(&mut d, *requester)?,
         InstanceCommand::Delete { requester, reason } => delete(&mut d, *requester, reason)?,
         InstanceCommand::Resize(r) => resize(&mut d, r)?,
+        InstanceCommand::Claim {
+            sandbox_id,
+            owner_identity_id,
+        } => claim(&mut d, sandbox_id, owner_identity_id)?,
         InstanceCommand::Observe(o) => observe(&mut d, *o)?,
         InstanceCommand::Fail(f) => fail(&mut d, f)?,
         InstanceCommand::ReportResourcesExhausted { node_id, message } => {
@@ -304,6 +309,8 @@ fn create_instance(
         owner_identity_id: c.owner_identity_id.clone(),
         idempotency_key: c.idempotency_key.clone(),
         request_hash: c.request_hash.clone(),
+        template_version: c.template_version,
+        network_policy: c.network_policy,
     })])
 }
 
@@ -371,14 +378,34 @@ fn start(d: &mut Draft, requester: Requester) -> Result<(), DomainError> {
             )));
         }
         let to = transition(InstanceState::Error, Verb::Start)?;
-        return d.emit(to, DesiredState::Running, InstanceEvent::Starting);
+        return d.emit(to, DesiredState::Running, starting);
     }
     if d.inst.desired_state == DesiredState::Running {
         return Ok(());
     }
     // `start` changes only what is wanted; the reconciler moves `state` from reports.
     let state = d.inst.state;
-    d.emit(state, DesiredState::Running, InstanceEvent::Starting)
+    d.emit(state, DesiredState::Running, starting)
+}
+
+fn claim(d: &mut Draft, sandbox_id: &str, owner: &str) -> Result<(), DomainError> {
+    if !d.inst.claimable() {
+        return Err(DomainError::invalid_state(format!(
+            "instance {} is not a settled warm instance (state {}, desiredState {})",
+            d.inst.id, d.inst.state, d.inst.desired_state
+        )));
+    }
+    // The claim moves ownership: the events from here on carry the sandbox, not the template.
+    d.inst.sandbox_id = Some(sandbox_id.to_owned());
+    d.inst.warm_template_id = None;
+    let (state, now) = (d.inst.state, d.now);
+    d.emit(state, DesiredState::Running, |common| {
+        InstanceEvent::Starting(Starting {
+            common,
+            claimed_at: Some(now),
+            owner_identity_id: Some(owner.to_owned()),
+        })
+    })
 }
 
 fn stop(d: &mut Draft, requester: Requester) -> Result<(), DomainError> {
@@ -514,7 +541,7 @@ fn observe(d: &mut Draft, observed: Observed) -> Result<(), DomainError> {
 /// The event named after a state a report can walk to.
 fn state_event(state: InstanceState) -> Result<fn(Common) -> InstanceEvent, DomainError> {
     match state {
-        InstanceState::Starting => Ok(InstanceEvent::Starting),
+        InstanceState::Starting => Ok(starting),
         InstanceState::Running => Ok(InstanceEvent::Running),
         InstanceState::Stopped => Ok(InstanceEvent::Stopped),
         InstanceState::Paused => Ok(InstanceEvent::Paused),

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::condition::{Condition, ConditionType};
+use crate::template::Network;
 use crate::resources::Shape;
 use crate::state_table::{DesiredState, InstanceState};
 
@@ -63,6 +64,37 @@ pub struct Created {
     pub idempotency_key: String,
     /// Hash of the create request (without `wait`), to tell a replay from a conflict.
     pub request_hash: String,
+    /// A warm instance: the template's instance version it was made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_version: Option<u64>,
+    /// A sandbox template's network rule (absent: the pool's network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<Network>,
+}
+
+/// `instance.starting`: `start` was called, the state moved to `starting`, or a sandbox
+/// claimed the warm instance (then `claimedAt` and the new owner come with it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Starting {
+    /// State and ownership.
+    #[serde(flatten)]
+    pub common: Common,
+    /// A claim: when the sandbox took the warm instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// A claim: the sandbox's owner, the instance's owner from now on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_identity_id: Option<String>,
+}
+
+/// An `instance.starting` that is no claim.
+pub fn starting(common: Common) -> InstanceEvent {
+    InstanceEvent::Starting(Starting {
+        common,
+        claimed_at: None,
+        owner_identity_id: None,
+    })
 }
 
 /// `instance.scheduled`: a hosted instance was placed (state `provisioning`).
@@ -227,7 +259,7 @@ pub enum InstanceEvent {
     Provisioning(Provisioning),
     /// `instance.starting`: `start` was called, or state moved to `starting`.
     #[serde(rename = "instance.starting")]
-    Starting(Common),
+    Starting(Starting),
     /// `instance.stopping`: `stop` was called.
     #[serde(rename = "instance.stopping")]
     Stopping(Common),
@@ -325,6 +357,7 @@ impl InstanceEvent {
             InstanceEvent::Created(d) => &d.common,
             InstanceEvent::Scheduled(d) => &d.common,
             InstanceEvent::Provisioning(d) => &d.common,
+            InstanceEvent::Starting(d) => &d.common,
             InstanceEvent::Deleting(d) => &d.common,
             InstanceEvent::Resized(d) => &d.common,
             InstanceEvent::Failed(d) => &d.common,
@@ -333,8 +366,7 @@ impl InstanceEvent {
             InstanceEvent::ConditionSet(d) => &d.common,
             InstanceEvent::ConditionCleared(d) => &d.common,
             InstanceEvent::AddressesChanged(d) => &d.common,
-            InstanceEvent::Starting(c)
-            | InstanceEvent::Stopping(c)
+            InstanceEvent::Stopping(c)
             | InstanceEvent::Running(c)
             | InstanceEvent::Stopped(c)
             | InstanceEvent::Paused(c)

@@ -146,6 +146,8 @@ fn create_in(kind: PoolKind) -> CreateInstance {
         request_hash: "hash-1".into(),
         sandbox_id: None,
         warm_template_id: None,
+        template_version: None,
+        network_policy: None,
     }
 }
 

@@ -1,0 +1,171 @@
+//! `sandboxes.create`: in one transaction, the template is read, the lifetime checked, a warm
+//! instance claimed (or, when none is claimable, one admitted exactly like a hosted
+//! `instances.create`), and `sandbox.created` appended. A refusal leaves nothing behind.
+
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
+use vps_domain::instance::Instance;
+use vps_domain::sandbox::{self as domain, Admit, CreateSandbox, Lifecycle, Sandbox};
+use vps_domain::state_table::DesiredState;
+use vps_domain::template::{self, Template};
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::instances::{admit_in, CreateInput, Origin};
+use crate::pipeline::{commit, load, record_events};
+use crate::secrets;
+
+/// `sandboxes.create` (without `wait`, which the API handles).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateSandboxInput {
+    /// The tenant.
+    pub tenant_id: String,
+    /// `sbxt_…`.
+    pub template_id: String,
+    /// 1 to the template's `maxTtlSeconds` (default: its `defaultTtlSeconds`).
+    pub ttl_seconds: Option<u64>,
+    /// Makes the create idempotent.
+    pub idempotency_key: String,
+}
+
+/// What a create decided, for the caller's metrics and authorization.
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// The sandbox.
+    pub sandbox: Sandbox,
+    /// Whether this call admitted it (false: a replay).
+    pub new: bool,
+}
+
+/// Creates a sandbox, or answers the one this idempotency key already made.
+pub async fn create(ctx: &Ctx, input: CreateSandboxInput) -> Result<Created, CommandError> {
+    let id = vps_domain::ids::sandbox_id(
+        &input.tenant_id,
+        &ctx.actor.identity,
+        &input.idempotency_key,
+    );
+    let request = CreateSandbox {
+        id: id.clone(),
+        tenant_id: input.tenant_id.clone(),
+        template_id: input.template_id.clone(),
+        ttl_seconds: input.ttl_seconds,
+        idempotency_key: input.idempotency_key.clone(),
+        request_hash: hex::encode(Sha256::digest(
+            serde_json::to_vec(&input).expect("serialises"),
+        )),
+        owner_identity_id: ctx.actor.identity.clone(),
+    };
+    retrying(&id, || create_once(ctx, &request)).await
+}
+
+async fn create_once(ctx: &Ctx, c: &CreateSandbox) -> Result<Created, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let existing = load::<Sandbox>(&mut tx, &c.id).await?;
+    if existing.is_some() {
+        return match domain::admit(existing.as_ref(), c, 0, 0)? {
+            Admit::Replay(s) => Ok(Created {
+                sandbox: *s,
+                new: false,
+            }),
+            Admit::New { .. } => unreachable!("an existing sandbox is a replay or a conflict"),
+        };
+    }
+    let stored = super::template(&mut tx, &c.template_id).await?;
+    let t = template::live(stored.as_ref(), &c.tenant_id, &c.template_id)?;
+    let Admit::New { ttl_seconds } = domain::admit(
+        None,
+        c,
+        t.spec.default_ttl_seconds,
+        t.spec.max_ttl_seconds,
+    )?
+    else {
+        unreachable!("no sandbox exists under this id");
+    };
+    let (instance, warm) = match super::warm::claim(ctx, &mut tx, t, &c.id).await? {
+        Some(claimed) => (claimed, true),
+        None => (cold(ctx, &mut tx, t, &c.id).await?, false),
+    };
+    let ids = Lifecycle {
+        sandbox_id: c.id.clone(),
+        tenant_id: c.tenant_id.clone(),
+        template_id: t.id.clone(),
+        instance_id: instance.id.clone(),
+        pool_id: instance.pool_id.clone(),
+    };
+    let event = domain::created_event(c, ids, warm, ttl_seconds, Utc::now());
+    let sandbox = record_events::<Sandbox>(ctx, &mut tx, &c.id, None, vec![event], Some(&c.tenant_id))
+        .await?
+        .expect("a created sandbox");
+    commit(ctx, tx).await?;
+    Ok(Created { sandbox, new: true })
+}
+
+/// Admits a new instance for the sandbox, as a hosted `instances.create` would.
+async fn cold(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    t: &Template,
+    sandbox_id: &str,
+) -> Result<Instance, CommandError> {
+    let id = vps_domain::ids::instance_id(&t.tenant_id, sandbox_id, "sandbox");
+    let origin = Origin {
+        sandbox_id: Some(sandbox_id.to_string()),
+        ..origin(ctx, tx, t).await?
+    };
+    admit_in(ctx, tx, &id, &instance_input(t, sandbox_id, DesiredState::Running), &origin).await
+}
+
+/// The create every instance of `t` is admitted with (keyed by `key`).
+pub(super) fn instance_input(t: &Template, key: &str, desired: DesiredState) -> CreateInput {
+    CreateInput {
+        tenant_id: t.tenant_id.clone(),
+        pool_id: t.pool_id.clone(),
+        flavor: t.spec.flavor.clone(),
+        image_id: t.spec.image_id.clone(),
+        ssh_keys: Vec::new(),
+        user_data: None,
+        project_id: None,
+        desired_state: Some(desired),
+        idempotency_key: key.to_string(),
+    }
+}
+
+/// What an instance of `t` carries: its network rule and its user data, with the template's
+/// environment resolved from the tenant's secrets (sealed with the instance, never logged).
+pub(super) async fn origin(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    t: &Template,
+) -> Result<Origin, CommandError> {
+    let refs: Vec<&str> = t.spec.env.values().map(String::as_str).collect();
+    if let Some(missing) = secrets::foreign_refs(tx, &t.tenant_id, &refs).await?.first() {
+        return Err(vps_domain::DomainError::invalid_state(format!(
+            "template {} names {missing}, which is no longer a secret of the tenant",
+            t.id
+        ))
+        .into());
+    }
+    let mut env = Vec::new();
+    for (name, reference) in &t.spec.env {
+        let value = secrets::open(tx, &ctx.secrets, reference).await?.unwrap_or_default();
+        env.push((name.clone(), String::from_utf8_lossy(&value).into_owned()));
+    }
+    let base = match &t.spec.user_data_ref {
+        Some(r) => secrets::open(tx, &ctx.secrets, r).await?.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let base = String::from_utf8_lossy(&base).into_owned();
+    let base = if base.is_empty() {
+        "#cloud-config\n".to_string()
+    } else {
+        base
+    };
+    Ok(Origin {
+        network_policy: Some(t.spec.network),
+        user_data: Some(vps_domain::cloud_config::sandbox_user_data(&base, &env)),
+        ..Origin::default()
+    })
+}

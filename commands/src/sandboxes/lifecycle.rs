@@ -1,0 +1,167 @@
+//! `sandboxes.extend` and `sandboxes.delete`, and the reconciler's per-sandbox work: the
+//! expiry warning, the expiry itself, and the fallbacks for `ready` and `deleted`.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use sqlx::PgConnection;
+use vps_domain::instance::{InstanceCommand, Requester};
+use vps_domain::sandbox::{self as domain, Extension, Sandbox, SandboxEvent};
+use vps_domain::state_table::InstanceState;
+use vps_domain::DomainError;
+
+use super::follow::{instance_changed, Outcome};
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::instances::facts::lock_instance;
+use crate::pipeline::{apply_commands, commit, load, record_events};
+
+/// Checks an extend's new lifetime before it is applied (the API's authorization hook); it
+/// gets the sandbox and the lifetime in seconds the extend would leave it with.
+pub type ExtendCheck<'a> = &'a (dyn Fn(&Sandbox, i64) -> Result<(), CommandError> + Sync);
+
+/// Moves a sandbox's expiry. One extend holds a sandbox at a time: a concurrent one is
+/// `CONFLICT` (`extend-in-flight`), so two extends never both apply beyond what one decision
+/// covered.
+pub async fn extend(
+    ctx: &Ctx,
+    tenant_id: &str,
+    sandbox_id: &str,
+    extension: Extension,
+    check: ExtendCheck<'_>,
+) -> Result<Sandbox, CommandError> {
+    retrying(sandbox_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let held: bool = sqlx::query_scalar(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended('sandbox-extend:' || $1, 0))",
+        )
+        .bind(sandbox_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !held {
+            return Err(DomainError::conflict(
+                format!("another extend of sandbox {sandbox_id} is in flight; retry"),
+                "reason",
+                "extend-in-flight",
+            )
+            .into());
+        }
+        let s = super::visible(&mut tx, tenant_id, sandbox_id).await?;
+        // A template deleted since still bounds its sandboxes' lifetime.
+        let max_ttl = super::template(&mut tx, &s.template_id)
+            .await?
+            .map_or(0, |t| t.spec.max_ttl_seconds);
+        let Some(until) = domain::extended_expiry(&s, extension, max_ttl)? else {
+            return Ok(s);
+        };
+        check(&s, (until - s.created_at).num_seconds())?;
+        let after = record_events(ctx, &mut tx, sandbox_id, Some(&s), domain::extend(&s, until), Some(tenant_id))
+            .await?
+            .expect("an extended sandbox");
+        commit(ctx, tx).await?;
+        Ok(after)
+    })
+    .await
+}
+
+/// Deletes a sandbox: it becomes `deleting` and its instance is deleted (a delete of a deleting
+/// or deleted sandbox changes nothing).
+pub async fn delete(ctx: &Ctx, tenant_id: &str, sandbox_id: &str) -> Result<Sandbox, CommandError> {
+    retrying(sandbox_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let s = super::visible(&mut tx, tenant_id, sandbox_id).await?;
+        let events = domain::delete(&s);
+        if events.is_empty() {
+            return Ok(s);
+        }
+        end(ctx, &mut tx, &s, events).await?;
+        let after = load::<Sandbox>(&mut tx, sandbox_id).await?.expect("exists");
+        commit(ctx, tx).await?;
+        Ok(after)
+    })
+    .await
+}
+
+/// Records `events` (a delete or an expiry) and deletes the sandbox's instance.
+async fn end(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    s: &Sandbox,
+    events: Vec<SandboxEvent>,
+) -> Result<(), CommandError> {
+    record_events(ctx, tx, &s.id, Some(s), events, Some(&s.tenant_id)).await?;
+    lock_instance(tx, &s.instance_id).await?;
+    if let Some(inst) = vps_projections::instances::load(tx, &s.instance_id).await? {
+        let delete = InstanceCommand::Delete {
+            requester: Requester::System,
+            reason: None,
+        };
+        apply_commands(ctx, tx, &inst, &[delete], Utc::now()).await?;
+    }
+    Ok(())
+}
+
+/// The expiry timings: the warning's lead and its floor.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpiryTimings {
+    /// `sandbox_expiring_lead`.
+    pub lead: TimeDelta,
+    /// `sandbox_expiring_min_lead`.
+    pub min_lead: TimeDelta,
+}
+
+/// The expiry work due on one sandbox at `now`: `sandbox.expiring` once, or `sandbox.expired`
+/// and the deletion of its instance. Skips a sandbox another worker holds. Answers how late
+/// an expiry came, when it expired one.
+pub async fn expire(
+    ctx: &Ctx,
+    sandbox_id: &str,
+    now: DateTime<Utc>,
+    timings: ExpiryTimings,
+) -> Result<Option<TimeDelta>, CommandError> {
+    retrying(sandbox_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let free: Option<String> =
+            sqlx::query_scalar("SELECT id FROM sandboxes WHERE id = $1 FOR UPDATE SKIP LOCKED")
+                .bind(sandbox_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(s) = free.and(load::<Sandbox>(&mut tx, sandbox_id).await?) else {
+            return Ok(None);
+        };
+        let events = domain::expiry(&s, now, timings.lead, timings.min_lead);
+        let expired = events.iter().any(|e| matches!(e, SandboxEvent::Expired(_)));
+        if expired {
+            end(ctx, &mut tx, &s, events).await?;
+        } else {
+            record_events(ctx, &mut tx, sandbox_id, Some(&s), events, Some(&s.tenant_id)).await?;
+        }
+        commit(ctx, tx).await?;
+        Ok(expired.then(|| now - s.expires_at))
+    })
+    .await
+}
+
+/// The fallback for the instance path's own stamps: a sandbox whose instance runs becomes
+/// `ready`, one whose instance is gone becomes `deleted`.
+pub async fn settle(ctx: &Ctx, sandbox_id: &str) -> Result<(), CommandError> {
+    retrying(sandbox_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let Some(s) = load::<Sandbox>(&mut tx, sandbox_id).await? else {
+            return Ok(());
+        };
+        let inst = vps_projections::instances::load(&mut tx, &s.instance_id).await?;
+        let outcome = match inst.as_ref().map(|i| i.state) {
+            None | Some(InstanceState::Deleted) => Outcome::Gone,
+            Some(InstanceState::Running) => Outcome::Ran,
+            Some(_) => return Ok(()),
+        };
+        match inst {
+            Some(i) => instance_changed(ctx, &mut tx, &i, outcome).await?,
+            None => {
+                record_events(ctx, &mut tx, sandbox_id, Some(&s), domain::deleted(&s), Some(&s.tenant_id))
+                    .await?;
+            }
+        }
+        commit(ctx, tx).await
+    })
+    .await
+}

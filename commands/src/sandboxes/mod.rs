@@ -1,0 +1,45 @@
+//! Sandboxes and their templates (SPEC §3.8). A sandbox drives one ordinary hosted instance:
+//! a warm one claimed from its template's pool, or one admitted exactly like
+//! `instances.create`. Every sandbox change is an event on its own stream; the instance's
+//! changes stay the instance aggregate's.
+//!
+//! - [`templates`]: `sandboxTemplates.*`.
+//! - [`create`]: `sandboxes.create` (claim or cold create, in one transaction).
+//! - [`lifecycle`]: extend, delete, and the reconciler's expiry and fallbacks.
+//! - [`follow`]: the sandbox's side of an instance change (ready, failed, deleted), recorded
+//!   in the instance change's own transaction.
+//! - [`warm`]: claiming a warm instance, and the warm pools' refill and drain.
+
+pub mod create;
+pub mod follow;
+pub mod lifecycle;
+pub mod templates;
+pub mod warm;
+
+use sqlx::PgConnection;
+use vps_domain::sandbox::Sandbox;
+use vps_domain::template::Template;
+use vps_domain::DomainError;
+
+use crate::error::CommandError;
+use crate::pipeline::load;
+
+/// A sandbox the tenant may see: another tenant's is `NOT_FOUND`.
+pub async fn visible(
+    tx: &mut PgConnection,
+    tenant_id: &str,
+    sandbox_id: &str,
+) -> Result<Sandbox, CommandError> {
+    match load::<Sandbox>(tx, sandbox_id).await? {
+        Some(s) if s.tenant_id == tenant_id => Ok(s),
+        _ => Err(DomainError::NotFound {
+            what: format!("sandbox {sandbox_id}"),
+        }
+        .into()),
+    }
+}
+
+/// A template as stored (deleted ones too), from its stream.
+pub async fn template(tx: &mut PgConnection, id: &str) -> Result<Option<Template>, CommandError> {
+    load::<Template>(tx, id).await
+}

@@ -1,0 +1,217 @@
+//! `sandboxTemplates.create/update/delete`: checked like a hosted `instances.create` (pool
+//! offered and hosted, flavor, image), with `env` naming only the tenant's own secrets.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
+use vps_domain::template::{
+    self as domain, CreateTemplate, Network, Template, TemplateFacts, TemplateSpec, Warm,
+    DEFAULT_MAX_TTL_SECONDS, DEFAULT_TTL_SECONDS,
+};
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::instances::{facts, CreateInput};
+use crate::pipeline::{change, commit, record_events};
+use crate::record::new_id;
+use crate::secrets;
+
+/// `sandboxTemplates.create`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateInput {
+    /// The tenant.
+    pub tenant_id: String,
+    /// Unique among the tenant's live templates.
+    pub name: String,
+    /// A hosted pool offered to the tenant.
+    pub pool_id: String,
+    /// The flavor's name in the pool.
+    pub flavor: String,
+    /// The image.
+    pub image_id: String,
+    /// User data every sandbox boots with (sealed, never shown again).
+    pub user_data: Option<String>,
+    /// `NAME` → `secret://<tenant>/<name>`: written to `/etc/sandbox/env` in the guest.
+    pub env: Option<BTreeMap<String, String>>,
+    /// `egress` (default), `private` or `none`.
+    pub network: Option<Network>,
+    /// Default 3600.
+    pub default_ttl_seconds: Option<u64>,
+    /// Default 86400.
+    pub max_ttl_seconds: Option<u64>,
+    /// Warm instances kept ready: `{ min, max }`.
+    pub warm: Option<Warm>,
+}
+
+/// `sandboxTemplates.update`: any of the spec's fields.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplatePatch {
+    /// The tenant.
+    pub tenant_id: String,
+    /// `sbxt_…`.
+    pub template_id: String,
+    /// A new flavor.
+    pub flavor: Option<String>,
+    /// A new image.
+    pub image_id: Option<String>,
+    /// New user data.
+    pub user_data: Option<String>,
+    /// A new environment.
+    pub env: Option<BTreeMap<String, String>>,
+    /// A new network rule.
+    pub network: Option<Network>,
+    /// A new default lifetime.
+    pub default_ttl_seconds: Option<u64>,
+    /// A new longest lifetime.
+    pub max_ttl_seconds: Option<u64>,
+    /// New warm-pool bounds.
+    pub warm: Option<Warm>,
+}
+
+/// The reference a template's user data is sealed under (one per instance version).
+fn user_data_ref(template_id: &str, instance_version: u64) -> String {
+    format!("secret://{template_id}/user-data-{instance_version}")
+}
+
+/// Creates a template.
+pub async fn create(ctx: &Ctx, input: TemplateInput) -> Result<Template, CommandError> {
+    vps_domain::instance::check_user_data(input.user_data.as_deref())?;
+    let id = new_id("sbxt");
+    retrying(&id, || create_once(ctx, &id, &input)).await
+}
+
+async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Template, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let spec = TemplateSpec {
+        flavor: input.flavor.clone(),
+        image_id: input.image_id.clone(),
+        user_data_ref: input.user_data.as_ref().map(|_| user_data_ref(id, 1)),
+        env: input.env.clone().unwrap_or_default(),
+        network: input.network.unwrap_or_default(),
+        default_ttl_seconds: input.default_ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS),
+        max_ttl_seconds: input.max_ttl_seconds.unwrap_or(DEFAULT_MAX_TTL_SECONDS),
+        warm: input.warm,
+    };
+    let facts = template_facts(&mut tx, &input.tenant_id, &input.pool_id, &spec, &input.name, id).await?;
+    let events = domain::create(
+        CreateTemplate {
+            id: id.to_string(),
+            tenant_id: input.tenant_id.clone(),
+            name: input.name.clone(),
+            pool_id: input.pool_id.clone(),
+            owner_identity_id: ctx.actor.identity.clone(),
+            spec,
+        },
+        &facts,
+    )?;
+    seal_user_data(ctx, &mut tx, id, 1, input.user_data.as_deref()).await?;
+    let template = record_events::<Template>(ctx, &mut tx, id, None, events, Some(&input.tenant_id))
+        .await?
+        .expect("a created template");
+    commit(ctx, tx).await?;
+    Ok(template)
+}
+
+/// Updates a template (its `version` rises; its `instanceVersion` too when the guest changes).
+pub async fn update(ctx: &Ctx, patch: TemplatePatch) -> Result<Template, CommandError> {
+    vps_domain::instance::check_user_data(patch.user_data.as_deref())?;
+    retrying(&patch.template_id, || update_once(ctx, &patch)).await
+}
+
+async fn update_once(ctx: &Ctx, p: &TemplatePatch) -> Result<Template, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let before = super::template(&mut tx, &p.template_id).await?;
+    let t = domain::live(before.as_ref(), &p.tenant_id, &p.template_id)?;
+    let mut spec = t.spec.clone();
+    let version = t.instance_version + 1;
+    if p.user_data.is_some() {
+        spec.user_data_ref = Some(user_data_ref(&t.id, version));
+    }
+    spec.flavor = p.flavor.clone().unwrap_or(spec.flavor);
+    spec.image_id = p.image_id.clone().unwrap_or(spec.image_id);
+    spec.env = p.env.clone().unwrap_or(spec.env);
+    spec.network = p.network.unwrap_or(spec.network);
+    spec.default_ttl_seconds = p.default_ttl_seconds.unwrap_or(spec.default_ttl_seconds);
+    spec.max_ttl_seconds = p.max_ttl_seconds.unwrap_or(spec.max_ttl_seconds);
+    spec.warm = p.warm.or(spec.warm);
+    let facts = template_facts(&mut tx, &t.tenant_id, &t.pool_id, &spec, &t.name, &t.id).await?;
+    let events = domain::update(before.as_ref(), &p.tenant_id, &p.template_id, spec, &facts)?;
+    seal_user_data(ctx, &mut tx, &t.id, version, p.user_data.as_deref()).await?;
+    let after = record_events(ctx, &mut tx, &p.template_id, before.as_ref(), events, Some(&p.tenant_id))
+        .await?
+        .expect("an updated template");
+    commit(ctx, tx).await?;
+    Ok(after)
+}
+
+/// Deletes a template: hidden, its name free; the reconciler drains its warm instances.
+pub async fn delete(ctx: &Ctx, tenant_id: &str, template_id: &str) -> Result<Template, CommandError> {
+    retrying(template_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let after = change::<Template>(ctx, &mut tx, template_id, Some(tenant_id), |t| {
+            domain::delete(t, tenant_id, template_id)
+        })
+        .await?
+        .expect("a deleted template");
+        commit(ctx, tx).await?;
+        Ok(after)
+    })
+    .await
+}
+
+async fn seal_user_data(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    template_id: &str,
+    instance_version: u64,
+    user_data: Option<&str>,
+) -> Result<(), CommandError> {
+    if let Some(data) = user_data {
+        let reference = user_data_ref(template_id, instance_version);
+        secrets::seal(tx, &ctx.secrets, &reference, template_id, data.as_bytes()).await?;
+    }
+    Ok(())
+}
+
+/// What a template's spec names, as it stands for the tenant.
+async fn template_facts(
+    tx: &mut PgConnection,
+    tenant_id: &str,
+    pool_id: &str,
+    spec: &TemplateSpec,
+    name: &str,
+    id: &str,
+) -> Result<TemplateFacts, CommandError> {
+    let probe = CreateInput {
+        tenant_id: tenant_id.to_string(),
+        pool_id: pool_id.to_string(),
+        flavor: spec.flavor.clone(),
+        image_id: spec.image_id.clone(),
+        ssh_keys: Vec::new(),
+        user_data: None,
+        project_id: None,
+        desired_state: None,
+        idempotency_key: String::new(),
+    };
+    let read = facts::create_facts(tx, &probe).await?;
+    let refs: Vec<&str> = spec.env.values().map(String::as_str).collect();
+    let name_taken: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sandbox_templates
+                         WHERE tenant_id = $1 AND name = $2 AND NOT deleted AND id <> $3)",
+    )
+    .bind(tenant_id)
+    .bind(name)
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(TemplateFacts {
+        pool: read.pool,
+        flavor_exists: read.shape.is_some(),
+        image_exists: read.image_visible,
+        missing_secrets: secrets::foreign_refs(tx, tenant_id, &refs).await?,
+        name_taken,
+    })
+}

@@ -1,0 +1,154 @@
+//! Warm pools: a template keeps settled instances ready for sandboxes to claim. A claim takes
+//! the oldest settled instance of the template's current instance version with `SKIP LOCKED`,
+//! so concurrent creates never wait on each other and never share an instance. The upkeep
+//! (refill, drain) runs in the sandbox reconciler, one template at a time.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use vps_domain::instance::{Instance, InstanceCommand, Requester};
+use vps_domain::state_table::{DesiredState, InstanceState};
+use vps_domain::template::{warm_plan, Template, WarmMember, WarmPlan, PAUSING_RUNTIMES};
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::instances::{admit_in, facts::lock_instance, Origin};
+use crate::pipeline::{apply_commands, commit};
+use crate::record::new_id;
+
+/// At most this many warm instances are made per template per pass.
+pub const REFILL_PER_PASS: usize = 4;
+
+/// Claims a settled warm instance of `t` for the sandbox, in the caller's transaction; `None`
+/// when none is claimable (the caller creates one cold).
+pub async fn claim(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    t: &Template,
+    sandbox_id: &str,
+) -> Result<Option<Instance>, CommandError> {
+    let Some(id) = sqlx::query_scalar::<_, String>(
+        "SELECT id FROM instances
+          WHERE warm_template_id = $1 AND template_version = $2
+            AND state IN ('stopped', 'paused') AND desired_state <> 'deleted'
+          ORDER BY created_at, id
+          LIMIT 1
+          FOR UPDATE SKIP LOCKED",
+    )
+    .bind(&t.id)
+    .bind(t.instance_version as i64)
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let Some(instance) = vps_projections::instances::load(tx, &id).await? else {
+        return Ok(None);
+    };
+    let claim = InstanceCommand::Claim {
+        sandbox_id: sandbox_id.to_string(),
+        owner_identity_id: ctx.actor.identity.clone(),
+    };
+    Ok(apply_commands(ctx, tx, &instance, &[claim], Utc::now()).await?)
+}
+
+/// One pass over a template's warm pool (`template` gone or deleted: drain it): drains what
+/// must go, then makes what is missing. Answers the plan it carried out.
+pub async fn upkeep(
+    ctx: &Ctx,
+    template_id: &str,
+    template: Option<&Template>,
+) -> Result<WarmPlan, CommandError> {
+    let members = members(ctx, template_id).await?;
+    let plan = warm_plan(template, &members, REFILL_PER_PASS);
+    for id in &plan.drain {
+        drain(ctx, id).await?;
+    }
+    if let Some(t) = template.filter(|_| plan.create > 0) {
+        for _ in 0..plan.create {
+            if let Err(e) = refill(ctx, t).await {
+                // Best effort: quota, capacity or a vanished flavor stop this template's
+                // refill until the next pass.
+                tracing::warn!(template = %t.id, error = %e, "warm sandbox instance not created");
+                break;
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// The template's warm instances that are not being deleted.
+async fn members(ctx: &Ctx, template_id: &str) -> Result<Vec<WarmMember>, CommandError> {
+    let rows: Vec<(String, Option<i64>, String, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT id, template_version, state, created_at FROM instances
+          WHERE warm_template_id = $1 AND desired_state <> 'deleted' AND state <> 'deleted'",
+    )
+    .bind(template_id)
+    .fetch_all(&ctx.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, version, state, created_at)| WarmMember {
+            id,
+            template_version: version.unwrap_or(0) as u64,
+            state: serde_json::from_value(serde_json::Value::String(state))
+                .unwrap_or(InstanceState::Error),
+            created_at,
+        })
+        .collect())
+}
+
+/// Makes one warm instance of `t`, re-reading the template in the transaction so one deleted
+/// or reshaped since the pass began is skipped.
+async fn refill(ctx: &Ctx, t: &Template) -> Result<(), CommandError> {
+    let key = new_id("warm");
+    let id = vps_domain::ids::instance_id(&t.tenant_id, &t.id, &key);
+    retrying(&id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let unchanged: Option<bool> = sqlx::query_scalar(
+            "SELECT NOT deleted AND instance_version = $2 FROM sandbox_templates
+              WHERE id = $1 FOR SHARE",
+        )
+        .bind(&t.id)
+        .bind(t.instance_version as i64)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if unchanged != Some(true) {
+            return Ok(());
+        }
+        let desired = if PAUSING_RUNTIMES.contains(&t.runtime.as_str()) {
+            DesiredState::Paused
+        } else {
+            DesiredState::Stopped
+        };
+        let origin = Origin {
+            warm: Some((t.id.clone(), t.instance_version)),
+            owner_identity_id: Some(t.owner_identity_id.clone()),
+            ..super::create::origin(ctx, &mut tx, t).await?
+        };
+        let input = super::create::instance_input(t, &key, desired);
+        admit_in(ctx, &mut tx, &id, &input, &origin).await?;
+        commit(ctx, tx).await
+    })
+    .await
+}
+
+/// Deletes a warm instance (unless a sandbox claimed it meanwhile).
+async fn drain(ctx: &Ctx, instance_id: &str) -> Result<(), CommandError> {
+    retrying(instance_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        lock_instance(&mut tx, instance_id).await?;
+        let Some(inst) = vps_projections::instances::load(&mut tx, instance_id).await? else {
+            return Ok(());
+        };
+        if inst.warm_template_id.is_none() {
+            return Ok(());
+        }
+        let delete = InstanceCommand::Delete {
+            requester: Requester::System,
+            reason: Some("warm pool drained".into()),
+        };
+        apply_commands(ctx, &mut tx, &inst, &[delete], Utc::now()).await?;
+        commit(ctx, tx).await
+    })
+    .await
+}

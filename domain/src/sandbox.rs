@@ -1,0 +1,460 @@
+//! The sandbox aggregate (stream `sandbox-<id>`): a short-lived hosted instance made from a
+//! template, with a lifetime. Its `state` moves only along [`TABLE`]; the instance behind it is
+//! an ordinary instance (with `sandboxId` set), changed through the instance aggregate.
+
+mod event;
+#[cfg(test)]
+mod tests;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
+use crate::error::DomainError;
+
+pub use event::{
+    Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExpiry, SandboxFailed,
+    SandboxReady,
+};
+
+/// The longest single extension: 30 days.
+pub const MAX_EXTENSION: TimeDelta = TimeDelta::days(30);
+/// Longest idempotency key.
+pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+
+/// Where a sandbox is.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Its instance has not run yet.
+    Starting,
+    /// Its instance ran.
+    Ready,
+    /// Its instance failed; it ends with its lifetime or a delete.
+    Failed,
+    /// Its instance is being deleted.
+    Deleting,
+    /// Its instance is gone.
+    Deleted,
+}
+
+impl SandboxState {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Starting => "starting",
+            SandboxState::Ready => "ready",
+            SandboxState::Failed => "failed",
+            SandboxState::Deleting => "deleting",
+            SandboxState::Deleted => "deleted",
+        }
+    }
+
+    /// Not deleting or deleted.
+    pub fn is_open(self) -> bool {
+        matches!(
+            self,
+            SandboxState::Starting | SandboxState::Ready | SandboxState::Failed
+        )
+    }
+}
+
+/// What moves a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// Its instance ran.
+    Ready,
+    /// Its instance failed.
+    Fail,
+    /// Deletion began (a delete, an expiry).
+    Delete,
+    /// Its instance is gone.
+    Release,
+}
+
+/// Every legal move: (from, verb, to).
+pub const TABLE: &[(SandboxState, Verb, SandboxState)] = {
+    use SandboxState::*;
+    &[
+        (Starting, Verb::Ready, Ready),
+        (Failed, Verb::Ready, Ready),
+        (Starting, Verb::Fail, Failed),
+        (Ready, Verb::Fail, Failed),
+        (Starting, Verb::Delete, Deleting),
+        (Ready, Verb::Delete, Deleting),
+        (Failed, Verb::Delete, Deleting),
+        (Starting, Verb::Release, Deleted),
+        (Ready, Verb::Release, Deleted),
+        (Failed, Verb::Release, Deleted),
+        (Deleting, Verb::Release, Deleted),
+    ]
+};
+
+/// Where `verb` takes a sandbox in `from`, or `INVALID_STATE`.
+pub fn transition(from: SandboxState, verb: Verb) -> Result<SandboxState, DomainError> {
+    TABLE
+        .iter()
+        .find(|(f, v, _)| *f == from && *v == verb)
+        .map(|(_, _, to)| *to)
+        .ok_or_else(|| {
+            DomainError::invalid_state(format!("a {} sandbox cannot {verb:?}", from.as_str()))
+        })
+}
+
+/// A sandbox as its events leave it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    /// `sbx_…`.
+    pub id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// Its template.
+    pub template_id: String,
+    /// The instance it drives.
+    pub instance_id: String,
+    /// The instance's pool.
+    pub pool_id: String,
+    /// Where it is.
+    pub state: SandboxState,
+    /// Whether a warm instance was claimed for it.
+    pub warm: bool,
+    /// Who made it.
+    pub owner_identity_id: String,
+    /// The create's idempotency key.
+    pub idempotency_key: String,
+    /// Hash of the create request, for replay vs `CONFLICT`.
+    pub request_hash: String,
+    /// When it was admitted (the lifetime counts from here).
+    pub created_at: DateTime<Utc>,
+    /// When its instance first ran.
+    pub ready_at: Option<DateTime<Utc>>,
+    /// When it ends.
+    pub expires_at: DateTime<Utc>,
+    /// `sandbox.expiring` was published for the current `expiresAt`.
+    pub expiring_sent: bool,
+    /// Its lifetime ended it.
+    pub expired: bool,
+    /// When it was deleted.
+    pub deleted_at: Option<DateTime<Utc>>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Events folded.
+    pub version: u64,
+}
+
+impl Sandbox {
+    /// The ids every lifecycle event carries.
+    pub fn lifecycle(&self) -> Lifecycle {
+        Lifecycle {
+            sandbox_id: self.id.clone(),
+            tenant_id: self.tenant_id.clone(),
+            template_id: self.template_id.clone(),
+            instance_id: self.instance_id.clone(),
+            pool_id: self.pool_id.clone(),
+        }
+    }
+
+    /// Its whole lifetime so far, from admission to `expiresAt`.
+    pub fn lifetime(&self) -> TimeDelta {
+        self.expires_at - self.created_at
+    }
+}
+
+impl Aggregate for Sandbox {
+    type Event = SandboxEvent;
+    const CATEGORY: &'static str = "sandbox";
+
+    fn evolve(
+        state: Option<Self>,
+        event: &SandboxEvent,
+        at: DateTime<Utc>,
+    ) -> Result<Self, FoldError> {
+        let mut s = match event {
+            SandboxEvent::Created(c) => {
+                return created(state, Self::CATEGORY, || from_created(c, at));
+            }
+            _ => existing(state, Self::CATEGORY, event.event_type())?,
+        };
+        match event {
+            SandboxEvent::Created(_) => {}
+            SandboxEvent::Ready(_) => {
+                s.state = SandboxState::Ready;
+                s.ready_at.get_or_insert(at);
+            }
+            SandboxEvent::Failed(_) => s.state = SandboxState::Failed,
+            SandboxEvent::Extended(e) => {
+                s.expires_at = e.expires_at;
+                s.expiring_sent = false;
+            }
+            SandboxEvent::Expiring(_) => s.expiring_sent = true,
+            SandboxEvent::Expired(_) => {
+                s.state = SandboxState::Deleting;
+                s.expired = true;
+            }
+            SandboxEvent::Deleting(_) => s.state = SandboxState::Deleting,
+            SandboxEvent::Deleted(_) => {
+                s.state = SandboxState::Deleted;
+                s.deleted_at = Some(at);
+            }
+        }
+        s.version += 1;
+        s.updated_at = at;
+        Ok(s)
+    }
+
+    fn version(&self) -> u64 {
+        self.version
+    }
+}
+
+fn from_created(c: &SandboxCreated, at: DateTime<Utc>) -> Sandbox {
+    Sandbox {
+        id: c.ids.sandbox_id.clone(),
+        tenant_id: c.ids.tenant_id.clone(),
+        template_id: c.ids.template_id.clone(),
+        instance_id: c.ids.instance_id.clone(),
+        pool_id: c.ids.pool_id.clone(),
+        state: SandboxState::Starting,
+        warm: c.warm,
+        owner_identity_id: c.owner_identity_id.clone(),
+        idempotency_key: c.idempotency_key.clone(),
+        request_hash: c.request_hash.clone(),
+        created_at: at,
+        ready_at: None,
+        expires_at: c.expires_at,
+        expiring_sent: false,
+        expired: false,
+        deleted_at: None,
+        updated_at: at,
+        version: 1,
+    }
+}
+
+/// The request part of `sandboxes.create` a decision needs.
+#[derive(Debug, Clone)]
+pub struct CreateSandbox {
+    /// The derived id.
+    pub id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The template.
+    pub template_id: String,
+    /// The lifetime asked for (`None`: the template's default).
+    pub ttl_seconds: Option<u64>,
+    /// The key.
+    pub idempotency_key: String,
+    /// Hash of the request.
+    pub request_hash: String,
+    /// Who asks.
+    pub owner_identity_id: String,
+}
+
+/// What a create finds before it admits anything.
+#[derive(Debug)]
+pub enum Admit {
+    /// The key already made this sandbox: answer it.
+    Replay(Box<Sandbox>),
+    /// Admit a new sandbox with this lifetime.
+    New {
+        /// Seconds to live from admission.
+        ttl_seconds: u64,
+    },
+}
+
+/// Checks a create against the sandbox its key may already have made and the template's
+/// lifetime bounds (`default_ttl`, `max_ttl`).
+pub fn admit(
+    existing: Option<&Sandbox>,
+    c: &CreateSandbox,
+    default_ttl: u64,
+    max_ttl: u64,
+) -> Result<Admit, DomainError> {
+    if c.idempotency_key.trim().is_empty() || c.idempotency_key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(DomainError::invalid_input(
+            "idempotencyKey",
+            format!("1 to {MAX_IDEMPOTENCY_KEY} characters"),
+        ));
+    }
+    if let Some(s) = existing {
+        if s.request_hash == c.request_hash {
+            return Ok(Admit::Replay(Box::new(s.clone())));
+        }
+        return Err(DomainError::conflict(
+            format!(
+                "idempotency key already used for a different request (sandbox {})",
+                s.id
+            ),
+            "sandboxId",
+            s.id.clone(),
+        ));
+    }
+    let ttl_seconds = c.ttl_seconds.unwrap_or(default_ttl);
+    if ttl_seconds == 0 || ttl_seconds > max_ttl {
+        return Err(DomainError::invalid_input(
+            "ttlSeconds",
+            format!("1 to the template's maxTtlSeconds ({max_ttl})"),
+        ));
+    }
+    Ok(Admit::New { ttl_seconds })
+}
+
+/// The `sandbox.created` event of an admitted create.
+pub fn created_event(
+    c: &CreateSandbox,
+    ids: Lifecycle,
+    warm: bool,
+    ttl_seconds: u64,
+    now: DateTime<Utc>,
+) -> SandboxEvent {
+    SandboxEvent::Created(SandboxCreated {
+        ids,
+        warm,
+        ttl_seconds,
+        expires_at: now + TimeDelta::seconds(ttl_seconds as i64),
+        owner_identity_id: c.owner_identity_id.clone(),
+        idempotency_key: c.idempotency_key.clone(),
+        request_hash: c.request_hash.clone(),
+    })
+}
+
+/// How an extend moves the expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extension {
+    /// To this time.
+    Until(DateTime<Utc>),
+    /// Later by this much.
+    By(TimeDelta),
+}
+
+/// The expiry an extend asks for, checked against the template's `max_ttl` (seconds) and the
+/// 30-day cap. `None`: nothing to do (an `until` not later than the current expiry).
+pub fn extended_expiry(
+    s: &Sandbox,
+    extension: Extension,
+    max_ttl: u64,
+) -> Result<Option<DateTime<Utc>>, DomainError> {
+    if !s.state.is_open() {
+        return Err(DomainError::invalid_state(format!(
+            "sandbox {} is {}",
+            s.id,
+            s.state.as_str()
+        )));
+    }
+    let (field, until) = match extension {
+        Extension::Until(t) if t <= s.expires_at => return Ok(None),
+        Extension::Until(t) => ("until", t),
+        Extension::By(d) if d <= TimeDelta::zero() => {
+            return Err(DomainError::invalid_input("by", "must be positive"))
+        }
+        Extension::By(d) => ("by", s.expires_at + d),
+    };
+    if until - s.expires_at > MAX_EXTENSION {
+        return Err(DomainError::invalid_input(field, "at most 30 days per extend"));
+    }
+    if until - s.created_at > TimeDelta::seconds(max_ttl as i64) {
+        return Err(DomainError::invalid_input(
+            field,
+            format!("the lifetime would exceed the template's maxTtlSeconds ({max_ttl})"),
+        ));
+    }
+    Ok(Some(until))
+}
+
+/// Decides an extend to `until` (already checked by [`extended_expiry`]).
+pub fn extend(s: &Sandbox, until: DateTime<Utc>) -> Vec<SandboxEvent> {
+    vec![SandboxEvent::Extended(SandboxExpiry {
+        ids: s.lifecycle(),
+        expires_at: until,
+    })]
+}
+
+/// Decides `sandbox.ready` once its instance runs (nothing when it already is or is ending).
+pub fn ready(s: &Sandbox) -> Vec<SandboxEvent> {
+    match transition(s.state, Verb::Ready) {
+        Ok(_) if s.state != SandboxState::Ready => vec![SandboxEvent::Ready(SandboxReady {
+            ids: s.lifecycle(),
+            warm: s.warm,
+        })],
+        _ => Vec::new(),
+    }
+}
+
+/// Decides `sandbox.failed` when its instance failed.
+pub fn fail(s: &Sandbox, reason: &str) -> Vec<SandboxEvent> {
+    match transition(s.state, Verb::Fail) {
+        Ok(_) => vec![SandboxEvent::Failed(SandboxFailed {
+            ids: s.lifecycle(),
+            reason: reason.to_string(),
+        })],
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Decides a delete: idempotent.
+pub fn delete(s: &Sandbox) -> Vec<SandboxEvent> {
+    match transition(s.state, Verb::Delete) {
+        Ok(_) => vec![SandboxEvent::Deleting(s.lifecycle())],
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Decides the end: its instance is gone.
+pub fn deleted(s: &Sandbox) -> Vec<SandboxEvent> {
+    match transition(s.state, Verb::Release) {
+        Ok(_) => vec![SandboxEvent::Deleted(SandboxDeleted {
+            ids: s.lifecycle(),
+            expired: s.expired,
+        })],
+        Err(_) => Vec::new(),
+    }
+}
+
+/// How long before `expiresAt` a sandbox is warned: `lead`, or a quarter of its lifetime when
+/// that is shorter, never under `min_lead` and never more than the lifetime.
+pub fn expiring_lead(lifetime: TimeDelta, lead: TimeDelta, min_lead: TimeDelta) -> TimeDelta {
+    lead.min(lifetime / 4).max(min_lead).min(lifetime)
+}
+
+/// Decides the expiry work due at `now`: `sandbox.expiring` once per expiry, `sandbox.expired`
+/// once it has passed.
+pub fn expiry(s: &Sandbox, now: DateTime<Utc>, lead: TimeDelta, min_lead: TimeDelta) -> Vec<SandboxEvent> {
+    if !s.state.is_open() {
+        return Vec::new();
+    }
+    let at = SandboxExpiry {
+        ids: s.lifecycle(),
+        expires_at: s.expires_at,
+    };
+    if now >= s.expires_at {
+        return vec![SandboxEvent::Expired(at)];
+    }
+    let warn_from = s.expires_at - expiring_lead(s.lifetime(), lead, min_lead);
+    if !s.expiring_sent && now >= warn_from {
+        return vec![SandboxEvent::Expiring(at)];
+    }
+    Vec::new()
+}
+
+/// Parses a duration: `30s`, `15m`, `8h`, `7d`, or a number of milliseconds.
+pub fn parse_duration(text: &str) -> Result<TimeDelta, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: i64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30m, 8h or 7d"))?;
+    let delta = match unit {
+        "" | "ms" => TimeDelta::try_milliseconds(n),
+        "s" => TimeDelta::try_seconds(n),
+        "m" => TimeDelta::try_minutes(n),
+        "h" => TimeDelta::try_hours(n),
+        "d" => TimeDelta::try_days(n),
+        _ => None,
+    };
+    delta.ok_or_else(|| format!("{text:?} is not a duration like 30m, 8h or 7d"))
+}

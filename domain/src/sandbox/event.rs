@@ -1,0 +1,108 @@
+//! Sandbox events (SPEC §4.2): subject `sandbox/<id>`; the lifecycle ones carry the template,
+//! instance and pool.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The ids every lifecycle event carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    /// The sandbox (also the subject).
+    pub sandbox_id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// Its template.
+    pub template_id: String,
+    /// The instance it drives.
+    pub instance_id: String,
+    /// The instance's pool.
+    pub pool_id: String,
+}
+
+/// `sandbox.created`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxCreated {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// A warm instance was claimed.
+    pub warm: bool,
+    /// The lifetime asked for.
+    pub ttl_seconds: u64,
+    /// Admission time plus the lifetime.
+    pub expires_at: DateTime<Utc>,
+    /// Who made it.
+    pub owner_identity_id: String,
+    /// The create's key.
+    pub idempotency_key: String,
+    /// Hash of the create request.
+    pub request_hash: String,
+}
+
+/// `sandbox.ready`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxReady {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// A warm instance was claimed.
+    pub warm: bool,
+}
+
+/// `sandbox.failed`: its instance failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxFailed {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// The instance's failure reason.
+    pub reason: String,
+}
+
+/// `sandbox.extended`, `sandbox.expiring`, `sandbox.expired`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxExpiry {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// The expiry (after an extend: the new one).
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `sandbox.deleted`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDeleted {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// Its lifetime ended it.
+    pub expired: bool,
+}
+
+crate::event_enum! {
+    /// What happens to a sandbox.
+    pub enum SandboxEvent {
+        /// `sandbox.created`.
+        Created(SandboxCreated) = "sandbox.created",
+        /// `sandbox.ready`.
+        Ready(SandboxReady) = "sandbox.ready",
+        /// `sandbox.failed`.
+        Failed(SandboxFailed) = "sandbox.failed",
+        /// `sandbox.extended`.
+        Extended(SandboxExpiry) = "sandbox.extended",
+        /// `sandbox.expiring`.
+        Expiring(SandboxExpiry) = "sandbox.expiring",
+        /// `sandbox.expired`: deletion began because the lifetime ended.
+        Expired(SandboxExpiry) = "sandbox.expired",
+        /// `sandbox.deleting`: a delete began.
+        Deleting(Lifecycle) = "sandbox.deleting",
+        /// `sandbox.deleted`.
+        Deleted(SandboxDeleted) = "sandbox.deleted",
+    }
+}
