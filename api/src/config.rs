@@ -99,6 +99,12 @@ pub struct Timings {
     pub refusing_node_exclusion: f64,
     /// How often node liveness is checked.
     pub liveness_check: f64,
+    /// How often the sandbox reconciler passes.
+    pub sandbox_pass: f64,
+    /// How long before its expiry a sandbox is warned (`sandbox.expiring`).
+    pub sandbox_expiring_lead: f64,
+    /// The shortest warning.
+    pub sandbox_expiring_min_lead: f64,
 }
 
 impl Default for Timings {
@@ -112,6 +118,9 @@ impl Default for Timings {
             replacement_wait: 60.0,
             refusing_node_exclusion: 600.0,
             liveness_check: 5.0,
+            sandbox_pass: 15.0,
+            sandbox_expiring_lead: 300.0,
+            sandbox_expiring_min_lead: 30.0,
         }
     }
 }
@@ -244,6 +253,9 @@ impl Config {
             ("replacement_wait", t.replacement_wait),
             ("refusing_node_exclusion", t.refusing_node_exclusion),
             ("liveness_check", t.liveness_check),
+            ("sandbox_pass", t.sandbox_pass),
+            ("sandbox_expiring_lead", t.sandbox_expiring_lead),
+            ("sandbox_expiring_min_lead", t.sandbox_expiring_min_lead),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
                 return Err(err(

@@ -195,6 +195,9 @@ pub fn timings(config: &Config) -> vps_reactors::timings::Timings {
         replacement_wait: s(t.replacement_wait),
         refusing_node_exclusion: s(t.refusing_node_exclusion),
         liveness_check: s(t.liveness_check),
+        sandbox_pass: s(t.sandbox_pass),
+        sandbox_expiring_lead: s(t.sandbox_expiring_lead),
+        sandbox_expiring_min_lead: s(t.sandbox_expiring_min_lead),
     }
 }
 
@@ -213,6 +216,10 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
     let (ctx, t) = (reactor_ctx(state, "instances"), timings.clone());
     tasks.push(supervise("instance-reconciler", move || {
         vps_reactors::instances::run(ctx.clone(), t.clone(), 8)
+    }));
+    let (ctx, t) = (reactor_ctx(state, "sandboxes"), timings.clone());
+    tasks.push(supervise("sandbox-reconciler", move || {
+        vps_reactors::sandboxes::run(ctx.clone(), t.clone())
     }));
     let (ctx, t) = (reactor_ctx(state, "liveness"), timings);
     tasks.push(supervise("node-liveness", move || {

@@ -78,13 +78,19 @@ mod tests {
         assert!(doc.contains("path: /etc/sandbox/env"));
         assert!(doc.contains("permissions: '0600'"));
         assert!(doc.contains("text/x-shellscript"));
-        assert!(!doc.contains("it's secret"), "values are encoded, never in the clear");
+        assert!(
+            !doc.contains("it's secret"),
+            "values are encoded, never in the clear"
+        );
         let encoded = doc
             .lines()
             .find_map(|l| l.trim().strip_prefix("content: "))
             .unwrap();
         let file = data_encoding::BASE64.decode(encoded.as_bytes()).unwrap();
-        assert_eq!(String::from_utf8(file).unwrap(), "TOKEN='it'\\''s secret'\n");
+        assert_eq!(
+            String::from_utf8(file).unwrap(),
+            "TOKEN='it'\\''s secret'\n"
+        );
     }
     use crate::ids::{hostname_for, instance_id};
 

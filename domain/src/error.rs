@@ -128,7 +128,11 @@ impl DomainError {
     }
 
     /// Shorthand for an [`DomainError::ConflictOn`].
-    pub fn conflict(message: impl Into<String>, key: &'static str, value: impl Into<String>) -> Self {
+    pub fn conflict(
+        message: impl Into<String>,
+        key: &'static str,
+        value: impl Into<String>,
+    ) -> Self {
         DomainError::ConflictOn {
             message: message.into(),
             key,

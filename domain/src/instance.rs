@@ -33,12 +33,12 @@ pub use command::{
     Requester, ResizeInstance,
 };
 pub use decide::{decide, decide_all, MAX_IDEMPOTENCY_KEY, MAX_SSH_KEYS};
+pub use event::starting;
 pub use event::{
     AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
     InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled, Starting,
     EVENT_TYPES,
 };
-pub use event::starting;
 
 /// After this many re-placements away from refusing hosts, the next refusal fails the instance.
 pub const MAX_EXHAUSTED_REPLACEMENTS: usize = 3;

@@ -23,9 +23,7 @@ pub const MAX_EXTENSION: TimeDelta = TimeDelta::days(30);
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
 
 /// Where a sandbox is.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxState {
     /// Its instance has not run yet.
@@ -352,7 +350,10 @@ pub fn extended_expiry(
         Extension::By(d) => ("by", s.expires_at + d),
     };
     if until - s.expires_at > MAX_EXTENSION {
-        return Err(DomainError::invalid_input(field, "at most 30 days per extend"));
+        return Err(DomainError::invalid_input(
+            field,
+            "at most 30 days per extend",
+        ));
     }
     if until - s.created_at > TimeDelta::seconds(max_ttl as i64) {
         return Err(DomainError::invalid_input(
@@ -420,7 +421,12 @@ pub fn expiring_lead(lifetime: TimeDelta, lead: TimeDelta, min_lead: TimeDelta) 
 
 /// Decides the expiry work due at `now`: `sandbox.expiring` once per expiry, `sandbox.expired`
 /// once it has passed.
-pub fn expiry(s: &Sandbox, now: DateTime<Utc>, lead: TimeDelta, min_lead: TimeDelta) -> Vec<SandboxEvent> {
+pub fn expiry(
+    s: &Sandbox,
+    now: DateTime<Utc>,
+    lead: TimeDelta,
+    min_lead: TimeDelta,
+) -> Vec<SandboxEvent> {
     if !s.state.is_open() {
         return Vec::new();
     }

@@ -437,7 +437,11 @@ pub struct WarmPlan {
 
 /// Plans a pass over a template's warm instances that are not being deleted (`template`
 /// `None`: the template is gone). At most `max_refill` are made per pass.
-pub fn warm_plan(template: Option<&Template>, members: &[WarmMember], max_refill: usize) -> WarmPlan {
+pub fn warm_plan(
+    template: Option<&Template>,
+    members: &[WarmMember],
+    max_refill: usize,
+) -> WarmPlan {
     use crate::state_table::InstanceState::{Error, Lost};
     let live = template.filter(|t| !t.deleted);
     let (min, max) = live
@@ -503,7 +507,13 @@ mod tests {
     fn a_pool_below_min_is_refilled_at_most_four_at_a_time() {
         let t = template(6, 8, 1);
         let plan = warm_plan(Some(&t), &[member("a", 1, InstanceState::Paused, 0)], 4);
-        assert_eq!(plan, WarmPlan { drain: vec![], create: 4 });
+        assert_eq!(
+            plan,
+            WarmPlan {
+                drain: vec![],
+                create: 4
+            }
+        );
     }
 
     #[test]
@@ -527,7 +537,13 @@ mod tests {
         let mut t = template(2, 2, 1);
         t.deleted = true;
         let plan = warm_plan(Some(&t), &[member("a", 1, InstanceState::Paused, 0)], 4);
-        assert_eq!(plan, WarmPlan { drain: vec!["a".into()], create: 0 });
+        assert_eq!(
+            plan,
+            WarmPlan {
+                drain: vec!["a".into()],
+                create: 0
+            }
+        );
         assert_eq!(warm_plan(None, &[], 4), WarmPlan::default());
     }
 }

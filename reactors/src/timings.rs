@@ -21,6 +21,12 @@ pub struct Timings {
     pub refusing_node_exclusion: Duration,
     /// How often node liveness is checked.
     pub liveness_check: Duration,
+    /// How often the sandbox reconciler passes.
+    pub sandbox_pass: Duration,
+    /// How long before its expiry a sandbox is warned.
+    pub sandbox_expiring_lead: Duration,
+    /// The shortest warning.
+    pub sandbox_expiring_min_lead: Duration,
 }
 
 impl Default for Timings {
@@ -34,6 +40,9 @@ impl Default for Timings {
             replacement_wait: Duration::from_secs(60),
             refusing_node_exclusion: Duration::from_secs(600),
             liveness_check: Duration::from_secs(5),
+            sandbox_pass: Duration::from_secs(15),
+            sandbox_expiring_lead: Duration::from_secs(300),
+            sandbox_expiring_min_lead: Duration::from_secs(30),
         }
     }
 }

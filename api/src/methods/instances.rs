@@ -33,6 +33,16 @@ pub struct Wait {
     timeout_ms: u64,
 }
 
+impl Wait {
+    /// The wait, checked (at most 30 s).
+    pub fn duration(&self) -> Result<Duration, ApiError> {
+        if self.timeout_ms > 30_000 {
+            return Err(ApiError::invalid("wait.timeoutMs", "at most 30000"));
+        }
+        Ok(Duration::from_millis(self.timeout_ms))
+    }
+}
+
 /// An instance by id.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -168,10 +178,7 @@ pub fn methods() -> Vec<Method> {
 async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
     q.input.tenant_id = c.caller.tenant(&q.input.tenant_id)?;
     let wait = match q.wait {
-        Some(w) if w.timeout_ms > 30_000 => {
-            return Err(ApiError::invalid("wait.timeoutMs", "at most 30000"))
-        }
-        Some(w) => Duration::from_millis(w.timeout_ms),
+        Some(w) => w.duration()?,
         None => Duration::ZERO,
     };
     let created = c.admitter.create(&c.ctx, q.input).await?;

@@ -8,6 +8,7 @@ pub mod instances;
 pub mod nodes;
 pub mod pools;
 pub mod provider_accounts;
+pub mod sandboxes;
 pub mod webhooks;
 
 use crate::error::ApiError;
@@ -23,6 +24,7 @@ pub fn all() -> Vec<Method> {
         flavors::methods(),
         images::methods(),
         instances::methods(),
+        sandboxes::methods(),
         provider_accounts::methods(),
         webhooks::methods(),
         events::methods(),

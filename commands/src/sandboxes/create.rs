@@ -75,12 +75,8 @@ async fn create_once(ctx: &Ctx, c: &CreateSandbox) -> Result<Created, CommandErr
     }
     let stored = super::template(&mut tx, &c.template_id).await?;
     let t = template::live(stored.as_ref(), &c.tenant_id, &c.template_id)?;
-    let Admit::New { ttl_seconds } = domain::admit(
-        None,
-        c,
-        t.spec.default_ttl_seconds,
-        t.spec.max_ttl_seconds,
-    )?
+    let Admit::New { ttl_seconds } =
+        domain::admit(None, c, t.spec.default_ttl_seconds, t.spec.max_ttl_seconds)?
     else {
         unreachable!("no sandbox exists under this id");
     };
@@ -96,9 +92,10 @@ async fn create_once(ctx: &Ctx, c: &CreateSandbox) -> Result<Created, CommandErr
         pool_id: instance.pool_id.clone(),
     };
     let event = domain::created_event(c, ids, warm, ttl_seconds, Utc::now());
-    let sandbox = record_events::<Sandbox>(ctx, &mut tx, &c.id, None, vec![event], Some(&c.tenant_id))
-        .await?
-        .expect("a created sandbox");
+    let sandbox =
+        record_events::<Sandbox>(ctx, &mut tx, &c.id, None, vec![event], Some(&c.tenant_id))
+            .await?
+            .expect("a created sandbox");
     commit(ctx, tx).await?;
     Ok(Created { sandbox, new: true })
 }
@@ -115,7 +112,14 @@ async fn cold(
         sandbox_id: Some(sandbox_id.to_string()),
         ..origin(ctx, tx, t).await?
     };
-    admit_in(ctx, tx, &id, &instance_input(t, sandbox_id, DesiredState::Running), &origin).await
+    admit_in(
+        ctx,
+        tx,
+        &id,
+        &instance_input(t, sandbox_id, DesiredState::Running),
+        &origin,
+    )
+    .await
 }
 
 /// The create every instance of `t` is admitted with (keyed by `key`).
@@ -141,7 +145,10 @@ pub(super) async fn origin(
     t: &Template,
 ) -> Result<Origin, CommandError> {
     let refs: Vec<&str> = t.spec.env.values().map(String::as_str).collect();
-    if let Some(missing) = secrets::foreign_refs(tx, &t.tenant_id, &refs).await?.first() {
+    if let Some(missing) = secrets::foreign_refs(tx, &t.tenant_id, &refs)
+        .await?
+        .first()
+    {
         return Err(vps_domain::DomainError::invalid_state(format!(
             "template {} names {missing}, which is no longer a secret of the tenant",
             t.id
@@ -150,11 +157,15 @@ pub(super) async fn origin(
     }
     let mut env = Vec::new();
     for (name, reference) in &t.spec.env {
-        let value = secrets::open(tx, &ctx.secrets, reference).await?.unwrap_or_default();
+        let value = secrets::open(tx, &ctx.secrets, reference)
+            .await?
+            .unwrap_or_default();
         env.push((name.clone(), String::from_utf8_lossy(&value).into_owned()));
     }
     let base = match &t.spec.user_data_ref {
-        Some(r) => secrets::open(tx, &ctx.secrets, r).await?.unwrap_or_default(),
+        Some(r) => secrets::open(tx, &ctx.secrets, r)
+            .await?
+            .unwrap_or_default(),
         None => Vec::new(),
     };
     let base = String::from_utf8_lossy(&base).into_owned();

@@ -56,7 +56,10 @@ pub async fn instance_changed(
         Ok(decided.clone())
     })
     .await?;
-    if let (Some(s), true) = (sandbox, decided.iter().any(|e| matches!(e, SandboxEvent::Ready(_)))) {
+    if let (Some(s), true) = (
+        sandbox,
+        decided.iter().any(|e| matches!(e, SandboxEvent::Ready(_))),
+    ) {
         record_ready(&s);
     }
     Ok(())

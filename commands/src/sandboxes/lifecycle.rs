@@ -53,9 +53,16 @@ pub async fn extend(
             return Ok(s);
         };
         check(&s, (until - s.created_at).num_seconds())?;
-        let after = record_events(ctx, &mut tx, sandbox_id, Some(&s), domain::extend(&s, until), Some(tenant_id))
-            .await?
-            .expect("an extended sandbox");
+        let after = record_events(
+            ctx,
+            &mut tx,
+            sandbox_id,
+            Some(&s),
+            domain::extend(&s, until),
+            Some(tenant_id),
+        )
+        .await?
+        .expect("an extended sandbox");
         commit(ctx, tx).await?;
         Ok(after)
     })
@@ -132,7 +139,15 @@ pub async fn expire(
         if expired {
             end(ctx, &mut tx, &s, events).await?;
         } else {
-            record_events(ctx, &mut tx, sandbox_id, Some(&s), events, Some(&s.tenant_id)).await?;
+            record_events(
+                ctx,
+                &mut tx,
+                sandbox_id,
+                Some(&s),
+                events,
+                Some(&s.tenant_id),
+            )
+            .await?;
         }
         commit(ctx, tx).await?;
         Ok(expired.then(|| now - s.expires_at))
@@ -157,8 +172,15 @@ pub async fn settle(ctx: &Ctx, sandbox_id: &str) -> Result<(), CommandError> {
         match inst {
             Some(i) => instance_changed(ctx, &mut tx, &i, outcome).await?,
             None => {
-                record_events(ctx, &mut tx, sandbox_id, Some(&s), domain::deleted(&s), Some(&s.tenant_id))
-                    .await?;
+                record_events(
+                    ctx,
+                    &mut tx,
+                    sandbox_id,
+                    Some(&s),
+                    domain::deleted(&s),
+                    Some(&s.tenant_id),
+                )
+                .await?;
             }
         }
         commit(ctx, tx).await

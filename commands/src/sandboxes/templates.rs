@@ -95,7 +95,15 @@ async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Templ
         max_ttl_seconds: input.max_ttl_seconds.unwrap_or(DEFAULT_MAX_TTL_SECONDS),
         warm: input.warm,
     };
-    let facts = template_facts(&mut tx, &input.tenant_id, &input.pool_id, &spec, &input.name, id).await?;
+    let facts = template_facts(
+        &mut tx,
+        &input.tenant_id,
+        &input.pool_id,
+        &spec,
+        &input.name,
+        id,
+    )
+    .await?;
     let events = domain::create(
         CreateTemplate {
             id: id.to_string(),
@@ -108,9 +116,10 @@ async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Templ
         &facts,
     )?;
     seal_user_data(ctx, &mut tx, id, 1, input.user_data.as_deref()).await?;
-    let template = record_events::<Template>(ctx, &mut tx, id, None, events, Some(&input.tenant_id))
-        .await?
-        .expect("a created template");
+    let template =
+        record_events::<Template>(ctx, &mut tx, id, None, events, Some(&input.tenant_id))
+            .await?
+            .expect("a created template");
     commit(ctx, tx).await?;
     Ok(template)
 }
@@ -140,15 +149,26 @@ async fn update_once(ctx: &Ctx, p: &TemplatePatch) -> Result<Template, CommandEr
     let facts = template_facts(&mut tx, &t.tenant_id, &t.pool_id, &spec, &t.name, &t.id).await?;
     let events = domain::update(before.as_ref(), &p.tenant_id, &p.template_id, spec, &facts)?;
     seal_user_data(ctx, &mut tx, &t.id, version, p.user_data.as_deref()).await?;
-    let after = record_events(ctx, &mut tx, &p.template_id, before.as_ref(), events, Some(&p.tenant_id))
-        .await?
-        .expect("an updated template");
+    let after = record_events(
+        ctx,
+        &mut tx,
+        &p.template_id,
+        before.as_ref(),
+        events,
+        Some(&p.tenant_id),
+    )
+    .await?
+    .expect("an updated template");
     commit(ctx, tx).await?;
     Ok(after)
 }
 
 /// Deletes a template: hidden, its name free; the reconciler drains its warm instances.
-pub async fn delete(ctx: &Ctx, tenant_id: &str, template_id: &str) -> Result<Template, CommandError> {
+pub async fn delete(
+    ctx: &Ctx,
+    tenant_id: &str,
+    template_id: &str,
+) -> Result<Template, CommandError> {
     retrying(template_id, || async {
         let mut tx = ctx.pool.begin().await?;
         let after = change::<Template>(ctx, &mut tx, template_id, Some(tenant_id), |t| {

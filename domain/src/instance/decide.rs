@@ -15,11 +15,11 @@ use super::command::{
     AddressMode, CreateInstance, Failure, InstanceCommand, Observed, PlaceInstance, RecreateCause,
     Requester, ResizeInstance,
 };
+use super::event::{starting, Starting};
 use super::event::{
     AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
     InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled,
 };
-use super::event::{starting, Starting};
 use super::{apply, Instance, PoolKind, MAX_EXHAUSTED_REPLACEMENTS};
 
 /// The events `cmd` produces on `state` at `now`, or why it is refused (and then nothing

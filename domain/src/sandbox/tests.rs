@@ -81,7 +81,10 @@ fn the_lifetime_counts_from_admission_and_an_extend_is_bounded_by_the_template()
 fn expiring_is_sent_once_per_expiry_then_expired_starts_deletion() {
     let (lead, min) = (TimeDelta::seconds(300), TimeDelta::seconds(30));
     let mut s = sandbox(600);
-    assert!(expiry(&s, at(400), lead, min).is_empty(), "lead is a quarter: 150 s");
+    assert!(
+        expiry(&s, at(400), lead, min).is_empty(),
+        "lead is a quarter: 150 s"
+    );
     let warned = expiry(&s, at(460), lead, min);
     assert!(matches!(warned[..], [SandboxEvent::Expiring(_)]));
     s = Sandbox::evolve(Some(s), &warned[0], at(460)).unwrap();
@@ -95,16 +98,25 @@ fn expiring_is_sent_once_per_expiry_then_expired_starts_deletion() {
     let done = deleted(&s);
     s = Sandbox::evolve(Some(s), &done[0], at(1201)).unwrap();
     assert_eq!(s.state, SandboxState::Deleted);
-    assert!(delete(&s).is_empty(), "a delete of a deleted sandbox is a no-op");
+    assert!(
+        delete(&s).is_empty(),
+        "a delete of a deleted sandbox is a no-op"
+    );
 }
 
 #[test]
 fn the_lead_is_a_quarter_of_a_short_life_but_never_under_the_minimum() {
     let (lead, min) = (TimeDelta::seconds(300), TimeDelta::seconds(30));
     assert_eq!(expiring_lead(TimeDelta::hours(2), lead, min), lead);
-    assert_eq!(expiring_lead(TimeDelta::seconds(400), lead, min), TimeDelta::seconds(100));
+    assert_eq!(
+        expiring_lead(TimeDelta::seconds(400), lead, min),
+        TimeDelta::seconds(100)
+    );
     assert_eq!(expiring_lead(TimeDelta::seconds(60), lead, min), min);
-    assert_eq!(expiring_lead(TimeDelta::seconds(10), lead, min), TimeDelta::seconds(10));
+    assert_eq!(
+        expiring_lead(TimeDelta::seconds(10), lead, min),
+        TimeDelta::seconds(10)
+    );
 }
 
 #[test]
@@ -117,7 +129,12 @@ fn ready_and_failed_follow_the_table() {
     let f = fail(&r, "runtime-error");
     let failed = Sandbox::evolve(Some(r), &f[0], at(2)).unwrap();
     assert_eq!(failed.state, SandboxState::Failed);
-    assert_eq!(transition(SandboxState::Deleted, Verb::Ready).unwrap_err().code(), "INVALID_STATE");
+    assert_eq!(
+        transition(SandboxState::Deleted, Verb::Ready)
+            .unwrap_err()
+            .code(),
+        "INVALID_STATE"
+    );
 }
 
 #[test]
@@ -125,7 +142,10 @@ fn durations_parse_in_the_units_people_write() {
     assert_eq!(parse_duration("15m").unwrap(), TimeDelta::minutes(15));
     assert_eq!(parse_duration("8h").unwrap(), TimeDelta::hours(8));
     assert_eq!(parse_duration("7d").unwrap(), TimeDelta::days(7));
-    assert_eq!(parse_duration("1500").unwrap(), TimeDelta::milliseconds(1500));
+    assert_eq!(
+        parse_duration("1500").unwrap(),
+        TimeDelta::milliseconds(1500)
+    );
     assert!(parse_duration("soon").is_err());
     assert!(parse_duration("5y").is_err());
 }

@@ -1,0 +1,375 @@
+//! `sandboxTemplates.*`, `sandboxes.*` and `secrets.put` (the tenant secrets a template's
+//! `env` names). Another tenant's template or sandbox is `NOT_FOUND`.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use vps_commands::sandboxes::create::CreateSandboxInput;
+use vps_commands::sandboxes::templates::{TemplateInput, TemplatePatch};
+use vps_commands::sandboxes::{self, lifecycle};
+use vps_domain::sandbox::{parse_duration, Extension, Sandbox, SandboxState};
+use vps_projections::sandboxes::SandboxFilter;
+use vps_projections::views::{SandboxView, TemplateView};
+
+use crate::error::ApiError;
+use crate::registry::{Access::Tenant, Call, Items, Method};
+
+/// A template by id.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateRef {
+    /// The tenant.
+    tenant_id: String,
+    /// `sbxt_…`.
+    template_id: String,
+}
+
+/// A tenant.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantRef {
+    /// The tenant.
+    tenant_id: String,
+}
+
+/// `sandboxes.create`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateBody {
+    #[serde(flatten)]
+    input: CreateSandboxInput,
+    /// Answer once the sandbox leaves `starting`, or after the timeout.
+    wait: Option<crate::methods::instances::Wait>,
+}
+
+/// A sandbox by id.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SandboxRef {
+    /// The tenant.
+    tenant_id: String,
+    /// `sbx_…`.
+    sandbox_id: String,
+}
+
+/// `by`: `"30m"`, `"8h"`, `"7d"`, or milliseconds.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum By {
+    /// Milliseconds.
+    Millis(i64),
+    /// A duration like `30m`.
+    Text(String),
+}
+
+/// `sandboxes.extend`: exactly one of `until` or `by`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExtendBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `sbx_…`.
+    sandbox_id: String,
+    /// The new expiry (RFC 3339).
+    until: Option<DateTime<Utc>>,
+    /// Added to the current expiry (at most 30 days).
+    by: Option<By>,
+}
+
+/// `sandboxes.list`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `mine` (default) or `all`.
+    scope: Option<String>,
+    /// Deleted ones too.
+    deleted: Option<bool>,
+    /// Only this template's.
+    template_id: Option<String>,
+    /// 1 to 200 (default 50).
+    limit: Option<i64>,
+    /// The previous page's cursor (its last sandbox id).
+    cursor: Option<String>,
+}
+
+/// A page of sandboxes, newest first.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct SandboxPage {
+    /// The sandboxes.
+    items: Vec<SandboxView>,
+    /// Present when there are more.
+    cursor: Option<String>,
+}
+
+/// `secrets.put`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PutSecretBody {
+    /// The tenant.
+    tenant_id: String,
+    /// 1 to 63 letters, digits, `-`, `_` or `.`.
+    name: String,
+    /// The value (at most 64 KiB); never shown again.
+    value: String,
+}
+
+/// A tenant secret's reference.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct SecretRef {
+    /// The name.
+    name: String,
+    /// `secret://<tenant>/<name>`, for a template's `env`.
+    #[serde(rename = "ref")]
+    reference: String,
+}
+
+/// The methods of the groups.
+pub fn methods() -> Vec<Method> {
+    vec![
+        Method::new(
+            "sandboxTemplates",
+            "create",
+            Tenant,
+            "Creates a sandbox template.",
+            create_template,
+        ),
+        Method::new(
+            "sandboxTemplates",
+            "get",
+            Tenant,
+            "One live template.",
+            get_template,
+        ),
+        Method::new(
+            "sandboxTemplates",
+            "list",
+            Tenant,
+            "The tenant's live templates, by name.",
+            list_templates,
+        ),
+        Method::new(
+            "sandboxTemplates",
+            "update",
+            Tenant,
+            "Changes a template (its version rises).",
+            update_template,
+        ),
+        Method::new(
+            "sandboxTemplates",
+            "delete",
+            Tenant,
+            "Hides a template and frees its name.",
+            delete_template,
+        ),
+        Method::new(
+            "sandboxes",
+            "create",
+            Tenant,
+            "Creates a sandbox: a warm claim, or a cold create.",
+            create,
+        ),
+        Method::new("sandboxes", "get", Tenant, "One sandbox.", get),
+        Method::new(
+            "sandboxes",
+            "list",
+            Tenant,
+            "The tenant's sandboxes, newest first.",
+            list,
+        ),
+        Method::new(
+            "sandboxes",
+            "extend",
+            Tenant,
+            "Moves a sandbox's expiry later.",
+            extend,
+        ),
+        Method::new(
+            "sandboxes",
+            "delete",
+            Tenant,
+            "Deletes a sandbox and its instance.",
+            delete,
+        ),
+        Method::new(
+            "secrets",
+            "put",
+            Tenant,
+            "Stores a tenant secret for templates' env.",
+            put_secret,
+        ),
+    ]
+}
+
+async fn create_template(c: Call, mut q: TemplateInput) -> Result<TemplateView, ApiError> {
+    q.tenant_id = c.caller.tenant(&q.tenant_id)?;
+    let t = sandboxes::templates::create(&c.ctx, q).await?;
+    vps_reactors::sandboxes::wake();
+    Ok(TemplateView::from(&t))
+}
+
+async fn get_template(c: Call, q: TemplateRef) -> Result<TemplateView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let mut conn = c.ctx.pool.acquire().await?;
+    let stored = sandboxes::template(&mut conn, &q.template_id).await?;
+    let t = vps_domain::template::live(stored.as_ref(), &tenant, &q.template_id)
+        .map_err(vps_commands::CommandError::from)?;
+    Ok(TemplateView::from(t))
+}
+
+async fn list_templates(c: Call, q: TenantRef) -> Result<Items<TemplateView>, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let mut conn = c.ctx.pool.acquire().await?;
+    let templates = vps_projections::sandboxes::templates_of(&mut conn, &tenant)
+        .await
+        .map_err(vps_commands::CommandError::from)?;
+    Ok(templates
+        .iter()
+        .map(TemplateView::from)
+        .collect::<Vec<_>>()
+        .into())
+}
+
+async fn update_template(c: Call, mut q: TemplatePatch) -> Result<TemplateView, ApiError> {
+    q.tenant_id = c.caller.tenant(&q.tenant_id)?;
+    let t = sandboxes::templates::update(&c.ctx, q).await?;
+    vps_reactors::sandboxes::wake();
+    Ok(TemplateView::from(&t))
+}
+
+async fn delete_template(c: Call, q: TemplateRef) -> Result<TemplateView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let t = sandboxes::templates::delete(&c.ctx, &tenant, &q.template_id).await?;
+    vps_reactors::sandboxes::wake();
+    Ok(TemplateView::from(&t))
+}
+
+async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
+    q.input.tenant_id = c.caller.tenant(&q.input.tenant_id)?;
+    let wait = match q.wait {
+        Some(w) => w.duration()?,
+        None => Duration::ZERO,
+    };
+    let created = sandboxes::create::create(&c.ctx, q.input).await?;
+    if created.new && created.sandbox.warm {
+        vps_reactors::sandboxes::wake();
+    }
+    let sandbox = created.sandbox;
+    if sandbox.state != SandboxState::Starting || wait.is_zero() {
+        return Ok(SandboxView::from(&sandbox));
+    }
+    let settled = crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
+        let mut conn = c.ctx.pool.acquire().await?;
+        let now = vps_projections::sandboxes::load_sandbox(&mut conn, &sandbox.id)
+            .await
+            .map_err(vps_commands::CommandError::from)?
+            .unwrap_or_else(|| sandbox.clone());
+        Ok((now.state != SandboxState::Starting, now))
+    })
+    .await?;
+    Ok(SandboxView::from(&settled))
+}
+
+async fn get(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let mut conn = c.ctx.pool.acquire().await?;
+    Ok(SandboxView::from(
+        &visible(&mut conn, &tenant, &q.sandbox_id).await?,
+    ))
+}
+
+/// The stored sandbox the tenant may see.
+async fn visible(
+    conn: &mut sqlx::PgConnection,
+    tenant: &str,
+    id: &str,
+) -> Result<Sandbox, ApiError> {
+    vps_projections::sandboxes::load_sandbox(conn, id)
+        .await
+        .map_err(vps_commands::CommandError::from)?
+        .filter(|s| s.tenant_id == tenant)
+        .ok_or_else(|| crate::methods::missing("sandbox", id))
+}
+
+async fn list(c: Call, q: ListBody) -> Result<SandboxPage, ApiError> {
+    let tenant_id = c.caller.tenant(&q.tenant_id)?;
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=200).contains(&limit) {
+        return Err(ApiError::invalid("limit", "1 to 200"));
+    }
+    let owner = match q.scope.as_deref() {
+        None | Some("mine") => Some(c.caller.actor.identity.clone()),
+        Some("all") => None,
+        Some(_) => return Err(ApiError::invalid("scope", "mine or all")),
+    };
+    let filter = SandboxFilter {
+        tenant_id,
+        owner,
+        deleted: q.deleted.unwrap_or(false),
+        template_id: q.template_id,
+        limit: limit + 1,
+        cursor: q.cursor,
+    };
+    let mut conn = c.ctx.pool.acquire().await?;
+    let mut items = vps_projections::sandboxes::page(&mut conn, &filter)
+        .await
+        .map_err(vps_commands::CommandError::from)?;
+    let more = items.len() as i64 > limit;
+    items.truncate(limit as usize);
+    let cursor = more.then(|| items.last().map(|s| s.id.clone())).flatten();
+    Ok(SandboxPage {
+        items: items.iter().map(SandboxView::from).collect(),
+        cursor,
+    })
+}
+
+async fn extend(c: Call, q: ExtendBody) -> Result<SandboxView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let extension = match (q.until, q.by) {
+        (Some(until), None) => Extension::Until(until),
+        (None, Some(By::Millis(ms))) => Extension::By(chrono::TimeDelta::milliseconds(ms)),
+        (None, Some(By::Text(text))) => {
+            Extension::By(parse_duration(&text).map_err(|m| ApiError::invalid("by", m))?)
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "until",
+                "give exactly one of until or by",
+            ))
+        }
+    };
+    let check = |_: &Sandbox, _: i64| Ok(());
+    let s = lifecycle::extend(&c.ctx, &tenant, &q.sandbox_id, extension, &check).await?;
+    Ok(SandboxView::from(&s))
+}
+
+async fn delete(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let s = lifecycle::delete(&c.ctx, &tenant, &q.sandbox_id).await?;
+    vps_reactors::sandboxes::wake();
+    Ok(SandboxView::from(&s))
+}
+
+async fn put_secret(c: Call, q: PutSecretBody) -> Result<SecretRef, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    vps_domain::operator::check_name("name", &q.name).map_err(vps_commands::CommandError::from)?;
+    if q.value.len() > 65_536 {
+        return Err(ApiError::invalid("value", "at most 64 KiB"));
+    }
+    let mut conn = c.ctx.pool.acquire().await?;
+    let reference = vps_commands::secrets::put_tenant(
+        &mut conn,
+        &c.ctx.secrets,
+        &tenant,
+        &q.name,
+        q.value.as_bytes(),
+    )
+    .await
+    .map_err(vps_commands::CommandError::from)?;
+    Ok(SecretRef {
+        name: q.name,
+        reference,
+    })
+}

@@ -1,0 +1,139 @@
+//! The sandbox reconciler (SPEC §3.8): one worker across replicas, a pass every `sandbox_pass`
+//! and when woken. A pass warns sandboxes about to expire (once per expiry), expires at most
+//! [`EXPIRE_PER_PASS`] whose time has come (`SKIP LOCKED`), settles `ready` and `deleted`
+//! where the instance path's own stamps did not, and keeps every template's warm pool.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use sqlx::types::Json;
+use tokio::sync::Notify;
+use tracing::Instrument;
+use vps_commands::sandboxes::{lifecycle, warm};
+use vps_commands::{CommandError, Ctx};
+use vps_domain::template::Template;
+
+use crate::timings::Timings;
+
+/// Most expiries per pass.
+pub const EXPIRE_PER_PASS: i64 = 100;
+
+static WAKE: LazyLock<Notify> = LazyLock::new(Notify::new);
+
+/// Asks this process's reconciler for a pass now (a claim emptied a warm slot, a delete).
+pub fn wake() {
+    WAKE.notify_one();
+}
+
+/// Passes for as long as the task lives.
+pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), CommandError> {
+    let _lease =
+        vps_events::lease::Lease::acquire(&ctx.pool, "sandboxes", Duration::from_secs(2)).await;
+    loop {
+        let span = tracing::info_span!("sandbox_pass");
+        pass(&ctx, &timings).instrument(span).await?;
+        tokio::select! {
+            () = tokio::time::sleep(timings.sandbox_pass) => {}
+            () = WAKE.notified() => {}
+        }
+    }
+}
+
+/// One pass.
+pub async fn pass(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
+    expiries(ctx, timings).await?;
+    fallbacks(ctx).await?;
+    warm_pools(ctx).await
+}
+
+async fn expiries(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
+    let now = Utc::now();
+    let expiry = lifecycle::ExpiryTimings {
+        lead: delta(timings.sandbox_expiring_lead),
+        min_lead: delta(timings.sandbox_expiring_min_lead),
+    };
+    let horizon = now + expiry.lead.max(expiry.min_lead);
+    // The expired first (at most a pass's worth), then those to warn.
+    let due: Vec<String> = sqlx::query_scalar(
+        "(SELECT id FROM sandboxes WHERE state IN ('starting', 'ready', 'failed') AND expires_at <= $1
+           ORDER BY expires_at LIMIT $3)
+         UNION ALL
+         (SELECT id FROM sandboxes WHERE state IN ('starting', 'ready', 'failed')
+             AND expires_at > $1 AND expires_at <= $2 AND NOT (doc->>'expiringSent')::boolean
+           ORDER BY expires_at LIMIT $3)",
+    )
+    .bind(now)
+    .bind(horizon)
+    .bind(EXPIRE_PER_PASS)
+    .fetch_all(&ctx.pool)
+    .await?;
+    for id in due {
+        if let Some(lag) = lifecycle::expire(ctx, &id, Utc::now(), expiry).await? {
+            let seconds = lag.num_milliseconds() as f64 / 1e3;
+            metrics::histogram!("vps_sandbox_expiry_lag_seconds").record(seconds);
+            tracing::info!(sandbox = %id, lag_seconds = seconds, "sandbox expired");
+        }
+    }
+    Ok(())
+}
+
+/// Sandboxes whose instance runs but that are not `ready`, or whose instance is gone.
+async fn fallbacks(ctx: &Ctx) -> Result<(), CommandError> {
+    let stale: Vec<String> = sqlx::query_scalar(
+        "SELECT s.id FROM sandboxes s LEFT JOIN instances i ON i.id = s.instance_id
+          WHERE (s.state = 'starting' AND i.state = 'running')
+             OR (s.state <> 'deleted' AND (i.id IS NULL OR i.state = 'deleted'))
+          LIMIT 100",
+    )
+    .fetch_all(&ctx.pool)
+    .await?;
+    for id in stale {
+        lifecycle::settle(ctx, &id).await?;
+    }
+    Ok(())
+}
+
+/// Every template with a warm pool, and every template (deleted ones too) that still has warm
+/// instances to drain.
+async fn warm_pools(ctx: &Ctx) -> Result<(), CommandError> {
+    let templates: Vec<(String, Option<Json<Template>>)> = sqlx::query_as(
+        "SELECT w.id, t.doc FROM (
+             SELECT id FROM sandbox_templates WHERE NOT deleted AND doc->'warm' IS NOT NULL
+             UNION
+             SELECT DISTINCT warm_template_id FROM instances
+              WHERE warm_template_id IS NOT NULL AND desired_state <> 'deleted'
+         ) w LEFT JOIN sandbox_templates t ON t.id = w.id",
+    )
+    .fetch_all(&ctx.pool)
+    .await?;
+    for (id, template) in templates {
+        let template = template.map(|Json(t)| t);
+        let plan = warm::upkeep(ctx, &id, template.as_ref()).await?;
+        metrics::gauge!("vps_sandbox_warm_drained", "template" => id.clone())
+            .set(plan.drain.len() as f64);
+        metrics::gauge!("vps_sandbox_warm_refilled", "template" => id.clone())
+            .set(plan.create as f64);
+    }
+    warm_gauges(ctx).await
+}
+
+/// `vps_sandbox_warm_instances{template, state}`: how many warm instances each pool holds.
+async fn warm_gauges(ctx: &Ctx) -> Result<(), CommandError> {
+    let counts: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT warm_template_id, state, count(*) FROM instances
+          WHERE warm_template_id IS NOT NULL AND state <> 'deleted'
+          GROUP BY 1, 2",
+    )
+    .fetch_all(&ctx.pool)
+    .await?;
+    for (template, state, n) in counts {
+        metrics::gauge!("vps_sandbox_warm_instances", "template" => template, "state" => state)
+            .set(n as f64);
+    }
+    Ok(())
+}
+
+fn delta(d: Duration) -> TimeDelta {
+    TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
+}
