@@ -144,6 +144,18 @@ enum BenchCommand {
         #[arg(long, default_value_t = 600.0)]
         timeout: f64,
     },
+    /// sandboxes.create to ready: warm claims and cold creates vs one append.
+    Sandbox {
+        /// Warm creates (the warm pool holds this many).
+        #[arg(long, default_value_t = 50)]
+        warm: usize,
+        /// Cold creates.
+        #[arg(long, default_value_t = 20)]
+        cold: usize,
+        /// How long an emulated domain boots, in ms.
+        #[arg(long, default_value_t = 50)]
+        boot_ms: u64,
+    },
     /// The emulated hosts of `bench converge`, in their own process (internal).
     #[command(hide = true)]
     ConvergeHosts {
@@ -288,6 +300,20 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::ConvergeHosts { url, boot_ms } => {
             crate::bench::converge::hosts_process(&url, std::time::Duration::from_millis(boot_ms))
                 .await?;
+            Ok(0)
+        }
+        BenchCommand::Sandbox {
+            warm,
+            cold,
+            boot_ms,
+        } => {
+            let (url, _cluster) = crate::database::server_url(config).await?;
+            let options = crate::bench::sandbox::SandboxBench {
+                warm: warm.clamp(1, 500),
+                cold: cold.clamp(1, 500),
+                boot: std::time::Duration::from_millis(boot_ms),
+            };
+            crate::bench::sandbox::run(&url, &options).await?;
             Ok(0)
         }
         BenchCommand::Delivery { rate, seconds } => {

@@ -30,11 +30,13 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
         // Snappier than production so the demo converges in seconds.
         config.timings.transitional_look = 2.0;
         config.timings.unschedulable_retry = 5.0;
+        config.timings.sandbox_pass = 2.0;
     }
     let db = Database::open(&config, 30).await?;
     let server = crate::server::start(config.clone(), db.pool.clone()).await?;
     let ctx = crate::server::reactor_ctx(&server.state, "dev");
     let pool_id = demo_pool(&ctx).await?;
+    let template_id = demo_template(&ctx, &pool_id).await?;
     let nodes = demo_nodes(&ctx, &pool_id, hosts).await?;
     let _hosts: Vec<HostHandle> = nodes
         .iter()
@@ -68,6 +70,10 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
     println!("\ncreate an instance (answers once it runs, or after 15 s):");
     println!(
         "  curl -s -X POST {url}/api/compute/instances/create -H 'Authorization: Bearer {tenant_token}' \\\n    -d '{{\"tenantId\":\"acme\",\"poolId\":\"{pool_id}\",\"flavor\":\"small\",\"imageId\":\"img_demo\",\"idempotencyKey\":\"demo-1\",\"wait\":{{\"timeoutMs\":15000}}}}'"
+    );
+    println!("\ncreate a sandbox from the demo template (warm pool of 2; ready in milliseconds once warm):");
+    println!(
+        "  curl -s -X POST {url}/api/compute/sandboxes/create -H 'Authorization: Bearer {tenant_token}' \\\n    -d '{{\"tenantId\":\"acme\",\"templateId\":\"{template_id}\",\"ttlSeconds\":900,\"idempotencyKey\":\"sbx-1\",\"wait\":{{\"timeoutMs\":15000}}}}'"
     );
     println!("or with the CLI: VPS_TOKEN={tenant_token} vps call instances.list '{{\"tenantId\":\"acme\"}}'");
     println!("watch the log:   cargo run -p vps -- events tail");
@@ -164,6 +170,37 @@ async fn demo_pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
     };
     ops::register_image(ctx, image).await?;
     Ok(id)
+}
+
+/// The demo sandbox template `demo-py` of tenant `acme` (kept across restarts), owned by the
+/// tenant's identity so its warm instances are the tenant's.
+async fn demo_template(ctx: &vps_commands::Ctx, pool_id: &str) -> anyhow::Result<String> {
+    let existing: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM sandbox_templates WHERE tenant_id = 'acme' AND name = 'demo-py' AND NOT deleted",
+    )
+    .fetch_optional(&ctx.pool)
+    .await?;
+    if let Some(id) = existing {
+        return Ok(id);
+    }
+    let mut tenant = ctx.clone();
+    tenant.actor.identity = "id_alice".into();
+    tenant.actor.tenant = Some("acme".into());
+    let input = vps_commands::sandboxes::templates::TemplateInput {
+        tenant_id: "acme".into(),
+        name: "demo-py".into(),
+        pool_id: pool_id.into(),
+        flavor: "small".into(),
+        image_id: "img_demo".into(),
+        user_data: None,
+        env: None,
+        network: None,
+        default_ttl_seconds: Some(900),
+        max_ttl_seconds: Some(3600),
+        warm: Some(vps_domain::template::Warm { min: 2, max: 2 }),
+    };
+    let template = vps_commands::sandboxes::templates::create(&tenant, input).await?;
+    Ok(template.id)
 }
 
 /// `hosts` nodes with their tokens: reused from `.vps/dev-nodes.json` when still registered,

@@ -347,6 +347,12 @@ pub fn extended_expiry(
         Extension::By(d) if d <= TimeDelta::zero() => {
             return Err(DomainError::invalid_input("by", "must be positive"))
         }
+        Extension::By(d) if d > MAX_EXTENSION => {
+            return Err(DomainError::invalid_input(
+                "by",
+                "at most 30 days per extend",
+            ))
+        }
         Extension::By(d) => ("by", s.expires_at + d),
     };
     if until - s.expires_at > MAX_EXTENSION {

@@ -329,7 +329,10 @@ async fn extend(c: Call, q: ExtendBody) -> Result<SandboxView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let extension = match (q.until, q.by) {
         (Some(until), None) => Extension::Until(until),
-        (None, Some(By::Millis(ms))) => Extension::By(chrono::TimeDelta::milliseconds(ms)),
+        (None, Some(By::Millis(ms))) => Extension::By(
+            chrono::TimeDelta::try_milliseconds(ms)
+                .ok_or_else(|| ApiError::invalid("by", "out of range"))?,
+        ),
         (None, Some(By::Text(text))) => {
             Extension::By(parse_duration(&text).map_err(|m| ApiError::invalid("by", m))?)
         }

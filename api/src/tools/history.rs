@@ -15,6 +15,7 @@ pub fn stream_of(id: &str) -> Option<String> {
         "whk" => "webhook",
         "pacct" => "provider_account",
         "sbx" => "sandbox",
+        "sbxt" => "template",
         _ => "image",
     };
     Some(format!("{kind}-{id}"))
