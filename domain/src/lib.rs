@@ -21,6 +21,7 @@
 //! - [`ssh_keys`]: OpenSSH public key validation.
 //! - [`cloud_config`]: the default cloud-config user data.
 //! - [`webhook`]: the webhook subscription aggregate and its decision.
+//! - [`network`]: which addresses are internal, and CIDRs an operator allows.
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
 pub mod aggregate;
@@ -32,6 +33,7 @@ pub mod ids;
 pub mod image;
 pub mod instance;
 pub mod ipam;
+pub mod network;
 pub mod node;
 pub mod operator;
 pub mod placement;
