@@ -132,6 +132,26 @@ pub fn is_local_name(host: &str) -> bool {
     host == "localhost" || host.ends_with(".localhost")
 }
 
+/// `url` fit for a log line: a password becomes `***`, and so does a lone user part (NATS and
+/// others take a token there): `nats://user:***@host:4222`, `nats://***@host:4222`.
+pub fn redact_credentials(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    // The credentials end at the last `@` before the path.
+    let authority_end = url[scheme_end..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| scheme_end + i);
+    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+        return url.to_string();
+    };
+    let masked = match url[scheme_end..at].split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_string(),
+    };
+    format!("{}{masked}{}", &url[..scheme_end], &url[at..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +213,23 @@ mod tests {
         for bad in ["10.0.0.0", "10.0.0.0/33", "::/129", "x/8", "10.0.0.0/-1"] {
             assert!(bad.parse::<IpCidr>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn credentials_in_a_url_are_masked() {
+        assert_eq!(
+            redact_credentials("nats://user:s3cret@nats.internal:4222"),
+            "nats://user:***@nats.internal:4222"
+        );
+        assert_eq!(
+            redact_credentials("nats://t0ken@127.0.0.1:4222"),
+            "nats://***@127.0.0.1:4222"
+        );
+        assert_eq!(
+            redact_credentials("postgres://u:p@db/vps?x=a@b"),
+            "postgres://u:***@db/vps?x=a@b"
+        );
+        assert_eq!(redact_credentials("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
     }
 
     #[test]

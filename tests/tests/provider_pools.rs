@@ -224,6 +224,14 @@ async fn provider_pool(t: &TestServer, cloud: &Cloud, good_credentials: bool) ->
         )
         .await;
     let pool_id = pool["id"].as_str().unwrap().to_string();
+    // Provider pools boot registered images only.
+    t.ok(
+        OPERATOR,
+        "images.register",
+        json!({ "imageId": "ubuntu-24.04", "url": "https://images.example/ubuntu-24.04.img",
+                "sha256": "b".repeat(64), "format": "raw" }),
+    )
+    .await;
     t.ok(
         OPERATOR,
         "pools.offer",

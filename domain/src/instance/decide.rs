@@ -200,7 +200,7 @@ impl Draft {
             AddressMode::Replace => Vec::new(),
         };
         for a in reported {
-            if !addresses.contains(a) {
+            if !addresses.contains(a) && addresses.len() < super::MAX_ADDRESSES {
                 addresses.push(a.clone());
             }
         }
