@@ -288,7 +288,10 @@ impl Config {
             ("long_polls_per_node", self.limits.long_polls_per_node),
         ] {
             if !(1..=10_000).contains(&v) {
-                return Err(err(&format!("limits.{key}"), format!("{v} is not between 1 and 10000")));
+                return Err(err(
+                    &format!("limits.{key}"),
+                    format!("{v} is not between 1 and 10000"),
+                ));
             }
         }
         let t = &self.timings;

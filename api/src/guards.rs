@@ -72,7 +72,10 @@ impl Counter {
     }
 
     fn take(&self, key: &str) -> Result<Slot, ApiError> {
-        let mut open = self.open.lock().expect("the counter's lock is never poisoned");
+        let mut open = self
+            .open
+            .lock()
+            .expect("the counter's lock is never poisoned");
         let held = open.entry(key.to_string()).or_insert(0);
         if *held >= self.max {
             let mut error = ApiError::new(

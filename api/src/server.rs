@@ -15,7 +15,7 @@ use vps_events::Notifier;
 
 use crate::config::Config;
 pub use crate::state::AppState;
-pub use crate::supervisor::supervise;
+pub use crate::supervisor::{supervise, supervise_infallible};
 
 /// The HTTP routes, without any background part (handlers can be driven with `oneshot`).
 pub fn app(state: AppState) -> Router {
@@ -202,24 +202,26 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
             ..Default::default()
         };
         let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
-        tasks.push(supervise("nats-publisher", move || {
-            let run = vps_reactors::nats::run_publisher(pool.clone(), notifier.clone(), config.clone());
-            async move { Ok::<(), std::convert::Infallible>(run.await) }
+        tasks.push(supervise_infallible("nats-publisher", move || {
+            vps_reactors::nats::run_publisher(pool.clone(), notifier.clone(), config.clone())
         }));
     }
-    let (pool, notifier, secrets) = (state.pool.clone(), state.notifier.clone(), state.secrets.clone());
+    let (pool, notifier, secrets) = (
+        state.pool.clone(),
+        state.notifier.clone(),
+        state.secrets.clone(),
+    );
     let webhooks = vps_reactors::webhooks::WebhookConfig {
         allow_private: state.config.webhooks.allowed_networks(),
         ..Default::default()
     };
-    tasks.push(supervise("webhook-delivery", move || {
-        let run = vps_reactors::webhooks::run_webhook_delivery(
+    tasks.push(supervise_infallible("webhook-delivery", move || {
+        vps_reactors::webhooks::run_webhook_delivery(
             pool.clone(),
             notifier.clone(),
             secrets.clone(),
             webhooks.clone(),
-        );
-        async move { Ok::<(), std::convert::Infallible>(run.await) }
+        )
     }));
     tasks
 }

@@ -45,6 +45,16 @@ where
     })
 }
 
+/// Like [`supervise`], for a part that handles its own errors: it is restarted only after a
+/// panic.
+pub fn supervise_infallible<F, Fut>(name: &'static str, part: F) -> JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    supervise(name, move || part().map(Ok::<(), std::convert::Infallible>))
+}
+
 /// The text a panic was raised with, when it has one.
 pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic

@@ -38,7 +38,8 @@ impl std::fmt::Debug for SecretKey {
 
 fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
     use hmac::{Hmac, Mac};
-    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    let mut mac =
+        <Hmac<sha2::Sha256> as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
     mac.update(message);
     mac.finalize().into_bytes().into()
 }

@@ -155,7 +155,14 @@ async fn create_once(
     let hook = pipeline::record_events(ctx, &mut tx, &id, None, events, tenant.as_deref())
         .await?
         .ok_or_else(|| DomainError::invalid_state("webhook.created recorded nothing"))?;
-    secrets::seal(&mut tx, &ctx.secrets, &secret_ref(&id), &id, secret.0.as_bytes()).await?;
+    secrets::seal(
+        &mut tx,
+        &ctx.secrets,
+        &secret_ref(&id),
+        &id,
+        secret.0.as_bytes(),
+    )
+    .await?;
     commit(ctx, tx).await?;
     Ok(hook)
 }
@@ -164,10 +171,12 @@ async fn create_once(
 /// under a lock on that owner held to commit, so concurrent creates cannot pass the cap
 /// together.
 async fn count_for_owner(tx: &mut PgConnection, owner: Option<&str>) -> Result<usize, sqlx::Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('webhooks:' || coalesce($1, ''), 0))")
-        .bind(owner)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended('webhooks:' || coalesce($1, ''), 0))",
+    )
+    .bind(owner)
+    .execute(&mut *tx)
+    .await?;
     let count: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM webhooks WHERE tenant_id IS NOT DISTINCT FROM $1 AND state <> 'deleted'",
     )
@@ -179,7 +188,10 @@ async fn count_for_owner(tx: &mut PgConnection, owner: Option<&str>) -> Result<u
 
 /// Seals the signing secrets stored in the clear by earlier versions (`webhook_secrets`) and
 /// drops the clear copies. Returns how many it sealed.
-pub async fn seal_plain_secrets(pool: &sqlx::PgPool, key: &SecretKey) -> Result<usize, sqlx::Error> {
+pub async fn seal_plain_secrets(
+    pool: &sqlx::PgPool,
+    key: &SecretKey,
+) -> Result<usize, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let plain: Vec<(String, String)> =
         sqlx::query_as("SELECT webhook_id, secret FROM webhook_secrets FOR UPDATE")

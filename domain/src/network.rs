@@ -142,7 +142,10 @@ pub fn redact_credentials(url: &str) -> String {
     let authority_end = url[scheme_end..]
         .find(['/', '?', '#'])
         .map_or(url.len(), |i| scheme_end + i);
-    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+    let Some(at) = url[scheme_end..authority_end]
+        .rfind('@')
+        .map(|i| scheme_end + i)
+    else {
         return url.to_string();
     };
     let masked = match url[scheme_end..at].split_once(':') {
@@ -208,8 +211,14 @@ mod tests {
         let net: IpCidr = "10.32.0.0/11".parse().unwrap();
         assert!(net.contains(ip("10.63.255.255")));
         assert!(!net.contains(ip("10.64.0.0")));
-        assert!("fe80::/10".parse::<IpCidr>().unwrap().contains(ip("febf::1")));
-        assert!("0.0.0.0/0".parse::<IpCidr>().unwrap().contains(ip("9.9.9.9")));
+        assert!("fe80::/10"
+            .parse::<IpCidr>()
+            .unwrap()
+            .contains(ip("febf::1")));
+        assert!("0.0.0.0/0"
+            .parse::<IpCidr>()
+            .unwrap()
+            .contains(ip("9.9.9.9")));
         for bad in ["10.0.0.0", "10.0.0.0/33", "::/129", "x/8", "10.0.0.0/-1"] {
             assert!(bad.parse::<IpCidr>().is_err(), "{bad}");
         }
@@ -229,7 +238,10 @@ mod tests {
             redact_credentials("postgres://u:p@db/vps?x=a@b"),
             "postgres://u:***@db/vps?x=a@b"
         );
-        assert_eq!(redact_credentials("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(
+            redact_credentials("nats://127.0.0.1:4222"),
+            "nats://127.0.0.1:4222"
+        );
     }
 
     #[test]

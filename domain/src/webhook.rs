@@ -380,7 +380,9 @@ fn check_target(url: &url::Url, facts: &CreateFacts) -> Result<(), DomainError> 
             url.host_str().unwrap_or_default()
         )));
     }
-    let addresses = literal_address(url).into_iter().chain(facts.resolved.iter().copied());
+    let addresses = literal_address(url)
+        .into_iter()
+        .chain(facts.resolved.iter().copied());
     for address in addresses {
         if !reachable(address, &facts.allow_private) {
             return Err(refuse(format!("address {address}")));
@@ -549,15 +551,27 @@ mod tests {
         };
         let refused = Err("INVALID_INPUT");
         assert_eq!(with("http://127.0.0.1:9/h", &[], &[], 0), refused);
-        assert_eq!(with("http://127.0.0.1:9/h", &[], &["127.0.0.0/8"], 0), Ok(()));
-        assert_eq!(with("http://169.254.169.254/latest", &[], &["127.0.0.0/8"], 0), refused);
+        assert_eq!(
+            with("http://127.0.0.1:9/h", &[], &["127.0.0.0/8"], 0),
+            Ok(())
+        );
+        assert_eq!(
+            with("http://169.254.169.254/latest", &[], &["127.0.0.0/8"], 0),
+            refused
+        );
         assert_eq!(with("http://10.0.0.8/h", &[], &[], 0), refused);
         assert_eq!(with("http://[fd00::1]/h", &[], &[], 0), refused);
         assert_eq!(with("http://[fe80::1]/h", &[], &[], 0), refused);
         assert_eq!(with("http://[::ffff:192.168.0.1]/h", &[], &[], 0), refused);
         assert_eq!(with("http://localhost:8080/h", &[], &[], 0), refused);
-        assert_eq!(with("http://hooks.example/h", &["10.1.2.3"], &[], 0), refused);
-        assert_eq!(with("http://hooks.example/h", &["93.184.215.14"], &[], 0), Ok(()));
+        assert_eq!(
+            with("http://hooks.example/h", &["10.1.2.3"], &[], 0),
+            refused
+        );
+        assert_eq!(
+            with("http://hooks.example/h", &["93.184.215.14"], &[], 0),
+            Ok(())
+        );
         assert_eq!(with("https://93.184.215.14/h", &[], &[], 0), Ok(()));
         let full = with("https://hooks.example/h", &[], &[], MAX_PER_TENANT);
         assert_eq!(full, Err("INVALID_STATE"));

@@ -65,7 +65,9 @@ async fn silent_nodes(ctx: &Ctx, resumed: DateTime<Utc>) -> Result<Vec<String>, 
 }
 
 async fn database_now(ctx: &Ctx) -> Result<DateTime<Utc>, sqlx::Error> {
-    sqlx::query_scalar("SELECT now()").fetch_one(&ctx.pool).await
+    sqlx::query_scalar("SELECT now()")
+        .fetch_one(&ctx.pool)
+        .await
 }
 
 #[cfg(test)]

@@ -1055,8 +1055,14 @@ async fn a_slow_receiver_gets_every_event_once_in_order_from_two_workers_with_sh
     .await;
     let n = slow_receiver_events();
     for i in 0..n {
-        emit(&pool, &notifier, &format!("instance-inst_{}", i % 5), "instance.running", None)
-            .await;
+        emit(
+            &pool,
+            &notifier,
+            &format!("instance-inst_{}", i % 5),
+            "instance.running",
+            None,
+        )
+        .await;
     }
     let expected = log_ids(&pool, &["instance."], None, n).await;
     // A lease covers one request and half a second: a run of many slow requests outlasts it
@@ -1073,13 +1079,19 @@ async fn a_slow_receiver_gets_every_event_once_in_order_from_two_workers_with_sh
     eventually(
         "every event delivered",
         took * n as u32 + Duration::from_secs(30),
-        || async { receiver.requests("slow").len() >= n && deliveries_recorded(&pool, &hook.id).await >= n },
+        || async {
+            receiver.requests("slow").len() >= n && deliveries_recorded(&pool, &hook.id).await >= n
+        },
     )
     .await;
     for worker in workers {
         worker.abort();
     }
-    let arrived: Vec<String> = receiver.requests("slow").into_iter().map(|r| r.event_id).collect();
+    let arrived: Vec<String> = receiver
+        .requests("slow")
+        .into_iter()
+        .map(|r| r.event_id)
+        .collect();
     assert_eq!(arrived, expected, "each event once, in log order");
     let mut deliveries = list_deliveries(&pool, &hook.id, 1000).await.unwrap();
     deliveries.reverse();
@@ -1105,7 +1117,9 @@ async fn a_delivery_never_connects_to_an_internal_address_it_resolves_to() {
     let receiver = Receiver::start().await;
     // Subscribed while loopback was allowed, under a name: at connect time it is not, as if
     // the name had been re-pointed at the control plane's own network after the check.
-    let by_name = receiver.endpoint("rebound", Script::Accept).replace("127.0.0.1", "localhost");
+    let by_name = receiver
+        .endpoint("rebound", Script::Accept)
+        .replace("127.0.0.1", "localhost");
     let (hook, secret) = create_webhook(
         &pool,
         &notifier,
@@ -1127,18 +1141,26 @@ async fn a_delivery_never_connects_to_an_internal_address_it_resolves_to() {
     };
     let worker = start_worker(&pool, &notifier, strict);
     emit(&pool, &notifier, "pool-pool_1", "pool.created", None).await;
-    eventually("refused attempts recorded", Duration::from_secs(10), || async {
-        deliveries_recorded(&pool, &hook.id).await >= 2
-    })
+    eventually(
+        "refused attempts recorded",
+        Duration::from_secs(10),
+        || async { deliveries_recorded(&pool, &hook.id).await >= 2 },
+    )
     .await;
     worker.abort();
-    assert!(receiver.requests("rebound").is_empty(), "nothing reached the receiver");
+    assert!(
+        receiver.requests("rebound").is_empty(),
+        "nothing reached the receiver"
+    );
     let port = receiver.base.rsplit(':').next().unwrap().to_string();
     for attempt in list_deliveries(&pool, &hook.id, 10).await.unwrap() {
         assert_eq!(attempt.status, DeliveryStatus::Pending);
         let error = attempt.error.unwrap_or_default();
         assert!(error.contains("internal network"), "{error}");
-        assert!(!error.contains(&port) && !error.contains("127.0.0.1"), "{error}");
+        assert!(
+            !error.contains(&port) && !error.contains("127.0.0.1"),
+            "{error}"
+        );
     }
 }
 
@@ -1149,9 +1171,11 @@ async fn a_refused_connection_is_recorded_without_the_transports_text() {
     let refused = subscribe_refusing_endpoint(&pool, &notifier).await;
     let worker = start_worker(&pool, &notifier, fast());
     emit(&pool, &notifier, "pool-pool_1", "pool.created", None).await;
-    eventually("a refused attempt recorded", Duration::from_secs(10), || async {
-        deliveries_recorded(&pool, &refused.id).await >= 1
-    })
+    eventually(
+        "a refused attempt recorded",
+        Duration::from_secs(10),
+        || async { deliveries_recorded(&pool, &refused.id).await >= 1 },
+    )
     .await;
     worker.abort();
     for attempt in list_deliveries(&pool, &refused.id, 10).await.unwrap() {

@@ -56,7 +56,9 @@ async fn event_streams_are_capped_per_tenant_and_a_gone_client_frees_its_place()
     assert_eq!(open_stream(&t, ALICE).await.unwrap_err(), 429);
     assert!(gauge(&metrics(&t).await, "vps_sse_streams") >= 2.0);
     // Another tenant has places of its own.
-    let other = open_stream(&t, vps_tests::EVE).await.expect("globex's stream");
+    let other = open_stream(&t, vps_tests::EVE)
+        .await
+        .expect("globex's stream");
     drop(other);
 
     // The clients go away; their filters never matched, yet their tasks end.
@@ -79,12 +81,17 @@ async fn event_streams_are_capped_per_tenant_and_a_gone_client_frees_its_place()
 async fn spec_long_polls_are_capped_per_node() {
     let t = TestServer::start_with(|c| c.limits.long_polls_per_node = 1).await;
     let pool = t
-        .hosted_pool("10.0.0.0/24", 0, json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }))
+        .hosted_pool(
+            "10.0.0.0/24",
+            0,
+            json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }),
+        )
         .await;
     let (node, token) = t.register_node(&pool, "host-a").await;
     // One long-poll holds the node's place (it asks again if a probe held it first).
     let waiting = {
-        let (url, http, node, token) = (t.server.url(), t.http.clone(), node.clone(), token.clone());
+        let (url, http, node, token) =
+            (t.server.url(), t.http.clone(), node.clone(), token.clone());
         tokio::spawn(async move {
             loop {
                 let status = http
@@ -113,15 +120,23 @@ async fn spec_long_polls_are_capped_per_node() {
     // A read that does not wait holds no place.
     t.ok(&token, "nodes.spec", json!({ "nodeId": node })).await;
     assert_eq!(waiting.await.unwrap(), 200);
-    t.ok(&token, "nodes.spec", json!({ "nodeId": node, "waitMs": 10 }))
-        .await;
+    t.ok(
+        &token,
+        "nodes.spec",
+        json!({ "nodeId": node, "waitMs": 10 }),
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_read_that_finds_nothing_moves_past_what_it_scanned() {
     let t = TestServer::start().await;
-    t.hosted_pool("10.0.0.0/24", 1, json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }))
-        .await;
+    t.hosted_pool(
+        "10.0.0.0/24",
+        1,
+        json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }),
+    )
+    .await;
     t.settle().await;
     let filter = vps_events::read::Filter {
         types: vec!["nothing.matches.*".into()],
@@ -139,11 +154,17 @@ async fn a_read_that_finds_nothing_moves_past_what_it_scanned() {
         .last()
         .unwrap()
         .cursor();
-    assert!(page.next > last, "the next read starts after every event read: {page:?}");
+    assert!(
+        page.next > last,
+        "the next read starts after every event read: {page:?}"
+    );
 
     // The tenant filter is served by an index in read order, not by a scan of the log.
     let mut conn = pool.acquire().await.unwrap();
-    sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     let plan: Vec<String> = sqlx::query_scalar(
         "EXPLAIN SELECT position FROM events
           WHERE (transaction_id, position) > ('0'::xid8, 0) AND metadata->>'tenantId' = 'acme'
@@ -156,9 +177,17 @@ async fn a_read_that_finds_nothing_moves_past_what_it_scanned() {
 }
 
 /// Creates a webhook as `token`; the answer or the error answer.
-async fn create_webhook(t: &TestServer, token: &str, url: &str) -> Result<Value, vps_tests::Answer> {
-    t.call(token, "webhooks.create", json!({ "url": url, "types": ["instance.*"] }))
-        .await
+async fn create_webhook(
+    t: &TestServer,
+    token: &str,
+    url: &str,
+) -> Result<Value, vps_tests::Answer> {
+    t.call(
+        token,
+        "webhooks.create",
+        json!({ "url": url, "types": ["instance.*"] }),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -179,13 +208,21 @@ async fn webhooks_cannot_target_the_control_planes_own_networks() {
         assert_eq!(refused.status, 400, "{url}: {}", refused.body);
         assert_eq!(refused.body["code"], "INVALID_INPUT", "{url}");
     }
-    create_webhook(&t, ALICE, "http://127.0.0.1:9/hook").await.unwrap();
-    create_webhook(&t, ALICE, "https://93.184.215.14/hook").await.unwrap();
+    create_webhook(&t, ALICE, "http://127.0.0.1:9/hook")
+        .await
+        .unwrap();
+    create_webhook(&t, ALICE, "https://93.184.215.14/hook")
+        .await
+        .unwrap();
 
     let strict = TestServer::start_with(|c| c.webhooks.allow_private.clear()).await;
-    let refused = create_webhook(&strict, ALICE, "http://127.0.0.1:9/hook").await.unwrap_err();
+    let refused = create_webhook(&strict, ALICE, "http://127.0.0.1:9/hook")
+        .await
+        .unwrap_err();
     assert_eq!(refused.body["code"], "INVALID_INPUT");
-    let refused = create_webhook(&strict, ALICE, "http://localhost:9/hook").await.unwrap_err();
+    let refused = create_webhook(&strict, ALICE, "http://localhost:9/hook")
+        .await
+        .unwrap_err();
     assert_eq!(refused.body["code"], "INVALID_INPUT");
 }
 
@@ -239,7 +276,9 @@ async fn nodes_get_a_fresh_grace_period_after_the_control_planes_outage() {
                     "policy": { "recreateOnHostLoss": false, "lostAfterSeconds": lost_after } }),
         )
         .await;
-    let (node, token) = t.register_node(pool["id"].as_str().unwrap(), "host-a").await;
+    let (node, token) = t
+        .register_node(pool["id"].as_str().unwrap(), "host-a")
+        .await;
     let report = json!({ "nodeId": node, "instances": [], "complete": false });
     t.ok(&token, "nodes.report", report.clone()).await;
 
@@ -247,15 +286,19 @@ async fn nodes_get_a_fresh_grace_period_after_the_control_planes_outage() {
     let TestServer { server, http } = t;
     let (db, config) = (server.state.pool.clone(), (*server.state.config).clone());
     server.shutdown().await;
-    wait_until("an outage longer than lostAfterSeconds", PATIENCE, || async {
-        sqlx::query_scalar::<_, bool>(
+    wait_until(
+        "an outage longer than lostAfterSeconds",
+        PATIENCE,
+        || async {
+            sqlx::query_scalar::<_, bool>(
             "SELECT now() - last_report_at > make_interval(secs => $1 + 1) FROM node_heartbeats",
         )
         .bind(f64::from(lost_after))
         .fetch_one(&db)
         .await
         .unwrap()
-    })
+        },
+    )
     .await;
     let t = TestServer {
         server: vps::server::start(config, db).await.expect("restarts"),
@@ -267,7 +310,10 @@ async fn nodes_get_a_fresh_grace_period_after_the_control_planes_outage() {
     let mut reported = false;
     while started.elapsed() < Duration::from_secs(u64::from(lost_after) * 2) {
         let seen = t.ok(OPERATOR, "nodes.get", json!({ "nodeId": node })).await;
-        assert_ne!(seen["state"], "lost", "marked lost before it could report: {seen}");
+        assert_ne!(
+            seen["state"], "lost",
+            "marked lost before it could report: {seen}"
+        );
         if started.elapsed() > Duration::from_secs(1) {
             t.ok(&token, "nodes.report", report.clone()).await;
             reported = true;
@@ -288,14 +334,25 @@ fn create_body(pool: &str, key: &str, user_data: &str) -> Value {
 async fn instance_created_carries_no_plain_hash_of_the_user_data() {
     let t = TestServer::start().await;
     let pool = t
-        .hosted_pool("10.0.0.0/24", 1, json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }))
+        .hosted_pool(
+            "10.0.0.0/24",
+            1,
+            json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }),
+        )
         .await;
     let body = create_body(&pool, "k1", "#cloud-config\npassword: hunter2\n");
     let created = t.ok(ALICE, "instances.create", body.clone()).await;
     let history = t
-        .ok(ALICE, "instances.history", json!({ "tenantId": "acme", "instanceId": created["id"] }))
+        .ok(
+            ALICE,
+            "instances.history",
+            json!({ "tenantId": "acme", "instanceId": created["id"] }),
+        )
         .await;
-    let hash = history["items"][0]["data"]["requestHash"].as_str().unwrap().to_string();
+    let hash = history["items"][0]["data"]["requestHash"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // What an unkeyed hash of the request would be: anyone reading the log could test
     // guesses of the user data against it.
     let input: vps_commands::instances::CreateInput = serde_json::from_value(body.clone()).unwrap();
@@ -329,62 +386,110 @@ async fn a_provider_pool_boots_only_images_registered_for_the_tenant() {
         )
         .await;
     let pool_id = pool["id"].as_str().unwrap();
-    t.ok(OPERATOR, "pools.offer", json!({ "poolId": pool_id, "tenantId": "acme",
-        "quota": { "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 } }))
-        .await;
-    t.ok(OPERATOR, "flavors.create", json!({ "poolId": pool_id, "name": "small", "vcpu": 1,
-        "memoryGiB": 1, "diskGiB": 10, "offerId": "emu-small" }))
-        .await;
-    t.ok(OPERATOR, "images.register", json!({ "imageId": "snap-globex-db", "tenantId": "globex",
-        "url": "https://images.example/db.img", "sha256": "c".repeat(64), "format": "raw" }))
-        .await;
+    t.ok(
+        OPERATOR,
+        "pools.offer",
+        json!({ "poolId": pool_id, "tenantId": "acme",
+        "quota": { "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 } }),
+    )
+    .await;
+    t.ok(
+        OPERATOR,
+        "flavors.create",
+        json!({ "poolId": pool_id, "name": "small", "vcpu": 1,
+        "memoryGiB": 1, "diskGiB": 10, "offerId": "emu-small" }),
+    )
+    .await;
+    t.ok(
+        OPERATOR,
+        "images.register",
+        json!({ "imageId": "snap-globex-db", "tenantId": "globex",
+        "url": "https://images.example/db.img", "sha256": "c".repeat(64), "format": "raw" }),
+    )
+    .await;
     let create = |image: &str, key: &str| {
         json!({ "tenantId": "acme", "poolId": pool_id, "flavor": "small", "imageId": image,
                 "idempotencyKey": key })
     };
     for (image, key) in [("snap-globex-db", "a"), ("1234567", "b")] {
-        let refused = t.call(ALICE, "instances.create", create(image, key)).await.unwrap_err();
+        let refused = t
+            .call(ALICE, "instances.create", create(image, key))
+            .await
+            .unwrap_err();
         assert_eq!(refused.status, 404, "{image}: {}", refused.body);
     }
-    t.ok(OPERATOR, "images.register", json!({ "imageId": "debian-12",
-        "url": "https://images.example/debian.img", "sha256": "d".repeat(64), "format": "raw" }))
+    t.ok(
+        OPERATOR,
+        "images.register",
+        json!({ "imageId": "debian-12",
+        "url": "https://images.example/debian.img", "sha256": "d".repeat(64), "format": "raw" }),
+    )
+    .await;
+    t.ok(ALICE, "instances.create", create("debian-12", "c"))
         .await;
-    t.ok(ALICE, "instances.create", create("debian-12", "c")).await;
 }
 
 #[tokio::test]
 async fn host_reported_addresses_are_validated_and_bounded() {
     let t = TestServer::start().await;
     let pool = t
-        .hosted_pool("10.0.0.0/24", 0, json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }))
+        .hosted_pool(
+            "10.0.0.0/24",
+            0,
+            json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }),
+        )
         .await;
     let (node, token) = t.register_node(&pool, "host-a").await;
-    let created = t.ok(ALICE, "instances.create", create_body(&pool, "k1", "x")).await;
+    let created = t
+        .ok(ALICE, "instances.create", create_body(&pool, "k1", "x"))
+        .await;
     let id = created["id"].as_str().unwrap();
     let report = |addresses: Value| {
         json!({ "nodeId": node, "complete": false,
                 "instances": [{ "id": id, "state": "RUNNING", "addresses": addresses }] })
     };
     let too_many: Vec<String> = (1..=17).map(|n| format!("192.0.2.{n}")).collect();
-    for bad in [json!(too_many), json!(["not-an-address"]), json!(["10.0.0.9/99"])] {
-        let refused = t.call(&token, "nodes.report", report(bad.clone())).await.unwrap_err();
+    for bad in [
+        json!(too_many),
+        json!(["not-an-address"]),
+        json!(["10.0.0.9/99"]),
+    ] {
+        let refused = t
+            .call(&token, "nodes.report", report(bad.clone()))
+            .await
+            .unwrap_err();
         assert_eq!(refused.body["code"], "INVALID_INPUT", "{bad}");
     }
     // Many good reports, each with new addresses: the list stays bounded.
     for round in 0..3 {
-        let fresh: Vec<String> = (1..=16).map(|n| format!("198.51.100.{}", round * 16 + n)).collect();
+        let fresh: Vec<String> = (1..=16)
+            .map(|n| format!("198.51.100.{}", round * 16 + n))
+            .collect();
         t.ok(&token, "nodes.report", report(json!(fresh))).await;
     }
-    let seen = t.ok(ALICE, "instances.get", json!({ "tenantId": "acme", "instanceId": id })).await;
+    let seen = t
+        .ok(
+            ALICE,
+            "instances.get",
+            json!({ "tenantId": "acme", "instanceId": id }),
+        )
+        .await;
     let addresses = seen["addresses"].as_array().unwrap();
     assert_eq!(addresses.len(), 16, "{seen}");
-    assert_eq!(addresses[0], created["addresses"][0], "the lease stays first");
+    assert_eq!(
+        addresses[0], created["addresses"][0],
+        "the lease stays first"
+    );
 }
 
 #[tokio::test]
 async fn metric_labels_come_only_from_registered_method_names() {
     let t = TestServer::start().await;
-    for path in ["zzprobe/anything", "instances/zzprobe", "zzprobe%2F..%2Fx/y"] {
+    for path in [
+        "zzprobe/anything",
+        "instances/zzprobe",
+        "zzprobe%2F..%2Fx/y",
+    ] {
         let status = t
             .http
             .post(format!("{}/api/compute/{path}", t.server.url()))
@@ -407,6 +512,9 @@ async fn the_server_refuses_to_start_without_a_sealing_key() {
     let pool = vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 4).await;
     let mut config = vps::config::Config::default();
     config.http.listen = "127.0.0.1:0".into();
-    let refused = vps::server::start(config, pool).await.err().expect("refused");
+    let refused = vps::server::start(config, pool)
+        .await
+        .err()
+        .expect("refused");
     assert!(refused.to_string().contains("[secrets] key"), "{refused}");
 }

@@ -26,7 +26,7 @@ use vps_commands::{CommandError, Ctx};
 use vps_projections::webhooks::DeliveryStatus;
 
 use super::backoff::{parse_retry_after, retry_delay};
-use super::guard::{describe, GuardedResolver};
+use super::guard::describe;
 use super::signature::sign;
 use super::WebhookConfig;
 
@@ -84,7 +84,8 @@ pub(crate) async fn run(
             {
                 Ok(leases) => {
                     for lease in leases {
-                        let span = tracing::info_span!("webhook_delivery", webhook = %lease.webhook_id);
+                        let span =
+                            tracing::info_span!("webhook_delivery", webhook = %lease.webhook_id);
                         inflight.spawn(
                             deliver(ctx.clone(), config.clone(), client.clone(), lease)
                                 .instrument(span),
@@ -377,7 +378,7 @@ async fn post(
     item: &Queued,
 ) -> Outcome {
     if let Some(address) = literal_address(&lease.url) {
-        if !GuardedResolver::new(config.allow_private.clone()).permits(address) {
+        if !vps_domain::network::reachable(address, &config.allow_private) {
             return Outcome::Failed {
                 code: None,
                 error: Some(super::guard::Blocked.to_string()),
@@ -515,8 +516,7 @@ async fn settle(
     attempt: i32,
     verdict: &Verdict,
 ) -> Result<bool, sqlx::Error> {
-    const HELD: &str =
-        "EXISTS (SELECT 1 FROM webhook_leases WHERE webhook_id = $2 AND token = $3)";
+    const HELD: &str = "EXISTS (SELECT 1 FROM webhook_leases WHERE webhook_id = $2 AND token = $3)";
     let done = if verdict.status == DeliveryStatus::Pending {
         sqlx::query(&format!(
             "UPDATE webhook_outbox
@@ -531,12 +531,14 @@ async fn settle(
         .execute(tx)
         .await?
     } else {
-        sqlx::query(&format!("DELETE FROM webhook_outbox WHERE id = $1 AND {HELD}"))
-            .bind(item.id)
-            .bind(&lease.webhook_id)
-            .bind(&lease.token)
-            .execute(tx)
-            .await?
+        sqlx::query(&format!(
+            "DELETE FROM webhook_outbox WHERE id = $1 AND {HELD}"
+        ))
+        .bind(item.id)
+        .bind(&lease.webhook_id)
+        .bind(&lease.token)
+        .execute(tx)
+        .await?
     };
     Ok(done.rows_affected() == 1)
 }

@@ -41,9 +41,8 @@ impl Resolve for GuardedResolver {
         let guard = self.clone();
         Box::pin(async move {
             let host = name.as_str().to_string();
-            let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .collect();
+            let resolved: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             let local = is_local_name(&host);
             let permitted: Vec<SocketAddr> = resolved
                 .into_iter()

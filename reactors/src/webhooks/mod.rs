@@ -118,7 +118,12 @@ pub async fn run_webhook_delivery(
             config.clone(),
             enqueued.clone()
         ),
-        dispatch::run(reactor_ctx(pool, notifier, secrets), config, client, enqueued),
+        dispatch::run(
+            reactor_ctx(pool, notifier, secrets),
+            config,
+            client,
+            enqueued
+        ),
     );
 }
 
