@@ -9,6 +9,17 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use vps_tests::{eventually, wait_until, TestServer, ALICE, OPERATOR, PATIENCE, SSH_KEY};
 
+/// A hosted pool offered to acme (8 vCPU), with `nodes` nodes and the harness's flavors and
+/// image.
+async fn small_pool(t: &TestServer, nodes: usize) -> String {
+    t.hosted_pool(
+        "10.0.0.0/24",
+        nodes,
+        json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }),
+    )
+    .await
+}
+
 /// `GET /metrics` as text.
 async fn metrics(t: &TestServer) -> String {
     t.http
@@ -80,13 +91,7 @@ async fn event_streams_are_capped_per_tenant_and_a_gone_client_frees_its_place()
 #[tokio::test]
 async fn spec_long_polls_are_capped_per_node() {
     let t = TestServer::start_with(|c| c.limits.long_polls_per_node = 1).await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            0,
-            json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }),
-        )
-        .await;
+    let pool = small_pool(&t, 0).await;
     let (node, token) = t.register_node(&pool, "host-a").await;
     // One long-poll holds the node's place (it asks again if a probe held it first).
     let waiting = {
@@ -131,12 +136,7 @@ async fn spec_long_polls_are_capped_per_node() {
 #[tokio::test]
 async fn a_read_that_finds_nothing_moves_past_what_it_scanned() {
     let t = TestServer::start().await;
-    t.hosted_pool(
-        "10.0.0.0/24",
-        1,
-        json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }),
-    )
-    .await;
+    small_pool(&t, 1).await;
     t.settle().await;
     let filter = vps_events::read::Filter {
         types: vec!["nothing.matches.*".into()],
@@ -333,13 +333,7 @@ fn create_body(pool: &str, key: &str, user_data: &str) -> Value {
 #[tokio::test]
 async fn instance_created_carries_no_plain_hash_of_the_user_data() {
     let t = TestServer::start().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            1,
-            json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }),
-        )
-        .await;
+    let pool = small_pool(&t, 1).await;
     let body = create_body(&pool, "k1", "#cloud-config\npassword: hunter2\n");
     let created = t.ok(ALICE, "instances.create", body.clone()).await;
     let history = t
@@ -432,13 +426,7 @@ async fn a_provider_pool_boots_only_images_registered_for_the_tenant() {
 #[tokio::test]
 async fn host_reported_addresses_are_validated_and_bounded() {
     let t = TestServer::start().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            0,
-            json!({ "vcpu": 8, "memoryGiB": 16, "diskGiB": 100 }),
-        )
-        .await;
+    let pool = small_pool(&t, 0).await;
     let (node, token) = t.register_node(&pool, "host-a").await;
     let created = t
         .ok(ALICE, "instances.create", create_body(&pool, "k1", "x"))
@@ -517,4 +505,74 @@ async fn the_server_refuses_to_start_without_a_sealing_key() {
         .err()
         .expect("refused");
     assert!(refused.to_string().contains("[secrets] key"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_providers_retry_after_is_honoured_for_at_most_an_hour() {
+    let (base_url, cloud) = vps_emulators::hetzner::Emulator::start().await;
+    let t = TestServer::start_with(|c| c.timings.provider_retry = 0.2).await;
+    let account = t
+        .ok(
+            OPERATOR,
+            "providerAccounts.create",
+            json!({ "provider": "hetzner-cloud", "name": "cloud",
+                    "config": { "baseUrl": base_url, "token": cloud.token() } }),
+        )
+        .await;
+    let pool = t
+        .ok(
+            OPERATOR,
+            "pools.create",
+            json!({ "name": "cloud", "class": "provider", "providerAccountId": account["id"] }),
+        )
+        .await;
+    let pool_id = pool["id"].as_str().unwrap();
+    t.ok(
+        OPERATOR,
+        "pools.offer",
+        json!({ "poolId": pool_id, "tenantId": "acme",
+        "quota": { "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 } }),
+    )
+    .await;
+    t.ok(
+        OPERATOR,
+        "flavors.create",
+        json!({ "poolId": pool_id, "name": "small", "vcpu": 2,
+        "memoryGiB": 4, "diskGiB": 20, "offerId": "cx22" }),
+    )
+    .await;
+    t.ok(
+        OPERATOR,
+        "images.register",
+        json!({ "imageId": "ubuntu-24.04",
+        "url": "https://images.example/u.img", "sha256": "e".repeat(64), "format": "raw" }),
+    )
+    .await;
+    // The provider asks for thirty days.
+    cloud.fail_next(1, vps_emulators::Fault::RateLimitedFor(30 * 86_400));
+    let created = t
+        .ok(
+            ALICE,
+            "instances.create",
+            json!({ "tenantId": "acme", "poolId": pool_id,
+            "flavor": "small", "imageId": "ubuntu-24.04", "idempotencyKey": "k" }),
+        )
+        .await;
+    let wait: f64 = eventually("the throttled call's retry time", PATIENCE, || async {
+        sqlx::query_scalar::<_, Option<f64>>(
+            "SELECT extract(epoch FROM retry_at - now())::float8 FROM work_items WHERE key = $1",
+        )
+        .bind(created["id"].as_str().unwrap())
+        .fetch_optional(&t.server.state.pool)
+        .await
+        .unwrap()
+        .flatten()
+        .ok_or("not yet")
+    })
+    .await;
+    assert!(wait <= 3600.0, "the instance waits {wait} s");
+    assert!(
+        wait > 3000.0,
+        "the provider's wait is honoured up to the cap: {wait} s"
+    );
 }
