@@ -1065,11 +1065,11 @@ async fn a_slow_receiver_gets_every_event_once_in_order_from_two_workers_with_sh
         .await;
     }
     let expected = log_ids(&pool, &["instance."], None, n).await;
-    // A lease covers one request and half a second: a run of many slow requests outlasts it
+    // A lease covers one request and a second: a run of many slow requests outlasts it
     // many times over, so only renewing (and fencing) it keeps the second worker out.
     let config = WebhookConfig {
         request_timeout: Duration::from_secs(2),
-        lease_margin: Duration::from_millis(500),
+        lease_margin: Duration::from_secs(1),
         ..fast()
     };
     let workers = [
