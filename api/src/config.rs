@@ -278,22 +278,7 @@ impl Config {
                 ));
             }
         }
-        for (i, cidr) in self.webhooks.allow_private.iter().enumerate() {
-            if let Err(e) = cidr.parse::<vps_domain::network::IpCidr>() {
-                return Err(err(&format!("webhooks.allow_private[{i}]"), e.to_string()));
-            }
-        }
-        for (key, v) in [
-            ("sse_streams_per_tenant", self.limits.sse_streams_per_tenant),
-            ("long_polls_per_node", self.limits.long_polls_per_node),
-        ] {
-            if !(1..=10_000).contains(&v) {
-                return Err(err(
-                    &format!("limits.{key}"),
-                    format!("{v} is not between 1 and 10000"),
-                ));
-            }
-        }
+        self.validate_webhooks_and_limits(&err)?;
         let t = &self.timings;
         for (key, v) in [
             ("unschedulable_retry", t.unschedulable_retry),
@@ -328,6 +313,30 @@ impl Config {
                 return Err(err(
                     &key("tenant"),
                     "a non-operator identity needs a tenant".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `[webhooks]` and `[limits]`: parsable networks, sane bounds.
+    fn validate_webhooks_and_limits(
+        &self,
+        err: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        for (i, cidr) in self.webhooks.allow_private.iter().enumerate() {
+            if let Err(e) = cidr.parse::<vps_domain::network::IpCidr>() {
+                return Err(err(&format!("webhooks.allow_private[{i}]"), e.to_string()));
+            }
+        }
+        for (key, v) in [
+            ("sse_streams_per_tenant", self.limits.sse_streams_per_tenant),
+            ("long_polls_per_node", self.limits.long_polls_per_node),
+        ] {
+            if !(1..=10_000).contains(&v) {
+                return Err(err(
+                    &format!("limits.{key}"),
+                    format!("{v} is not between 1 and 10000"),
                 ));
             }
         }
