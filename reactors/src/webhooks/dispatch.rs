@@ -166,7 +166,10 @@ async fn claim(
     for row in &rows {
         let webhook_id: String = row.try_get(0)?;
         let Some(secret) = open_secret(&mut conn, key, &webhook_id).await? else {
+            // Sealed under another key (a replica configured differently): leave it to
+            // whoever can open it.
             tracing::warn!(webhook = %webhook_id, "the signing secret does not open; not delivering");
+            release_lease(&mut *conn, &webhook_id, &token).await?;
             continue;
         };
         leases.push(Lease {
@@ -323,10 +326,18 @@ async fn renew(pool: &PgPool, config: &WebhookConfig, lease: &mut Lease) -> Resu
 
 /// Lets the subscription be claimed again at once, if the lease is still ours.
 async fn release(pool: &PgPool, lease: &Lease) -> Result<(), sqlx::Error> {
+    release_lease(pool, &lease.webhook_id, &lease.token).await
+}
+
+async fn release_lease<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    webhook_id: &str,
+    token: &str,
+) -> Result<(), sqlx::Error> {
     sqlx::query("DELETE FROM webhook_leases WHERE webhook_id = $1 AND token = $2")
-        .bind(&lease.webhook_id)
-        .bind(&lease.token)
-        .execute(pool)
+        .bind(webhook_id)
+        .bind(token)
+        .execute(db)
         .await?;
     Ok(())
 }
