@@ -493,17 +493,22 @@ mod scenarios {
         assert!(cloud.machines().is_empty());
         assert!(history(&t, &id).await.contains(&"instance.failed".into()));
 
-        let account = t
-            .ok(
-                OPERATOR,
-                "providerAccounts.get",
-                json!({ "providerAccountId": account }),
-            )
-            .await;
-        assert_eq!(
-            account["lastError"]["code"], "INVALID_CONFIG",
-            "{account:#}"
-        );
+        // Recorded on the account just after the instance's failure commits.
+        eventually("the account's lastError", PATIENCE, || async {
+            let seen = t
+                .ok(
+                    OPERATOR,
+                    "providerAccounts.get",
+                    json!({ "providerAccountId": account }),
+                )
+                .await;
+            if seen["lastError"]["code"] == "INVALID_CONFIG" {
+                Ok(())
+            } else {
+                Err(seen)
+            }
+        })
+        .await;
 
         // It never got a machine, so it cannot be retried, only deleted.
         change(&t, "instances.delete", &id).await;
