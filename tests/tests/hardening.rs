@@ -362,16 +362,10 @@ async fn instance_created_carries_no_plain_hash_of_the_user_data() {
     assert_eq!(conflict.body["code"], "CONFLICT");
 }
 
-#[tokio::test]
-async fn a_provider_pool_boots_only_images_registered_for_the_tenant() {
-    let t = TestServer::start().await;
-    let account = t
-        .ok(
-            OPERATOR,
-            "providerAccounts.create",
-            json!({ "provider": "emulator", "name": "cloud", "config": {} }),
-        )
-        .await;
+/// A provider pool on a new account (`providerAccounts.create`'s body), offered to acme, with
+/// a flavor `small` of `offer_id`; answers the pool's id.
+async fn provider_pool(t: &TestServer, account: Value, offer_id: &str) -> String {
+    let account = t.ok(OPERATOR, "providerAccounts.create", account).await;
     let pool = t
         .ok(
             OPERATOR,
@@ -379,19 +373,32 @@ async fn a_provider_pool_boots_only_images_registered_for_the_tenant() {
             json!({ "name": "cloud", "class": "provider", "providerAccountId": account["id"] }),
         )
         .await;
-    let pool_id = pool["id"].as_str().unwrap();
+    let pool_id = pool["id"].as_str().unwrap().to_string();
     t.ok(
         OPERATOR,
         "pools.offer",
         json!({ "poolId": pool_id, "tenantId": "acme",
-        "quota": { "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 } }),
+                "quota": { "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 } }),
     )
     .await;
     t.ok(
         OPERATOR,
         "flavors.create",
-        json!({ "poolId": pool_id, "name": "small", "vcpu": 1,
-        "memoryGiB": 1, "diskGiB": 10, "offerId": "emu-small" }),
+        json!({ "poolId": pool_id, "name": "small", "vcpu": 2, "memoryGiB": 4, "diskGiB": 20,
+                "offerId": offer_id }),
+    )
+    .await;
+    pool_id
+}
+
+#[tokio::test]
+async fn a_provider_pool_boots_only_images_registered_for_the_tenant() {
+    let t = TestServer::start().await;
+    let pool_id = &provider_pool(
+        &t,
+        json!({ "provider": "emulator", "name": "cloud",
+        "config": {} }),
+        "emu-small",
     )
     .await;
     t.ok(
@@ -511,36 +518,9 @@ async fn the_server_refuses_to_start_without_a_sealing_key() {
 async fn a_providers_retry_after_is_honoured_for_at_most_an_hour() {
     let (base_url, cloud) = vps_emulators::hetzner::Emulator::start().await;
     let t = TestServer::start_with(|c| c.timings.provider_retry = 0.2).await;
-    let account = t
-        .ok(
-            OPERATOR,
-            "providerAccounts.create",
-            json!({ "provider": "hetzner-cloud", "name": "cloud",
-                    "config": { "baseUrl": base_url, "token": cloud.token() } }),
-        )
-        .await;
-    let pool = t
-        .ok(
-            OPERATOR,
-            "pools.create",
-            json!({ "name": "cloud", "class": "provider", "providerAccountId": account["id"] }),
-        )
-        .await;
-    let pool_id = pool["id"].as_str().unwrap();
-    t.ok(
-        OPERATOR,
-        "pools.offer",
-        json!({ "poolId": pool_id, "tenantId": "acme",
-        "quota": { "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 } }),
-    )
-    .await;
-    t.ok(
-        OPERATOR,
-        "flavors.create",
-        json!({ "poolId": pool_id, "name": "small", "vcpu": 2,
-        "memoryGiB": 4, "diskGiB": 20, "offerId": "cx22" }),
-    )
-    .await;
+    let account = json!({ "provider": "hetzner-cloud", "name": "cloud",
+        "config": { "baseUrl": base_url, "token": cloud.token() } });
+    let pool_id = &provider_pool(&t, account, "cx22").await;
     t.ok(
         OPERATOR,
         "images.register",
