@@ -27,6 +27,50 @@ pub struct Config {
     /// Bearer tokens and who they are.
     #[serde(default)]
     pub identities: Vec<IdentityConfig>,
+    /// Where webhooks may deliver.
+    #[serde(default)]
+    pub webhooks: WebhooksConfig,
+    /// What one tenant or node may hold open.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// `[webhooks]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhooksConfig {
+    /// CIDRs a webhook may target although they are loopback, link-local or private.
+    #[serde(default)]
+    pub allow_private: Vec<String>,
+}
+
+impl WebhooksConfig {
+    /// The allowed networks, parsed (`validate` has checked them).
+    pub fn allowed_networks(&self) -> Vec<vps_domain::network::IpCidr> {
+        self.allow_private
+            .iter()
+            .filter_map(|c| c.parse().ok())
+            .collect()
+    }
+}
+
+/// `[limits]`: per-process bounds on what one caller holds open.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Server-sent event streams one tenant (or operator identity) may hold open.
+    pub sse_streams_per_tenant: usize,
+    /// `nodes.spec` long-polls that may wait at once for one node.
+    pub long_polls_per_node: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            sse_streams_per_tenant: 16,
+            long_polls_per_node: 4,
+        }
+    }
 }
 
 /// `[database]`.
@@ -243,6 +287,7 @@ impl Config {
                 ));
             }
         }
+        self.validate_webhooks_and_limits(&err)?;
         let t = &self.timings;
         for (key, v) in [
             ("unschedulable_retry", t.unschedulable_retry),
@@ -286,6 +331,30 @@ impl Config {
         Ok(())
     }
 
+    /// `[webhooks]` and `[limits]`: parsable networks, sane bounds.
+    fn validate_webhooks_and_limits(
+        &self,
+        err: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        for (i, cidr) in self.webhooks.allow_private.iter().enumerate() {
+            if let Err(e) = cidr.parse::<vps_domain::network::IpCidr>() {
+                return Err(err(&format!("webhooks.allow_private[{i}]"), e.to_string()));
+            }
+        }
+        for (key, v) in [
+            ("sse_streams_per_tenant", self.limits.sse_streams_per_tenant),
+            ("long_polls_per_node", self.limits.long_polls_per_node),
+        ] {
+            if !(1..=10_000).contains(&v) {
+                return Err(err(
+                    &format!("limits.{key}"),
+                    format!("{v} is not between 1 and 10000"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The parsed listen address.
     pub fn listen_addr(&self) -> Result<SocketAddr, std::net::AddrParseError> {
         self.http.listen.parse()
@@ -322,6 +391,18 @@ mod tests {
             config.validate("f").unwrap_err().key,
             "identities[0].tenant"
         );
+    }
+
+    #[test]
+    fn a_bad_allowed_network_names_its_key() {
+        let config = Config::parse(
+            "[webhooks]\nallow_private = [\"127.0.0.0/8\", \"10.0.0.0\"]\n",
+            "f",
+        )
+        .unwrap();
+        let err = config.validate("f").unwrap_err();
+        assert_eq!(err.key, "webhooks.allow_private[1]");
+        assert!(Config::parse("[limits]\nsse_streams = 3\n", "f").is_err());
     }
 
     #[test]

@@ -17,6 +17,8 @@ use crate::database::Database;
 
 const DEMO_POOL: &str = "demo";
 const NODES_FILE: &str = ".vps/dev-nodes.json";
+/// The sealing key `vps dev` generates on first run and keeps, so sealed data survives a restart.
+const KEY_FILE: &str = ".vps/secrets.key";
 
 /// Runs the dev server until interrupted.
 pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
@@ -25,6 +27,13 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
             identity("op", "id_operator", None),
             identity("tk", "id_alice", Some("acme")),
         ];
+    }
+    if config.secrets.key.is_none() {
+        config.secrets.key = Some(dev_secrets_key()?);
+    }
+    if config.webhooks.allow_private.is_empty() {
+        // A demo's receivers run on the same machine.
+        config.webhooks.allow_private = vec!["127.0.0.0/8".into()];
     }
     if config.timings == crate::config::Timings::default() {
         // Snappier than production so the demo converges in seconds.
@@ -83,6 +92,26 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
     server.shutdown().await;
     db.pool.close().await;
     Ok(0)
+}
+
+/// The key in `.vps/secrets.key`, generated (32 random bytes, base64, readable by the owner
+/// only) when the file does not exist yet. Only `vps dev` does this: `vps serve` refuses to
+/// start without a configured key.
+fn dev_secrets_key() -> anyhow::Result<String> {
+    use base64::Engine;
+    if let Ok(text) = std::fs::read_to_string(KEY_FILE) {
+        return Ok(text.trim().to_string());
+    }
+    let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>());
+    if let Some(dir) = Path::new(KEY_FILE).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    std::io::Write::write_all(&mut options.open(KEY_FILE)?, key.as_bytes())?;
+    Ok(key)
 }
 
 fn identity(prefix: &str, identity: &str, tenant: Option<&str>) -> IdentityConfig {

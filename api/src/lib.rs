@@ -4,7 +4,8 @@
 //! Modules: `config` (vps.toml + environment), `database` (URL or embedded cluster),
 //! `request` (the caller, the parsed body), `registry` (what a method is), `methods` (one
 //! module per group, and the registry of them all), `rpc` (dispatch), `openapi` (the document generated from the registry),
-//! `state`, `wait`, `server` (router, background parts), `health`, `telemetry`, `tools` (events, audit),
+//! `state`, `wait`, `guards` (bounds on open streams and long-polls), `server` (router,
+//! background parts), `supervisor` (restarts failed or panicked parts), `health`, `telemetry`, `tools` (events, audit),
 //! `bench`, `dev`, `cli`.
 //!
 //! This is the only crate that knows HTTP or the command line; nothing imports it.
@@ -15,6 +16,7 @@ pub mod config;
 pub mod database;
 pub mod dev;
 pub mod error;
+pub mod guards;
 pub mod health;
 pub mod methods;
 pub mod openapi;
@@ -23,6 +25,7 @@ pub mod request;
 pub mod rpc;
 pub mod server;
 pub mod state;
+pub mod supervisor;
 pub mod telemetry;
 pub mod tools;
 pub mod wait;

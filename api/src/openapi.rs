@@ -21,6 +21,7 @@ const ERRORS: &[(&str, &str)] = &[
     ("404", "NOT_FOUND"),
     ("409", "CONFLICT or INVALID_STATE"),
     ("422", "QUOTA_EXCEEDED"),
+    ("429", "RATE_LIMITED"),
     ("500", "INTERNAL"),
     ("501", "UNSUPPORTED"),
     ("503", "CAPACITY_UNAVAILABLE"),

@@ -60,6 +60,10 @@ pub struct Call {
     pub caller: Caller,
     /// Admits creates in batches.
     pub admitter: vps_commands::instances::Admitter,
+    /// Bounds on open streams and long-polls.
+    pub guards: crate::guards::Guards,
+    /// The configuration in force.
+    pub config: std::sync::Arc<crate::config::Config>,
 }
 
 type Handler =

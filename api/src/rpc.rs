@@ -48,6 +48,8 @@ pub async fn dispatch(
         ctx,
         caller,
         admitter: state.admitter.clone(),
+        guards: state.guards.clone(),
+        config: state.config.clone(),
     };
     method.call(call, &body).instrument(span).await.map(Json)
 }

@@ -1,7 +1,6 @@
 //! The `vps serve` process: the HTTP API plus every background part (chainer, reactors,
 //! publishers), sharing one pool and one wake-up notifier.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +15,7 @@ use vps_events::Notifier;
 
 use crate::config::Config;
 pub use crate::state::AppState;
+pub use crate::supervisor::{supervise, supervise_infallible};
 
 /// The HTTP routes, without any background part (handlers can be driven with `oneshot`).
 pub fn app(state: AppState) -> Router {
@@ -75,7 +75,8 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
     let state = AppState {
         pool: pool.clone(),
         notifier: notifier.clone(),
-        secrets: secret_key(&config),
+        secrets: secret_key(&config)?,
+        guards: crate::guards::Guards::new(&config.limits),
         config: Arc::new(config),
         admitter: vps_commands::instances::Admitter::start(),
     };
@@ -109,29 +110,6 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
     })
 }
 
-/// Runs a background part forever, restarting it with a capped backoff when it fails.
-pub fn supervise<F, Fut, E>(name: &'static str, part: F) -> JoinHandle<()>
-where
-    F: Fn() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<(), E>> + Send + 'static,
-    E: std::fmt::Display + Send + 'static,
-{
-    tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            match part().await {
-                Ok(()) => return,
-                Err(e) => {
-                    metrics::counter!("vps_background_failures_total", "part" => name).increment(1);
-                    tracing::warn!(part = name, error = %e, retry_in = ?backoff, "background part failed");
-                }
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(10));
-        }
-    })
-}
-
 /// Resolves when the process is asked to stop (Ctrl-C or SIGTERM).
 pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
@@ -148,23 +126,22 @@ pub async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// The configured sealing key, or a random one for this process (sealed data then does not
-/// survive a restart, which is fine for dev and tests and warned about).
-fn secret_key(config: &Config) -> vps_commands::secrets::SecretKey {
+/// The configured sealing key. There is no default: a key of the process's own would seal
+/// data no restart or other replica can open (`vps dev` generates one and keeps it).
+fn secret_key(config: &Config) -> anyhow::Result<vps_commands::secrets::SecretKey> {
     use base64::Engine;
-    let configured = config
-        .secrets
-        .key
-        .as_ref()
-        .and_then(|k| base64::engine::general_purpose::STANDARD.decode(k).ok())
-        .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok());
-    let bytes = configured.unwrap_or_else(|| {
-        tracing::warn!(
-            "no [secrets] key configured: sealing user data with a key for this process only"
-        );
-        rand::random()
-    });
-    vps_commands::secrets::SecretKey::new(bytes)
+    let key = config.secrets.key.as_ref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "[secrets] key is required: base64 of 32 random bytes (openssl rand -base64 32); \
+             every replica needs the same one"
+        )
+    })?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(key)
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
+        .ok_or_else(|| anyhow::anyhow!("[secrets] key: not base64 of 32 bytes"))?;
+    Ok(vps_commands::secrets::SecretKey::new(bytes))
 }
 
 /// A context for background parts acting as `reactor:<name>`.
@@ -232,15 +209,26 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
             ..Default::default()
         };
         let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
-        tasks.push(tokio::spawn(vps_reactors::nats::run_publisher(
-            pool, notifier, config,
-        )));
+        tasks.push(supervise_infallible("nats-publisher", move || {
+            vps_reactors::nats::run_publisher(pool.clone(), notifier.clone(), config.clone())
+        }));
     }
-    let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
-    tasks.push(tokio::spawn(vps_reactors::webhooks::run_webhook_delivery(
-        pool,
-        notifier,
-        vps_reactors::webhooks::WebhookConfig::default(),
-    )));
+    let (pool, notifier, secrets) = (
+        state.pool.clone(),
+        state.notifier.clone(),
+        state.secrets.clone(),
+    );
+    let webhooks = vps_reactors::webhooks::WebhookConfig {
+        allow_private: state.config.webhooks.allowed_networks(),
+        ..Default::default()
+    };
+    tasks.push(supervise_infallible("webhook-delivery", move || {
+        vps_reactors::webhooks::run_webhook_delivery(
+            pool.clone(),
+            notifier.clone(),
+            secrets.clone(),
+            webhooks.clone(),
+        )
+    }));
     tasks
 }

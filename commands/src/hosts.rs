@@ -16,6 +16,7 @@ use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
 use crate::pipeline::{apply_commands, commit, load, record_events};
 
+pub use vps_domain::instance::MAX_ADDRESSES;
 pub use vps_domain::node::MAX_ORPHANS;
 
 /// `nodes.report`.
@@ -86,6 +87,12 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
             message: "at most 10000".into(),
         }
         .into());
+    }
+    let mut report = report;
+    for (i, entry) in report.instances.iter_mut().enumerate() {
+        if let Some(addresses) = entry.addresses.take() {
+            entry.addresses = Some(checked_addresses(i, addresses)?);
+        }
     }
     let ids: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
     if ids.len() != report.instances.len() {
@@ -194,6 +201,33 @@ fn commands_for(
         });
     }
     commands
+}
+
+/// A reported instance's addresses, each an IPv4 or IPv6 address (a `/prefix` suffix is
+/// dropped), at most [`MAX_ADDRESSES`] of them: a host's word is recorded in the log and shown
+/// to the tenant, so it is held to a shape.
+fn checked_addresses(entry: usize, addresses: Vec<String>) -> Result<Vec<String>, DomainError> {
+    let field = || format!("instances[{entry}].addresses");
+    if addresses.len() > MAX_ADDRESSES {
+        return Err(DomainError::invalid_input(
+            field(),
+            format!("at most {MAX_ADDRESSES} addresses"),
+        ));
+    }
+    addresses
+        .iter()
+        .map(|a| {
+            let (ip, prefix) = a.split_once('/').unwrap_or((a, ""));
+            let parsed: std::net::IpAddr = ip.parse().map_err(|_| {
+                DomainError::invalid_input(field(), "each must be an IPv4 or IPv6 address")
+            })?;
+            let max = if parsed.is_ipv4() { 32 } else { 128 };
+            if !prefix.is_empty() && prefix.parse::<u8>().map_or(true, |p| p > max) {
+                return Err(DomainError::invalid_input(field(), "a bad prefix length"));
+            }
+            Ok(parsed.to_string())
+        })
+        .collect()
 }
 
 /// Notes when the node last reported (liveness reads it; not an event: it changes every few

@@ -17,6 +17,14 @@ impl SecretKey {
         SecretKey(Arc::new(bytes))
     }
 
+    /// A keyed digest of `message` under a key derived from this one for `purpose`, so a
+    /// digest made for one purpose says nothing about another and none reveals the key:
+    /// HMAC-SHA256(HMAC-SHA256(key, purpose), message), hex.
+    pub fn digest(&self, purpose: &str, message: &[u8]) -> String {
+        let derived = hmac_sha256(self.0.as_slice(), purpose.as_bytes());
+        hex::encode(hmac_sha256(&derived, message))
+    }
+
     fn cipher(&self) -> Aes256Gcm {
         Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(self.0.as_slice()))
     }
@@ -26,6 +34,14 @@ impl std::fmt::Debug for SecretKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SecretKey(***)")
     }
+}
+
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let mut mac =
+        <Hmac<sha2::Sha256> as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    mac.update(message);
+    mac.finalize().into_bytes().into()
 }
 
 /// The reference of an instance's user data.

@@ -3,15 +3,24 @@
 //! [`vps_domain::webhook::decide`] and records through [`pipeline::record_events`], so the
 //! `webhooks` projection moves in the same transaction.
 //!
-//! The signing secret never enters the log, which every auditor reads: it is kept in
-//! `webhook_secrets` (in the clear, since the dispatcher signs every attempt with it) and shown
-//! to its owner once, in the answer to `create`.
+//! The signing secret never enters the log, which every auditor reads: it is sealed in the
+//! secret store under the deployment key (`secret://<whk id>/signing`), opened by the
+//! dispatcher to sign each attempt, and shown to its owner once, in the answer to `create`.
+//!
+//! A create resolves the URL's host first (no transaction open), so a name that points into
+//! the control plane's own networks is refused up front; delivery checks again at connect time.
+
+use std::net::IpAddr;
+use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use rand::RngCore;
 use sqlx::PgConnection;
-use vps_domain::webhook::{decide, Webhook, WebhookCommand, WebhookEvent, WebhookState};
+use vps_domain::network::IpCidr;
+use vps_domain::webhook::{
+    decide, CreateFacts, Webhook, WebhookCommand, WebhookEvent, WebhookState,
+};
 use vps_domain::DomainError;
 use vps_projections::webhooks::Webhook as WebhookView;
 
@@ -19,6 +28,10 @@ use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
 use crate::pipeline::{self, commit};
 use crate::record::new_id;
+use crate::secrets::{self, SecretKey};
+
+/// How long a create waits for the URL's host to resolve before leaving the check to delivery.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The prefix Standard Webhooks secrets carry.
 pub const SECRET_PREFIX: &str = "whsec_";
@@ -52,6 +65,25 @@ pub struct NewWebhook {
     pub tenant_id: Option<String>,
     /// The caller's tenant (`None`: an operator).
     pub tenant_scope: Option<String>,
+    /// Internal networks the operator lets webhooks reach (`[webhooks] allow_private`).
+    pub allow_private: Vec<IpCidr>,
+}
+
+/// The secret store's reference of a subscription's signing secret.
+pub fn secret_ref(webhook_id: &str) -> String {
+    format!("secret://{webhook_id}/signing")
+}
+
+/// Opens a subscription's signing secret; `None` when it is gone or does not open under `key`.
+pub async fn open_secret(
+    conn: &mut PgConnection,
+    key: &SecretKey,
+    webhook_id: &str,
+) -> Result<Option<WebhookSecret>, sqlx::Error> {
+    let opened = secrets::open(conn, key, &secret_ref(webhook_id)).await?;
+    Ok(opened
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .map(WebhookSecret))
 }
 
 /// Creates a subscription and answers it with its secret (shown this once).
@@ -65,16 +97,46 @@ pub async fn create(
             .map_err(|message| DomainError::invalid_input("types", message))?;
     }
     let secret = generate_secret();
-    let hook = retrying("webhook", || create_once(ctx, &new, &secret)).await?;
+    let resolved = resolve(&new.url).await;
+    let hook = retrying("webhook", || create_once(ctx, &new, &resolved, &secret)).await?;
     Ok((hook.into(), secret))
+}
+
+/// The addresses the URL's host resolves to; none when it is an IP literal, not a URL, or does
+/// not resolve in time (delivery checks the addresses it connects to anyway).
+async fn resolve(url: &str) -> Vec<IpAddr> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Vec::new();
+    };
+    let host = match parsed.host() {
+        Some(url::Host::Domain(host)) => host.to_string(),
+        _ => return Vec::new(),
+    };
+    let port = parsed.port_or_known_default().unwrap_or(80);
+    let lookup = tokio::net::lookup_host((host.as_str(), port));
+    let resolved = tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await;
+    match resolved {
+        Ok(Ok(addresses)) => addresses.map(|a| a.ip()).collect(),
+        _ => Vec::new(),
+    }
 }
 
 async fn create_once(
     ctx: &Ctx,
     new: &NewWebhook,
+    resolved: &[IpAddr],
     secret: &WebhookSecret,
 ) -> Result<Webhook, CommandError> {
     let id = new_id("whk");
+    // The tenant the subscription would belong to (a tenant naming another is refused below).
+    let owner = new.tenant_scope.clone().or_else(|| new.tenant_id.clone());
+    let mut tx = ctx.pool.begin().await?;
+    let existing = count_for_owner(&mut tx, owner.as_deref()).await?;
+    let facts = CreateFacts {
+        resolved: resolved.to_vec(),
+        allow_private: new.allow_private.clone(),
+        existing,
+    };
     let events = decide(
         None,
         WebhookCommand::Create {
@@ -83,23 +145,66 @@ async fn create_once(
             types: new.types.clone(),
             tenant_id: new.tenant_id.clone(),
             tenant_scope: new.tenant_scope.clone(),
+            facts,
         },
     )?;
     let tenant = match events.first() {
         Some(WebhookEvent::Created(created)) => created.tenant_id.clone(),
         _ => None,
     };
-    let mut tx = ctx.pool.begin().await?;
     let hook = pipeline::record_events(ctx, &mut tx, &id, None, events, tenant.as_deref())
         .await?
         .ok_or_else(|| DomainError::invalid_state("webhook.created recorded nothing"))?;
-    sqlx::query("INSERT INTO webhook_secrets (webhook_id, secret) VALUES ($1, $2)")
-        .bind(&id)
-        .bind(&secret.0)
-        .execute(&mut *tx)
-        .await?;
+    secrets::seal(
+        &mut tx,
+        &ctx.secrets,
+        &secret_ref(&id),
+        &id,
+        secret.0.as_bytes(),
+    )
+    .await?;
     commit(ctx, tx).await?;
     Ok(hook)
+}
+
+/// The subscriptions (not deleted) of `owner` (`None`: operators' all-tenant ones), counted
+/// under a lock on that owner held to commit, so concurrent creates cannot pass the cap
+/// together.
+async fn count_for_owner(tx: &mut PgConnection, owner: Option<&str>) -> Result<usize, sqlx::Error> {
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended('webhooks:' || coalesce($1, ''), 0))",
+    )
+    .bind(owner)
+    .execute(&mut *tx)
+    .await?;
+    let count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM webhooks WHERE tenant_id IS NOT DISTINCT FROM $1 AND state <> 'deleted'",
+    )
+    .bind(owner)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(count as usize)
+}
+
+/// Seals the signing secrets stored in the clear by earlier versions (`webhook_secrets`) and
+/// drops the clear copies. Returns how many it sealed.
+pub async fn seal_plain_secrets(
+    pool: &sqlx::PgPool,
+    key: &SecretKey,
+) -> Result<usize, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let plain: Vec<(String, String)> =
+        sqlx::query_as("SELECT webhook_id, secret FROM webhook_secrets FOR UPDATE")
+            .fetch_all(&mut *tx)
+            .await?;
+    for (id, secret) in &plain {
+        secrets::seal(&mut tx, key, &secret_ref(id), id, secret.as_bytes()).await?;
+    }
+    sqlx::query("DELETE FROM webhook_secrets")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(plain.len())
 }
 
 /// Deletes a subscription; its undelivered events are dropped. A tenant may delete only its
@@ -154,6 +259,8 @@ async fn change(
         .execute(&mut *tx)
         .await?;
     if after.is_some_and(|a| a.state == WebhookState::Deleted) {
+        secrets::forget(tx, id).await?;
+        // Secrets stored before they were sealed.
         sqlx::query("DELETE FROM webhook_secrets WHERE webhook_id = $1")
             .bind(id)
             .execute(&mut *tx)

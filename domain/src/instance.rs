@@ -24,6 +24,10 @@ use crate::error::DomainError;
 use crate::resources::Shape;
 use crate::state_table::{DesiredState, InstanceState};
 
+/// The most addresses an instance lists: its lease first, then what its host or provider
+/// reported, in the order first seen.
+pub const MAX_ADDRESSES: usize = 16;
+
 pub use admission::{
     admit, check_user_data, placement, resize, Admission, AdmissionFacts, AdmissionPool,
     ResizeFacts,

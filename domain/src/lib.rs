@@ -22,6 +22,7 @@
 //! - [`cloud_config`]: the default cloud-config user data.
 //! - [`template`], [`sandbox`]: sandbox templates and sandboxes (lifetimes, extends, expiry).
 //! - [`webhook`]: the webhook subscription aggregate and its decision.
+//! - [`network`]: which addresses are internal, and CIDRs an operator allows.
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
 pub mod aggregate;
@@ -33,6 +34,7 @@ pub mod ids;
 pub mod image;
 pub mod instance;
 pub mod ipam;
+pub mod network;
 pub mod node;
 pub mod operator;
 pub mod placement;

@@ -6,17 +6,23 @@
 //! each type pattern is checked by the caller with `vps_events::pattern::validate`, the one
 //! definition subscribers are matched with; `events` sits beside this crate, not below it.
 
+use std::net::IpAddr;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::aggregate::{parse_tagged, tagged_data, Aggregate, Event, FoldError};
+use crate::network::{is_local_name, reachable, IpCidr};
 use crate::DomainError;
 
 /// The stream category: `webhook-<id>`.
 pub const CATEGORY: &str = "webhook";
 /// The longest URL a subscription may POST to.
 pub const MAX_URL_LEN: usize = 2048;
+/// The most subscriptions (not deleted) one tenant may have; operators' all-tenant ones count
+/// as one more group. Every subscription costs a match per event and a delivery queue.
+pub const MAX_PER_TENANT: usize = 50;
 /// Why the delivery worker disables a subscription.
 pub const GONE_REASON: &str = "the endpoint answered 410 Gone";
 
@@ -211,6 +217,9 @@ pub enum WebhookCommand {
         tenant_id: Option<String>,
         /// The caller's tenant (`None`: an operator).
         tenant_scope: Option<String>,
+        /// Facts: where the URL's host resolves, what the operator allows, how many
+        /// subscriptions the tenant already has.
+        facts: CreateFacts,
     },
     /// Remove it; only its tenant (or an operator) may.
     Delete {
@@ -228,6 +237,18 @@ pub enum WebhookCommand {
     },
 }
 
+/// What a create is decided on besides its request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreateFacts {
+    /// The addresses the URL's host resolved to (empty when it is an IP literal, or when it
+    /// did not resolve: delivery checks again at connect time).
+    pub resolved: Vec<IpAddr>,
+    /// Internal networks the operator lets webhooks reach (`[webhooks] allow_private`).
+    pub allow_private: Vec<IpCidr>,
+    /// The subscriptions (not deleted) of the tenant the new one would belong to.
+    pub existing: usize,
+}
+
 /// Decides `command` on the subscription as it stands (`None`: its stream is empty). A command
 /// that changes nothing (disabling one that is no longer active) decides no event. No rule
 /// depends on the time: `createdAt` is the time the log records.
@@ -242,16 +263,27 @@ pub fn decide(
             types,
             tenant_id,
             tenant_scope,
+            facts,
         } => {
             if state.is_some() {
                 return Err(DomainError::invalid_state(format!("webhook {id} exists")));
             }
-            check_url(&url)?;
+            let parsed = check_url(&url)?;
+            check_target(&parsed, &facts)?;
+            let types = dedup_types(types)?;
+            let tenant_id = tenant_of(tenant_scope, tenant_id)?;
+            if facts.existing >= MAX_PER_TENANT {
+                return Err(DomainError::invalid_state(format!(
+                    "{} already has {} webhooks, the most allowed; delete one first",
+                    tenant_id.as_deref().unwrap_or("the operator"),
+                    facts.existing
+                )));
+            }
             Ok(vec![WebhookEvent::Created(Created {
                 id,
                 url,
-                types: dedup_types(types)?,
-                tenant_id: tenant_of(tenant_scope, tenant_id)?,
+                types,
+                tenant_id,
             })])
         }
         WebhookCommand::Delete { id, tenant_scope } => {
@@ -307,7 +339,7 @@ fn tenant_of(
 }
 
 /// An absolute `http(s)` URL with a host, at most [`MAX_URL_LEN`] long.
-fn check_url(url: &str) -> Result<(), DomainError> {
+fn check_url(url: &str) -> Result<url::Url, DomainError> {
     let invalid = |message: String| DomainError::invalid_input("url", message);
     if url.len() > MAX_URL_LEN {
         return Err(invalid(format!("longer than {MAX_URL_LEN} characters")));
@@ -318,6 +350,43 @@ fn check_url(url: &str) -> Result<(), DomainError> {
     }
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(invalid("must name a host".into()));
+    }
+    Ok(parsed)
+}
+
+/// The URL's host as an address, when it is an IP literal.
+pub fn literal_address(url: &url::Url) -> Option<IpAddr> {
+    match url.host()? {
+        url::Host::Ipv4(v4) => Some(IpAddr::V4(v4)),
+        url::Host::Ipv6(v6) => Some(IpAddr::V6(v6)),
+        url::Host::Domain(_) => None,
+    }
+}
+
+/// Refuses a URL whose host is, or resolves into, a network internal to the control plane
+/// that the operator did not allow.
+fn check_target(url: &url::Url, facts: &CreateFacts) -> Result<(), DomainError> {
+    let refuse = |what: String| {
+        DomainError::invalid_input(
+            "url",
+            format!("{what} is on an internal network; webhooks may not target it"),
+        )
+    };
+    let loopback = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let local_name = url.host_str().is_some_and(is_local_name);
+    if local_name && !reachable(loopback, &facts.allow_private) {
+        return Err(refuse(format!(
+            "host {}",
+            url.host_str().unwrap_or_default()
+        )));
+    }
+    let addresses = literal_address(url)
+        .into_iter()
+        .chain(facts.resolved.iter().copied());
+    for address in addresses {
+        if !reachable(address, &facts.allow_private) {
+            return Err(refuse(format!("address {address}")));
+        }
     }
     Ok(())
 }
@@ -372,6 +441,10 @@ mod tests {
             types: types.iter().map(|t| t.to_string()).collect(),
             tenant_id: asked.map(Into::into),
             tenant_scope: scope.map(Into::into),
+            facts: CreateFacts {
+                allow_private: vec!["127.0.0.0/8".parse().unwrap()],
+                ..CreateFacts::default()
+            },
         }
     }
 
@@ -463,6 +536,45 @@ mod tests {
         let exists = hook(None, WebhookState::Active);
         let twice = decide(Some(&exists), create(URL, &["*"], None, None));
         assert_eq!(twice.unwrap_err().code(), "INVALID_STATE");
+    }
+
+    #[test]
+    fn create_refuses_internal_targets_the_operator_did_not_allow() {
+        let with = |url: &str, resolved: &[&str], allow: &[&str], existing: usize| {
+            let mut command = create(url, &["*"], None, Some("acme"));
+            if let WebhookCommand::Create { facts, .. } = &mut command {
+                facts.resolved = resolved.iter().map(|a| a.parse().unwrap()).collect();
+                facts.allow_private = allow.iter().map(|c| c.parse().unwrap()).collect();
+                facts.existing = existing;
+            }
+            decide(None, command).map(|_| ()).map_err(|e| e.code())
+        };
+        let refused = Err("INVALID_INPUT");
+        assert_eq!(with("http://127.0.0.1:9/h", &[], &[], 0), refused);
+        assert_eq!(
+            with("http://127.0.0.1:9/h", &[], &["127.0.0.0/8"], 0),
+            Ok(())
+        );
+        assert_eq!(
+            with("http://169.254.169.254/latest", &[], &["127.0.0.0/8"], 0),
+            refused
+        );
+        assert_eq!(with("http://10.0.0.8/h", &[], &[], 0), refused);
+        assert_eq!(with("http://[fd00::1]/h", &[], &[], 0), refused);
+        assert_eq!(with("http://[fe80::1]/h", &[], &[], 0), refused);
+        assert_eq!(with("http://[::ffff:192.168.0.1]/h", &[], &[], 0), refused);
+        assert_eq!(with("http://localhost:8080/h", &[], &[], 0), refused);
+        assert_eq!(
+            with("http://hooks.example/h", &["10.1.2.3"], &[], 0),
+            refused
+        );
+        assert_eq!(
+            with("http://hooks.example/h", &["93.184.215.14"], &[], 0),
+            Ok(())
+        );
+        assert_eq!(with("https://93.184.215.14/h", &[], &[], 0), Ok(()));
+        let full = with("https://hooks.example/h", &[], &[], MAX_PER_TENANT);
+        assert_eq!(full, Err("INVALID_STATE"));
     }
 
     #[test]

@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 pub enum Fault {
     /// `429` with `Retry-After: 1` and the provider's rate-limit body.
     RateLimited,
+    /// `429` asking for a wait of this many seconds (`Retry-After` and `RateLimit-Reset`).
+    RateLimitedFor(u64),
     /// A `5xx` with the provider's error body.
     ServerError,
     /// Serve the request, then answer `504` from "a proxy", as if the answer were lost.

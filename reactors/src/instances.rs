@@ -8,6 +8,7 @@
 
 mod step;
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -134,16 +135,30 @@ pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx
     }
 }
 
-/// One pass over a taken item, recorded on the item (unless its lease was lost meanwhile).
+/// One pass over a taken item, recorded on the item (unless its lease was lost meanwhile). A
+/// pass that panics counts as a failed one: the item backs off, the reconciler goes on.
 async fn work_on(ctx: &Ctx, timings: &Timings, item: &Taken) {
-    let result = reconcile(ctx, timings, item).await;
+    let result = AssertUnwindSafe(reconcile(ctx, timings, item))
+        .catch_unwind()
+        .await;
     metrics::counter!("vps_reconcile_passes_total", "kind" => KIND).increment(1);
-    let done = match result {
-        Ok(pass) => work_queue::complete(&ctx.pool, KIND, item, pass).await,
-        Err(e) => {
+    let failure = match result {
+        Ok(Ok(pass)) => Ok(pass),
+        Ok(Err(e)) => {
             tracing::warn!(instance = %item.key, error = %e, "reconcile failed");
+            Err(e.to_string())
+        }
+        Err(_) => {
+            metrics::counter!("vps_task_panics_total", "part" => "instance-reconcile").increment(1);
+            tracing::error!(instance = %item.key, "a reconcile pass panicked");
+            Err("the reconcile pass panicked".to_string())
+        }
+    };
+    let done = match failure {
+        Ok(pass) => work_queue::complete(&ctx.pool, KIND, item, pass).await,
+        Err(error) => {
             metrics::counter!("vps_reconcile_failures_total", "kind" => KIND).increment(1);
-            work_queue::fail(&ctx.pool, KIND, item, &e.to_string()).await
+            work_queue::fail(&ctx.pool, KIND, item, &error).await
         }
     };
     match done {

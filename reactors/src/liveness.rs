@@ -1,8 +1,14 @@
 //! Node liveness: a node silent for longer than its pool's `lostAfterSeconds` becomes `lost`,
 //! and so do its instances. A report brings both back (`nodes.report`).
+//!
+//! Silence is counted from the later of the node's last report and the moment this checker
+//! last resumed: after the control plane's own outage (every replica down, the database
+//! unreachable, this process stalled) hosts could not report, so each node gets a fresh
+//! `lostAfterSeconds` to report again before it is judged.
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use vps_commands::Ctx;
 
 use crate::timings::Timings;
@@ -12,19 +18,16 @@ use crate::work_queue;
 pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
     let _lease =
         vps_events::lease::Lease::acquire(&ctx.pool, "node-liveness", Duration::from_secs(2)).await;
+    let mut resumed = database_now(&ctx).await?;
+    let mut last_check = resumed;
     loop {
-        let silent: Vec<String> = sqlx::query_scalar(
-            "SELECT n.id FROM nodes n
-               JOIN pools p ON p.id = n.pool_id
-               LEFT JOIN node_heartbeats h ON h.node_id = n.id
-              WHERE n.state IN ('ready', 'cordoned', 'unreachable')
-                AND p.policy->>'lostAfterSeconds' IS NOT NULL
-                AND coalesce(h.last_report_at, n.created_at)
-                    < now() - make_interval(secs => (p.policy->>'lostAfterSeconds')::float8)",
-        )
-        .fetch_all(&ctx.pool)
-        .await?;
-        for node in silent {
+        let now = database_now(&ctx).await?;
+        if stalled(last_check, now, &timings) {
+            tracing::info!(since = %last_check, "liveness checks stalled; every node gets a fresh grace period");
+            resumed = now;
+        }
+        last_check = now;
+        for node in silent_nodes(&ctx, resumed).await? {
             match vps_commands::hosts::mark_node_lost(&ctx, &node).await {
                 Ok(changed) => {
                     tracing::info!(node = %node, instances = changed.len(), "node lost");
@@ -34,5 +37,51 @@ pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
             }
         }
         tokio::time::sleep(timings.liveness_check).await;
+    }
+}
+
+/// Whether the gap since the last check is so long that this checker was not really
+/// running (the process stalled): longer than three check intervals plus a second.
+fn stalled(last: DateTime<Utc>, now: DateTime<Utc>, timings: &Timings) -> bool {
+    let gap = (now - last).to_std().unwrap_or_default();
+    gap > timings.liveness_check * 3 + Duration::from_secs(1)
+}
+
+/// The nodes of pools with `lostAfterSeconds` that have been silent that long, counting from
+/// their last report (or registration), but never from before `resumed`.
+async fn silent_nodes(ctx: &Ctx, resumed: DateTime<Utc>) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT n.id FROM nodes n
+           JOIN pools p ON p.id = n.pool_id
+           LEFT JOIN node_heartbeats h ON h.node_id = n.id
+          WHERE n.state IN ('ready', 'cordoned', 'unreachable')
+            AND p.policy->>'lostAfterSeconds' IS NOT NULL
+            AND greatest(coalesce(h.last_report_at, n.created_at), $1)
+                < now() - make_interval(secs => (p.policy->>'lostAfterSeconds')::float8)",
+    )
+    .bind(resumed)
+    .fetch_all(&ctx.pool)
+    .await
+}
+
+async fn database_now(ctx: &Ctx) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar("SELECT now()")
+        .fetch_one(&ctx.pool)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_of_several_intervals_counts_as_a_stall() {
+        let timings = Timings {
+            liveness_check: Duration::from_secs(5),
+            ..Timings::default()
+        };
+        let t0 = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        assert!(!stalled(t0, t0 + chrono::TimeDelta::seconds(6), &timings));
+        assert!(stalled(t0, t0 + chrono::TimeDelta::seconds(17), &timings));
     }
 }

@@ -26,6 +26,7 @@ use async_nats::jetstream::{self, message::PublishMessage, stream};
 use rand::Rng;
 use sqlx::PgPool;
 use tracing::Instrument;
+use vps_domain::network::redact_credentials;
 use vps_events::envelope::cloud_event;
 use vps_events::lease::Lease;
 use vps_events::{Follower, Notifier, RecordedEvent};
@@ -111,7 +112,7 @@ pub enum NatsPublishError {
 /// lease. Failures are logged and retried with back-off, never returned.
 pub async fn run_publisher(pool: PgPool, notifier: Notifier, config: NatsPublisherConfig) {
     let _lease = Lease::acquire(&pool, LEASE, LEASE_RETRY).await;
-    tracing::info!(url = %config.url, stream = %config.stream_name, "NATS publisher holds its lease");
+    tracing::info!(url = %redact_credentials(&config.url), stream = %config.stream_name, "NATS publisher holds its lease");
     let mut failures = 0u32;
     let mut follower = loop {
         match Follower::load(pool.clone(), FOLLOWER, &notifier).await {
@@ -259,7 +260,7 @@ impl Sink {
             .connect(config.url.as_str())
             .await
             .map_err(|source| NatsPublishError::Connect {
-                url: config.url.clone(),
+                url: redact_credentials(&config.url),
                 source,
             })?;
         let mut sink = Sink {

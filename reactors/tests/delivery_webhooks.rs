@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use vps_commands::secrets::SecretKey;
 use vps_commands::webhooks::{self as commands, NewWebhook, WebhookSecret};
 use vps_commands::{Actor, CommandError, Ctx};
+use vps_domain::network::IpCidr;
 use vps_domain::webhook::WebhookState;
 use vps_domain::DomainError;
 use vps_events::read::read_stream;
@@ -54,6 +55,8 @@ enum Script {
     Hang,
     /// 500 while the test says the endpoint is down, then 200.
     DownWhileFlagged,
+    /// 200, after taking this long to answer.
+    Slow(Duration),
 }
 
 /// One request as the endpoint saw it.
@@ -161,7 +164,7 @@ async fn receive(
             && event["id"] == json!(id);
         let seen = endpoint.requests.len();
         let answer = match endpoint.script {
-            Script::Accept | Script::Hang => 200,
+            Script::Accept | Script::Hang | Script::Slow(_) => 200,
             Script::FailFirst(n) if seen < n => 500,
             Script::FailFirst(_) => 200,
             Script::RetryAfterOnce(_) if seen == 0 => 503,
@@ -186,6 +189,11 @@ async fn receive(
             // The endpoint's behaviour, not a wait: it never answers within any request timeout.
             tokio::time::sleep(Duration::from_secs(600)).await;
             StatusCode::OK.into_response()
+        }
+        Script::Slow(took) => {
+            // The endpoint's behaviour: it takes this long over every request.
+            tokio::time::sleep(took).await;
+            StatusCode::from_u16(answer).unwrap().into_response()
         }
         Script::RetryAfterOnce(secs) if answer == 503 => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -225,12 +233,15 @@ fn verify(secret: &str, id: &str, timestamp: &str, body: &str, signatures: &str)
 // ---------------------------------------------------------------------------------------------
 // The log and the worker
 
+/// The deployment key the commands seal with and the worker opens with.
+const KEY: [u8; 32] = [7; 32];
+
 /// `identity` acting on `pool`, as the API would call the webhook commands.
 fn ctx(pool: &PgPool, notifier: &Notifier, identity: &str) -> Ctx {
     Ctx {
         pool: pool.clone(),
         notifier: notifier.clone(),
-        secrets: SecretKey::new([7; 32]),
+        secrets: SecretKey::new(KEY),
         actor: Actor {
             identity: identity.into(),
             tenant: None,
@@ -250,8 +261,14 @@ async fn create_webhook(
     commands::create(&ctx(pool, notifier, identity), new).await
 }
 
+/// The receivers listen on loopback, which webhooks may reach only when the operator allows it.
+fn loopback() -> Vec<IpCidr> {
+    vec!["127.0.0.0/8".parse().unwrap()]
+}
+
 fn fast() -> WebhookConfig {
     WebhookConfig {
+        allow_private: loopback(),
         request_timeout: Duration::from_secs(2),
         base_delay: Duration::from_millis(20),
         max_delay: Duration::from_secs(2),
@@ -262,7 +279,12 @@ fn fast() -> WebhookConfig {
 }
 
 fn start_worker(pool: &PgPool, notifier: &Notifier, config: WebhookConfig) -> JoinHandle<()> {
-    tokio::spawn(run_webhook_delivery(pool.clone(), notifier.clone(), config))
+    tokio::spawn(run_webhook_delivery(
+        pool.clone(),
+        notifier.clone(),
+        SecretKey::new(KEY),
+        config,
+    ))
 }
 
 async fn subscribe(
@@ -284,6 +306,7 @@ async fn subscribe(
             types: types.iter().map(|t| t.to_string()).collect(),
             tenant_id: tenant.map(Into::into),
             tenant_scope: None,
+            allow_private: loopback(),
         },
     )
     .await
@@ -712,6 +735,7 @@ async fn subscribe_refusing_endpoint(pool: &PgPool, notifier: &Notifier) -> Webh
             types: vec!["*".into()],
             tenant_id: None,
             tenant_scope: None,
+            allow_private: loopback(),
         },
     )
     .await
@@ -894,6 +918,7 @@ fn new_webhook(url: &str, types: &[&str], tenant: Option<&str>) -> NewWebhook {
         types: types.iter().map(|t| t.to_string()).collect(),
         tenant_id: tenant.map(Into::into),
         tenant_scope: None,
+        allow_private: loopback(),
     }
 }
 
@@ -1002,4 +1027,158 @@ async fn a_long_queue_is_delivered_in_order_in_bursts_without_stalling() {
         "in log order, once each"
     );
     worker.abort();
+}
+
+/// How many events the slow-receiver test sends (the acceptance asks 100; fewer runs faster).
+fn slow_receiver_events() -> usize {
+    std::env::var("VPS_SLOW_RECEIVER_EVENTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100)
+}
+
+#[tokio::test]
+async fn a_slow_receiver_gets_every_event_once_in_order_from_two_workers_with_short_leases() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    let took = Duration::from_millis(1500);
+    let hook = subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "slow",
+        Script::Slow(took),
+        &["instance.*"],
+        None,
+    )
+    .await;
+    let n = slow_receiver_events();
+    for i in 0..n {
+        emit(
+            &pool,
+            &notifier,
+            &format!("instance-inst_{}", i % 5),
+            "instance.running",
+            None,
+        )
+        .await;
+    }
+    let expected = log_ids(&pool, &["instance."], None, n).await;
+    // A lease covers one request and a second: a run of many slow requests outlasts it
+    // many times over, so only renewing (and fencing) it keeps the second worker out.
+    let config = WebhookConfig {
+        request_timeout: Duration::from_secs(2),
+        lease_margin: Duration::from_secs(1),
+        ..fast()
+    };
+    let workers = [
+        start_worker(&pool, &notifier, config.clone()),
+        start_worker(&pool, &notifier, config),
+    ];
+    eventually(
+        "every event delivered",
+        took * n as u32 + Duration::from_secs(30),
+        || async {
+            receiver.requests("slow").len() >= n && deliveries_recorded(&pool, &hook.id).await >= n
+        },
+    )
+    .await;
+    for worker in workers {
+        worker.abort();
+    }
+    let arrived: Vec<String> = receiver
+        .requests("slow")
+        .into_iter()
+        .map(|r| r.event_id)
+        .collect();
+    assert_eq!(arrived, expected, "each event once, in log order");
+    let mut deliveries = list_deliveries(&pool, &hook.id, 1000).await.unwrap();
+    deliveries.reverse();
+    let recorded: Vec<(String, i32, DeliveryStatus)> = deliveries
+        .into_iter()
+        .map(|d| (d.event_id, d.attempt, d.status))
+        .collect();
+    let once: Vec<(String, i32, DeliveryStatus)> = expected
+        .iter()
+        .map(|id| (id.clone(), 1, DeliveryStatus::Delivered))
+        .collect();
+    assert_eq!(recorded, once, "one attempt recorded per delivery");
+}
+
+async fn deliveries_recorded(pool: &PgPool, hook: &str) -> usize {
+    list_deliveries(pool, hook, 1000).await.unwrap().len()
+}
+
+#[tokio::test]
+async fn a_delivery_never_connects_to_an_internal_address_it_resolves_to() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    // Subscribed while loopback was allowed, under a name: at connect time it is not, as if
+    // the name had been re-pointed at the control plane's own network after the check.
+    let by_name = receiver
+        .endpoint("rebound", Script::Accept)
+        .replace("127.0.0.1", "localhost");
+    let (hook, secret) = create_webhook(
+        &pool,
+        &notifier,
+        "id_test",
+        NewWebhook {
+            url: by_name,
+            types: vec!["pool.*".into()],
+            tenant_id: None,
+            tenant_scope: None,
+            allow_private: loopback(),
+        },
+    )
+    .await
+    .unwrap();
+    receiver.set_secret("rebound", &secret);
+    let strict = WebhookConfig {
+        allow_private: Vec::new(),
+        ..fast()
+    };
+    let worker = start_worker(&pool, &notifier, strict);
+    emit(&pool, &notifier, "pool-pool_1", "pool.created", None).await;
+    eventually(
+        "refused attempts recorded",
+        Duration::from_secs(10),
+        || async { deliveries_recorded(&pool, &hook.id).await >= 2 },
+    )
+    .await;
+    worker.abort();
+    assert!(
+        receiver.requests("rebound").is_empty(),
+        "nothing reached the receiver"
+    );
+    let port = receiver.base.rsplit(':').next().unwrap().to_string();
+    for attempt in list_deliveries(&pool, &hook.id, 10).await.unwrap() {
+        assert_eq!(attempt.status, DeliveryStatus::Pending);
+        let error = attempt.error.unwrap_or_default();
+        assert!(error.contains("internal network"), "{error}");
+        assert!(
+            !error.contains(&port) && !error.contains("127.0.0.1"),
+            "{error}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_recorded_without_the_transports_text() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let refused = subscribe_refusing_endpoint(&pool, &notifier).await;
+    let worker = start_worker(&pool, &notifier, fast());
+    emit(&pool, &notifier, "pool-pool_1", "pool.created", None).await;
+    eventually(
+        "a refused attempt recorded",
+        Duration::from_secs(10),
+        || async { deliveries_recorded(&pool, &refused.id).await >= 1 },
+    )
+    .await;
+    worker.abort();
+    for attempt in list_deliveries(&pool, &refused.id, 10).await.unwrap() {
+        assert_eq!(attempt.error.as_deref(), Some("cannot connect"));
+    }
 }

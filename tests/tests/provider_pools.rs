@@ -224,6 +224,14 @@ async fn provider_pool(t: &TestServer, cloud: &Cloud, good_credentials: bool) ->
         )
         .await;
     let pool_id = pool["id"].as_str().unwrap().to_string();
+    // Provider pools boot registered images only.
+    t.ok(
+        OPERATOR,
+        "images.register",
+        json!({ "imageId": "ubuntu-24.04", "url": "https://images.example/ubuntu-24.04.img",
+                "sha256": "b".repeat(64), "format": "raw" }),
+    )
+    .await;
     t.ok(
         OPERATOR,
         "pools.offer",
@@ -485,17 +493,22 @@ mod scenarios {
         assert!(cloud.machines().is_empty());
         assert!(history(&t, &id).await.contains(&"instance.failed".into()));
 
-        let account = t
-            .ok(
-                OPERATOR,
-                "providerAccounts.get",
-                json!({ "providerAccountId": account }),
-            )
-            .await;
-        assert_eq!(
-            account["lastError"]["code"], "INVALID_CONFIG",
-            "{account:#}"
-        );
+        // Recorded on the account just after the instance's failure commits.
+        eventually("the account's lastError", PATIENCE, || async {
+            let seen = t
+                .ok(
+                    OPERATOR,
+                    "providerAccounts.get",
+                    json!({ "providerAccountId": account }),
+                )
+                .await;
+            if seen["lastError"]["code"] == "INVALID_CONFIG" {
+                Ok(())
+            } else {
+                Err(seen)
+            }
+        })
+        .await;
 
         // It never got a machine, so it cannot be retried, only deleted.
         change(&t, "instances.delete", &id).await;

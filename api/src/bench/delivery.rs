@@ -93,6 +93,8 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
         config.secrets.key =
             Some(base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>()));
     }
+    // The receiver listens on loopback.
+    config.webhooks.allow_private = vec!["127.0.0.0/8".into()];
     let server = crate::server::start(config, scratch.pool.clone()).await?;
     let notifier = server.state.notifier.clone();
     let (_, secret) = vps_commands::webhooks::create(
@@ -102,6 +104,7 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
             types: vec!["instance.*".into()],
             tenant_id: None,
             tenant_scope: None,
+            allow_private: server.state.config.webhooks.allowed_networks(),
         },
     )
     .await

@@ -11,7 +11,7 @@ use futures::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use vps_events::envelope::{cloud_event, stream_of};
-use vps_events::read::{read_filtered, Filter};
+use vps_events::read::{read_filtered, read_page, Filter};
 use vps_events::Cursor;
 
 use crate::error::ApiError;
@@ -133,37 +133,71 @@ pub async fn stream(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .or(q.after);
-    let mut after = cursor("Last-Event-ID", resume.as_deref())?;
+    let after = cursor("Last-Event-ID", resume.as_deref())?;
+    let slot = state.guards.stream(&stream_owner(&caller))?;
     let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
     let events = async_stream(move |tx| async move {
-        let mut wake = notifier.subscribe();
-        loop {
-            wake.borrow_and_update();
-            let page = match read_filtered(&pool, after, &filter, 500).await {
-                Ok(page) => page,
-                Err(e) => {
-                    tracing::warn!(error = %e, "event stream read failed");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-            for e in &page {
-                let event = Event::default()
-                    .id(e.cursor().to_string())
-                    .event(e.event_type.clone())
-                    .data(cloud_event(e).to_string());
-                if tx.send(Ok(event)).await.is_err() {
-                    return;
-                }
-                after = e.cursor();
-            }
-            if page.is_empty() {
-                let _ = tokio::time::timeout(Duration::from_millis(500), wake.changed()).await;
-            }
-        }
+        // Held for as long as the task runs: the stream counts until it is really gone.
+        let _slot = slot;
+        follow(pool, notifier, filter, after, tx).await;
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
+
+/// Whose allowance an event stream counts against: its tenant, or an operator identity's own.
+fn stream_owner(caller: &Caller) -> String {
+    match &caller.actor.tenant {
+        Some(tenant) if !caller.actor.operator => tenant.clone(),
+        _ => format!("identity:{}", caller.actor.identity),
+    }
+}
+
+/// Events read per page of the stream.
+const STREAM_PAGE: i64 = 500;
+
+/// Sends the events after `after` that pass `filter`, then each new one, until the client goes
+/// away: also while nothing matches, since waiting for a wake-up watches the client too. Each
+/// read starts where the last one got to, matching or not.
+async fn follow(
+    pool: sqlx::PgPool,
+    notifier: vps_events::Notifier,
+    filter: Filter,
+    mut after: Cursor,
+    tx: Sender,
+) {
+    let mut wake = notifier.subscribe();
+    loop {
+        wake.borrow_and_update();
+        let pause = match read_page(&pool, after, &filter, STREAM_PAGE).await {
+            Ok(page) => {
+                for e in &page.events {
+                    let event = Event::default()
+                        .id(e.cursor().to_string())
+                        .event(e.event_type.clone())
+                        .data(cloud_event(e).to_string());
+                    if tx.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+                after = page.next;
+                // A full page means more is readable now.
+                (page.events.len() < STREAM_PAGE as usize).then_some(Duration::from_millis(500))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "event stream read failed");
+                Some(Duration::from_secs(1))
+            }
+        };
+        if let Some(pause) = pause {
+            tokio::select! {
+                () = tx.closed() => return,
+                _ = tokio::time::timeout(pause, wake.changed()) => {}
+            }
+        }
+    }
+}
+
+type Sender = tokio::sync::mpsc::Sender<Result<Event, Infallible>>;
 
 /// A stream fed by a task; the task ends when the client goes away.
 fn async_stream<F, Fut>(produce: F) -> impl Stream<Item = Result<Event, Infallible>>

@@ -169,6 +169,12 @@ async fn spec(c: Call, q: SpecQuery) -> Result<Value, ApiError> {
     if !views::node_exists(&c.ctx.pool, &q.node_id).await? {
         return Err(missing("node", &q.node_id));
     }
+    // Only a request that waits holds a place: a plain read returns at once.
+    let _slot = if wait.is_zero() {
+        None
+    } else {
+        Some(c.guards.long_poll(&q.node_id)?)
+    };
     let newer = |spec: &Value| {
         q.after_generation
             .is_none_or(|after| spec["generation"].as_i64().unwrap_or(0) > after)

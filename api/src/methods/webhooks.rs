@@ -69,6 +69,7 @@ async fn create(c: Call, q: CreateWebhook) -> Result<Value, ApiError> {
         types: q.types,
         tenant_id: q.tenant_id,
         tenant_scope: scope(&c.caller)?,
+        allow_private: c.config.webhooks.allowed_networks(),
     };
     let (hook, secret) = commands::create(&c.ctx, new).await?;
     let mut view = serde_json::to_value(&hook).expect("serialises");

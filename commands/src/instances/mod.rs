@@ -8,7 +8,6 @@ pub mod facts;
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 use vps_domain::instance::{
     self as domain, Admission, CreateInstance, Instance, InstanceCommand, PoolKind, Requester,
@@ -53,11 +52,15 @@ pub struct CreateInput {
     pub idempotency_key: String,
 }
 
-/// The hash that tells a replay from a conflicting reuse of an idempotency key.
-pub fn request_hash(input: &CreateInput) -> String {
-    hex::encode(Sha256::digest(
-        serde_json::to_vec(input).expect("serialises"),
-    ))
+/// The hash that tells a replay from a conflicting reuse of an idempotency key. It is keyed
+/// (an HMAC under a key derived from the deployment key): `instance.created` carries it, and
+/// a plain hash of a request that holds user data would let anyone who reads the log test
+/// guesses of that user data.
+pub fn request_hash(key: &secrets::SecretKey, input: &CreateInput) -> String {
+    key.digest(
+        "vps instances.create request v1",
+        &serde_json::to_vec(input).expect("serialises"),
+    )
 }
 
 /// Admits an instance, or answers the one this idempotency key already made.
@@ -166,7 +169,7 @@ fn create_command(ctx: &Ctx, id: &str, input: &CreateInput, origin: &Origin) -> 
             .clone()
             .unwrap_or_else(|| ctx.actor.identity.clone()),
         idempotency_key: input.idempotency_key.clone(),
-        request_hash: request_hash(input),
+        request_hash: request_hash(&ctx.secrets, input),
         sandbox_id: origin.sandbox_id.clone(),
         warm_template_id: origin.warm.as_ref().map(|(t, _)| t.clone()),
         template_version: origin.warm.as_ref().map(|(_, v)| *v),

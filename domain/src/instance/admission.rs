@@ -85,10 +85,13 @@ pub fn admit(
         .shape
         .clone()
         .ok_or_else(|| not_found(format!("flavor {}", create.flavor)))?;
+    // Provider pools too: the image id goes to the provider as it is, and a provider's ids
+    // (snapshots above all) are account-wide, so only a registered image the tenant may use
+    // is ever asked for.
+    if !facts.image_visible {
+        return Err(not_found(format!("image {}", create.image_id)));
+    }
     match pool.kind {
-        PoolKind::Hosted if !facts.image_visible => {
-            return Err(not_found(format!("image {}", create.image_id)))
-        }
         PoolKind::Provider if !pool.has_account => {
             return Err(DomainError::invalid_state(format!(
                 "pool {} has no provider account",

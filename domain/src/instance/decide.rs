@@ -205,7 +205,7 @@ impl Draft {
             AddressMode::Replace => Vec::new(),
         };
         for a in reported {
-            if !addresses.contains(a) {
+            if !addresses.contains(a) && addresses.len() < super::MAX_ADDRESSES {
                 addresses.push(a.clone());
             }
         }

@@ -64,7 +64,8 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         request,
         next,
         |fault| match fault {
-            Fault::RateLimited => rate_limited(),
+            Fault::RateLimited => rate_limited(1),
+            Fault::RateLimitedFor(seconds) => rate_limited(seconds),
             _ => error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -266,7 +267,7 @@ fn action_json(id: u64, command: &str, server_id: u64) -> Value {
     })
 }
 
-fn rate_limited() -> Response {
+fn rate_limited(seconds: u64) -> Response {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -279,8 +280,8 @@ fn rate_limited() -> Response {
     let headers = response.headers_mut();
     headers.insert("RateLimit-Limit", 3600.into());
     headers.insert("RateLimit-Remaining", 0.into());
-    headers.insert("RateLimit-Reset", (now + 1).into());
-    headers.insert(header::RETRY_AFTER, 1.into());
+    headers.insert("RateLimit-Reset", (now + seconds).into());
+    headers.insert(header::RETRY_AFTER, seconds.into());
     response
 }
 

@@ -70,15 +70,21 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         request,
         next,
         |fault| match fault {
-            Fault::RateLimited => {
-                let mut response = failure(StatusCode::TOO_MANY_REQUESTS, "too many requests");
-                response.headers_mut().insert(header::RETRY_AFTER, 1.into());
-                response
-            }
+            Fault::RateLimited => rate_limited(1),
+            Fault::RateLimitedFor(seconds) => rate_limited(seconds),
             _ => failure(StatusCode::SERVICE_UNAVAILABLE, "service unavailable"),
         },
     )
     .await
+}
+
+/// `429` asking for a wait of `seconds`.
+fn rate_limited(seconds: u64) -> Response {
+    let mut response = failure(StatusCode::TOO_MANY_REQUESTS, "too many requests");
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, seconds.into());
+    response
 }
 
 async fn next_id(State(state): State<AppState>) -> Response {

@@ -6,6 +6,9 @@ use std::time::Duration;
 /// The longest message a [`ProviderError`] keeps; the reconciler stores it in a condition.
 pub const MAX_MESSAGE_CHARS: usize = 500;
 
+/// The longest a provider's `Retry-After` (or `RateLimit-Reset`) is honoured.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
 /// A failed provider call.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
@@ -74,9 +77,10 @@ impl ProviderError {
         Self::new(ProviderErrorCode::InvalidState, message)
     }
 
-    /// The same error with `retry_after` set.
+    /// The same error with `retry_after` set, at most [`MAX_RETRY_AFTER`]: a provider (or
+    /// whatever answers in its place) cannot park an instance for days.
     pub fn with_retry_after(mut self, retry_after: Option<Duration>) -> Self {
-        self.retry_after = retry_after;
+        self.retry_after = retry_after.map(|wait| wait.min(MAX_RETRY_AFTER));
         self
     }
 
@@ -142,5 +146,19 @@ mod tests {
         .filter(|code| code.is_terminal())
         .collect();
         assert_eq!(terminal, [Unsupported, InvalidState, InvalidConfig]);
+    }
+}
+
+#[cfg(test)]
+mod cap_tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_after_longer_than_an_hour_is_capped() {
+        let asked = Some(Duration::from_secs(30 * 86_400));
+        let error = ProviderError::rate_limited("slow down", asked);
+        assert_eq!(error.retry_after, Some(MAX_RETRY_AFTER));
+        let short = ProviderError::rate_limited("slow down", Some(Duration::from_secs(3)));
+        assert_eq!(short.retry_after, Some(Duration::from_secs(3)));
     }
 }

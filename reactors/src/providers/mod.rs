@@ -29,7 +29,7 @@ use async_trait::async_trait;
 
 pub use config::{ConfigError, EmulatorConfig, HetznerConfig, ProviderConfig, ProxmoxConfig};
 pub use emulator::{EmulatorFault, EmulatorProvider};
-pub use error::{ProviderError, ProviderErrorCode, MAX_MESSAGE_CHARS};
+pub use error::{ProviderError, ProviderErrorCode, MAX_MESSAGE_CHARS, MAX_RETRY_AFTER};
 pub use hetzner::HetznerProvider;
 pub use machine::{CreateMachine, Machine, MachineState, Power};
 pub use naming::machine_name;

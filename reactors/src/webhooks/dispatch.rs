@@ -1,10 +1,15 @@
-//! The dispatcher: attempts the first undelivered event of every subscription that is due,
-//! each subscription on its own task, and records every attempt.
+//! The dispatcher: delivers the queue of every subscription that is due, each subscription on
+//! its own task, and records every attempt.
 //!
-//! Only a subscription's first queued event (in log order) is ever claimed, and a claim is a
-//! lease on that row, so one subscription has at most one attempt in flight across every
-//! replica: deliveries stay in log order. A failing endpoint only pushes its own first row's
-//! `next_attempt_at` back; the other subscriptions' rows are claimed regardless.
+//! **The fence.** A worker delivers a subscription only while it holds that subscription's
+//! lease (`webhook_leases`, one row per subscription, a fresh token per claim). It renews the
+//! lease before any POST that could outlast it, and every record of an outcome is conditional
+//! on still holding it. So a second worker (another task, another replica) can take the
+//! subscription only once the first has stopped renewing, and the first then stops before its
+//! next POST and records nothing more: deliveries stay in log order, one attempt at a time, and
+//! a slow receiver never gets the same event twice from a live worker. A failing endpoint only
+//! pushes its own first row's `next_attempt_at` back; other subscriptions are claimed
+//! regardless.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,27 +20,33 @@ use sqlx::{PgConnection, PgPool, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tracing::Instrument;
-use vps_commands::webhooks::{disable_gone, WebhookSecret};
+use vps_commands::secrets::SecretKey;
+use vps_commands::webhooks::{disable_gone, open_secret, WebhookSecret};
 use vps_commands::{CommandError, Ctx};
 use vps_projections::webhooks::DeliveryStatus;
 
 use super::backoff::{parse_retry_after, retry_delay};
+use super::guard::describe;
 use super::signature::sign;
 use super::WebhookConfig;
 
-/// How much longer than the request timeout a claim lasts: enough to record the outcome.
-const LEASE_MARGIN: Duration = Duration::from_secs(30);
-
-/// A claimed queue row with what it takes to deliver it.
-struct Claimed {
-    id: i64,
-    lease_token: String,
+/// A subscription whose lease this worker holds.
+struct Lease {
     webhook_id: String,
+    token: String,
+    url: String,
+    secret: WebhookSecret,
+    /// When the lease was last renewed (taken before the renewal was sent: conservative).
+    renewed: Instant,
+}
+
+/// A queued event of a leased subscription.
+struct Queued {
+    id: i64,
     event_id: String,
     body: String,
     attempts: i32,
-    url: String,
-    secret: WebhookSecret,
+    due: bool,
 }
 
 /// What an attempt came to.
@@ -67,17 +78,16 @@ pub(crate) async fn run(
         let room = config.concurrency.saturating_sub(inflight.len());
         if room > 0 {
             let span = tracing::debug_span!("webhook_dispatch_pass", inflight = inflight.len());
-            match claim(&ctx.pool, &config, room as i64)
+            match claim(&ctx.pool, &ctx.secrets, &config, room as i64)
                 .instrument(span)
                 .await
             {
-                Ok(items) => {
-                    for item in items {
-                        let span = tracing::info_span!("webhook_attempt",
-                            webhook = %item.webhook_id, event = %item.event_id,
-                            attempt = item.attempts + 1);
+                Ok(leases) => {
+                    for lease in leases {
+                        let span =
+                            tracing::info_span!("webhook_delivery", webhook = %lease.webhook_id);
                         inflight.spawn(
-                            attempt(ctx.clone(), config.clone(), client.clone(), item)
+                            deliver(ctx.clone(), config.clone(), client.clone(), lease)
                                 .instrument(span),
                         );
                     }
@@ -107,230 +117,291 @@ pub(crate) async fn run(
     }
 }
 
-/// Leases up to `limit` due first rows of active subscriptions.
+/// How long a lease lasts: the longest POST plus the margin to record its outcome.
+fn lease_length(config: &WebhookConfig) -> Duration {
+    config.request_timeout + config.lease_margin
+}
+
+/// Leases up to `limit` active subscriptions whose first queued event is due and that no
+/// worker holds, and opens their signing secrets.
 async fn claim(
     pool: &PgPool,
+    key: &SecretKey,
     config: &WebhookConfig,
     limit: i64,
-) -> Result<Vec<Claimed>, sqlx::Error> {
+) -> Result<Vec<Lease>, sqlx::Error> {
     let token = ulid::Ulid::generate().to_string();
-    let lease = (config.request_timeout + LEASE_MARGIN).as_secs_f64();
-    // The lease condition is checked again on the locked row, so two replicas racing for the
-    // same first row cannot both win it.
+    let renewed = Instant::now();
+    // The upsert takes a lease only where none is live: two workers racing for one
+    // subscription serialize on its row, and the second sees the first's fresh lease.
     let rows = sqlx::query(
-        "WITH heads AS (
-             SELECT h.id FROM webhooks w
+        "WITH due AS (
+             SELECT w.id FROM webhooks w
              CROSS JOIN LATERAL (
-                 SELECT o.id, o.next_attempt_at, o.lease_until FROM webhook_outbox o
+                 SELECT o.next_attempt_at FROM webhook_outbox o
                   WHERE o.webhook_id = w.id
                   ORDER BY o.event_transaction_id, o.event_position LIMIT 1) h
               WHERE w.state = 'active' AND h.next_attempt_at <= now()
-                AND (h.lease_until IS NULL OR h.lease_until < now())
+                AND NOT EXISTS (SELECT 1 FROM webhook_leases l
+                                 WHERE l.webhook_id = w.id AND l.lease_until >= now())
               ORDER BY h.next_attempt_at
               LIMIT $3
-         ), claimed AS (
-             UPDATE webhook_outbox o
-                SET lease_token = $1, lease_until = now() + make_interval(secs => $2)
-              WHERE o.id IN (SELECT id FROM heads)
-                AND (o.lease_until IS NULL OR o.lease_until < now())
-             RETURNING o.id, o.webhook_id, o.event_id, o.body, o.attempts
+         ), leased AS (
+             INSERT INTO webhook_leases (webhook_id, token, lease_until)
+             SELECT id, $1, now() + make_interval(secs => $2) FROM due
+             ON CONFLICT (webhook_id) DO UPDATE
+                SET token = excluded.token, lease_until = excluded.lease_until
+              WHERE webhook_leases.lease_until < now()
+             RETURNING webhook_id
          )
-         SELECT c.id, c.webhook_id, c.event_id, c.body, c.attempts, w.url, s.secret
-           FROM claimed c
-           JOIN webhooks w ON w.id = c.webhook_id
-           JOIN webhook_secrets s ON s.webhook_id = c.webhook_id",
+         SELECT l.webhook_id, w.url FROM leased l JOIN webhooks w ON w.id = l.webhook_id",
     )
     .bind(&token)
-    .bind(lease)
+    .bind(lease_length(config).as_secs_f64())
     .bind(limit)
     .fetch_all(pool)
     .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(Claimed {
-                id: row.try_get(0)?,
-                lease_token: token.clone(),
-                webhook_id: row.try_get(1)?,
-                event_id: row.try_get(2)?,
-                body: row.try_get(3)?,
-                attempts: row.try_get(4)?,
-                url: row.try_get(5)?,
-                secret: WebhookSecret(row.try_get(6)?),
-            })
-        })
-        .collect()
+    let mut leases = Vec::new();
+    let mut conn = pool.acquire().await?;
+    for row in &rows {
+        let webhook_id: String = row.try_get(0)?;
+        let Some(secret) = open_secret(&mut conn, key, &webhook_id).await? else {
+            // Sealed under another key (a replica configured differently): leave it to
+            // whoever can open it.
+            tracing::warn!(webhook = %webhook_id, "the signing secret does not open; not delivering");
+            release_lease(&mut *conn, &webhook_id, &token).await?;
+            continue;
+        };
+        leases.push(Lease {
+            webhook_id,
+            token: token.clone(),
+            url: row.try_get(1)?,
+            secret,
+            renewed,
+        });
+    }
+    Ok(leases)
 }
 
-/// POSTs a subscription's queue in order, starting with `item`. Healthy deliveries are
-/// recorded in runs: one statement logs a run and claims the next rows of the queue, so an
-/// endpoint that keeps up costs a fraction of a round trip per event. The first failure ends
-/// the task (recorded with its back-off, which is returned); the rows claimed after it are
-/// released untouched, so order is kept.
-async fn attempt(
+/// Delivers a leased subscription's queue in order. Healthy deliveries are recorded in runs
+/// (one statement per run), so an endpoint that keeps up costs a fraction of a round trip per
+/// event. The first failure ends the task (recorded with its back-off, which is returned); so
+/// does a lost lease (nothing more is posted or recorded) and the end of the task's share.
+async fn deliver(
     ctx: Ctx,
     config: WebhookConfig,
     client: reqwest::Client,
-    item: Claimed,
+    mut lease: Lease,
 ) -> Option<Duration> {
-    let mut run = vec![item];
+    let finished = deliver_queue(&ctx, &config, &client, &mut lease).await;
+    let retry_in = match finished {
+        Ok(retry_in) => retry_in,
+        Err(e) => {
+            // The lease runs out and the queue is taken up again: at-least-once, and
+            // receivers de-duplicate by `webhook-id`.
+            tracing::warn!(error = %e, "webhook delivery stopped");
+            None
+        }
+    };
+    if let Err(e) = release(&ctx.pool, &lease).await {
+        tracing::warn!(error = %e, "cannot release a webhook lease; it will run out");
+    }
+    retry_in
+}
+
+/// Why a delivery task stopped early.
+#[derive(Debug, thiserror::Error)]
+enum Stop {
+    /// Another worker holds the subscription now.
+    #[error("the subscription's lease was lost to another worker")]
+    LeaseLost,
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// A command failed.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+}
+
+async fn deliver_queue(
+    ctx: &Ctx,
+    config: &WebhookConfig,
+    client: &reqwest::Client,
+    lease: &mut Lease,
+) -> Result<Option<Duration>, Stop> {
     let mut delivered_total = 0;
-    loop {
+    while delivered_total < BURST {
+        let run = next_run(&ctx.pool, config, lease).await?;
+        if run.first().is_none_or(|q| !q.due) {
+            return Ok(None);
+        }
         let mut delivered = Vec::new();
         let mut failure = None;
-        let mut rest = Vec::new();
         for item in run {
-            if failure.is_some() {
-                rest.push(item);
-                continue;
-            }
-            match post(&client, &item).await {
+            keep_lease(&ctx.pool, config, lease).await?;
+            match post(client, config, lease, &item).await {
                 Outcome::Delivered(code) => delivered.push((item, code)),
-                outcome => failure = Some((item, outcome)),
+                outcome => {
+                    failure = Some((item, outcome));
+                    break;
+                }
             }
         }
         delivered_total += delivered.len();
-        // Claim more only while all went well and the task has not had its share.
-        let more = if failure.is_none() && delivered_total < BURST {
-            RUN
-        } else {
-            0
-        };
-        let next = match record_delivered(&ctx.pool, &config, &delivered, more).await {
-            Ok(next) => next,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot record webhook deliveries");
-                return None;
-            }
-        };
-        if let Err(e) = release(&ctx.pool, &rest).await {
-            tracing::warn!(error = %e, "cannot release claimed webhook rows; their lease will expire");
-        }
+        record_delivered(&ctx.pool, lease, &delivered).await?;
         if let Some((item, outcome)) = failure {
-            return match record(&ctx, &config, &item, outcome).await {
-                Ok(Recorded { retry_in, disabled }) => {
-                    if disabled {
-                        ctx.notifier.committed();
-                    }
-                    retry_in
-                }
-                Err(e) => {
-                    // The claim runs out and the row is attempted again: at-least-once, and
-                    // receivers de-duplicate by `webhook-id`.
-                    tracing::warn!(error = %e, "cannot record a webhook attempt");
-                    None
-                }
-            };
+            let recorded = record(ctx, config, lease, &item, outcome).await?;
+            if recorded.disabled {
+                ctx.notifier.committed();
+            }
+            return Ok(recorded.retry_in);
         }
-        if next.is_empty() {
-            return None;
-        }
-        run = next;
     }
+    Ok(None)
 }
 
-/// Rows claimed at once while an endpoint keeps up.
+/// Rows read at once while an endpoint keeps up.
 const RUN: i64 = 32;
 /// Deliveries one task makes before handing back to the dispatcher.
 const BURST: usize = 1000;
 
-/// Logs a run of deliveries (their queue rows gone) and claims up to `more` next rows of the
-/// subscription, in one statement. The claimed rows come back in log order.
-async fn record_delivered(
+/// Renews the lease and reads the subscription's next `RUN` queued events in log order.
+async fn next_run(
     pool: &PgPool,
     config: &WebhookConfig,
-    delivered: &[(Claimed, u16)],
-    more: i64,
-) -> Result<Vec<Claimed>, sqlx::Error> {
-    let Some((first, _)) = delivered.first() else {
-        return Ok(Vec::new());
-    };
-    metrics::counter!("vps_webhook_attempts_total", "outcome" => "delivered")
-        .increment(delivered.len() as u64);
-    let ids: Vec<i64> = delivered.iter().map(|(c, _)| c.id).collect();
-    let codes: Vec<i32> = delivered.iter().map(|(_, code)| i32::from(*code)).collect();
-    let lease = (config.request_timeout + LEASE_MARGIN).as_secs_f64();
-    // The deleted rows are still visible to the other parts of the statement: exclude them.
+    lease: &mut Lease,
+) -> Result<Vec<Queued>, Stop> {
+    renew(pool, config, lease).await?;
     let rows = sqlx::query(
-        "WITH done AS (
-             DELETE FROM webhook_outbox WHERE id = ANY($1) AND lease_token = $2
-             RETURNING id, webhook_id, event_id, attempts
-         ), logged AS (
-             INSERT INTO webhook_deliveries (webhook_id, event_id, attempt, status, response_code)
-             SELECT d.webhook_id, d.event_id, d.attempts + 1, 'delivered', c.code
-               FROM done d JOIN unnest($1::bigint[], $3::int[]) AS c(id, code) ON c.id = d.id
-         ), next AS (
-             -- The head index serves this: the queue may hold thousands of rows.
-             SELECT o.id FROM webhook_outbox o
-              WHERE o.webhook_id = $4 AND o.id <> ALL($1)
-                AND (SELECT count(*) FROM done) = cardinality($1)
-                AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = $4 AND w.state = 'active')
-              ORDER BY o.event_transaction_id, o.event_position
-              LIMIT $5
-         )
-         UPDATE webhook_outbox o
-            SET lease_token = $2, lease_until = now() + make_interval(secs => $6)
-           FROM next
-          WHERE o.id = next.id AND o.next_attempt_at <= now()
-            AND (o.lease_until IS NULL OR o.lease_until < now())
-         RETURNING o.id, o.event_id, o.body, o.attempts,
-                   o.event_transaction_id::text, o.event_position",
+        "SELECT id, event_id, body, attempts, next_attempt_at <= now() FROM webhook_outbox
+          WHERE webhook_id = $1
+          ORDER BY event_transaction_id, event_position
+          LIMIT $2",
     )
-    .bind(&ids)
-    .bind(&first.lease_token)
-    .bind(&codes)
-    .bind(&first.webhook_id)
-    .bind(more)
-    .bind(lease)
+    .bind(&lease.webhook_id)
+    .bind(RUN)
     .fetch_all(pool)
     .await?;
-    let mut next = rows
-        .iter()
+    rows.iter()
         .map(|row| {
-            let txid: String = row.try_get(4)?;
-            let order = (
-                txid.parse::<u64>().unwrap_or(u64::MAX),
-                row.try_get::<i64, _>(5)?,
-            );
-            Ok((
-                order,
-                Claimed {
-                    id: row.try_get(0)?,
-                    lease_token: first.lease_token.clone(),
-                    webhook_id: first.webhook_id.clone(),
-                    event_id: row.try_get(1)?,
-                    body: row.try_get(2)?,
-                    attempts: row.try_get(3)?,
-                    url: first.url.clone(),
-                    secret: first.secret.clone(),
-                },
-            ))
+            Ok(Queued {
+                id: row.try_get(0)?,
+                event_id: row.try_get(1)?,
+                body: row.try_get(2)?,
+                attempts: row.try_get(3)?,
+                due: row.try_get(4)?,
+            })
         })
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    next.sort_by_key(|(order, _)| *order);
-    Ok(next.into_iter().map(|(_, c)| c).collect())
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Stop::from)
 }
 
-/// Gives claimed rows back unattempted.
-async fn release(pool: &PgPool, rows: &[Claimed]) -> Result<(), sqlx::Error> {
-    let Some(first) = rows.first() else {
-        return Ok(());
-    };
-    let ids: Vec<i64> = rows.iter().map(|c| c.id).collect();
-    sqlx::query("UPDATE webhook_outbox SET lease_token = NULL, lease_until = NULL WHERE id = ANY($1) AND lease_token = $2")
-        .bind(&ids)
-        .bind(&first.lease_token)
-        .execute(pool)
+/// Renews the lease when what is left of it might not cover a POST that takes the whole
+/// request timeout plus half the margin.
+async fn keep_lease(pool: &PgPool, config: &WebhookConfig, lease: &mut Lease) -> Result<(), Stop> {
+    if lease.renewed.elapsed() >= config.lease_margin / 2 {
+        renew(pool, config, lease).await?;
+    }
+    Ok(())
+}
+
+/// Extends the lease, if it is still ours; [`Stop::LeaseLost`] otherwise.
+async fn renew(pool: &PgPool, config: &WebhookConfig, lease: &mut Lease) -> Result<(), Stop> {
+    let started = Instant::now();
+    let renewed = sqlx::query(
+        "UPDATE webhook_leases SET lease_until = now() + make_interval(secs => $3)
+          WHERE webhook_id = $1 AND token = $2",
+    )
+    .bind(&lease.webhook_id)
+    .bind(&lease.token)
+    .bind(lease_length(config).as_secs_f64())
+    .execute(pool)
+    .await?;
+    if renewed.rows_affected() != 1 {
+        return Err(Stop::LeaseLost);
+    }
+    lease.renewed = started;
+    Ok(())
+}
+
+/// Lets the subscription be claimed again at once, if the lease is still ours.
+async fn release(pool: &PgPool, lease: &Lease) -> Result<(), sqlx::Error> {
+    release_lease(pool, &lease.webhook_id, &lease.token).await
+}
+
+async fn release_lease<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    webhook_id: &str,
+    token: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM webhook_leases WHERE webhook_id = $1 AND token = $2")
+        .bind(webhook_id)
+        .bind(token)
+        .execute(db)
         .await?;
     Ok(())
 }
 
-/// One signed POST of a claimed row.
-async fn post(client: &reqwest::Client, item: &Claimed) -> Outcome {
+/// Logs a run of deliveries and removes their queue rows, in one statement, only while the
+/// lease is ours ([`Stop::LeaseLost`] otherwise: the new holder delivers them again).
+async fn record_delivered(
+    pool: &PgPool,
+    lease: &Lease,
+    delivered: &[(Queued, u16)],
+) -> Result<(), Stop> {
+    if delivered.is_empty() {
+        return Ok(());
+    }
+    metrics::counter!("vps_webhook_attempts_total", "outcome" => "delivered")
+        .increment(delivered.len() as u64);
+    let ids: Vec<i64> = delivered.iter().map(|(q, _)| q.id).collect();
+    let codes: Vec<i32> = delivered.iter().map(|(_, code)| i32::from(*code)).collect();
+    let done = sqlx::query(
+        "WITH done AS (
+             DELETE FROM webhook_outbox
+              WHERE id = ANY($1) AND webhook_id = $3
+                AND EXISTS (SELECT 1 FROM webhook_leases
+                             WHERE webhook_id = $3 AND token = $4)
+             RETURNING id, webhook_id, event_id, attempts
+         )
+         INSERT INTO webhook_deliveries (webhook_id, event_id, attempt, status, response_code)
+         SELECT d.webhook_id, d.event_id, d.attempts + 1, 'delivered', c.code
+           FROM done d JOIN unnest($1::bigint[], $2::int[]) AS c(id, code) ON c.id = d.id",
+    )
+    .bind(&ids)
+    .bind(&codes)
+    .bind(&lease.webhook_id)
+    .bind(&lease.token)
+    .execute(pool)
+    .await?;
+    if done.rows_affected() != ids.len() as u64 {
+        return Err(Stop::LeaseLost);
+    }
+    Ok(())
+}
+
+/// One signed POST of a queued event. An IP-literal URL never reaches the resolver, so its
+/// address is checked here.
+async fn post(
+    client: &reqwest::Client,
+    config: &WebhookConfig,
+    lease: &Lease,
+    item: &Queued,
+) -> Outcome {
+    if let Some(address) = literal_address(&lease.url) {
+        if !vps_domain::network::reachable(address, &config.allow_private) {
+            return Outcome::Failed {
+                code: None,
+                error: Some(super::guard::Blocked.to_string()),
+                retry_after: None,
+            };
+        }
+    }
     let timestamp = Utc::now().timestamp();
-    let signature = sign(&item.secret, &item.event_id, timestamp, &item.body);
+    let signature = sign(&lease.secret, &item.event_id, timestamp, &item.body);
     let started = Instant::now();
     let response = client
-        .post(&item.url)
+        .post(&lease.url)
         .header("content-type", "application/json")
         .header("webhook-id", &item.event_id)
         .header("webhook-timestamp", timestamp.to_string())
@@ -373,28 +444,29 @@ struct Verdict {
     retry_in: Option<Duration>,
 }
 
-/// Records an attempt and moves the queue, only if the claim is still ours; a `410 Gone`
+/// Records an attempt and moves the queue, only if the lease is still ours; a `410 Gone`
 /// disables the subscription in the same transaction.
 async fn record(
     ctx: &Ctx,
     config: &WebhookConfig,
-    item: &Claimed,
+    lease: &Lease,
+    item: &Queued,
     outcome: Outcome,
 ) -> Result<Recorded, CommandError> {
     let attempt = item.attempts + 1;
     let gone = matches!(outcome, Outcome::Gone(_));
     let mut tx = ctx.pool.begin().await?;
     let verdict = judge(config, attempt, outcome);
-    if !settle(&mut tx, item, attempt, &verdict).await? {
-        // Deleted or disabled meanwhile, or the claim ran out and another replica took it.
+    if !settle(&mut tx, lease, item, attempt, &verdict).await? {
+        // Deleted or disabled meanwhile, or the lease ran out and another worker took it.
         return Ok(Recorded {
             retry_in: None,
             disabled: false,
         });
     }
-    log_attempt(&mut tx, item, attempt, &verdict).await?;
+    log_attempt(&mut tx, lease, item, attempt, &verdict).await?;
     let disabled =
-        gone && disable_gone(ctx, &mut tx, &item.webhook_id, StatusCode::GONE.as_u16()).await?;
+        gone && disable_gone(ctx, &mut tx, &lease.webhook_id, StatusCode::GONE.as_u16()).await?;
     if disabled {
         tracing::info!("endpoint answered 410 Gone; subscription disabled");
     }
@@ -446,33 +518,38 @@ fn judge(config: &WebhookConfig, attempt: i32, outcome: Outcome) -> Verdict {
     }
 }
 
-/// Reschedules the queue row (`Pending`) or removes it (the delivery is over), if the claim is
+/// Reschedules the queue row (`Pending`) or removes it (the delivery is over), if the lease is
 /// still ours. Whether it was.
 async fn settle(
     tx: &mut PgConnection,
-    item: &Claimed,
+    lease: &Lease,
+    item: &Queued,
     attempt: i32,
     verdict: &Verdict,
 ) -> Result<bool, sqlx::Error> {
+    const HELD: &str = "EXISTS (SELECT 1 FROM webhook_leases WHERE webhook_id = $2 AND token = $3)";
     let done = if verdict.status == DeliveryStatus::Pending {
-        sqlx::query(
+        sqlx::query(&format!(
             "UPDATE webhook_outbox
-                SET attempts = $3, next_attempt_at = now() + make_interval(secs => $4),
-                    lease_token = NULL, lease_until = NULL
-              WHERE id = $1 AND lease_token = $2",
-        )
+                SET attempts = $4, next_attempt_at = now() + make_interval(secs => $5)
+              WHERE id = $1 AND {HELD}"
+        ))
         .bind(item.id)
-        .bind(&item.lease_token)
+        .bind(&lease.webhook_id)
+        .bind(&lease.token)
         .bind(attempt)
         .bind(verdict.retry_in.unwrap_or_default().as_secs_f64())
         .execute(tx)
         .await?
     } else {
-        sqlx::query("DELETE FROM webhook_outbox WHERE id = $1 AND lease_token = $2")
-            .bind(item.id)
-            .bind(&item.lease_token)
-            .execute(tx)
-            .await?
+        sqlx::query(&format!(
+            "DELETE FROM webhook_outbox WHERE id = $1 AND {HELD}"
+        ))
+        .bind(item.id)
+        .bind(&lease.webhook_id)
+        .bind(&lease.token)
+        .execute(tx)
+        .await?
     };
     Ok(done.rows_affected() == 1)
 }
@@ -480,7 +557,8 @@ async fn settle(
 /// Adds the attempt to the subscription's delivery log.
 async fn log_attempt(
     tx: &mut PgConnection,
-    item: &Claimed,
+    lease: &Lease,
+    item: &Queued,
     attempt: i32,
     verdict: &Verdict,
 ) -> Result<(), sqlx::Error> {
@@ -489,7 +567,7 @@ async fn log_attempt(
                 (webhook_id, event_id, attempt, status, response_code, error)
          VALUES ($1, $2, $3, $4, $5, $6)",
     )
-    .bind(&item.webhook_id)
+    .bind(&lease.webhook_id)
     .bind(&item.event_id)
     .bind(attempt)
     .bind(verdict.status.as_str())
@@ -500,21 +578,7 @@ async fn log_attempt(
     Ok(())
 }
 
-/// A transport error with its causes, without the URL (it may carry credentials).
-fn describe(e: &reqwest::Error) -> String {
-    let kind = if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "cannot connect"
-    } else {
-        "request failed"
-    };
-    let mut out = kind.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    out
+/// The URL's host as an address, when it is an IP literal.
+fn literal_address(url: &str) -> Option<std::net::IpAddr> {
+    vps_domain::webhook::literal_address(&reqwest::Url::parse(url).ok()?)
 }

@@ -21,11 +21,13 @@
 //! - the queue is durable: a restart resumes every subscription where it was, and every replica
 //!   can dispatch (claims are row leases), not just the lease holder.
 //!
-//! Secrets are kept in `webhook_secrets`, never in the log.
+//! Secrets are sealed in the secret store, never in the log; `guard` keeps deliveries out of
+//! the control plane's own networks.
 
 mod backoff;
 mod dispatch;
 mod fanout;
+mod guard;
 pub mod signature;
 
 use std::sync::Arc;
@@ -35,6 +37,7 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use vps_commands::secrets::SecretKey;
 use vps_commands::{Actor, Ctx};
+use vps_domain::network::IpCidr;
 use vps_events::Notifier;
 
 pub use backoff::{parse_retry_after, retry_delay};
@@ -48,6 +51,11 @@ pub const REACTOR_ACTOR: &str = "reactor:webhooks";
 pub struct WebhookConfig {
     /// The longest an endpoint may take to answer; a timeout counts as a failed attempt.
     pub request_timeout: Duration,
+    /// How much longer than `request_timeout` a subscription's lease lasts; the worker renews
+    /// it whenever half of this has passed, before its next POST.
+    pub lease_margin: Duration,
+    /// Internal networks deliveries may reach (`[webhooks] allow_private`).
+    pub allow_private: Vec<IpCidr>,
     /// The wait after the first failed attempt; it doubles per attempt (with jitter).
     pub base_delay: Duration,
     /// The longest wait between attempts, also the cap on `Retry-After`.
@@ -66,6 +74,8 @@ impl Default for WebhookConfig {
     fn default() -> Self {
         WebhookConfig {
             request_timeout: Duration::from_secs(10),
+            lease_margin: Duration::from_secs(30),
+            allow_private: Vec::new(),
             base_delay: Duration::from_secs(5),
             max_delay: Duration::from_secs(3600),
             max_attempts: 12,
@@ -77,15 +87,29 @@ impl Default for WebhookConfig {
 }
 
 /// Runs webhook delivery forever: the fan-out (on the replica holding its lease) and the
-/// dispatcher (on every replica). Spawn it once per process.
-pub async fn run_webhook_delivery(pool: PgPool, notifier: Notifier, config: WebhookConfig) {
+/// dispatcher (on every replica), signing with secrets sealed under `secrets`. Spawn it once
+/// per process.
+pub async fn run_webhook_delivery(
+    pool: PgPool,
+    notifier: Notifier,
+    secrets: SecretKey,
+    config: WebhookConfig,
+) {
     let client = reqwest::Client::builder()
         .timeout(config.request_timeout)
         // A redirect would send the signed body somewhere its owner did not register.
         .redirect(reqwest::redirect::Policy::none())
+        // A proxy would be dialled instead of the checked addresses.
+        .no_proxy()
+        .dns_resolver(Arc::new(guard::GuardedResolver::new(
+            config.allow_private.clone(),
+        )))
         .user_agent("vps-webhooks")
         .build()
         .expect("the webhook HTTP client builds");
+    if let Err(e) = vps_commands::webhooks::seal_plain_secrets(&pool, &secrets).await {
+        tracing::warn!(error = %e, "cannot seal webhook secrets stored in the clear");
+    }
     let enqueued = Arc::new(Notify::new());
     tokio::join!(
         fanout::run(
@@ -94,17 +118,21 @@ pub async fn run_webhook_delivery(pool: PgPool, notifier: Notifier, config: Webh
             config.clone(),
             enqueued.clone()
         ),
-        dispatch::run(reactor_ctx(pool, notifier), config, client, enqueued),
+        dispatch::run(
+            reactor_ctx(pool, notifier, secrets),
+            config,
+            client,
+            enqueued
+        ),
     );
 }
 
-/// Who the dispatcher acts as when it disables a subscription.
-fn reactor_ctx(pool: PgPool, notifier: Notifier) -> Ctx {
+/// Who the dispatcher acts as when it disables a subscription; its key opens signing secrets.
+fn reactor_ctx(pool: PgPool, notifier: Notifier, secrets: SecretKey) -> Ctx {
     Ctx {
         pool,
         notifier,
-        // Webhook commands seal nothing; a key of this process only keeps `Ctx` whole.
-        secrets: SecretKey::new(rand::random()),
+        secrets,
         actor: Actor {
             identity: REACTOR_ACTOR.to_string(),
             tenant: None,
