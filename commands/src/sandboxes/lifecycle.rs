@@ -30,43 +30,56 @@ pub async fn extend(
 ) -> Result<Sandbox, CommandError> {
     retrying(sandbox_id, || async {
         let mut tx = ctx.pool.begin().await?;
-        let held: bool = sqlx::query_scalar(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended('sandbox-extend:' || $1, 0))",
-        )
-        .bind(sandbox_id)
-        .fetch_one(&mut *tx)
-        .await?;
-        if !held {
-            return Err(DomainError::conflict(
-                format!("another extend of sandbox {sandbox_id} is in flight; retry"),
-                "reason",
-                "extend-in-flight",
-            )
-            .into());
+        match extend_in(ctx, &mut tx, tenant_id, sandbox_id, extension, check).await {
+            Ok(after) => {
+                commit(ctx, tx).await?;
+                Ok(after)
+            }
+            Err(e) => {
+                // Release the hold now: a dropped transaction rolls back only when its
+                // connection is next used, and would keep the next extend out until then.
+                tx.rollback().await?;
+                Err(e)
+            }
         }
-        let s = super::visible(&mut tx, tenant_id, sandbox_id).await?;
-        // A template deleted since still bounds its sandboxes' lifetime.
-        let max_ttl = super::template(&mut tx, &s.template_id)
-            .await?
-            .map_or(0, |t| t.spec.max_ttl_seconds);
-        let Some(until) = domain::extended_expiry(&s, extension, max_ttl)? else {
-            return Ok(s);
-        };
-        check(&s, (until - s.created_at).num_seconds())?;
-        let after = record_events(
-            ctx,
-            &mut tx,
-            sandbox_id,
-            Some(&s),
-            domain::extend(&s, until),
-            Some(tenant_id),
-        )
-        .await?
-        .expect("an extended sandbox");
-        commit(ctx, tx).await?;
-        Ok(after)
     })
     .await
+}
+
+async fn extend_in(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    tenant_id: &str,
+    sandbox_id: &str,
+    extension: Extension,
+    check: ExtendCheck<'_>,
+) -> Result<Sandbox, CommandError> {
+    let held: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_xact_lock(hashtextextended('sandbox-extend:' || $1, 0))",
+    )
+    .bind(sandbox_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    if !held {
+        return Err(DomainError::conflict(
+            format!("another extend of sandbox {sandbox_id} is in flight; retry"),
+            "reason",
+            "extend-in-flight",
+        )
+        .into());
+    }
+    let s = super::visible(tx, tenant_id, sandbox_id).await?;
+    // A template deleted since still bounds its sandboxes' lifetime.
+    let max_ttl = super::template(tx, &s.template_id)
+        .await?
+        .map_or(0, |t| t.spec.max_ttl_seconds);
+    let Some(until) = domain::extended_expiry(&s, extension, max_ttl)? else {
+        return Ok(s);
+    };
+    check(&s, (until - s.created_at).num_seconds())?;
+    let events = domain::extend(&s, until);
+    let after = record_events(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await?;
+    Ok(after.expect("an extended sandbox"))
 }
 
 /// Deletes a sandbox: it becomes `deleting` and its instance is deleted (a delete of a deleting
