@@ -27,6 +27,17 @@ pub struct Config {
     /// Bearer tokens and who they are.
     #[serde(default)]
     pub identities: Vec<IdentityConfig>,
+    /// Cedar policies loaded at start.
+    #[serde(default)]
+    pub policies: PoliciesConfig,
+}
+
+/// `[policies]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoliciesConfig {
+    /// A directory of `*.cedar` files, loaded at start besides the stored policies.
+    pub dir: Option<PathBuf>,
 }
 
 /// `[database]`.

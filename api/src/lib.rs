@@ -2,13 +2,14 @@
 //! dev, events, audit, bench) and the embedded database they open.
 //!
 //! Modules: `config` (vps.toml + environment), `database` (URL or embedded cluster),
-//! `request` (the caller, the parsed body), `registry` (what a method is), `methods` (one
+//! `request` (the caller, the parsed body), `registry` (what a method is), `authz` (Cedar decisions, the policies in force), `methods` (one
 //! module per group, and the registry of them all), `rpc` (dispatch), `openapi` (the document generated from the registry),
 //! `state`, `wait`, `server` (router, background parts), `health`, `telemetry`, `tools` (events, audit),
 //! `bench`, `dev`, `cli`.
 //!
 //! This is the only crate that knows HTTP or the command line; nothing imports it.
 
+pub mod authz;
 pub mod bench;
 pub mod cli;
 pub mod config;

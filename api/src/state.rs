@@ -21,4 +21,6 @@ pub struct AppState {
     pub secrets: vps_commands::secrets::SecretKey,
     /// Admits this process's creates in batches (one commit per batch).
     pub admitter: vps_commands::instances::Admitter,
+    /// The Cedar policies in force on this replica.
+    pub authz: Arc<crate::authz::Authorizer>,
 }

@@ -21,13 +21,17 @@
 //! - [`ssh_keys`]: OpenSSH public key validation.
 //! - [`cloud_config`]: the default cloud-config user data.
 //! - [`webhook`]: the webhook subscription aggregate and its decision.
+//! - [`authz`]: the Cedar schema, the baseline policies and decisions; [`policy`] (stored
+//!   policies), [`identity`] (run-time identities and API keys), [`tenant`] (teardown).
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
 pub mod aggregate;
+pub mod authz;
 pub mod cloud_config;
 pub mod condition;
 pub mod error;
 pub mod flavor;
+pub mod identity;
 pub mod ids;
 pub mod image;
 pub mod instance;
@@ -35,12 +39,14 @@ pub mod ipam;
 pub mod node;
 pub mod operator;
 pub mod placement;
+pub mod policy;
 pub mod pool;
 pub mod provider_account;
 pub mod quota;
 pub mod resources;
 pub mod ssh_keys;
 pub mod state_table;
+pub mod tenant;
 pub mod webhook;
 
 pub use error::DomainError;

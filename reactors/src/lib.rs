@@ -10,6 +10,7 @@ pub mod liveness;
 pub mod nats;
 pub mod provider_instances;
 pub mod providers;
+pub mod teardown;
 pub mod timings;
 pub mod waker;
 pub mod webhooks;
