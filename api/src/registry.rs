@@ -17,7 +17,7 @@ use vps_domain::authz::Resource;
 
 use crate::authz::{generic_resource, Authorizer, Guard};
 use crate::error::ApiError;
-use crate::request::parse;
+use crate::request::{parse, Caller};
 
 /// Whose resources a method acts on, which shapes the resource it is decided on (see
 /// [`crate::authz::generic_resource`]); who may call it is then Cedar's decision.
