@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use vps_domain::authz::{ActionDecl, AuthzSchema, Decision, PolicyBook, PolicySource, Principal, Resource};
+use vps_domain::authz::{
+    ActionDecl, AuthzSchema, Decision, PolicyBook, PolicySource, Principal, Resource,
+};
 use vps_events::Notifier;
 
 use crate::error::ApiError;
@@ -49,7 +51,8 @@ impl Authorizer {
     /// The authorizer of `methods`, with the policies of `[policies] dir` (each must pass the
     /// schema: a bad file stops the start, naming it).
     pub fn new(methods: &[Method], dir: Option<&Path>) -> anyhow::Result<Authorizer> {
-        let schema = AuthzSchema::new(&actions(methods)).map_err(|e| anyhow::anyhow!("authorization schema: {e}"))?;
+        let schema = AuthzSchema::new(&actions(methods))
+            .map_err(|e| anyhow::anyhow!("authorization schema: {e}"))?;
         let files = match dir {
             Some(dir) => load_dir(&schema, dir)?,
             None => Vec::new(),
@@ -105,7 +108,11 @@ impl Authorizer {
 
     /// Keeps this replica's policies current: a look on every wake-up of the log (which
     /// other replicas' appends reach through NOTIFY) and every [`POLL`].
-    pub async fn follow(self: Arc<Self>, pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
+    pub async fn follow(
+        self: Arc<Self>,
+        pool: PgPool,
+        notifier: Notifier,
+    ) -> Result<(), sqlx::Error> {
         let mut wake = notifier.subscribe();
         loop {
             self.refresh(&pool).await?;
@@ -145,7 +152,10 @@ fn load_dir(schema: &AuthzSchema, dir: &Path) -> anyhow::Result<Vec<PolicySource
     for path in paths {
         let text = std::fs::read_to_string(&path)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("policy");
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("policy");
         let id = format!("file:{name}");
         schema
             .parse(&id, &text)
@@ -187,13 +197,20 @@ impl Guard {
     /// Decides `action` on `resource`: `ACCESS_DENIED` with `details.policyIds` when refused.
     pub fn decide(&self, action: &str, resource: &Resource) -> Result<(), ApiError> {
         let decision = self.snapshot.book.decide(&self.principal, action, resource);
-        let outcome = if decision == Decision::Allow { "allow" } else { "deny" };
+        let outcome = if decision == Decision::Allow {
+            "allow"
+        } else {
+            "deny"
+        };
         metrics::counter!("vps_authz_decisions_total", "decision" => outcome).increment(1);
         match decision {
             Decision::Allow => Ok(()),
             Decision::Deny { policy_ids } => Err(ApiError {
                 code: "ACCESS_DENIED",
-                message: format!("{action} on {} {} is not allowed", resource.kind, resource.id),
+                message: format!(
+                    "{action} on {} {} is not allowed",
+                    resource.kind, resource.id
+                ),
                 details: json!({ "action": action, "policyIds": policy_ids }),
             }),
         }
@@ -202,7 +219,9 @@ impl Guard {
     /// `INVALID_STATE` when a create would add work to a tenant being deleted.
     pub fn refuse_closed_tenant(&self, resource: &Resource) -> Result<(), ApiError> {
         match &resource.tenant {
-            Some(t) if self.action.ends_with(":create") && self.snapshot.closed_tenants.contains(t) => {
+            Some(t)
+                if self.action.ends_with(":create") && self.snapshot.closed_tenants.contains(t) =>
+            {
                 Err(vps_domain::tenant::refuse_new_work(t).into())
             }
             _ => Ok(()),
@@ -213,7 +232,11 @@ impl Guard {
 /// The resource a method is decided on before its handler runs: its type, the id the request
 /// names, and the tenant it acts within. A tenant identity naming another tenant is answered
 /// `NOT_FOUND` here, never a hint that the tenant exists.
-pub fn generic_resource(method: &Method, caller: &Caller, body: &[u8]) -> Result<Resource, ApiError> {
+pub fn generic_resource(
+    method: &Method,
+    caller: &Caller,
+    body: &[u8],
+) -> Result<Resource, ApiError> {
     let peek: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let field = |name: &str| peek.get(name).and_then(Value::as_str).map(str::to_string);
     let id = field(&id_field(method.resource)).unwrap_or_else(|| "*".into());

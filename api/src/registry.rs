@@ -119,7 +119,12 @@ impl Method {
             name,
             summary,
             access,
-            action: default_action(group, name),
+            action: match access {
+                // Host methods have actions of their own, so a node token's baseline permit
+                // never reaches an operator method that would share a verb.
+                Access::Node => format!("compute:{group}:{name}"),
+                _ => default_action(group, name),
+            },
             resource: default_resource(group),
             also_on: Vec::new(),
             request: |g| g.subschema_for::<Req>(),

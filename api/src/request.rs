@@ -57,8 +57,13 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
     }
     if token.starts_with(vps_commands::identities::KEY_PREFIX) {
         let holder = vps_commands::identities::authenticate(&state.pool, token).await?;
-        let holder = holder.ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown or revoked key"))?;
-        return Ok(identity(&holder.identity_id, holder.tenant_id, holder.operator));
+        let holder =
+            holder.ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown or revoked key"))?;
+        return Ok(identity(
+            &holder.identity_id,
+            holder.tenant_id,
+            holder.operator,
+        ));
     }
     let token_hash = vps_commands::operator::token_hash(token);
     let node = vps_projections::views::node_by_token_hash(&state.pool, &token_hash).await?;

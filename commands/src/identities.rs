@@ -81,8 +81,14 @@ pub async fn revoke_keys(ctx: &Ctx, identity_id: &str) -> Result<usize, CommandE
         let before = crate::pipeline::load::<Identity>(&mut tx, identity_id).await?;
         let revoked = before.as_ref().map_or(0, |i| i.keys.len());
         let tenant = before.as_ref().and_then(|i| i.tenant_id.clone());
-        change::<Identity>(ctx, &mut tx, identity_id, tenant.as_deref(), domain::revoke_keys)
-            .await?;
+        change::<Identity>(
+            ctx,
+            &mut tx,
+            identity_id,
+            tenant.as_deref(),
+            domain::revoke_keys,
+        )
+        .await?;
         sqlx::query("DELETE FROM api_keys WHERE identity_id = $1")
             .bind(identity_id)
             .execute(&mut *tx)
@@ -106,7 +112,10 @@ pub struct KeyHolder {
 
 /// The identity an API key belongs to, when the key is current. The secret's hash is compared
 /// in constant time.
-pub async fn authenticate(pool: &sqlx::PgPool, key: &str) -> Result<Option<KeyHolder>, CommandError> {
+pub async fn authenticate(
+    pool: &sqlx::PgPool,
+    key: &str,
+) -> Result<Option<KeyHolder>, CommandError> {
     let Some((key_id, secret)) = key.strip_prefix(KEY_PREFIX).and_then(|k| k.split_once('_'))
     else {
         return Ok(None);

@@ -20,7 +20,11 @@ pub async fn put(
 }
 
 /// Deletes a policy; answers it as it stands after the deletion.
-pub async fn delete(ctx: &Ctx, schema: &AuthzSchema, id: &str) -> Result<StoredPolicy, CommandError> {
+pub async fn delete(
+    ctx: &Ctx,
+    schema: &AuthzSchema,
+    id: &str,
+) -> Result<StoredPolicy, CommandError> {
     run(ctx, id, PolicyCommand::Delete, schema).await
 }
 

@@ -77,7 +77,10 @@ pub async fn teardown_pass(ctx: &Ctx, tenant_id: &str) -> Result<u64, CommandErr
     Ok(remaining)
 }
 
-fn remove_webhooks<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> BoxFuture<'a, Result<u64, CommandError>> {
+fn remove_webhooks<'a>(
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+) -> BoxFuture<'a, Result<u64, CommandError>> {
     async move {
         let ids: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted'",
@@ -93,7 +96,10 @@ fn remove_webhooks<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> BoxFuture<'a, Result
     .boxed()
 }
 
-fn delete_instances<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> BoxFuture<'a, Result<u64, CommandError>> {
+fn delete_instances<'a>(
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+) -> BoxFuture<'a, Result<u64, CommandError>> {
     async move {
         let ids: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM instances WHERE tenant_id = $1 AND desired_state <> 'deleted'
@@ -105,7 +111,11 @@ fn delete_instances<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> BoxFuture<'a, Resul
         .await?;
         for id in &ids {
             let delete = Change::DeleteBecause(REASON.into());
-            ignore_gone(instances::change(ctx, tenant_id, id, delete).await.map(|_| ()))?;
+            ignore_gone(
+                instances::change(ctx, tenant_id, id, delete)
+                    .await
+                    .map(|_| ()),
+            )?;
         }
         let left: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'",

@@ -178,7 +178,9 @@ impl AuthzSchema {
         let invalid = |message: String| DomainError::invalid_input("text", message);
         let parsed = PolicySet::from_str(text).map_err(|e| invalid(e.to_string()))?;
         if parsed.templates().next().is_some() {
-            return Err(invalid("policy templates (with slots) are not supported".into()));
+            return Err(invalid(
+                "policy templates (with slots) are not supported".into(),
+            ));
         }
         let mut set = PolicySet::new();
         let mut policies = Vec::new();
@@ -188,7 +190,8 @@ impl AuthzSchema {
                 n => format!("{id}#{}", n + 1),
             };
             let policy = policy.new_id(PolicyId::new(name));
-            set.add(policy.clone()).map_err(|e| invalid(e.to_string()))?;
+            set.add(policy.clone())
+                .map_err(|e| invalid(e.to_string()))?;
             policies.push(policy);
         }
         if policies.is_empty() {
@@ -392,44 +395,71 @@ pub struct PolicySource {
     pub text: String,
 }
 
+/// One set of policies as a decision evaluates it: in full, and its two-policy fast path.
+#[derive(Clone, Default)]
+struct Compiled {
+    full: PolicySet,
+    fast: Option<PolicySet>,
+}
+
+impl Compiled {
+    fn new(policies: &[&Policy]) -> Compiled {
+        let mut full = PolicySet::new();
+        for p in policies {
+            // Ids are unique: every source's policies are named after it.
+            let _ = full.add((*p).clone());
+        }
+        Compiled {
+            full,
+            fast: combine::fast_set(policies),
+        }
+    }
+}
+
 /// Policies compiled for deciding, indexed by action: a decision evaluates only the policies
 /// whose scope can name its action.
 #[derive(Clone, Default)]
 struct ActionIndex {
-    by_action: HashMap<String, PolicySet>,
-    any_action: PolicySet,
+    by_action: HashMap<String, Compiled>,
+    any_action: Compiled,
 }
 
 impl ActionIndex {
     fn build(policies: &[Policy]) -> ActionIndex {
-        let mut index = ActionIndex::default();
         let mut named: HashMap<String, Vec<&Policy>> = HashMap::new();
         let mut any = Vec::new();
         for p in policies {
             match p.action_constraint() {
                 ActionConstraint::Any => any.push(p),
-                ActionConstraint::Eq(a) => named.entry(a.id().unescaped().to_string()).or_default().push(p),
+                ActionConstraint::Eq(a) => named
+                    .entry(a.id().unescaped().to_string())
+                    .or_default()
+                    .push(p),
                 ActionConstraint::In(list) => {
                     for a in list {
-                        named.entry(a.id().unescaped().to_string()).or_default().push(p);
+                        named
+                            .entry(a.id().unescaped().to_string())
+                            .or_default()
+                            .push(p);
                     }
                 }
             }
         }
-        for p in &any {
-            let _ = index.any_action.add((*p).clone());
+        let by_action = named
+            .into_iter()
+            .map(|(action, listed)| {
+                let mut all = any.clone();
+                all.extend(listed);
+                (action, Compiled::new(&all))
+            })
+            .collect();
+        ActionIndex {
+            by_action,
+            any_action: Compiled::new(&any),
         }
-        for (action, listed) in named {
-            let mut set = index.any_action.clone();
-            for p in listed {
-                let _ = set.add(p.clone());
-            }
-            index.by_action.insert(action, set);
-        }
-        index
     }
 
-    fn for_action(&self, action: &str) -> &PolicySet {
+    fn for_action(&self, action: &str) -> &Compiled {
         self.by_action.get(action).unwrap_or(&self.any_action)
     }
 }
@@ -516,7 +546,16 @@ impl PolicyBook {
             Ok(r) => r,
             Err(_) => return Decision::Deny { policy_ids: vec![] },
         };
-        let response = Authorizer::new().is_authorized(&request, policies, &entities);
+        let authorizer = Authorizer::new();
+        if let Some(fast) = &policies.fast {
+            let quick = authorizer.is_authorized(&request, fast, &entities);
+            if quick.decision() == cedar::Decision::Allow
+                && quick.diagnostics().errors().next().is_none()
+            {
+                return Decision::Allow;
+            }
+        }
+        let response = authorizer.is_authorized(&request, &policies.full, &entities);
         match response.decision() {
             cedar::Decision::Allow => Decision::Allow,
             cedar::Decision::Deny => {
@@ -588,7 +627,8 @@ fn principal_entity(principal: &Principal) -> Result<(EntityUid, Entity), String
             if let Some(t) = tenant {
                 attrs.insert("tenant".into(), RestrictedExpression::new_string(t.clone()));
             }
-            let entity = Entity::new(uid.clone(), attrs, HashSet::new()).map_err(|e| e.to_string())?;
+            let entity =
+                Entity::new(uid.clone(), attrs, HashSet::new()).map_err(|e| e.to_string())?;
             Ok((uid, entity))
         }
         Principal::Node { id } => {
@@ -601,7 +641,10 @@ fn principal_entity(principal: &Principal) -> Result<(EntityUid, Entity), String
 fn resource_entity(uid: EntityUid, resource: &Resource) -> Result<Entity, String> {
     let mut attrs = HashMap::new();
     if let Some(t) = &resource.tenant {
-        attrs.insert("tenant".to_string(), RestrictedExpression::new_string(t.clone()));
+        attrs.insert(
+            "tenant".to_string(),
+            RestrictedExpression::new_string(t.clone()),
+        );
     }
     for (name, value) in &resource.attrs {
         let value = match value {
@@ -614,5 +657,6 @@ fn resource_entity(uid: EntityUid, resource: &Resource) -> Result<Entity, String
     Entity::new(uid, attrs, HashSet::new()).map_err(|e| e.to_string())
 }
 
+mod combine;
 #[cfg(test)]
 mod tests;

@@ -122,7 +122,10 @@ pub fn create(
     }
     match tenant_id.as_deref() {
         Some(t) if t.is_empty() || t.len() > 128 => {
-            return Err(DomainError::invalid_input("tenantId", "1 to 128 characters"))
+            return Err(DomainError::invalid_input(
+                "tenantId",
+                "1 to 128 characters",
+            ))
         }
         None if !operator => {
             return Err(DomainError::invalid_input(

@@ -111,9 +111,8 @@ pub fn decide(
                 return Err(DomainError::invalid_input("tenantId", "must not be empty"));
             }
             schema.parse(&put.id, &put.text)?;
-            let unchanged = state.is_some_and(|s| {
-                !s.deleted && s.text == put.text && s.tenant_id == put.tenant_id
-            });
+            let unchanged = state
+                .is_some_and(|s| !s.deleted && s.text == put.text && s.tenant_id == put.tenant_id);
             Ok(if unchanged {
                 vec![]
             } else {
@@ -121,7 +120,9 @@ pub fn decide(
             })
         }
         (PolicyCommand::Delete, Some(s)) if !s.deleted => {
-            Ok(vec![PolicyEvent::Deleted(PolicyDeleted { id: s.id.clone() })])
+            Ok(vec![PolicyEvent::Deleted(PolicyDeleted {
+                id: s.id.clone(),
+            })])
         }
         (PolicyCommand::Delete, _) => Err(DomainError::NotFound {
             what: "policy".into(),

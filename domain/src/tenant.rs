@@ -83,9 +83,15 @@ impl Aggregate for Tenant {
 }
 
 /// Begins teardown; a tenant already being deleted (or deleted) records nothing.
-pub fn begin_teardown(state: Option<&Tenant>, tenant_id: &str) -> Result<Vec<TenantEvent>, DomainError> {
+pub fn begin_teardown(
+    state: Option<&Tenant>,
+    tenant_id: &str,
+) -> Result<Vec<TenantEvent>, DomainError> {
     if tenant_id.is_empty() || tenant_id.len() > 128 {
-        return Err(DomainError::invalid_input("tenantId", "1 to 128 characters"));
+        return Err(DomainError::invalid_input(
+            "tenantId",
+            "1 to 128 characters",
+        ));
     }
     Ok(match state {
         Some(_) => vec![],
@@ -109,5 +115,7 @@ pub fn finish_teardown(state: Option<&Tenant>, remaining: u64) -> Vec<TenantEven
 
 /// The refusal of new work for a tenant being deleted.
 pub fn refuse_new_work(tenant_id: &str) -> DomainError {
-    DomainError::invalid_state(format!("tenant {tenant_id} is being deleted; no new work is accepted"))
+    DomainError::invalid_state(format!(
+        "tenant {tenant_id} is being deleted; no new work is accepted"
+    ))
 }

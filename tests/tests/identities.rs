@@ -32,7 +32,11 @@ async fn an_api_key_acts_for_its_tenant_and_a_revoked_one_is_refused_on_every_re
     let t = TestServer::start().await;
     let replica = t.replica().await;
     let created = t
-        .ok(OPERATOR, "identities.create", json!({ "tenantId": "acme", "name": "ci" }))
+        .ok(
+            OPERATOR,
+            "identities.create",
+            json!({ "tenantId": "acme", "name": "ci" }),
+        )
         .await;
     let key = created["apiKey"].as_str().unwrap().to_string();
     let id = created["identity"]["id"].as_str().unwrap().to_string();
@@ -41,17 +45,25 @@ async fn an_api_key_acts_for_its_tenant_and_a_revoked_one_is_refused_on_every_re
 
     let listed = t.ok(&key, "webhooks.list", json!({})).await;
     assert_eq!(listed["items"], json!([]));
-    let other = t.call(&key, "instances.list", json!({ "tenantId": "globex" })).await.unwrap_err();
+    let other = t
+        .call(&key, "instances.list", json!({ "tenantId": "globex" }))
+        .await
+        .unwrap_err();
     assert_eq!(other.body["code"], "NOT_FOUND");
     let operator_only = t.call(&key, "pools.list", json!({})).await.unwrap_err();
     assert_eq!(operator_only.body["code"], "ACCESS_DENIED");
-    assert_eq!(status(&replica.url(), &key, "webhooks.list", json!({})).await, 200);
+    assert_eq!(
+        status(&replica.url(), &key, "webhooks.list", json!({})).await,
+        200
+    );
 
     let identities = t.ok(OPERATOR, "identities.list", json!({})).await;
     assert_eq!(identities["items"][0]["id"], id.as_str());
     assert_eq!(identities["items"][0]["keys"], 1);
 
-    let revoked = t.ok(OPERATOR, "apiKeys.revoke", json!({ "identityId": id })).await;
+    let revoked = t
+        .ok(OPERATOR, "apiKeys.revoke", json!({ "identityId": id }))
+        .await;
     assert_eq!(revoked, json!({ "identityId": id, "revoked": 1 }));
     let at = Instant::now();
     for url in [t.server.url(), replica.url()] {
@@ -66,11 +78,15 @@ async fn an_api_key_acts_for_its_tenant_and_a_revoked_one_is_refused_on_every_re
     assert!(at.elapsed() < Duration::from_secs(1), "{:?}", at.elapsed());
     let log = log_text(&t).await;
     let secret = key.rsplit('_').next().unwrap();
-    assert!(!log.contains(secret), "the key's secret never enters the log");
-    let revocations: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'identity.keys.revoked'")
-        .fetch_one(&t.server.state.pool)
-        .await
-        .unwrap();
+    assert!(
+        !log.contains(secret),
+        "the key's secret never enters the log"
+    );
+    let revocations: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'identity.keys.revoked'")
+            .fetch_one(&t.server.state.pool)
+            .await
+            .unwrap();
     assert_eq!(revocations, 1, "the revocation is in the log");
     assert!(t.replay_equal().await);
     replica.shutdown().await;
@@ -80,17 +96,51 @@ async fn an_api_key_acts_for_its_tenant_and_a_revoked_one_is_refused_on_every_re
 async fn a_wrong_or_forged_key_is_unauthenticated() {
     let t = TestServer::start().await;
     let created = t
-        .ok(OPERATOR, "identities.create", json!({ "operator": true, "name": "ops" }))
+        .ok(
+            OPERATOR,
+            "identities.create",
+            json!({ "operator": true, "name": "ops" }),
+        )
         .await;
     let key = created["apiKey"].as_str().unwrap();
     t.ok(key, "pools.list", json!({})).await;
     let forged = format!("{}0", &key[..key.len() - 1]);
-    let forged = if forged == key { format!("{}1", &key[..key.len() - 1]) } else { forged };
-    assert_eq!(t.call(&forged, "pools.list", json!({})).await.unwrap_err().status, 401);
-    assert_eq!(t.call("vpk_nothing_here", "pools.list", json!({})).await.unwrap_err().status, 401);
-    let bad = t.call(OPERATOR, "identities.create", json!({ "name": "no tenant" })).await.unwrap_err();
+    let forged = if forged == key {
+        format!("{}1", &key[..key.len() - 1])
+    } else {
+        forged
+    };
+    assert_eq!(
+        t.call(&forged, "pools.list", json!({}))
+            .await
+            .unwrap_err()
+            .status,
+        401
+    );
+    assert_eq!(
+        t.call("vpk_nothing_here", "pools.list", json!({}))
+            .await
+            .unwrap_err()
+            .status,
+        401
+    );
+    let bad = t
+        .call(
+            OPERATOR,
+            "identities.create",
+            json!({ "name": "no tenant" }),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(bad.body["code"], "INVALID_INPUT");
-    let denied = t.call(ALICE, "identities.create", json!({ "tenantId": "acme", "name": "x" })).await.unwrap_err();
+    let denied = t
+        .call(
+            ALICE,
+            "identities.create",
+            json!({ "tenantId": "acme", "name": "x" }),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(denied.body["code"], "ACCESS_DENIED");
 }
 
@@ -109,24 +159,37 @@ async fn a_node_token_rotates_never_enters_the_log_and_reaches_only_its_own_node
         ("nodes.list", json!({})),
     ] {
         let refused = t.call(&token, method, body).await.unwrap_err();
-        assert_eq!(refused.body["code"], "ACCESS_DENIED", "{method}: {}", refused.body);
+        assert_eq!(
+            refused.body["code"], "ACCESS_DENIED",
+            "{method}: {}",
+            refused.body
+        );
     }
 
-    let rotated = t.ok(OPERATOR, "nodes.rotateToken", json!({ "nodeId": node })).await;
+    let rotated = t
+        .ok(OPERATOR, "nodes.rotateToken", json!({ "nodeId": node }))
+        .await;
     let fresh = rotated["nodeToken"].as_str().unwrap();
     assert_ne!(fresh, token);
-    assert_eq!(t.call(&token, "nodes.spec", json!({ "nodeId": node })).await.unwrap_err().status, 401);
+    assert_eq!(
+        t.call(&token, "nodes.spec", json!({ "nodeId": node }))
+            .await
+            .unwrap_err()
+            .status,
+        401
+    );
     t.ok(fresh, "nodes.spec", json!({ "nodeId": node })).await;
 
     let log = log_text(&t).await;
     assert!(!log.contains("tokenHash"), "no event carries a token hash");
     let hash = vps_commands_token_hash(fresh);
     assert!(!log.contains(&hash));
-    let history: Vec<String> = sqlx::query_scalar("SELECT type FROM events WHERE stream = $1 ORDER BY version")
-        .bind(format!("node-{node}"))
-        .fetch_all(&t.server.state.pool)
-        .await
-        .unwrap();
+    let history: Vec<String> =
+        sqlx::query_scalar("SELECT type FROM events WHERE stream = $1 ORDER BY version")
+            .bind(format!("node-{node}"))
+            .fetch_all(&t.server.state.pool)
+            .await
+            .unwrap();
     assert_eq!(history, ["node.registered", "node.tokenRotated"]);
     assert!(t.replay_equal().await);
 }

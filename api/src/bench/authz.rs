@@ -29,16 +29,24 @@ pub fn run(options: &AuthzBench) -> anyhow::Result<()> {
         .map(|a| a.name)
         .collect();
     let focused = sources(options.policies, |_| action.to_string());
-    let spread = sources(options.policies, |i| all_actions[i % all_actions.len()].clone());
+    let spread = sources(options.policies, |i| {
+        all_actions[i % all_actions.len()].clone()
+    });
     let (baseline, _) = PolicyBook::build(schema, &[]);
     let (focused, skipped) = PolicyBook::build(schema, &focused);
-    anyhow::ensure!(skipped.is_empty(), "bench policies fail the schema: {skipped:?}");
+    anyhow::ensure!(
+        skipped.is_empty(),
+        "bench policies fail the schema: {skipped:?}"
+    );
     let (spread, _) = PolicyBook::build(schema, &spread);
     let phase = Duration::from_secs_f64(options.seconds);
     let base_rate = decisions_per_second(&baseline, action, phase);
     let focused_rate = decisions_per_second(&focused, action, phase);
     let spread_rate = decisions_per_second(&spread, action, phase);
-    println!("baseline only ({} policies): {base_rate:.0} decisions/s", baseline.len());
+    println!(
+        "baseline only ({} policies): {base_rate:.0} decisions/s",
+        baseline.len()
+    );
     println!(
         "{} policies on {action}: {focused_rate:.0} decisions/s ({:.2} of baseline)",
         options.policies,

@@ -131,8 +131,7 @@ pub fn methods() -> Vec<Method> {
             Node,
             "A sealed secret of an instance placed on the node.",
             secret,
-        )
-        .action(vps_domain::authz::NODE_SECRET_ACTION),
+        ),
         Method::new(
             "nodes",
             "rotateToken",

@@ -65,8 +65,20 @@ pub fn methods() -> Vec<Method> {
             "Creates or replaces a Cedar policy (validated against the schema).",
             put,
         ),
-        Method::new("policies", "list", Operator, "Stored policies, by id.", list),
-        Method::new("policies", "delete", Operator, "Deletes a stored policy.", delete),
+        Method::new(
+            "policies",
+            "list",
+            Operator,
+            "Stored policies, by id.",
+            list,
+        ),
+        Method::new(
+            "policies",
+            "delete",
+            Operator,
+            "Deletes a stored policy.",
+            delete,
+        ),
     ]
 }
 

@@ -70,8 +70,10 @@ pub async fn rotate_token(ctx: &Ctx, node_id: &str) -> Result<Value, CommandErro
     let token = new_token();
     retrying(node_id, || async {
         let mut tx = ctx.pool.begin().await?;
-        change::<Node>(ctx, &mut tx, node_id, None, |n| decide(n, &NodeCommand::RotateToken))
-            .await?;
+        change::<Node>(ctx, &mut tx, node_id, None, |n| {
+            decide(n, &NodeCommand::RotateToken)
+        })
+        .await?;
         store_token(&mut tx, node_id, &token).await?;
         commit(ctx, tx).await
     })
@@ -84,7 +86,11 @@ fn new_token() -> String {
 }
 
 /// Keeps a token's hash beside the log (never in it), replacing the node's previous one.
-async fn store_token(tx: &mut sqlx::PgConnection, node_id: &str, token: &str) -> Result<(), CommandError> {
+async fn store_token(
+    tx: &mut sqlx::PgConnection,
+    node_id: &str,
+    token: &str,
+) -> Result<(), CommandError> {
     sqlx::query(
         "INSERT INTO node_tokens (node_id, token_hash) VALUES ($1, $2)
          ON CONFLICT (node_id) DO UPDATE SET token_hash = $2, rotated_at = now()",

@@ -80,23 +80,49 @@ fn the_baseline_lets_tenants_act_within_their_tenant_and_operators_everywhere() 
     let own = Resource::new("Instance", "inst_1", Some("acme".into()));
     let other = Resource::new("Instance", "inst_2", Some("globex".into()));
     let pool = Resource::new("Pool", "new", None);
-    assert_eq!(book.decide(&alice(), "compute:instances:read", &own), Decision::Allow);
-    assert!(matches!(book.decide(&alice(), "compute:instances:read", &other), Decision::Deny { .. }));
-    assert!(matches!(book.decide(&alice(), "compute:pools:create", &pool), Decision::Deny { .. }));
-    assert_eq!(book.decide(&operator(), "compute:pools:create", &pool), Decision::Allow);
+    assert_eq!(
+        book.decide(&alice(), "compute:instances:read", &own),
+        Decision::Allow
+    );
+    assert!(matches!(
+        book.decide(&alice(), "compute:instances:read", &other),
+        Decision::Deny { .. }
+    ));
+    assert!(matches!(
+        book.decide(&alice(), "compute:pools:create", &pool),
+        Decision::Deny { .. }
+    ));
+    assert_eq!(
+        book.decide(&operator(), "compute:pools:create", &pool),
+        Decision::Allow
+    );
 }
 
 #[test]
 fn a_node_acts_only_on_itself_and_only_it_reads_its_secrets() {
     let book = book(&[]);
-    let node = Principal::Node { id: "node_a".into() };
+    let node = Principal::Node {
+        id: "node_a".into(),
+    };
     let own = Resource::new("Node", "node_a", None);
     let other = Resource::new("Node", "node_b", None);
-    assert_eq!(book.decide(&node, "compute:nodes:read", &own), Decision::Allow);
-    assert_eq!(book.decide(&node, NODE_SECRET_ACTION, &own), Decision::Allow);
-    assert!(matches!(book.decide(&node, "compute:nodes:read", &other), Decision::Deny { .. }));
+    assert_eq!(
+        book.decide(&node, "compute:nodes:read", &own),
+        Decision::Allow
+    );
+    assert_eq!(
+        book.decide(&node, NODE_SECRET_ACTION, &own),
+        Decision::Allow
+    );
+    assert!(matches!(
+        book.decide(&node, "compute:nodes:read", &other),
+        Decision::Deny { .. }
+    ));
     let tenants = Resource::new("Tenant", "acme", Some("acme".into()));
-    assert!(matches!(book.decide(&node, "compute:instances:read", &tenants), Decision::Deny { .. }));
+    assert!(matches!(
+        book.decide(&node, "compute:instances:read", &tenants),
+        Decision::Deny { .. }
+    ));
     assert_eq!(
         book.decide(&operator(), NODE_SECRET_ACTION, &own),
         Decision::Deny {
@@ -112,7 +138,10 @@ fn sandboxes_of_at_most_an_hour_without_gpus_are_expressible() {
         policy_ids: vec!["short-sandboxes".into()],
     };
     for action in ["compute:sandboxes:create", "compute:sandboxes:update"] {
-        assert_eq!(book.decide(&alice(), action, &sandbox(3600, 0)), Decision::Allow);
+        assert_eq!(
+            book.decide(&alice(), action, &sandbox(3600, 0)),
+            Decision::Allow
+        );
         assert_eq!(book.decide(&alice(), action, &sandbox(3601, 0)), refused);
         assert_eq!(book.decide(&alice(), action, &sandbox(600, 1)), refused);
     }
@@ -126,7 +155,10 @@ fn a_volume_size_cap_is_expressible() {
         r#"forbid (principal, action == Action::"compute:sandboxes:manage", resource is Volume) when { resource.sizeGiB > 100 };"#,
     )]);
     let manage = "compute:sandboxes:manage";
-    assert_eq!(book.decide(&alice(), manage, &Resource::volume("vol_1", "acme", 100)), Decision::Allow);
+    assert_eq!(
+        book.decide(&alice(), manage, &Resource::volume("vol_1", "acme", 100)),
+        Decision::Allow
+    );
     assert_eq!(
         book.decide(&alice(), manage, &Resource::volume("vol_1", "acme", 101)),
         Decision::Deny {
@@ -146,8 +178,14 @@ fn a_tenant_scoped_policy_applies_to_that_tenant_only() {
         tenant: Some("globex".into()),
         operator: false,
     };
-    assert!(matches!(book.decide(&alice(), "compute:sandboxes:create", &long), Decision::Deny { .. }));
-    assert_eq!(book.decide(&eve, "compute:sandboxes:create", &globex_long), Decision::Allow);
+    assert!(matches!(
+        book.decide(&alice(), "compute:sandboxes:create", &long),
+        Decision::Deny { .. }
+    ));
+    assert_eq!(
+        book.decide(&eve, "compute:sandboxes:create", &globex_long),
+        Decision::Allow
+    );
 }
 
 #[test]
@@ -181,5 +219,24 @@ fn several_policies_in_one_text_answer_with_the_stored_id() {
         Decision::Deny {
             policy_ids: vec!["two".into()]
         }
+    );
+}
+
+#[test]
+fn every_indexed_set_has_a_fast_path_that_agrees_with_the_full_set() {
+    let schema = schema();
+    let mut policies = Vec::new();
+    for (id, text) in schema.baseline() {
+        policies.extend(schema.parse(&id, &text).unwrap());
+    }
+    policies.extend(schema.parse("short", SHORT_SANDBOXES).unwrap());
+    let refs: Vec<&cedar_policy::Policy> = policies.iter().collect();
+    let fast = combine::fast_set(&refs);
+    assert!(fast.is_some());
+    let book = book(&[("short", None, SHORT_SANDBOXES)]);
+    assert!(book.everyone.by_action.values().all(|c| c.fast.is_some()));
+    assert_eq!(
+        book.decide(&alice(), "compute:sandboxes:create", &sandbox(60, 0)),
+        Decision::Allow
     );
 }
