@@ -105,6 +105,15 @@ enum AuditCommand {
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
+    /// Cedar decisions per second on one core with many policies vs the baseline alone.
+    Authz {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Policies added to the baseline.
+        #[arg(long, default_value_t = 100)]
+        policies: usize,
+    },
     /// instances.create over HTTP from concurrent clients vs single-event appends.
     Api {
         /// Seconds per phase.
@@ -314,6 +323,14 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
                 boot: std::time::Duration::from_millis(boot_ms),
             };
             crate::bench::sandbox::run(&url, &options).await?;
+            Ok(0)
+        }
+        BenchCommand::Authz { seconds, policies } => {
+            let options = crate::bench::authz::AuthzBench {
+                seconds: seconds.clamp(0.1, 600.0),
+                policies: policies.min(100_000),
+            };
+            crate::bench::authz::run(&options)?;
             Ok(0)
         }
         BenchCommand::Delivery { rate, seconds } => {

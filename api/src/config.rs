@@ -33,6 +33,9 @@ pub struct Config {
     /// What one tenant or node may hold open.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Cedar policies loaded at start.
+    #[serde(default)]
+    pub policies: PoliciesConfig,
 }
 
 /// `[webhooks]`.
@@ -71,6 +74,14 @@ impl Default for LimitsConfig {
             long_polls_per_node: 4,
         }
     }
+}
+
+/// `[policies]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoliciesConfig {
+    /// A directory of `*.cedar` files, loaded at start besides the stored policies.
+    pub dir: Option<PathBuf>,
 }
 
 /// `[database]`.

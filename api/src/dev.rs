@@ -246,7 +246,7 @@ async fn demo_nodes(
     let mut nodes = Vec::new();
     for (node, token) in saved {
         let known: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1 AND token_hash = $2)",
+            "SELECT EXISTS (SELECT 1 FROM node_tokens WHERE node_id = $1 AND token_hash = $2)",
         )
         .bind(&node)
         .bind(ops::token_hash(&token))

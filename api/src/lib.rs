@@ -2,7 +2,7 @@
 //! dev, events, audit, bench) and the embedded database they open.
 //!
 //! Modules: `config` (vps.toml + environment), `database` (URL or embedded cluster),
-//! `request` (the caller, the parsed body), `registry` (what a method is), `methods` (one
+//! `request` (the caller, the parsed body), `registry` (what a method is), `authz` (Cedar decisions, the policies in force), `methods` (one
 //! module per group, and the registry of them all), `rpc` (dispatch), `openapi` (the document generated from the registry),
 //! `state`, `wait`, `guards` (bounds on open streams and long-polls), `server` (router,
 //! background parts), `supervisor` (restarts failed or panicked parts), `health`, `telemetry`, `tools` (events, audit),
@@ -10,6 +10,7 @@
 //!
 //! This is the only crate that knows HTTP or the command line; nothing imports it.
 
+pub mod authz;
 pub mod bench;
 pub mod cli;
 pub mod config;

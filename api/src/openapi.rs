@@ -90,7 +90,12 @@ fn operation(method: &Method, request: Value, answer: Value) -> Value {
         "operationId": method.full_name(),
         "tags": [method.group],
         "summary": method.summary,
-        "description": format!("Who may call it: {}.", method.access.describe()),
+        "description": format!(
+            "Who may call it: {}. Cedar action `{}` on `{}`.",
+            method.access.describe(),
+            method.action,
+            method.resource
+        ),
         "requestBody": {
             "required": !method.body_optional,
             "content": { "application/json": { "schema": request } },

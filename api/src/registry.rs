@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -12,36 +13,25 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use vps_commands::Ctx;
+use vps_domain::authz::Resource;
 
+use crate::authz::{generic_resource, Authorizer, Guard};
 use crate::error::ApiError;
 use crate::request::{parse, Caller};
 
-/// Who may call a method. Finer rules (a tenant acts only for itself, a node only for its own
-/// node) are checked by the handler, which knows the ids in the request.
+/// Whose resources a method acts on, which shapes the resource it is decided on (see
+/// [`crate::authz::generic_resource`]); who may call it is then Cedar's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
-    /// Operators only.
+    /// The fleet's resources (no tenant): the baseline lets operators only.
     Operator,
-    /// Tenant identities and operators; node tokens are refused.
+    /// A tenant's resources (the request's `tenantId`, or the caller's tenant).
     Tenant,
-    /// A node (for itself) or an operator.
+    /// A node's host methods: the node itself (its node token) or operators.
     Node,
 }
 
 impl Access {
-    /// Refuses a caller this method is not for.
-    pub fn check(self, caller: &Caller) -> Result<(), ApiError> {
-        match self {
-            Access::Operator => caller.operator(),
-            Access::Tenant if caller.node.is_some() => Err(ApiError::new(
-                "ACCESS_DENIED",
-                "a node token may call only its own node's methods",
-            )),
-            Access::Node if caller.node.is_none() => caller.operator(),
-            Access::Tenant | Access::Node => Ok(()),
-        }
-    }
-
     /// How the OpenAPI document describes it.
     pub fn describe(self) -> &'static str {
         match self {
@@ -64,6 +54,24 @@ pub struct Call {
     pub guards: crate::guards::Guards,
     /// The configuration in force.
     pub config: std::sync::Arc<crate::config::Config>,
+    /// The policies in force, the principal and the method's action.
+    pub guard: Guard,
+    /// The authorizer (its schema validates stored policies).
+    pub authz: Arc<Authorizer>,
+}
+
+impl Call {
+    /// Decides this method's action on `resource`, which carries the attributes the handler
+    /// knows (e.g. [`Resource::instance_draft`]). Call it before writing anything:
+    /// `ACCESS_DENIED` with `details.policyIds` when refused.
+    pub fn authorize(&self, resource: &Resource) -> Result<(), ApiError> {
+        self.guard.decide(&self.guard.action, resource)
+    }
+
+    /// Like [`Call::authorize`] for another action (e.g. a template's per-volume decision).
+    pub fn authorize_as(&self, action: &str, resource: &Resource) -> Result<(), ApiError> {
+        self.guard.decide(action, resource)
+    }
 }
 
 type Handler =
@@ -77,8 +85,14 @@ pub struct Method {
     pub name: &'static str,
     /// One line for people.
     pub summary: &'static str,
-    /// Who may call it.
+    /// Whose resources it acts on.
     pub access: Access,
+    /// Its Cedar action (`compute:instances:create`).
+    pub action: String,
+    /// The resource type it is decided on (`Instance`).
+    pub resource: &'static str,
+    /// Further resource types its handler decides its action on.
+    pub also_on: Vec<&'static str>,
     /// The request body's schema.
     pub request: fn(&mut SchemaGenerator) -> Schema,
     /// The answer's schema.
@@ -109,6 +123,14 @@ impl Method {
             name,
             summary,
             access,
+            action: match access {
+                // Host methods have actions of their own, so a node token's baseline permit
+                // never reaches an operator method that would share a verb.
+                Access::Node => format!("compute:{group}:{name}"),
+                _ => default_action(group, name),
+            },
+            resource: default_resource(group),
+            also_on: Vec::new(),
             request: |g| g.subschema_for::<Req>(),
             answer: |g| g.subschema_for::<Ans>(),
             body_optional: parse::<Req>(b"").is_ok(),
@@ -121,15 +143,77 @@ impl Method {
         }
     }
 
+    /// Overrides the Cedar action (default: [`default_action`]).
+    pub fn action(mut self, action: &str) -> Method {
+        self.action = action.to_string();
+        self
+    }
+
+    /// Overrides the resource type (default: [`default_resource`]).
+    pub fn resource(mut self, kind: &'static str) -> Method {
+        self.resource = kind;
+        self
+    }
+
+    /// Declares further resource types the handler decides the action on.
+    pub fn also_on(mut self, kinds: &[&'static str]) -> Method {
+        self.also_on.extend_from_slice(kinds);
+        self
+    }
+
     /// `group.name`.
     pub fn full_name(&self) -> String {
         format!("{}.{}", self.group, self.name)
     }
 
-    /// Checks the caller, parses the body and runs the handler.
+    /// Decides the call generically (the caller, the action, the resource type and tenant),
+    /// refuses creates for a tenant being deleted, then parses the body and runs the handler.
     pub async fn call(&self, call: Call, body: &[u8]) -> Result<Value, ApiError> {
-        self.access.check(&call.caller)?;
+        let resource = generic_resource(self, &call.caller, body)?;
+        call.guard.decide(&self.action, &resource)?;
+        call.guard.refuse_closed_tenant(&resource)?;
         (self.handler)(call, body).await
+    }
+}
+
+/// The action a method takes unless it names another: `compute:<group>:<verb>`, the verb
+/// being `create`, `read`, `delete` or `update` (`exec` for exec); the sandbox groups share
+/// `compute:sandboxes:*` (`manage` for templates and volumes), as the reference has it.
+pub fn default_action(group: &str, name: &str) -> String {
+    let verb = match name {
+        "create" | "register" => "create",
+        "get" | "list" | "history" | "deliveries" | "usage" | "leases" | "spec" => "read",
+        "delete" | "archive" => "delete",
+        "exec" => "exec",
+        _ => "update",
+    };
+    match (group, verb) {
+        ("sandboxTemplates" | "sandboxVolumes" | "sandboxSnapshots", "read") => {
+            "compute:sandboxes:read".into()
+        }
+        ("sandboxSnapshots", _) => "compute:sandboxes:delete".into(),
+        ("sandboxTemplates" | "sandboxVolumes", _) => "compute:sandboxes:manage".into(),
+        _ => format!("compute:{group}:{verb}"),
+    }
+}
+
+/// The resource type of a group's methods unless they name another.
+pub fn default_resource(group: &str) -> &'static str {
+    match group {
+        "instances" => "Instance",
+        "sandboxes" => "Sandbox",
+        "sandboxTemplates" => "Template",
+        "sandboxSnapshots" => "Snapshot",
+        "sandboxVolumes" => "Volume",
+        "pools" => "Pool",
+        "nodes" => "Node",
+        "flavors" => "Flavor",
+        "images" => "Image",
+        "providerAccounts" => "ProviderAccount",
+        "webhooks" => "Webhook",
+        "policies" => "Policy",
+        "identities" | "apiKeys" => "Identity",
+        _ => "Tenant",
     }
 }
 

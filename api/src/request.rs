@@ -4,8 +4,10 @@
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use subtle::ConstantTimeEq;
 use vps_commands::Actor;
 
+use crate::config::IdentityConfig;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -42,22 +44,26 @@ impl Caller {
     }
 }
 
-/// Resolves the bearer token: a configured identity, or a node's token.
+/// Resolves the bearer token: a configured identity, a run-time identity's API key, or a
+/// node's token. Secrets are compared in constant time; only hashes are stored.
 pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let token = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| ApiError::new("UNAUTHENTICATED", "missing Authorization: Bearer <token>"))?;
-    if let Some(id) = state.config.identities.iter().find(|i| i.token == token) {
-        return Ok(Caller {
-            actor: Actor {
-                identity: id.identity.clone(),
-                tenant: id.tenant.clone(),
-                operator: id.operator,
-            },
-            node: None,
-        });
+    if let Some(id) = configured(&state.config.identities, token) {
+        return Ok(identity(&id.identity, id.tenant.clone(), id.operator));
+    }
+    if token.starts_with(vps_commands::identities::KEY_PREFIX) {
+        let holder = vps_commands::identities::authenticate(&state.pool, token).await?;
+        let holder =
+            holder.ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown or revoked key"))?;
+        return Ok(identity(
+            &holder.identity_id,
+            holder.tenant_id,
+            holder.operator,
+        ));
     }
     let token_hash = vps_commands::operator::token_hash(token);
     let node = vps_projections::views::node_by_token_hash(&state.pool, &token_hash).await?;
@@ -70,6 +76,28 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
         },
         node: Some(node),
     })
+}
+
+/// The configured identity whose token this is, comparing every one in constant time.
+fn configured<'a>(identities: &'a [IdentityConfig], token: &str) -> Option<&'a IdentityConfig> {
+    let mut found = None;
+    for id in identities {
+        if bool::from(id.token.as_bytes().ct_eq(token.as_bytes())) {
+            found = Some(id);
+        }
+    }
+    found
+}
+
+fn identity(id: &str, tenant: Option<String>, operator: bool) -> Caller {
+    Caller {
+        actor: Actor {
+            identity: id.to_string(),
+            tenant,
+            operator,
+        },
+        node: None,
+    }
 }
 
 /// Parses a JSON body into `T`, naming the offending field. Strings may not hold NUL

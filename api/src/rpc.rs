@@ -44,12 +44,19 @@ pub async fn dispatch(
         .ok_or_else(|| ApiError::new("NOT_FOUND", format!("no method {group}.{method}")))?;
     let span = tracing::info_span!("command", method = %method.full_name(), identity = %caller.actor.identity);
     metrics::counter!("vps_api_requests_total", "method" => method.full_name()).increment(1);
+    let guard = crate::authz::Guard {
+        snapshot: state.authz.snapshot(),
+        principal: crate::authz::principal(&caller),
+        action: method.action.clone(),
+    };
     let call = Call {
         ctx,
         caller,
         admitter: state.admitter.clone(),
         guards: state.guards.clone(),
         config: state.config.clone(),
+        guard,
+        authz: state.authz.clone(),
     };
     method.call(call, &body).instrument(span).await.map(Json)
 }

@@ -72,6 +72,11 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         .map_err(|e| anyhow::anyhow!("http.listen: cannot bind {listen}: {e}"))?;
     let addr = listener.local_addr()?;
     let notifier = Notifier::start(pool.clone());
+    let authz = Arc::new(crate::authz::Authorizer::new(
+        crate::methods::registry().methods(),
+        config.policies.dir.as_deref(),
+    )?);
+    authz.refresh(&pool).await?;
     let state = AppState {
         pool: pool.clone(),
         notifier: notifier.clone(),
@@ -79,6 +84,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         guards: crate::guards::Guards::new(&config.limits),
         config: Arc::new(config),
         admitter: vps_commands::instances::Admitter::start(),
+        authz: authz.clone(),
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -86,6 +92,12 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         let (pool, notifier) = (pool.clone(), notifier.clone());
         tasks.push(supervise("chainer", move || {
             vps_events::chain::run_chainer(pool.clone(), notifier.clone())
+        }));
+    }
+    {
+        let (pool, notifier) = (pool.clone(), notifier.clone());
+        tasks.push(supervise("policies", move || {
+            authz.clone().follow(pool.clone(), notifier.clone())
         }));
     }
     tasks.extend(start_reactors(&state));
@@ -197,6 +209,10 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
     let (ctx, t) = (reactor_ctx(state, "sandboxes"), timings.clone());
     tasks.push(supervise("sandbox-reconciler", move || {
         vps_reactors::sandboxes::run(ctx.clone(), t.clone())
+    }));
+    let (ctx, t) = (reactor_ctx(state, "teardown"), timings.clone());
+    tasks.push(supervise("tenant-teardown", move || {
+        vps_reactors::teardown::run(ctx.clone(), t.clone())
     }));
     let (ctx, t) = (reactor_ctx(state, "liveness"), timings);
     tasks.push(supervise("node-liveness", move || {

@@ -23,4 +23,6 @@ pub struct AppState {
     pub admitter: vps_commands::instances::Admitter,
     /// Bounds on open streams and long-polls.
     pub guards: crate::guards::Guards,
+    /// The Cedar policies in force on this replica.
+    pub authz: Arc<crate::authz::Authorizer>,
 }

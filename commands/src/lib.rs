@@ -4,7 +4,8 @@
 //!
 //! Modules: `context` (who acts), `error`, `record` (append + project), `operator` (pools,
 //! offers, IP ranges, nodes, flavors, images), `instances` (admission, start, stop, resize,
-//! delete), `secrets` (sealed user data), `webhooks` (subscriptions and their secrets).
+//! delete), `secrets` (sealed user data), `webhooks` (subscriptions and their secrets), `policies` (stored Cedar
+//! policies), `identities` (run-time identities, API keys), `tenants` (teardown steps).
 //!
 //! Handlers never call a host or a cloud API and never write a projection table directly: the
 //! projectors of `vps_projections` do that, inside the handler's transaction.
@@ -12,13 +13,16 @@
 pub mod context;
 pub mod error;
 pub mod hosts;
+pub mod identities;
 pub mod instances;
 pub mod operator;
 pub mod pipeline;
+pub mod policies;
 pub mod provider_accounts;
 pub mod record;
 pub mod sandboxes;
 pub mod secrets;
+pub mod tenants;
 pub mod webhooks;
 
 pub use context::{Actor, Ctx};

@@ -23,13 +23,17 @@
 //! - [`template`], [`sandbox`]: sandbox templates and sandboxes (lifetimes, extends, expiry).
 //! - [`webhook`]: the webhook subscription aggregate and its decision.
 //! - [`network`]: which addresses are internal, and CIDRs an operator allows.
+//! - [`authz`]: the Cedar schema, the baseline policies and decisions; [`policy`] (stored
+//!   policies), [`identity`] (run-time identities and API keys), [`tenant`] (teardown).
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
 pub mod aggregate;
+pub mod authz;
 pub mod cloud_config;
 pub mod condition;
 pub mod error;
 pub mod flavor;
+pub mod identity;
 pub mod ids;
 pub mod image;
 pub mod instance;
@@ -38,6 +42,7 @@ pub mod network;
 pub mod node;
 pub mod operator;
 pub mod placement;
+pub mod policy;
 pub mod pool;
 pub mod provider_account;
 pub mod quota;
@@ -46,6 +51,7 @@ pub mod sandbox;
 pub mod ssh_keys;
 pub mod state_table;
 pub mod template;
+pub mod tenant;
 pub mod webhook;
 
 pub use error::DomainError;

@@ -31,6 +31,8 @@ crate::event_enum! {
         Recovered(NodeStateChanged) = "node.recovered",
         /// `instance.orphaned`: the set of instances it holds that nothing places there.
         Orphaned(OrphansChanged) = "instance.orphaned",
+        /// `node.tokenRotated`: a new node token replaced the old one (neither is in the log).
+        TokenRotated(NodeStateChanged) = "node.tokenRotated",
     }
 }
 
@@ -91,7 +93,7 @@ impl Aggregate for Node {
             other => existing(state, Self::CATEGORY, other.event_type())?,
         };
         match event {
-            NodeEvent::Registered(_) => {}
+            NodeEvent::Registered(_) | NodeEvent::TokenRotated(_) => {}
             NodeEvent::Cordoned(_) => node.liveness = NodeLiveness::Cordoned,
             NodeEvent::Lost(_) => node.liveness = NodeLiveness::Lost,
             NodeEvent::Uncordoned(_) | NodeEvent::Recovered(_) => {
@@ -125,8 +127,6 @@ pub struct RegisterNode {
     pub runtimes: Option<Vec<String>>,
     /// Its CPU model.
     pub cpu_model: Option<String>,
-    /// SHA-256 of its token.
-    pub token_hash: String,
     /// Fact: the pool's class and runtime, when the pool exists.
     pub pool: Option<(String, Option<String>)>,
     /// Fact: another node of the pool has the name.
@@ -146,6 +146,8 @@ pub enum NodeCommand {
     Lose,
     /// It reported while lost.
     Recover,
+    /// Its token was replaced.
+    RotateToken,
     /// What it holds that nothing places there; `complete` when its report was a full
     /// inventory (then an empty set clears the announced one).
     RecordOrphans {
@@ -185,6 +187,7 @@ pub fn decide(state: Option<&Node>, command: &NodeCommand) -> Result<Vec<NodeEve
         NodeCommand::Recover if node.liveness == NodeLiveness::Lost => {
             NodeEvent::Recovered(changed)
         }
+        NodeCommand::RotateToken => NodeEvent::TokenRotated(changed),
         NodeCommand::RecordOrphans { orphans, complete } => {
             let mut orphans = orphans.clone();
             orphans.sort();
@@ -245,6 +248,5 @@ fn register(r: &RegisterNode) -> Result<NodeEvent, DomainError> {
         labels: r.labels.clone(),
         runtimes,
         cpu_model: r.cpu_model.clone(),
-        token_hash: r.token_hash.clone(),
     }))
 }

@@ -134,8 +134,6 @@ pub struct NodeRegistered {
     pub runtimes: Vec<String>,
     /// CPU model (memory snapshots restore only on the same one).
     pub cpu_model: Option<String>,
-    /// SHA-256 (hex) of the node token; the token itself is shown once and never stored.
-    pub token_hash: String,
 }
 
 /// `instance.orphaned` (on the node's stream): the node holds instances no live row places

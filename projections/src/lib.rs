@@ -7,19 +7,23 @@
 //! quota maxima), `nodes`, `flavors`, `images`, `instances` (instance views, quota usage, node
 //! allocations, IP leases), `node_specs` (the async NodeSpec
 //! projector), `provider_accounts`, `webhooks`, `sandboxes` (templates and sandboxes), `views` (reads), `replay` (rebuild and verify).
+//! projector), `provider_accounts`, `webhooks`, `policies`, `identities`, `tenants` (teardown), `views` (reads), `replay` (rebuild and verify).
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
 
 pub mod flavors;
+pub mod identities;
 pub mod images;
 pub mod instances;
 pub mod node_specs;
 pub mod nodes;
+pub mod policies;
 pub mod pools;
 pub mod provider_accounts;
 pub mod replay;
 pub mod sandboxes;
+pub mod tenants;
 pub mod views;
 pub mod webhooks;
 
@@ -61,6 +65,9 @@ pub const TABLES: &[&str] = &[
     "webhooks",
     "sandbox_templates",
     "sandboxes",
+    "policies",
+    "identities",
+    "tenants",
 ];
 
 /// The category of an event's stream (`instance` of `instance-inst_…`): it names the
@@ -84,6 +91,9 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
         "webhook" => Ok(webhooks::apply(conn, event).await?),
         "template" => sandboxes::apply_template(conn, event).await,
         "sandbox" => sandboxes::apply_sandbox(conn, event).await,
+        "policy" => policies::apply(conn, event).await,
+        "identity" => identities::apply(conn, event).await,
+        "tenant" => tenants::apply(conn, event).await,
         _ => Ok(()),
     }
 }

@@ -14,8 +14,8 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
         NodeEvent::Registered(d) => {
             sqlx::query(
             "INSERT INTO nodes (id, pool_id, name, state, capacity, labels, runtimes, cpu_model,
-                                token_hash, created_at, updated_at, version)
-             VALUES ($1, $2, $3, 'ready', $4, $5, $6, $7, $8, $9, $9, $10)",
+                                created_at, updated_at, version)
+             VALUES ($1, $2, $3, 'ready', $4, $5, $6, $7, $8, $8, $9)",
         )
         .bind(&d.node_id)
         .bind(&d.pool_id)
@@ -24,7 +24,6 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
         .bind(Json(&d.labels))
         .bind(Json(&d.runtimes))
         .bind(&d.cpu_model)
-        .bind(&d.token_hash)
         .bind(at)
         .bind(e.version)
         .execute(conn)
@@ -35,6 +34,15 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             sqlx::query("UPDATE nodes SET orphans = $2, version = $3 WHERE id = $1")
                 .bind(&d.node_id)
                 .bind(Json(&d.instance_ids))
+                .bind(e.version)
+                .execute(conn)
+                .await?;
+            return Ok(());
+        }
+        NodeEvent::TokenRotated(d) => {
+            sqlx::query("UPDATE nodes SET updated_at = $2, version = $3 WHERE id = $1")
+                .bind(&d.node_id)
+                .bind(at)
                 .bind(e.version)
                 .execute(conn)
                 .await?;

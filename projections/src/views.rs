@@ -339,7 +339,7 @@ pub async fn node_by_token_hash<'e>(
     db: impl PgExecutor<'e>,
     token_hash: &str,
 ) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar("SELECT id FROM nodes WHERE token_hash = $1")
+    sqlx::query_scalar("SELECT node_id FROM node_tokens WHERE token_hash = $1")
         .bind(token_hash)
         .fetch_optional(db)
         .await

@@ -144,7 +144,6 @@ async fn node_events_set_its_state_and_orphans() {
         labels: BTreeMap::new(),
         runtimes: vec!["libvirt-kvm".into()],
         cpu_model: None,
-        token_hash: "00".repeat(32),
     };
     let changed = || NodeStateChanged {
         node_id: "node_1".into(),

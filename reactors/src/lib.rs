@@ -11,6 +11,7 @@ pub mod nats;
 pub mod provider_instances;
 pub mod providers;
 pub mod sandboxes;
+pub mod teardown;
 pub mod timings;
 pub mod waker;
 pub mod webhooks;

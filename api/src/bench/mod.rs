@@ -3,6 +3,7 @@
 //! figures first, one JSON line last.
 
 pub mod api;
+pub mod authz;
 pub mod converge;
 pub mod delivery;
 pub mod log;

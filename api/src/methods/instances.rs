@@ -7,6 +7,7 @@ use chrono::{DateTime, Datelike, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use vps_commands::instances::{self, Change, CreateInput};
+use vps_domain::authz::Resource;
 use vps_domain::instance::Instance;
 use vps_domain::state_table::InstanceState;
 use vps_projections::instances::InstanceFilter;
@@ -181,6 +182,9 @@ async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
         Some(w) => w.duration()?,
         None => Duration::ZERO,
     };
+    if let Some((id, draft)) = instances::draft(&c.ctx, &q.input).await? {
+        c.authorize(&Resource::instance_draft(&id, &q.input.tenant_id, &draft))?;
+    }
     let created = c.admitter.create(&c.ctx, q.input).await?;
     if !created.state.is_settling() || wait.is_zero() {
         return Ok(InstanceView::from(&created));

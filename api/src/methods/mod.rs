@@ -3,12 +3,15 @@
 
 pub mod events;
 pub mod flavors;
+pub mod identities;
 pub mod images;
 pub mod instances;
 pub mod nodes;
+pub mod policies;
 pub mod pools;
 pub mod provider_accounts;
 pub mod sandboxes;
+pub mod tenants;
 pub mod webhooks;
 
 use crate::error::ApiError;
@@ -28,6 +31,9 @@ pub fn all() -> Vec<Method> {
         provider_accounts::methods(),
         webhooks::methods(),
         events::methods(),
+        policies::methods(),
+        identities::methods(),
+        tenants::methods(),
     ]
     .into_iter()
     .flatten()

@@ -8,7 +8,9 @@ pub mod facts;
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
 use sqlx::PgConnection;
+use vps_domain::authz::InstanceDraft;
 use vps_domain::instance::{
     self as domain, Admission, CreateInstance, Instance, InstanceCommand, PoolKind, Requester,
 };
@@ -68,6 +70,52 @@ pub async fn create(ctx: &Ctx, input: CreateInput) -> Result<Instance, CommandEr
     domain::check_user_data(input.user_data.as_deref())?;
     let id = instance_id(ctx, &input);
     retrying(&id, || admit(ctx, &id, &input)).await
+}
+
+/// The draft `compute:instances:create` is decided on (SPEC §3.3 step 3): its id, the
+/// flavor's shape and whether the image is verified. `None` when admission answers without
+/// writing anyway: a replay or conflicting reuse of the key (decided before authorization),
+/// or a pool, flavor or (hosted) image that does not resolve (`NOT_FOUND`).
+pub async fn draft(
+    ctx: &Ctx,
+    input: &CreateInput,
+) -> Result<Option<(String, InstanceDraft)>, CommandError> {
+    let id = instance_id(ctx, input);
+    let mut conn = ctx.pool.acquire().await?;
+    if load(&mut conn, &id).await?.is_some() {
+        return Ok(None);
+    }
+    let (class, shape, verified): (Option<String>, Option<Json<Shape>>, Option<bool>) =
+        sqlx::query_as(
+            "SELECT (SELECT class FROM pools WHERE id = $1),
+                    (SELECT shape FROM flavors WHERE pool_id = $1 AND name = $2 AND NOT archived),
+                    (SELECT verified FROM images WHERE id = $3 AND NOT deleted
+                        AND (tenant_id = $4 OR tenant_id IS NULL))",
+        )
+        .bind(&input.pool_id)
+        .bind(&input.flavor)
+        .bind(&input.image_id)
+        .bind(&input.tenant_id)
+        .fetch_one(&mut *conn)
+        .await?;
+    let (Some(class), Some(Json(shape))) = (class, shape) else {
+        return Ok(None);
+    };
+    if class == "vps-host" && verified.is_none() {
+        return Ok(None);
+    }
+    Ok(Some((
+        id,
+        InstanceDraft {
+            vcpu: shape.vcpu,
+            memory_gib: shape.memory_gib,
+            gpus: shape.gpus.map_or(0, |g| g.count),
+            image_id: input.image_id.clone(),
+            // A provider pool's image is the provider's: verified only when registered so.
+            image_verified: verified.unwrap_or(false),
+            project_id: input.project_id.clone(),
+        },
+    )))
 }
 
 /// The instance id a create derives from (tenant, caller, idempotency key).
@@ -219,6 +267,9 @@ pub enum Change {
     Stop,
     /// Desired deleted.
     Delete,
+    /// Desired deleted by the control plane (tenant teardown), sandbox and warm instances
+    /// too; `instance.deleting` carries the reason.
+    DeleteBecause(String),
     /// A new flavor (stopped, hosted).
     Resize(String),
 }
@@ -261,6 +312,13 @@ async fn change_once(
             let delete = InstanceCommand::Delete {
                 requester,
                 reason: None,
+            };
+            domain::decide(Some(&instance), &delete, now)?
+        }
+        Change::DeleteBecause(reason) => {
+            let delete = InstanceCommand::Delete {
+                requester: Requester::System,
+                reason: Some(reason.clone()),
             };
             domain::decide(Some(&instance), &delete, now)?
         }

@@ -10,7 +10,7 @@ mod pools;
 
 pub use flavors::{archive_flavor, create_flavor, CreateFlavor};
 pub use images::{delete_image, register_image, RegisterImage};
-pub use nodes::{register_node, set_cordon, token_hash, RegisterNode};
+pub use nodes::{register_node, rotate_token, set_cordon, token_hash, RegisterNode};
 pub use pools::{
     create_pool, offer_pool, set_ip_pool, update_pool, CreatePool, OfferPool, SetIpPool, UpdatePool,
 };

@@ -37,7 +37,7 @@ pub struct RegisterNode {
 /// Registers a node; answers the node and its token (shown once, stored only as a hash).
 pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<Value, CommandError> {
     let id = new_id("node");
-    let token = format!("nt_{}", hex::encode(rand::random::<[u8; 24]>()));
+    let token = new_token();
     let node = retrying(&id, || async {
         let mut tx = ctx.pool.begin().await?;
         let pool = load::<Pool>(&mut tx, &input.pool_id).await?;
@@ -49,19 +49,57 @@ pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<Value, Comm
             labels: input.labels.clone(),
             runtimes: input.runtimes.clone(),
             cpu_model: input.cpu_model.clone(),
-            token_hash: token_hash(&token),
             pool: pool.map(|p| (p.class, p.runtime)),
             name_taken: name_taken(&mut tx, "nodes", Some(&input.pool_id), &input.name, None)
                 .await?,
         };
         let command = NodeCommand::Register(Box::new(register));
         change::<Node>(ctx, &mut tx, &id, None, |n| decide(n, &command)).await?;
+        store_token(&mut tx, &id, &token).await?;
         let answer = views::node(&mut *tx, &id).await?;
         commit(ctx, tx).await?;
         Ok(answer)
     })
     .await?;
     Ok(json!({ "node": node, "nodeToken": token }))
+}
+
+/// Replaces a node's token (`node.tokenRotated` names no token); answers the new one, shown
+/// once. The old token is refused from the commit on.
+pub async fn rotate_token(ctx: &Ctx, node_id: &str) -> Result<Value, CommandError> {
+    let token = new_token();
+    retrying(node_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        change::<Node>(ctx, &mut tx, node_id, None, |n| {
+            decide(n, &NodeCommand::RotateToken)
+        })
+        .await?;
+        store_token(&mut tx, node_id, &token).await?;
+        commit(ctx, tx).await
+    })
+    .await?;
+    Ok(json!({ "nodeId": node_id, "nodeToken": token }))
+}
+
+fn new_token() -> String {
+    format!("nt_{}", hex::encode(rand::random::<[u8; 24]>()))
+}
+
+/// Keeps a token's hash beside the log (never in it), replacing the node's previous one.
+async fn store_token(
+    tx: &mut sqlx::PgConnection,
+    node_id: &str,
+    token: &str,
+) -> Result<(), CommandError> {
+    sqlx::query(
+        "INSERT INTO node_tokens (node_id, token_hash) VALUES ($1, $2)
+         ON CONFLICT (node_id) DO UPDATE SET token_hash = $2, rotated_at = now()",
+    )
+    .bind(node_id)
+    .bind(token_hash(token))
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// The stored form of a node token.

@@ -1,0 +1,278 @@
+//! Authorization at the edge (SPEC §9): the Cedar schema built from the registry, the policies
+//! in force on this replica, and the decision every call goes through.
+//!
+//! Every method is decided twice at most, both before anything is written:
+//! - by [`crate::registry::Method::call`], generically: the caller, the method's action, and a
+//!   resource of the method's type with the tenant the request names;
+//! - by the handler, when it knows more: `call.authorize(&resource)` with a resource carrying
+//!   the attributes policies test (e.g. `instances.create`'s flavor shape and image).
+//!
+//! The policy set is rebuilt from the `policies` projection whenever its generation (the
+//! highest position it applied) moves: this replica's own changes at once, other replicas'
+//! on the log's wake-up (NOTIFY) or, at worst, the next poll.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use vps_domain::authz::{
+    ActionDecl, AuthzSchema, Decision, PolicyBook, PolicySource, Principal, Resource,
+};
+use vps_events::Notifier;
+
+use crate::error::ApiError;
+use crate::registry::{Access, Method};
+use crate::request::Caller;
+
+/// How often a replica looks for policy changes when no wake-up came.
+pub const POLL: Duration = Duration::from_millis(500);
+
+/// The policies in force and the tenants that take no new work, as of one generation.
+pub struct Snapshot {
+    /// The compiled policies.
+    pub book: PolicyBook,
+    /// Tenants deleted or being deleted.
+    pub closed_tenants: HashSet<String>,
+    /// The projections' generation this was built from.
+    pub generation: i64,
+}
+
+/// The schema, the file policies and the current [`Snapshot`].
+pub struct Authorizer {
+    schema: AuthzSchema,
+    files: Vec<PolicySource>,
+    current: RwLock<Arc<Snapshot>>,
+}
+
+impl Authorizer {
+    /// The authorizer of `methods`, with the policies of `[policies] dir` (each must pass the
+    /// schema: a bad file stops the start, naming it).
+    pub fn new(methods: &[Method], dir: Option<&Path>) -> anyhow::Result<Authorizer> {
+        let schema = AuthzSchema::new(&actions(methods))
+            .map_err(|e| anyhow::anyhow!("authorization schema: {e}"))?;
+        let files = match dir {
+            Some(dir) => load_dir(&schema, dir)?,
+            None => Vec::new(),
+        };
+        let (book, _) = PolicyBook::build(&schema, &files);
+        Ok(Authorizer {
+            schema,
+            files,
+            current: RwLock::new(Arc::new(Snapshot {
+                book,
+                closed_tenants: HashSet::new(),
+                generation: -1,
+            })),
+        })
+    }
+
+    /// The Cedar schema stored policies must pass.
+    pub fn schema(&self) -> &AuthzSchema {
+        &self.schema
+    }
+
+    /// The policies in force now.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.read().expect("not poisoned").clone()
+    }
+
+    /// Rebuilds the policy set when the projections moved since the last build.
+    pub async fn refresh(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let generation = vps_projections::policies::generation(pool).await?;
+        if generation == self.snapshot().generation {
+            return Ok(());
+        }
+        let stored = vps_projections::policies::list(pool).await?;
+        let closed = vps_projections::tenants::deleted(pool).await?;
+        let mut sources = self.files.clone();
+        sources.extend(stored.into_iter().map(|p| PolicySource {
+            id: p.id,
+            tenant_id: p.tenant_id,
+            text: p.text,
+        }));
+        let (book, skipped) = PolicyBook::build(&self.schema, &sources);
+        for s in skipped {
+            tracing::warn!(policy = %s.id, error = %s.message, "stored policy no longer passes the schema; left out");
+        }
+        tracing::debug!(generation, policies = book.len(), "policies rebuilt");
+        *self.current.write().expect("not poisoned") = Arc::new(Snapshot {
+            book,
+            closed_tenants: closed.into_iter().collect(),
+            generation,
+        });
+        Ok(())
+    }
+
+    /// Keeps this replica's policies current: a look on every wake-up of the log (which
+    /// other replicas' appends reach through NOTIFY) and every [`POLL`].
+    pub async fn follow(
+        self: Arc<Self>,
+        pool: PgPool,
+        notifier: Notifier,
+    ) -> Result<(), sqlx::Error> {
+        let mut wake = notifier.subscribe();
+        loop {
+            self.refresh(&pool).await?;
+            let _ = tokio::time::timeout(POLL, wake.changed()).await;
+            // Coalesce bursts of appends into one look.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The action of every method, with the resource types it is decided on.
+pub fn actions(methods: &[Method]) -> Vec<ActionDecl> {
+    let mut merged: HashMap<&str, ActionDecl> = HashMap::new();
+    for m in methods {
+        let decl = merged.entry(&m.action).or_insert_with(|| ActionDecl {
+            name: m.action.clone(),
+            resources: BTreeSet::new(),
+            host: false,
+        });
+        decl.resources.insert(m.resource);
+        decl.resources.extend(m.also_on.iter().copied());
+        decl.host |= m.access == Access::Node;
+    }
+    let mut list: Vec<ActionDecl> = merged.into_values().collect();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    list
+}
+
+fn load_dir(schema: &AuthzSchema, dir: &Path) -> anyhow::Result<Vec<PolicySource>> {
+    let mut paths: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("policies.dir {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cedar"))
+        .collect();
+    paths.sort();
+    let mut sources = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("policy");
+        let id = format!("file:{name}");
+        schema
+            .parse(&id, &text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        sources.push(PolicySource {
+            id,
+            tenant_id: None,
+            text,
+        });
+    }
+    Ok(sources)
+}
+
+/// The principal a caller is.
+pub fn principal(caller: &Caller) -> Principal {
+    match &caller.node {
+        Some(node) => Principal::Node { id: node.clone() },
+        None => Principal::Identity {
+            id: caller.actor.identity.clone(),
+            tenant: caller.actor.tenant.clone(),
+            operator: caller.actor.operator,
+        },
+    }
+}
+
+/// What a call may do: the policies in force when it began, who calls and its method's
+/// action. Handlers reach it through [`crate::registry::Call::authorize`].
+#[derive(Clone)]
+pub struct Guard {
+    /// The policies in force.
+    pub snapshot: Arc<Snapshot>,
+    /// Who calls.
+    pub principal: Principal,
+    /// The method's action.
+    pub action: String,
+}
+
+impl Guard {
+    /// Decides `action` on `resource`: `ACCESS_DENIED` with `details.policyIds` when refused.
+    pub fn decide(&self, action: &str, resource: &Resource) -> Result<(), ApiError> {
+        let decision = self.snapshot.book.decide(&self.principal, action, resource);
+        let outcome = if decision == Decision::Allow {
+            "allow"
+        } else {
+            "deny"
+        };
+        metrics::counter!("vps_authz_decisions_total", "decision" => outcome).increment(1);
+        match decision {
+            Decision::Allow => Ok(()),
+            Decision::Deny { policy_ids } => Err(ApiError {
+                code: "ACCESS_DENIED",
+                message: format!(
+                    "{action} on {} {} is not allowed",
+                    resource.kind, resource.id
+                ),
+                details: json!({ "action": action, "policyIds": policy_ids }),
+            }),
+        }
+    }
+
+    /// `INVALID_STATE` when a create would add work to a tenant being deleted.
+    pub fn refuse_closed_tenant(&self, resource: &Resource) -> Result<(), ApiError> {
+        match &resource.tenant {
+            Some(t)
+                if self.action.ends_with(":create") && self.snapshot.closed_tenants.contains(t) =>
+            {
+                Err(vps_domain::tenant::refuse_new_work(t).into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The resource a method is decided on before its handler runs: its type, the id the request
+/// names, and the tenant it acts within. A tenant identity naming another tenant is answered
+/// `NOT_FOUND` here, never a hint that the tenant exists.
+pub fn generic_resource(
+    method: &Method,
+    caller: &Caller,
+    body: &[u8],
+) -> Result<Resource, ApiError> {
+    let peek: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let field = |name: &str| peek.get(name).and_then(Value::as_str).map(str::to_string);
+    let id = field(&id_field(method.resource)).unwrap_or_else(|| "*".into());
+    let tenant = match method.access {
+        Access::Operator | Access::Node => None,
+        Access::Tenant => tenant_scope(caller, field("tenantId"))?,
+    };
+    let id = match (method.resource, &tenant) {
+        ("Tenant", Some(t)) => t.clone(),
+        _ => id,
+    };
+    Ok(Resource::new(method.resource, id, tenant))
+}
+
+fn tenant_scope(caller: &Caller, requested: Option<String>) -> Result<Option<String>, ApiError> {
+    if caller.node.is_some() || caller.actor.operator {
+        return Ok(requested);
+    }
+    match (&caller.actor.tenant, requested) {
+        (Some(own), Some(asked)) if *own != asked => Err(ApiError::new(
+            "NOT_FOUND",
+            format!("tenant {asked} not found"),
+        )),
+        (own, _) => Ok(own.clone()),
+    }
+}
+
+/// The request field naming a resource of `kind`: `instanceId`, `poolId`, … (`id` for
+/// policies, whose requests name them so).
+fn id_field(kind: &str) -> String {
+    if kind == "Policy" {
+        return "id".into();
+    }
+    let mut chars = kind.chars();
+    match chars.next() {
+        Some(first) => format!("{}{}Id", first.to_ascii_lowercase(), chars.as_str()),
+        None => "id".into(),
+    }
+}

@@ -1,0 +1,121 @@
+//! `identities.*` and `apiKeys.revoke`: identities an operator creates at run time, besides
+//! the `[[identities]]` of the configuration (the bootstrap), and their API keys.
+
+use serde::{Deserialize, Serialize};
+use vps_commands::identities::{self as commands, NewIdentity};
+use vps_projections::identities::IdentityView;
+
+use crate::error::ApiError;
+use crate::registry::{Access::Operator, Call, Items, Method, NoParams};
+
+/// `identities.create`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateIdentity {
+    /// The tenant it acts for (required unless `operator`).
+    tenant_id: Option<String>,
+    /// Operators may do everything (default false).
+    #[serde(default)]
+    operator: bool,
+    /// For people, 1 to 128 characters.
+    name: String,
+}
+
+/// `apiKeys.revoke`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RevokeKeys {
+    /// The identity whose keys are revoked.
+    identity_id: String,
+}
+
+/// An identity.
+#[derive(Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IdentityAnswer {
+    /// `id_…`.
+    id: String,
+    /// The tenant it acts for.
+    tenant_id: Option<String>,
+    /// Operators may do everything.
+    operator: bool,
+    /// For people.
+    name: String,
+}
+
+/// A new identity and its API key (shown this once).
+#[derive(Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Created {
+    /// The identity.
+    identity: IdentityAnswer,
+    /// `vpk_…`: the bearer token.
+    api_key: String,
+}
+
+/// What `apiKeys.revoke` did.
+#[derive(Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Revoked {
+    /// The identity.
+    identity_id: String,
+    /// How many keys were revoked.
+    revoked: usize,
+}
+
+/// The methods of the groups.
+pub fn methods() -> Vec<Method> {
+    vec![
+        Method::new(
+            "identities",
+            "create",
+            Operator,
+            "Creates an identity; answers its API key once.",
+            create,
+        ),
+        Method::new(
+            "identities",
+            "list",
+            Operator,
+            "Identities created at run time.",
+            list,
+        ),
+        Method::new(
+            "apiKeys",
+            "revoke",
+            Operator,
+            "Revokes every API key of an identity.",
+            revoke,
+        ),
+    ]
+}
+
+async fn create(c: Call, q: CreateIdentity) -> Result<Created, ApiError> {
+    let new = NewIdentity {
+        tenant_id: q.tenant_id,
+        operator: q.operator,
+        name: q.name,
+    };
+    let (identity, key) = commands::create(&c.ctx, new).await?;
+    Ok(Created {
+        identity: IdentityAnswer {
+            id: identity.id,
+            tenant_id: identity.tenant_id,
+            operator: identity.operator,
+            name: identity.name,
+        },
+        api_key: key.0,
+    })
+}
+
+async fn list(c: Call, _: NoParams) -> Result<Items<IdentityView>, ApiError> {
+    Ok(vps_projections::identities::list(&c.ctx.pool).await?.into())
+}
+
+async fn revoke(c: Call, q: RevokeKeys) -> Result<Revoked, ApiError> {
+    let revoked = commands::revoke_keys(&c.ctx, &q.identity_id).await?;
+    Ok(Revoked {
+        identity_id: q.identity_id,
+        revoked,
+    })
+}

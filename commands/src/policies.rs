@@ -1,0 +1,50 @@
+//! Stored Cedar policies: `policies.put` and `policies.delete`. The text is validated against
+//! the schema in the pure decision; the `policies` projection moves in the same transaction.
+
+use vps_domain::authz::AuthzSchema;
+use vps_domain::policy::{decide, PolicyCommand, PolicyPut, StoredPolicy};
+use vps_domain::DomainError;
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::pipeline::{change, commit};
+
+/// Creates or replaces a policy; answers it as stored.
+pub async fn put(
+    ctx: &Ctx,
+    schema: &AuthzSchema,
+    put: PolicyPut,
+) -> Result<StoredPolicy, CommandError> {
+    let id = put.id.clone();
+    run(ctx, &id, PolicyCommand::Put(put), schema).await
+}
+
+/// Deletes a policy; answers it as it stands after the deletion.
+pub async fn delete(
+    ctx: &Ctx,
+    schema: &AuthzSchema,
+    id: &str,
+) -> Result<StoredPolicy, CommandError> {
+    run(ctx, id, PolicyCommand::Delete, schema).await
+}
+
+async fn run(
+    ctx: &Ctx,
+    id: &str,
+    command: PolicyCommand,
+    schema: &AuthzSchema,
+) -> Result<StoredPolicy, CommandError> {
+    retrying(id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let after = change::<StoredPolicy>(ctx, &mut tx, id, None, |p| {
+            decide(p, command.clone(), schema)
+        })
+        .await?
+        .ok_or_else(|| DomainError::NotFound {
+            what: format!("policy {id}"),
+        })?;
+        commit(ctx, tx).await?;
+        Ok(after)
+    })
+    .await
+}

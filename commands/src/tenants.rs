@@ -1,0 +1,137 @@
+//! Tenant teardown (SPEC §3.10): `tenants.delete` records `tenant.deleting` (from then on the
+//! API refuses the tenant new work), and passes of [`teardown_pass`] run every [`STEPS`] entry
+//! until none has anything left, then record `tenant.deleted`. Usage events stay: they are
+//! bills.
+//!
+//! Each step does a bounded share of work per pass and answers what remains, so a pass is
+//! short and safe to repeat (every step is idempotent). Resources added later (templates,
+//! sandboxes, snapshots, volumes, drafts) get their own step in [`STEPS`].
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use vps_domain::tenant::{begin_teardown, finish_teardown, Tenant};
+use vps_domain::DomainError;
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::instances::{self, Change};
+use crate::pipeline::{change, commit};
+
+/// The reason `instance.deleting` carries for a teardown.
+pub const REASON: &str = "tenant deleted";
+/// The most instances one pass asks to delete.
+pub const INSTANCES_PER_PASS: i64 = 100;
+
+/// One step of a teardown: does its share of work for the tenant, answers what remains.
+pub struct Step {
+    /// For logs.
+    pub name: &'static str,
+    /// The work.
+    pub run: for<'a> fn(&'a Ctx, &'a str) -> BoxFuture<'a, Result<u64, CommandError>>,
+}
+
+/// Every step, in order.
+pub const STEPS: &[Step] = &[
+    Step {
+        name: "webhooks",
+        run: remove_webhooks,
+    },
+    Step {
+        name: "instances",
+        run: delete_instances,
+    },
+];
+
+/// Records `tenant.deleting` (once).
+pub async fn begin(ctx: &Ctx, tenant_id: &str) -> Result<(), CommandError> {
+    retrying(tenant_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        change::<Tenant>(ctx, &mut tx, tenant_id, Some(tenant_id), |t| {
+            begin_teardown(t, tenant_id)
+        })
+        .await?;
+        commit(ctx, tx).await
+    })
+    .await
+}
+
+/// Runs every step once; when nothing remains, records `tenant.deleted`. Answers what remains.
+pub async fn teardown_pass(ctx: &Ctx, tenant_id: &str) -> Result<u64, CommandError> {
+    let mut remaining = 0;
+    for step in STEPS {
+        let left = (step.run)(ctx, tenant_id).await?;
+        tracing::debug!(tenant = tenant_id, step = step.name, left, "teardown step");
+        remaining += left;
+    }
+    if remaining == 0 {
+        retrying(tenant_id, || async {
+            let mut tx = ctx.pool.begin().await?;
+            change::<Tenant>(ctx, &mut tx, tenant_id, Some(tenant_id), |t| {
+                Ok(finish_teardown(t, 0))
+            })
+            .await?;
+            commit(ctx, tx).await
+        })
+        .await?;
+    }
+    Ok(remaining)
+}
+
+fn remove_webhooks<'a>(
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+) -> BoxFuture<'a, Result<u64, CommandError>> {
+    async move {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted'",
+        )
+        .bind(tenant_id)
+        .fetch_all(&ctx.pool)
+        .await?;
+        for id in &ids {
+            ignore_gone(crate::webhooks::delete(ctx, id, None).await)?;
+        }
+        Ok(0)
+    }
+    .boxed()
+}
+
+fn delete_instances<'a>(
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+) -> BoxFuture<'a, Result<u64, CommandError>> {
+    async move {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM instances WHERE tenant_id = $1 AND desired_state <> 'deleted'
+              ORDER BY id LIMIT $2",
+        )
+        .bind(tenant_id)
+        .bind(INSTANCES_PER_PASS)
+        .fetch_all(&ctx.pool)
+        .await?;
+        for id in &ids {
+            let delete = Change::DeleteBecause(REASON.into());
+            ignore_gone(
+                instances::change(ctx, tenant_id, id, delete)
+                    .await
+                    .map(|_| ()),
+            )?;
+        }
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'",
+        )
+        .bind(tenant_id)
+        .fetch_one(&ctx.pool)
+        .await?;
+        Ok(left as u64)
+    }
+    .boxed()
+}
+
+/// A resource that went away meanwhile is done.
+fn ignore_gone(result: Result<(), CommandError>) -> Result<(), CommandError> {
+    match result {
+        Err(CommandError::Domain(DomainError::NotFound { .. })) => Ok(()),
+        other => other,
+    }
+}

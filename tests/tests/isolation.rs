@@ -1,0 +1,219 @@
+//! The tenant isolation matrix, generated from the registry: every method a tenant can call is
+//! called by tenant `acme` with tenant `globex`'s ids, and answers `NOT_FOUND` (or, for a
+//! method that takes no id, shows none of globex's) without changing the log. A node token
+//! calling any method but its own node's is `ACCESS_DENIED`.
+//!
+//! Methods added later are picked up from `vps::methods::all()`: a tenant-callable method
+//! without an entry in [`fixture`] fails the test, naming it. Add its entry there, using the
+//! ids of globex's resources in [`Globex`] (create more of them in [`Globex::create`]).
+
+use serde_json::{json, Value};
+use vps::registry::Access;
+use vps_tests::{TestServer, ALICE, EVE, OPERATOR, SSH_KEY};
+
+/// Tenant globex's resources, which acme must never reach.
+struct Globex {
+    pool: String,
+    instance: String,
+    webhook: String,
+    image: String,
+    node: String,
+    node_token: String,
+}
+
+impl Globex {
+    async fn create(t: &TestServer) -> Globex {
+        let quota = json!({ "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 });
+        // A pool offered to globex only (hosted_pool offers to acme: withdraw nothing, make another).
+        let pool = t
+            .ok(
+                OPERATOR,
+                "pools.create",
+                json!({ "name": "globex-only", "class": "vps-host" }),
+            )
+            .await;
+        let pool = pool["id"].as_str().unwrap().to_string();
+        t.ok(
+            OPERATOR,
+            "pools.setIpPool",
+            json!({ "poolId": pool, "cidr": "10.9.0.0/28" }),
+        )
+        .await;
+        t.ok(
+            OPERATOR,
+            "pools.offer",
+            json!({ "poolId": pool, "tenantId": "globex", "quota": quota }),
+        )
+        .await;
+        t.ok(
+            OPERATOR,
+            "flavors.create",
+            json!({ "poolId": pool, "name": "small", "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 }),
+        )
+        .await;
+        let (node, node_token) = t.register_node(&pool, "globex-host").await;
+        t.ok(OPERATOR, "images.register", json!({ "imageId": "img_globex", "tenantId": "globex", "url": "https://images.example/g.qcow2", "sha256": "c".repeat(64), "format": "qcow2" })).await;
+        let inst = t.ok(EVE, "instances.create", json!({ "tenantId": "globex", "poolId": pool, "flavor": "small", "imageId": "img_globex", "sshKeys": [SSH_KEY], "idempotencyKey": "g" })).await;
+        let hook = t
+            .ok(
+                EVE,
+                "webhooks.create",
+                json!({ "url": "http://127.0.0.1:9/g", "types": ["instance.*"] }),
+            )
+            .await;
+        Globex {
+            pool,
+            instance: inst["id"].as_str().unwrap().to_string(),
+            webhook: hook["id"].as_str().unwrap().to_string(),
+            image: "img_globex".into(),
+            node,
+            node_token,
+        }
+    }
+
+    /// Every id of globex's, to look for in answers.
+    fn ids(&self) -> Vec<&str> {
+        vec![
+            &self.pool,
+            &self.instance,
+            &self.webhook,
+            &self.image,
+            &self.node,
+        ]
+    }
+}
+
+/// What acme's call must answer.
+enum Fixture {
+    /// `NOT_FOUND` for each body.
+    NotFound(Vec<Value>),
+    /// An answer that names none of globex's ids (methods that take no id).
+    OwnOnly(Value),
+}
+
+/// The matrix's entry for a tenant-callable method. `None`: no entry yet (the test fails).
+fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
+    use Fixture::{NotFound, OwnOnly};
+    let instance = |tenant: &str| json!({ "tenantId": tenant, "instanceId": g.instance });
+    // Both ways in: naming globex, and naming acme with globex's id.
+    let instance_refs = vec![instance("globex"), instance("acme")];
+    Some(match method {
+        "instances.create" => NotFound(vec![
+            json!({ "tenantId": "globex", "poolId": g.pool, "flavor": "small", "imageId": g.image, "idempotencyKey": "x" }),
+            json!({ "tenantId": "acme", "poolId": g.pool, "flavor": "small", "imageId": g.image, "idempotencyKey": "x" }),
+        ]),
+        "instances.get" | "instances.start" | "instances.stop" | "instances.delete"
+        | "instances.history" => NotFound(instance_refs),
+        "instances.resize" => NotFound(vec![
+            json!({ "tenantId": "globex", "instanceId": g.instance, "flavor": "small" }),
+            json!({ "tenantId": "acme", "instanceId": g.instance, "flavor": "small" }),
+        ]),
+        "instances.list" => NotFound(vec![json!({ "tenantId": "globex" })]),
+        "flavors.list" => NotFound(vec![json!({ "poolId": g.pool })]),
+        "images.list" => NotFound(vec![json!({ "tenantId": "globex" })]),
+        "webhooks.create" => NotFound(vec![
+            json!({ "url": "http://127.0.0.1:9/x", "types": ["*"], "tenantId": "globex" }),
+        ]),
+        "webhooks.delete" | "webhooks.deliveries" => {
+            NotFound(vec![json!({ "webhookId": g.webhook })])
+        }
+        "webhooks.list" => OwnOnly(json!({})),
+        "events.list" => OwnOnly(json!({ "subject": format!("instance/{}", g.instance) })),
+        _ => return None,
+    })
+}
+
+async fn log_head(t: &TestServer) -> (i64, Option<i64>) {
+    sqlx::query_as("SELECT count(*), max(position) FROM events")
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn no_tenant_method_reaches_another_tenants_resources() {
+    let t = TestServer::start().await;
+    t.hosted_pool(
+        "10.0.0.0/28",
+        1,
+        json!({ "vcpu": 8, "memoryGiB": 32, "diskGiB": 200 }),
+    )
+    .await;
+    let g = Globex::create(&t).await;
+    t.settle().await;
+    let before = log_head(&t).await;
+    let mut missing = Vec::new();
+    for method in vps::methods::all()
+        .iter()
+        .filter(|m| m.access == Access::Tenant)
+    {
+        let name = method.full_name();
+        let Some(fixture) = fixture(&name, &g) else {
+            missing.push(name);
+            continue;
+        };
+        match fixture {
+            Fixture::NotFound(bodies) => {
+                for body in bodies {
+                    let answer = t.call(ALICE, &name, body.clone()).await;
+                    let refused = answer.expect_err(&format!("{name} {body} answered"));
+                    assert_eq!(
+                        refused.body["code"], "NOT_FOUND",
+                        "{name} {body}: {}",
+                        refused.body
+                    );
+                }
+            }
+            Fixture::OwnOnly(body) => {
+                let answer = t.ok(ALICE, &name, body).await.to_string();
+                for id in g.ids() {
+                    assert!(!answer.contains(id), "{name} shows globex's {id}: {answer}");
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "no isolation fixture for {missing:?}: add them to `fixture`"
+    );
+    t.settle().await;
+    assert_eq!(log_head(&t).await, before, "the log is unchanged");
+}
+
+#[tokio::test]
+async fn a_node_token_may_call_only_its_own_nodes_methods() {
+    let t = TestServer::start().await;
+    t.hosted_pool(
+        "10.0.0.0/28",
+        1,
+        json!({ "vcpu": 8, "memoryGiB": 32, "diskGiB": 200 }),
+    )
+    .await;
+    let g = Globex::create(&t).await;
+    t.settle().await;
+    let before = log_head(&t).await;
+    for method in vps::methods::all()
+        .iter()
+        .filter(|m| m.access != Access::Node)
+    {
+        let name = method.full_name();
+        let bodies = match fixture(&name, &g) {
+            Some(Fixture::NotFound(bodies)) => bodies,
+            Some(Fixture::OwnOnly(body)) => vec![body],
+            None => vec![json!({}), json!({ "tenantId": "globex", "nodeId": g.node })],
+        };
+        for body in bodies {
+            let refused = t
+                .call(&g.node_token, &name, body.clone())
+                .await
+                .expect_err(&name);
+            assert_eq!(
+                refused.body["code"], "ACCESS_DENIED",
+                "{name} {body}: {}",
+                refused.body
+            );
+        }
+    }
+    t.settle().await;
+    assert_eq!(log_head(&t).await, before, "the log is unchanged");
+}
