@@ -21,6 +21,8 @@
 //! - [`ssh_keys`]: OpenSSH public key validation.
 //! - [`cloud_config`]: the default cloud-config user data.
 //! - [`webhook`]: the webhook subscription aggregate and its decision.
+//! - [`usage`]: usage metering math: meters, epoch-aligned windows, the per-instance ledger
+//!   folded from instance events, and the `usage.recorded` records it settles.
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
 pub mod aggregate;
@@ -41,6 +43,7 @@ pub mod quota;
 pub mod resources;
 pub mod ssh_keys;
 pub mod state_table;
+pub mod usage;
 pub mod webhook;
 
 pub use error::DomainError;
