@@ -99,6 +99,8 @@ pub struct Timings {
     pub refusing_node_exclusion: f64,
     /// How often node liveness is checked.
     pub liveness_check: f64,
+    /// The usage metering window, aligned to the epoch (SPEC §3.9).
+    pub usage_window: f64,
 }
 
 impl Default for Timings {
@@ -112,6 +114,7 @@ impl Default for Timings {
             replacement_wait: 60.0,
             refusing_node_exclusion: 600.0,
             liveness_check: 5.0,
+            usage_window: 300.0,
         }
     }
 }
@@ -244,6 +247,7 @@ impl Config {
             ("replacement_wait", t.replacement_wait),
             ("refusing_node_exclusion", t.refusing_node_exclusion),
             ("liveness_check", t.liveness_check),
+            ("usage_window", t.usage_window),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
                 return Err(err(

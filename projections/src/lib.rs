@@ -6,7 +6,8 @@
 //! Projectors are routed by stream category, one module per table family: `pools` (pools and
 //! quota maxima), `nodes`, `flavors`, `images`, `instances` (instance views, quota usage, node
 //! allocations, IP leases), `node_specs` (the async NodeSpec
-//! projector), `provider_accounts`, `webhooks`, `views` (reads), `replay` (rebuild and verify).
+//! projector), `provider_accounts`, `webhooks`, `usage` (usage records and rollups), `views`
+//! (reads), `replay` (rebuild and verify).
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
@@ -19,6 +20,7 @@ pub mod nodes;
 pub mod pools;
 pub mod provider_accounts;
 pub mod replay;
+pub mod usage;
 pub mod views;
 pub mod webhooks;
 
@@ -58,6 +60,8 @@ pub const TABLES: &[&str] = &[
     "node_spec_entries",
     "provider_accounts",
     "webhooks",
+    "usage_records",
+    "usage_rollups",
 ];
 
 /// The category of an event's stream (`instance` of `instance-inst_…`): it names the
@@ -79,6 +83,9 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
         "image" => images::apply(conn, event).await,
         "provider_account" => provider_accounts::apply(conn, event).await,
         "webhook" => Ok(webhooks::apply(conn, event).await?),
+        "tenant" if event.event_type == vps_domain::usage::record::EVENT_TYPE => {
+            usage::apply(conn, event).await
+        }
         _ => Ok(()),
     }
 }

@@ -11,6 +11,7 @@ pub mod nats;
 pub mod provider_instances;
 pub mod providers;
 pub mod timings;
+pub mod usage;
 pub mod waker;
 pub mod webhooks;
 pub mod work_queue;

@@ -8,6 +8,7 @@ pub mod instances;
 pub mod nodes;
 pub mod pools;
 pub mod provider_accounts;
+pub mod usage;
 pub mod webhooks;
 
 use crate::error::ApiError;
@@ -26,6 +27,7 @@ pub fn all() -> Vec<Method> {
         provider_accounts::methods(),
         webhooks::methods(),
         events::methods(),
+        usage::methods(),
     ]
     .into_iter()
     .flatten()

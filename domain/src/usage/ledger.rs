@@ -296,6 +296,15 @@ impl Ledger {
         self.instances.get(id)
     }
 
+    /// The earliest start of a segment not yet settled completely (`None`: nothing accrues).
+    pub fn earliest_start(&self) -> Option<Micros> {
+        self.instances
+            .values()
+            .flat_map(|m| m.segments.first())
+            .map(|s| s.start)
+            .min()
+    }
+
     /// Applies one event of the log (any event: those that do not meter are ignored).
     pub fn apply(
         &mut self,
