@@ -61,6 +61,38 @@ enum Command {
     /// Measure a capability against its baseline.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Usage records: export them for billing, or prove them against the log.
+    #[command(subcommand)]
+    Usage(UsageCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum UsageCommand {
+    /// Stream the records whose window starts in [from, to) to standard output.
+    Export {
+        /// RFC 3339 start (inclusive).
+        #[arg(long)]
+        from: chrono::DateTime<chrono::Utc>,
+        /// RFC 3339 end (exclusive).
+        #[arg(long)]
+        to: chrono::DateTime<chrono::Utc>,
+        /// Only this tenant's records.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "csv")]
+        format: crate::tools::usage::Format,
+    },
+    /// Recompute every window in [from, to) from the log and compare, record for record;
+    /// exits 1 naming the first difference.
+    Verify {
+        /// RFC 3339 start (inclusive).
+        #[arg(long)]
+        from: chrono::DateTime<chrono::Utc>,
+        /// RFC 3339 end (exclusive).
+        #[arg(long)]
+        to: chrono::DateTime<chrono::Utc>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -196,6 +228,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(exit_code(crate::tools::replay::verify(&db.pool).await?))
         }
         Command::Bench(cmd) => bench(&config, cmd).await,
+        Command::Usage(cmd) => usage(&config, cmd).await,
     }
 }
 
@@ -237,6 +270,29 @@ async fn events(config: &Config, cmd: EventsCommand) -> anyhow::Result<i32> {
         crate::tools::events::list(&db.pool, &options).await?;
     }
     Ok(0)
+}
+
+/// `vps usage export|verify`, on the configured database.
+async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
+    let db = Database::open(config, 4).await?;
+    match cmd {
+        UsageCommand::Export {
+            from,
+            to,
+            tenant,
+            format,
+        } => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            crate::tools::usage::export(&db.pool, from, to, tenant, format, &mut out).await?;
+            Ok(0)
+        }
+        UsageCommand::Verify { from, to } => {
+            let windows = crate::server::usage_windows(config);
+            Ok(exit_code(
+                crate::tools::usage::verify(&db.pool, windows, from, to).await?,
+            ))
+        }
+    }
 }
 
 /// `vps bench …`: each benchmark runs in a scratch database on the configured server.

@@ -108,7 +108,8 @@ async fn add_to_rollups(
     let hourly: Vec<Decimal> = sums.values().flat_map(|(h, _)| h.iter().copied()).collect();
     sqlx::query(
         "INSERT INTO usage_rollups (tenant_id, meter, day, hourly, daily)
-         SELECT u.tenant_id, u.meter, u.day, $4::numeric[][(u.k - 1) * 24 + 1 : u.k * 24], u.daily
+         SELECT u.tenant_id, u.meter, u.day, ($4::numeric[])[(u.k - 1) * 24 + 1 : u.k * 24],
+                u.daily
            FROM unnest($1::text[], $2::text[], $3::date[], $5::numeric[])
                 WITH ORDINALITY AS u(tenant_id, meter, day, daily, k)
          ON CONFLICT (tenant_id, meter, day) DO UPDATE
@@ -179,10 +180,7 @@ pub async fn list<'e>(
     db: impl PgExecutor<'e>,
     q: &UsageQuery,
 ) -> Result<Vec<UsageItem>, sqlx::Error> {
-    let (after_start, after_id) = q
-        .after
-        .clone()
-        .unwrap_or((DateTime::<Utc>::MIN_UTC, String::new()));
+    let (after_start, after_id) = q.after.clone().unzip();
     let rows = sqlx::query(
         "SELECT id, meter, quantity::text, unit, window_start, window_end, tenant_id,
                 identity_id, resource_id, pool_id
@@ -191,7 +189,7 @@ pub async fn list<'e>(
             AND window_start >= $2 AND window_start < $3
             AND ($4::text IS NULL OR meter = $4)
             AND ($5::text IS NULL OR resource_id = $5)
-            AND (window_start, id) > ($6, $7)
+            AND ($6::timestamptz IS NULL OR (window_start, id) > ($6, $7))
           ORDER BY window_start, id
           LIMIT $8",
     )
