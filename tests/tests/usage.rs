@@ -175,3 +175,165 @@ async fn an_instance_running_three_and_a_half_windows_is_billed_exactly_to_the_l
     }
     assert!(t.replay_equal().await);
 }
+
+/// The server's metering windows.
+fn windows(t: &TestServer) -> vps_domain::usage::Windows {
+    vps::server::usage_windows(&t.server.state.config)
+}
+
+async fn verify(t: &TestServer) -> vps_reactors::usage::verify::VerifyReport {
+    let (from, to) = (DateTime::<Utc>::MIN_UTC, Utc::now() + Duration::days(1));
+    vps_reactors::usage::verify::verify(&t.server.state.pool, windows(t), from, to)
+        .await
+        .expect("verify runs")
+}
+
+#[tokio::test]
+async fn two_replicas_record_every_window_once_and_verify_finds_an_inserted_record() {
+    let t = server(0.5).await;
+    let replica = t.replica().await;
+    let (pool, _host) = pool_with_host(&t).await;
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        ids.push(create(&t, &pool, &format!("churn-{n}")).await);
+    }
+    // Churn: one resized while stopped, two deleted, one left running.
+    t.ok(
+        ALICE,
+        "instances.stop",
+        json!({ "tenantId": "acme", "instanceId": ids[0] }),
+    )
+    .await;
+    t.until(ALICE, "acme", &ids[0], PATIENCE, |i| {
+        i["state"] == "stopped"
+    })
+    .await;
+    t.ok(
+        ALICE,
+        "instances.resize",
+        json!({ "tenantId": "acme", "instanceId": ids[0], "flavor": "large" }),
+    )
+    .await;
+    for id in &ids[1..3] {
+        delete(&t, id).await;
+    }
+    let last = recorded(&t, &ids[2], "instance.deleted").await;
+    settled_past(&t, last + Duration::seconds(1)).await;
+
+    for id in &ids[1..3] {
+        let vcpu = records(&t, ALICE, id, "vps.vcpu.hours").await;
+        let (scheduled, deleted) = (
+            recorded(&t, id, "instance.scheduled").await,
+            recorded(&t, id, "instance.deleted").await,
+        );
+        assert_contiguous(&vcpu, scheduled, deleted);
+        let sum: Decimal = vcpu.iter().map(quantity).sum();
+        assert_eq!(sum, exact(2, scheduled, deleted));
+    }
+    // The resized one: 2 vCPUs until the resize, 8 after, the window cut at the change.
+    let resized = recorded(&t, &ids[0], "instance.resized").await;
+    let vcpu = records(&t, ALICE, &ids[0], "vps.vcpu.hours").await;
+    let before = vcpu.iter().filter(|r| time(&r["windowEnd"]) <= resized);
+    assert!(before.clone().count() > 0);
+    assert!(vcpu.iter().any(|r| time(&r["windowStart"]) == resized));
+    let rates_ok = vcpu.iter().all(|r| {
+        let span = time(&r["windowEnd"]) - time(&r["windowStart"]);
+        let rate = if time(&r["windowStart"]) < resized {
+            2
+        } else {
+            8
+        };
+        (quantity(r)
+            - exact(
+                rate,
+                time(&r["windowStart"]),
+                time(&r["windowStart"]) + span,
+            ))
+        .abs()
+            <= Decimal::new(1, 12)
+    });
+    assert!(rates_ok, "{vcpu:#?}");
+
+    let report = verify(&t).await;
+    assert_eq!(report.first_difference, None);
+    assert!(report.compared > 0);
+    assert!(vps::tools::usage::verify(
+        &t.server.state.pool,
+        windows(&t),
+        DateTime::<Utc>::MIN_UTC,
+        Utc::now()
+    )
+    .await
+    .unwrap());
+    assert!(t.replay_equal().await);
+
+    // Tamper: an extra usage.recorded event, inserted behind the reactor's back.
+    let sample: Value = sqlx::query_scalar(
+        "SELECT data FROM events WHERE type = 'usage.recorded' ORDER BY position LIMIT 1",
+    )
+    .fetch_one(&t.server.state.pool)
+    .await
+    .unwrap();
+    let mut forged = sample.clone();
+    forged["quantity"] = json!("1");
+    sqlx::query(
+        "INSERT INTO events (stream, version, id, type, data, metadata)
+         VALUES ('tenant-acme', 1000000, 'evt_forged', 'usage.recorded', $1, '{}')",
+    )
+    .bind(&forged)
+    .execute(&t.server.state.pool)
+    .await
+    .unwrap();
+    let report = verify(&t).await;
+    match report.first_difference {
+        Some(vps_reactors::usage::verify::Difference::Extra(id, _)) => assert_eq!(id, "evt_forged"),
+        other => panic!("expected the forged record, got {other:?}"),
+    }
+    replica.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window() {
+    let t = server(0.5).await;
+    let (pool, _host) = pool_with_host(&t).await;
+    let id = create(&t, &pool, "restart").await;
+    let scheduled = recorded(&t, &id, "instance.scheduled").await;
+    settled_past(&t, scheduled + Duration::seconds(1)).await;
+    // Stop every background part wherever it is (a metering pass may be mid-transaction):
+    // nothing it had not committed survives, as after kill -9.
+    let vps_tests::TestServer { server, http } = t;
+    let mut config = (*server.state.config).clone();
+    let db = server.state.pool.clone();
+    server.shutdown().await;
+    // A killed process's sessions end with it: close the old pool's (one may hold the aborted
+    // pass's transaction open) and give the new process its own.
+    let options = (*db.connect_options()).clone();
+    db.close().await;
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(20)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let down_until = Utc::now() + Duration::seconds(2);
+    wait_until("windows closed while down", PATIENCE, || async {
+        Utc::now() >= down_until
+    })
+    .await;
+    config.http.listen = "127.0.0.1:0".into();
+    let server = vps::server::start(config, db).await.expect("restarts");
+    let t = TestServer { server, http };
+    settled_past(&t, down_until + Duration::seconds(1)).await;
+    let until: DateTime<Utc> = sqlx::query_scalar("SELECT settled_until FROM usage_progress")
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+    let vcpu = records(&t, ALICE, &id, "vps.vcpu.hours").await;
+    let settled: Vec<Value> = vcpu
+        .into_iter()
+        .filter(|r| time(&r["windowEnd"]) <= until)
+        .collect();
+    assert_contiguous(&settled, scheduled, until);
+    let sum: Decimal = settled.iter().map(quantity).sum();
+    assert_eq!(sum, exact(2, scheduled, until));
+    assert_eq!(verify(&t).await.first_difference, None);
+}
