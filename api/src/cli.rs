@@ -186,6 +186,15 @@ enum BenchCommand {
         #[arg(long)]
         boot_ms: u64,
     },
+    /// Meter a pre-built day of instances with churn vs reading that log.
+    Usage {
+        /// Instances over the day (1,000: about 288,000 records).
+        #[arg(long, default_value_t = 1000)]
+        instances: usize,
+        /// Hours of log.
+        #[arg(long, default_value_t = 24)]
+        hours: i64,
+    },
     /// Append → JetStream and append → webhook latency vs core NATS publish → subscribe.
     Delivery {
         /// Events appended per second.
@@ -344,6 +353,15 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::ConvergeHosts { url, boot_ms } => {
             crate::bench::converge::hosts_process(&url, std::time::Duration::from_millis(boot_ms))
                 .await?;
+            Ok(0)
+        }
+        BenchCommand::Usage { instances, hours } => {
+            let (url, _cluster) = crate::database::server_url(config).await?;
+            let options = crate::bench::usage::UsageBench {
+                instances: instances.clamp(1, 1_000_000),
+                hours: hours.clamp(1, 24 * 31),
+            };
+            crate::bench::usage::run(&url, &options).await?;
             Ok(0)
         }
         BenchCommand::Delivery { rate, seconds } => {

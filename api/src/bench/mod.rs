@@ -6,6 +6,7 @@ pub mod api;
 pub mod converge;
 pub mod delivery;
 pub mod log;
+pub mod usage;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
