@@ -175,34 +175,38 @@ pub struct UsageItem {
     pub pool_id: String,
 }
 
+/// The `WHERE` clause of a [`UsageQuery`]: `$1` tenant, `$2`/`$3` window start range, `$4`
+/// meter, `$5` resource.
+const MATCHING: &str = "WHERE ($1::text IS NULL OR tenant_id = $1)
+            AND window_start >= $2 AND window_start < $3
+            AND ($4::text IS NULL OR meter = $4)
+            AND ($5::text IS NULL OR resource_id = $5)";
+
 /// Records matching `q`, by window start then id.
 pub async fn list<'e>(
     db: impl PgExecutor<'e>,
     q: &UsageQuery,
 ) -> Result<Vec<UsageItem>, sqlx::Error> {
     let (after_start, after_id) = q.after.clone().unzip();
-    let rows = sqlx::query(
+    let sql = format!(
         "SELECT id, meter, quantity::text, unit, window_start, window_end, tenant_id,
                 identity_id, resource_id, pool_id
-           FROM usage_records
-          WHERE ($1::text IS NULL OR tenant_id = $1)
-            AND window_start >= $2 AND window_start < $3
-            AND ($4::text IS NULL OR meter = $4)
-            AND ($5::text IS NULL OR resource_id = $5)
+           FROM usage_records {MATCHING}
             AND ($6::timestamptz IS NULL OR (window_start, id) > ($6, $7))
           ORDER BY window_start, id
-          LIMIT $8",
-    )
-    .bind(&q.tenant_id)
-    .bind(q.from)
-    .bind(q.to)
-    .bind(&q.meter)
-    .bind(&q.resource_id)
-    .bind(after_start)
-    .bind(after_id)
-    .bind(q.limit)
-    .fetch_all(db)
-    .await?;
+          LIMIT $8"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(&q.tenant_id)
+        .bind(q.from)
+        .bind(q.to)
+        .bind(&q.meter)
+        .bind(&q.resource_id)
+        .bind(after_start)
+        .bind(after_id)
+        .bind(q.limit)
+        .fetch_all(db)
+        .await?;
     rows.iter()
         .map(|r| {
             Ok(UsageItem {
@@ -223,20 +227,14 @@ pub async fn list<'e>(
 
 /// How many records match `q` (its `after` and `limit` aside).
 pub async fn count<'e>(db: impl PgExecutor<'e>, q: &UsageQuery) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM usage_records
-          WHERE ($1::text IS NULL OR tenant_id = $1)
-            AND window_start >= $2 AND window_start < $3
-            AND ($4::text IS NULL OR meter = $4)
-            AND ($5::text IS NULL OR resource_id = $5)",
-    )
-    .bind(&q.tenant_id)
-    .bind(q.from)
-    .bind(q.to)
-    .bind(&q.meter)
-    .bind(&q.resource_id)
-    .fetch_one(db)
-    .await
+    sqlx::query_scalar(&format!("SELECT count(*) FROM usage_records {MATCHING}"))
+        .bind(&q.tenant_id)
+        .bind(q.from)
+        .bind(q.to)
+        .bind(&q.meter)
+        .bind(&q.resource_id)
+        .fetch_one(db)
+        .await
 }
 
 #[cfg(test)]

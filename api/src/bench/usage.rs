@@ -53,7 +53,8 @@ pub async fn run(server_url: &str, o: &UsageBench) -> anyhow::Result<()> {
     println!("baseline: a follower reads the log at {read_per_s:.0} events/s");
 
     let started = Instant::now();
-    let mut metering = Metering::load(scratch.pool.clone(), &Notifier::local_only(), windows).await?;
+    let mut metering =
+        Metering::load(scratch.pool.clone(), &Notifier::local_only(), windows).await?;
     while metering.pass().await? != Pass::default() {}
     let seconds = started.elapsed().as_secs_f64();
     let records: i64 = sqlx::query_scalar("SELECT count(*) FROM usage_records")
@@ -111,16 +112,32 @@ fn churn(o: &UsageBench, start: DateTime<Utc>, end: DateTime<Utc>) -> Vec<Row> {
             });
         };
         let shape = json!({ "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 });
-        push("instance.created", placed, json!({ "poolKind": "hosted", "shape": shape,
-              "ownerIdentityId": "id_alice" }));
-        push("instance.scheduled", placed, json!({ "nodeId": "node_bench" }));
+        push(
+            "instance.created",
+            placed,
+            json!({ "poolKind": "hosted", "shape": shape,
+              "ownerIdentityId": "id_alice" }),
+        );
+        push(
+            "instance.scheduled",
+            placed,
+            json!({ "nodeId": "node_bench" }),
+        );
         push("instance.running", placed + Duration::seconds(2), json!({}));
         if i % 10 == 0 {
             let shape = json!({ "vcpu": 4, "memoryGiB": 8, "diskGiB": 20 });
-            push("instance.resized", placed + life / 2, json!({ "shape": shape }));
+            push(
+                "instance.resized",
+                placed + life / 2,
+                json!({ "shape": shape }),
+            );
         }
         if placed + life < end {
-            push("instance.deleted", placed + life, json!({ "state": "deleted" }));
+            push(
+                "instance.deleted",
+                placed + life,
+                json!({ "state": "deleted" }),
+            );
         }
     }
     rows.sort_by_key(|r| (r.at, r.stream.clone(), r.version));
