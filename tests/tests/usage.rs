@@ -337,3 +337,31 @@ async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window(
     assert_eq!(sum, exact(2, scheduled, until));
     assert_eq!(verify(&t).await.first_difference, None);
 }
+
+#[tokio::test]
+async fn usage_list_refuses_bad_ranges_and_other_tenants_with_client_errors() {
+    let t = server(300.0).await;
+    let list = |body: Value| t.call(ALICE, "usage.list", body);
+    let range = |from: &str, to: &str| json!({ "tenantId": "acme", "from": from, "to": to });
+    for body in [
+        range("2026-01-02T00:00:00Z", "2026-01-01T00:00:00Z"),
+        range("+100000-01-01T00:00:00Z", "+100001-01-01T00:00:00Z"),
+        range("yesterday", "2026-01-01T00:00:00Z"),
+        json!({ "tenantId": "acme", "from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z", "cursor": "x" }),
+        json!({ "tenantId": "acme", "from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z", "limit": 0 }),
+    ] {
+        let answer = list(body.clone()).await.expect_err("refused");
+        assert_eq!(
+            (answer.status, &answer.body["code"]),
+            (400, &json!("INVALID_INPUT")),
+            "{body}"
+        );
+    }
+    let other = json!({ "tenantId": "globex", "from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z" });
+    let other = list(other).await.expect_err("another tenant");
+    assert_eq!(other.status, 404);
+    let mine = list(json!({ "from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z" }))
+        .await
+        .expect("a tenant's own, by default");
+    assert_eq!(mine["items"], json!([]));
+}

@@ -54,6 +54,8 @@ async fn list(c: Call, q: ListUsage) -> Result<UsagePage, ApiError> {
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::invalid("limit", "1 to 1000"));
     }
+    in_range("from", q.from)?;
+    in_range("to", q.to)?;
     if q.from > q.to {
         return Err(ApiError::invalid("to", "must not be before `from`"));
     }
@@ -85,6 +87,19 @@ async fn list(c: Call, q: ListUsage) -> Result<UsagePage, ApiError> {
     Ok(UsagePage { items, cursor })
 }
 
+/// Refuses times the database cannot hold (it stores years 1 to 9999 here).
+fn in_range(field: &str, t: DateTime<Utc>) -> Result<(), ApiError> {
+    use chrono::Datelike;
+    if (1..=9999).contains(&t.year()) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            field,
+            "a time between the years 1 and 9999",
+        ))
+    }
+}
+
 fn parse_cursor(cursor: &str) -> Result<(DateTime<Utc>, String), ApiError> {
     let bad = || ApiError::invalid("cursor", "not a cursor from this API");
     let (micros, id) = cursor.split_once('~').ok_or_else(bad)?;
@@ -93,5 +108,6 @@ fn parse_cursor(cursor: &str) -> Result<(DateTime<Utc>, String), ApiError> {
         .ok()
         .and_then(DateTime::from_timestamp_micros)
         .ok_or_else(bad)?;
+    in_range("cursor", start).map_err(|_| bad())?;
     Ok((start, id.to_string()))
 }
