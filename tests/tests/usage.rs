@@ -365,3 +365,47 @@ async fn usage_list_refuses_bad_ranges_and_other_tenants_with_client_errors() {
         .expect("a tenant's own, by default");
     assert_eq!(mine["items"], json!([]));
 }
+
+#[tokio::test]
+async fn a_webhook_subscribed_to_usage_receives_the_usage_records() {
+    use std::sync::{Arc, Mutex};
+    let t = server(0.5).await;
+    let bodies: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let sink = bodies.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: String| {
+            let sink = sink.clone();
+            async move {
+                sink.lock()
+                    .unwrap()
+                    .push(serde_json::from_str(&body).unwrap());
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    t.ok(
+        ALICE,
+        "webhooks.create",
+        json!({ "url": url, "types": ["usage.*"] }),
+    )
+    .await;
+
+    let (pool, _host) = pool_with_host(&t).await;
+    let id = create(&t, &pool, "hooked").await;
+    wait_until("usage records delivered", PATIENCE, || async {
+        bodies.lock().unwrap().len() >= 2
+    })
+    .await;
+    let got = bodies.lock().unwrap().clone();
+    for event in &got {
+        assert_eq!(event["type"], "usage.recorded", "{event}");
+        assert_eq!(event["subject"], "tenant/acme");
+        assert_eq!(event["tenantid"], "acme");
+        assert_eq!(event["data"]["resourceId"], json!(id));
+        assert!(event["data"]["quantity"].is_string());
+    }
+}
