@@ -61,6 +61,38 @@ enum Command {
     /// Measure a capability against its baseline.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Usage records: export them for billing, or prove them against the log.
+    #[command(subcommand)]
+    Usage(UsageCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum UsageCommand {
+    /// Stream the records whose window starts in [from, to) to standard output.
+    Export {
+        /// RFC 3339 start (inclusive).
+        #[arg(long)]
+        from: chrono::DateTime<chrono::Utc>,
+        /// RFC 3339 end (exclusive).
+        #[arg(long)]
+        to: chrono::DateTime<chrono::Utc>,
+        /// Only this tenant's records.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "csv")]
+        format: crate::tools::usage::Format,
+    },
+    /// Recompute every window in [from, to) from the log and compare, record for record;
+    /// exits 1 naming the first difference.
+    Verify {
+        /// RFC 3339 start (inclusive).
+        #[arg(long)]
+        from: chrono::DateTime<chrono::Utc>,
+        /// RFC 3339 end (exclusive).
+        #[arg(long)]
+        to: chrono::DateTime<chrono::Utc>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +207,15 @@ enum BenchCommand {
         #[arg(long)]
         boot_ms: u64,
     },
+    /// Meter a pre-built day of instances with churn vs reading that log.
+    Usage {
+        /// Instances over the day (1,000: about 288,000 records).
+        #[arg(long, default_value_t = 1000)]
+        instances: usize,
+        /// Hours of log.
+        #[arg(long, default_value_t = 24)]
+        hours: i64,
+    },
     /// Append → JetStream and append → webhook latency vs core NATS publish → subscribe.
     Delivery {
         /// Events appended per second.
@@ -217,6 +258,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(exit_code(crate::tools::replay::verify(&db.pool).await?))
         }
         Command::Bench(cmd) => bench(&config, cmd).await,
+        Command::Usage(cmd) => usage(&config, cmd).await,
     }
 }
 
@@ -258,6 +300,29 @@ async fn events(config: &Config, cmd: EventsCommand) -> anyhow::Result<i32> {
         crate::tools::events::list(&db.pool, &options).await?;
     }
     Ok(0)
+}
+
+/// `vps usage export|verify`, on the configured database.
+async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
+    let db = Database::open(config, 4).await?;
+    match cmd {
+        UsageCommand::Export {
+            from,
+            to,
+            tenant,
+            format,
+        } => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            crate::tools::usage::export(&db.pool, from, to, tenant, format, &mut out).await?;
+            Ok(0)
+        }
+        UsageCommand::Verify { from, to } => {
+            let windows = crate::server::usage_windows(config);
+            Ok(exit_code(
+                crate::tools::usage::verify(&db.pool, windows, from, to).await?,
+            ))
+        }
+    }
 }
 
 /// `vps bench …`: each benchmark runs in a scratch database on the configured server.
@@ -331,6 +396,15 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
                 policies: policies.min(100_000),
             };
             crate::bench::authz::run(&options)?;
+            Ok(0)
+        }
+        BenchCommand::Usage { instances, hours } => {
+            let (url, _cluster) = crate::database::server_url(config).await?;
+            let options = crate::bench::usage::UsageBench {
+                instances: instances.clamp(1, 1_000_000),
+                hours: hours.clamp(1, 24 * 31),
+            };
+            crate::bench::usage::run(&url, &options).await?;
             Ok(0)
         }
         BenchCommand::Delivery { rate, seconds } => {

@@ -160,6 +160,8 @@ pub struct Timings {
     pub sandbox_expiring_lead: f64,
     /// The shortest warning.
     pub sandbox_expiring_min_lead: f64,
+    /// The usage metering window, aligned to the epoch (SPEC §3.9).
+    pub usage_window: f64,
 }
 
 impl Default for Timings {
@@ -176,6 +178,7 @@ impl Default for Timings {
             sandbox_pass: 15.0,
             sandbox_expiring_lead: 300.0,
             sandbox_expiring_min_lead: 30.0,
+            usage_window: 300.0,
         }
     }
 }
@@ -312,6 +315,7 @@ impl Config {
             ("sandbox_pass", t.sandbox_pass),
             ("sandbox_expiring_lead", t.sandbox_expiring_lead),
             ("sandbox_expiring_min_lead", t.sandbox_expiring_min_lead),
+            ("usage_window", t.usage_window),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
                 return Err(err(

@@ -190,6 +190,12 @@ pub fn timings(config: &Config) -> vps_reactors::timings::Timings {
     }
 }
 
+/// The metering windows of `[timings] usage_window` (validated at load).
+pub fn usage_windows(config: &Config) -> vps_domain::usage::Windows {
+    vps_domain::usage::Windows::from_seconds(config.timings.usage_window)
+        .unwrap_or_else(|| vps_domain::usage::Windows::new(300_000_000).expect("positive"))
+}
+
 /// Starts the waker, the instance reconciler, node liveness and the publishers.
 fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
     let timings = timings(&state.config);
@@ -213,6 +219,11 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
     let (ctx, t) = (reactor_ctx(state, "teardown"), timings.clone());
     tasks.push(supervise("tenant-teardown", move || {
         vps_reactors::teardown::run(ctx.clone(), t.clone())
+    }));
+    let windows = usage_windows(&state.config);
+    let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
+    tasks.push(supervise("usage-metering", move || {
+        vps_reactors::usage::run(pool.clone(), notifier.clone(), windows)
     }));
     let (ctx, t) = (reactor_ctx(state, "liveness"), timings);
     tasks.push(supervise("node-liveness", move || {

@@ -25,6 +25,8 @@
 //! - [`network`]: which addresses are internal, and CIDRs an operator allows.
 //! - [`authz`]: the Cedar schema, the baseline policies and decisions; [`policy`] (stored
 //!   policies), [`identity`] (run-time identities and API keys), [`tenant`] (teardown).
+//! - [`usage`]: usage metering math: meters, epoch-aligned windows, the per-instance ledger
+//!   folded from instance events, and the `usage.recorded` records it settles.
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
 pub mod aggregate;
@@ -52,6 +54,7 @@ pub mod ssh_keys;
 pub mod state_table;
 pub mod template;
 pub mod tenant;
+pub mod usage;
 pub mod webhook;
 
 pub use error::DomainError;

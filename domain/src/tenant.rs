@@ -59,7 +59,9 @@ pub struct Tenant {
 
 impl Aggregate for Tenant {
     type Event = TenantEvent;
-    const CATEGORY: &'static str = "tenant";
+    // Not `tenant`: usage records live in `tenant-<id>` (their subject is `tenant/<id>`), and a
+    // fold of the tenant must not meet them.
+    const CATEGORY: &'static str = "tenancy";
 
     fn evolve(
         state: Option<Self>,

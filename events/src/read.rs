@@ -210,3 +210,28 @@ fn bind_filter<'q>(
         .bind(filter.stream.clone())
         .bind(filter.tenant_id.clone())
 }
+
+/// A time before which every event of the log is already readable: any event a follower has
+/// not read yet, and any event appended later, has `recorded_at` at or after it.
+///
+/// `recorded_at` is its transaction's start, and a transaction can commit long after it
+/// started, so "now" is not such a time. The bound is the earliest of: now; the start of every
+/// transaction running in this database (it may still append); and the recorded time of every
+/// committed event a follower cannot read yet (above the horizon, behind a running
+/// transaction). Compute it *before* a read that reaches the horizon: that read then has
+/// every event recorded before the bound.
+pub async fn time_horizon<'e>(
+    db: impl PgExecutor<'e>,
+) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT least(
+                    now(),
+                    (SELECT min(xact_start) FROM pg_stat_activity
+                      WHERE datname = current_database() AND backend_type = 'client backend'
+                        AND xact_start IS NOT NULL),
+                    (SELECT min(recorded_at) FROM events
+                      WHERE transaction_id >= pg_snapshot_xmin(pg_current_snapshot())))",
+    )
+    .fetch_one(db)
+    .await
+}

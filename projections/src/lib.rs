@@ -6,8 +6,9 @@
 //! Projectors are routed by stream category, one module per table family: `pools` (pools and
 //! quota maxima), `nodes`, `flavors`, `images`, `instances` (instance views, quota usage, node
 //! allocations, IP leases), `node_specs` (the async NodeSpec
-//! projector), `provider_accounts`, `webhooks`, `sandboxes` (templates and sandboxes), `views` (reads), `replay` (rebuild and verify).
-//! projector), `provider_accounts`, `webhooks`, `policies`, `identities`, `tenants` (teardown), `views` (reads), `replay` (rebuild and verify).
+//! projector), `provider_accounts`, `webhooks`, `sandboxes` (templates and sandboxes),
+//! `policies`, `identities`, `tenants` (teardown), `usage` (usage records and rollups), `views`
+//! (reads), `replay` (rebuild and verify).
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
@@ -24,6 +25,7 @@ pub mod provider_accounts;
 pub mod replay;
 pub mod sandboxes;
 pub mod tenants;
+pub mod usage;
 pub mod views;
 pub mod webhooks;
 
@@ -68,6 +70,8 @@ pub const TABLES: &[&str] = &[
     "policies",
     "identities",
     "tenants",
+    "usage_records",
+    "usage_rollups",
 ];
 
 /// The category of an event's stream (`instance` of `instance-inst_…`): it names the
@@ -89,11 +93,14 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
         "image" => images::apply(conn, event).await,
         "provider_account" => provider_accounts::apply(conn, event).await,
         "webhook" => Ok(webhooks::apply(conn, event).await?),
+        "tenant" if event.event_type == vps_domain::usage::record::EVENT_TYPE => {
+            usage::apply(conn, event).await
+        }
         "template" => sandboxes::apply_template(conn, event).await,
         "sandbox" => sandboxes::apply_sandbox(conn, event).await,
         "policy" => policies::apply(conn, event).await,
         "identity" => identities::apply(conn, event).await,
-        "tenant" => tenants::apply(conn, event).await,
+        "tenancy" => tenants::apply(conn, event).await,
         _ => Ok(()),
     }
 }

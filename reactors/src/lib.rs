@@ -13,6 +13,7 @@ pub mod providers;
 pub mod sandboxes;
 pub mod teardown;
 pub mod timings;
+pub mod usage;
 pub mod waker;
 pub mod webhooks;
 pub mod work_queue;

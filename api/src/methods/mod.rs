@@ -12,6 +12,7 @@ pub mod pools;
 pub mod provider_accounts;
 pub mod sandboxes;
 pub mod tenants;
+pub mod usage;
 pub mod webhooks;
 
 use crate::error::ApiError;
@@ -34,6 +35,7 @@ pub fn all() -> Vec<Method> {
         policies::methods(),
         identities::methods(),
         tenants::methods(),
+        usage::methods(),
     ]
     .into_iter()
     .flatten()

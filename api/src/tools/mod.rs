@@ -5,3 +5,4 @@ pub mod call;
 pub mod events;
 pub mod history;
 pub mod replay;
+pub mod usage;

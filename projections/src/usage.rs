@@ -1,0 +1,270 @@
+//! The usage read models, projections of `usage.recorded` events (stream `tenant-<id>`):
+//! `usage_records` (one row per record, behind `usage.list` and `vps usage export`) and
+//! `usage_rollups` (per tenant, meter and UTC day: the sum of each hour by window start, and of
+//! the day). Sums are exact `numeric` additions, so a replay in any batching rebuilds them
+//! exactly.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, NaiveDate, Timelike, Utc};
+use rust_decimal::Decimal;
+use serde::Serialize;
+use sqlx::{PgConnection, PgExecutor, Row};
+use vps_domain::usage::UsageRecord;
+use vps_events::RecordedEvent;
+
+use crate::ProjectionError;
+
+/// Most records one [`list`] call returns.
+pub const MAX_PAGE: i64 = 1000;
+
+/// Applies one `usage.recorded` event.
+pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), ProjectionError> {
+    apply_recorded(conn, std::slice::from_ref(event)).await
+}
+
+/// Applies many `usage.recorded` events with one statement per table (the metering reactor
+/// records thousands at a time).
+pub async fn apply_recorded(
+    conn: &mut PgConnection,
+    events: &[RecordedEvent],
+) -> Result<(), ProjectionError> {
+    let records = events
+        .iter()
+        .map(|e| {
+            UsageRecord::from_data(&e.data).map_err(|err| ProjectionError::Malformed {
+                event_id: e.id.clone(),
+                event_type: e.event_type.clone(),
+                message: err.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if records.is_empty() {
+        return Ok(());
+    }
+    insert_records(conn, events, &records).await?;
+    add_to_rollups(conn, &records).await?;
+    Ok(())
+}
+
+async fn insert_records(
+    conn: &mut PgConnection,
+    events: &[RecordedEvent],
+    records: &[UsageRecord],
+) -> Result<(), sqlx::Error> {
+    let column = |f: fn(&UsageRecord) -> String| records.iter().map(f).collect::<Vec<_>>();
+    sqlx::query(
+        "INSERT INTO usage_records (id, tenant_id, meter, resource_id, pool_id, identity_id, unit,
+                                    quantity, window_start, window_end)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                              $6::text[], $7::text[], $8::numeric[], $9::timestamptz[],
+                              $10::timestamptz[])",
+    )
+    .bind(events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>())
+    .bind(column(|r| r.tenant_id.clone()))
+    .bind(column(|r| r.meter.clone()))
+    .bind(column(|r| r.resource_id.clone()))
+    .bind(column(|r| r.pool_id.clone()))
+    .bind(
+        records
+            .iter()
+            .map(|r| r.identity_id.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(column(|r| r.unit.clone()))
+    .bind(records.iter().map(|r| r.quantity).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.window_start).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.window_end).collect::<Vec<_>>())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Per (tenant, meter, day): the 24 hourly sums and the daily sum of `records`.
+type Rollups = BTreeMap<(String, String, NaiveDate), ([Decimal; 24], Decimal)>;
+
+fn rollups(records: &[UsageRecord]) -> Rollups {
+    let mut sums = Rollups::new();
+    for r in records {
+        let key = (
+            r.tenant_id.clone(),
+            r.meter.clone(),
+            r.window_start.date_naive(),
+        );
+        let (hourly, daily) = sums.entry(key).or_default();
+        hourly[r.window_start.hour() as usize] += r.quantity;
+        *daily += r.quantity;
+    }
+    sums
+}
+
+async fn add_to_rollups(
+    conn: &mut PgConnection,
+    records: &[UsageRecord],
+) -> Result<(), sqlx::Error> {
+    let sums = rollups(records);
+    let keys: Vec<_> = sums.keys().collect();
+    // The hourly sums of every row, flattened; row k takes elements 24(k-1)+1 ..= 24k.
+    let hourly: Vec<Decimal> = sums.values().flat_map(|(h, _)| h.iter().copied()).collect();
+    sqlx::query(
+        "INSERT INTO usage_rollups (tenant_id, meter, day, hourly, daily)
+         SELECT u.tenant_id, u.meter, u.day, ($4::numeric[])[(u.k - 1) * 24 + 1 : u.k * 24],
+                u.daily
+           FROM unnest($1::text[], $2::text[], $3::date[], $5::numeric[])
+                WITH ORDINALITY AS u(tenant_id, meter, day, daily, k)
+         ON CONFLICT (tenant_id, meter, day) DO UPDATE
+            SET hourly = ARRAY(SELECT a + b
+                                 FROM unnest(usage_rollups.hourly, excluded.hourly)
+                                      WITH ORDINALITY AS x(a, b, i)
+                                ORDER BY i),
+                daily = usage_rollups.daily + excluded.daily",
+    )
+    .bind(keys.iter().map(|k| k.0.as_str()).collect::<Vec<_>>())
+    .bind(keys.iter().map(|k| k.1.as_str()).collect::<Vec<_>>())
+    .bind(keys.iter().map(|k| k.2).collect::<Vec<_>>())
+    .bind(&hourly)
+    .bind(sums.values().map(|(_, d)| *d).collect::<Vec<_>>())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Which records a read wants.
+#[derive(Debug, Clone)]
+pub struct UsageQuery {
+    /// One tenant's, or every tenant's (operators).
+    pub tenant_id: Option<String>,
+    /// Records whose window starts at or after this…
+    pub from: DateTime<Utc>,
+    /// …and before this.
+    pub to: DateTime<Utc>,
+    /// Only this meter.
+    pub meter: Option<String>,
+    /// Only this resource.
+    pub resource_id: Option<String>,
+    /// Only records after this one (its window start and id), in the read order.
+    pub after: Option<(DateTime<Utc>, String)>,
+    /// At most this many.
+    pub limit: i64,
+}
+
+/// One record as `usage.list` answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageItem {
+    /// The `usage.recorded` event's id.
+    pub id: String,
+    /// The meter (`vps.vcpu.hours`).
+    pub meter: String,
+    /// Exact decimal quantity, as a string.
+    pub quantity: String,
+    /// Its unit (`vcpu-hour`).
+    pub unit: String,
+    /// Start of the span the quantity covers.
+    pub window_start: DateTime<Utc>,
+    /// Its end.
+    pub window_end: DateTime<Utc>,
+    /// Who pays.
+    pub tenant_id: String,
+    /// The owning identity (absent for warm instances).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity_id: Option<String>,
+    /// The metered resource.
+    pub resource_id: String,
+    /// Its pool.
+    pub pool_id: String,
+}
+
+/// The `WHERE` clause of a [`UsageQuery`]: `$1` tenant, `$2`/`$3` window start range, `$4`
+/// meter, `$5` resource.
+const MATCHING: &str = "WHERE ($1::text IS NULL OR tenant_id = $1)
+            AND window_start >= $2 AND window_start < $3
+            AND ($4::text IS NULL OR meter = $4)
+            AND ($5::text IS NULL OR resource_id = $5)";
+
+/// Records matching `q`, by window start then id.
+pub async fn list<'e>(
+    db: impl PgExecutor<'e>,
+    q: &UsageQuery,
+) -> Result<Vec<UsageItem>, sqlx::Error> {
+    let (after_start, after_id) = q.after.clone().unzip();
+    let sql = format!(
+        "SELECT id, meter, quantity::text, unit, window_start, window_end, tenant_id,
+                identity_id, resource_id, pool_id
+           FROM usage_records {MATCHING}
+            AND ($6::timestamptz IS NULL OR (window_start, id) > ($6, $7))
+          ORDER BY window_start, id
+          LIMIT $8"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(&q.tenant_id)
+        .bind(q.from)
+        .bind(q.to)
+        .bind(&q.meter)
+        .bind(&q.resource_id)
+        .bind(after_start)
+        .bind(after_id)
+        .bind(q.limit)
+        .fetch_all(db)
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(UsageItem {
+                id: r.try_get(0)?,
+                meter: r.try_get(1)?,
+                quantity: r.try_get(2)?,
+                unit: r.try_get(3)?,
+                window_start: r.try_get(4)?,
+                window_end: r.try_get(5)?,
+                tenant_id: r.try_get(6)?,
+                identity_id: r.try_get(7)?,
+                resource_id: r.try_get(8)?,
+                pool_id: r.try_get(9)?,
+            })
+        })
+        .collect()
+}
+
+/// How many records match `q` (its `after` and `limit` aside).
+pub async fn count<'e>(db: impl PgExecutor<'e>, q: &UsageQuery) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM usage_records {MATCHING}"))
+        .bind(&q.tenant_id)
+        .bind(q.from)
+        .bind(q.to)
+        .bind(&q.meter)
+        .bind(&q.resource_id)
+        .fetch_one(db)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_roll_up_by_the_hour_and_day_of_their_window_start() {
+        let record = |start: i64, quantity: &str| UsageRecord {
+            meter: "vps.vcpu.hours".into(),
+            quantity: quantity.parse().unwrap(),
+            unit: "vcpu-hour".into(),
+            window_start: DateTime::from_timestamp(start, 0).unwrap(),
+            window_end: DateTime::from_timestamp(start + 300, 0).unwrap(),
+            tenant_id: "acme".into(),
+            identity_id: None,
+            resource_id: "inst_a".into(),
+            pool_id: "pool_a".into(),
+        };
+        let day = 1_800_000_000 - 1_800_000_000 % 86_400;
+        let sums = rollups(&[
+            record(day, "0.5"),
+            record(day + 300, "0.25"),
+            record(day + 3600, "1"),
+            record(day + 86_400, "2"),
+        ]);
+        assert_eq!(sums.len(), 2);
+        let (hourly, daily) = sums.values().next().unwrap();
+        assert_eq!(hourly[0], "0.75".parse().unwrap());
+        assert_eq!(hourly[1], Decimal::ONE);
+        assert_eq!(*daily, "1.75".parse().unwrap());
+    }
+}

@@ -1,0 +1,336 @@
+//! The metering reactor (SPEC §3.9): a follower of the log that folds instance events into the
+//! [`Ledger`] and, once a window has closed *and* every event recorded before its end is
+//! readable, appends one `usage.recorded` per (meter, resource, window piece).
+//!
+//! - **Once across replicas**: the lease [`LEASE`] makes one replica the metering worker.
+//! - **Never twice**: a record's event id derives from (meter, resource, window start); ids
+//!   already in the log are skipped and an append of a stored id is a no-op, so a second
+//!   worker, a restart or a replay cannot record a window twice.
+//! - **Never missed**: a transaction can commit long after it started, and an event's
+//!   `recorded_at` is its transaction's start. A window is settled only below
+//!   [`vps_events::read::time_horizon`], taken before a read that reached the log's horizon,
+//!   so no event recorded inside it can still appear.
+//! - **Crash-safe**: the records, their projections, the ledger's changed resources, the
+//!   settled mark and the follower's checkpoint commit in one transaction; after a crash the
+//!   worker resumes from the last commit and computes the same records again.
+//!
+//! [`verify`] recomputes the records from the log alone and compares them (`vps usage verify`).
+
+pub mod verify;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool, Row};
+use tracing::Instrument;
+use vps_domain::usage::record::EVENT_TYPE;
+use vps_domain::usage::window::{at, micros};
+use vps_domain::usage::{InstanceMeter, Ledger, Micros, UsageRecord, Windows};
+use vps_events::lease::Lease;
+use vps_events::{AppendError, ExpectedVersion, Follower, Metadata, NewEvent, Notifier};
+use vps_events::{Cursor, RecordedEvent};
+use vps_projections::ProjectionError;
+
+/// The lease that makes metering single across replicas.
+pub const LEASE: &str = "usage-metering";
+/// The follower (checkpoint) name, also the `usage_progress` row.
+pub const FOLLOWER: &str = "usage";
+/// Who the records say appended them.
+pub const ACTOR: &str = "reactor:usage";
+
+/// Events read per pass.
+const BATCH: i64 = 5000;
+/// Records settled per pass, at most (a window is never split across passes).
+const RECORDS_PER_PASS: usize = 20_000;
+/// Events per append statement.
+const APPEND_CHUNK: usize = 5000;
+
+/// Why a metering pass stopped; the supervisor restarts the reactor from the database.
+#[derive(Debug, thiserror::Error)]
+pub enum MeteringError {
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// The log refused an append.
+    #[error(transparent)]
+    Append(#[from] AppendError),
+    /// A projector failed.
+    #[error(transparent)]
+    Projection(#[from] ProjectionError),
+    /// A stored ledger entry cannot be read.
+    #[error("usage_meters holds a malformed entry: {0}")]
+    State(#[from] serde_json::Error),
+}
+
+/// Meters the log for as long as the task lives: waits for the lease, then passes.
+pub async fn run(pool: PgPool, notifier: Notifier, windows: Windows) -> Result<(), MeteringError> {
+    let _lease = Lease::acquire(&pool, LEASE, Duration::from_secs(2)).await;
+    tracing::info!(
+        window_micros = windows.length(),
+        "usage metering holds its lease"
+    );
+    let mut metering = Metering::load(pool, &notifier, windows).await?;
+    loop {
+        let pass = metering.pass().await?;
+        if pass.events == 0 && pass.records.is_none() {
+            metering.follower.wait().await;
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Events read and folded.
+    pub events: usize,
+    /// Records appended (`None`: nothing was settled).
+    pub records: Option<usize>,
+}
+
+/// The worker's state: its follower, its ledger and how far windows are settled.
+pub struct Metering {
+    pool: PgPool,
+    notifier: Notifier,
+    follower: Follower,
+    ledger: Ledger,
+    settled_until: Option<Micros>,
+}
+
+impl Metering {
+    /// Loads the checkpoint, the ledger and the settled mark.
+    pub async fn load(
+        pool: PgPool,
+        notifier: &Notifier,
+        windows: Windows,
+    ) -> Result<Metering, MeteringError> {
+        let follower = Follower::load(pool.clone(), FOLLOWER, notifier).await?;
+        let rows = sqlx::query("SELECT resource_id, state FROM usage_meters")
+            .fetch_all(&pool)
+            .await?;
+        let mut kept = Vec::with_capacity(rows.len());
+        for row in rows {
+            let state: serde_json::Value = row.try_get(1)?;
+            kept.push((
+                row.try_get(0)?,
+                serde_json::from_value::<InstanceMeter>(state)?,
+            ));
+        }
+        let progress: Option<(chrono::DateTime<chrono::Utc>, i64)> = sqlx::query_as(
+            "SELECT settled_until, window_micros FROM usage_progress WHERE name = $1",
+        )
+        .bind(FOLLOWER)
+        .fetch_optional(&pool)
+        .await?;
+        if let Some((_, length)) = progress.filter(|(_, l)| *l != windows.length()) {
+            tracing::warn!(
+                recorded = length,
+                configured = windows.length(),
+                "[timings] usage_window changed: windows after the settled mark use the new length"
+            );
+        }
+        Ok(Metering {
+            pool,
+            notifier: notifier.clone(),
+            follower,
+            ledger: Ledger::restore(windows, kept),
+            settled_until: progress.map(|(t, _)| micros(t)),
+        })
+    }
+
+    /// Reads one batch, settles what may be settled, and commits both.
+    pub async fn pass(&mut self) -> Result<Pass, MeteringError> {
+        let span = tracing::info_span!("usage_pass", events = 0, records = 0);
+        self.pass_inner().instrument(span).await
+    }
+
+    async fn pass_inner(&mut self) -> Result<Pass, MeteringError> {
+        // Taken before the read: if the read reaches the horizon, it holds every event
+        // recorded before this time.
+        let horizon = vps_events::read::time_horizon(&self.pool).await?;
+        let batch = self.follower.next_batch(BATCH).await?;
+        for event in &batch {
+            self.fold(event);
+        }
+        let settled = if (batch.len() as i64) < BATCH {
+            self.settle(micros(horizon))
+        } else {
+            None
+        };
+        if batch.is_empty() && settled.is_none() {
+            return Ok(Pass::default());
+        }
+        let moved = settled.is_some();
+        let records = settled.unwrap_or_default();
+        let appended = self
+            .commit(batch.last().map(RecordedEvent::cursor), &records)
+            .await?;
+        tracing::Span::current().record("events", batch.len());
+        tracing::Span::current().record("records", appended);
+        metrics::counter!("vps_usage_records_total").increment(appended as u64);
+        if let Some(until) = self.settled_until {
+            let lag = micros(horizon).saturating_sub(until) as f64 / 1e6;
+            metrics::gauge!("vps_usage_settled_lag_seconds").set(lag);
+        }
+        Ok(Pass {
+            events: batch.len(),
+            records: moved.then_some(appended),
+        })
+    }
+
+    fn fold(&mut self, event: &RecordedEvent) {
+        let settled = self.settled_until.map(at);
+        // Below the horizon nothing recorded before a settled window can arrive; if it ever
+        // did, it is applied at the settled mark (never rewriting a recorded window) and
+        // counted, and `vps usage verify` names the difference.
+        let recorded_at = match settled {
+            Some(s) if event.recorded_at < s && event.event_type.starts_with("instance.") => {
+                metrics::counter!("vps_usage_late_events_total").increment(1);
+                tracing::warn!(event = %event.id, "event recorded before the settled usage mark");
+                s
+            }
+            _ => event.recorded_at,
+        };
+        self.ledger
+            .apply(&event.stream, &event.event_type, &event.data, recorded_at);
+    }
+
+    /// Settles whole windows up to the one holding `horizon`, at most [`RECORDS_PER_PASS`]
+    /// records' worth; `None` when the mark did not move.
+    fn settle(&mut self, horizon: Micros) -> Option<Vec<UsageRecord>> {
+        let windows = self.ledger.windows();
+        let target = windows.start_of(horizon);
+        let from = match (self.settled_until, self.ledger.earliest_start()) {
+            (Some(s), _) => s,
+            (None, Some(first)) => windows.start_of(first).min(target),
+            (None, None) => target,
+        };
+        if from >= target && self.settled_until.is_some() {
+            return None;
+        }
+        let mut records = Vec::new();
+        let mut until = from;
+        if self.ledger.earliest_start().is_none() {
+            until = target; // nothing accrues: no window holds a record
+        }
+        while until < target && records.len() < RECORDS_PER_PASS {
+            let next = (until + windows.length()).min(target);
+            records.extend(self.ledger.settle(until, next));
+            until = next;
+        }
+        self.settled_until = Some(until);
+        Some(records)
+    }
+
+    /// One transaction: the records and their projections, the ledger's changes, the settled
+    /// mark and the checkpoint. Returns how many records were new to the log.
+    async fn commit(
+        &mut self,
+        cursor: Option<Cursor>,
+        records: &[UsageRecord],
+    ) -> Result<usize, MeteringError> {
+        let mut tx = self.pool.begin().await?;
+        let appended = append_records(&mut tx, records).await?;
+        vps_projections::usage::apply_recorded(&mut tx, &appended).await?;
+        save_ledger(&mut tx, self.ledger.take_dirty()).await?;
+        if let Some(until) = self.settled_until {
+            save_progress(&mut tx, until, self.ledger.windows()).await?;
+        }
+        if let Some(cursor) = cursor {
+            vps_events::follower::save_checkpoint(&mut *tx, FOLLOWER, cursor).await?;
+        }
+        tx.commit().await?;
+        if let Some(cursor) = cursor {
+            self.follower.advance(cursor);
+        }
+        if !appended.is_empty() {
+            self.notifier.committed();
+        }
+        Ok(appended.len())
+    }
+}
+
+/// Appends the records not yet in the log, one stream per tenant; returns them as stored.
+pub async fn append_records(
+    conn: &mut PgConnection,
+    records: &[UsageRecord],
+) -> Result<Vec<RecordedEvent>, MeteringError> {
+    let ids: Vec<String> = records.iter().map(UsageRecord::event_id).collect();
+    let stored: std::collections::HashSet<String> =
+        sqlx::query_scalar("SELECT id FROM events WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect();
+    let mut by_stream: BTreeMap<String, Vec<NewEvent>> = BTreeMap::new();
+    for (record, id) in records.iter().zip(ids) {
+        if stored.contains(&id) {
+            continue;
+        }
+        by_stream
+            .entry(record.stream())
+            .or_default()
+            .push(NewEvent {
+                id,
+                event_type: EVENT_TYPE.to_string(),
+                data: record.data(),
+                metadata: Metadata {
+                    tenant_id: Some(record.tenant_id.clone()),
+                    actor: Some(ACTOR.to_string()),
+                    ..Metadata::default()
+                },
+            });
+    }
+    let mut appended = Vec::new();
+    for (stream, events) in by_stream {
+        for chunk in events.chunks(APPEND_CHUNK) {
+            appended.extend(vps_events::append(conn, &stream, ExpectedVersion::Any, chunk).await?);
+        }
+    }
+    Ok(appended)
+}
+
+async fn save_ledger(
+    conn: &mut PgConnection,
+    changed: Vec<(String, Option<InstanceMeter>)>,
+) -> Result<(), MeteringError> {
+    let (kept, gone): (Vec<_>, Vec<_>) = changed.into_iter().partition(|(_, m)| m.is_some());
+    let gone: Vec<String> = gone.into_iter().map(|(id, _)| id).collect();
+    sqlx::query("DELETE FROM usage_meters WHERE resource_id = ANY($1)")
+        .bind(&gone)
+        .execute(&mut *conn)
+        .await?;
+    let ids: Vec<&str> = kept.iter().map(|(id, _)| id.as_str()).collect();
+    let states = kept
+        .iter()
+        .map(|(_, m)| serde_json::to_value(m))
+        .collect::<Result<Vec<_>, _>>()?;
+    sqlx::query(
+        "INSERT INTO usage_meters (resource_id, state)
+         SELECT * FROM unnest($1::text[], $2::jsonb[])
+         ON CONFLICT (resource_id) DO UPDATE SET state = excluded.state",
+    )
+    .bind(&ids)
+    .bind(&states)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+async fn save_progress(
+    conn: &mut PgConnection,
+    until: Micros,
+    windows: Windows,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO usage_progress (name, settled_until, window_micros) VALUES ($1, $2, $3)
+         ON CONFLICT (name) DO UPDATE
+            SET settled_until = excluded.settled_until, window_micros = excluded.window_micros",
+    )
+    .bind(FOLLOWER)
+    .bind(at(until))
+    .bind(windows.length())
+    .execute(conn)
+    .await?;
+    Ok(())
+}

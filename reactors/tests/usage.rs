@@ -1,0 +1,145 @@
+//! The metering reactor on a real database, fed instance events appended directly to the log
+//! (sandboxes, which claim warm instances, are not built on this branch).
+
+mod support;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use vps_domain::usage::Windows;
+use vps_events::{ExpectedVersion, Metadata, NewEvent, Notifier, RecordedEvent};
+use vps_reactors::usage::Metering;
+
+use support::{fresh_log, PATIENCE};
+
+const STREAM: &str = "instance-inst_warm";
+
+async fn append(pool: &PgPool, event_type: &str, extra: Value) -> RecordedEvent {
+    let mut data = json!({ "instanceId": "inst_warm", "tenantId": "acme", "poolId": "pool_h",
+                           "state": "stopped", "desiredState": "stopped" });
+    for (k, v) in extra.as_object().unwrap() {
+        data[k] = v.clone();
+    }
+    let event = NewEvent {
+        id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+        event_type: event_type.into(),
+        data,
+        metadata: Metadata::default(),
+    };
+    let mut tx = pool.begin().await.unwrap();
+    let stored = vps_events::append(&mut tx, STREAM, ExpectedVersion::Any, &[event])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    stored.into_iter().next().unwrap()
+}
+
+/// Waits (polling the clock) until `time` has passed.
+async fn after(time: DateTime<Utc>) {
+    support::eventually("time passes", PATIENCE, || async { Utc::now() > time }).await;
+}
+
+/// Runs metering passes until every window ending by `time` is recorded.
+async fn meter_past(metering: &mut Metering, pool: &PgPool, time: DateTime<Utc>) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        metering.pass().await.unwrap();
+        let until: Option<DateTime<Utc>> =
+            sqlx::query_scalar("SELECT settled_until FROM usage_progress")
+                .fetch_optional(pool)
+                .await
+                .unwrap();
+        if until.is_some_and(|u| u >= time) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "settled until {until:?}"
+        );
+        tokio::time::sleep(support::POLL).await;
+    }
+}
+
+/// `(meter, identity, start, end, quantity)` of every record, in window order.
+type Row = (
+    String,
+    Option<String>,
+    DateTime<Utc>,
+    DateTime<Utc>,
+    Decimal,
+);
+
+async fn records(pool: &PgPool) -> Vec<Row> {
+    sqlx::query_as(
+        "SELECT meter, identity_id, window_start, window_end, quantity FROM usage_records
+          ORDER BY window_start, meter",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+fn hours(rate: i64, from: DateTime<Utc>, to: DateTime<Utc>) -> Decimal {
+    let micros = (to - from).num_microseconds().unwrap();
+    (Decimal::from(rate * micros) / Decimal::from(3_600_000_000i64)).round_dp(12)
+}
+
+#[tokio::test]
+async fn a_warm_instance_claimed_mid_window_bills_warm_to_the_tenant_then_the_sandbox_owner() {
+    let pool = fresh_log().await;
+    let windows = Windows::from_seconds(0.2).unwrap();
+    let mut metering = Metering::load(pool.clone(), &Notifier::local_only(), windows)
+        .await
+        .unwrap();
+    let warm = json!({ "warmTemplateId": "sbxt_t" });
+    append(
+        &pool,
+        "instance.created",
+        json!({ "warmTemplateId": "sbxt_t", "poolKind": "hosted", "flavor": "small",
+                "shape": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 }, "imageId": "img",
+                "sshKeys": [], "ownerIdentityId": "reactor:sandboxes", "idempotencyKey": "k",
+                "requestHash": "h" }),
+    )
+    .await;
+    let scheduled = append(&pool, "instance.scheduled", warm.clone()).await;
+    after(scheduled.recorded_at + chrono::Duration::milliseconds(300)).await;
+    let claim = append(
+        &pool,
+        "instance.starting",
+        json!({ "sandboxId": "sbx_s", "ownerIdentityId": "id_bob",
+                "claimedAt": Utc::now(), "desiredState": "running" }),
+    )
+    .await;
+    after(claim.recorded_at + chrono::Duration::milliseconds(300)).await;
+    let deleted = append(&pool, "instance.deleted", json!({ "sandboxId": "sbx_s" })).await;
+    meter_past(&mut metering, &pool, deleted.recorded_at).await;
+
+    let rows = records(&pool).await;
+    let warm: Vec<&Row> = rows.iter().filter(|r| r.0 == "vps.sandbox.warm").collect();
+    let owned: Vec<&Row> = rows.iter().filter(|r| r.0 == "vps.vcpu.hours").collect();
+    assert_eq!(warm.first().unwrap().2, scheduled.recorded_at);
+    assert_eq!(
+        warm.last().unwrap().3,
+        claim.recorded_at,
+        "warm ends at the claim"
+    );
+    assert!(warm.iter().all(|r| r.1.is_none()), "warm has no identity");
+    let warm_sum: Decimal = warm.iter().map(|r| r.4).sum();
+    assert_eq!(warm_sum, hours(2, scheduled.recorded_at, claim.recorded_at));
+    assert_eq!(
+        owned.first().unwrap().2,
+        claim.recorded_at,
+        "the owner's from the claim"
+    );
+    assert_eq!(owned.last().unwrap().3, deleted.recorded_at);
+    assert!(owned.iter().all(|r| r.1.as_deref() == Some("id_bob")));
+    let owned_sum: Decimal = owned.iter().map(|r| r.4).sum();
+    assert_eq!(owned_sum, hours(2, claim.recorded_at, deleted.recorded_at));
+    let report =
+        vps_reactors::usage::verify::verify(&pool, windows, DateTime::<Utc>::MIN_UTC, Utc::now())
+            .await
+            .unwrap();
+    assert_eq!(report.first_difference, None);
+    assert_eq!(report.compared, rows.len());
+}
