@@ -4,8 +4,9 @@
 //! bills.
 //!
 //! Each step does a bounded share of work per pass and answers what remains, so a pass is
-//! short and safe to repeat (every step is idempotent). Resources added later (templates,
-//! sandboxes, snapshots, volumes, drafts) get their own step in [`STEPS`].
+//! short and safe to repeat (every step is idempotent). Templates are deleted, open sandboxes
+//! marked deleting (their instances with them); snapshots and volumes get their steps when
+//! they exist.
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -32,6 +33,14 @@ pub struct Step {
 
 /// Every step, in order.
 pub const STEPS: &[Step] = &[
+    Step {
+        name: "templates",
+        run: delete_templates,
+    },
+    Step {
+        name: "sandboxes",
+        run: delete_sandboxes,
+    },
     Step {
         name: "webhooks",
         run: remove_webhooks,
@@ -92,6 +101,56 @@ fn remove_webhooks<'a>(
             ignore_gone(crate::webhooks::delete(ctx, id, None).await)?;
         }
         Ok(0)
+    }
+    .boxed()
+}
+
+/// Deletes every live template (the sandbox reconciler then drains their warm pools).
+fn delete_templates<'a>(
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+) -> BoxFuture<'a, Result<u64, CommandError>> {
+    async move {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted",
+        )
+        .bind(tenant_id)
+        .fetch_all(&ctx.pool)
+        .await?;
+        for id in &ids {
+            let deleted = crate::sandboxes::templates::delete(ctx, tenant_id, id).await;
+            ignore_gone(deleted.map(|_| ()))?;
+        }
+        Ok(0)
+    }
+    .boxed()
+}
+
+/// Marks open sandboxes deleting (their instances go with them); answers those not yet gone.
+fn delete_sandboxes<'a>(
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+) -> BoxFuture<'a, Result<u64, CommandError>> {
+    async move {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM sandboxes WHERE tenant_id = $1 AND state IN ('starting', 'ready', 'failed')
+              ORDER BY id LIMIT $2",
+        )
+        .bind(tenant_id)
+        .bind(INSTANCES_PER_PASS)
+        .fetch_all(&ctx.pool)
+        .await?;
+        for id in &ids {
+            let deleted = crate::sandboxes::lifecycle::delete(ctx, tenant_id, id).await;
+            ignore_gone(deleted.map(|_| ()))?;
+        }
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state <> 'deleted'",
+        )
+        .bind(tenant_id)
+        .fetch_one(&ctx.pool)
+        .await?;
+        Ok(left as u64)
     }
     .boxed()
 }

@@ -19,6 +19,8 @@ struct Globex {
     image: String,
     node: String,
     node_token: String,
+    template: String,
+    sandbox: String,
 }
 
 impl Globex {
@@ -61,7 +63,18 @@ impl Globex {
                 json!({ "url": "http://127.0.0.1:9/g", "types": ["instance.*"] }),
             )
             .await;
+        let tpl = t.ok(EVE, "sandboxTemplates.create", json!({ "tenantId": "globex", "name": "g", "poolId": pool, "flavor": "small", "imageId": "img_globex" })).await;
+        let template = tpl["id"].as_str().unwrap().to_string();
+        let sbx = t
+            .ok(
+                EVE,
+                "sandboxes.create",
+                json!({ "tenantId": "globex", "templateId": template, "idempotencyKey": "g" }),
+            )
+            .await;
         Globex {
+            template,
+            sandbox: sbx["id"].as_str().unwrap().to_string(),
             pool,
             instance: inst["id"].as_str().unwrap().to_string(),
             webhook: hook["id"].as_str().unwrap().to_string(),
@@ -79,6 +92,8 @@ impl Globex {
             &self.webhook,
             &self.image,
             &self.node,
+            &self.template,
+            &self.sandbox,
         ]
     }
 }
@@ -118,6 +133,39 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
             NotFound(vec![json!({ "webhookId": g.webhook })])
         }
         "webhooks.list" => OwnOnly(json!({})),
+        "sandboxTemplates.create" => NotFound(vec![
+            json!({ "tenantId": "globex", "name": "x", "poolId": g.pool, "flavor": "small", "imageId": g.image }),
+            json!({ "tenantId": "acme", "name": "x", "poolId": g.pool, "flavor": "small", "imageId": g.image }),
+        ]),
+        "sandboxTemplates.get" | "sandboxTemplates.delete" => NotFound(vec![
+            json!({ "tenantId": "globex", "templateId": g.template }),
+            json!({ "tenantId": "acme", "templateId": g.template }),
+        ]),
+        "sandboxTemplates.update" => NotFound(vec![
+            json!({ "tenantId": "globex", "templateId": g.template, "defaultTtlSeconds": 60 }),
+            json!({ "tenantId": "acme", "templateId": g.template, "defaultTtlSeconds": 60 }),
+        ]),
+        "usage.list" => NotFound(vec![
+            json!({ "tenantId": "globex", "from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z" }),
+        ]),
+        "sandboxTemplates.list" | "sandboxes.list" => {
+            NotFound(vec![json!({ "tenantId": "globex" })])
+        }
+        "sandboxes.create" => NotFound(vec![
+            json!({ "tenantId": "globex", "templateId": g.template, "idempotencyKey": "x" }),
+            json!({ "tenantId": "acme", "templateId": g.template, "idempotencyKey": "x" }),
+        ]),
+        "sandboxes.get" | "sandboxes.delete" => NotFound(vec![
+            json!({ "tenantId": "globex", "sandboxId": g.sandbox }),
+            json!({ "tenantId": "acme", "sandboxId": g.sandbox }),
+        ]),
+        "sandboxes.extend" => NotFound(vec![
+            json!({ "tenantId": "globex", "sandboxId": g.sandbox, "by": "1m" }),
+            json!({ "tenantId": "acme", "sandboxId": g.sandbox, "by": "1m" }),
+        ]),
+        "secrets.put" => NotFound(vec![
+            json!({ "tenantId": "globex", "name": "x", "value": "v" }),
+        ]),
         "events.list" => OwnOnly(json!({ "subject": format!("instance/{}", g.instance) })),
         _ => return None,
     })

@@ -491,10 +491,12 @@ async fn extends_are_bounded_and_one_is_in_flight_at_a_time() {
     // Concurrent extends: each answer is an extend or a CONFLICT extend-in-flight, and the
     // expiry moved by exactly the extends that were answered.
     let answers = futures::future::join_all((0..8).map(|_| extend(json!({ "by": 60_000 })))).await;
-    let mut applied = 0;
+    let mut answered = Vec::new();
     for a in &answers {
         match a {
-            Ok(_) => applied += 1,
+            Ok(s) => answered.push(
+                chrono::DateTime::parse_from_rfc3339(s["expiresAt"].as_str().unwrap()).unwrap(),
+            ),
             Err(e) => assert_eq!(
                 (
                     e.body["code"].as_str(),
@@ -506,7 +508,13 @@ async fn extends_are_bounded_and_one_is_in_flight_at_a_time() {
     }
     let end = sandbox(&t, id).await;
     let end = chrono::DateTime::parse_from_rfc3339(end["expiresAt"].as_str().unwrap()).unwrap();
-    assert_eq!(end - moved, chrono::TimeDelta::minutes(applied));
+    // The expiry is one that an extend decided and answered, never more than they add up to.
+    assert_eq!(Some(end), answered.iter().max().copied());
+    assert!(end - moved <= chrono::TimeDelta::minutes(answered.len() as i64));
+    // One after another, a `by` extends again.
+    let again = extend(json!({ "by": 60_000 })).await.unwrap();
+    let again = chrono::DateTime::parse_from_rfc3339(again["expiresAt"].as_str().unwrap()).unwrap();
+    assert_eq!(again - end, chrono::TimeDelta::minutes(1));
     t.ok(
         ALICE,
         "sandboxes.delete",
@@ -607,4 +615,42 @@ async fn warm_pools_drain_old_versions_and_the_newest_beyond_max() {
     wait_warm(&t, tpl, 0).await;
     t.quiescent().await;
     assert!(t.replay_equal().await);
+}
+
+#[tokio::test]
+async fn a_policy_caps_a_sandboxs_whole_lifetime_on_create_and_extend() {
+    let t = server().await;
+    let (pool, _hosts) = pool_with_hosts(&t, 1).await;
+    let tpl = template(&t, &pool, "capped", json!({ "maxTtlSeconds": 86400 })).await;
+    let tpl = tpl["id"].as_str().unwrap();
+    let text = r#"forbid (principal, action in [Action::"compute:sandboxes:create", Action::"compute:sandboxes:update"], resource is Sandbox) when { resource.ttlSeconds > 3600 || resource.gpus > 0 };"#;
+    t.ok(
+        OPERATOR,
+        "policies.put",
+        json!({ "id": "short-cpu-sandboxes", "text": text }),
+    )
+    .await;
+    let long = t.call(ALICE, "sandboxes.create", json!({ "tenantId": "acme", "templateId": tpl, "idempotencyKey": "long", "ttlSeconds": 7200 })).await;
+    let refused = long.unwrap_err();
+    assert_eq!(refused.body["code"], "ACCESS_DENIED");
+    assert_eq!(
+        refused.body["details"]["policyIds"][0],
+        "short-cpu-sandboxes"
+    );
+    let s = t.ok(ALICE, "sandboxes.create", json!({ "tenantId": "acme", "templateId": tpl, "idempotencyKey": "short", "ttlSeconds": 3000 })).await;
+    let extend = |by: &str| {
+        t.call(
+            ALICE,
+            "sandboxes.extend",
+            json!({ "tenantId": "acme", "sandboxId": s["id"], "by": by }),
+        )
+    };
+    // Small steps add up: the decision is on the whole lifetime after the change.
+    extend("5m").await.expect("50 + 5 minutes fit");
+    assert_eq!(code(extend("10m").await), "ACCESS_DENIED");
+    let now = sandbox(&t, s["id"].as_str().unwrap()).await;
+    let lifetime = chrono::DateTime::parse_from_rfc3339(now["expiresAt"].as_str().unwrap())
+        .unwrap()
+        - chrono::DateTime::parse_from_rfc3339(now["createdAt"].as_str().unwrap()).unwrap();
+    assert!(lifetime <= chrono::TimeDelta::hours(1), "{lifetime}");
 }

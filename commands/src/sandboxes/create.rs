@@ -6,6 +6,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
+use vps_domain::authz::SandboxDraft;
 use vps_domain::instance::Instance;
 use vps_domain::sandbox::{self as domain, Admit, CreateSandbox, Lifecycle, Sandbox};
 use vps_domain::state_table::DesiredState;
@@ -38,6 +39,41 @@ pub struct Created {
     pub sandbox: Sandbox,
     /// Whether this call admitted it (false: a replay).
     pub new: bool,
+}
+
+/// What `sandboxes.create` is authorized on, read before anything is written: the sandbox id
+/// and its draft. `None` when the key already made a sandbox (a replay or a conflict, answered
+/// by the create itself) or the template does not resolve (the create refuses it).
+pub async fn draft(
+    ctx: &Ctx,
+    input: &CreateSandboxInput,
+) -> Result<Option<(String, SandboxDraft)>, CommandError> {
+    let id = vps_domain::ids::sandbox_id(
+        &input.tenant_id,
+        &ctx.actor.identity,
+        &input.idempotency_key,
+    );
+    let mut conn = ctx.pool.acquire().await?;
+    if load::<Sandbox>(&mut conn, &id).await?.is_some() {
+        return Ok(None);
+    }
+    let stored = super::template(&mut conn, &input.template_id).await?;
+    let Ok(t) = template::live(stored.as_ref(), &input.tenant_id, &input.template_id) else {
+        return Ok(None);
+    };
+    let shape =
+        crate::instances::facts::flavor_shape(&mut conn, &t.pool_id, &t.spec.flavor).await?;
+    let Some(shape) = shape else { return Ok(None) };
+    let draft = SandboxDraft {
+        template_id: t.id.clone(),
+        ttl_seconds: input.ttl_seconds.unwrap_or(t.spec.default_ttl_seconds) as i64,
+        warm: t.spec.warm.is_some_and(|w| w.max > 0),
+        vcpu: shape.vcpu,
+        memory_gib: shape.memory_gib,
+        gpus: shape.gpus.as_ref().map_or(0, |g| g.count),
+        from_snapshot: None,
+    };
+    Ok(Some((id, draft)))
 }
 
 /// Creates a sandbox, or answers the one this idempotency key already made.

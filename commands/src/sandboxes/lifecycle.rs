@@ -14,11 +14,27 @@ use crate::error::{retrying, CommandError};
 use crate::instances::facts::lock_instance;
 use crate::pipeline::{apply_commands, commit, load, record_events};
 
-/// Checks an extend's new lifetime before it is applied (the API's authorization hook); it
-/// gets the sandbox and the lifetime in seconds the extend would leave it with.
-pub type ExtendCheck<'a> = &'a (dyn Fn(&Sandbox, i64) -> Result<(), CommandError> + Sync);
+/// What an extend is decided on before anything is written: the sandbox, its template's
+/// `maxTtlSeconds` (0 when the template is gone) and its instance's shape.
+pub async fn extend_facts(
+    ctx: &Ctx,
+    tenant_id: &str,
+    sandbox_id: &str,
+) -> Result<(Sandbox, u64, Option<vps_domain::resources::Shape>), CommandError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let s = super::visible(&mut conn, tenant_id, sandbox_id).await?;
+    // A template deleted since still bounds its sandboxes' lifetime.
+    let max_ttl = super::template(&mut conn, &s.template_id)
+        .await?
+        .map_or(0, |t| t.spec.max_ttl_seconds);
+    let shape = vps_projections::instances::load(&mut conn, &s.instance_id)
+        .await?
+        .map(|i| i.shape);
+    Ok((s, max_ttl, shape))
+}
 
-/// Moves a sandbox's expiry. One extend holds a sandbox at a time: a concurrent one is
+/// Moves a sandbox's expiry (the API passes the absolute expiry it authorized, so a retry
+/// never adds a `by` twice). One extend holds a sandbox at a time: a concurrent one is
 /// `CONFLICT` (`extend-in-flight`), so two extends never both apply beyond what one decision
 /// covered.
 pub async fn extend(
@@ -26,11 +42,10 @@ pub async fn extend(
     tenant_id: &str,
     sandbox_id: &str,
     extension: Extension,
-    check: ExtendCheck<'_>,
 ) -> Result<Sandbox, CommandError> {
     retrying(sandbox_id, || async {
         let mut tx = ctx.pool.begin().await?;
-        match extend_in(ctx, &mut tx, tenant_id, sandbox_id, extension, check).await {
+        match extend_in(ctx, &mut tx, tenant_id, sandbox_id, extension).await {
             Ok(after) => {
                 commit(ctx, tx).await?;
                 Ok(after)
@@ -52,7 +67,6 @@ async fn extend_in(
     tenant_id: &str,
     sandbox_id: &str,
     extension: Extension,
-    check: ExtendCheck<'_>,
 ) -> Result<Sandbox, CommandError> {
     let held: bool = sqlx::query_scalar(
         "SELECT pg_try_advisory_xact_lock(hashtextextended('sandbox-extend:' || $1, 0))",
@@ -76,7 +90,6 @@ async fn extend_in(
     let Some(until) = domain::extended_expiry(&s, extension, max_ttl)? else {
         return Ok(s);
     };
-    check(&s, (until - s.created_at).num_seconds())?;
     let events = domain::extend(&s, until);
     let after = record_events(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await?;
     Ok(after.expect("an extended sandbox"))
