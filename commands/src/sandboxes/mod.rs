@@ -3,12 +3,12 @@
 //! `instances.create`. Every sandbox change is an event on its own stream; the instance's
 //! changes stay the instance aggregate's.
 //!
-//! - [`templates`]: `sandboxTemplates.*`.
-//! - [`create`]: `sandboxes.create` (claim or cold create, in one transaction).
-//! - [`lifecycle`]: extend, delete, and the reconciler's expiry and fallbacks.
-//! - [`follow`]: the sandbox's side of an instance change (ready, failed, deleted), recorded
+//! - [`templates`], the `sandboxTemplates` methods.
+//! - [`create`], `sandboxes.create` (claim or cold create, in one transaction).
+//! - [`lifecycle`], extend, delete, and the reconciler's expiry and fallbacks.
+//! - [`follow`], the sandbox's side of an instance change (ready, failed, deleted), recorded
 //!   in the instance change's own transaction.
-//! - [`warm`]: claiming a warm instance, and the warm pools' refill and drain.
+//! - [`warm`], claiming a warm instance, and the warm pools' refill and drain.
 
 pub mod create;
 pub mod follow;

@@ -68,7 +68,7 @@ pub async fn claim(
             sandbox_id: sandbox_id.to_string(),
             owner_identity_id: ctx.actor.identity.clone(),
         };
-        return Ok(apply_commands(ctx, tx, &instance, &[claim], Utc::now()).await?);
+        return apply_commands(ctx, tx, &instance, &[claim], Utc::now()).await;
     }
     Ok(None)
 }
