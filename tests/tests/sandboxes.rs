@@ -311,8 +311,9 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
         (err.body["code"].as_str(), &err.body["details"]["sandboxId"]),
         (Some("CONFLICT"), &s["id"])
     );
-    // The pool is empty until the reconciler refills it: this one is cold.
-    let cold = t.ok(ALICE, "sandboxes.create", json!({ "tenantId": "acme", "templateId": tpl, "idempotencyKey": "second", "wait": { "timeoutMs": 20000 } })).await;
+    // A template without a warm pool: the create is cold, admitted like instances.create.
+    let plain = template(&t, &pool, "plain", json!({})).await;
+    let cold = t.ok(ALICE, "sandboxes.create", json!({ "tenantId": "acme", "templateId": plain["id"], "idempotencyKey": "second", "wait": { "timeoutMs": 20000 } })).await;
     assert_eq!(
         (cold["warm"].as_bool(), cold["state"].as_str()),
         (Some(false), Some("ready"))
@@ -345,10 +346,23 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
         .ok(
             BOB,
             "sandboxes.list",
+            json!({ "tenantId": "acme", "scope": "all" }),
+        )
+        .await;
+    assert_eq!(all["items"][0]["id"], cold["id"], "newest first: {all}");
+    assert_eq!(all["items"][1]["id"], s["id"]);
+    let of_tpl = t
+        .ok(
+            BOB,
+            "sandboxes.list",
             json!({ "tenantId": "acme", "scope": "all", "templateId": tpl }),
         )
         .await;
-    assert_eq!(all["items"][0]["id"], cold["id"], "newest first");
+    assert_eq!(
+        of_tpl["items"].as_array().unwrap().len(),
+        1,
+        "templateId filters"
+    );
     t.quiescent().await;
     assert!(t.replay_equal().await);
 }
