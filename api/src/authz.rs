@@ -1,4 +1,4 @@
-//! Authorization at the edge (SPEC §9): the Cedar schema built from the registry, the policies
+//! Authorization at the edge (SPEC §9): the Cedar schema built from the registry's actions, the policies
 //! in force on this replica, and the decision every call goes through.
 //!
 //! Every method is decided twice at most, both before anything is written:
@@ -11,12 +11,12 @@
 //! highest position it applied) moves: this replica's own changes at once, other replicas'
 //! on the log's wake-up (NOTIFY) or, at worst, the next poll.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use sqlx::PgPool;
 use vps_domain::authz::{
     ActionDecl, AuthzSchema, Decision, PolicyBook, PolicySource, Principal, Resource,
@@ -24,8 +24,6 @@ use vps_domain::authz::{
 use vps_events::Notifier;
 
 use crate::error::ApiError;
-use crate::registry::{Access, Method};
-use crate::request::Caller;
 
 /// How often a replica looks for policy changes when no wake-up came.
 pub const POLL: Duration = Duration::from_millis(500);
@@ -48,11 +46,11 @@ pub struct Authorizer {
 }
 
 impl Authorizer {
-    /// The authorizer of `methods`, with the policies of `[policies] dir` (each must pass the
+    /// The authorizer of the registry's `actions`, with the policies of `[policies] dir` (each must pass the
     /// schema: a bad file stops the start, naming it).
-    pub fn new(methods: &[Method], dir: Option<&Path>) -> anyhow::Result<Authorizer> {
-        let schema = AuthzSchema::new(&actions(methods))
-            .map_err(|e| anyhow::anyhow!("authorization schema: {e}"))?;
+    pub fn new(actions: &[ActionDecl], dir: Option<&Path>) -> anyhow::Result<Authorizer> {
+        let schema =
+            AuthzSchema::new(actions).map_err(|e| anyhow::anyhow!("authorization schema: {e}"))?;
         let files = match dir {
             Some(dir) => load_dir(&schema, dir)?,
             None => Vec::new(),
@@ -123,24 +121,6 @@ impl Authorizer {
     }
 }
 
-/// The action of every method, with the resource types it is decided on.
-pub fn actions(methods: &[Method]) -> Vec<ActionDecl> {
-    let mut merged: HashMap<&str, ActionDecl> = HashMap::new();
-    for m in methods {
-        let decl = merged.entry(&m.action).or_insert_with(|| ActionDecl {
-            name: m.action.clone(),
-            resources: BTreeSet::new(),
-            host: false,
-        });
-        decl.resources.insert(m.resource);
-        decl.resources.extend(m.also_on.iter().copied());
-        decl.host |= m.access == Access::Node;
-    }
-    let mut list: Vec<ActionDecl> = merged.into_values().collect();
-    list.sort_by(|a, b| a.name.cmp(&b.name));
-    list
-}
-
 fn load_dir(schema: &AuthzSchema, dir: &Path) -> anyhow::Result<Vec<PolicySource>> {
     let mut paths: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("policies.dir {}: {e}", dir.display()))?
@@ -167,18 +147,6 @@ fn load_dir(schema: &AuthzSchema, dir: &Path) -> anyhow::Result<Vec<PolicySource
         });
     }
     Ok(sources)
-}
-
-/// The principal a caller is.
-pub fn principal(caller: &Caller) -> Principal {
-    match &caller.node {
-        Some(node) => Principal::Node { id: node.clone() },
-        None => Principal::Identity {
-            id: caller.actor.identity.clone(),
-            tenant: caller.actor.tenant.clone(),
-            operator: caller.actor.operator,
-        },
-    }
 }
 
 /// What a call may do: the policies in force when it began, who calls and its method's
@@ -226,53 +194,5 @@ impl Guard {
             }
             _ => Ok(()),
         }
-    }
-}
-
-/// The resource a method is decided on before its handler runs: its type, the id the request
-/// names, and the tenant it acts within. A tenant identity naming another tenant is answered
-/// `NOT_FOUND` here, never a hint that the tenant exists.
-pub fn generic_resource(
-    method: &Method,
-    caller: &Caller,
-    body: &[u8],
-) -> Result<Resource, ApiError> {
-    let peek: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let field = |name: &str| peek.get(name).and_then(Value::as_str).map(str::to_string);
-    let id = field(&id_field(method.resource)).unwrap_or_else(|| "*".into());
-    let tenant = match method.access {
-        Access::Operator | Access::Node => None,
-        Access::Tenant => tenant_scope(caller, field("tenantId"))?,
-    };
-    let id = match (method.resource, &tenant) {
-        ("Tenant", Some(t)) => t.clone(),
-        _ => id,
-    };
-    Ok(Resource::new(method.resource, id, tenant))
-}
-
-fn tenant_scope(caller: &Caller, requested: Option<String>) -> Result<Option<String>, ApiError> {
-    if caller.node.is_some() || caller.actor.operator {
-        return Ok(requested);
-    }
-    match (&caller.actor.tenant, requested) {
-        (Some(own), Some(asked)) if *own != asked => Err(ApiError::new(
-            "NOT_FOUND",
-            format!("tenant {asked} not found"),
-        )),
-        (own, _) => Ok(own.clone()),
-    }
-}
-
-/// The request field naming a resource of `kind`: `instanceId`, `poolId`, … (`id` for
-/// policies, whose requests name them so).
-fn id_field(kind: &str) -> String {
-    if kind == "Policy" {
-        return "id".into();
-    }
-    let mut chars = kind.chars();
-    match chars.next() {
-        Some(first) => format!("{}{}Id", first.to_ascii_lowercase(), chars.as_str()),
-        None => "id".into(),
     }
 }

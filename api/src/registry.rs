@@ -2,7 +2,7 @@
 //! may call it and its handler. `rpc::dispatch` looks methods up here, and the OpenAPI
 //! document is generated from the same declarations, so the two cannot drift apart.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -13,14 +13,14 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use vps_commands::Ctx;
-use vps_domain::authz::Resource;
+use vps_domain::authz::{ActionDecl, Resource};
 
-use crate::authz::{generic_resource, Authorizer, Guard};
+use crate::authz::{Authorizer, Guard};
 use crate::error::ApiError;
 use crate::request::{parse, Caller};
 
 /// Whose resources a method acts on, which shapes the resource it is decided on (see
-/// [`crate::authz::generic_resource`]); who may call it is then Cedar's decision.
+/// [`generic_resource`]); who may call it is then Cedar's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     /// The fleet's resources (no tenant): the baseline lets operators only.
@@ -264,5 +264,71 @@ pub struct Items<T> {
 impl<T> From<Vec<T>> for Items<T> {
     fn from(items: Vec<T>) -> Self {
         Items { items }
+    }
+}
+
+/// The action of every method, with the resource types it is decided on.
+pub fn actions(methods: &[Method]) -> Vec<ActionDecl> {
+    let mut merged: HashMap<&str, ActionDecl> = HashMap::new();
+    for m in methods {
+        let decl = merged.entry(&m.action).or_insert_with(|| ActionDecl {
+            name: m.action.clone(),
+            resources: BTreeSet::new(),
+            host: false,
+        });
+        decl.resources.insert(m.resource);
+        decl.resources.extend(m.also_on.iter().copied());
+        decl.host |= m.access == Access::Node;
+    }
+    let mut list: Vec<ActionDecl> = merged.into_values().collect();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    list
+}
+
+/// The resource a method is decided on before its handler runs: its type, the id the request
+/// names, and the tenant it acts within. A tenant identity naming another tenant is answered
+/// `NOT_FOUND` here, never a hint that the tenant exists.
+pub fn generic_resource(
+    method: &Method,
+    caller: &Caller,
+    body: &[u8],
+) -> Result<Resource, ApiError> {
+    let peek: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let field = |name: &str| peek.get(name).and_then(Value::as_str).map(str::to_string);
+    let id = field(&id_field(method.resource)).unwrap_or_else(|| "*".into());
+    let tenant = match method.access {
+        Access::Operator | Access::Node => None,
+        Access::Tenant => tenant_scope(caller, field("tenantId"))?,
+    };
+    let id = match (method.resource, &tenant) {
+        ("Tenant", Some(t)) => t.clone(),
+        _ => id,
+    };
+    Ok(Resource::new(method.resource, id, tenant))
+}
+
+fn tenant_scope(caller: &Caller, requested: Option<String>) -> Result<Option<String>, ApiError> {
+    if caller.node.is_some() || caller.actor.operator {
+        return Ok(requested);
+    }
+    match (&caller.actor.tenant, requested) {
+        (Some(own), Some(asked)) if *own != asked => Err(ApiError::new(
+            "NOT_FOUND",
+            format!("tenant {asked} not found"),
+        )),
+        (own, _) => Ok(own.clone()),
+    }
+}
+
+/// The request field naming a resource of `kind`: `instanceId`, `poolId`, … (`id` for
+/// policies, whose requests name them so).
+fn id_field(kind: &str) -> String {
+    if kind == "Policy" {
+        return "id".into();
+    }
+    let mut chars = kind.chars();
+    match chars.next() {
+        Some(first) => format!("{}{}Id", first.to_ascii_lowercase(), chars.as_str()),
+        None => "id".into(),
     }
 }

@@ -154,3 +154,18 @@ fn nul_at(value: &Value, path: String) -> Option<String> {
         _ => None,
     }
 }
+
+impl Caller {
+    /// The Cedar principal this caller is.
+    pub fn principal(&self) -> vps_domain::authz::Principal {
+        use vps_domain::authz::Principal;
+        match &self.node {
+            Some(node) => Principal::Node { id: node.clone() },
+            None => Principal::Identity {
+                id: self.actor.identity.clone(),
+                tenant: self.actor.tenant.clone(),
+                operator: self.actor.operator,
+            },
+        }
+    }
+}

@@ -46,7 +46,7 @@ pub async fn dispatch(
     metrics::counter!("vps_api_requests_total", "method" => method.full_name()).increment(1);
     let guard = crate::authz::Guard {
         snapshot: state.authz.snapshot(),
-        principal: crate::authz::principal(&caller),
+        principal: caller.principal(),
         action: method.action.clone(),
     };
     let call = Call {

@@ -73,7 +73,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
     let addr = listener.local_addr()?;
     let notifier = Notifier::start(pool.clone());
     let authz = Arc::new(crate::authz::Authorizer::new(
-        crate::methods::registry().methods(),
+        &crate::registry::actions(crate::methods::registry().methods()),
         config.policies.dir.as_deref(),
     )?);
     authz.refresh(&pool).await?;

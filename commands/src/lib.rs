@@ -22,6 +22,7 @@ pub mod provider_accounts;
 pub mod record;
 pub mod sandboxes;
 pub mod secrets;
+pub mod stream;
 pub mod tenants;
 pub mod webhooks;
 

@@ -125,7 +125,7 @@ pub struct Instance {
     pub claimed_at: Option<DateTime<Utc>>,
     /// A sandbox template's network rule (`InstanceSpec.networkPolicy`).
     #[serde(default)]
-    pub network_policy: Option<crate::template::Network>,
+    pub network_policy: Option<crate::network_policy::Network>,
     /// When it was created (the `instance.created` event's time).
     pub created_at: DateTime<Utc>,
     /// When it last changed.

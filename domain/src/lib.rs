@@ -20,7 +20,8 @@
 //! - [`quota`]: whether a charge (or a resize delta) fits a tenant's quota.
 //! - [`ssh_keys`]: OpenSSH public key validation.
 //! - [`cloud_config`]: the default cloud-config user data.
-//! - [`template`], [`sandbox`]: sandbox templates and sandboxes (lifetimes, extends, expiry).
+//! - [`template`], [`sandbox`]: sandbox templates and sandboxes (lifetimes, extends, expiry);
+//!   [`network_policy`]: what their guests may reach.
 //! - [`webhook`]: the webhook subscription aggregate and its decision.
 //! - [`network`]: which addresses are internal, and CIDRs an operator allows.
 //! - [`authz`]: the Cedar schema, the baseline policies and decisions; [`policy`] (stored
@@ -41,6 +42,7 @@ pub mod image;
 pub mod instance;
 pub mod ipam;
 pub mod network;
+pub mod network_policy;
 pub mod node;
 pub mod operator;
 pub mod placement;

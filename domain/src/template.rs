@@ -13,6 +13,8 @@ use crate::error::DomainError;
 use crate::instance::{AdmissionPool, PoolKind};
 use crate::operator::{check_name, check_name_free};
 
+pub use crate::network_policy::Network;
+
 /// Default `defaultTtlSeconds`.
 pub const DEFAULT_TTL_SECONDS: u64 = 3600;
 /// Default `maxTtlSeconds`.
@@ -26,28 +28,6 @@ pub const MAX_WARM: u32 = 100;
 pub const PAUSING_RUNTIMES: &[&str] = &["libvirt-kvm", "cloud-hypervisor", "firecracker"];
 /// Most `env` entries.
 pub const MAX_ENV: usize = 64;
-
-/// What a sandbox's guest may reach (`InstanceSpec.networkPolicy`).
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Network {
-    /// Whatever the pool's network allows.
-    #[default]
-    Egress,
-    /// Only its own subnet and the host.
-    Private,
-    /// Only the host.
-    None,
-}
-
-impl Network {
-    /// Whether the rules are written on the NICs' addresses (the pool needs an IP range).
-    pub fn needs_ip_range(self) -> bool {
-        !matches!(self, Network::Egress)
-    }
-}
 
 /// A warm pool's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -8,7 +8,8 @@ use serde_json::json;
 use vps_domain::authz::{InstanceDraft, PolicyBook, PolicySource, Principal, Resource};
 
 use super::round;
-use crate::authz::{actions, Authorizer};
+use crate::authz::Authorizer;
+use crate::registry::actions;
 
 /// Options of the benchmark.
 #[derive(Debug, Clone)]
@@ -21,7 +22,7 @@ pub struct AuthzBench {
 
 /// Runs the three phases on this thread and prints the figures, then the JSON line.
 pub fn run(options: &AuthzBench) -> anyhow::Result<()> {
-    let authz = Authorizer::new(crate::methods::registry().methods(), None)?;
+    let authz = Authorizer::new(&actions(crate::methods::registry().methods()), None)?;
     let schema = authz.schema();
     let action = "compute:instances:create";
     let all_actions: Vec<String> = actions(crate::methods::registry().methods())

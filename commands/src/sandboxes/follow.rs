@@ -8,7 +8,7 @@ use vps_domain::sandbox::{self as domain, Sandbox, SandboxEvent};
 
 use crate::context::Ctx;
 use crate::error::CommandError;
-use crate::pipeline::change;
+use crate::stream::change;
 
 /// What an instance's new events mean for the sandbox driving it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,11 +8,13 @@
 //! - [`lifecycle`], extend, delete, and the reconciler's expiry and fallbacks.
 //! - [`follow`], the sandbox's side of an instance change (ready, failed, deleted), recorded
 //!   in the instance change's own transaction.
+//! - [`template_instance`], what every instance of a template is admitted with.
 //! - [`warm`], claiming a warm instance, and the warm pools' refill and drain.
 
 pub mod create;
 pub mod follow;
 pub mod lifecycle;
+pub mod template_instance;
 pub mod templates;
 pub mod warm;
 

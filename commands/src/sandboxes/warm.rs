@@ -145,9 +145,9 @@ async fn refill(ctx: &Ctx, t: &Template) -> Result<(), CommandError> {
         let origin = Origin {
             warm: Some((t.id.clone(), t.instance_version)),
             owner_identity_id: Some(t.owner_identity_id.clone()),
-            ..super::create::origin(ctx, &mut tx, t).await?
+            ..super::template_instance::origin(ctx, &mut tx, t).await?
         };
-        let input = super::create::instance_input(t, &key, desired);
+        let input = super::template_instance::instance_input(t, &key, desired);
         admit_in(ctx, &mut tx, &id, &input, &origin).await?;
         commit(ctx, tx).await
     })

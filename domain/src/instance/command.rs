@@ -134,7 +134,7 @@ pub struct CreateInstance {
     /// A warm instance: the template's instance version.
     pub template_version: Option<u64>,
     /// A sandbox template's network rule.
-    pub network_policy: Option<crate::template::Network>,
+    pub network_policy: Option<crate::network_policy::Network>,
 }
 
 /// A placement the caller made (node chosen, allocation booked, address leased).

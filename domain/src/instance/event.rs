@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::condition::{Condition, ConditionType};
+use crate::network_policy::Network;
 use crate::resources::Shape;
 use crate::state_table::{DesiredState, InstanceState};
-use crate::template::Network;
 
 use super::PoolKind;
 
