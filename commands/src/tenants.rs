@@ -91,16 +91,21 @@ fn remove_webhooks<'a>(
     tenant_id: &'a str,
 ) -> BoxFuture<'a, Result<u64, CommandError>> {
     async move {
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted'",
+        let ids = due(
+            ctx,
+            "SELECT id FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted' LIMIT $2",
+            tenant_id,
         )
-        .bind(tenant_id)
-        .fetch_all(&ctx.pool)
         .await?;
         for id in &ids {
             ignore_gone(crate::webhooks::delete(ctx, id, None).await)?;
         }
-        Ok(0)
+        left(
+            ctx,
+            "SELECT count(*) FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted'",
+            tenant_id,
+        )
+        .await
     }
     .boxed()
 }
@@ -111,17 +116,22 @@ fn delete_templates<'a>(
     tenant_id: &'a str,
 ) -> BoxFuture<'a, Result<u64, CommandError>> {
     async move {
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted",
+        let ids = due(
+            ctx,
+            "SELECT id FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted LIMIT $2",
+            tenant_id,
         )
-        .bind(tenant_id)
-        .fetch_all(&ctx.pool)
         .await?;
         for id in &ids {
             let deleted = crate::sandboxes::templates::delete(ctx, tenant_id, id).await;
             ignore_gone(deleted.map(|_| ()))?;
         }
-        Ok(0)
+        left(
+            ctx,
+            "SELECT count(*) FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted",
+            tenant_id,
+        )
+        .await
     }
     .boxed()
 }
@@ -132,25 +142,13 @@ fn delete_sandboxes<'a>(
     tenant_id: &'a str,
 ) -> BoxFuture<'a, Result<u64, CommandError>> {
     async move {
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM sandboxes WHERE tenant_id = $1 AND state IN ('starting', 'ready', 'failed')
-              ORDER BY id LIMIT $2",
-        )
-        .bind(tenant_id)
-        .bind(INSTANCES_PER_PASS)
-        .fetch_all(&ctx.pool)
-        .await?;
+        let ids = due(ctx, "SELECT id FROM sandboxes WHERE tenant_id = $1 AND state IN ('starting', 'ready', 'failed')
+              ORDER BY id LIMIT $2", tenant_id).await?;
         for id in &ids {
             let deleted = crate::sandboxes::lifecycle::delete(ctx, tenant_id, id).await;
             ignore_gone(deleted.map(|_| ()))?;
         }
-        let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state <> 'deleted'",
-        )
-        .bind(tenant_id)
-        .fetch_one(&ctx.pool)
-        .await?;
-        Ok(left as u64)
+        left(ctx, "SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state <> 'deleted'", tenant_id).await
     }
     .boxed()
 }
@@ -160,13 +158,12 @@ fn delete_instances<'a>(
     tenant_id: &'a str,
 ) -> BoxFuture<'a, Result<u64, CommandError>> {
     async move {
-        let ids: Vec<String> = sqlx::query_scalar(
+        let ids = due(
+            ctx,
             "SELECT id FROM instances WHERE tenant_id = $1 AND desired_state <> 'deleted'
               ORDER BY id LIMIT $2",
+            tenant_id,
         )
-        .bind(tenant_id)
-        .bind(INSTANCES_PER_PASS)
-        .fetch_all(&ctx.pool)
         .await?;
         for id in &ids {
             let delete = Change::DeleteBecause(REASON.into());
@@ -176,13 +173,12 @@ fn delete_instances<'a>(
                     .map(|_| ()),
             )?;
         }
-        let left: i64 = sqlx::query_scalar(
+        left(
+            ctx,
             "SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'",
+            tenant_id,
         )
-        .bind(tenant_id)
-        .fetch_one(&ctx.pool)
-        .await?;
-        Ok(left as u64)
+        .await
     }
     .boxed()
 }
@@ -193,4 +189,22 @@ fn ignore_gone(result: Result<(), CommandError>) -> Result<(), CommandError> {
         Err(CommandError::Domain(DomainError::NotFound { .. })) => Ok(()),
         other => other,
     }
+}
+
+/// The ids `sql` selects for the tenant (`$1`), at most a pass's share (`$2`).
+async fn due(ctx: &Ctx, sql: &str, tenant_id: &str) -> Result<Vec<String>, CommandError> {
+    Ok(sqlx::query_scalar(sql)
+        .bind(tenant_id)
+        .bind(INSTANCES_PER_PASS)
+        .fetch_all(&ctx.pool)
+        .await?)
+}
+
+/// How many rows `sql` counts for the tenant (`$1`): what a step leaves for later passes.
+async fn left(ctx: &Ctx, sql: &str, tenant_id: &str) -> Result<u64, CommandError> {
+    let n: i64 = sqlx::query_scalar(sql)
+        .bind(tenant_id)
+        .fetch_one(&ctx.pool)
+        .await?;
+    Ok(n as u64)
 }

@@ -380,6 +380,13 @@ async fn concurrent_creates_never_share_a_warm_instance() {
     .await;
     let tpl = tpl["id"].as_str().unwrap().to_string();
     wait_warm(&t, &tpl, 8).await;
+    // Hold the pool at these 8: a refill woken by the first claims must not join the burst.
+    t.ok(
+        ALICE,
+        "sandboxTemplates.update",
+        json!({ "tenantId": "acme", "templateId": tpl, "warm": { "min": 0, "max": 8 } }),
+    )
+    .await;
     let creates = (0..32).map(|i| {
         let (t, tpl) = (&t, tpl.clone());
         async move {
