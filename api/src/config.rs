@@ -36,6 +36,43 @@ pub struct Config {
     /// Cedar policies loaded at start.
     #[serde(default)]
     pub policies: PoliciesConfig,
+    /// Where snapshots are kept.
+    #[serde(default)]
+    pub snapshots: SnapshotsConfig,
+}
+
+/// `[snapshots]`: the snapshot store (SPEC §6).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsConfig {
+    /// `file` (default) or `s3`.
+    #[serde(default)]
+    pub store: SnapshotBackend,
+    /// `file`: the directory (default `.vps/snapshots`, beside the embedded database).
+    pub dir: Option<PathBuf>,
+    /// `file`: this server's URL as hosts reach it (default `http://` + `[http] listen`).
+    pub public_url: Option<String>,
+    /// `s3`: the bucket.
+    pub bucket: Option<String>,
+    /// `s3`: the API endpoint.
+    pub endpoint: Option<String>,
+    /// `s3`: the region (default `us-east-1`).
+    pub region: Option<String>,
+    /// `s3`: the access key id.
+    pub access_key_id: Option<String>,
+    /// `s3`: the secret access key.
+    pub secret_access_key: Option<String>,
+}
+
+/// `[snapshots] store`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotBackend {
+    /// Objects under a directory, served by vps.
+    #[default]
+    File,
+    /// An S3 bucket.
+    S3,
 }
 
 /// `[webhooks]`.
@@ -162,6 +199,8 @@ pub struct Timings {
     pub sandbox_expiring_min_lead: f64,
     /// The usage metering window, aligned to the epoch (SPEC §3.9).
     pub usage_window: f64,
+    /// How long a snapshot's host command may take before the snapshot fails (`timeout`).
+    pub snapshot_timeout: f64,
 }
 
 impl Default for Timings {
@@ -179,6 +218,7 @@ impl Default for Timings {
             sandbox_expiring_lead: 300.0,
             sandbox_expiring_min_lead: 30.0,
             usage_window: 300.0,
+            snapshot_timeout: 3600.0,
         }
     }
 }
@@ -302,6 +342,7 @@ impl Config {
             }
         }
         self.validate_webhooks_and_limits(&err)?;
+        self.validate_snapshots(&err)?;
         let t = &self.timings;
         for (key, v) in [
             ("unschedulable_retry", t.unschedulable_retry),
@@ -316,6 +357,7 @@ impl Config {
             ("sandbox_expiring_lead", t.sandbox_expiring_lead),
             ("sandbox_expiring_min_lead", t.sandbox_expiring_min_lead),
             ("usage_window", t.usage_window),
+            ("snapshot_timeout", t.snapshot_timeout),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
                 return Err(err(
@@ -368,6 +410,81 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// `[snapshots]`: an `s3` store names its bucket, endpoint and credentials.
+    fn validate_snapshots(
+        &self,
+        err: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        let s = &self.snapshots;
+        if s.store == SnapshotBackend::S3 {
+            for (key, v) in [
+                ("bucket", &s.bucket),
+                ("endpoint", &s.endpoint),
+                ("access_key_id", &s.access_key_id),
+                ("secret_access_key", &s.secret_access_key),
+            ] {
+                if v.as_deref().unwrap_or("").is_empty() {
+                    return Err(err(
+                        &format!("snapshots.{key}"),
+                        "is required with store = \"s3\"".into(),
+                    ));
+                }
+            }
+        }
+        for (key, v) in [("endpoint", &s.endpoint), ("public_url", &s.public_url)] {
+            if let Some(url) = v {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(err(
+                        &format!("snapshots.{key}"),
+                        "must start with http:// or https://".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The snapshot store this configuration names; `secret` signs the `file` store's URLs.
+    /// `addr` is where this server listens (the `file` store's default URL).
+    pub fn snapshot_store(
+        &self,
+        secret: &[u8],
+        addr: SocketAddr,
+    ) -> Result<vps_store::SnapshotStore, ConfigError> {
+        let s = &self.snapshots;
+        match s.store {
+            SnapshotBackend::File => {
+                let dir = s
+                    .dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(".vps/snapshots"));
+                let public = s
+                    .public_url
+                    .clone()
+                    .unwrap_or_else(|| format!("http://{addr}"));
+                Ok(vps_store::SnapshotStore::File(vps_store::FileStore::new(
+                    dir, &public, secret,
+                )))
+            }
+            SnapshotBackend::S3 => {
+                let config = vps_store::S3Config {
+                    bucket: s.bucket.clone().unwrap_or_default(),
+                    endpoint: s.endpoint.clone().unwrap_or_default(),
+                    region: s.region.clone().unwrap_or_else(|| "us-east-1".into()),
+                    access_key_id: s.access_key_id.clone().unwrap_or_default(),
+                    secret_access_key: s.secret_access_key.clone().unwrap_or_default(),
+                };
+                vps_store::S3Store::new(&config)
+                    .map(vps_store::SnapshotStore::S3)
+                    .map_err(|e| ConfigError {
+                        file: String::new(),
+                        key: "snapshots".into(),
+                        problem: e.to_string(),
+                    })
+            }
+        }
     }
 
     /// The parsed listen address.

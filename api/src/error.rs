@@ -88,7 +88,8 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
-fn internal(e: &dyn std::error::Error) -> ApiError {
+/// `INTERNAL`, with the error's chain logged (never shown).
+pub fn internal(e: &dyn std::error::Error) -> ApiError {
     let mut chain = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

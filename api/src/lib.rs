@@ -25,6 +25,7 @@ pub mod registry;
 pub mod request;
 pub mod rpc;
 pub mod server;
+pub mod snapshot_objects;
 pub mod state;
 pub mod supervisor;
 pub mod telemetry;

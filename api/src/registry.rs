@@ -58,6 +58,8 @@ pub struct Call {
     pub guard: Guard,
     /// The authorizer (its schema validates stored policies).
     pub authz: Arc<Authorizer>,
+    /// Where snapshots are kept (signs hosts' upload and download URLs).
+    pub snapshots: vps_store::SnapshotStore,
 }
 
 impl Call {

@@ -57,6 +57,7 @@ pub async fn dispatch(
         config: state.config.clone(),
         guard,
         authz: state.authz.clone(),
+        snapshots: state.snapshots.clone(),
     };
     method.call(call, &body).instrument(span).await.map(Json)
 }

@@ -29,6 +29,10 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/api/compute/openapi.json", get(crate::openapi::serve))
         .route(
+            "/snapshots/{*key}",
+            get(crate::snapshot_objects::get).put(crate::snapshot_objects::put),
+        )
+        .route(
             "/api/compute/{group}/{method}",
             axum::routing::post(crate::rpc::dispatch),
         )
@@ -82,9 +86,10 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         notifier: notifier.clone(),
         secrets: secret_key(&config)?,
         guards: crate::guards::Guards::new(&config.limits),
-        config: Arc::new(config),
+        config: Arc::new(config.clone()),
         admitter: vps_commands::instances::Admitter::start(),
         authz: authz.clone(),
+        snapshots: config.snapshot_store(&secret_bytes(&config)?, addr)?,
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -141,6 +146,11 @@ pub async fn shutdown_signal() {
 /// The configured sealing key. There is no default: a key of the process's own would seal
 /// data no restart or other replica can open (`vps dev` generates one and keeps it).
 fn secret_key(config: &Config) -> anyhow::Result<vps_commands::secrets::SecretKey> {
+    Ok(vps_commands::secrets::SecretKey::new(secret_bytes(config)?))
+}
+
+/// `[secrets] key`, decoded.
+fn secret_bytes(config: &Config) -> anyhow::Result<[u8; 32]> {
     use base64::Engine;
     let key = config.secrets.key.as_ref().ok_or_else(|| {
         anyhow::anyhow!(
@@ -153,7 +163,7 @@ fn secret_key(config: &Config) -> anyhow::Result<vps_commands::secrets::SecretKe
         .ok()
         .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
         .ok_or_else(|| anyhow::anyhow!("[secrets] key: not base64 of 32 bytes"))?;
-    Ok(vps_commands::secrets::SecretKey::new(bytes))
+    Ok(bytes)
 }
 
 /// A context for background parts acting as `reactor:<name>`.
@@ -187,6 +197,7 @@ pub fn timings(config: &Config) -> vps_reactors::timings::Timings {
         sandbox_pass: s(t.sandbox_pass),
         sandbox_expiring_lead: s(t.sandbox_expiring_lead),
         sandbox_expiring_min_lead: s(t.sandbox_expiring_min_lead),
+        snapshot_timeout: s(t.snapshot_timeout),
     }
 }
 
@@ -213,8 +224,9 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
         vps_reactors::instances::run(ctx.clone(), t.clone(), 8)
     }));
     let (ctx, t) = (reactor_ctx(state, "sandboxes"), timings.clone());
+    let store = state.snapshots.clone();
     tasks.push(supervise("sandbox-reconciler", move || {
-        vps_reactors::sandboxes::run(ctx.clone(), t.clone())
+        vps_reactors::sandboxes::run(ctx.clone(), t.clone(), store.clone())
     }));
     let (ctx, t) = (reactor_ctx(state, "teardown"), timings.clone());
     tasks.push(supervise("tenant-teardown", move || {

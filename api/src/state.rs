@@ -25,4 +25,6 @@ pub struct AppState {
     pub guards: crate::guards::Guards,
     /// The Cedar policies in force on this replica.
     pub authz: Arc<crate::authz::Authorizer>,
+    /// Where snapshots are kept.
+    pub snapshots: vps_store::SnapshotStore,
 }

@@ -33,6 +33,9 @@ pub struct Report {
     pub complete: bool,
     /// The NodeSpec generation the host has applied.
     pub applied_generation: Option<i64>,
+    /// The outcomes of the spec's host commands (snapshots) the host finished.
+    #[serde(default)]
+    pub command_results: Vec<vps_domain::sandbox::snapshot::CommandResult>,
 }
 
 /// One instance as the host sees it.
@@ -81,6 +84,9 @@ pub const RESOURCES_EXHAUSTED: &str = "ResourcesExhausted:";
 
 /// Applies a node's report. Only instances placed on that node are touched.
 pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandError> {
+    if report.command_results.len() > 1_000 {
+        return Err(DomainError::invalid_input("commandResults", "at most 1000").into());
+    }
     if report.instances.len() > 10_000 {
         return Err(DomainError::InvalidInput {
             field: "instances".into(),
@@ -152,6 +158,7 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     };
     let announced = decide(node.as_ref(), &record)?;
     record_events(ctx, &mut tx, node_id, node.as_ref(), announced, None).await?;
+    crate::sandboxes::snapshots::settle(ctx, &mut tx, node_id, &report.command_results).await?;
     commit(ctx, tx).await?;
     orphans.sort();
     orphans.truncate(MAX_ORPHANS);

@@ -31,6 +31,15 @@ pub enum DomainError {
         /// Names the current state and what was asked.
         message: String,
     },
+    /// Not legal now, for a reason a client can act on (`INVALID_STATE` with
+    /// `details.reason`, e.g. `memory-snapshot-with-gpus`).
+    #[error("{message}")]
+    InvalidStateBecause {
+        /// What happened.
+        message: String,
+        /// The `details.reason`.
+        reason: &'static str,
+    },
     /// The idempotency key was already used for a different request (`CONFLICT`).
     #[error("idempotency key already used for a different request (instance {instance_id})")]
     Conflict {
@@ -80,7 +89,9 @@ impl DomainError {
         match self {
             DomainError::InvalidInput { .. } => "INVALID_INPUT",
             DomainError::NotFound { .. } => "NOT_FOUND",
-            DomainError::InvalidState { .. } => "INVALID_STATE",
+            DomainError::InvalidState { .. } | DomainError::InvalidStateBecause { .. } => {
+                "INVALID_STATE"
+            }
             DomainError::Conflict { .. } | DomainError::ConflictOn { .. } => "CONFLICT",
             DomainError::QuotaExceeded { .. } => "QUOTA_EXCEEDED",
             DomainError::CapacityUnavailable { .. } => "CAPACITY_UNAVAILABLE",
@@ -94,6 +105,7 @@ impl DomainError {
             DomainError::InvalidInput { field, .. } => json!({ "field": field }),
             DomainError::Conflict { instance_id } => json!({ "instanceId": instance_id }),
             DomainError::ConflictOn { key, value, .. } => json!({ *key: value }),
+            DomainError::InvalidStateBecause { reason, .. } => json!({ "reason": reason }),
             DomainError::QuotaExceeded {
                 resource,
                 requested,
@@ -124,6 +136,14 @@ impl DomainError {
     pub fn invalid_state(message: impl Into<String>) -> Self {
         DomainError::InvalidState {
             message: message.into(),
+        }
+    }
+
+    /// Shorthand for an [`DomainError::InvalidStateBecause`].
+    pub fn invalid_state_because(message: impl Into<String>, reason: &'static str) -> Self {
+        DomainError::InvalidStateBecause {
+            message: message.into(),
+            reason,
         }
     }
 

@@ -60,6 +60,17 @@ pub fn sandbox_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str)
     derived(prefix::SANDBOX, tenant_id, caller_identity, idempotency_key)
 }
 
+/// The id of the snapshot `caller_identity` took in `tenant_id` with `idempotency_key`,
+/// derived like [`sandbox_id`] with the `snap_` prefix (a retry lands on the same snapshot).
+pub fn snapshot_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
+    derived(
+        prefix::SNAPSHOT,
+        tenant_id,
+        caller_identity,
+        idempotency_key,
+    )
+}
+
 /// `prefix` + `_` + the ULID string the caller generated, lowercased (`pool_01j…`).
 pub fn prefixed(prefix: &str, ulid: &str) -> String {
     format!("{prefix}_{}", ulid.to_ascii_lowercase())
@@ -67,8 +78,8 @@ pub fn prefixed(prefix: &str, ulid: &str) -> String {
 
 /// Whether `s` is a well-formed id of kind `prefix` (given without its `_`).
 ///
-/// `inst` and `sbx` ids must carry a 52-character lowercase base32 body; every other prefix a
-/// lowercase ULID (26 Crockford base32 characters whose first one is at most `7`).
+/// `inst` and `sbx` ids must carry a 52-character lowercase base32 body, `snap` ids either form;
+/// every other prefix a lowercase ULID (26 Crockford base32 characters whose first one is at most `7`).
 pub fn is_valid_id(prefix: &str, s: &str) -> bool {
     let Some(body) = s
         .strip_prefix(prefix)
@@ -76,13 +87,15 @@ pub fn is_valid_id(prefix: &str, s: &str) -> bool {
     else {
         return false;
     };
-    if prefix == prefix::INSTANCE || prefix == prefix::SANDBOX {
-        body.len() == DERIVED_ID_LEN
-            && body
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
-    } else {
-        is_lowercase_ulid(body)
+    let derived = body.len() == DERIVED_ID_LEN
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b));
+    match prefix {
+        prefix::INSTANCE | prefix::SANDBOX => derived,
+        // A snapshot's id derives from its key when it was given one.
+        prefix::SNAPSHOT => derived || is_lowercase_ulid(body),
+        _ => is_lowercase_ulid(body),
     }
 }
 

@@ -14,7 +14,7 @@ mod event;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
@@ -68,6 +68,38 @@ pub struct Refusal {
     /// Until when scheduling avoids it for this instance.
     pub exclude_until: DateTime<Utc>,
 }
+
+/// The snapshot a restored instance boots from. A memory snapshot resumes only on a node of
+/// the CPU model it was taken on, and keeps the SSH identity of the instance it was taken of.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreFrom {
+    /// `snap_…`.
+    pub snapshot_id: String,
+    /// The stored object's SHA-256 (hex); the host checks it before use.
+    pub sha256: String,
+    /// Whether the snapshot holds the guest's memory.
+    pub include_memory: bool,
+    /// A memory snapshot: the CPU model it needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_model: Option<String>,
+    /// A memory snapshot: the instance whose SSH identity the guest still answers to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal_instance_id: Option<String>,
+}
+
+impl RestoreFrom {
+    /// The node labels a placement of this restore requires: a memory snapshot's CPU model.
+    pub fn required_labels(&self) -> BTreeMap<String, String> {
+        match (&self.cpu_model, self.include_memory) {
+            (Some(model), true) => BTreeMap::from([(CPU_MODEL_LABEL.to_string(), model.clone())]),
+            _ => BTreeMap::new(),
+        }
+    }
+}
+
+/// The label placement reads a node's CPU model under (from `nodes.register`'s `cpuModel`).
+pub const CPU_MODEL_LABEL: &str = "cpu.model";
 
 /// An instance as its events leave it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +158,9 @@ pub struct Instance {
     /// A sandbox template's network rule (`InstanceSpec.networkPolicy`).
     #[serde(default)]
     pub network_policy: Option<crate::network_policy::Network>,
+    /// A restore: the snapshot it boots from (`InstanceSpec.restoreFrom`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<RestoreFrom>,
     /// When it was created (the `instance.created` event's time).
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -354,6 +389,7 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         template_version: d.template_version,
         claimed_at: None,
         network_policy: d.network_policy,
+        restore_from: d.restore_from.clone(),
         created_at: at,
         updated_at: at,
         version: 1,

@@ -16,6 +16,9 @@ pub const RUNTIMES: &[&str] = &[
     "containerd",
 ];
 
+/// The runtimes that take snapshots (and restore them); any other is `UNSUPPORTED`.
+pub const RUNTIMES_WITH_SNAPSHOTS: &[&str] = &["libvirt-kvm", "cloud-hypervisor", "firecracker"];
+
 /// Checks a resource name: 1 to 63 letters, digits, `-`, `_` or `.`.
 pub fn check_name(field: &str, name: &str) -> Result<(), DomainError> {
     let ok = !name.is_empty()

@@ -3,8 +3,11 @@
 //! an ordinary instance (with `sandboxId` set), changed through the instance aggregate.
 
 mod event;
+pub mod snapshot;
 #[cfg(test)]
 mod tests;
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
@@ -14,8 +17,9 @@ use crate::error::DomainError;
 
 pub use event::{
     Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExpiry, SandboxFailed,
-    SandboxReady,
+    SandboxReady, SnapshotFailed, SnapshotReady, SnapshotRef, SnapshotRequested,
 };
+pub use snapshot::{Snapshot, SnapshotState};
 
 /// The longest single extension: 30 days.
 pub const MAX_EXTENSION: TimeDelta = TimeDelta::days(30);
@@ -141,6 +145,12 @@ pub struct Sandbox {
     pub updated_at: DateTime<Utc>,
     /// Events folded.
     pub version: u64,
+    /// A restore: the snapshot it was made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    /// Its snapshots, by id (deleted ones too, until the log is compacted: never).
+    #[serde(default)]
+    pub snapshots: BTreeMap<String, Snapshot>,
 }
 
 impl Sandbox {
@@ -197,6 +207,11 @@ impl Aggregate for Sandbox {
                 s.state = SandboxState::Deleted;
                 s.deleted_at = Some(at);
             }
+            SandboxEvent::SnapshotRequested(_)
+            | SandboxEvent::SnapshotReady(_)
+            | SandboxEvent::SnapshotFailed(_)
+            | SandboxEvent::SnapshotDeleted(_)
+            | SandboxEvent::SnapshotPurged(_) => snapshot::evolve(&mut s, event, at),
         }
         s.version += 1;
         s.updated_at = at;
@@ -228,6 +243,8 @@ fn from_created(c: &SandboxCreated, at: DateTime<Utc>) -> Sandbox {
         deleted_at: None,
         updated_at: at,
         version: 1,
+        from_snapshot: c.from_snapshot.clone(),
+        snapshots: BTreeMap::new(),
     }
 }
 
@@ -248,6 +265,8 @@ pub struct CreateSandbox {
     pub request_hash: String,
     /// Who asks.
     pub owner_identity_id: String,
+    /// A restore: the snapshot to boot from.
+    pub from_snapshot: Option<String>,
 }
 
 /// What a create finds before it admits anything.
@@ -315,6 +334,7 @@ pub fn created_event(
         owner_identity_id: c.owner_identity_id.clone(),
         idempotency_key: c.idempotency_key.clone(),
         request_hash: c.request_hash.clone(),
+        from_snapshot: c.from_snapshot.clone(),
     })
 }
 
@@ -408,13 +428,17 @@ pub fn delete(s: &Sandbox) -> Vec<SandboxEvent> {
     }
 }
 
-/// Decides the end: its instance is gone.
+/// Decides the end: its instance is gone, and its snapshots that are not kept go with it.
 pub fn deleted(s: &Sandbox) -> Vec<SandboxEvent> {
     match transition(s.state, Verb::Release) {
-        Ok(_) => vec![SandboxEvent::Deleted(SandboxDeleted {
-            ids: s.lifecycle(),
-            expired: s.expired,
-        })],
+        Ok(_) => {
+            let mut events = vec![SandboxEvent::Deleted(SandboxDeleted {
+                ids: s.lifecycle(),
+                expired: s.expired,
+            })];
+            events.extend(snapshot::delete_unkept(s));
+            events
+        }
         Err(_) => Vec::new(),
     }
 }

@@ -67,6 +67,7 @@ pub const TABLES: &[&str] = &[
     "webhooks",
     "sandbox_templates",
     "sandboxes",
+    "sandbox_snapshots",
     "policies",
     "identities",
     "tenants",

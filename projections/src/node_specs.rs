@@ -114,13 +114,7 @@ async fn sync(
     .bind(set.iter().map(|(_, v)| *v).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
-    sqlx::query(
-        "INSERT INTO node_specs (node_id, generation) SELECT unnest($1::text[]), 1
-         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1",
-    )
-    .bind(changed.into_iter().collect::<Vec<_>>())
-    .execute(conn)
-    .await?;
+    bump(conn, &changed.into_iter().cloned().collect::<Vec<_>>()).await?;
     Ok(())
 }
 
@@ -163,20 +157,41 @@ fn entry(
     if inst.sandbox_id.is_some() || inst.warm_template_id.is_some() {
         spec["sshFromHostOnly"] = json!(true);
     }
+    // The download URL is signed when the spec is served; the entry names the object.
+    if let Some(r) = &inst.restore_from {
+        spec["restoreFrom"] = json!({
+            "snapshotId": r.snapshot_id,
+            "sha256": r.sha256,
+            "includeMemory": r.include_memory,
+            "objectKey": vps_domain::sandbox::snapshot::object_key(&inst.tenant_id, &r.snapshot_id),
+        });
+    }
     spec
 }
 
-/// A node's spec with its generation (an empty spec at generation 0 before any instance).
+/// A node's spec with its generation (an empty spec at generation 0 before any instance),
+/// and its host commands: the snapshots it has to take, until it reports them. A command
+/// names its object (`objectKey`); the upload URL is signed when the spec is served.
 pub async fn load(conn: &mut PgConnection, node_id: &str) -> Result<Value, sqlx::Error> {
-    let (generation, instances): (i64, Value) = sqlx::query_as(
+    let (generation, instances, commands): (i64, Value, Value) = sqlx::query_as(
         "SELECT coalesce((SELECT generation FROM node_specs WHERE node_id = $1), 0),
                 coalesce((SELECT jsonb_agg(entry ORDER BY instance_id) FROM node_spec_entries
-                           WHERE node_id = $1), '[]')",
+                           WHERE node_id = $1), '[]'),
+                coalesce((SELECT jsonb_agg(jsonb_build_object(
+                                   'id', id, 'kind', 'snapshot', 'instanceId', instance_id,
+                                   'includeMemory', include_memory,
+                                   'objectKey', tenant_id || '/' || id) ORDER BY created_at, id)
+                            FROM sandbox_snapshots WHERE node_id = $1 AND state = 'pending'), '[]')",
     )
     .bind(node_id)
     .fetch_one(conn)
     .await?;
-    Ok(json!({ "nodeId": node_id, "generation": generation, "instances": instances }))
+    Ok(json!({
+        "nodeId": node_id,
+        "generation": generation,
+        "instances": instances,
+        "commands": commands,
+    }))
 }
 
 /// The follower's (and lease's) name.
@@ -187,8 +202,9 @@ pub const FOLLOWER: &str = "node-specs";
 async fn touched(
     conn: &mut PgConnection,
     batch: &[vps_events::RecordedEvent],
-) -> Result<(Vec<String>, Vec<String>), sqlx::Error> {
+) -> Result<(Vec<String>, Vec<String>, Vec<String>), sqlx::Error> {
     let mut instances = BTreeSet::new();
+    let mut snapshots = BTreeSet::new();
     let mut whole = false;
     for e in batch {
         if e.stream.starts_with("instance-") {
@@ -196,8 +212,26 @@ async fn touched(
                 instances.insert(i.to_string());
             }
         }
+        // A snapshot asked for or settled adds or drops a host command.
+        if matches!(
+            e.event_type.as_str(),
+            "sandbox.snapshot.requested" | "sandbox.snapshot.ready" | "sandbox.snapshot.failed"
+        ) {
+            if let Some(s) = e.data["snapshotId"].as_str() {
+                snapshots.insert(s.to_string());
+            }
+        }
         whole |= e.event_type.starts_with("image.") || e.event_type == "pool.ip_range.set";
     }
+    let commanded: Vec<String> = match snapshots.is_empty() {
+        true => Vec::new(),
+        false => sqlx::query_scalar(
+            "SELECT DISTINCT node_id FROM sandbox_snapshots WHERE id = ANY($1) ORDER BY node_id",
+        )
+        .bind(snapshots.into_iter().collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?,
+    };
     let nodes = match whole {
         true => {
             sqlx::query_scalar("SELECT id FROM nodes")
@@ -206,7 +240,19 @@ async fn touched(
         }
         false => Vec::new(),
     };
-    Ok((instances.into_iter().collect(), nodes))
+    Ok((instances.into_iter().collect(), nodes, commanded))
+}
+
+/// Moves the generation of `nodes` (their host commands changed).
+async fn bump(conn: &mut PgConnection, nodes: &[String]) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO node_specs (node_id, generation) SELECT unnest($1::text[]), 1
+         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1",
+    )
+    .bind(nodes)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Brings the entries a batch touched up to date and moves the checkpoint, in one transaction.
@@ -219,9 +265,12 @@ pub async fn apply_batch(
         return Ok(());
     };
     let mut tx = pool.begin().await?;
-    let (instances, nodes) = touched(&mut tx, batch).await?;
+    let (instances, nodes, commanded) = touched(&mut tx, batch).await?;
     if !instances.is_empty() {
         sync(&mut tx, &instances, None).await?;
+    }
+    if !commanded.is_empty() {
+        bump(&mut tx, &commanded).await?;
     }
     for node in nodes {
         refresh(&mut tx, &node).await?;

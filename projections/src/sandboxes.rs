@@ -1,12 +1,14 @@
-//! The `sandbox_templates` and `sandboxes` tables, from their streams. Each row keeps the
-//! aggregate folded so far (`doc`) beside the columns reads and the reconciler filter on.
+//! The `sandbox_templates`, `sandboxes` and `sandbox_snapshots` tables, from their streams.
+//! Each row keeps the aggregate folded so far (`doc`) beside the columns reads and the
+//! reconciler filter on. Snapshots are part of their sandbox's stream; their rows let a
+//! snapshot be found by id, and a node's pending ones listed.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
 use vps_domain::aggregate::Aggregate;
-use vps_domain::sandbox::{Sandbox, SandboxEvent};
+use vps_domain::sandbox::{Sandbox, SandboxEvent, Snapshot, SnapshotState};
 use vps_domain::template::{Template, TemplateEvent};
 use vps_events::RecordedEvent;
 
@@ -67,9 +69,99 @@ pub async fn apply_sandbox(
     .bind(s.created_at)
     .bind(s.updated_at)
     .bind(s.version as i64)
+    .execute(&mut *conn)
+    .await?;
+    if let Some(snap) = snapshot_of(&event).and_then(|id| s.snapshots.get(id)) {
+        upsert_snapshot(conn, snap).await?;
+    }
+    Ok(())
+}
+
+/// The snapshot a sandbox event is about.
+fn snapshot_of(event: &SandboxEvent) -> Option<&str> {
+    match event {
+        SandboxEvent::SnapshotRequested(e) => Some(&e.snapshot_id),
+        SandboxEvent::SnapshotReady(e) => Some(&e.snapshot_id),
+        SandboxEvent::SnapshotFailed(e) => Some(&e.snapshot_id),
+        SandboxEvent::SnapshotDeleted(e) | SandboxEvent::SnapshotPurged(e) => Some(&e.snapshot_id),
+        _ => None,
+    }
+}
+
+async fn upsert_snapshot(conn: &mut PgConnection, snap: &Snapshot) -> Result<(), ProjectionError> {
+    sqlx::query(
+        "INSERT INTO sandbox_snapshots (id, sandbox_id, tenant_id, owner_identity_id, template_id,
+                                        node_id, instance_id, state, include_memory, keep,
+                                        deleted, purged, doc, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+         ON CONFLICT (id) DO UPDATE SET state = excluded.state, deleted = excluded.deleted,
+            purged = excluded.purged, doc = excluded.doc",
+    )
+    .bind(&snap.id)
+    .bind(&snap.sandbox_id)
+    .bind(&snap.tenant_id)
+    .bind(&snap.owner_identity_id)
+    .bind(&snap.template_id)
+    .bind(&snap.node_id)
+    .bind(&snap.instance_id)
+    .bind(snapshot_state(snap.state))
+    .bind(snap.include_memory)
+    .bind(snap.keep)
+    .bind(snap.is_deleted())
+    .bind(snap.purged)
+    .bind(Json(snap))
+    .bind(snap.created_at)
     .execute(conn)
     .await?;
     Ok(())
+}
+
+fn snapshot_state(state: SnapshotState) -> &'static str {
+    match state {
+        SnapshotState::Pending => "pending",
+        SnapshotState::Ready => "ready",
+        SnapshotState::Failed => "failed",
+    }
+}
+
+/// What `sandboxSnapshots.list` selects.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotFilter {
+    /// The tenant.
+    pub tenant_id: String,
+    /// Only this identity's (`scope: mine`).
+    pub owner: Option<String>,
+    /// Only this sandbox's.
+    pub sandbox_id: Option<String>,
+    /// Page size.
+    pub limit: i64,
+    /// After this snapshot id (the previous page's last).
+    pub cursor: Option<String>,
+}
+
+/// A page of live snapshots, newest first.
+pub async fn snapshot_page(
+    conn: &mut PgConnection,
+    f: &SnapshotFilter,
+) -> Result<Vec<Snapshot>, ProjectionError> {
+    let rows: Vec<Json<Snapshot>> = sqlx::query_scalar(
+        "SELECT doc FROM sandbox_snapshots
+          WHERE tenant_id = $1 AND NOT deleted
+            AND ($2::text IS NULL OR owner_identity_id = $2)
+            AND ($3::text IS NULL OR sandbox_id = $3)
+            AND ($4::text IS NULL OR (created_at, id) <
+                 (SELECT created_at, id FROM sandbox_snapshots WHERE id = $4))
+          ORDER BY created_at DESC, id DESC
+          LIMIT $5",
+    )
+    .bind(&f.tenant_id)
+    .bind(&f.owner)
+    .bind(&f.sandbox_id)
+    .bind(&f.cursor)
+    .bind(f.limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|j| j.0).collect())
 }
 
 /// The row's aggregate after `event`.

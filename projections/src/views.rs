@@ -434,8 +434,89 @@ pub struct SandboxView {
     pub deleted_at: Option<DateTime<Utc>>,
     /// Whether its lifetime ended it.
     pub expired: bool,
+    /// A restore: the snapshot it was made from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    /// Its live snapshots, oldest first (`sandboxes.get` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<Vec<SnapshotView>>,
     /// Its stream version.
     pub version: u64,
+}
+
+impl SandboxView {
+    /// The view with its live snapshots (what `sandboxes.get` answers).
+    pub fn with_snapshots(s: &vps_domain::sandbox::Sandbox) -> Self {
+        let mut snapshots: Vec<SnapshotView> = s
+            .snapshots
+            .values()
+            .filter(|snap| !snap.is_deleted())
+            .map(SnapshotView::from)
+            .collect();
+        snapshots.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        SandboxView {
+            snapshots: Some(snapshots),
+            ..SandboxView::from(s)
+        }
+    }
+}
+
+/// The public view of a snapshot (SPEC §5.1). Its download URL is never shown.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotView {
+    /// `snap_…`.
+    pub id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    /// That sandbox's template (a restore runs under it).
+    pub template_id: String,
+    /// The only identity that may restore it.
+    pub owner_identity_id: String,
+    /// `pending`, `ready` or `failed`.
+    pub state: vps_domain::sandbox::SnapshotState,
+    /// With the guest's memory.
+    pub include_memory: bool,
+    /// Outlives its sandbox.
+    pub keep: bool,
+    /// The runtime that took it.
+    pub runtime: String,
+    /// The stored object's SHA-256.
+    pub sha256: Option<String>,
+    /// Its size.
+    pub size_bytes: Option<u64>,
+    /// A memory snapshot: the CPU model it restores on.
+    pub cpu_model: Option<String>,
+    /// Why it failed.
+    pub reason: Option<String>,
+    /// When it was asked for.
+    pub created_at: DateTime<Utc>,
+    /// When it became ready.
+    pub ready_at: Option<DateTime<Utc>>,
+}
+
+impl From<&vps_domain::sandbox::Snapshot> for SnapshotView {
+    fn from(s: &vps_domain::sandbox::Snapshot) -> Self {
+        SnapshotView {
+            id: s.id.clone(),
+            tenant_id: s.tenant_id.clone(),
+            sandbox_id: s.sandbox_id.clone(),
+            template_id: s.template_id.clone(),
+            owner_identity_id: s.owner_identity_id.clone(),
+            state: s.state,
+            include_memory: s.include_memory,
+            keep: s.keep,
+            runtime: s.runtime.clone(),
+            sha256: s.sha256.clone(),
+            size_bytes: s.size_bytes,
+            cpu_model: s.cpu_model.clone(),
+            reason: s.reason.clone(),
+            created_at: s.created_at,
+            ready_at: s.ready_at,
+        }
+    }
 }
 
 impl From<&vps_domain::sandbox::Sandbox> for SandboxView {
@@ -453,6 +534,8 @@ impl From<&vps_domain::sandbox::Sandbox> for SandboxView {
             expires_at: s.expires_at,
             deleted_at: s.deleted_at,
             expired: s.expired,
+            from_snapshot: s.from_snapshot.clone(),
+            snapshots: None,
             version: s.version,
         }
     }

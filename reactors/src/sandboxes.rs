@@ -1,7 +1,9 @@
 //! The sandbox reconciler (SPEC §3.8): one worker across replicas, a pass every `sandbox_pass`
 //! and when woken. A pass warns sandboxes about to expire (once per expiry), expires at most
 //! [`EXPIRE_PER_PASS`] whose time has come (`SKIP LOCKED`), settles `ready` and `deleted`
-//! where the instance path's own stamps did not, and keeps every template's warm pool.
+//! where the instance path's own stamps did not, keeps every template's warm pool, fails
+//! snapshots whose host command never settled (`snapshot_timeout`), and removes deleted
+//! snapshots' objects from the store once nothing can still need them.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -10,9 +12,10 @@ use chrono::{TimeDelta, Utc};
 use sqlx::types::Json;
 use tokio::sync::Notify;
 use tracing::Instrument;
-use vps_commands::sandboxes::{lifecycle, warm};
+use vps_commands::sandboxes::{lifecycle, snapshots, warm};
 use vps_commands::{CommandError, Ctx};
 use vps_domain::template::Template;
+use vps_store::SnapshotStore;
 
 use crate::timings::Timings;
 
@@ -27,12 +30,12 @@ pub fn wake() {
 }
 
 /// Passes for as long as the task lives.
-pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), CommandError> {
+pub async fn run(ctx: Ctx, timings: Timings, store: SnapshotStore) -> Result<(), CommandError> {
     let _lease =
         vps_events::lease::Lease::acquire(&ctx.pool, "sandboxes", Duration::from_secs(2)).await;
     loop {
         let span = tracing::info_span!("sandbox_pass");
-        pass(&ctx, &timings).instrument(span).await?;
+        pass(&ctx, &timings, &store).instrument(span).await?;
         tokio::select! {
             () = tokio::time::sleep(timings.sandbox_pass) => {}
             () = WAKE.notified() => {}
@@ -41,10 +44,49 @@ pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), CommandError> {
 }
 
 /// One pass.
-pub async fn pass(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
+pub async fn pass(ctx: &Ctx, timings: &Timings, store: &SnapshotStore) -> Result<(), CommandError> {
     expiries(ctx, timings).await?;
     fallbacks(ctx).await?;
-    warm_pools(ctx).await
+    warm_pools(ctx).await?;
+    snapshot_timeouts(ctx, timings).await?;
+    purges(ctx, store).await
+}
+
+/// Most snapshots timed out, and most objects purged, per pass.
+const SNAPSHOTS_PER_PASS: i64 = 100;
+
+/// Fails the snapshots whose host command has run longer than `snapshot_timeout`.
+async fn snapshot_timeouts(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
+    let before = Utc::now() - delta(timings.snapshot_timeout);
+    let mut conn = ctx.pool.acquire().await?;
+    let overdue = snapshots::overdue(&mut conn, before, SNAPSHOTS_PER_PASS).await?;
+    drop(conn);
+    for (sandbox, snapshot) in overdue {
+        snapshots::time_out(ctx, &sandbox, &snapshot).await?;
+        tracing::info!(%snapshot, "snapshot timed out");
+    }
+    Ok(())
+}
+
+/// Removes deleted snapshots' objects (their upload settled, nothing restores from them) and
+/// records each purge. A store that fails is tried again next pass; the network call runs
+/// outside any transaction.
+async fn purges(ctx: &Ctx, store: &SnapshotStore) -> Result<(), CommandError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let due = snapshots::purgeable(&mut conn, SNAPSHOTS_PER_PASS).await?;
+    drop(conn);
+    for (sandbox, snapshot, key) in due {
+        match store.delete(&key).await {
+            Ok(()) => {
+                snapshots::mark_purged(ctx, &sandbox, &snapshot).await?;
+                metrics::counter!("vps_snapshot_purges_total").increment(1);
+            }
+            Err(e) => {
+                tracing::warn!(%snapshot, error = %e, "snapshot purge failed; next pass retries")
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn expiries(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {

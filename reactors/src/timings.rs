@@ -27,6 +27,8 @@ pub struct Timings {
     pub sandbox_expiring_lead: Duration,
     /// The shortest warning.
     pub sandbox_expiring_min_lead: Duration,
+    /// How long a snapshot's host command may take before the snapshot fails.
+    pub snapshot_timeout: Duration,
 }
 
 impl Default for Timings {
@@ -43,6 +45,7 @@ impl Default for Timings {
             sandbox_pass: Duration::from_secs(15),
             sandbox_expiring_lead: Duration::from_secs(300),
             sandbox_expiring_min_lead: Duration::from_secs(30),
+            snapshot_timeout: Duration::from_secs(3600),
         }
     }
 }

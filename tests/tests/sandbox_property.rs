@@ -140,7 +140,7 @@ impl World<'_> {
             Op::Pass => {
                 let ctx = vps::server::reactor_ctx(&t.server.state, "property");
                 let timings = vps::server::timings(&t.server.state.config);
-                vps_reactors::sandboxes::pass(&ctx, &timings)
+                vps_reactors::sandboxes::pass(&ctx, &timings, &t.server.state.snapshots)
                     .await
                     .expect("a sandbox pass");
             }

@@ -11,6 +11,7 @@ pub mod policies;
 pub mod pools;
 pub mod provider_accounts;
 pub mod sandboxes;
+pub mod snapshots;
 pub mod tenants;
 pub mod usage;
 pub mod webhooks;
@@ -29,6 +30,7 @@ pub fn all() -> Vec<Method> {
         images::methods(),
         instances::methods(),
         sandboxes::methods(),
+        snapshots::methods(),
         provider_accounts::methods(),
         webhooks::methods(),
         events::methods(),

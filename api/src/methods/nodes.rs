@@ -172,12 +172,50 @@ async fn spec(c: Call, q: SpecQuery) -> Result<Value, ApiError> {
         q.after_generation
             .is_none_or(|after| spec["generation"].as_i64().unwrap_or(0) > after)
     };
-    crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
+    let spec = crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
         let mut conn = c.ctx.pool.acquire().await?;
         let spec = vps_projections::node_specs::load(&mut conn, &q.node_id).await?;
         Ok((newer(&spec), spec))
     })
-    .await
+    .await?;
+    let ttl = Duration::from_secs_f64(c.config.timings.snapshot_timeout);
+    sign_objects(&c.snapshots, spec, ttl).await
+}
+
+/// Replaces every `objectKey` the stored spec names with a URL signed now: an upload URL
+/// (and its headers) on each snapshot command, a download URL on each `restoreFrom`. Signed
+/// when served, so a URL never outlives its use by much and never sits in a table.
+async fn sign_objects(
+    store: &vps_store::SnapshotStore,
+    mut spec: Value,
+    ttl: Duration,
+) -> Result<Value, ApiError> {
+    let unsigned = |e: vps_store::StoreError| crate::error::internal(&e);
+    if let Some(commands) = spec["commands"].as_array_mut() {
+        for command in commands {
+            let Some(Value::String(key)) =
+                command.as_object_mut().and_then(|c| c.remove("objectKey"))
+            else {
+                continue;
+            };
+            let upload = store.upload(&key, ttl).await.map_err(unsigned)?;
+            command["uploadUrl"] = upload.url.into();
+            command["uploadHeaders"] = serde_json::to_value(upload.headers).unwrap_or_default();
+        }
+    }
+    if let Some(instances) = spec["instances"].as_array_mut() {
+        for instance in instances {
+            let restore = instance
+                .get_mut("restoreFrom")
+                .and_then(Value::as_object_mut);
+            let Some(Value::String(key)) = restore.and_then(|r| r.remove("objectKey")) else {
+                continue;
+            };
+            let url = store.download(&key, ttl).await.map_err(unsigned)?;
+            instance["restoreFrom"]["url"] = url.into();
+        }
+    }
+    Ok(spec)
 }
 
 async fn report(c: Call, report: Report) -> Result<ReportAnswer, ApiError> {

@@ -279,7 +279,7 @@ async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
 async fn get(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let mut conn = c.ctx.pool.acquire().await?;
-    Ok(SandboxView::from(
+    Ok(SandboxView::with_snapshots(
         &visible(&mut conn, &tenant, &q.sandbox_id).await?,
     ))
 }

@@ -158,6 +158,8 @@ pub struct Origin {
     pub owner_identity_id: Option<String>,
     /// The user data to seal, when not the input's (a template's, with its environment).
     pub user_data: Option<String>,
+    /// A restore: the snapshot the instance boots from.
+    pub restore_from: Option<vps_domain::instance::RestoreFrom>,
 }
 
 /// Admits an instance in the caller's transaction (a replay answers the existing one): the
@@ -222,6 +224,7 @@ fn create_command(ctx: &Ctx, id: &str, input: &CreateInput, origin: &Origin) -> 
         warm_template_id: origin.warm.as_ref().map(|(t, _)| t.clone()),
         template_version: origin.warm.as_ref().map(|(_, v)| *v),
         network_policy: origin.network_policy,
+        restore_from: origin.restore_from.clone(),
     }
 }
 

@@ -31,6 +31,9 @@ pub struct CreateSandboxInput {
     pub ttl_seconds: Option<u64>,
     /// Makes the create idempotent.
     pub idempotency_key: String,
+    /// Restores this snapshot (`snap_…`) of the caller's: never a warm claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
 }
 
 /// What a create decided, for the caller's metrics and authorization.
@@ -72,7 +75,7 @@ pub async fn draft(
         vcpu: shape.vcpu,
         memory_gib: shape.memory_gib,
         gpus: shape.gpus.as_ref().map_or(0, |g| g.count),
-        from_snapshot: None,
+        from_snapshot: input.from_snapshot.clone(),
     };
     Ok(Some((id, draft)))
 }
@@ -94,6 +97,7 @@ pub async fn create(ctx: &Ctx, input: CreateSandboxInput) -> Result<Created, Com
             serde_json::to_vec(&input).expect("serialises"),
         )),
         owner_identity_id: ctx.actor.identity.clone(),
+        from_snapshot: input.from_snapshot.clone(),
     };
     retrying(&id, || create_once(ctx, &request)).await
 }
@@ -117,9 +121,21 @@ async fn create_once(ctx: &Ctx, c: &CreateSandbox) -> Result<Created, CommandErr
     else {
         unreachable!("no sandbox exists under this id");
     };
-    let (instance, warm) = match super::warm::claim(ctx, &mut tx, t, &c.id).await? {
+    // A restore boots its snapshot: it never claims a warm instance.
+    let restore = match &c.from_snapshot {
+        Some(snap) => Some(
+            super::snapshots::restore_from(ctx, &mut tx, &c.tenant_id, snap, &t.id, &t.runtime)
+                .await?,
+        ),
+        None => None,
+    };
+    let claimed = match restore {
+        Some(_) => None,
+        None => super::warm::claim(ctx, &mut tx, t, &c.id).await?,
+    };
+    let (instance, warm) = match claimed {
         Some(claimed) => (claimed, true),
-        None => (cold(ctx, &mut tx, t, &c.id).await?, false),
+        None => (cold(ctx, &mut tx, t, &c.id, restore).await?, false),
     };
     let ids = Lifecycle {
         sandbox_id: c.id.clone(),
@@ -143,10 +159,12 @@ async fn cold(
     tx: &mut PgConnection,
     t: &Template,
     sandbox_id: &str,
+    restore_from: Option<vps_domain::instance::RestoreFrom>,
 ) -> Result<Instance, CommandError> {
     let id = vps_domain::ids::instance_id(&t.tenant_id, sandbox_id, "sandbox");
     let origin = Origin {
         sandbox_id: Some(sandbox_id.to_string()),
+        restore_from,
         ..origin(ctx, tx, t).await?
     };
     admit_in(

@@ -9,11 +9,14 @@
 //! - [`follow`], the sandbox's side of an instance change (ready, failed, deleted), recorded
 //!   in the instance change's own transaction.
 //! - [`template_instance`], what every instance of a template is admitted with.
+//! - [`snapshots`], taking, settling, deleting and purging snapshots, and what a restore
+//!   boots from.
 //! - [`warm`], claiming a warm instance, and the warm pools' refill and drain.
 
 pub mod create;
 pub mod follow;
 pub mod lifecycle;
+pub mod snapshots;
 pub mod template_instance;
 pub mod templates;
 pub mod warm;

@@ -3,7 +3,7 @@
 //! is a replay of an earlier one, or it is refused, or it is admitted: created, and for hosted
 //! pools placed on a node with an address (or marked unschedulable), all as one list of events.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
 use chrono::{DateTime, Utc};
@@ -125,7 +125,11 @@ pub fn placement(
     let request = PlacementRequest {
         shape: &instance.shape,
         runtime: &pool.runtime,
-        required_labels: &BTreeMap::new(),
+        required_labels: &instance
+            .restore_from
+            .as_ref()
+            .map(super::RestoreFrom::required_labels)
+            .unwrap_or_default(),
         excluded: &excluded,
         only_nodes: None,
     };

@@ -70,6 +70,9 @@ pub struct Created {
     /// A sandbox template's network rule (absent: the pool's network).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<Network>,
+    /// A restore: the snapshot it boots from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<super::RestoreFrom>,
 }
 
 /// `instance.starting`: `start` was called, the state moved to `starting`, or a sandbox

@@ -39,6 +39,9 @@ pub struct SandboxCreated {
     pub idempotency_key: String,
     /// Hash of the create request.
     pub request_hash: String,
+    /// A restore: the snapshot it was made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
 }
 
 /// `sandbox.ready`.
@@ -85,6 +88,82 @@ pub struct SandboxDeleted {
     pub expired: bool,
 }
 
+/// `sandbox.snapshot.requested`: a snapshot was asked for; its host command is in the node's
+/// spec until the node reports the outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRequested {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// `snap_…`.
+    pub snapshot_id: String,
+    /// With the guest's memory.
+    pub include_memory: bool,
+    /// Outlives its sandbox.
+    pub keep: bool,
+    /// The runtime that takes it.
+    pub runtime: String,
+    /// The node that takes it.
+    pub node_id: String,
+    /// The sandbox's owner: the only one who may restore it.
+    pub owner_identity_id: String,
+    /// The instance whose SSH identity a memory restore of it resumes with.
+    pub principal_instance_id: String,
+    /// The key the id derives from, when one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Hash of the request, for replay vs `CONFLICT`.
+    pub request_hash: String,
+}
+
+/// `sandbox.snapshot.ready`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotReady {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// `snap_…`.
+    pub snapshot_id: String,
+    /// With the guest's memory.
+    pub include_memory: bool,
+    /// The stored object's SHA-256 (hex).
+    pub sha256: String,
+    /// Its size.
+    pub size_bytes: u64,
+    /// A memory snapshot: the CPU model it was taken on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_model: Option<String>,
+}
+
+/// `sandbox.snapshot.failed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotFailed {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// `snap_…`.
+    pub snapshot_id: String,
+    /// With the guest's memory.
+    pub include_memory: bool,
+    /// The host's reason, `timeout`, or `bad-result`.
+    pub reason: String,
+}
+
+/// `sandbox.snapshot.deleted` (hidden at once) and `sandbox.snapshot.purged` (its stored
+/// object removed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRef {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// `snap_…`.
+    pub snapshot_id: String,
+}
+
 crate::event_enum! {
     /// What happens to a sandbox.
     pub enum SandboxEvent {
@@ -104,5 +183,15 @@ crate::event_enum! {
         Deleting(Lifecycle) = "sandbox.deleting",
         /// `sandbox.deleted`.
         Deleted(SandboxDeleted) = "sandbox.deleted",
+        /// `sandbox.snapshot.requested`.
+        SnapshotRequested(SnapshotRequested) = "sandbox.snapshot.requested",
+        /// `sandbox.snapshot.ready`.
+        SnapshotReady(SnapshotReady) = "sandbox.snapshot.ready",
+        /// `sandbox.snapshot.failed`.
+        SnapshotFailed(SnapshotFailed) = "sandbox.snapshot.failed",
+        /// `sandbox.snapshot.deleted`.
+        SnapshotDeleted(SnapshotRef) = "sandbox.snapshot.deleted",
+        /// `sandbox.snapshot.purged`.
+        SnapshotPurged(SnapshotRef) = "sandbox.snapshot.purged",
     }
 }

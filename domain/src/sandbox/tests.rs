@@ -16,6 +16,7 @@ fn request(ttl: Option<u64>) -> CreateSandbox {
         idempotency_key: "k".into(),
         request_hash: "h".into(),
         owner_identity_id: "id_alice".into(),
+        from_snapshot: None,
     }
 }
 

@@ -1,0 +1,124 @@
+//! `sandboxes.snapshot` and `sandboxSnapshots.*`. A snapshot belongs to its sandbox's owner;
+//! another tenant's, or a deleted one, is `NOT_FOUND`. Views never carry the object's URL.
+
+use serde::{Deserialize, Serialize};
+use vps_commands::sandboxes::snapshots::{self, SnapshotInput};
+use vps_projections::sandboxes::SnapshotFilter;
+use vps_projections::views::SnapshotView;
+
+use crate::error::ApiError;
+use crate::registry::{Access::Tenant, Call, Method};
+
+/// A snapshot by id.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotRef {
+    /// The tenant.
+    tenant_id: String,
+    /// `snap_…`.
+    snapshot_id: String,
+}
+
+/// `sandboxSnapshots.list`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListBody {
+    /// The tenant.
+    tenant_id: String,
+    /// Only this sandbox's.
+    sandbox_id: Option<String>,
+    /// `mine` (default: the ones you own) or `all`.
+    scope: Option<String>,
+    /// 1 to 200 (default 50).
+    limit: Option<i64>,
+    /// The previous page's cursor (its last snapshot id).
+    cursor: Option<String>,
+}
+
+/// A page of snapshots, newest first.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct SnapshotPage {
+    /// The snapshots.
+    items: Vec<SnapshotView>,
+    /// Present when there are more.
+    cursor: Option<String>,
+}
+
+/// The methods.
+pub fn methods() -> Vec<Method> {
+    vec![
+        Method::new(
+            "sandboxes",
+            "snapshot",
+            Tenant,
+            "Takes a snapshot of a sandbox (pending until its node uploads it).",
+            take,
+        ),
+        Method::new(
+            "sandboxSnapshots",
+            "list",
+            Tenant,
+            "The tenant's live snapshots, newest first.",
+            list,
+        ),
+        Method::new("sandboxSnapshots", "get", Tenant, "One live snapshot.", get),
+        Method::new(
+            "sandboxSnapshots",
+            "delete",
+            Tenant,
+            "Deletes a snapshot at once; its stored object is purged later.",
+            delete,
+        ),
+    ]
+}
+
+async fn take(c: Call, mut q: SnapshotInput) -> Result<SnapshotView, ApiError> {
+    q.tenant_id = c.caller.tenant(&q.tenant_id)?;
+    let snap = snapshots::take(&c.ctx, q).await?;
+    Ok(SnapshotView::from(&snap))
+}
+
+async fn list(c: Call, q: ListBody) -> Result<SnapshotPage, ApiError> {
+    let tenant_id = c.caller.tenant(&q.tenant_id)?;
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=200).contains(&limit) {
+        return Err(ApiError::invalid("limit", "1 to 200"));
+    }
+    let owner = match q.scope.as_deref() {
+        None | Some("mine") => Some(c.caller.actor.identity.clone()),
+        Some("all") => None,
+        Some(_) => return Err(ApiError::invalid("scope", "mine or all")),
+    };
+    let filter = SnapshotFilter {
+        tenant_id,
+        owner,
+        sandbox_id: q.sandbox_id,
+        limit: limit + 1,
+        cursor: q.cursor,
+    };
+    let mut conn = c.ctx.pool.acquire().await?;
+    let mut items = vps_projections::sandboxes::snapshot_page(&mut conn, &filter)
+        .await
+        .map_err(vps_commands::CommandError::from)?;
+    let more = items.len() as i64 > limit;
+    items.truncate(limit as usize);
+    let cursor = more.then(|| items.last().map(|s| s.id.clone())).flatten();
+    Ok(SnapshotPage {
+        items: items.iter().map(SnapshotView::from).collect(),
+        cursor,
+    })
+}
+
+async fn get(c: Call, q: SnapshotRef) -> Result<SnapshotView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let mut conn = c.ctx.pool.acquire().await?;
+    let (_, snap) = snapshots::visible(&mut conn, &tenant, &q.snapshot_id).await?;
+    Ok(SnapshotView::from(&snap))
+}
+
+async fn delete(c: Call, q: SnapshotRef) -> Result<SnapshotView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let snap = snapshots::delete(&c.ctx, &tenant, &q.snapshot_id).await?;
+    vps_reactors::sandboxes::wake();
+    Ok(SnapshotView::from(&snap))
+}

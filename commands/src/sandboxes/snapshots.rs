@@ -1,0 +1,315 @@
+//! Snapshots: `sandboxes.snapshot` asks the sandbox's node for one (the host command rides in
+//! its spec), the node's report settles it, the reconciler times out the ones that never
+//! settle and purges deleted ones from the store, and `sandboxSnapshots.delete` hides one at
+//! once. Restores read a snapshot here too (see [`restore_from`]).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
+use vps_domain::instance::RestoreFrom;
+use vps_domain::sandbox::snapshot::{
+    self as domain, CommandResult, InstanceFacts, Take, TakeSnapshot,
+};
+use vps_domain::sandbox::{Sandbox, Snapshot};
+use vps_domain::DomainError;
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::pipeline::commit;
+use crate::record::new_id;
+use crate::stream::{change, load, record_events};
+
+/// `sandboxes.snapshot`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotInput {
+    /// The tenant.
+    pub tenant_id: String,
+    /// `sbx_…`.
+    pub sandbox_id: String,
+    /// With the guest's memory (default true).
+    pub include_memory: Option<bool>,
+    /// Outlives the sandbox (default false: deleted with it).
+    pub keep: Option<bool>,
+    /// With a key, the id derives from it and a retry answers the same snapshot.
+    pub idempotency_key: Option<String>,
+}
+
+/// Takes a snapshot of a sandbox (or answers the one its key already took).
+pub async fn take(ctx: &Ctx, input: SnapshotInput) -> Result<Snapshot, CommandError> {
+    let key = input.idempotency_key.as_deref();
+    if key.is_some_and(|k| k.trim().is_empty() || k.len() > 256) {
+        return Err(DomainError::invalid_input("idempotencyKey", "1 to 256 characters").into());
+    }
+    let id = match key {
+        Some(k) => vps_domain::ids::snapshot_id(&input.tenant_id, &ctx.actor.identity, k),
+        None => new_id(vps_domain::ids::prefix::SNAPSHOT),
+    };
+    let request = TakeSnapshot {
+        snapshot_id: id.clone(),
+        include_memory: input.include_memory.unwrap_or(true),
+        keep: input.keep.unwrap_or(false),
+        idempotency_key: input.idempotency_key.clone(),
+        request_hash: hex::encode(Sha256::digest(
+            format!(
+                "{}\n{}\n{}",
+                input.sandbox_id,
+                input.include_memory.unwrap_or(true),
+                input.keep.unwrap_or(false)
+            )
+            .as_bytes(),
+        )),
+    };
+    retrying(&id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        // A key already used on another sandbox is a conflict, whatever that sandbox is now.
+        if let Some(other) = sandbox_of(&mut tx, &id).await? {
+            if other != input.sandbox_id {
+                return Err(domain::key_conflict(&id).into());
+            }
+        }
+        let s = super::visible(&mut tx, &input.tenant_id, &input.sandbox_id).await?;
+        let facts = instance_facts(&mut tx, &s.instance_id).await?;
+        let events = match domain::take(&s, &facts, &request)? {
+            Take::Replay(snap) => return Ok(*snap),
+            Take::New(events) => events,
+        };
+        let after = record_events(ctx, &mut tx, &s.id, Some(&s), events, Some(&s.tenant_id))
+            .await?
+            .expect("a sandbox");
+        commit(ctx, tx).await?;
+        Ok(after.snapshots[&id].clone())
+    })
+    .await
+}
+
+/// What a snapshot decision reads about the sandbox's instance.
+async fn instance_facts(
+    tx: &mut PgConnection,
+    instance_id: &str,
+) -> Result<InstanceFacts, CommandError> {
+    let inst = vps_projections::instances::load(tx, instance_id)
+        .await?
+        .ok_or_else(|| DomainError::invalid_state(format!("instance {instance_id} is gone")))?;
+    let runtime: Option<String> = sqlx::query_scalar("SELECT runtime FROM pools WHERE id = $1")
+        .bind(&inst.pool_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .flatten();
+    Ok(InstanceFacts {
+        state: inst.state,
+        node_id: inst.node_id.clone(),
+        runtime: runtime.unwrap_or_else(|| "libvirt-kvm".into()),
+        gpus: inst.shape.gpus.as_ref().is_some_and(|g| g.count > 0),
+        writes_volume: false,
+        principal_instance_id: inst
+            .restore_from
+            .as_ref()
+            .and_then(|r| r.principal_instance_id.clone())
+            .unwrap_or_else(|| inst.id.clone()),
+    })
+}
+
+/// The sandbox a snapshot id belongs to, from the snapshots' projection.
+async fn sandbox_of(
+    tx: &mut PgConnection,
+    snapshot_id: &str,
+) -> Result<Option<String>, CommandError> {
+    Ok(
+        sqlx::query_scalar("SELECT sandbox_id FROM sandbox_snapshots WHERE id = $1")
+            .bind(snapshot_id)
+            .fetch_optional(&mut *tx)
+            .await?,
+    )
+}
+
+/// A snapshot the tenant may see: deleted, unknown or another tenant's is `NOT_FOUND`.
+pub async fn visible(
+    tx: &mut PgConnection,
+    tenant_id: &str,
+    snapshot_id: &str,
+) -> Result<(Sandbox, Snapshot), CommandError> {
+    let not_found = || DomainError::NotFound {
+        what: format!("snapshot {snapshot_id}"),
+    };
+    let sandbox_id = sandbox_of(tx, snapshot_id).await?.ok_or_else(not_found)?;
+    let s = load::<Sandbox>(tx, &sandbox_id)
+        .await?
+        .ok_or_else(not_found)?;
+    match s.snapshots.get(snapshot_id) {
+        Some(snap) if snap.tenant_id == tenant_id && !snap.is_deleted() => {
+            let snap = snap.clone();
+            Ok((s, snap))
+        }
+        _ => Err(not_found().into()),
+    }
+}
+
+/// `sandboxSnapshots.delete`: hides the snapshot at once (idempotent: deleting it again, or
+/// a deleted one, answers `NOT_FOUND` only when it never was the tenant's). The reconciler
+/// removes the stored object later, so no network call runs here.
+pub async fn delete(
+    ctx: &Ctx,
+    tenant_id: &str,
+    snapshot_id: &str,
+) -> Result<Snapshot, CommandError> {
+    retrying(snapshot_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let (s, _) = visible(&mut tx, tenant_id, snapshot_id).await?;
+        let after = record_events(
+            ctx,
+            &mut tx,
+            &s.id,
+            Some(&s),
+            domain::delete(&s, snapshot_id),
+            Some(tenant_id),
+        )
+        .await?
+        .expect("a sandbox");
+        commit(ctx, tx).await?;
+        Ok(after.snapshots[snapshot_id].clone())
+    })
+    .await
+}
+
+/// Settles the snapshot commands a node reported, in the report's transaction. A result for
+/// a command that is not this node's, or not pending, changes nothing.
+pub async fn settle(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    node_id: &str,
+    results: &[CommandResult],
+) -> Result<(), CommandError> {
+    if results.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = results.iter().map(|r| r.id.as_str()).collect();
+    let owned: Vec<(String, String)> = sqlx::query_as(
+        "SELECT id, sandbox_id FROM sandbox_snapshots
+          WHERE id = ANY($1) AND node_id = $2 AND state = 'pending' ORDER BY sandbox_id, id",
+    )
+    .bind(&ids)
+    .bind(node_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let cpu_model: Option<String> = sqlx::query_scalar("SELECT cpu_model FROM nodes WHERE id = $1")
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .flatten();
+    for (snapshot_id, sandbox_id) in owned {
+        let Some(result) = results.iter().find(|r| r.id == snapshot_id) else {
+            continue;
+        };
+        change::<Sandbox>(ctx, tx, &sandbox_id, None, |s| {
+            Ok(s.map(|s| domain::settle(s, result, cpu_model.as_deref()))
+                .unwrap_or_default())
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Fails one pending snapshot whose command never settled (the reconciler's timeout).
+pub async fn time_out(ctx: &Ctx, sandbox_id: &str, snapshot_id: &str) -> Result<(), CommandError> {
+    retrying(snapshot_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        change::<Sandbox>(ctx, &mut tx, sandbox_id, None, |s| {
+            Ok(s.map(|s| domain::time_out(s, snapshot_id))
+                .unwrap_or_default())
+        })
+        .await?;
+        commit(ctx, tx).await
+    })
+    .await
+}
+
+/// A deleted snapshot whose object may go: its upload settled and no live instance restores
+/// from it. Answers `(sandbox, snapshot, object key)` of up to `limit` of them.
+pub async fn purgeable(
+    tx: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<(String, String, String)>, CommandError> {
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT s.sandbox_id, s.id, s.tenant_id FROM sandbox_snapshots s
+          WHERE s.deleted AND NOT s.purged AND s.state <> 'pending'
+            AND NOT EXISTS (SELECT 1 FROM instances i
+                             WHERE i.doc->'restoreFrom'->>'snapshotId' = s.id
+                               AND i.state <> 'deleted')
+          ORDER BY s.id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(sandbox, snap, tenant)| {
+            let key = domain::object_key(&tenant, &snap);
+            (sandbox, snap, key)
+        })
+        .collect())
+}
+
+/// Records that a snapshot's object was removed from the store.
+pub async fn mark_purged(
+    ctx: &Ctx,
+    sandbox_id: &str,
+    snapshot_id: &str,
+) -> Result<(), CommandError> {
+    retrying(snapshot_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        change::<Sandbox>(ctx, &mut tx, sandbox_id, None, |s| {
+            Ok(s.map(|s| domain::purged(s, snapshot_id))
+                .unwrap_or_default())
+        })
+        .await?;
+        commit(ctx, tx).await
+    })
+    .await
+}
+
+/// Pending snapshots asked for before `before`: `(sandbox, snapshot)`, up to `limit`.
+pub async fn overdue(
+    tx: &mut PgConnection,
+    before: chrono::DateTime<chrono::Utc>,
+    limit: i64,
+) -> Result<Vec<(String, String)>, CommandError> {
+    Ok(sqlx::query_as(
+        "SELECT sandbox_id, id FROM sandbox_snapshots
+          WHERE state = 'pending' AND created_at < $1 ORDER BY created_at LIMIT $2",
+    )
+    .bind(before)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?)
+}
+
+/// What a restore boots from: the caller's own `ready` snapshot, read `FOR SHARE` so a
+/// concurrent delete (and so a purge) waits for this transaction.
+pub async fn restore_from(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    tenant_id: &str,
+    snapshot_id: &str,
+    template_id: &str,
+    runtime: &str,
+) -> Result<RestoreFrom, CommandError> {
+    let sandbox_id: Option<String> =
+        sqlx::query_scalar("SELECT sandbox_id FROM sandbox_snapshots WHERE id = $1 FOR SHARE")
+            .bind(snapshot_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let source = match sandbox_id {
+        Some(id) => load::<Sandbox>(tx, &id).await?,
+        None => None,
+    };
+    let snap = source.as_ref().and_then(|s| s.snapshots.get(snapshot_id));
+    Ok(domain::restore(
+        snap,
+        snapshot_id,
+        tenant_id,
+        &ctx.actor.identity,
+        template_id,
+        runtime,
+    )?)
+}

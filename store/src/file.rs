@@ -1,0 +1,253 @@
+//! The `file` backend: objects under a directory, served by vps at URLs that carry their
+//! expiry and an HMAC-SHA256 over (method, key, expiry). An upload declares its body's
+//! SHA-256 in [`SHA256_HEADER`]; a body that does not match is refused and left nowhere.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::io::AsyncWriteExt;
+
+use crate::{check_key, Presigned, StoreError};
+
+/// The header an upload declares its body's SHA-256 (hex) in.
+pub const SHA256_HEADER: &str = "x-content-sha256";
+
+/// Objects under a directory, at signed URLs of this server.
+#[derive(Clone)]
+pub struct FileStore {
+    root: PathBuf,
+    public_url: String,
+    key: Arc<[u8; 32]>,
+}
+
+impl std::fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore")
+            .field("root", &self.root)
+            .field("public_url", &self.public_url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why an upload was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// No SHA-256 was declared, or not as 64 hex digits.
+    #[error("declare the body's SHA-256 (64 hex digits) in the {SHA256_HEADER} header")]
+    Undeclared,
+    /// The body's digest is not the declared one.
+    #[error("the body's SHA-256 is {actual}, not the declared {declared}")]
+    Mismatch {
+        /// What the uploader declared.
+        declared: String,
+        /// What the body hashed to.
+        actual: String,
+    },
+    /// The body could not be read, or the file written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+impl FileStore {
+    /// A store under `root`, whose URLs start with `public_url` (this server, as hosts reach
+    /// it). The signing key derives from `secret` (the deployment's secrets key), so every
+    /// replica signs and checks alike.
+    pub fn new(root: impl Into<PathBuf>, public_url: &str, secret: &[u8]) -> Self {
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+        mac.update(b"vps snapshot store urls v1");
+        Self {
+            root: root.into(),
+            public_url: public_url.trim_end_matches('/').to_string(),
+            key: Arc::new(mac.finalize().into_bytes().into()),
+        }
+    }
+
+    /// The directory objects live in.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn signature(&self, method: &str, key: &str, exp: i64) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(self.key.as_slice()).expect("any length");
+        mac.update(format!("{method}\n{key}\n{exp}").as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    pub(crate) fn presign(&self, method: &str, key: &str, ttl: Duration) -> Presigned {
+        let exp = unix_now() + ttl.as_secs().max(1) as i64;
+        Presigned {
+            url: format!(
+                "{}/snapshots/{key}?exp={exp}&sig={}",
+                self.public_url,
+                self.signature(method, key, exp)
+            ),
+            headers: Default::default(),
+        }
+    }
+
+    /// Whether `sig` signs (`method`, `key`, `exp`) and `exp` has not passed. Constant time in
+    /// the signature.
+    pub fn verify(&self, method: &str, key: &str, exp: i64, sig: &str) -> bool {
+        if check_key(key).is_err() || exp < unix_now() {
+            return false;
+        }
+        let expected = self.signature(method, key, exp);
+        expected.as_bytes().ct_eq(sig.as_bytes()).into()
+    }
+
+    /// The object's path (the key is checked first).
+    pub fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
+        check_key(key)?;
+        Ok(self.root.join(key))
+    }
+
+    /// Stores `body` as `key` if it hashes to `declared`: written beside its final place and
+    /// renamed there, so a reader never sees half an object. Answers the size.
+    pub async fn write<S, E>(
+        &self,
+        key: &str,
+        declared: Option<&str>,
+        body: S,
+    ) -> Result<u64, WriteError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let declared = declared
+            .map(str::to_ascii_lowercase)
+            .filter(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or(WriteError::Undeclared)?;
+        let path = self.path(key)?;
+        if let Some(dir) = path.parent() {
+            tokio::fs::create_dir_all(dir)
+                .await
+                .map_err(StoreError::from)?;
+        }
+        let partial = path.with_extension(format!("partial-{:016x}", rand_suffix()));
+        let result = write_hashed(&partial, body).await;
+        let (size, actual) = match result {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&partial).await;
+                return Err(e.into());
+            }
+        };
+        if actual != declared {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(WriteError::Mismatch { declared, actual });
+        }
+        tokio::fs::rename(&partial, &path)
+            .await
+            .map_err(StoreError::from)?;
+        Ok(size)
+    }
+
+    pub(crate) async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match tokio::fs::remove_file(self.path(key)?).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(tokio::fs::try_exists(self.path(key)?).await?)
+    }
+}
+
+/// A suffix that keeps concurrent uploads of one key apart.
+fn rand_suffix() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (std::process::id() as u64).rotate_left(32)
+}
+
+async fn write_hashed<S, E>(path: &Path, mut body: S) -> Result<(u64, String), StoreError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut file = tokio::fs::File::create(path).await?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(std::io::Error::other)?;
+        hasher.update(&chunk);
+        size += chunk.len() as u64;
+        file.write_all(&chunk).await?;
+    }
+    file.flush().await?;
+    file.sync_all().await?;
+    Ok((size, hex::encode(hasher.finalize())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(data: &'static [u8]) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Unpin {
+        futures::stream::iter(vec![Ok(Bytes::from_static(data))])
+    }
+
+    #[test]
+    fn signatures_bind_method_key_and_expiry() {
+        let store = FileStore::new("/tmp/x", "http://h:1/", b"secret");
+        let p = store.presign("PUT", "t/snap_a", Duration::from_secs(60));
+        let url = url::Url::parse(&p.url).unwrap();
+        assert_eq!(url.path(), "/snapshots/t/snap_a");
+        let q: std::collections::HashMap<_, _> = url.query_pairs().into_owned().collect();
+        let exp: i64 = q["exp"].parse().unwrap();
+        assert!(store.verify("PUT", "t/snap_a", exp, &q["sig"]));
+        assert!(!store.verify("GET", "t/snap_a", exp, &q["sig"]));
+        assert!(!store.verify("PUT", "t/snap_b", exp, &q["sig"]));
+        assert!(!store.verify("PUT", "t/snap_a", exp + 1, &q["sig"]));
+        let other = FileStore::new("/tmp/x", "http://h:1", b"other");
+        assert!(!other.verify("PUT", "t/snap_a", exp, &q["sig"]));
+        let past = unix_now() - 1;
+        let sig = store.signature("PUT", "t/snap_a", past);
+        assert!(!store.verify("PUT", "t/snap_a", past, &sig));
+    }
+
+    #[tokio::test]
+    async fn a_body_must_match_its_declared_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path(), "http://h", b"k");
+        let good = hex::encode(Sha256::digest(b"hello"));
+        assert_eq!(
+            store
+                .write("t/s", Some(&good), body(b"hello"))
+                .await
+                .unwrap(),
+            5
+        );
+        assert!(store.exists("t/s").await.unwrap());
+        let wrong = store.write("t/w", Some(&good), body(b"other")).await;
+        assert!(matches!(wrong, Err(WriteError::Mismatch { .. })));
+        assert!(!store.exists("t/w").await.unwrap());
+        assert!(matches!(
+            store.write("t/u", None, body(b"x")).await,
+            Err(WriteError::Undeclared)
+        ));
+        // Nothing half-written is left beside the objects.
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("t"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec!["s".to_string()]);
+        store.delete("t/s").await.unwrap();
+        store.delete("t/s").await.unwrap();
+        assert!(!store.exists("t/s").await.unwrap());
+    }
+}
