@@ -61,9 +61,9 @@ async fn snapshot_timeouts(ctx: &Ctx, timings: &Timings) -> Result<(), CommandEr
     let mut conn = ctx.pool.acquire().await?;
     let overdue = snapshots::overdue(&mut conn, before, SNAPSHOTS_PER_PASS).await?;
     drop(conn);
-    for (sandbox, snapshot) in overdue {
-        snapshots::time_out(ctx, &sandbox, &snapshot).await?;
-        tracing::info!(%snapshot, "snapshot timed out");
+    for snap in overdue {
+        snapshots::time_out(ctx, &snap).await?;
+        tracing::info!(snapshot = %snap.id, "snapshot timed out");
     }
     Ok(())
 }
@@ -75,14 +75,14 @@ async fn purges(ctx: &Ctx, store: &SnapshotStore) -> Result<(), CommandError> {
     let mut conn = ctx.pool.acquire().await?;
     let due = snapshots::purgeable(&mut conn, SNAPSHOTS_PER_PASS).await?;
     drop(conn);
-    for (sandbox, snapshot, key) in due {
-        match store.delete(&key).await {
+    for snap in due {
+        match store.delete(&snap.object_key()).await {
             Ok(()) => {
-                snapshots::mark_purged(ctx, &sandbox, &snapshot).await?;
+                snapshots::mark_purged(ctx, &snap).await?;
                 metrics::counter!("vps_snapshot_purges_total").increment(1);
             }
             Err(e) => {
-                tracing::warn!(%snapshot, error = %e, "snapshot purge failed; next pass retries")
+                tracing::warn!(snapshot = %snap.id, error = %e, "snapshot purge failed; next pass retries")
             }
         }
     }

@@ -29,6 +29,8 @@ pub struct TestServer {
     pub server: RunningServer,
     /// HTTP client.
     pub http: reqwest::Client,
+    /// The `file` snapshot store's directory (removed with the server).
+    pub snapshots: tempfile::TempDir,
 }
 
 /// An error answer: status and body.
@@ -68,6 +70,8 @@ impl TestServer {
         config.secrets.key = Some("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=".into());
         // Test receivers listen on loopback.
         config.webhooks.allow_private = vec!["127.0.0.0/8".into()];
+        let snapshots = tempfile::tempdir().expect("a temporary directory");
+        config.snapshots.dir = Some(snapshots.path().to_path_buf());
         adjust(&mut config);
         let server = vps::server::start(config, pool)
             .await
@@ -75,6 +79,7 @@ impl TestServer {
         TestServer {
             server,
             http: reqwest::Client::new(),
+            snapshots,
         }
     }
 

@@ -283,7 +283,11 @@ async fn nodes_get_a_fresh_grace_period_after_the_control_planes_outage() {
     t.ok(&token, "nodes.report", report.clone()).await;
 
     // The control plane goes down for longer than lostAfterSeconds.
-    let TestServer { server, http } = t;
+    let TestServer {
+        server,
+        http,
+        snapshots,
+    } = t;
     let (db, config) = (server.state.pool.clone(), (*server.state.config).clone());
     server.shutdown().await;
     wait_until(
@@ -303,6 +307,7 @@ async fn nodes_get_a_fresh_grace_period_after_the_control_planes_outage() {
     let t = TestServer {
         server: vps::server::start(config, db).await.expect("restarts"),
         http,
+        snapshots,
     };
 
     // The host reports again within lostAfterSeconds of the restart, and keeps reporting.

@@ -57,6 +57,7 @@ async fn server_on(url: &str, provider_retry: f64) -> TestServer {
     TestServer {
         server,
         http: reqwest::Client::new(),
+        snapshots: tempfile::tempdir().expect("a temporary directory"),
     }
 }
 

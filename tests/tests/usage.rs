@@ -301,7 +301,11 @@ async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window(
     settled_past(&t, scheduled + Duration::seconds(1)).await;
     // Stop every background part wherever it is (a metering pass may be mid-transaction):
     // nothing it had not committed survives, as after kill -9.
-    let vps_tests::TestServer { server, http } = t;
+    let vps_tests::TestServer {
+        server,
+        http,
+        snapshots,
+    } = t;
     let mut config = (*server.state.config).clone();
     let db = server.state.pool.clone();
     server.shutdown().await;
@@ -321,7 +325,11 @@ async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window(
     .await;
     config.http.listen = "127.0.0.1:0".into();
     let server = vps::server::start(config, db).await.expect("restarts");
-    let t = TestServer { server, http };
+    let t = TestServer {
+        server,
+        http,
+        snapshots,
+    };
     settled_past(&t, down_until + Duration::seconds(1)).await;
     let until: DateTime<Utc> = sqlx::query_scalar("SELECT settled_until FROM usage_progress")
         .fetch_one(&t.server.state.pool)

@@ -286,16 +286,20 @@ pub async fn lock_instance(tx: &mut PgConnection, instance_id: &str) -> Result<(
     Ok(())
 }
 
-/// The nodes `nodes` selects, each with the sums of what its allocations book.
+/// The nodes `nodes` selects, each with the sums of what its allocations book. A node's CPU
+/// model is one of its labels (`cpu.model`), which a memory restore requires.
 fn booked(nodes: &str) -> String {
     format!(
-        "SELECT n.id, n.state, n.runtimes, n.labels, n.capacity,
+        "SELECT n.id, n.state, n.runtimes,
+                n.labels || CASE WHEN n.cpu_model IS NULL THEN '{{}}'::jsonb
+                                 ELSE jsonb_build_object('cpu.model', n.cpu_model) END,
+                n.capacity,
                 coalesce(sum(a.vcpu), 0)::bigint, coalesce(sum(a.memory_gib), 0)::bigint,
                 coalesce(sum(a.disk_gib), 0)::bigint,
                 coalesce(jsonb_object_agg(a.gpu_model, a.gpus) FILTER (WHERE a.gpus > 0), '{{}}')
            FROM ({nodes}) n
            LEFT JOIN node_allocations a ON a.node_id = n.id
-          GROUP BY n.id, n.state, n.runtimes, n.labels, n.capacity"
+          GROUP BY n.id, n.state, n.runtimes, n.labels, n.cpu_model, n.capacity"
     )
 }
 

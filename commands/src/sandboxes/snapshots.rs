@@ -184,8 +184,8 @@ pub async fn settle(
         return Ok(());
     }
     let ids: Vec<&str> = results.iter().map(|r| r.id.as_str()).collect();
-    let owned: Vec<(String, String)> = sqlx::query_as(
-        "SELECT id, sandbox_id FROM sandbox_snapshots
+    let owned: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT id, sandbox_id, tenant_id FROM sandbox_snapshots
           WHERE id = ANY($1) AND node_id = $2 AND state = 'pending' ORDER BY sandbox_id, id",
     )
     .bind(&ids)
@@ -197,11 +197,11 @@ pub async fn settle(
         .fetch_optional(&mut *tx)
         .await?
         .flatten();
-    for (snapshot_id, sandbox_id) in owned {
+    for (snapshot_id, sandbox_id, tenant) in owned {
         let Some(result) = results.iter().find(|r| r.id == snapshot_id) else {
             continue;
         };
-        change::<Sandbox>(ctx, tx, &sandbox_id, None, |s| {
+        change::<Sandbox>(ctx, tx, &sandbox_id, Some(&tenant), |s| {
             Ok(s.map(|s| domain::settle(s, result, cpu_model.as_deref()))
                 .unwrap_or_default())
         })
@@ -210,28 +210,56 @@ pub async fn settle(
     Ok(())
 }
 
-/// Fails one pending snapshot whose command never settled (the reconciler's timeout).
-pub async fn time_out(ctx: &Ctx, sandbox_id: &str, snapshot_id: &str) -> Result<(), CommandError> {
-    retrying(snapshot_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        change::<Sandbox>(ctx, &mut tx, sandbox_id, None, |s| {
-            Ok(s.map(|s| domain::time_out(s, snapshot_id))
-                .unwrap_or_default())
-        })
-        .await?;
-        commit(ctx, tx).await
-    })
-    .await
+/// A snapshot as the reconciler finds it: its id, its sandbox's and its tenant.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Found {
+    /// `snap_…`.
+    pub id: String,
+    /// Its sandbox.
+    pub sandbox_id: String,
+    /// The tenant.
+    pub tenant_id: String,
 }
 
-/// A deleted snapshot whose object may go: its upload settled and no live instance restores
-/// from it. Answers `(sandbox, snapshot, object key)` of up to `limit` of them.
-pub async fn purgeable(
-    tx: &mut PgConnection,
-    limit: i64,
-) -> Result<Vec<(String, String, String)>, CommandError> {
-    let rows: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT s.sandbox_id, s.id, s.tenant_id FROM sandbox_snapshots s
+impl Found {
+    /// The store's key for its object.
+    pub fn object_key(&self) -> String {
+        domain::object_key(&self.tenant_id, &self.id)
+    }
+
+    /// Records on its sandbox's stream what `decide` makes of it.
+    async fn record(
+        &self,
+        ctx: &Ctx,
+        decide: impl Fn(&Sandbox, &str) -> Vec<vps_domain::sandbox::SandboxEvent>,
+    ) -> Result<(), CommandError> {
+        retrying(&self.id, || async {
+            let mut tx = ctx.pool.begin().await?;
+            change::<Sandbox>(ctx, &mut tx, &self.sandbox_id, Some(&self.tenant_id), |s| {
+                Ok(s.map(|s| decide(s, &self.id)).unwrap_or_default())
+            })
+            .await?;
+            commit(ctx, tx).await
+        })
+        .await
+    }
+}
+
+/// Fails one pending snapshot whose command never settled (the reconciler's timeout).
+pub async fn time_out(ctx: &Ctx, snap: &Found) -> Result<(), CommandError> {
+    snap.record(ctx, domain::time_out).await
+}
+
+/// Records that a snapshot's object was removed from the store.
+pub async fn mark_purged(ctx: &Ctx, snap: &Found) -> Result<(), CommandError> {
+    snap.record(ctx, domain::purged).await
+}
+
+/// Deleted snapshots whose object may go (their upload settled, no live instance restores
+/// from them), up to `limit`.
+pub async fn purgeable(tx: &mut PgConnection, limit: i64) -> Result<Vec<Found>, CommandError> {
+    Ok(sqlx::query_as(
+        "SELECT s.id, s.sandbox_id, s.tenant_id FROM sandbox_snapshots s
           WHERE s.deleted AND NOT s.purged AND s.state <> 'pending'
             AND NOT EXISTS (SELECT 1 FROM instances i
                              WHERE i.doc->'restoreFrom'->>'snapshotId' = s.id
@@ -240,42 +268,17 @@ pub async fn purgeable(
     )
     .bind(limit)
     .fetch_all(&mut *tx)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(sandbox, snap, tenant)| {
-            let key = domain::object_key(&tenant, &snap);
-            (sandbox, snap, key)
-        })
-        .collect())
+    .await?)
 }
 
-/// Records that a snapshot's object was removed from the store.
-pub async fn mark_purged(
-    ctx: &Ctx,
-    sandbox_id: &str,
-    snapshot_id: &str,
-) -> Result<(), CommandError> {
-    retrying(snapshot_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        change::<Sandbox>(ctx, &mut tx, sandbox_id, None, |s| {
-            Ok(s.map(|s| domain::purged(s, snapshot_id))
-                .unwrap_or_default())
-        })
-        .await?;
-        commit(ctx, tx).await
-    })
-    .await
-}
-
-/// Pending snapshots asked for before `before`: `(sandbox, snapshot)`, up to `limit`.
+/// Pending snapshots asked for before `before`, up to `limit`.
 pub async fn overdue(
     tx: &mut PgConnection,
     before: chrono::DateTime<chrono::Utc>,
     limit: i64,
-) -> Result<Vec<(String, String)>, CommandError> {
+) -> Result<Vec<Found>, CommandError> {
     Ok(sqlx::query_as(
-        "SELECT sandbox_id, id FROM sandbox_snapshots
+        "SELECT id, sandbox_id, tenant_id FROM sandbox_snapshots
           WHERE state = 'pending' AND created_at < $1 ORDER BY created_at LIMIT $2",
     )
     .bind(before)

@@ -15,7 +15,8 @@ use futures::future::join_all;
 use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
-use super::wire::{CallError, NodeApi, NodeSpec, ReportEntry};
+use super::snapshots;
+use super::wire::{CallError, CommandResult, HostCommand, NodeApi, NodeSpec, ReportEntry};
 use super::{HostConfig, Shared};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
@@ -53,7 +54,7 @@ struct Agent {
     retry_at: Option<Instant>,
     backoff: Duration,
     /// The last inventory the server accepted, so an unchanged one waits for the interval.
-    last_sent: Option<(Vec<ReportEntry>, Option<u64>)>,
+    last_sent: Option<(Vec<ReportEntry>, Option<u64>, Vec<CommandResult>)>,
     last_report_at: Option<Instant>,
     silent: bool,
 }
@@ -96,9 +97,14 @@ impl Agent {
 
         if let Some(spec) = new_spec {
             tracing::debug!(generation = spec.generation, "spec received");
+            let start = self.shared.commands().follow(&spec);
             self.shared.domains().apply_spec(spec);
+            for command in start {
+                self.run_command(command);
+            }
         }
         self.fetch_user_data().await;
+        self.fetch_restores().await;
         self.shared
             .domains()
             .converge(std::time::Instant::now(), self.config.boot_delay);
@@ -172,6 +178,49 @@ impl Agent {
         }
     }
 
+    /// Runs a snapshot command in the background: the domain must be up; its object is
+    /// uploaded with its digest, and the outcome is reported with the next report. A held
+    /// host never runs it (the server times it out).
+    fn run_command(&self, command: HostCommand) {
+        if self.shared.hold_commands.load(Ordering::SeqCst) {
+            return;
+        }
+        let (api, shared) = (self.api.clone(), self.shared.clone());
+        let (size, cpu_model) = (self.config.snapshot_bytes, self.config.cpu_model.clone());
+        tokio::spawn(async move {
+            let result = snapshot(&api, &shared, &command, size, cpu_model).await;
+            tracing::info!(snapshot = %command.id, ok = result.ok, "snapshot command finished");
+            shared.commands().finish(result);
+            shared.wake.notify_one();
+        });
+    }
+
+    /// Downloads the snapshots new restores boot from and checks their digests; a download
+    /// the server refuses or a digest that does not match fails the instance.
+    async fn fetch_restores(&mut self) {
+        let wanted = self.shared.domains().restores_wanted();
+        if wanted.is_empty() {
+            return;
+        }
+        let downloads = join_all(wanted.iter().map(|(_, r)| self.api.download(&r.url))).await;
+        for ((id, restore), body) in wanted.iter().zip(downloads) {
+            let outcome = match body {
+                Ok(bytes) if snapshots::digest(&bytes) == restore.sha256 => {
+                    Ok(restore.snapshot_id.clone())
+                }
+                Ok(_) => Err(format!(
+                    "restore: snapshot {} does not match its SHA-256",
+                    restore.snapshot_id
+                )),
+                Err(e) => Err(format!("restore: {e}")),
+            };
+            if let Err(message) = &outcome {
+                tracing::warn!(instance = %id, %message, "restore failed");
+            }
+            self.shared.domains().record_restore(id, outcome);
+        }
+    }
+
     /// Reports the inventory when it changed or the interval passed. Nothing is reported before
     /// the first spec: an empty complete report from a host that has not read its spec would
     /// tell the server every placed instance is gone.
@@ -184,20 +233,23 @@ impl Agent {
             let domains = self.shared.domains();
             (domains.report(), domains.applied_generation())
         };
+        let results = self.shared.commands().results();
         if applied.is_none() {
             return;
         }
         let changed = self
             .last_sent
             .as_ref()
-            .is_none_or(|(sent, generation)| *sent != entries || *generation != applied);
+            .is_none_or(|(sent, generation, reported)| {
+                *sent != entries || *generation != applied || *reported != results
+            });
         let due = self
             .last_report_at
             .is_none_or(|at| now >= at + self.config.report_interval);
         if !changed && !due {
             return;
         }
-        match self.api.report(&entries, applied).await {
+        match self.api.report(&entries, applied, &results).await {
             Ok(answer) => {
                 self.succeeded();
                 tracing::debug!(
@@ -211,7 +263,7 @@ impl Agent {
                     .lock()
                     .expect("the orphan list is never poisoned") = answer.orphans;
                 self.shared.reports_sent.fetch_add(1, Ordering::SeqCst);
-                self.last_sent = Some((entries, applied));
+                self.last_sent = Some((entries, applied, results));
                 self.last_report_at = Some(now);
             }
             Err(error) => self.failed("nodes.report", &error),
@@ -228,6 +280,54 @@ impl Agent {
         tracing::warn!(call, %error, backoff_ms = self.backoff.as_millis() as u64, "server call failed");
         self.retry_at = Some(Instant::now() + self.backoff);
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Takes one snapshot: the domain must be up; its object goes to the presigned URL with its
+/// SHA-256 declared (a wrong one when uploads are corrupted, which the store refuses).
+async fn snapshot(
+    api: &NodeApi,
+    shared: &Shared,
+    command: &HostCommand,
+    size: usize,
+    cpu_model: Option<String>,
+) -> CommandResult {
+    let failed = |reason: String| CommandResult {
+        id: command.id.clone(),
+        ok: false,
+        sha256: None,
+        size_bytes: None,
+        cpu_model: None,
+        reason: Some(reason),
+    };
+    if !shared.domains().is_up(&command.instance_id) {
+        return failed(format!(
+            "instance {} is not up on this host",
+            command.instance_id
+        ));
+    }
+    let Some(url) = &command.upload_url else {
+        return failed("the command has no upload URL".into());
+    };
+    let body = snapshots::object(&command.instance_id, &command.id, size);
+    let sha256 = snapshots::digest(&body);
+    let declared = match shared.corrupt_uploads.load(Ordering::SeqCst) {
+        true => snapshots::digest(b"not the body"),
+        false => sha256.clone(),
+    };
+    match api
+        .upload(url, &command.upload_headers, &declared, body)
+        .await
+    {
+        Ok(()) => CommandResult {
+            id: command.id.clone(),
+            ok: true,
+            sha256: Some(sha256),
+            size_bytes: Some(size as u64),
+            cpu_model: command.include_memory.then_some(cpu_model).flatten(),
+            reason: None,
+        },
+        Err(reason) => failed(reason),
     }
 }
 

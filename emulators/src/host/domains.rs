@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::wire::{DesiredState, InstanceSpec, NodeSpec, ReportEntry};
+use super::wire::{DesiredState, InstanceSpec, NodeSpec, ReportEntry, RestoreFrom};
 use super::{Domain, DomainState};
 
 /// Runtimes whose `RuntimeTraits.pause` is false in the reference.
@@ -45,6 +45,8 @@ struct Record {
     addresses: Vec<String>,
     /// Added by a test as a leak: kept when no spec lists it.
     stray: bool,
+    /// A restore: the snapshot it booted from, once downloaded and its digest checked.
+    restored: Option<String>,
 }
 
 impl Record {
@@ -58,6 +60,7 @@ impl Record {
             user_data: None,
             addresses: Vec::new(),
             stray: false,
+            restored: None,
         }
     }
 
@@ -135,6 +138,43 @@ impl Domains {
                 (!fetched && !blocked && !refused).then(|| (instance.id.clone(), reference.clone()))
             })
             .collect()
+    }
+
+    /// The restores whose snapshot must be downloaded and checked before the instance boots.
+    pub fn restores_wanted(&self) -> Vec<(String, RestoreFrom)> {
+        let Some(spec) = &self.spec else {
+            return Vec::new();
+        };
+        spec.instances
+            .iter()
+            .filter(|instance| wants_boot(instance) && self.refuse_new.is_none())
+            .filter_map(|instance| {
+                let restore = instance.restore_from.as_ref()?;
+                let record = self.records.get(&instance.id);
+                let done = record.is_some_and(|r| r.restored.is_some() || r.fault.is_some());
+                (!done).then(|| (instance.id.clone(), restore.clone()))
+            })
+            .collect()
+    }
+
+    /// Records a restore's download: the snapshot booted from, or why it cannot be (a digest
+    /// that does not match fails the instance until the spec deletes it).
+    pub fn record_restore(&mut self, id: &str, outcome: Result<String, String>) {
+        let record = self
+            .records
+            .entry(id.to_owned())
+            .or_insert_with(Record::new);
+        match outcome {
+            Ok(snapshot_id) => record.restored = Some(snapshot_id),
+            Err(message) => record.fault = Some(Fault::Injected(message)),
+        }
+    }
+
+    /// Whether the domain of `id` is up (running or paused): what a snapshot needs.
+    pub fn is_up(&self, id: &str) -> bool {
+        self.records
+            .get(id)
+            .is_some_and(|r| r.fault.is_none() && matches!(r.power, Power::On | Power::Paused))
     }
 
     /// Records what `nodes.secret` answered for `id`: the value, or the refusal's message.
@@ -230,6 +270,10 @@ impl Domains {
                     }
                 }
                 record.refused = None;
+                if instance.restore_from.is_some() && record.restored.is_none() {
+                    // Its snapshot is not downloaded and checked yet: next pass.
+                    return;
+                }
                 if record.user_data.is_none() {
                     if instance.user_data_ref.is_some() {
                         // Not fetched yet (the refusal was just lifted): next pass.
@@ -288,6 +332,7 @@ impl Domains {
                     message: record.message(),
                     addresses: record.reported_addresses(),
                     user_data: record.user_data.clone(),
+                    restored_from: record.restored.clone(),
                 };
                 (id.clone(), domain)
             })

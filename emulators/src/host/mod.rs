@@ -18,6 +18,7 @@
 
 mod agent;
 mod domains;
+mod snapshots;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -45,6 +46,10 @@ pub struct HostConfig {
     pub report_interval: Duration,
     /// How long the server may hold a `nodes.spec` long poll (`waitMs`, at most 30 s).
     pub poll_wait: Duration,
+    /// How big a snapshot object this host uploads.
+    pub snapshot_bytes: usize,
+    /// The CPU model a memory snapshot records (as `nodes.register`'s `cpuModel`).
+    pub cpu_model: Option<String>,
 }
 
 impl HostConfig {
@@ -62,6 +67,8 @@ impl HostConfig {
             boot_delay: Duration::from_millis(500),
             report_interval: Duration::from_secs(1),
             poll_wait: Duration::from_secs(5),
+            snapshot_bytes: 1 << 20,
+            cpu_model: Some("emulated".into()),
         }
     }
 }
@@ -88,6 +95,8 @@ pub struct Domain {
     pub addresses: Vec<String>,
     /// The user data it booted with, once fetched (empty when the spec named none).
     pub user_data: Option<String>,
+    /// A restore: the snapshot it booted from (downloaded, digest checked).
+    pub restored_from: Option<String>,
 }
 
 /// Starts emulated hosts.
@@ -103,6 +112,9 @@ impl EmulatedHost {
             wake: Notify::new(),
             orphans: Mutex::new(Vec::new()),
             reports_sent: AtomicU64::new(0),
+            commands: Mutex::new(snapshots::Commands::default()),
+            corrupt_uploads: AtomicBool::new(false),
+            hold_commands: AtomicBool::new(false),
         });
         let node_id = config.node_id.clone();
         let task = tokio::spawn(agent::run(shared.clone(), config));
@@ -123,6 +135,12 @@ pub(crate) struct Shared {
     wake: Notify,
     orphans: Mutex<Vec<String>>,
     reports_sent: AtomicU64,
+    /// Snapshot commands in flight and finished.
+    commands: Mutex<snapshots::Commands>,
+    /// Uploads declare a wrong digest, so the store refuses them.
+    corrupt_uploads: AtomicBool,
+    /// Snapshot commands are never run (the server's timeout fails them).
+    hold_commands: AtomicBool,
 }
 
 impl Shared {
@@ -130,6 +148,12 @@ impl Shared {
         self.domains
             .lock()
             .expect("the host's domains are never poisoned")
+    }
+
+    fn commands(&self) -> MutexGuard<'_, snapshots::Commands> {
+        self.commands
+            .lock()
+            .expect("the host's commands are never poisoned")
     }
 }
 
@@ -193,6 +217,18 @@ impl HostHandle {
     /// running). `true` resumes, with a report at once.
     pub fn set_reporting(&self, on: bool) {
         self.shared.reporting.store(on, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+    }
+
+    /// While `true`, snapshot uploads declare a wrong SHA-256, so the store refuses them and
+    /// the host reports the snapshot failed.
+    pub fn corrupt_uploads(&self, on: bool) {
+        self.shared.corrupt_uploads.store(on, Ordering::SeqCst);
+    }
+
+    /// While `true`, the host never runs snapshot commands (they time out on the server).
+    pub fn hold_commands(&self, on: bool) {
+        self.shared.hold_commands.store(on, Ordering::SeqCst);
         self.shared.wake.notify_one();
     }
 

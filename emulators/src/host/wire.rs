@@ -12,6 +12,8 @@ use super::HostConfig;
 
 /// How long the server may take beyond a long poll's `waitMs`, and to answer any other call.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a snapshot object's transfer may take.
+const OBJECT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The node's spec. Unknown fields are ignored, so the server may add some.
 #[derive(Clone, Debug, Deserialize)]
@@ -20,6 +22,52 @@ pub(super) struct NodeSpec {
     pub generation: u64,
     #[serde(default)]
     pub instances: Vec<InstanceSpec>,
+    /// Host commands (snapshots) to run until their outcome is reported.
+    #[serde(default)]
+    pub commands: Vec<HostCommand>,
+}
+
+/// A host command of the spec (SPEC §3.7). Kinds the host does not know are ignored.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct HostCommand {
+    pub id: String,
+    pub kind: String,
+    #[serde(default)]
+    pub instance_id: String,
+    #[serde(default)]
+    pub include_memory: bool,
+    #[serde(default)]
+    pub upload_url: Option<String>,
+    #[serde(default)]
+    pub upload_headers: std::collections::BTreeMap<String, String>,
+}
+
+/// What a host command ended with (`nodes.report.commandResults`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct CommandResult {
+    pub id: String,
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_model: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `InstanceSpec.restoreFrom`: boot from this snapshot, once its digest checks out.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct RestoreFrom {
+    pub snapshot_id: String,
+    #[serde(default)]
+    pub url: String,
+    #[serde(default)]
+    pub sha256: String,
 }
 
 /// The fields of an `InstanceSpec` the emulated host acts on.
@@ -34,6 +82,8 @@ pub(super) struct InstanceSpec {
     pub user_data_ref: Option<String>,
     #[serde(default)]
     pub nics: Vec<Nic>,
+    #[serde(default)]
+    pub restore_from: Option<RestoreFrom>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -154,17 +204,21 @@ impl NodeApi {
         self.call("spec", body, wait + ANSWER_TIMEOUT).await
     }
 
-    /// `nodes.report`: a complete inventory.
+    /// `nodes.report`: a complete inventory, with the host commands that finished.
     pub async fn report(
         &self,
         instances: &[ReportEntry],
         applied_generation: Option<u64>,
+        command_results: &[CommandResult],
     ) -> Result<ReportAnswer, CallError> {
         let mut body = json!({
             "nodeId": self.node_id,
             "instances": instances,
             "complete": true,
         });
+        if !command_results.is_empty() {
+            body["commandResults"] = json!(command_results);
+        }
         if let Some(generation) = applied_generation {
             body["appliedGeneration"] = generation.into();
         }
@@ -176,6 +230,53 @@ impl NodeApi {
         let body = json!({ "nodeId": self.node_id, "ref": reference });
         let answer: SecretAnswer = self.call("secret", body, ANSWER_TIMEOUT).await?;
         Ok(answer.value)
+    }
+
+    /// `PUT`s a snapshot object to its presigned URL, declaring its digest. Answers why the
+    /// store refused it, if it did.
+    pub async fn upload(
+        &self,
+        url: &str,
+        headers: &std::collections::BTreeMap<String, String>,
+        sha256: &str,
+        body: Vec<u8>,
+    ) -> Result<(), String> {
+        let mut request = self
+            .http
+            .put(url)
+            .timeout(OBJECT_TIMEOUT)
+            .header("x-content-sha256", sha256)
+            .body(body);
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| format!("upload failed: {e}"))?;
+        match response.status() {
+            s if s.is_success() => Ok(()),
+            s => Err(format!("upload refused ({})", s.as_u16())),
+        }
+    }
+
+    /// `GET`s a snapshot object from its presigned URL.
+    pub async fn download(&self, url: &str) -> Result<Vec<u8>, String> {
+        let response = self
+            .http
+            .get(url)
+            .timeout(OBJECT_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| format!("download failed: {e}"))?;
+        if !response.status().is_success() {
+            return Err(format!("download refused ({})", response.status().as_u16()));
+        }
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| format!("download failed: {e}"))?;
+        Ok(bytes.to_vec())
     }
 
     async fn call<T: DeserializeOwned>(

@@ -1,0 +1,752 @@
+//! Snapshots and restores over HTTP against a real server, its reconciler and emulated hosts
+//! that really upload to and download from the `file` store: ready, restore on a node of the
+//! same CPU model, refusals, failed uploads, timeouts, kept and purged objects, replay.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use vps_emulators::host::HostHandle;
+use vps_tests::{eventually, wait_until, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE};
+
+const BOOT: Duration = Duration::from_millis(50);
+
+async fn server() -> TestServer {
+    TestServer::start_with(|c| {
+        c.timings.transitional_look = 0.1;
+        c.timings.unschedulable_retry = 0.2;
+        c.timings.sandbox_pass = 0.2;
+        c.timings.snapshot_timeout = 1.0;
+    })
+    .await
+}
+
+/// A node of `cpu` in `pool` with its emulated host.
+async fn node(
+    t: &TestServer,
+    pool: &str,
+    name: &str,
+    cpu: &str,
+    extra: Value,
+) -> (String, HostHandle) {
+    let mut body = json!({ "poolId": pool, "name": name, "cpuModel": cpu,
+                           "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let answer = t.ok(OPERATOR, "nodes.register", body).await;
+    let id = answer["node"]["id"].as_str().unwrap().to_string();
+    let token = answer["nodeToken"].as_str().unwrap();
+    let mut config = vps_emulators::host::HostConfig::new(t.server.url(), id.clone(), token);
+    config.boot_delay = BOOT;
+    config.report_interval = Duration::from_millis(200);
+    config.poll_wait = Duration::from_millis(1000);
+    config.snapshot_bytes = 256 * 1024;
+    config.cpu_model = Some(cpu.to_string());
+    (id, vps_emulators::host::EmulatedHost::start(config))
+}
+
+async fn template(t: &TestServer, pool: &str, name: &str) -> String {
+    let body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
+                       "flavor": "small", "imageId": "img_ubuntu" });
+    t.ok(ALICE, "sandboxTemplates.create", body).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn create(t: &TestServer, token: &str, body: Value) -> Result<Value, vps_tests::Answer> {
+    let mut full = json!({ "tenantId": "acme", "wait": { "timeoutMs": 20000 } });
+    full.as_object_mut()
+        .unwrap()
+        .extend(body.as_object().unwrap().clone());
+    t.call(token, "sandboxes.create", full).await
+}
+
+async fn sandbox(t: &TestServer, template: &str, key: &str) -> Value {
+    let s = create(
+        t,
+        ALICE,
+        json!({ "templateId": template, "idempotencyKey": key }),
+    )
+    .await
+    .expect("a sandbox");
+    assert_eq!(s["state"], "ready", "{s}");
+    s
+}
+
+async fn snapshot(
+    t: &TestServer,
+    token: &str,
+    sandbox: &str,
+    extra: Value,
+) -> Result<Value, vps_tests::Answer> {
+    let mut body = json!({ "tenantId": "acme", "sandboxId": sandbox });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    t.call(token, "sandboxes.snapshot", body).await
+}
+
+/// Waits until the snapshot leaves `pending`; its view then.
+async fn settled(t: &TestServer, id: &str) -> Value {
+    eventually("the snapshot settles", PATIENCE, || async {
+        let s = t
+            .ok(
+                ALICE,
+                "sandboxSnapshots.get",
+                json!({ "tenantId": "acme", "snapshotId": id }),
+            )
+            .await;
+        if s["state"] != "pending" {
+            Ok(s)
+        } else {
+            Err(s)
+        }
+    })
+    .await
+}
+
+fn object(t: &TestServer, id: &str) -> std::path::PathBuf {
+    t.snapshots.path().join("acme").join(id)
+}
+
+fn refusal(answer: Result<Value, vps_tests::Answer>) -> (String, Value) {
+    let err = answer.expect_err("a refusal");
+    (
+        err.body["code"].as_str().unwrap().to_string(),
+        err.body["details"].clone(),
+    )
+}
+
+async fn instance(t: &TestServer, id: &str) -> Value {
+    t.ok(
+        OPERATOR,
+        "instances.get",
+        json!({ "tenantId": "acme", "instanceId": id }),
+    )
+    .await
+}
+
+async fn cordon(t: &TestServer, node: &str) {
+    t.ok(OPERATOR, "nodes.cordon", json!({ "nodeId": node }))
+        .await;
+}
+
+#[tokio::test]
+async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
+    let t = server().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/24",
+            0,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
+        )
+        .await;
+    let (a, host_a) = node(&t, &pool, "a", "epyc-9654", json!({})).await;
+    let (_b, host_b) = node(&t, &pool, "b", "epyc-9654", json!({})).await;
+    let (c, _host_c) = node(&t, &pool, "c", "xeon-8480", json!({})).await;
+    // The source lands on a: the others are cordoned until it runs.
+    cordon(&t, &_b).await;
+    cordon(&t, &c).await;
+    let tpl = template(&t, &pool, "py").await;
+    let source = sandbox(&t, &tpl, "src").await;
+    let sbx = source["id"].as_str().unwrap();
+    assert_eq!(
+        instance(&t, source["instanceId"].as_str().unwrap()).await["nodeId"],
+        a
+    );
+
+    let snap = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    assert_eq!(snap["state"], "pending");
+    assert_eq!(
+        (snap["includeMemory"].clone(), snap["keep"].clone()),
+        (json!(true), json!(false))
+    );
+    let id = snap["id"].as_str().unwrap().to_string();
+    let ready = settled(&t, &id).await;
+    assert_eq!(ready["state"], "ready", "{ready}");
+    assert_eq!(ready["sizeBytes"], 256 * 1024);
+    assert_eq!(ready["cpuModel"], "epyc-9654");
+    assert_eq!(ready["runtime"], "libvirt-kvm");
+    // The host really uploaded it: the stored object has the reported digest.
+    let stored = std::fs::read(object(&t, &id)).expect("the stored object");
+    assert_eq!(
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&stored)),
+        ready["sha256"].as_str().unwrap()
+    );
+    // Reads never show where the object is.
+    let got = t
+        .ok(
+            ALICE,
+            "sandboxes.get",
+            json!({ "tenantId": "acme", "sandboxId": sbx }),
+        )
+        .await;
+    assert_eq!(got["snapshots"][0]["id"], id.as_str());
+    for view in [got.to_string(), ready.to_string()] {
+        assert!(
+            !view.contains("/snapshots/") && !view.contains("sig="),
+            "{view}"
+        );
+    }
+
+    // a leaves: the restore goes to b, of the same CPU model, and boots the checked object.
+    t.ok(OPERATOR, "nodes.uncordon", json!({ "nodeId": _b }))
+        .await;
+    cordon(&t, &a).await;
+    let restored = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "restore-1", "fromSnapshot": id }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(restored["state"], "ready", "{restored}");
+    assert_eq!(
+        (restored["warm"].clone(), restored["fromSnapshot"].clone()),
+        (json!(false), json!(id))
+    );
+    let inst = restored["instanceId"].as_str().unwrap();
+    assert_eq!(instance(&t, inst).await["nodeId"], _b);
+    assert_eq!(
+        host_b.domain(inst).unwrap().restored_from.as_deref(),
+        Some(id.as_str())
+    );
+
+    // With only the other CPU model left, a memory restore waits Unschedulable.
+    cordon(&t, &_b).await;
+    t.ok(OPERATOR, "nodes.uncordon", json!({ "nodeId": c }))
+        .await;
+    let waiting = create(&t, ALICE, json!({ "templateId": tpl, "idempotencyKey": "restore-2", "fromSnapshot": id, "wait": { "timeoutMs": 500 } }))
+        .await
+        .unwrap();
+    assert_eq!(waiting["state"], "starting");
+    let inst = instance(&t, waiting["instanceId"].as_str().unwrap()).await;
+    assert_eq!(inst["nodeId"], Value::Null, "{inst}");
+    let conditions = inst["conditions"].to_string();
+    assert!(conditions.contains("cpu.model"), "{conditions}");
+    // A disk-only snapshot has no CPU model to match: its restore runs on c.
+    t.ok(OPERATOR, "nodes.uncordon", json!({ "nodeId": a }))
+        .await;
+    let disk = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
+        .await
+        .unwrap();
+    let disk_id = disk["id"].as_str().unwrap().to_string();
+    assert_eq!(settled(&t, &disk_id).await["cpuModel"], Value::Null);
+    cordon(&t, &a).await;
+    let on_c = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "restore-3", "fromSnapshot": disk_id }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(on_c["state"], "ready", "{on_c}");
+    assert_eq!(
+        instance(&t, on_c["instanceId"].as_str().unwrap()).await["nodeId"],
+        c
+    );
+
+    // The events are in the log, on the sandbox's subject.
+    t.settle().await;
+    let events = t
+        .ok(
+            ALICE,
+            "events.list",
+            json!({ "types": ["sandbox.snapshot.*"], "subject": format!("sandbox/{sbx}") }),
+        )
+        .await;
+    let types: Vec<&str> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert!(types.contains(&"sandbox.snapshot.ready"), "{types:?}");
+    drop(host_a);
+    assert!(
+        t.replay_equal().await,
+        "projections rebuilt from the log equal the live ones"
+    );
+}
+
+#[tokio::test]
+async fn refusals_come_before_anything_reaches_a_host() {
+    let t = server().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.1.0/24",
+            0,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000, "gpu": 8 }),
+        )
+        .await;
+    let (_n, host) = node(&t, &pool, "n", "epyc", json!({ "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500, "gpus": [{ "model": "h100", "count": 2 }] } })).await;
+    let tpl = template(&t, &pool, "py").await;
+    let s = sandbox(&t, &tpl, "one").await;
+    let sbx = s["id"].as_str().unwrap();
+
+    // Idempotency: the key derives the id; the same request answers it, another conflicts.
+    let first = snapshot(&t, ALICE, sbx, json!({ "idempotencyKey": "nightly" }))
+        .await
+        .unwrap();
+    let again = snapshot(&t, ALICE, sbx, json!({ "idempotencyKey": "nightly" }))
+        .await
+        .unwrap();
+    assert_eq!(first["id"], again["id"]);
+    let (code, details) = refusal(
+        snapshot(
+            &t,
+            ALICE,
+            sbx,
+            json!({ "idempotencyKey": "nightly", "keep": true }),
+        )
+        .await,
+    );
+    assert_eq!(
+        (code.as_str(), details["snapshotId"].clone()),
+        ("CONFLICT", first["id"].clone())
+    );
+    let other = sandbox(&t, &tpl, "two").await;
+    let (code, _) = refusal(
+        snapshot(
+            &t,
+            ALICE,
+            other["id"].as_str().unwrap(),
+            json!({ "idempotencyKey": "nightly" }),
+        )
+        .await,
+    );
+    assert_eq!(code, "CONFLICT");
+    // Another tenant does not see the sandbox; bad input is named.
+    let (code, _) = refusal(
+        t.call(
+            EVE,
+            "sandboxes.snapshot",
+            json!({ "tenantId": "globex", "sandboxId": sbx }),
+        )
+        .await,
+    );
+    assert_eq!(code, "NOT_FOUND");
+    let (code, _) = refusal(snapshot(&t, ALICE, sbx, json!({ "idempotencyKey": "" })).await);
+    assert_eq!(code, "INVALID_INPUT");
+    let (code, _) = refusal(snapshot(&t, ALICE, sbx, json!({ "includeMemory": "yes" })).await);
+    assert_eq!(code, "INVALID_INPUT");
+
+    // Passthrough GPUs: no memory snapshot, a disk-only one is fine.
+    t.ok(OPERATOR, "flavors.create", json!({ "poolId": pool, "name": "gpu", "vcpu": 2, "memoryGiB": 4, "diskGiB": 20, "gpus": { "model": "h100", "count": 1 } })).await;
+    let gpu_tpl = t.ok(ALICE, "sandboxTemplates.create", json!({ "tenantId": "acme", "name": "gpu", "poolId": pool, "flavor": "gpu", "imageId": "img_ubuntu" })).await;
+    let g = sandbox(&t, gpu_tpl["id"].as_str().unwrap(), "gpu").await;
+    let gid = g["id"].as_str().unwrap();
+    let (code, details) = refusal(snapshot(&t, ALICE, gid, json!({})).await);
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("INVALID_STATE", Some("memory-snapshot-with-gpus"))
+    );
+    snapshot(&t, ALICE, gid, json!({ "includeMemory": false }))
+        .await
+        .unwrap();
+
+    // A deleting sandbox, and one whose instance does not run on a node.
+    t.ok(
+        ALICE,
+        "sandboxes.delete",
+        json!({ "tenantId": "acme", "sandboxId": other["id"] }),
+    )
+    .await;
+    let (code, _) = refusal(snapshot(&t, ALICE, other["id"].as_str().unwrap(), json!({})).await);
+    assert_eq!(code, "INVALID_STATE");
+    host.refuse_new(Some("full".into()));
+    let stuck = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "stuck", "wait": { "timeoutMs": 300 } }),
+    )
+    .await
+    .unwrap();
+    let (code, _) = refusal(snapshot(&t, ALICE, stuck["id"].as_str().unwrap(), json!({})).await);
+    assert_eq!(code, "INVALID_STATE");
+    host.refuse_new(None);
+
+    // A runtime without snapshots.
+    let plain = t
+        .ok(
+            OPERATOR,
+            "pools.create",
+            json!({ "name": "containers", "class": "vps-host", "runtime": "containerd" }),
+        )
+        .await;
+    let plain = plain["id"].as_str().unwrap();
+    t.ok(
+        OPERATOR,
+        "pools.setIpPool",
+        json!({ "poolId": plain, "cidr": "10.0.2.0/24" }),
+    )
+    .await;
+    t.ok(OPERATOR, "pools.offer", json!({ "poolId": plain, "tenantId": "acme", "quota": { "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 } })).await;
+    t.ok(
+        OPERATOR,
+        "flavors.create",
+        json!({ "poolId": plain, "name": "small", "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 }),
+    )
+    .await;
+    let (_c, _host_c) = node(
+        &t,
+        plain,
+        "c",
+        "epyc",
+        json!({ "runtimes": ["containerd"] }),
+    )
+    .await;
+    let c_tpl = template(&t, plain, "ctr").await;
+    let cs = sandbox(&t, &c_tpl, "ctr").await;
+    let (code, _) = refusal(snapshot(&t, ALICE, cs["id"].as_str().unwrap(), json!({})).await);
+    assert_eq!(code, "UNSUPPORTED");
+}
+
+#[tokio::test]
+async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
+    let t = server().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.3.0/24",
+            0,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
+        )
+        .await;
+    let (_n, host) = node(&t, &pool, "n", "epyc", json!({})).await;
+    let tpl = template(&t, &pool, "py").await;
+    let other_tpl = template(&t, &pool, "other").await;
+    let s = sandbox(&t, &tpl, "src").await;
+    let sbx = s["id"].as_str().unwrap();
+    let snap = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
+        .await
+        .unwrap();
+    let id = snap["id"].as_str().unwrap().to_string();
+    assert_eq!(settled(&t, &id).await["state"], "ready");
+
+    let restore = |token: &'static str, template: String, key: &'static str, from: String| {
+        let t = &t;
+        async move {
+            create(
+                t,
+                token,
+                json!({ "templateId": template, "idempotencyKey": key, "fromSnapshot": from }),
+            )
+            .await
+        }
+    };
+    // Another identity of the tenant, another tenant, an unknown id: as if it did not exist.
+    let (code, _) = refusal(restore(BOB, tpl.clone(), "bob", id.clone()).await);
+    assert_eq!(code, "NOT_FOUND");
+    let (code, _) = refusal(t.call(EVE, "sandboxes.create", json!({ "tenantId": "globex", "templateId": tpl, "idempotencyKey": "eve", "fromSnapshot": id })).await);
+    assert_eq!(code, "NOT_FOUND");
+    let (code, _) = refusal(
+        restore(
+            ALICE,
+            tpl.clone(),
+            "unknown",
+            "snap_01jzzzzzzzzzzzzzzzzzzzzzzz".into(),
+        )
+        .await,
+    );
+    assert_eq!(code, "NOT_FOUND");
+    // Only under its own template.
+    let (code, _) = refusal(restore(ALICE, other_tpl.clone(), "other", id.clone()).await);
+    assert_eq!(code, "INVALID_INPUT");
+    // Pending and failed snapshots are not restorable.
+    host.hold_commands(true);
+    let pending = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let (code, _) = refusal(
+        restore(
+            ALICE,
+            tpl.clone(),
+            "pending",
+            pending["id"].as_str().unwrap().into(),
+        )
+        .await,
+    );
+    assert_eq!(code, "INVALID_STATE");
+    // It never settles: the reconciler fails it after snapshot_timeout.
+    let timed_out = settled(&t, pending["id"].as_str().unwrap()).await;
+    assert_eq!(
+        (timed_out["state"].as_str(), timed_out["reason"].as_str()),
+        (Some("failed"), Some("timeout"))
+    );
+    let (code, _) = refusal(
+        restore(
+            ALICE,
+            tpl.clone(),
+            "failed",
+            pending["id"].as_str().unwrap().into(),
+        )
+        .await,
+    );
+    assert_eq!(code, "INVALID_STATE");
+    host.hold_commands(false);
+
+    // A kept snapshot outlives its sandbox and still restores; a deleted one does not.
+    t.ok(
+        ALICE,
+        "sandboxes.delete",
+        json!({ "tenantId": "acme", "sandboxId": sbx }),
+    )
+    .await;
+    let ok = restore(ALICE, tpl.clone(), "after", id.clone())
+        .await
+        .unwrap();
+    assert_eq!(ok["state"], "ready", "{ok}");
+    t.ok(
+        ALICE,
+        "sandboxSnapshots.delete",
+        json!({ "tenantId": "acme", "snapshotId": id }),
+    )
+    .await;
+    let (code, _) = refusal(restore(ALICE, tpl.clone(), "deleted", id.clone()).await);
+    assert_eq!(code, "NOT_FOUND");
+    let (code, _) = refusal(
+        t.call(
+            ALICE,
+            "sandboxSnapshots.get",
+            json!({ "tenantId": "acme", "snapshotId": id }),
+        )
+        .await,
+    );
+    assert_eq!(code, "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
+    let t = server().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.4.0/24",
+            0,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
+        )
+        .await;
+    let (_n, host) = node(&t, &pool, "n", "epyc", json!({})).await;
+    let tpl = template(&t, &pool, "py").await;
+    let s = sandbox(&t, &tpl, "src").await;
+    let sbx = s["id"].as_str().unwrap();
+    let kept = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
+        .await
+        .unwrap();
+    let unkept = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
+        .await
+        .unwrap();
+    let (kept, unkept) = (
+        kept["id"].as_str().unwrap().to_string(),
+        unkept["id"].as_str().unwrap().to_string(),
+    );
+    settled(&t, &kept).await;
+    settled(&t, &unkept).await;
+    assert!(object(&t, &kept).exists() && object(&t, &unkept).exists());
+
+    // A restore of the kept one is live; the sandbox goes.
+    let restored = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "r", "fromSnapshot": kept }),
+    )
+    .await
+    .unwrap();
+    t.ok(
+        ALICE,
+        "sandboxes.delete",
+        json!({ "tenantId": "acme", "sandboxId": sbx }),
+    )
+    .await;
+    // The snapshot not kept goes with its sandbox, object and all.
+    wait_until("the unkept object purged", PATIENCE, || async {
+        !object(&t, &unkept).exists()
+    })
+    .await;
+    let (code, _) = refusal(
+        t.call(
+            ALICE,
+            "sandboxSnapshots.get",
+            json!({ "tenantId": "acme", "snapshotId": unkept }),
+        )
+        .await,
+    );
+    assert_eq!(code, "NOT_FOUND");
+    let listed = t
+        .ok(
+            ALICE,
+            "sandboxSnapshots.list",
+            json!({ "tenantId": "acme" }),
+        )
+        .await;
+    let ids: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec![kept.as_str()]);
+
+    // Deleting the kept one hides it at once, but its object stays while the restore lives.
+    t.ok(
+        ALICE,
+        "sandboxSnapshots.delete",
+        json!({ "tenantId": "acme", "snapshotId": kept }),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        object(&t, &kept).exists(),
+        "a live restore still needs the object"
+    );
+    t.ok(
+        ALICE,
+        "sandboxes.delete",
+        json!({ "tenantId": "acme", "sandboxId": restored["id"] }),
+    )
+    .await;
+    wait_until("the kept object purged", PATIENCE, || async {
+        !object(&t, &kept).exists()
+    })
+    .await;
+    t.settle().await;
+    let events = t
+        .ok(
+            ALICE,
+            "events.list",
+            json!({ "types": ["sandbox.snapshot.deleted"] }),
+        )
+        .await;
+    assert_eq!(events["items"].as_array().unwrap().len(), 2);
+    drop(host);
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test]
+async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_restore() {
+    let t = server().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.5.0/24",
+            0,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
+        )
+        .await;
+    let (_n, host) = node(&t, &pool, "n", "epyc", json!({})).await;
+    let tpl = template(&t, &pool, "py").await;
+    let s = sandbox(&t, &tpl, "src").await;
+    let sbx = s["id"].as_str().unwrap();
+
+    host.corrupt_uploads(true);
+    let bad = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let bad = settled(&t, bad["id"].as_str().unwrap()).await;
+    assert_eq!(bad["state"], "failed");
+    assert!(bad["reason"].as_str().unwrap().contains("400"), "{bad}");
+    assert!(
+        !object(&t, bad["id"].as_str().unwrap()).exists(),
+        "nothing stored"
+    );
+    host.corrupt_uploads(false);
+
+    let good = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
+        .await
+        .unwrap();
+    let id = good["id"].as_str().unwrap().to_string();
+    assert_eq!(settled(&t, &id).await["state"], "ready");
+    // The stored bytes change behind the control plane's back: the restoring host refuses them.
+    std::fs::write(object(&t, &id), b"tampered").unwrap();
+    let restored = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "r", "fromSnapshot": id }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(restored["state"], "failed", "{restored}");
+    let inst = instance(&t, restored["instanceId"].as_str().unwrap()).await;
+    assert!(inst["conditions"].to_string().contains("SHA-256"), "{inst}");
+}
+
+#[tokio::test]
+async fn the_file_store_serves_only_signed_unexpired_urls() {
+    let t = server().await;
+    let base = t.server.url();
+    let put = |url: String, body: &'static [u8], digest: String| {
+        let http = t.http.clone();
+        async move {
+            http.put(url)
+                .header("x-content-sha256", digest)
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(t.server.state.snapshots.kind(), "file");
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"hello"));
+    // No signature, a forged one, an expired one: 403.
+    assert_eq!(
+        put(
+            format!("{base}/snapshots/acme/snap_x"),
+            b"hello",
+            digest.clone()
+        )
+        .await,
+        403
+    );
+    assert_eq!(
+        put(
+            format!("{base}/snapshots/acme/snap_x?exp=9999999999&sig=00"),
+            b"hello",
+            digest.clone()
+        )
+        .await,
+        403
+    );
+    let short = t
+        .server
+        .state
+        .snapshots
+        .upload("acme/snap_x", Duration::from_secs(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(put(short.url, b"hello", digest.clone()).await, 403);
+    let signed = t
+        .server
+        .state
+        .snapshots
+        .upload("acme/snap_x", Duration::from_secs(60))
+        .await
+        .unwrap();
+    // A signed PUT with a body that is not the declared one: 400, nothing stored.
+    assert_eq!(put(signed.url.clone(), b"other", digest.clone()).await, 400);
+    assert_eq!(put(signed.url.clone(), b"hello", digest.clone()).await, 200);
+    // A PUT signature does not read; a GET one does.
+    let read = t
+        .http
+        .get(&signed.url)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    assert_eq!(read, 403);
+    let get = t
+        .server
+        .state
+        .snapshots
+        .download("acme/snap_x", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let body = t
+        .http
+        .get(&get)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&body[..], b"hello");
+}
