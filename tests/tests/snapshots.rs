@@ -750,3 +750,125 @@ async fn the_file_store_serves_only_signed_unexpired_urls() {
         .unwrap();
     assert_eq!(&body[..], b"hello");
 }
+
+/// A moto S3 server (from PyPI, `moto[server]`, which `.ci/run` installs) on a free port,
+/// killed when dropped.
+struct Moto {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl Moto {
+    async fn start() -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto_server runs (pip install 'moto[server]'; .ci/run installs it)");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        wait_until("moto answers", PATIENCE, || async {
+            http.get(&endpoint).send().await.is_ok()
+        })
+        .await;
+        // The bucket (moto takes any credentials).
+        let created = http
+            .put(format!("{endpoint}/snapshots"))
+            .send()
+            .await
+            .unwrap();
+        assert!(created.status().is_success(), "{}", created.status());
+        Moto { child, endpoint }
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
+    let moto = Moto::start().await;
+    let endpoint = moto.endpoint.clone();
+    let t = TestServer::start_with(|c| {
+        c.timings.transitional_look = 0.1;
+        c.timings.sandbox_pass = 0.2;
+        c.snapshots.store = vps::config::SnapshotBackend::S3;
+        c.snapshots.bucket = Some("snapshots".into());
+        c.snapshots.endpoint = Some(endpoint);
+        c.snapshots.region = Some("us-east-1".into());
+        c.snapshots.access_key_id = Some("test".into());
+        c.snapshots.secret_access_key = Some("test".into());
+    })
+    .await;
+    assert_eq!(t.server.state.snapshots.kind(), "s3");
+    let pool = t
+        .hosted_pool(
+            "10.0.6.0/24",
+            0,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
+        )
+        .await;
+    let (_n, host) = node(&t, &pool, "n", "epyc", json!({})).await;
+    let tpl = template(&t, &pool, "py").await;
+    let s = sandbox(&t, &tpl, "src").await;
+    let snap = snapshot(
+        &t,
+        ALICE,
+        s["id"].as_str().unwrap(),
+        json!({ "keep": true }),
+    )
+    .await
+    .unwrap();
+    let id = snap["id"].as_str().unwrap().to_string();
+    let ready = settled(&t, &id).await;
+    assert_eq!(ready["state"], "ready", "{ready}");
+    let key = format!("acme/{id}");
+    assert!(
+        t.server.state.snapshots.exists(&key).await.unwrap(),
+        "the host uploaded to the bucket"
+    );
+    // A restoring host downloads it from a presigned URL and checks its digest.
+    let restored = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "r", "fromSnapshot": id }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(restored["state"], "ready", "{restored}");
+    let inst = restored["instanceId"].as_str().unwrap();
+    assert_eq!(
+        host.domain(inst).unwrap().restored_from.as_deref(),
+        Some(id.as_str())
+    );
+    // Deleted, and nothing restores from it any more: the object leaves the bucket.
+    t.ok(
+        ALICE,
+        "sandboxes.delete",
+        json!({ "tenantId": "acme", "sandboxId": restored["id"] }),
+    )
+    .await;
+    t.ok(
+        ALICE,
+        "sandboxSnapshots.delete",
+        json!({ "tenantId": "acme", "snapshotId": id }),
+    )
+    .await;
+    eventually("the object purged from the bucket", PATIENCE, || async {
+        match t.server.state.snapshots.exists(&key).await.unwrap() {
+            false => Ok(()),
+            true => Err("still there"),
+        }
+    })
+    .await;
+}
