@@ -5,8 +5,8 @@
 //!
 //! Each step does a bounded share of work per pass and answers what remains, so a pass is
 //! short and safe to repeat (every step is idempotent). Templates are deleted, open sandboxes
-//! marked deleting (their instances with them); snapshots and volumes get their steps when
-//! they exist.
+//! marked deleting (their instances with them), every snapshot deleted (kept ones too; the
+//! sandbox reconciler purges their objects).
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -40,6 +40,10 @@ pub const STEPS: &[Step] = &[
     Step {
         name: "sandboxes",
         run: delete_sandboxes,
+    },
+    Step {
+        name: "snapshots",
+        run: delete_snapshots,
     },
     Step {
         name: "webhooks",
@@ -149,6 +153,24 @@ fn delete_sandboxes<'a>(
             ignore_gone(deleted.map(|_| ()))?;
         }
         left(ctx, "SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state <> 'deleted'", tenant_id).await
+    }
+    .boxed()
+}
+
+/// Deletes every live snapshot, kept ones included.
+fn delete_snapshots<'a>(
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+) -> BoxFuture<'a, Result<u64, CommandError>> {
+    async move {
+        let sql = "SELECT id FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted
+                    ORDER BY id LIMIT $2";
+        for id in &due(ctx, sql, tenant_id).await? {
+            let deleted = crate::sandboxes::snapshots::delete(ctx, tenant_id, id).await;
+            ignore_gone(deleted.map(|_| ()))?;
+        }
+        let sql = "SELECT count(*) FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted";
+        left(ctx, sql, tenant_id).await
     }
     .boxed()
 }

@@ -872,3 +872,53 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_tenant_teardown_deletes_every_snapshot_kept_ones_too() {
+    let t = server().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.7.0/24",
+            0,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
+        )
+        .await;
+    let (_n, _host) = node(&t, &pool, "n", "epyc", json!({})).await;
+    let tpl = template(&t, &pool, "py").await;
+    let s = sandbox(&t, &tpl, "src").await;
+    let snap = snapshot(
+        &t,
+        ALICE,
+        s["id"].as_str().unwrap(),
+        json!({ "keep": true }),
+    )
+    .await
+    .unwrap();
+    let id = snap["id"].as_str().unwrap().to_string();
+    settled(&t, &id).await;
+    t.ok(OPERATOR, "tenants.delete", json!({ "tenantId": "acme" }))
+        .await;
+    eventually("the teardown done", PATIENCE, || async {
+        let again = t
+            .ok(OPERATOR, "tenants.delete", json!({ "tenantId": "acme" }))
+            .await;
+        match again["remaining"].as_u64() {
+            Some(0) => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    let (code, _) = refusal(
+        t.call(
+            OPERATOR,
+            "sandboxSnapshots.get",
+            json!({ "tenantId": "acme", "snapshotId": id }),
+        )
+        .await,
+    );
+    assert_eq!(code, "NOT_FOUND");
+    wait_until("the kept object purged", PATIENCE, || async {
+        !object(&t, &id).exists()
+    })
+    .await;
+}
