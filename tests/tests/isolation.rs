@@ -21,6 +21,9 @@ struct Globex {
     node_token: String,
     template: String,
     sandbox: String,
+    snapshot: String,
+    /// Runs globex's sandbox, so it can be snapshotted.
+    _host: vps_emulators::host::HostHandle,
 }
 
 impl Globex {
@@ -65,14 +68,38 @@ impl Globex {
             .await;
         let tpl = t.ok(EVE, "sandboxTemplates.create", json!({ "tenantId": "globex", "name": "g", "poolId": pool, "flavor": "small", "imageId": "img_globex" })).await;
         let template = tpl["id"].as_str().unwrap().to_string();
+        let host = t.host(&node, &node_token, std::time::Duration::from_millis(20));
         let sbx = t
             .ok(
                 EVE,
                 "sandboxes.create",
-                json!({ "tenantId": "globex", "templateId": template, "idempotencyKey": "g" }),
+                json!({ "tenantId": "globex", "templateId": template, "idempotencyKey": "g",
+                        "wait": { "timeoutMs": 20000 } }),
             )
             .await;
+        let snap = t
+            .ok(
+                EVE,
+                "sandboxes.snapshot",
+                json!({ "tenantId": "globex", "sandboxId": sbx["id"] }),
+            )
+            .await;
+        let snapshot = snap["id"].as_str().unwrap().to_string();
+        // Settled before the matrix runs, so nothing of globex's moves the log meanwhile.
+        vps_tests::wait_until("globex's snapshot ready", vps_tests::PATIENCE, || async {
+            let s = t
+                .ok(
+                    EVE,
+                    "sandboxSnapshots.get",
+                    json!({ "tenantId": "globex", "snapshotId": snapshot }),
+                )
+                .await;
+            s["state"] == "ready"
+        })
+        .await;
         Globex {
+            snapshot,
+            _host: host,
             template,
             sandbox: sbx["id"].as_str().unwrap().to_string(),
             pool,
@@ -94,6 +121,7 @@ impl Globex {
             &self.node,
             &self.template,
             &self.sandbox,
+            &self.snapshot,
         ]
     }
 }
@@ -162,6 +190,15 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
         "sandboxes.extend" => NotFound(vec![
             json!({ "tenantId": "globex", "sandboxId": g.sandbox, "by": "1m" }),
             json!({ "tenantId": "acme", "sandboxId": g.sandbox, "by": "1m" }),
+        ]),
+        "sandboxes.snapshot" => NotFound(vec![
+            json!({ "tenantId": "globex", "sandboxId": g.sandbox }),
+            json!({ "tenantId": "acme", "sandboxId": g.sandbox }),
+        ]),
+        "sandboxSnapshots.list" => NotFound(vec![json!({ "tenantId": "globex" })]),
+        "sandboxSnapshots.get" | "sandboxSnapshots.delete" => NotFound(vec![
+            json!({ "tenantId": "globex", "snapshotId": g.snapshot }),
+            json!({ "tenantId": "acme", "snapshotId": g.snapshot }),
         ]),
         "secrets.put" => NotFound(vec![
             json!({ "tenantId": "globex", "name": "x", "value": "v" }),
