@@ -197,6 +197,16 @@ enum BenchCommand {
         #[arg(long, default_value_t = 50)]
         boot_ms: u64,
     },
+    /// Snapshot to ready to restore to ready on emulated hosts, and the file store's MiB/s vs
+    /// a plain file copy.
+    Snapshot {
+        /// Snapshot-and-restore rounds.
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// The snapshot object's size in MiB.
+        #[arg(long, default_value_t = 64)]
+        size_mib: usize,
+    },
     /// The emulated hosts of `bench converge`, in their own process (internal).
     #[command(hide = true)]
     ConvergeHosts {
@@ -388,6 +398,15 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
                 boot: std::time::Duration::from_millis(boot_ms),
             };
             crate::bench::sandbox::run(&url, &options).await?;
+            Ok(0)
+        }
+        BenchCommand::Snapshot { rounds, size_mib } => {
+            let (url, _cluster) = crate::database::server_url(config).await?;
+            let options = crate::bench::snapshot::SnapshotBench {
+                rounds: rounds.clamp(1, 1000),
+                size: size_mib.clamp(1, 4096) << 20,
+            };
+            crate::bench::snapshot::run(&url, &options).await?;
             Ok(0)
         }
         BenchCommand::Authz { seconds, policies } => {

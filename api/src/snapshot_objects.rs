@@ -102,7 +102,7 @@ pub async fn get(
     match file {
         Ok(file) => {
             let length = file.metadata().await.map(|m| m.len()).unwrap_or(0);
-            let stream = tokio_util::io::ReaderStream::new(file);
+            let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
             (
                 [
                     ("content-type", "application/octet-stream".to_string()),

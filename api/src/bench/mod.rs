@@ -8,6 +8,7 @@ pub mod converge;
 pub mod delivery;
 pub mod log;
 pub mod sandbox;
+pub mod snapshot;
 pub mod usage;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -119,14 +119,15 @@ async fn measure(
     Ok((warm_samples, cold_samples))
 }
 
-struct Client {
-    http: reqwest::Client,
-    url: String,
-    token: String,
+/// A tenant's HTTP client of the bench server.
+pub(super) struct Client {
+    pub(super) http: reqwest::Client,
+    pub(super) url: String,
+    pub(super) token: String,
 }
 
 impl Client {
-    async fn call(&self, method: &str, body: Value) -> anyhow::Result<Value> {
+    pub(super) async fn call(&self, method: &str, body: Value) -> anyhow::Result<Value> {
         let (group, name) = method.split_once('.').unwrap_or_default();
         let response = self
             .http
@@ -141,7 +142,7 @@ impl Client {
         Ok(answer)
     }
 
-    async fn template(
+    pub(super) async fn template(
         &self,
         pool: &str,
         name: &str,
