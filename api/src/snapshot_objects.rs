@@ -34,9 +34,9 @@ fn store<'a>(
     method: &str,
     key: &str,
     signed: &Result<Query<Signed>, QueryRejection>,
-) -> Result<&'a vps_store::FileStore, Response> {
+) -> Result<&'a vps_store::FileStore, (StatusCode, &'static str, &'static str)> {
     let SnapshotStore::File(store) = &state.snapshots else {
-        return Err(refuse(
+        return Err((
             StatusCode::NOT_FOUND,
             "NOT_FOUND",
             "this deployment keeps snapshots in S3",
@@ -44,7 +44,7 @@ fn store<'a>(
     };
     match signed {
         Ok(Query(s)) if store.verify(method, key, s.exp, &s.sig) => Ok(store),
-        _ => Err(refuse(
+        _ => Err((
             StatusCode::FORBIDDEN,
             "ACCESS_DENIED",
             "the URL's signature is missing, wrong or expired",
@@ -62,7 +62,7 @@ pub async fn put(
 ) -> Response {
     let store = match store(&state, "PUT", &key, &signed) {
         Ok(store) => store,
-        Err(refusal) => return refusal,
+        Err((status, code, message)) => return refuse(status, code, message),
     };
     let declared = headers.get(SHA256_HEADER).and_then(|v| v.to_str().ok());
     let stream = body.into_data_stream().map_err(std::io::Error::other);
@@ -93,7 +93,7 @@ pub async fn get(
 ) -> Response {
     let store = match store(&state, "GET", &key, &signed) {
         Ok(store) => store,
-        Err(refusal) => return refusal,
+        Err((status, code, message)) => return refuse(status, code, message),
     };
     let file = match store.path(&key) {
         Ok(path) => tokio::fs::File::open(path).await,

@@ -389,7 +389,7 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         template_version: d.template_version,
         claimed_at: None,
         network_policy: d.network_policy,
-        restore_from: d.restore_from.clone(),
+        restore_from: d.restore_from.as_deref().cloned(),
         created_at: at,
         updated_at: at,
         version: 1,

@@ -311,7 +311,7 @@ fn create_instance(
         request_hash: c.request_hash.clone(),
         template_version: c.template_version,
         network_policy: c.network_policy,
-        restore_from: c.restore_from.clone(),
+        restore_from: c.restore_from.clone().map(Box::new),
     })])
 }
 

@@ -72,7 +72,7 @@ pub struct Created {
     pub network_policy: Option<Network>,
     /// A restore: the snapshot it boots from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restore_from: Option<super::RestoreFrom>,
+    pub restore_from: Option<Box<super::RestoreFrom>>,
 }
 
 /// `instance.starting`: `start` was called, the state moved to `starting`, or a sandbox
