@@ -316,3 +316,29 @@ pub async fn restore_from(
         runtime,
     )?)
 }
+
+/// Whether another live guest answers to the same SSH identity as `instance`: a memory
+/// restore resumes its source's sshd, so the source, its memory restores and their restores
+/// all share one principal. Exec into any of them is refused while another is live, since a
+/// certificate for one would open the others.
+pub async fn shares_identity(
+    tx: &mut PgConnection,
+    instance: &vps_domain::instance::Instance,
+) -> Result<bool, CommandError> {
+    let principal = instance
+        .restore_from
+        .as_ref()
+        .and_then(|r| r.principal_instance_id.clone())
+        .unwrap_or_else(|| instance.id.clone());
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM instances
+                         WHERE id <> $1 AND tenant_id = $3 AND state NOT IN ('deleting', 'deleted')
+                           AND desired_state <> 'deleted'
+                           AND (id = $2 OR doc->'restoreFrom'->>'principalInstanceId' = $2))",
+    )
+    .bind(&instance.id)
+    .bind(&principal)
+    .bind(&instance.tenant_id)
+    .fetch_one(&mut *tx)
+    .await?)
+}
