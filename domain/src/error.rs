@@ -30,6 +30,8 @@ pub enum DomainError {
     InvalidState {
         /// Names the current state and what was asked.
         message: String,
+        /// The `details` object (`{ "reason": … }` when a client should tell refusals apart).
+        details: Value,
     },
     /// The idempotency key was already used for a different request (`CONFLICT`).
     #[error("idempotency key already used for a different request (instance {instance_id})")]
@@ -106,9 +108,8 @@ impl DomainError {
                 "used": used,
             }),
             DomainError::CapacityUnavailable { resource } => json!({ "resource": resource }),
-            DomainError::NotFound { .. }
-            | DomainError::InvalidState { .. }
-            | DomainError::Unsupported { .. } => json!({}),
+            DomainError::InvalidState { details, .. } => details.clone(),
+            DomainError::NotFound { .. } | DomainError::Unsupported { .. } => json!({}),
         }
     }
 
@@ -124,6 +125,7 @@ impl DomainError {
     pub fn invalid_state(message: impl Into<String>) -> Self {
         DomainError::InvalidState {
             message: message.into(),
+            details: json!({}),
         }
     }
 

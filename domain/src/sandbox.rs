@@ -3,6 +3,7 @@
 //! an ordinary instance (with `sandboxId` set), changed through the instance aggregate.
 
 mod event;
+pub mod exec;
 #[cfg(test)]
 mod tests;
 
@@ -13,8 +14,8 @@ use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
 use crate::error::DomainError;
 
 pub use event::{
-    Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExpiry, SandboxFailed,
-    SandboxReady,
+    Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExecIssued, SandboxExpiry,
+    SandboxFailed, SandboxReady,
 };
 
 /// The longest single extension: 30 days.
@@ -196,6 +197,11 @@ impl Aggregate for Sandbox {
             SandboxEvent::Deleted(_) => {
                 s.state = SandboxState::Deleted;
                 s.deleted_at = Some(at);
+            }
+            // Entering a sandbox changes nothing about it: only the stream moves on.
+            SandboxEvent::ExecIssued(_) => {
+                s.version += 1;
+                return Ok(s);
             }
         }
         s.version += 1;
