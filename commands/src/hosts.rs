@@ -33,6 +33,8 @@ pub struct Report {
     pub complete: bool,
     /// The NodeSpec generation the host has applied.
     pub applied_generation: Option<i64>,
+    /// Where the node accepts sandbox exec tunnels (`tcp://host:port`); absent: unchanged.
+    pub tunnel_url: Option<String>,
 }
 
 /// One instance as the host sees it.
@@ -94,6 +96,9 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
             entry.addresses = Some(checked_addresses(i, addresses)?);
         }
     }
+    if let Some(url) = &report.tunnel_url {
+        crate::sandboxes::exec::tunnel::check_url("tunnelUrl", url)?;
+    }
     let ids: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
     if ids.len() != report.instances.len() {
         return Err(DomainError::InvalidInput {
@@ -111,6 +116,9 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     let mut tx = ctx.pool.begin().await?;
     lock_node(&mut tx, node_id).await?;
     heartbeat(&mut tx, node_id, now).await?;
+    if let Some(url) = &report.tunnel_url {
+        crate::sandboxes::exec::tunnel::advertise(&mut tx, node_id, url, now).await?;
+    }
     let node = load::<Node>(&mut tx, node_id).await?;
     let recovered = decide(node.as_ref(), &NodeCommand::Recover)?;
     let node = record_events(ctx, &mut tx, node_id, node.as_ref(), recovered, None).await?;
