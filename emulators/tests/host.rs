@@ -67,6 +67,7 @@ impl Stub {
             boot_delay: BOOT_DELAY,
             report_interval: REPORT_INTERVAL,
             poll_wait: Duration::from_millis(500),
+            tunnel_listen: None,
         })
     }
 

@@ -14,10 +14,14 @@
 //!   cannot pause and is `ERROR` "pause unsupported");
 //! - `deleted`, or missing from the spec: the domain is destroyed, except stray domains.
 //!
+//! With [`HostConfig::tunnel_listen`], the host also accepts `sandboxes.exec` tunnels there
+//! (see [`tunnel`]) and states the endpoint in its reports (`tunnelUrl`).
+//!
 //! The [`HostHandle`] injects what tests need: failures, refused starts, strays, silence.
 
 mod agent;
 mod domains;
+pub mod tunnel;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -45,6 +49,8 @@ pub struct HostConfig {
     pub report_interval: Duration,
     /// How long the server may hold a `nodes.spec` long poll (`waitMs`, at most 30 s).
     pub poll_wait: Duration,
+    /// Where to accept exec tunnels (`127.0.0.1:0` picks a port); `None`: no tunnels.
+    pub tunnel_listen: Option<String>,
 }
 
 impl HostConfig {
@@ -62,6 +68,7 @@ impl HostConfig {
             boot_delay: Duration::from_millis(500),
             report_interval: Duration::from_secs(1),
             poll_wait: Duration::from_secs(5),
+            tunnel_listen: None,
         }
     }
 }
@@ -105,13 +112,33 @@ impl EmulatedHost {
             reports_sent: AtomicU64::new(0),
         });
         let node_id = config.node_id.clone();
-        let task = tokio::spawn(agent::run(shared.clone(), config));
+        let listener = config.tunnel_listen.as_deref().and_then(|at| {
+            bind(at)
+                .inspect_err(|e| tracing::error!(node_id, error = %e, "no exec tunnels"))
+                .ok()
+        });
+        let tunnel_url = listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|addr| format!("tcp://{addr}"));
+        let api = wire::NodeApi::new(&config, tunnel_url.clone());
+        let tunnel = listener.map(|l| tokio::spawn(tunnel::serve(l, shared.clone(), api.clone())));
+        let task = tokio::spawn(agent::run(shared.clone(), config, api));
         HostHandle {
             node_id,
             shared,
             task: Some(task),
+            tunnel,
+            tunnel_url,
         }
     }
+}
+
+/// A listening socket on `at`, for the current tokio runtime.
+fn bind(at: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(at)?;
+    listener.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(listener)
 }
 
 /// State the loop and the handle share.
@@ -138,12 +165,19 @@ pub struct HostHandle {
     node_id: String,
     shared: Arc<Shared>,
     task: Option<JoinHandle<()>>,
+    tunnel: Option<JoinHandle<()>>,
+    tunnel_url: Option<String>,
 }
 
 impl HostHandle {
     /// The node this host reports as.
     pub fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    /// Where the host accepts exec tunnels (`tcp://127.0.0.1:port`), when it does.
+    pub fn tunnel_url(&self) -> Option<&str> {
+        self.tunnel_url.as_deref()
     }
 
     /// Every domain the host holds and its state.
@@ -217,6 +251,9 @@ impl HostHandle {
 
     /// Stops the host and waits until its loop has ended: nothing is sent after this returns.
     pub async fn stop(mut self) {
+        if let Some(tunnel) = self.tunnel.take() {
+            tunnel.abort();
+        }
         if let Some(task) = self.task.take() {
             task.abort();
             // The loop ends cancelled; that is the expected outcome, not an error.
@@ -227,6 +264,9 @@ impl HostHandle {
 
 impl Drop for HostHandle {
     fn drop(&mut self) {
+        if let Some(tunnel) = self.tunnel.take() {
+            tunnel.abort();
+        }
         if let Some(task) = self.task.take() {
             task.abort();
         }
