@@ -58,6 +58,8 @@ pub struct Call {
     pub guard: Guard,
     /// The authorizer (its schema validates stored policies).
     pub authz: Arc<Authorizer>,
+    /// The sandbox CA, when one is configured.
+    pub sandbox_ca: Option<Arc<vps_commands::sandboxes::exec::ca::SandboxCa>>,
 }
 
 impl Call {

@@ -57,6 +57,7 @@ pub async fn dispatch(
         config: state.config.clone(),
         guard,
         authz: state.authz.clone(),
+        sandbox_ca: state.sandbox_ca.clone(),
     };
     method.call(call, &body).instrument(span).await.map(Json)
 }

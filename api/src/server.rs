@@ -77,6 +77,11 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         config.policies.dir.as_deref(),
     )?);
     authz.refresh(&pool).await?;
+    let sandbox_ca = config
+        .sandbox_exec
+        .load_ca()
+        .map_err(|e| anyhow::anyhow!("[sandbox_exec] ca_key: {e}"))?
+        .map(Arc::new);
     let state = AppState {
         pool: pool.clone(),
         notifier: notifier.clone(),
@@ -85,6 +90,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         config: Arc::new(config),
         admitter: vps_commands::instances::Admitter::start(),
         authz: authz.clone(),
+        sandbox_ca,
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();

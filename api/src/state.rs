@@ -25,4 +25,6 @@ pub struct AppState {
     pub guards: crate::guards::Guards,
     /// The Cedar policies in force on this replica.
     pub authz: Arc<crate::authz::Authorizer>,
+    /// `[sandbox_exec] ca_key`, loaded (absent: `sandboxes.exec` is `UNSUPPORTED`).
+    pub sandbox_ca: Option<Arc<vps_commands::sandboxes::exec::ca::SandboxCa>>,
 }

@@ -10,6 +10,7 @@ pub mod nodes;
 pub mod policies;
 pub mod pools;
 pub mod provider_accounts;
+pub mod sandbox_exec;
 pub mod sandboxes;
 pub mod tenants;
 pub mod usage;
@@ -29,6 +30,7 @@ pub fn all() -> Vec<Method> {
         images::methods(),
         instances::methods(),
         sandboxes::methods(),
+        sandbox_exec::methods(),
         provider_accounts::methods(),
         webhooks::methods(),
         events::methods(),
