@@ -163,6 +163,10 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
             json!({ "tenantId": "globex", "sandboxId": g.sandbox, "by": "1m" }),
             json!({ "tenantId": "acme", "sandboxId": g.sandbox, "by": "1m" }),
         ]),
+        "sandboxes.exec" => NotFound(vec![
+            json!({ "tenantId": "globex", "sandboxId": g.sandbox, "publicKey": SSH_KEY }),
+            json!({ "tenantId": "acme", "sandboxId": g.sandbox, "publicKey": SSH_KEY }),
+        ]),
         "secrets.put" => NotFound(vec![
             json!({ "tenantId": "globex", "name": "x", "value": "v" }),
         ]),
