@@ -64,6 +64,16 @@ enum Command {
     /// Usage records: export them for billing, or prove them against the log.
     #[command(subcommand)]
     Usage(UsageCommand),
+    /// Open a sandboxes.exec tunnel and pipe it to standard input and output (OpenSSH's
+    /// ProxyCommand: `-o ProxyCommand='vps tunnel --url <tunnel.url> --ticket <tunnel.ticket>'`).
+    Tunnel {
+        /// `tunnel.url` of the sandboxes.exec answer (`tcp://host:port`).
+        #[arg(long)]
+        url: String,
+        /// `tunnel.ticket` of the same answer (single use).
+        #[arg(long)]
+        ticket: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -269,6 +279,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Bench(cmd) => bench(&config, cmd).await,
         Command::Usage(cmd) => usage(&config, cmd).await,
+        Command::Tunnel { url, ticket } => {
+            crate::tools::tunnel::run(&url, &ticket).await?;
+            Ok(0)
+        }
     }
 }
 

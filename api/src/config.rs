@@ -39,6 +39,31 @@ pub struct Config {
     /// Where snapshots are kept.
     #[serde(default)]
     pub snapshots: SnapshotsConfig,
+    /// `sandboxes.exec`: the sandbox CA and where tunnels go.
+    #[serde(default)]
+    pub sandbox_exec: SandboxExecConfig,
+}
+
+/// `[sandbox_exec]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxExecConfig {
+    /// An OpenSSH private key file (ssh-ed25519 or ecdsa-sha2-nistp256, unencrypted) that signs
+    /// sandbox user certificates; absent: `sandboxes.exec` is `UNSUPPORTED`.
+    pub ca_key: Option<PathBuf>,
+    /// Where clients reach a node's tunnel endpoint, e.g. `tcp://{nodeName}.hosts.example:2222`
+    /// (`{nodeId}` and `{nodeName}` are replaced); absent: the `tunnelUrl` nodes report.
+    pub tunnel_url: Option<String>,
+}
+
+impl SandboxExecConfig {
+    /// The configured CA, loaded and checked (`None` without `ca_key`).
+    pub fn load_ca(&self) -> Result<Option<vps_commands::sandboxes::exec::ca::SandboxCa>, String> {
+        self.ca_key
+            .as_deref()
+            .map(vps_commands::sandboxes::exec::ca::SandboxCa::load)
+            .transpose()
+    }
 }
 
 /// `[snapshots]`: the snapshot store (SPEC §6).
@@ -343,6 +368,18 @@ impl Config {
         }
         self.validate_webhooks_and_limits(&err)?;
         self.validate_snapshots(&err)?;
+        self.sandbox_exec
+            .load_ca()
+            .map_err(|e| err("sandbox_exec.ca_key", e))?;
+        if let Some(template) = &self.sandbox_exec.tunnel_url {
+            let sample = vps_commands::sandboxes::exec::tunnel::render(template, "node_x", "x");
+            vps_commands::sandboxes::exec::tunnel::check_url("tunnel_url", &sample).map_err(|_| {
+                err(
+                    "sandbox_exec.tunnel_url",
+                    format!("`{template}` is not a tcp://host:port URL (with {{nodeId}} or {{nodeName}})"),
+                )
+            })?;
+        }
         let t = &self.timings;
         for (key, v) in [
             ("unschedulable_retry", t.unschedulable_retry),
@@ -535,6 +572,34 @@ mod tests {
         let err = config.validate("f").unwrap_err();
         assert_eq!(err.key, "webhooks.allow_private[1]");
         assert!(Config::parse("[limits]\nsse_streams = 3\n", "f").is_err());
+    }
+
+    #[test]
+    fn a_bad_sandbox_ca_or_tunnel_url_names_its_key() {
+        let dir = std::env::temp_dir().join(format!("vps-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("bad-ca");
+        std::fs::write(&bad, "not a key").unwrap();
+        let text = format!("[sandbox_exec]\nca_key = {:?}\n", bad.display().to_string());
+        let err = Config::parse(&text, "f")
+            .unwrap()
+            .validate("f")
+            .unwrap_err();
+        assert_eq!(err.key, "sandbox_exec.ca_key");
+        let good = dir.join("good-ca");
+        let _ = std::fs::remove_file(&good);
+        vps_commands::sandboxes::exec::ca::SandboxCa::load_or_generate(&good).unwrap();
+        let text = format!(
+            "[sandbox_exec]\nca_key = {:?}\n",
+            good.display().to_string()
+        );
+        Config::parse(&text, "f").unwrap().validate("f").unwrap();
+        let text = "[sandbox_exec]\ntunnel_url = \"http://{nodeName}:22\"\n";
+        let err = Config::parse(text, "f").unwrap().validate("f").unwrap_err();
+        assert_eq!(err.key, "sandbox_exec.tunnel_url");
+        let text = "[sandbox_exec]\ntunnel_url = \"tcp://{nodeName}.hosts.example:2222\"\n";
+        Config::parse(text, "f").unwrap().validate("f").unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

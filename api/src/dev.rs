@@ -19,6 +19,8 @@ const DEMO_POOL: &str = "demo";
 const NODES_FILE: &str = ".vps/dev-nodes.json";
 /// The sealing key `vps dev` generates on first run and keeps, so sealed data survives a restart.
 const KEY_FILE: &str = ".vps/secrets.key";
+/// The sandbox CA `vps dev` generates on first run and keeps (`[sandbox_exec] ca_key`).
+const CA_FILE: &str = ".vps/sandbox-ca";
 
 /// Runs the dev server until interrupted.
 pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
@@ -30,6 +32,11 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
     }
     if config.secrets.key.is_none() {
         config.secrets.key = Some(dev_secrets_key()?);
+    }
+    if config.sandbox_exec.ca_key.is_none() {
+        vps_commands::sandboxes::exec::ca::SandboxCa::load_or_generate(Path::new(CA_FILE))
+            .map_err(anyhow::Error::msg)?;
+        config.sandbox_exec.ca_key = Some(CA_FILE.into());
     }
     if config.webhooks.allow_private.is_empty() {
         // A demo's receivers run on the same machine.
@@ -52,6 +59,7 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
         .map(|(node, token)| {
             let mut host = HostConfig::new(server.url(), node.clone(), token.clone());
             host.boot_delay = Duration::from_secs(2);
+            host.tunnel_listen = Some("127.0.0.1:0".into());
             EmulatedHost::start(host)
         })
         .collect();

@@ -60,6 +60,8 @@ pub struct Call {
     pub authz: Arc<Authorizer>,
     /// Where snapshots are kept (signs hosts' upload and download URLs).
     pub snapshots: vps_store::SnapshotStore,
+    /// The sandbox CA, when one is configured.
+    pub sandbox_ca: Option<Arc<vps_commands::sandboxes::exec::ca::SandboxCa>>,
 }
 
 impl Call {

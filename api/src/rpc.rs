@@ -58,6 +58,7 @@ pub async fn dispatch(
         guard,
         authz: state.authz.clone(),
         snapshots: state.snapshots.clone(),
+        sandbox_ca: state.sandbox_ca.clone(),
     };
     method.call(call, &body).instrument(span).await.map(Json)
 }

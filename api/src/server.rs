@@ -81,6 +81,11 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         config.policies.dir.as_deref(),
     )?);
     authz.refresh(&pool).await?;
+    let sandbox_ca = config
+        .sandbox_exec
+        .load_ca()
+        .map_err(|e| anyhow::anyhow!("[sandbox_exec] ca_key: {e}"))?
+        .map(Arc::new);
     let state = AppState {
         pool: pool.clone(),
         notifier: notifier.clone(),
@@ -90,6 +95,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         admitter: vps_commands::instances::Admitter::start(),
         authz: authz.clone(),
         snapshots: config.snapshot_store(&secret_bytes(&config)?, addr)?,
+        sandbox_ca,
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();

@@ -27,4 +27,6 @@ pub struct AppState {
     pub authz: Arc<crate::authz::Authorizer>,
     /// Where snapshots are kept.
     pub snapshots: vps_store::SnapshotStore,
+    /// `[sandbox_exec] ca_key`, loaded (absent: `sandboxes.exec` is `UNSUPPORTED`).
+    pub sandbox_ca: Option<Arc<vps_commands::sandboxes::exec::ca::SandboxCa>>,
 }

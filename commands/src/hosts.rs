@@ -36,6 +36,8 @@ pub struct Report {
     /// The outcomes of the spec's host commands (snapshots) the host finished.
     #[serde(default)]
     pub command_results: Vec<vps_domain::sandbox::snapshot::CommandResult>,
+    /// Where the node accepts sandbox exec tunnels (`tcp://host:port`); absent: unchanged.
+    pub tunnel_url: Option<String>,
 }
 
 /// One instance as the host sees it.
@@ -100,6 +102,9 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
             entry.addresses = Some(checked_addresses(i, addresses)?);
         }
     }
+    if let Some(url) = &report.tunnel_url {
+        crate::sandboxes::exec::tunnel::check_url("tunnelUrl", url)?;
+    }
     let ids: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
     if ids.len() != report.instances.len() {
         return Err(DomainError::InvalidInput {
@@ -117,6 +122,9 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     let mut tx = ctx.pool.begin().await?;
     lock_node(&mut tx, node_id).await?;
     heartbeat(&mut tx, node_id, now).await?;
+    if let Some(url) = &report.tunnel_url {
+        crate::sandboxes::exec::tunnel::advertise(&mut tx, node_id, url, now).await?;
+    }
     let node = load::<Node>(&mut tx, node_id).await?;
     let recovered = decide(node.as_ref(), &NodeCommand::Recover)?;
     let node = record_events(ctx, &mut tx, node_id, node.as_ref(), recovered, None).await?;

@@ -30,15 +30,8 @@ pub enum DomainError {
     InvalidState {
         /// Names the current state and what was asked.
         message: String,
-    },
-    /// Not legal now, for a reason a client can act on (`INVALID_STATE` with
-    /// `details.reason`, e.g. `memory-snapshot-with-gpus`).
-    #[error("{message}")]
-    InvalidStateBecause {
-        /// What happened.
-        message: String,
-        /// The `details.reason`.
-        reason: &'static str,
+        /// The `details` object (`{ "reason": … }` when a client should tell refusals apart).
+        details: Value,
     },
     /// The idempotency key was already used for a different request (`CONFLICT`).
     #[error("idempotency key already used for a different request (instance {instance_id})")]
@@ -89,9 +82,7 @@ impl DomainError {
         match self {
             DomainError::InvalidInput { .. } => "INVALID_INPUT",
             DomainError::NotFound { .. } => "NOT_FOUND",
-            DomainError::InvalidState { .. } | DomainError::InvalidStateBecause { .. } => {
-                "INVALID_STATE"
-            }
+            DomainError::InvalidState { .. } => "INVALID_STATE",
             DomainError::Conflict { .. } | DomainError::ConflictOn { .. } => "CONFLICT",
             DomainError::QuotaExceeded { .. } => "QUOTA_EXCEEDED",
             DomainError::CapacityUnavailable { .. } => "CAPACITY_UNAVAILABLE",
@@ -105,7 +96,6 @@ impl DomainError {
             DomainError::InvalidInput { field, .. } => json!({ "field": field }),
             DomainError::Conflict { instance_id } => json!({ "instanceId": instance_id }),
             DomainError::ConflictOn { key, value, .. } => json!({ *key: value }),
-            DomainError::InvalidStateBecause { reason, .. } => json!({ "reason": reason }),
             DomainError::QuotaExceeded {
                 resource,
                 requested,
@@ -118,9 +108,8 @@ impl DomainError {
                 "used": used,
             }),
             DomainError::CapacityUnavailable { resource } => json!({ "resource": resource }),
-            DomainError::NotFound { .. }
-            | DomainError::InvalidState { .. }
-            | DomainError::Unsupported { .. } => json!({}),
+            DomainError::InvalidState { details, .. } => details.clone(),
+            DomainError::NotFound { .. } | DomainError::Unsupported { .. } => json!({}),
         }
     }
 
@@ -136,14 +125,15 @@ impl DomainError {
     pub fn invalid_state(message: impl Into<String>) -> Self {
         DomainError::InvalidState {
             message: message.into(),
+            details: json!({}),
         }
     }
 
-    /// Shorthand for an [`DomainError::InvalidStateBecause`].
-    pub fn invalid_state_because(message: impl Into<String>, reason: &'static str) -> Self {
-        DomainError::InvalidStateBecause {
+    /// An [`DomainError::InvalidState`] a client tells apart by `details.reason`.
+    pub fn invalid_state_because(message: impl Into<String>, reason: &str) -> Self {
+        DomainError::InvalidState {
             message: message.into(),
-            reason,
+            details: json!({ "reason": reason }),
         }
     }
 

@@ -4,6 +4,7 @@
 
 mod event;
 pub mod snapshot;
+pub mod exec;
 #[cfg(test)]
 mod tests;
 
@@ -16,8 +17,8 @@ use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
 use crate::error::DomainError;
 
 pub use event::{
-    Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExpiry, SandboxFailed,
-    SandboxReady, SnapshotFailed, SnapshotReady, SnapshotRef, SnapshotRequested,
+    Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExecIssued, SandboxExpiry,
+    SandboxFailed, SandboxReady, SnapshotFailed, SnapshotReady, SnapshotRef, SnapshotRequested,
 };
 pub use snapshot::{Snapshot, SnapshotState};
 
@@ -212,6 +213,11 @@ impl Aggregate for Sandbox {
             | SandboxEvent::SnapshotFailed(_)
             | SandboxEvent::SnapshotDeleted(_)
             | SandboxEvent::SnapshotPurged(_) => snapshot::evolve(&mut s, event, at),
+            // Entering a sandbox changes nothing about it: only the stream moves on.
+            SandboxEvent::ExecIssued(_) => {
+                s.version += 1;
+                return Ok(s);
+            }
         }
         s.version += 1;
         s.updated_at = at;

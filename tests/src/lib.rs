@@ -72,6 +72,7 @@ impl TestServer {
         config.webhooks.allow_private = vec!["127.0.0.0/8".into()];
         let snapshots = tempfile::tempdir().expect("a temporary directory");
         config.snapshots.dir = Some(snapshots.path().to_path_buf());
+        config.sandbox_exec.ca_key = Some(sandbox_ca().to_path_buf());
         adjust(&mut config);
         let server = vps::server::start(config, pool)
             .await
@@ -204,6 +205,7 @@ impl TestServer {
         config.boot_delay = boot_delay;
         config.report_interval = std::time::Duration::from_millis(200);
         config.poll_wait = std::time::Duration::from_millis(1000);
+        config.tunnel_listen = Some("127.0.0.1:0".into());
         vps_emulators::host::EmulatedHost::start(config)
     }
 
@@ -317,6 +319,18 @@ impl TestServer {
         }
         report.diffs.is_empty() && report.skipped.is_empty()
     }
+}
+
+/// The sandbox CA key file every test server of this process signs exec certificates with.
+pub fn sandbox_ca() -> &'static std::path::Path {
+    static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("vps-test-ca-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        vps_commands::sandboxes::exec::ca::SandboxCa::load_or_generate(&path)
+            .expect("a test sandbox CA");
+        path
+    })
 }
 
 pub use vps_pg::testing::eventually_every;

@@ -200,6 +200,10 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
             json!({ "tenantId": "globex", "snapshotId": g.snapshot }),
             json!({ "tenantId": "acme", "snapshotId": g.snapshot }),
         ]),
+        "sandboxes.exec" => NotFound(vec![
+            json!({ "tenantId": "globex", "sandboxId": g.sandbox, "publicKey": SSH_KEY }),
+            json!({ "tenantId": "acme", "sandboxId": g.sandbox, "publicKey": SSH_KEY }),
+        ]),
         "secrets.put" => NotFound(vec![
             json!({ "tenantId": "globex", "name": "x", "value": "v" }),
         ]),

@@ -10,6 +10,7 @@ pub mod nodes;
 pub mod policies;
 pub mod pools;
 pub mod provider_accounts;
+pub mod sandbox_exec;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod tenants;
@@ -31,6 +32,7 @@ pub fn all() -> Vec<Method> {
         instances::methods(),
         sandboxes::methods(),
         snapshots::methods(),
+        sandbox_exec::methods(),
         provider_accounts::methods(),
         webhooks::methods(),
         events::methods(),

@@ -5,4 +5,5 @@ pub mod call;
 pub mod events;
 pub mod history;
 pub mod replay;
+pub mod tunnel;
 pub mod usage;

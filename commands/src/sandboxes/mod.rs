@@ -5,6 +5,7 @@
 //!
 //! - [`templates`], the `sandboxTemplates` methods.
 //! - [`create`], `sandboxes.create` (claim or cold create, in one transaction).
+//! - [`exec`], `sandboxes.exec` (a short certificate and a tunnel ticket) and `nodes.redeemTicket`.
 //! - [`lifecycle`], extend, delete, and the reconciler's expiry and fallbacks.
 //! - [`follow`], the sandbox's side of an instance change (ready, failed, deleted), recorded
 //!   in the instance change's own transaction.
@@ -14,6 +15,7 @@
 //! - [`warm`], claiming a warm instance, and the warm pools' refill and drain.
 
 pub mod create;
+pub mod exec;
 pub mod follow;
 pub mod lifecycle;
 pub mod snapshots;

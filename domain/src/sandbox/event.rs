@@ -164,6 +164,24 @@ pub struct SnapshotRef {
     pub snapshot_id: String,
 }
 
+/// `sandbox.exec.issued`: a short OpenSSH user certificate was signed for the sandbox's
+/// instance. The certificate itself is never recorded; its serial and key id name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxExecIssued {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// The certificate's serial.
+    pub serial: u64,
+    /// The certificate's key id (`vps:<tenant>:<sandbox>:<serial>`).
+    pub key_id: String,
+    /// The principal it is valid for (the instance the guest's sshd answers as).
+    pub principal: String,
+    /// When it stops being valid.
+    pub valid_before: DateTime<Utc>,
+}
+
 crate::event_enum! {
     /// What happens to a sandbox.
     pub enum SandboxEvent {
@@ -193,5 +211,7 @@ crate::event_enum! {
         SnapshotDeleted(SnapshotRef) = "sandbox.snapshot.deleted",
         /// `sandbox.snapshot.purged`.
         SnapshotPurged(SnapshotRef) = "sandbox.snapshot.purged",
+        /// `sandbox.exec.issued`.
+        ExecIssued(SandboxExecIssued) = "sandbox.exec.issued",
     }
 }

@@ -25,9 +25,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 type SpecPoll = Pin<Box<dyn Future<Output = Result<NodeSpec, CallError>> + Send>>;
 
 /// Runs the host until its task is aborted.
-pub(super) async fn run(shared: Arc<Shared>, config: HostConfig) {
+pub(super) async fn run(shared: Arc<Shared>, config: HostConfig, api: NodeApi) {
     let mut agent = Agent {
-        api: NodeApi::new(&config),
+        api,
         shared,
         config,
         spec_poll: None,

@@ -14,11 +14,15 @@
 //!   cannot pause and is `ERROR` "pause unsupported");
 //! - `deleted`, or missing from the spec: the domain is destroyed, except stray domains.
 //!
+//! With [`HostConfig::tunnel_listen`], the host also accepts `sandboxes.exec` tunnels there
+//! (see [`tunnel`]) and states the endpoint in its reports (`tunnelUrl`).
+//!
 //! The [`HostHandle`] injects what tests need: failures, refused starts, strays, silence.
 
 mod agent;
 mod domains;
 mod snapshots;
+pub mod tunnel;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -50,6 +54,8 @@ pub struct HostConfig {
     pub snapshot_bytes: usize,
     /// The CPU model a memory snapshot records (as `nodes.register`'s `cpuModel`).
     pub cpu_model: Option<String>,
+    /// Where to accept exec tunnels (`127.0.0.1:0` picks a port); `None`: no tunnels.
+    pub tunnel_listen: Option<String>,
 }
 
 impl HostConfig {
@@ -69,6 +75,7 @@ impl HostConfig {
             poll_wait: Duration::from_secs(5),
             snapshot_bytes: 1 << 20,
             cpu_model: Some("emulated".into()),
+            tunnel_listen: None,
         }
     }
 }
@@ -117,13 +124,33 @@ impl EmulatedHost {
             hold_commands: AtomicBool::new(false),
         });
         let node_id = config.node_id.clone();
-        let task = tokio::spawn(agent::run(shared.clone(), config));
+        let listener = config.tunnel_listen.as_deref().and_then(|at| {
+            bind(at)
+                .inspect_err(|e| tracing::error!(node_id, error = %e, "no exec tunnels"))
+                .ok()
+        });
+        let tunnel_url = listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|addr| format!("tcp://{addr}"));
+        let api = wire::NodeApi::new(&config, tunnel_url.clone());
+        let tunnel = listener.map(|l| tokio::spawn(tunnel::serve(l, shared.clone(), api.clone())));
+        let task = tokio::spawn(agent::run(shared.clone(), config, api));
         HostHandle {
             node_id,
             shared,
             task: Some(task),
+            tunnel,
+            tunnel_url,
         }
     }
+}
+
+/// A listening socket on `at`, for the current tokio runtime.
+fn bind(at: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(at)?;
+    listener.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(listener)
 }
 
 /// State the loop and the handle share.
@@ -162,12 +189,19 @@ pub struct HostHandle {
     node_id: String,
     shared: Arc<Shared>,
     task: Option<JoinHandle<()>>,
+    tunnel: Option<JoinHandle<()>>,
+    tunnel_url: Option<String>,
 }
 
 impl HostHandle {
     /// The node this host reports as.
     pub fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    /// Where the host accepts exec tunnels (`tcp://127.0.0.1:port`), when it does.
+    pub fn tunnel_url(&self) -> Option<&str> {
+        self.tunnel_url.as_deref()
     }
 
     /// Every domain the host holds and its state.
@@ -253,6 +287,9 @@ impl HostHandle {
 
     /// Stops the host and waits until its loop has ended: nothing is sent after this returns.
     pub async fn stop(mut self) {
+        if let Some(tunnel) = self.tunnel.take() {
+            tunnel.abort();
+        }
         if let Some(task) = self.task.take() {
             task.abort();
             // The loop ends cancelled; that is the expected outcome, not an error.
@@ -263,6 +300,9 @@ impl HostHandle {
 
 impl Drop for HostHandle {
     fn drop(&mut self) {
+        if let Some(tunnel) = self.tunnel.take() {
+            tunnel.abort();
+        }
         if let Some(task) = self.task.take() {
             task.abort();
         }

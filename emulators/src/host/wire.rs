@@ -1,5 +1,5 @@
-//! The three node calls (`nodes.spec`, `nodes.report`, `nodes.secret`) and their payloads
-//! (SPEC §5.1), as a real host agent sends and reads them.
+//! The node calls (`nodes.spec`, `nodes.report`, `nodes.secret`, `nodes.redeemTicket`) and
+//! their payloads (SPEC §5.1), as a real host agent sends and reads them.
 
 use std::fmt;
 use std::time::Duration;
@@ -127,6 +127,16 @@ struct SecretAnswer {
     value: String,
 }
 
+/// What `nodes.redeemTicket` answers: what the tunnel opens, and the CA to check with.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct Redeemed {
+    pub instance_id: String,
+    pub principal: String,
+    #[serde(default)]
+    pub ca_public_key: Option<String>,
+}
+
 /// The server's error body, `{ code, message, details }`.
 #[derive(Default, Deserialize)]
 #[serde(default)]
@@ -175,10 +185,12 @@ pub(super) struct NodeApi {
     base_url: String,
     node_id: String,
     token: String,
+    /// Where this host accepts exec tunnels, stated in every report.
+    tunnel_url: Option<String>,
 }
 
 impl NodeApi {
-    pub fn new(config: &HostConfig) -> Self {
+    pub fn new(config: &HostConfig, tunnel_url: Option<String>) -> Self {
         let http = reqwest::Client::builder()
             // The server is local: an HTTP(S)_PROXY in the environment must not capture it.
             .no_proxy()
@@ -190,6 +202,7 @@ impl NodeApi {
             base_url: config.base_url.trim_end_matches('/').to_owned(),
             node_id: config.node_id.clone(),
             token: config.token.clone(),
+            tunnel_url,
         }
     }
 
@@ -222,7 +235,16 @@ impl NodeApi {
         if let Some(generation) = applied_generation {
             body["appliedGeneration"] = generation.into();
         }
+        if let Some(url) = &self.tunnel_url {
+            body["tunnelUrl"] = url.as_str().into();
+        }
         self.call("report", body, ANSWER_TIMEOUT).await
+    }
+
+    /// `nodes.redeemTicket`: consumes a client's exec ticket (a second redeem is refused).
+    pub async fn redeem_ticket(&self, ticket: &str) -> Result<Redeemed, CallError> {
+        let body = json!({ "nodeId": self.node_id, "ticket": ticket });
+        self.call("redeemTicket", body, ANSWER_TIMEOUT).await
     }
 
     /// `nodes.secret`: the value behind a `secret://` reference of an instance on this node.

@@ -1,0 +1,171 @@
+//! `sandboxes.exec`: a short OpenSSH user certificate for the caller's key, signed by the
+//! deployment's sandbox CA, and a single-use tunnel ticket for the node that runs the sandbox's
+//! instance. One transaction stores the ticket and appends `sandbox.exec.issued` (serial, key
+//! id, principal, end; never the certificate), so a ticket exists only for a recorded
+//! certificate.
+//!
+//! - [`ca`], the CA key and the certificates it signs.
+//! - [`tunnel`], where nodes accept tunnels and the tickets `nodes.redeemTicket` consumes.
+
+pub mod ca;
+pub mod tunnel;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use vps_domain::resources::Shape;
+use vps_domain::sandbox::exec::{self as domain, ExecWindow};
+use vps_domain::sandbox::Sandbox;
+use vps_domain::state_table::InstanceState;
+
+use self::ca::{SandboxCa, UserKey};
+use self::tunnel::{Binding, Ticket};
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::pipeline::{commit, record_events};
+
+/// What the deployment configures for exec.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecSettings<'a> {
+    /// The sandbox CA.
+    pub ca: &'a SandboxCa,
+    /// `[sandbox_exec] tunnel_url`: a template (`{nodeId}`, `{nodeName}`) that overrides the
+    /// endpoint nodes state.
+    pub tunnel_url: Option<&'a str>,
+}
+
+/// `sandboxes.exec`, checked at the edge (the key parsed).
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    /// The tenant.
+    pub tenant_id: String,
+    /// `sbx_…`.
+    pub sandbox_id: String,
+    /// The key to certify.
+    pub public_key: UserKey,
+    /// The certificate's lifetime (default 300, at most 900).
+    pub ttl_seconds: Option<u64>,
+}
+
+/// A signed certificate and the ticket that goes with it.
+#[derive(Debug, Clone)]
+pub struct ExecGrant {
+    /// The OpenSSH user certificate (one line).
+    pub certificate: String,
+    /// Its serial.
+    pub serial: u64,
+    /// Its key id.
+    pub key_id: String,
+    /// Its one principal.
+    pub principal: String,
+    /// When it stops being valid.
+    pub valid_before: DateTime<Utc>,
+    /// The instance it opens.
+    pub instance_id: String,
+    /// The node that runs it.
+    pub node_id: String,
+    /// The instance's first address, if it has one.
+    pub address: Option<String>,
+    /// Where the node accepts tunnels.
+    pub tunnel_url: String,
+    /// The single-use ticket.
+    pub ticket: String,
+    /// When the ticket expires unused.
+    pub ticket_expires_at: DateTime<Utc>,
+}
+
+/// The sandbox the tenant may see and its instance's shape: what a policy decides exec on.
+pub async fn facts(
+    ctx: &Ctx,
+    tenant_id: &str,
+    sandbox_id: &str,
+) -> Result<(Sandbox, Option<Shape>), CommandError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let s = super::visible(&mut conn, tenant_id, sandbox_id).await?;
+    let shape = vps_projections::instances::load(&mut conn, &s.instance_id)
+        .await?
+        .map(|i| i.shape);
+    Ok((s, shape))
+}
+
+/// Signs a certificate for the request's key and issues a ticket for the sandbox's node.
+#[tracing::instrument(skip_all, fields(sandbox = %request.sandbox_id))]
+pub async fn issue(
+    ctx: &Ctx,
+    settings: ExecSettings<'_>,
+    request: &ExecRequest,
+) -> Result<ExecGrant, CommandError> {
+    retrying(&request.sandbox_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let grant = issue_in(ctx, &mut tx, settings, request).await?;
+        commit(ctx, tx).await?;
+        Ok(grant)
+    })
+    .await
+}
+
+async fn issue_in(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    settings: ExecSettings<'_>,
+    request: &ExecRequest,
+) -> Result<ExecGrant, CommandError> {
+    let s = super::visible(tx, &request.tenant_id, &request.sandbox_id).await?;
+    let instance = vps_projections::instances::load(tx, &s.instance_id).await?;
+    let running = instance
+        .as_ref()
+        .is_some_and(|i| i.state == InstanceState::Running && i.node_id.is_some());
+    let now = Utc::now();
+    let mut window = domain::window(&s, running, request.ttl_seconds, now)?;
+    let instance = instance.expect("a running instance");
+    if super::snapshots::shares_identity(tx, &instance).await? {
+        return Err(domain::shares_identity_refusal(&s).into());
+    }
+    // A memory restore's sshd still answers as the instance its memory was captured on.
+    if let Some(principal) = instance
+        .restore_from
+        .as_ref()
+        .and_then(|r| r.principal_instance_id.clone())
+    {
+        window.principal = principal;
+    }
+    let node_id = instance.node_id.clone().expect("a placed instance");
+    let tunnel_url = tunnel::endpoint(tx, &node_id, settings.tunnel_url).await?;
+    let serial = new_serial();
+    let key_id = domain::key_id(&s, serial);
+    let certificate = settings
+        .ca
+        .sign(&request.public_key, &window, serial, &key_id)?;
+    let ticket = Ticket::new();
+    let binding = Binding {
+        node_id: &node_id,
+        instance_id: &instance.id,
+        principal: &window.principal,
+        valid_before: window.valid_before,
+    };
+    let ticket_expires_at = tunnel::store(tx, &ticket, &binding, now).await?;
+    let events = domain::issued(&s, serial, &window);
+    record_events(ctx, tx, &s.id, Some(&s), events, Some(&s.tenant_id)).await?;
+    let ExecWindow {
+        principal,
+        valid_before,
+        ..
+    } = window;
+    Ok(ExecGrant {
+        certificate,
+        serial,
+        key_id,
+        principal,
+        valid_before,
+        instance_id: instance.id.clone(),
+        node_id,
+        address: instance.addresses.first().cloned(),
+        tunnel_url,
+        ticket: ticket.text,
+        ticket_expires_at,
+    })
+}
+
+/// A random certificate serial below 2^53, so it survives every JSON reader exactly.
+fn new_serial() -> u64 {
+    rand::random::<u64>() % ((1 << 53) - 1) + 1
+}

@@ -1,0 +1,401 @@
+//! The host's tunnel endpoint for `sandboxes.exec` (SPEC §3.7), and the SSH server each
+//! tunnel reaches.
+//!
+//! A client connects over TCP and sends its ticket as the first line. The host redeems it
+//! (`nodes.redeemTicket`, with its node token), which names the instance, the principal the
+//! certificate must carry and the CA that must have signed it. The rest of the connection is
+//! an SSH session (`russh`) with that instance's "guest": it admits only the user `sandbox`
+//! with an OpenSSH user certificate from that CA, naming that principal, inside its validity
+//! window. An `exec` request runs `sh -c <command>`, a `shell` request runs `sh`, in a
+//! scratch directory of the session's own; the client gets stdout, stderr and the exit status.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use russh::server::{Auth, ChannelOpenHandle, Msg, Session};
+use russh::{Channel, ChannelId, MethodKind, MethodSet};
+use ssh_key::certificate::CertType;
+use ssh_key::{Algorithm, Certificate, Fingerprint, HashAlg, PrivateKey, PublicKey};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use super::wire::{NodeApi, Redeemed};
+use super::{DomainState, Shared};
+
+/// The one account a guest admits (the reference's `sandboxExec.account` default).
+pub const ACCOUNT: &str = "sandbox";
+/// The longest first line (the ticket) accepted.
+const MAX_TICKET_LINE: usize = 512;
+/// How long a client may take to send its ticket.
+const TICKET_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest chunk of a command's output sent at once.
+const CHUNK: usize = 32 * 1024;
+
+/// Accepts tunnels until the host stops.
+pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, api: NodeApi) {
+    let config = Arc::new(ssh_config());
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "tunnel accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (shared, api, config) = (shared.clone(), api.clone(), config.clone());
+        let span = tracing::debug_span!("tunnel", %peer);
+        tokio::spawn(connection(stream, shared, api, config).instrument(span));
+    }
+}
+
+/// The SSH server of every guest of this host: a fresh host key (clients reach guests only
+/// through tickets, so nothing pins it), public-key authentication only.
+fn ssh_config() -> russh::server::Config {
+    let mut rng = ssh_key::rand_core::UnwrapErr(ssh_key::getrandom::SysRng);
+    let host_key =
+        PrivateKey::random(&mut rng, Algorithm::Ed25519).expect("an ed25519 key generates");
+    russh::server::Config {
+        keys: vec![host_key],
+        methods: MethodSet::from(&[MethodKind::PublicKey][..]),
+        auth_rejection_time: Duration::from_millis(100),
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        inactivity_timeout: Some(Duration::from_secs(600)),
+        nodelay: true,
+        ..Default::default()
+    }
+}
+
+/// One tunnel: the ticket line, its redeem, then the SSH session.
+async fn connection(
+    mut stream: TcpStream,
+    shared: Arc<Shared>,
+    api: NodeApi,
+    config: Arc<russh::server::Config>,
+) {
+    let guest = match admit(&mut stream, &shared, &api).await {
+        Ok(guest) => guest,
+        Err(refusal) => {
+            tracing::info!(%refusal, "tunnel refused");
+            // Lines before the SSH version are allowed (RFC 4253 §4.2); clients show or skip it.
+            let line = format!("vps: tunnel refused: {refusal}\r\n");
+            let _ = stream.write_all(line.as_bytes()).await;
+            let _ = stream.shutdown().await;
+            return;
+        }
+    };
+    let ended = match russh::server::run_stream(config, stream, guest).await {
+        Ok(session) => session.await,
+        Err(e) => Err(e),
+    };
+    // A client hanging up ends the session with an EOF error: nothing to act on.
+    if let Err(error) = ended {
+        tracing::debug!(%error, "ssh session ended");
+    }
+}
+
+/// Reads and redeems the ticket, and checks that the instance it names runs here.
+async fn admit(stream: &mut TcpStream, shared: &Shared, api: &NodeApi) -> Result<Guest, String> {
+    let ticket = tokio::time::timeout(TICKET_TIMEOUT, first_line(stream))
+        .await
+        .map_err(|_| "no ticket line in time".to_string())??;
+    let redeemed = api
+        .redeem_ticket(&ticket)
+        .await
+        .map_err(|e| format!("ticket: {e}"))?;
+    let running = shared
+        .domains()
+        .snapshot()
+        .get(&redeemed.instance_id)
+        .is_some_and(|d| d.state == DomainState::Running);
+    if !running {
+        return Err(format!(
+            "instance {} is not running here",
+            redeemed.instance_id
+        ));
+    }
+    Guest::new(redeemed)
+}
+
+/// The first line, read a byte at a time so nothing of the SSH stream behind it is consumed.
+async fn first_line<R: AsyncRead + Unpin>(stream: &mut R) -> Result<String, String> {
+    let mut line = Vec::new();
+    loop {
+        let byte = stream
+            .read_u8()
+            .await
+            .map_err(|_| "the connection ended before the ticket line".to_string())?;
+        match byte {
+            b'\n' => break,
+            _ if line.len() >= MAX_TICKET_LINE => return Err("the ticket line is too long".into()),
+            _ => line.push(byte),
+        }
+    }
+    let text = String::from_utf8(line).map_err(|_| "the ticket line is not text".to_string())?;
+    Ok(text.trim_end_matches('\r').to_string())
+}
+
+/// One SSH session with an instance's guest.
+struct Guest {
+    instance_id: String,
+    /// The principal the certificate must name (the redeemed one, which is the instance).
+    principal: String,
+    /// The CA the certificate must be signed by.
+    ca: Fingerprint,
+    /// The session's working directory (removed when the session ends).
+    workdir: PathBuf,
+    /// Standard input of the command running on each channel.
+    stdin: HashMap<ChannelId, mpsc::UnboundedSender<Vec<u8>>>,
+    /// The commands running, stopped (and their processes killed) when the session ends.
+    commands: Vec<JoinHandle<()>>,
+}
+
+impl Guest {
+    fn new(redeemed: Redeemed) -> Result<Guest, String> {
+        let ca = redeemed
+            .ca_public_key
+            .as_deref()
+            .ok_or("the server names no sandbox CA")?;
+        let ca = PublicKey::from_openssh(ca)
+            .map_err(|e| format!("the server's CA key: {e}"))?
+            .fingerprint(HashAlg::Sha256);
+        let workdir = std::env::temp_dir().join(format!(
+            "vps-guest-{}-{}",
+            redeemed.instance_id,
+            hex_nonce()
+        ));
+        std::fs::create_dir_all(&workdir).map_err(|e| format!("scratch directory: {e}"))?;
+        Ok(Guest {
+            instance_id: redeemed.instance_id,
+            principal: redeemed.principal,
+            ca,
+            workdir,
+            stdin: HashMap::new(),
+            commands: Vec::new(),
+        })
+    }
+
+    /// Whether `certificate` lets `user` in: the CA's, a user certificate, for this principal,
+    /// valid now, with no critical option this guest would have to enforce.
+    fn admits(&self, user: &str, certificate: &Certificate) -> Result<(), &'static str> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if user != ACCOUNT {
+            return Err("not the sandbox account");
+        }
+        if certificate.cert_type() != CertType::User {
+            return Err("not a user certificate");
+        }
+        if certificate.validate_at(now, [&self.ca]).is_err() {
+            return Err("not signed by the sandbox CA, or outside its validity");
+        }
+        if !certificate.valid_principals().contains(&self.principal) {
+            return Err("for another principal");
+        }
+        if !certificate.critical_options().is_empty() {
+            return Err("carries critical options");
+        }
+        Ok(())
+    }
+
+    /// Runs `sh -c command` (or `sh`) on `channel`, streaming its output back.
+    fn start(&mut self, channel: ChannelId, command: Option<String>, session: &mut Session) {
+        let (stdin, input) = mpsc::unbounded_channel();
+        self.stdin.insert(channel, stdin);
+        let handle = session.handle();
+        let workdir = self.workdir.clone();
+        self.commands.push(tokio::spawn(async move {
+            let status = run(&handle, channel, command, workdir, input).await;
+            let _ = handle.exit_status_request(channel, status).await;
+            let _ = handle.eof(channel).await;
+            let _ = handle.close(channel).await;
+        }));
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        for command in &self.commands {
+            command.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.workdir);
+    }
+}
+
+impl russh::server::Handler for Guest {
+    type Error = russh::Error;
+
+    async fn auth_openssh_certificate(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        match self.admits(user, certificate) {
+            Ok(()) => {
+                tracing::info!(instance = %self.instance_id, key_id = certificate.key_id(), "certificate admitted");
+                Ok(Auth::Accept)
+            }
+            Err(why) => {
+                tracing::info!(instance = %self.instance_id, key_id = certificate.key_id(), why, "certificate refused");
+                Ok(Auth::reject())
+            }
+        }
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        _channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        // The channel's messages come to this handler's methods; the stream half is not used.
+        reply.accept().await;
+        Ok(())
+    }
+
+    async fn pty_request(
+        &mut self,
+        channel: ChannelId,
+        _term: &str,
+        _col_width: u32,
+        _row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _modes: &[(russh::Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        // No terminal in this guest: commands and `sh` run on pipes.
+        session.channel_failure(channel)?;
+        Ok(())
+    }
+
+    async fn exec_request(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let command = String::from_utf8_lossy(data).into_owned();
+        session.channel_success(channel)?;
+        self.start(channel, Some(command), session);
+        Ok(())
+    }
+
+    async fn shell_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_success(channel)?;
+        self.start(channel, None, session);
+        Ok(())
+    }
+
+    async fn data(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(stdin) = self.stdin.get(&channel) {
+            let _ = stdin.send(data.to_vec());
+        }
+        Ok(())
+    }
+
+    async fn channel_eof(
+        &mut self,
+        channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        // Dropping the sender closes the command's standard input.
+        self.stdin.remove(&channel);
+        Ok(())
+    }
+}
+
+/// Runs the command to its end; answers its exit status (127 when it could not start).
+async fn run(
+    handle: &russh::server::Handle,
+    channel: ChannelId,
+    command: Option<String>,
+    workdir: PathBuf,
+    mut input: mpsc::UnboundedReceiver<Vec<u8>>,
+) -> u32 {
+    let mut sh = tokio::process::Command::new("sh");
+    if let Some(command) = &command {
+        sh.arg("-c").arg(command);
+    }
+    // A guest's environment, not the emulator's.
+    sh.current_dir(&workdir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", &workdir)
+        .env("USER", ACCOUNT)
+        .env("LOGNAME", ACCOUNT)
+        .env("SHELL", "/bin/sh")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = match sh.spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            let message = format!("sh: {error}\n");
+            let _ = handle.extended_data(channel, 1, message.into_bytes()).await;
+            return 127;
+        }
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        tokio::spawn(async move {
+            while let Some(chunk) = input.recv().await {
+                if stdin.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let stdout = pump(child.stdout.take(), handle, channel, None);
+    let stderr = pump(child.stderr.take(), handle, channel, Some(1));
+    tokio::join!(stdout, stderr);
+    match child.wait().await {
+        Ok(status) => status.code().map_or(255, |c| c as u32),
+        Err(_) => 255,
+    }
+}
+
+/// Copies one output of a command to the channel (`ext` 1: stderr) until it ends.
+async fn pump<R: AsyncRead + Unpin>(
+    output: Option<R>,
+    handle: &russh::server::Handle,
+    channel: ChannelId,
+    ext: Option<u32>,
+) {
+    let Some(mut output) = output else { return };
+    let mut buffer = vec![0u8; CHUNK];
+    loop {
+        let n = match output.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let chunk = buffer[..n].to_vec();
+        let sent = match ext {
+            Some(ext) => handle.extended_data(channel, ext, chunk).await,
+            None => handle.data(channel, chunk).await,
+        };
+        if sent.is_err() {
+            return;
+        }
+    }
+}
+
+fn hex_nonce() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
