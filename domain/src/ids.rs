@@ -60,6 +60,12 @@ pub fn sandbox_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str)
     derived(prefix::SANDBOX, tenant_id, caller_identity, idempotency_key)
 }
 
+/// The id of the sandbox volume created by `caller_identity` in `tenant_id` with
+/// `idempotency_key`, derived exactly like [`instance_id`] but with the `vol_` prefix.
+pub fn volume_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
+    derived(prefix::VOLUME, tenant_id, caller_identity, idempotency_key)
+}
+
 /// `prefix` + `_` + the ULID string the caller generated, lowercased (`pool_01j…`).
 pub fn prefixed(prefix: &str, ulid: &str) -> String {
     format!("{prefix}_{}", ulid.to_ascii_lowercase())
@@ -67,7 +73,7 @@ pub fn prefixed(prefix: &str, ulid: &str) -> String {
 
 /// Whether `s` is a well-formed id of kind `prefix` (given without its `_`).
 ///
-/// `inst` and `sbx` ids must carry a 52-character lowercase base32 body; every other prefix a
+/// `inst`, `sbx` and `vol` ids must carry a 52-character lowercase base32 body; every other prefix a
 /// lowercase ULID (26 Crockford base32 characters whose first one is at most `7`).
 pub fn is_valid_id(prefix: &str, s: &str) -> bool {
     let Some(body) = s
@@ -76,7 +82,7 @@ pub fn is_valid_id(prefix: &str, s: &str) -> bool {
     else {
         return false;
     };
-    if prefix == prefix::INSTANCE || prefix == prefix::SANDBOX {
+    if [prefix::INSTANCE, prefix::SANDBOX, prefix::VOLUME].contains(&prefix) {
         body.len() == DERIVED_ID_LEN
             && body
                 .bytes()

@@ -126,6 +126,9 @@ pub struct Instance {
     /// A sandbox template's network rule (`InstanceSpec.networkPolicy`).
     #[serde(default)]
     pub network_policy: Option<crate::network_policy::Network>,
+    /// The sandbox volumes it attaches (`InstanceSpec.volumes`); it runs only on their node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::Attachment>,
     /// When it was created (the `instance.created` event's time).
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -207,6 +210,17 @@ impl Instance {
         self.warm_template_id.is_some()
             && matches!(self.state, InstanceState::Stopped | InstanceState::Paused)
             && self.desired_state != DesiredState::Deleted
+    }
+
+    /// Whether it attaches a volume read-write (a memory snapshot of it is refused: the
+    /// restored guest's memory would not match the disk it wrote since).
+    pub fn writes_volume(&self) -> bool {
+        self.volumes.iter().any(|a| !a.read_only)
+    }
+
+    /// The node it must run on, when it attaches volumes (they live on one node).
+    pub fn volume_node(&self) -> Option<&str> {
+        self.volumes.first().map(|a| a.node_id.as_str())
     }
 
     /// Whether `instances.list` hides it (warm instances are hidden).
@@ -354,6 +368,7 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         template_version: d.template_version,
         claimed_at: None,
         network_policy: d.network_policy,
+        volumes: d.volumes.clone(),
         created_at: at,
         updated_at: at,
         version: 1,

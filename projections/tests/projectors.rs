@@ -293,6 +293,7 @@ fn create(id: &str) -> CreateInstance {
         warm_template_id: None,
         template_version: None,
         network_policy: None,
+        volumes: Vec::new(),
     }
 }
 

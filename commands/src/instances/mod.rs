@@ -158,6 +158,8 @@ pub struct Origin {
     pub owner_identity_id: Option<String>,
     /// The user data to seal, when not the input's (a template's, with its environment).
     pub user_data: Option<String>,
+    /// A sandbox's volumes (placement keeps the instance on their node).
+    pub volumes: Vec<vps_domain::volume::Attachment>,
 }
 
 /// Admits an instance in the caller's transaction (a replay answers the existing one): the
@@ -222,6 +224,7 @@ fn create_command(ctx: &Ctx, id: &str, input: &CreateInput, origin: &Origin) -> 
         warm_template_id: origin.warm.as_ref().map(|(t, _)| t.clone()),
         template_version: origin.warm.as_ref().map(|(_, v)| *v),
         network_policy: origin.network_policy,
+        volumes: origin.volumes.clone(),
     }
 }
 

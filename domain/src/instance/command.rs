@@ -135,6 +135,8 @@ pub struct CreateInstance {
     pub template_version: Option<u64>,
     /// A sandbox template's network rule.
     pub network_policy: Option<crate::network_policy::Network>,
+    /// A sandbox's volumes, from its template.
+    pub volumes: Vec<crate::volume::Attachment>,
 }
 
 /// A placement the caller made (node chosen, allocation booked, address leased).

@@ -311,6 +311,7 @@ fn create_instance(
         request_hash: c.request_hash.clone(),
         template_version: c.template_version,
         network_policy: c.network_policy,
+        volumes: c.volumes.clone(),
     })])
 }
 

@@ -70,6 +70,9 @@ pub struct Created {
     /// A sandbox template's network rule (absent: the pool's network).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<Network>,
+    /// The sandbox volumes it attaches (from its template).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::Attachment>,
 }
 
 /// `instance.starting`: `start` was called, the state moved to `starting`, or a sandbox

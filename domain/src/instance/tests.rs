@@ -148,6 +148,7 @@ fn create_in(kind: PoolKind) -> CreateInstance {
         warm_template_id: None,
         template_version: None,
         network_policy: None,
+        volumes: Vec::new(),
     }
 }
 
