@@ -5,8 +5,8 @@
 //!
 //! Each step does a bounded share of work per pass and answers what remains, so a pass is
 //! short and safe to repeat (every step is idempotent). Templates are deleted, open sandboxes
-//! marked deleting (their instances with them); snapshots and volumes get their steps when
-//! they exist.
+//! marked deleting (their instances with them), volumes deleted once no instance attaches
+//! them (after the instances); snapshots get their step when they exist.
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -48,6 +48,10 @@ pub const STEPS: &[Step] = &[
     Step {
         name: "instances",
         run: delete_instances,
+    },
+    Step {
+        name: "volumes",
+        run: delete_volumes,
     },
 ];
 
@@ -176,6 +180,37 @@ fn delete_instances<'a>(
         left(
             ctx,
             "SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'",
+            tenant_id,
+        )
+        .await
+    }
+    .boxed()
+}
+
+/// Deletes volumes no live instance attaches any more (the others wait for their instances);
+/// answers those not yet released (their host lets them go, then the sandbox reconciler).
+fn delete_volumes<'a>(
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+) -> BoxFuture<'a, Result<u64, CommandError>> {
+    async move {
+        let ids = due(
+            ctx,
+            "SELECT id FROM sandbox_volumes WHERE tenant_id = $1 AND state IN ('creating', 'ready')
+              ORDER BY id LIMIT $2",
+            tenant_id,
+        )
+        .await?;
+        for id in &ids {
+            match crate::volumes::delete(ctx, tenant_id, id).await {
+                // Still attached: its instances are being deleted; a later pass retries.
+                Err(CommandError::Domain(DomainError::ConflictOn { .. })) => {}
+                other => ignore_gone(other.map(|_| ()))?,
+            }
+        }
+        left(
+            ctx,
+            "SELECT count(*) FROM sandbox_volumes WHERE tenant_id = $1 AND state <> 'deleted'",
             tenant_id,
         )
         .await

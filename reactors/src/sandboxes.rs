@@ -1,7 +1,8 @@
 //! The sandbox reconciler (SPEC §3.8): one worker across replicas, a pass every `sandbox_pass`
 //! and when woken. A pass warns sandboxes about to expire (once per expiry), expires at most
 //! [`EXPIRE_PER_PASS`] whose time has come (`SKIP LOCKED`), settles `ready` and `deleted`
-//! where the instance path's own stamps did not, and keeps every template's warm pool.
+//! where the instance path's own stamps did not, releases deleted volumes whose host let them
+//! go ([`crate::volumes`]), and keeps every template's warm pool.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -44,6 +45,7 @@ pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), CommandError> {
 pub async fn pass(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
     expiries(ctx, timings).await?;
     fallbacks(ctx).await?;
+    crate::volumes::release_deleted(ctx).await?;
     warm_pools(ctx).await
 }
 

@@ -13,6 +13,7 @@ pub mod provider_accounts;
 pub mod sandboxes;
 pub mod tenants;
 pub mod usage;
+pub mod volumes;
 pub mod webhooks;
 
 use crate::error::ApiError;
@@ -29,6 +30,7 @@ pub fn all() -> Vec<Method> {
         images::methods(),
         instances::methods(),
         sandboxes::methods(),
+        volumes::methods(),
         provider_accounts::methods(),
         webhooks::methods(),
         events::methods(),

@@ -147,6 +147,8 @@ async fn cold(
     let id = vps_domain::ids::instance_id(&t.tenant_id, sandbox_id, "sandbox");
     let origin = Origin {
         sandbox_id: Some(sandbox_id.to_string()),
+        // First: the volumes' rows are locked before the node and the quota rows.
+        volumes: crate::volumes::attach(tx, t).await?,
         ..origin(ctx, tx, t).await?
     };
     admit_in(

@@ -20,6 +20,20 @@ pub(super) struct NodeSpec {
     pub generation: u64,
     #[serde(default)]
     pub instances: Vec<InstanceSpec>,
+    /// The sandbox volumes the node keeps: the emulated host only records them.
+    #[serde(default)]
+    pub volumes: Vec<VolumeSpec>,
+}
+
+/// A volume the node keeps.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSpec {
+    /// `vol_…`.
+    pub id: String,
+    /// Its size.
+    #[serde(rename = "sizeGiB")]
+    pub size_gib: u64,
 }
 
 /// The fields of an `InstanceSpec` the emulated host acts on.
