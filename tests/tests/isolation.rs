@@ -21,6 +21,7 @@ struct Globex {
     node_token: String,
     template: String,
     sandbox: String,
+    volume: String,
 }
 
 impl Globex {
@@ -72,7 +73,15 @@ impl Globex {
                 json!({ "tenantId": "globex", "templateId": template, "idempotencyKey": "g" }),
             )
             .await;
+        let vol = t
+            .ok(
+                EVE,
+                "sandboxVolumes.create",
+                json!({ "tenantId": "globex", "poolId": pool, "name": "g", "sizeGiB": 10, "idempotencyKey": "g" }),
+            )
+            .await;
         Globex {
+            volume: vol["id"].as_str().unwrap().to_string(),
             template,
             sandbox: sbx["id"].as_str().unwrap().to_string(),
             pool,
@@ -94,6 +103,7 @@ impl Globex {
             &self.node,
             &self.template,
             &self.sandbox,
+            &self.volume,
         ]
     }
 }
@@ -163,6 +173,19 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
             json!({ "tenantId": "globex", "sandboxId": g.sandbox, "by": "1m" }),
             json!({ "tenantId": "acme", "sandboxId": g.sandbox, "by": "1m" }),
         ]),
+        "sandboxVolumes.create" => NotFound(vec![
+            json!({ "tenantId": "globex", "poolId": g.pool, "name": "x", "sizeGiB": 1, "idempotencyKey": "x" }),
+            json!({ "tenantId": "acme", "poolId": g.pool, "name": "x", "sizeGiB": 1, "idempotencyKey": "x" }),
+        ]),
+        "sandboxVolumes.get" | "sandboxVolumes.delete" => NotFound(vec![
+            json!({ "tenantId": "globex", "volumeId": g.volume }),
+            json!({ "tenantId": "acme", "volumeId": g.volume }),
+        ]),
+        "sandboxVolumes.resize" => NotFound(vec![
+            json!({ "tenantId": "globex", "volumeId": g.volume, "sizeGiB": 20 }),
+            json!({ "tenantId": "acme", "volumeId": g.volume, "sizeGiB": 20 }),
+        ]),
+        "sandboxVolumes.list" => NotFound(vec![json!({ "tenantId": "globex" })]),
         "secrets.put" => NotFound(vec![
             json!({ "tenantId": "globex", "name": "x", "value": "v" }),
         ]),
