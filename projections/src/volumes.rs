@@ -195,7 +195,7 @@ pub async fn in_use(conn: &mut PgConnection, id: &str) -> Result<InUse, Projecti
 
 /// The view of a volume as stored.
 pub async fn view(conn: &mut PgConnection, v: &Volume) -> Result<VolumeView, ProjectionError> {
-    let attached = attachments(conn, &[v.id.clone()]).await?;
+    let attached = attachments(conn, std::slice::from_ref(&v.id)).await?;
     Ok(VolumeView::new(v, instance_ids(&attached, &v.id)))
 }
 

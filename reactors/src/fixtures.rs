@@ -43,6 +43,7 @@ pub fn instance(kind: PoolKind, state: InstanceState, desired: DesiredState) -> 
         warm_template_id: None,
         template_version: None,
         network_policy: None,
+        volumes: Vec::new(),
         claimed_at: None,
         created_at: now() - chrono::TimeDelta::hours(1),
         updated_at: now() - chrono::TimeDelta::minutes(1),

@@ -259,12 +259,20 @@ fn template_mounts_resolve_to_ready_volumes_of_the_pool_on_one_node() {
     let resolved = resolve(
         "pool_p",
         &[mount("memory", "/workspace", false)],
-        &[v.clone()],
+        std::slice::from_ref(&v),
     );
     assert_eq!(resolved.unwrap()[0].volume_id, v.id);
-    let missing = resolve("pool_p", &[mount("other", "/w", false)], &[v.clone()]);
+    let missing = resolve(
+        "pool_p",
+        &[mount("other", "/w", false)],
+        std::slice::from_ref(&v),
+    );
     assert_eq!(missing.unwrap_err().code(), "NOT_FOUND");
-    let elsewhere = resolve("pool_q", &[mount("memory", "/w", false)], &[v.clone()]);
+    let elsewhere = resolve(
+        "pool_q",
+        &[mount("memory", "/w", false)],
+        std::slice::from_ref(&v),
+    );
     assert_eq!(elsewhere.unwrap_err().code(), "INVALID_INPUT");
     let deleting = then(&v, &delete(&v, &InUse::default()).unwrap());
     let not_ready = resolve("pool_p", &[mount("memory", "/w", false)], &[deleting]);
