@@ -235,6 +235,7 @@ async fn demo_template(ctx: &vps_commands::Ctx, pool_id: &str) -> anyhow::Result
         default_ttl_seconds: Some(900),
         max_ttl_seconds: Some(3600),
         warm: Some(vps_domain::template::Warm { min: 2, max: 2 }),
+        volumes: None,
     };
     let template = vps_commands::sandboxes::templates::create(&tenant, input).await?;
     Ok(template.id)

@@ -121,7 +121,7 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     let node_id = &report.node_id;
     let mut tx = ctx.pool.begin().await?;
     lock_node(&mut tx, node_id).await?;
-    heartbeat(&mut tx, node_id, now).await?;
+    heartbeat(&mut tx, node_id, now, report.applied_generation).await?;
     if let Some(url) = &report.tunnel_url {
         crate::sandboxes::exec::tunnel::advertise(&mut tx, node_id, url, now).await?;
     }
@@ -245,19 +245,25 @@ fn checked_addresses(entry: usize, addresses: Vec<String>) -> Result<Vec<String>
         .collect()
 }
 
-/// Notes when the node last reported (liveness reads it; not an event: it changes every few
-/// seconds and nothing is decided from its history).
+/// Notes when the node last reported (liveness reads it) and the spec generation it applied
+/// (a deleting volume is released once its host applied a spec without it). Not events: they
+/// change every few seconds and nothing is decided from their history.
 async fn heartbeat(
     tx: &mut PgConnection,
     node_id: &str,
     now: chrono::DateTime<Utc>,
+    applied_generation: Option<i64>,
 ) -> Result<(), CommandError> {
     sqlx::query(
-        "INSERT INTO node_heartbeats (node_id, last_report_at) VALUES ($1, $2)
-         ON CONFLICT (node_id) DO UPDATE SET last_report_at = excluded.last_report_at",
+        "INSERT INTO node_heartbeats (node_id, last_report_at, applied_generation)
+         VALUES ($1, $2, $3)
+         ON CONFLICT (node_id) DO UPDATE SET last_report_at = excluded.last_report_at,
+            applied_generation = coalesce(excluded.applied_generation,
+                                          node_heartbeats.applied_generation)",
     )
     .bind(node_id)
     .bind(now)
+    .bind(applied_generation)
     .execute(&mut *tx)
     .await?;
     Ok(())

@@ -5,7 +5,8 @@
 //! Modules: `context` (who acts), `error`, `record` (append + project), `operator` (pools,
 //! offers, IP ranges, nodes, flavors, images), `instances` (admission, start, stop, resize,
 //! delete), `secrets` (sealed user data), `webhooks` (subscriptions and their secrets), `policies` (stored Cedar
-//! policies), `identities` (run-time identities, API keys), `tenants` (teardown steps).
+//! policies), `identities` (run-time identities, API keys), `tenants` (teardown steps),
+//! `volumes` (sandbox volumes, and what templates and sandboxes take from them).
 //!
 //! Handlers never call a host or a cloud API and never write a projection table directly: the
 //! projectors of `vps_projections` do that, inside the handler's transaction.
@@ -24,6 +25,7 @@ pub mod sandboxes;
 pub mod secrets;
 pub mod stream;
 pub mod tenants;
+pub mod volumes;
 pub mod webhooks;
 
 pub use context::{Actor, Ctx};

@@ -6,7 +6,8 @@
 //! Each step does a bounded share of work per pass and answers what remains, so a pass is
 //! short and safe to repeat (every step is idempotent). Templates are deleted, open sandboxes
 //! marked deleting (their instances with them), every snapshot deleted (kept ones too; the
-//! sandbox reconciler purges their objects).
+//! sandbox reconciler purges their objects), volumes deleted once no instance attaches them
+//! (after the instances).
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -52,6 +53,10 @@ pub const STEPS: &[Step] = &[
     Step {
         name: "instances",
         run: delete_instances,
+    },
+    Step {
+        name: "volumes",
+        run: delete_volumes,
     },
 ];
 
@@ -198,6 +203,37 @@ fn delete_instances<'a>(
         left(
             ctx,
             "SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'",
+            tenant_id,
+        )
+        .await
+    }
+    .boxed()
+}
+
+/// Deletes volumes no live instance attaches any more (the others wait for their instances);
+/// answers those not yet released (their host lets them go, then the sandbox reconciler).
+fn delete_volumes<'a>(
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+) -> BoxFuture<'a, Result<u64, CommandError>> {
+    async move {
+        let ids = due(
+            ctx,
+            "SELECT id FROM sandbox_volumes WHERE tenant_id = $1 AND state IN ('creating', 'ready')
+              ORDER BY id LIMIT $2",
+            tenant_id,
+        )
+        .await?;
+        for id in &ids {
+            match crate::volumes::delete(ctx, tenant_id, id).await {
+                // Still attached: its instances are being deleted; a later pass retries.
+                Err(CommandError::Domain(DomainError::ConflictOn { .. })) => {}
+                other => ignore_gone(other.map(|_| ()))?,
+            }
+        }
+        left(
+            ctx,
+            "SELECT count(*) FROM sandbox_volumes WHERE tenant_id = $1 AND state <> 'deleted'",
             tenant_id,
         )
         .await

@@ -71,6 +71,12 @@ pub fn snapshot_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str
     )
 }
 
+/// The id of the sandbox volume created by `caller_identity` in `tenant_id` with
+/// `idempotency_key`, derived exactly like [`instance_id`] but with the `vol_` prefix.
+pub fn volume_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
+    derived(prefix::VOLUME, tenant_id, caller_identity, idempotency_key)
+}
+
 /// `prefix` + `_` + the ULID string the caller generated, lowercased (`pool_01j…`).
 pub fn prefixed(prefix: &str, ulid: &str) -> String {
     format!("{prefix}_{}", ulid.to_ascii_lowercase())
@@ -78,8 +84,9 @@ pub fn prefixed(prefix: &str, ulid: &str) -> String {
 
 /// Whether `s` is a well-formed id of kind `prefix` (given without its `_`).
 ///
-/// `inst` and `sbx` ids must carry a 52-character lowercase base32 body, `snap` ids either form;
-/// every other prefix a lowercase ULID (26 Crockford base32 characters whose first one is at most `7`).
+/// `inst`, `sbx` and `vol` ids must carry a 52-character lowercase base32 body, `snap` ids either
+/// form; every other prefix a lowercase ULID (26 Crockford base32 characters whose first one is
+/// at most `7`).
 pub fn is_valid_id(prefix: &str, s: &str) -> bool {
     let Some(body) = s
         .strip_prefix(prefix)
@@ -92,7 +99,7 @@ pub fn is_valid_id(prefix: &str, s: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b));
     match prefix {
-        prefix::INSTANCE | prefix::SANDBOX => derived,
+        prefix::INSTANCE | prefix::SANDBOX | prefix::VOLUME => derived,
         // A snapshot's id derives from its key when it was given one.
         prefix::SNAPSHOT => derived || is_lowercase_ulid(body),
         _ => is_lowercase_ulid(body),

@@ -161,6 +161,9 @@ pub struct Instance {
     /// A restore: the snapshot it boots from (`InstanceSpec.restoreFrom`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<RestoreFrom>,
+    /// The sandbox volumes it attaches (`InstanceSpec.volumes`); it runs only on their node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::Attachment>,
     /// When it was created (the `instance.created` event's time).
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -242,6 +245,17 @@ impl Instance {
         self.warm_template_id.is_some()
             && matches!(self.state, InstanceState::Stopped | InstanceState::Paused)
             && self.desired_state != DesiredState::Deleted
+    }
+
+    /// Whether it attaches a volume read-write (a memory snapshot of it is refused: the
+    /// restored guest's memory would not match the disk it wrote since).
+    pub fn writes_volume(&self) -> bool {
+        self.volumes.iter().any(|a| !a.read_only)
+    }
+
+    /// The node it must run on, when it attaches volumes (they live on one node).
+    pub fn volume_node(&self) -> Option<&str> {
+        self.volumes.first().map(|a| a.node_id.as_str())
     }
 
     /// Whether `instances.list` hides it (warm instances are hidden).
@@ -390,6 +404,7 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         claimed_at: None,
         network_policy: d.network_policy,
         restore_from: d.restore_from.as_deref().cloned(),
+        volumes: d.volumes.clone(),
         created_at: at,
         updated_at: at,
         version: 1,

@@ -22,6 +22,8 @@
 //! - [`cloud_config`]: the default cloud-config user data.
 //! - [`template`], [`sandbox`]: sandbox templates and sandboxes (lifetimes, extends, expiry);
 //!   [`network_policy`]: what their guests may reach.
+//! - [`volume`]: sandbox volumes: the aggregate, its booking and growth, template mounts and
+//!   the attachments (one writer) a sandbox's instance gets.
 //! - [`webhook`]: the webhook subscription aggregate and its decision.
 //! - [`network`]: which addresses are internal, and CIDRs an operator allows.
 //! - [`authz`]: the Cedar schema, the baseline policies and decisions; [`policy`] (stored
@@ -57,6 +59,7 @@ pub mod state_table;
 pub mod template;
 pub mod tenant;
 pub mod usage;
+pub mod volume;
 pub mod webhook;
 
 pub use error::DomainError;

@@ -101,6 +101,24 @@ pub fn place(
     request: &PlacementRequest<'_>,
     nodes: &[NodeCandidate],
 ) -> Result<String, Unschedulable> {
+    fitting(request, nodes)?
+        .into_iter()
+        .min_by(|a, b| {
+            free_vcpu_after(a, request.shape)
+                .cmp(&free_vcpu_after(b, request.shape))
+                .then_with(|| a.id.cmp(&b.id))
+        })
+        .map(|n| n.id.clone())
+        .ok_or(Unschedulable::NoFit)
+}
+
+/// The candidates of `nodes` that could take `request` (see [`place`] for the rules), before
+/// any preference among them; why none could when a runtime or label is what is missing.
+/// Others choose among them by their own measure (a volume by free disk).
+pub fn fitting<'a>(
+    request: &PlacementRequest<'_>,
+    nodes: &'a [NodeCandidate],
+) -> Result<Vec<&'a NodeCandidate>, Unschedulable> {
     let eligible: Vec<&NodeCandidate> = nodes
         .iter()
         .filter(|n| n.state == NodeState::Ready)
@@ -134,16 +152,8 @@ pub fn place(
         }
     }
 
-    labelled
-        .into_iter()
-        .filter(|n| n.capacity.lacks(&n.allocated, request.shape).is_none())
-        .min_by(|a, b| {
-            free_vcpu_after(a, request.shape)
-                .cmp(&free_vcpu_after(b, request.shape))
-                .then_with(|| a.id.cmp(&b.id))
-        })
-        .map(|n| n.id.clone())
-        .ok_or(Unschedulable::NoFit)
+    labelled.retain(|n| n.capacity.lacks(&n.allocated, request.shape).is_none());
+    Ok(labelled)
 }
 
 /// Checks that the node can hold `new` instead of `old` for an in-place resize; the refusal names

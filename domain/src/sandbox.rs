@@ -3,8 +3,8 @@
 //! an ordinary instance (with `sandboxId` set), changed through the instance aggregate.
 
 mod event;
-pub mod snapshot;
 pub mod exec;
+pub mod snapshot;
 #[cfg(test)]
 mod tests;
 

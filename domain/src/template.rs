@@ -1,7 +1,8 @@
 //! The sandbox template aggregate (stream `template-<id>`): what a tenant's sandboxes run, their
-//! lifetime bounds and their warm pool. `version` rises with every update; `instance_version`
-//! only with a change to what the guest runs (flavor, image, user data, env, network), so warm
-//! instances of an older shape are never claimed and get drained.
+//! lifetime bounds, their warm pool and the volumes they attach. `version` rises with every
+//! update; `instance_version` only with a change to what the guest runs (flavor, image, user
+//! data, env, network, volumes), so warm instances of an older shape are never claimed and get
+//! drained.
 
 use std::collections::BTreeMap;
 
@@ -62,6 +63,9 @@ pub struct TemplateSpec {
     /// The warm pool, when the template keeps one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<Warm>,
+    /// The volumes its sandboxes attach, resolved when the template was written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::TemplateVolume>,
 }
 
 impl TemplateSpec {
@@ -72,6 +76,7 @@ impl TemplateSpec {
             || self.user_data_ref != other.user_data_ref
             || self.env != other.env
             || self.network != other.network
+            || self.volumes != other.volumes
     }
 }
 
@@ -365,6 +370,15 @@ pub fn check_bounds(spec: &TemplateSpec) -> Result<(), DomainError> {
             ));
         }
     }
+    let paths: Vec<&str> = spec.volumes.iter().map(|v| v.mount_path.as_str()).collect();
+    crate::volume::check_mount_paths(&paths)?;
+    // A warm instance would hold the volumes (and one writer would block every claim).
+    if !spec.volumes.is_empty() && spec.warm.is_some_and(|w| w.max > 0) {
+        return Err(DomainError::invalid_input(
+            "warm",
+            "a template with volumes keeps no warm pool: warm.max must be 0",
+        ));
+    }
     if spec.env.len() > MAX_ENV {
         return Err(DomainError::invalid_input(
             "env",
@@ -465,6 +479,7 @@ mod tests {
                 default_ttl_seconds: 60,
                 max_ttl_seconds: 600,
                 warm: Some(Warm { min, max }),
+                volumes: Vec::new(),
             },
             version: 1,
             instance_version,

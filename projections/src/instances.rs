@@ -217,6 +217,18 @@ async fn charge(
     delta: &Delta,
     sign: i64,
 ) -> Result<(), ProjectionError> {
+    charge_quota(conn, &i.pool_id, &i.tenant_id, delta, sign).await
+}
+
+/// Adds `sign * delta` to a tenant's usage in a pool, in one statement (instances and
+/// volumes charge the same rows).
+pub(crate) async fn charge_quota(
+    conn: &mut PgConnection,
+    pool_id: &str,
+    tenant_id: &str,
+    delta: &Delta,
+    sign: i64,
+) -> Result<(), ProjectionError> {
     let (resources, amounts): (Vec<&str>, Vec<i64>) = delta
         .iter()
         .filter(|(_, amount)| **amount != 0)
@@ -230,8 +242,8 @@ async fn charge(
          SELECT $1, $2, r, a FROM unnest($3::text[], $4::bigint[]) AS u(r, a)
          ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used",
     )
-    .bind(&i.pool_id)
-    .bind(&i.tenant_id)
+    .bind(pool_id)
+    .bind(tenant_id)
     .bind(&resources)
     .bind(&amounts)
     .execute(conn)

@@ -6,7 +6,8 @@
 //! Projectors are routed by stream category, one module per table family: `pools` (pools and
 //! quota maxima), `nodes`, `flavors`, `images`, `instances` (instance views, quota usage, node
 //! allocations, IP leases), `node_specs` (the async NodeSpec
-//! projector), `provider_accounts`, `webhooks`, `sandboxes` (templates and sandboxes),
+//! projector; `node_spec_volumes` its volume part), `provider_accounts`, `webhooks`, `sandboxes`
+//! (templates and sandboxes), `volumes` (sandbox volumes, their allocations and quota charges),
 //! `policies`, `identities`, `tenants` (teardown), `usage` (usage records and rollups), `views`
 //! (reads), `replay` (rebuild and verify).
 //!
@@ -17,6 +18,7 @@ pub mod flavors;
 pub mod identities;
 pub mod images;
 pub mod instances;
+pub mod node_spec_volumes;
 pub mod node_specs;
 pub mod nodes;
 pub mod policies;
@@ -27,6 +29,7 @@ pub mod sandboxes;
 pub mod tenants;
 pub mod usage;
 pub mod views;
+pub mod volumes;
 pub mod webhooks;
 
 use sqlx::PgConnection;
@@ -68,6 +71,8 @@ pub const TABLES: &[&str] = &[
     "sandbox_templates",
     "sandboxes",
     "sandbox_snapshots",
+    "sandbox_volumes",
+    "node_spec_volumes",
     "policies",
     "identities",
     "tenants",
@@ -99,6 +104,7 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
         }
         "template" => sandboxes::apply_template(conn, event).await,
         "sandbox" => sandboxes::apply_sandbox(conn, event).await,
+        "volume" => volumes::apply(conn, event).await,
         "policy" => policies::apply(conn, event).await,
         "identity" => identities::apply(conn, event).await,
         "tenancy" => tenants::apply(conn, event).await,

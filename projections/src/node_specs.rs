@@ -1,5 +1,5 @@
 //! NodeSpecs: per node, every live instance placed on it, as the host must run it, kept as one
-//! entry per instance (`node_spec_entries`). The node's generation (`node_specs`) moves only
+//! entry per instance (`node_spec_entries`), and the volumes it keeps (`node_spec_volumes`). The node's generation (`node_specs`) moves only
 //! when an entry of it changes, so hosts can long-poll for a change.
 //!
 //! An async projector: a follower (`run`) rewrites the entries of the instances a batch of
@@ -56,16 +56,32 @@ async fn desired(
         .collect())
 }
 
-/// The entries stored now for `ids` (or, with `node`, every entry of it).
+/// A table of spec entries: one row per (node, key), the key naming an instance or a volume.
+pub(crate) struct EntryTable {
+    /// The table.
+    pub table: &'static str,
+    /// Its key column besides `node_id`.
+    pub key: &'static str,
+}
+
+/// The instances' entries.
+const INSTANCE_ENTRIES: EntryTable = EntryTable {
+    table: "node_spec_entries",
+    key: "instance_id",
+};
+
+/// The entries of `t` stored now for `ids` (or, with `node`, every entry of it).
 async fn stored(
     conn: &mut PgConnection,
+    t: &EntryTable,
     ids: &[String],
     node: Option<&str>,
 ) -> Result<BTreeMap<(String, String), Value>, ProjectionError> {
-    let rows: Vec<(String, String, Value)> = sqlx::query_as(
-        "SELECT node_id, instance_id, entry FROM node_spec_entries
-          WHERE instance_id = ANY($1) OR node_id = $2",
-    )
+    let rows: Vec<(String, String, Value)> = sqlx::query_as(&format!(
+        "SELECT node_id, {key}, entry FROM {table} WHERE {key} = ANY($1) OR node_id = $2",
+        key = t.key,
+        table = t.table,
+    ))
     .bind(ids)
     .bind(node)
     .fetch_all(&mut *conn)
@@ -80,9 +96,20 @@ async fn sync(
     ids: &[String],
     node: Option<&str>,
 ) -> Result<(), ProjectionError> {
-    let want: BTreeMap<(String, String), Value> =
-        desired(conn, ids, node).await?.into_iter().collect();
-    let have = stored(conn, ids, node).await?;
+    let want = desired(conn, ids, node).await?.into_iter().collect();
+    write(conn, &INSTANCE_ENTRIES, ids, node, want).await
+}
+
+/// Makes the stored entries of `t` for `ids` (or of `node`) `want`, and moves the generation
+/// of every node an entry of which changed.
+pub(crate) async fn write(
+    conn: &mut PgConnection,
+    t: &EntryTable,
+    ids: &[String],
+    node: Option<&str>,
+    want: BTreeMap<(String, String), Value>,
+) -> Result<(), ProjectionError> {
+    let have = stored(conn, t, ids, node).await?;
     let gone: Vec<&(String, String)> = have.keys().filter(|k| !want.contains_key(*k)).collect();
     let set: Vec<(&(String, String), &Value)> = want
         .iter()
@@ -96,19 +123,23 @@ async fn sync(
     if changed.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "DELETE FROM node_spec_entries e USING unnest($1::text[], $2::text[]) AS g(node_id, instance_id)
-          WHERE e.node_id = g.node_id AND e.instance_id = g.instance_id",
-    )
+    sqlx::query(&format!(
+        "DELETE FROM {table} e USING unnest($1::text[], $2::text[]) AS g(node_id, k)
+          WHERE e.node_id = g.node_id AND e.{key} = g.k",
+        key = t.key,
+        table = t.table,
+    ))
     .bind(gone.iter().map(|k| k.0.as_str()).collect::<Vec<_>>())
     .bind(gone.iter().map(|k| k.1.as_str()).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
-    sqlx::query(
-        "INSERT INTO node_spec_entries (node_id, instance_id, entry)
+    sqlx::query(&format!(
+        "INSERT INTO {table} (node_id, {key}, entry)
          SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
-         ON CONFLICT (node_id, instance_id) DO UPDATE SET entry = excluded.entry",
-    )
+         ON CONFLICT (node_id, {key}) DO UPDATE SET entry = excluded.entry",
+        key = t.key,
+        table = t.table,
+    ))
     .bind(set.iter().map(|(k, _)| k.0.as_str()).collect::<Vec<_>>())
     .bind(set.iter().map(|(k, _)| k.1.as_str()).collect::<Vec<_>>())
     .bind(set.iter().map(|(_, v)| *v).collect::<Vec<_>>())
@@ -120,7 +151,8 @@ async fn sync(
 
 /// Recomputes every entry of a node (a replay, or an image or range change).
 pub async fn refresh(conn: &mut PgConnection, node_id: &str) -> Result<(), ProjectionError> {
-    sync(conn, &[], Some(node_id)).await
+    sync(conn, &[], Some(node_id)).await?;
+    crate::node_spec_volumes::sync(conn, &[], Some(node_id)).await
 }
 
 fn entry(
@@ -166,6 +198,9 @@ fn entry(
             "objectKey": vps_domain::sandbox::snapshot::object_key(&inst.tenant_id, &r.snapshot_id),
         });
     }
+    if !inst.volumes.is_empty() {
+        spec["volumes"] = crate::node_spec_volumes::attachments(&inst.volumes);
+    }
     spec
 }
 
@@ -173,9 +208,11 @@ fn entry(
 /// and its host commands: the snapshots it has to take, until it reports them. A command
 /// names its object (`objectKey`); the upload URL is signed when the spec is served.
 pub async fn load(conn: &mut PgConnection, node_id: &str) -> Result<Value, sqlx::Error> {
-    let (generation, instances, commands): (i64, Value, Value) = sqlx::query_as(
+    let (generation, instances, volumes, commands): (i64, Value, Value, Value) = sqlx::query_as(
         "SELECT coalesce((SELECT generation FROM node_specs WHERE node_id = $1), 0),
                 coalesce((SELECT jsonb_agg(entry ORDER BY instance_id) FROM node_spec_entries
+                           WHERE node_id = $1), '[]'),
+                coalesce((SELECT jsonb_agg(entry ORDER BY volume_id) FROM node_spec_volumes
                            WHERE node_id = $1), '[]'),
                 coalesce((SELECT jsonb_agg(jsonb_build_object(
                                    'id', id, 'kind', 'snapshot', 'instanceId', instance_id,
@@ -190,6 +227,7 @@ pub async fn load(conn: &mut PgConnection, node_id: &str) -> Result<Value, sqlx:
         "nodeId": node_id,
         "generation": generation,
         "instances": instances,
+        "volumes": volumes,
         "commands": commands,
     }))
 }
@@ -197,14 +235,16 @@ pub async fn load(conn: &mut PgConnection, node_id: &str) -> Result<Value, sqlx:
 /// The follower's (and lease's) name.
 pub const FOLLOWER: &str = "node-specs";
 
-/// What a batch may have changed: the instances its events name, and the nodes whose every
-/// entry an image or range change may touch (rare: those nodes are recomputed whole).
+/// What a batch may have changed: the instances and volumes its events name, and the nodes
+/// whose every entry an image or range change may touch (rare: those nodes are recomputed
+/// whole).
 async fn touched(
     conn: &mut PgConnection,
     batch: &[vps_events::RecordedEvent],
-) -> Result<(Vec<String>, Vec<String>, Vec<String>), sqlx::Error> {
+) -> Result<(Vec<String>, Vec<String>, Vec<String>, Vec<String>), sqlx::Error> {
     let mut instances = BTreeSet::new();
     let mut snapshots = BTreeSet::new();
+    let mut volumes = BTreeSet::new();
     let mut whole = false;
     for e in batch {
         if e.stream.starts_with("instance-") {
@@ -220,6 +260,9 @@ async fn touched(
             if let Some(s) = e.data["snapshotId"].as_str() {
                 snapshots.insert(s.to_string());
             }
+        }
+        if let Some(v) = e.stream.strip_prefix("volume-") {
+            volumes.insert(v.to_string());
         }
         whole |= e.event_type.starts_with("image.") || e.event_type == "pool.ip_range.set";
     }
@@ -240,7 +283,12 @@ async fn touched(
         }
         false => Vec::new(),
     };
-    Ok((instances.into_iter().collect(), nodes, commanded))
+    Ok((
+        instances.into_iter().collect(),
+        volumes.into_iter().collect(),
+        nodes,
+        commanded,
+    ))
 }
 
 /// Moves the generation of `nodes` (their host commands changed).
@@ -265,9 +313,12 @@ pub async fn apply_batch(
         return Ok(());
     };
     let mut tx = pool.begin().await?;
-    let (instances, nodes, commanded) = touched(&mut tx, batch).await?;
+    let (instances, volumes, nodes, commanded) = touched(&mut tx, batch).await?;
     if !instances.is_empty() {
         sync(&mut tx, &instances, None).await?;
+    }
+    if !volumes.is_empty() {
+        crate::node_spec_volumes::sync(&mut tx, &volumes, None).await?;
     }
     if !commanded.is_empty() {
         bump(&mut tx, &commanded).await?;

@@ -106,7 +106,7 @@ async fn compare_all(
         if *table == "node_specs" {
             continue;
         }
-        if *table == "node_spec_entries" && !specs_done {
+        if table.starts_with("node_spec_") && !specs_done {
             skipped.push(table.to_string());
             continue;
         }

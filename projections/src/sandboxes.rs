@@ -164,8 +164,8 @@ pub async fn snapshot_page(
     Ok(rows.into_iter().map(|j| j.0).collect())
 }
 
-/// The row's aggregate after `event`.
-async fn evolve<A: Aggregate + DeserializeOwned + Serialize>(
+/// The row's aggregate after `event` (the row's `doc` is the aggregate folded so far).
+pub(crate) async fn evolve<A: Aggregate + DeserializeOwned + Serialize>(
     conn: &mut PgConnection,
     table: &str,
     e: &RecordedEvent,
@@ -180,12 +180,12 @@ async fn evolve<A: Aggregate + DeserializeOwned + Serialize>(
     })
 }
 
-async fn load_doc<A: DeserializeOwned>(
+pub(crate) async fn load_doc<A: DeserializeOwned>(
     conn: &mut PgConnection,
     table: &str,
     id: &str,
 ) -> Result<Option<A>, ProjectionError> {
-    // `table` is one of this module's constants, never input.
+    // `table` is a projection table named by the code, never input.
     let row = sqlx::query(&format!("SELECT doc FROM {table} WHERE id = $1"))
         .bind(id)
         .fetch_optional(conn)

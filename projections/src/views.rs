@@ -375,6 +375,8 @@ pub struct TemplateView {
     pub max_ttl_seconds: u64,
     /// The warm pool.
     pub warm: Option<vps_domain::template::Warm>,
+    /// The volumes its sandboxes attach.
+    pub volumes: Vec<vps_domain::volume::TemplateVolume>,
     /// Rises with every update.
     pub version: u64,
     /// When it was made.
@@ -399,6 +401,7 @@ impl From<&vps_domain::template::Template> for TemplateView {
             default_ttl_seconds: t.spec.default_ttl_seconds,
             max_ttl_seconds: t.spec.max_ttl_seconds,
             warm: t.spec.warm,
+            volumes: t.spec.volumes.clone(),
             version: t.version,
             created_at: t.created_at,
             updated_at: t.updated_at,

@@ -294,6 +294,7 @@ fn create(id: &str) -> CreateInstance {
         template_version: None,
         network_policy: None,
         restore_from: None,
+        volumes: Vec::new(),
     }
 }
 

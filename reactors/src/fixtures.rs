@@ -44,6 +44,7 @@ pub fn instance(kind: PoolKind, state: InstanceState, desired: DesiredState) -> 
         template_version: None,
         network_policy: None,
         restore_from: None,
+        volumes: Vec::new(),
         claimed_at: None,
         created_at: now() - chrono::TimeDelta::hours(1),
         updated_at: now() - chrono::TimeDelta::minutes(1),

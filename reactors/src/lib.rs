@@ -14,6 +14,7 @@ pub mod sandboxes;
 pub mod teardown;
 pub mod timings;
 pub mod usage;
+pub mod volumes;
 pub mod waker;
 pub mod webhooks;
 pub mod work_queue;

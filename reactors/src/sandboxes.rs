@@ -1,9 +1,10 @@
 //! The sandbox reconciler (SPEC §3.8): one worker across replicas, a pass every `sandbox_pass`
 //! and when woken. A pass warns sandboxes about to expire (once per expiry), expires at most
 //! [`EXPIRE_PER_PASS`] whose time has come (`SKIP LOCKED`), settles `ready` and `deleted`
-//! where the instance path's own stamps did not, keeps every template's warm pool, fails
-//! snapshots whose host command never settled (`snapshot_timeout`), and removes deleted
-//! snapshots' objects from the store once nothing can still need them.
+//! where the instance path's own stamps did not, releases deleted volumes whose host let them
+//! go ([`crate::volumes`]), keeps every template's warm pool, fails snapshots whose host
+//! command never settled (`snapshot_timeout`), and removes deleted snapshots' objects from the
+//! store once nothing can still need them.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -47,6 +48,7 @@ pub async fn run(ctx: Ctx, timings: Timings, store: SnapshotStore) -> Result<(),
 pub async fn pass(ctx: &Ctx, timings: &Timings, store: &SnapshotStore) -> Result<(), CommandError> {
     expiries(ctx, timings).await?;
     fallbacks(ctx).await?;
+    crate::volumes::release_deleted(ctx).await?;
     warm_pools(ctx).await?;
     snapshot_timeouts(ctx, timings).await?;
     purges(ctx, store).await

@@ -1,6 +1,6 @@
-//! The metering reactor (SPEC §3.9): a follower of the log that folds instance events into the
-//! [`Ledger`] and, once a window has closed *and* every event recorded before its end is
-//! readable, appends one `usage.recorded` per (meter, resource, window piece).
+//! The metering reactor (SPEC §3.9): a follower of the log that folds instance and volume
+//! events into the [`Ledger`] and, once a window has closed *and* every event recorded before
+//! its end is readable, appends one `usage.recorded` per (meter, resource, window piece).
 //!
 //! - **Once across replicas**: the lease [`LEASE`] makes one replica the metering worker.
 //! - **Never twice**: a record's event id derives from (meter, resource, window start); ids
@@ -183,7 +183,7 @@ impl Metering {
         // did, it is applied at the settled mark (never rewriting a recorded window) and
         // counted, and `vps usage verify` names the difference.
         let recorded_at = match settled {
-            Some(s) if event.recorded_at < s && event.event_type.starts_with("instance.") => {
+            Some(s) if event.recorded_at < s && metered(&event.event_type) => {
                 metrics::counter!("vps_usage_late_events_total").increment(1);
                 tracing::warn!(event = %event.id, "event recorded before the settled usage mark");
                 s
@@ -247,6 +247,11 @@ impl Metering {
         }
         Ok(appended.len())
     }
+}
+
+/// Whether events of this type move a meter (those recorded late are counted).
+fn metered(event_type: &str) -> bool {
+    event_type.starts_with("instance.") || event_type.starts_with("sandbox.volume.")
 }
 
 /// Appends the records not yet in the log, one stream per tenant; returns them as stored.

@@ -24,6 +24,7 @@ struct Globex {
     snapshot: String,
     /// Runs globex's sandbox, so it can be snapshotted.
     _host: vps_emulators::host::HostHandle,
+    volume: String,
 }
 
 impl Globex {
@@ -97,9 +98,17 @@ impl Globex {
             s["state"] == "ready"
         })
         .await;
+        let vol = t
+            .ok(
+                EVE,
+                "sandboxVolumes.create",
+                json!({ "tenantId": "globex", "poolId": pool, "name": "g", "sizeGiB": 10, "idempotencyKey": "g" }),
+            )
+            .await;
         Globex {
             snapshot,
             _host: host,
+            volume: vol["id"].as_str().unwrap().to_string(),
             template,
             sandbox: sbx["id"].as_str().unwrap().to_string(),
             pool,
@@ -122,6 +131,7 @@ impl Globex {
             &self.template,
             &self.sandbox,
             &self.snapshot,
+            &self.volume,
         ]
     }
 }
@@ -204,6 +214,19 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
             json!({ "tenantId": "globex", "sandboxId": g.sandbox, "publicKey": SSH_KEY }),
             json!({ "tenantId": "acme", "sandboxId": g.sandbox, "publicKey": SSH_KEY }),
         ]),
+        "sandboxVolumes.create" => NotFound(vec![
+            json!({ "tenantId": "globex", "poolId": g.pool, "name": "x", "sizeGiB": 1, "idempotencyKey": "x" }),
+            json!({ "tenantId": "acme", "poolId": g.pool, "name": "x", "sizeGiB": 1, "idempotencyKey": "x" }),
+        ]),
+        "sandboxVolumes.get" | "sandboxVolumes.delete" => NotFound(vec![
+            json!({ "tenantId": "globex", "volumeId": g.volume }),
+            json!({ "tenantId": "acme", "volumeId": g.volume }),
+        ]),
+        "sandboxVolumes.resize" => NotFound(vec![
+            json!({ "tenantId": "globex", "volumeId": g.volume, "sizeGiB": 20 }),
+            json!({ "tenantId": "acme", "volumeId": g.volume, "sizeGiB": 20 }),
+        ]),
+        "sandboxVolumes.list" => NotFound(vec![json!({ "tenantId": "globex" })]),
         "secrets.put" => NotFound(vec![
             json!({ "tenantId": "globex", "name": "x", "value": "v" }),
         ]),

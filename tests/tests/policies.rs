@@ -113,6 +113,62 @@ async fn only_small_vms_from_verified_images_once_the_operator_says_so() {
     assert!(t.replay_equal().await);
 }
 
+/// The reference's example: volumes of at most 100 GiB.
+const VOLUME_CAP: &str = r#"forbid (principal, action == Action::"compute:sandboxes:manage", resource is Volume)
+  when { resource.sizeGiB > 100 };"#;
+
+#[tokio::test]
+async fn a_volume_size_cap_holds_on_create_and_on_every_resize() {
+    let t = TestServer::start().await;
+    let pool = pool_with_images(&t).await;
+    t.ok(
+        OPERATOR,
+        "policies.put",
+        json!({ "id": "volume-cap", "text": VOLUME_CAP }),
+    )
+    .await;
+    let volume = |key: &str, size: u64| {
+        json!({ "tenantId": "acme", "poolId": pool, "name": key, "sizeGiB": size,
+                "idempotencyKey": key })
+    };
+    let before = log_length(&t).await;
+    let refused = t
+        .call(ALICE, "sandboxVolumes.create", volume("big", 101))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.body["code"], "ACCESS_DENIED", "{}", refused.body);
+    assert_eq!(refused.body["details"]["policyIds"], json!(["volume-cap"]));
+    assert_eq!(
+        log_length(&t).await,
+        before,
+        "a refusal leaves nothing behind"
+    );
+    let v = t
+        .ok(ALICE, "sandboxVolumes.create", volume("fits", 100))
+        .await;
+    let resize = |size: u64| json!({ "tenantId": "acme", "volumeId": v["id"], "sizeGiB": size });
+    // A resize is decided on the size it would leave, so the cap cannot be passed by growing.
+    let refused = t
+        .call(ALICE, "sandboxVolumes.resize", resize(101))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.body["details"]["policyIds"], json!(["volume-cap"]));
+    let same = t.ok(ALICE, "sandboxVolumes.resize", resize(100)).await;
+    assert_eq!(same["sizeGiB"], 100);
+    let small = t
+        .ok(ALICE, "sandboxVolumes.create", volume("small", 10))
+        .await;
+    let grown = t
+        .ok(
+            ALICE,
+            "sandboxVolumes.resize",
+            json!({ "tenantId": "acme", "volumeId": small["id"], "sizeGiB": 50 }),
+        )
+        .await;
+    assert_eq!(grown["sizeGiB"], 50);
+    assert!(t.replay_equal().await);
+}
+
 #[tokio::test]
 async fn a_policy_change_is_in_the_log_and_listed() {
     let t = TestServer::start().await;

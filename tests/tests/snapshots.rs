@@ -42,6 +42,7 @@ async fn node(
     config.poll_wait = Duration::from_millis(1000);
     config.snapshot_bytes = 256 * 1024;
     config.cpu_model = Some(cpu.to_string());
+    config.tunnel_listen = Some("127.0.0.1:0".into());
     (id, vps_emulators::host::EmulatedHost::start(config))
 }
 
@@ -921,4 +922,117 @@ async fn a_tenant_teardown_deletes_every_snapshot_kept_ones_too() {
         !object(&t, &id).exists()
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_them() {
+    let t = server().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.8.0/24",
+            0,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
+        )
+        .await;
+    let (_n, _host) = node(&t, &pool, "n", "epyc", json!({})).await;
+    let tpl = template(&t, &pool, "py").await;
+    let source = sandbox(&t, &tpl, "src").await;
+    let exec = |s: &Value| {
+        let body =
+            json!({ "tenantId": "acme", "sandboxId": s["id"], "publicKey": vps_tests::SSH_KEY });
+        t.call(ALICE, "sandboxes.exec", body)
+    };
+    assert!(exec(&source).await.is_ok(), "alone, the source takes exec");
+    let memory = snapshot(
+        &t,
+        ALICE,
+        source["id"].as_str().unwrap(),
+        json!({ "keep": true }),
+    )
+    .await
+    .unwrap();
+    let disk = snapshot(
+        &t,
+        ALICE,
+        source["id"].as_str().unwrap(),
+        json!({ "includeMemory": false, "keep": true }),
+    )
+    .await
+    .unwrap();
+    let (memory, disk) = (
+        memory["id"].as_str().unwrap().to_string(),
+        disk["id"].as_str().unwrap().to_string(),
+    );
+    settled(&t, &memory).await;
+    settled(&t, &disk).await;
+    // A disk-only restore boots fresh with its own identity: nobody is refused.
+    let fresh = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "disk", "fromSnapshot": disk }),
+    )
+    .await
+    .unwrap();
+    let grant = exec(&fresh).await.unwrap();
+    assert_eq!(grant["principal"], fresh["instanceId"]);
+    // A memory restore answers to the source's identity: exec into either is refused.
+    let restored = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "mem", "fromSnapshot": memory }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(restored["state"], "ready", "{restored}");
+    for s in [&source, &restored] {
+        let (code, details) = refusal(exec(s).await);
+        assert_eq!(
+            (code.as_str(), details["reason"].as_str()),
+            ("INVALID_STATE", Some("restore-shares-identity"))
+        );
+    }
+    // Once the source is gone, the restore alone answers to it: the certificate names it.
+    t.ok(
+        ALICE,
+        "sandboxes.delete",
+        json!({ "tenantId": "acme", "sandboxId": source["id"] }),
+    )
+    .await;
+    let grant = eventually("the source gone", PATIENCE, || async {
+        exec(&restored).await.map_err(|e| e.body)
+    })
+    .await;
+    assert_eq!(grant["principal"], source["instanceId"]);
+}
+
+#[tokio::test]
+async fn a_sandbox_writing_a_volume_takes_only_disk_snapshots() {
+    let t = server().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.9.0/24",
+            0,
+            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
+        )
+        .await;
+    let (_n, _host) = node(&t, &pool, "n", "epyc", json!({})).await;
+    t.ok(ALICE, "sandboxVolumes.create", json!({ "tenantId": "acme", "poolId": pool, "name": "notes", "sizeGiB": 5, "idempotencyKey": "v" })).await;
+    let tpl = t
+        .ok(ALICE, "sandboxTemplates.create", json!({ "tenantId": "acme", "name": "vol", "poolId": pool, "flavor": "small", "imageId": "img_ubuntu",
+                "volumes": [{ "name": "notes", "mountPath": "/workspace" }] }))
+        .await;
+    let s = sandbox(&t, tpl["id"].as_str().unwrap(), "v").await;
+    let sbx = s["id"].as_str().unwrap();
+    let (code, details) = refusal(snapshot(&t, ALICE, sbx, json!({})).await);
+    assert_eq!(
+        (code.as_str(), details["reason"].as_str()),
+        ("INVALID_STATE", Some("memory-snapshot-with-volumes"))
+    );
+    let disk = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
+        .await
+        .unwrap();
+    assert_eq!(
+        settled(&t, disk["id"].as_str().unwrap()).await["state"],
+        "ready"
+    );
 }

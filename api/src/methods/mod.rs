@@ -15,6 +15,7 @@ pub mod sandboxes;
 pub mod snapshots;
 pub mod tenants;
 pub mod usage;
+pub mod volumes;
 pub mod webhooks;
 
 use crate::error::ApiError;
@@ -33,6 +34,7 @@ pub fn all() -> Vec<Method> {
         sandboxes::methods(),
         snapshots::methods(),
         sandbox_exec::methods(),
+        volumes::methods(),
         provider_accounts::methods(),
         webhooks::methods(),
         events::methods(),

@@ -16,6 +16,7 @@ pub fn stream_of(id: &str) -> Option<String> {
         "pacct" => "provider_account",
         "sbx" => "sandbox",
         "sbxt" => "template",
+        "vol" => "volume",
         _ => "image",
     };
     Some(format!("{kind}-{id}"))

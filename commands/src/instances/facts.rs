@@ -73,7 +73,7 @@ fn amounts(rows: Vec<(String, i64, i64)>) -> (Amounts, Amounts) {
 }
 
 /// A pool row as admission sees it; `None` for a class admission does not know.
-fn admission_pool(
+pub(crate) fn admission_pool(
     class: &str,
     runtime: Option<String>,
     has_account: bool,
@@ -166,7 +166,7 @@ pub async fn flavor_shape(
 }
 
 /// A tenant's quota maxima and usage in a pool.
-pub(super) async fn quota(
+pub(crate) async fn quota(
     tx: &mut PgConnection,
     pool_id: &str,
     tenant_id: &str,

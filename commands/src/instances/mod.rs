@@ -160,6 +160,8 @@ pub struct Origin {
     pub user_data: Option<String>,
     /// A restore: the snapshot the instance boots from.
     pub restore_from: Option<vps_domain::instance::RestoreFrom>,
+    /// A sandbox's volumes (placement keeps the instance on their node).
+    pub volumes: Vec<vps_domain::volume::Attachment>,
 }
 
 /// Admits an instance in the caller's transaction (a replay answers the existing one): the
@@ -225,6 +227,7 @@ fn create_command(ctx: &Ctx, id: &str, input: &CreateInput, origin: &Origin) -> 
         template_version: origin.warm.as_ref().map(|(_, v)| *v),
         network_policy: origin.network_policy,
         restore_from: origin.restore_from.clone(),
+        volumes: origin.volumes.clone(),
     }
 }
 

@@ -165,6 +165,8 @@ async fn cold(
     let origin = Origin {
         sandbox_id: Some(sandbox_id.to_string()),
         restore_from,
+        // First: the volumes' rows are locked before the node and the quota rows.
+        volumes: crate::volumes::attach(tx, t).await?,
         ..origin(ctx, tx, t).await?
     };
     admit_in(

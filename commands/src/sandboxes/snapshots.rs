@@ -101,7 +101,7 @@ async fn instance_facts(
         node_id: inst.node_id.clone(),
         runtime: runtime.unwrap_or_else(|| "libvirt-kvm".into()),
         gpus: inst.shape.gpus.as_ref().is_some_and(|g| g.count > 0),
-        writes_volume: false,
+        writes_volume: inst.writes_volume(),
         principal_instance_id: inst
             .restore_from
             .as_ref()

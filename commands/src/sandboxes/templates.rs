@@ -1,5 +1,6 @@
 //! `sandboxTemplates.create/update/delete`: checked like a hosted `instances.create` (pool
-//! offered and hosted, flavor, image), with `env` naming only the tenant's own secrets.
+//! offered and hosted, flavor, image), with `env` naming only the tenant's own secrets and
+//! `volumes` only the tenant's own ready volumes of the pool.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,8 @@ use vps_domain::template::{
     self as domain, CreateTemplate, Network, Template, TemplateFacts, TemplateSpec, Warm,
     DEFAULT_MAX_TTL_SECONDS, DEFAULT_TTL_SECONDS,
 };
+
+use vps_domain::volume::{TemplateVolume, VolumeMount};
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
@@ -41,8 +44,10 @@ pub struct TemplateInput {
     pub default_ttl_seconds: Option<u64>,
     /// Default 86400.
     pub max_ttl_seconds: Option<u64>,
-    /// Warm instances kept ready: `{ min, max }`.
+    /// Warm instances kept ready: `{ min, max }` (`max` 0 with volumes).
     pub warm: Option<Warm>,
+    /// The tenant's volumes its sandboxes attach: at most 8, all on one node.
+    pub volumes: Option<Vec<VolumeMount>>,
 }
 
 /// `sandboxTemplates.update`: any of the spec's fields.
@@ -69,6 +74,8 @@ pub struct TemplatePatch {
     pub max_ttl_seconds: Option<u64>,
     /// New warm-pool bounds.
     pub warm: Option<Warm>,
+    /// New volumes (the whole list; `[]` for none).
+    pub volumes: Option<Vec<VolumeMount>>,
 }
 
 /// The reference a template's user data is sealed under (one per instance version).
@@ -94,6 +101,7 @@ async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Templ
         default_ttl_seconds: input.default_ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS),
         max_ttl_seconds: input.max_ttl_seconds.unwrap_or(DEFAULT_MAX_TTL_SECONDS),
         warm: input.warm,
+        volumes: Vec::new(),
     };
     let facts = template_facts(
         &mut tx,
@@ -104,6 +112,17 @@ async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Templ
         id,
     )
     .await?;
+    let spec = TemplateSpec {
+        volumes: mounts(
+            &mut tx,
+            &input.tenant_id,
+            &input.pool_id,
+            &input.volumes,
+            &facts,
+        )
+        .await?,
+        ..spec
+    };
     let events = domain::create(
         CreateTemplate {
             id: id.to_string(),
@@ -147,6 +166,9 @@ async fn update_once(ctx: &Ctx, p: &TemplatePatch) -> Result<Template, CommandEr
     spec.max_ttl_seconds = p.max_ttl_seconds.unwrap_or(spec.max_ttl_seconds);
     spec.warm = p.warm.or(spec.warm);
     let facts = template_facts(&mut tx, &t.tenant_id, &t.pool_id, &spec, &t.name, &t.id).await?;
+    if p.volumes.is_some() {
+        spec.volumes = mounts(&mut tx, &t.tenant_id, &t.pool_id, &p.volumes, &facts).await?;
+    }
     let events = domain::update(before.as_ref(), &p.tenant_id, &p.template_id, spec, &facts)?;
     seal_user_data(ctx, &mut tx, &t.id, version, p.user_data.as_deref()).await?;
     let after = record_events(
@@ -180,6 +202,23 @@ pub async fn delete(
         Ok(after)
     })
     .await
+}
+
+/// A template's `volumes` resolved to the tenant's volumes; none when there are none or the
+/// pool does not resolve (the decision then refuses the pool).
+async fn mounts(
+    tx: &mut PgConnection,
+    tenant_id: &str,
+    pool_id: &str,
+    volumes: &Option<Vec<VolumeMount>>,
+    facts: &TemplateFacts,
+) -> Result<Vec<TemplateVolume>, CommandError> {
+    match volumes {
+        Some(mounts) if facts.pool.is_some() => {
+            crate::volumes::resolve_mounts(tx, tenant_id, pool_id, mounts).await
+        }
+        _ => Ok(Vec::new()),
+    }
 }
 
 async fn seal_user_data(

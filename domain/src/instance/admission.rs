@@ -122,6 +122,8 @@ pub fn placement(
     now: DateTime<Utc>,
 ) -> Result<InstanceCommand, DomainError> {
     let excluded: BTreeSet<String> = instance.excluded_nodes(now);
+    // An instance with volumes runs on their node or nowhere.
+    let only: Option<BTreeSet<String>> = instance.volume_node().map(|n| [n.to_string()].into());
     let request = PlacementRequest {
         shape: &instance.shape,
         runtime: &pool.runtime,
@@ -131,7 +133,7 @@ pub fn placement(
             .map(super::RestoreFrom::required_labels)
             .unwrap_or_default(),
         excluded: &excluded,
-        only_nodes: None,
+        only_nodes: only.as_ref(),
     };
     let node_id = match place(&request, &facts.nodes) {
         Ok(node_id) => node_id,

@@ -137,6 +137,8 @@ pub struct CreateInstance {
     pub network_policy: Option<crate::network_policy::Network>,
     /// A restore: the snapshot it boots from.
     pub restore_from: Option<super::RestoreFrom>,
+    /// A sandbox's volumes, from its template.
+    pub volumes: Vec<crate::volume::Attachment>,
 }
 
 /// A placement the caller made (node chosen, allocation booked, address leased).

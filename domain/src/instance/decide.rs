@@ -312,6 +312,7 @@ fn create_instance(
         template_version: c.template_version,
         network_policy: c.network_policy,
         restore_from: c.restore_from.clone().map(Box::new),
+        volumes: c.volumes.clone(),
     })])
 }
 

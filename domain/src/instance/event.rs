@@ -73,6 +73,9 @@ pub struct Created {
     /// A restore: the snapshot it boots from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<Box<super::RestoreFrom>>,
+    /// The sandbox volumes it attaches (from its template).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::Attachment>,
 }
 
 /// `instance.starting`: `start` was called, the state moved to `starting`, or a sandbox

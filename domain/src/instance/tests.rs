@@ -149,6 +149,7 @@ fn create_in(kind: PoolKind) -> CreateInstance {
         template_version: None,
         network_policy: None,
         restore_from: None,
+        volumes: Vec::new(),
     }
 }
 

@@ -10,6 +10,10 @@
 //! closes the running [`Segment`] and opens another, so a window is cut where it happened.
 //! Provider-pool instances are not metered.
 //!
+//! A sandbox volume accrues `vps.volume.gib.hours` the same way, from its own stream: from
+//! `sandbox.volume.created` (which books it) to `sandbox.volume.deleted` (which releases it),
+//! its size changed by `sandbox.volume.resized`, billed to its tenant and creator.
+//!
 //! Quantities are rounded on the running total of each (resource, meter): a record's quantity
 //! is `round(total after it) − round(total before it)`, so any run of records of a resource sums
 //! to its exact accrual rounded once, to the last decimal digit.
@@ -19,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::meter::{hours, lines, Line};
+use super::meter::{hours, lines, volume_lines, Line};
 use super::record::UsageRecord;
 use super::window::{at, micros, Micros, Windows};
 use crate::resources::Shape;
@@ -70,10 +74,13 @@ impl<'de> Deserialize<'de> for Amount {
     }
 }
 
-/// What the ledger keeps of one hosted instance.
+/// What the ledger keeps of one metered resource: a hosted instance, or a sandbox volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceMeter {
+    /// A sandbox volume (its shape is its disk), not an instance.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub volume: bool,
     /// The tenant.
     pub tenant_id: String,
     /// The pool.
@@ -97,10 +104,23 @@ pub struct InstanceMeter {
     pub accrued: BTreeMap<String, Amount>,
 }
 
-/// What one instance event says that metering needs, read from its `data` by field name, so
-/// event types added later (a claim, say) are understood by their fields.
+/// What an event does to a resource's accrual.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    /// Its allocation is booked.
+    Book,
+    /// Its allocation is released; it may be booked again.
+    Release,
+    /// It is gone: released for good.
+    End,
+    /// Its shape changed.
+    Reshape,
+}
+
+/// What one event says that metering needs, read from its `data` by field name, so event
+/// types added later (a claim, say) are understood by their fields.
 struct Facts {
-    event_type: String,
+    change: Option<Change>,
     tenant_id: Option<String>,
     pool_id: Option<String>,
     warm: bool,
@@ -112,12 +132,39 @@ impl Facts {
     fn read(event_type: &str, data: &Value) -> Facts {
         let text = |field: &str| data.get(field).and_then(Value::as_str).map(str::to_string);
         Facts {
-            event_type: event_type.to_string(),
+            change: match event_type {
+                "instance.scheduled" => Some(Change::Book),
+                "instance.recreating" => Some(Change::Release),
+                "instance.deleted" => Some(Change::End),
+                "instance.resized" => Some(Change::Reshape),
+                _ => None,
+            },
             tenant_id: text("tenantId"),
             pool_id: text("poolId"),
             warm: data.get("warmTemplateId").is_some_and(|v| !v.is_null()),
             owner: text("ownerIdentityId"),
             shape: data.get("shape").and_then(|s| Shape::deserialize(s).ok()),
+        }
+    }
+
+    /// A volume event's facts: its size is its shape.
+    fn read_volume(event_type: &str, data: &Value) -> Facts {
+        let text = |field: &str| data.get(field).and_then(Value::as_str).map(str::to_string);
+        let size = data.get("sizeGiB").and_then(Value::as_u64);
+        Facts {
+            change: match event_type {
+                "sandbox.volume.created" => Some(Change::Book),
+                "sandbox.volume.resized" => Some(Change::Reshape),
+                "sandbox.volume.deleted" => Some(Change::End),
+                _ => None,
+            },
+            tenant_id: text("tenantId"),
+            pool_id: text("poolId"),
+            warm: false,
+            owner: text("ownerIdentityId"),
+            shape: size
+                .and_then(|s| u32::try_from(s).ok())
+                .map(crate::volume::disk),
         }
     }
 }
@@ -126,6 +173,7 @@ impl InstanceMeter {
     /// What a hosted instance's `instance.created` starts (not yet allocated).
     fn created(facts: &Facts, at: Micros) -> Option<InstanceMeter> {
         Some(InstanceMeter {
+            volume: false,
             tenant_id: facts.tenant_id.clone()?,
             pool_id: facts.pool_id.clone()?,
             owner_identity_id: facts.owner.clone(),
@@ -144,7 +192,10 @@ impl InstanceMeter {
         if !self.allocated || self.deleted {
             return None;
         }
-        let lines = lines(&self.shape, self.warm);
+        let lines = match self.volume {
+            true => volume_lines(self.shape.disk_gib),
+            false => lines(&self.shape, self.warm),
+        };
         let payer = Payer {
             tenant_id: self.tenant_id.clone(),
             identity_id: (!self.warm)
@@ -158,15 +209,15 @@ impl InstanceMeter {
     /// Applies one event recorded at `at`.
     fn apply(&mut self, facts: Facts, at: Micros) {
         let before = self.billing();
-        match facts.event_type.as_str() {
-            "instance.scheduled" => self.allocated = true,
-            "instance.recreating" => self.allocated = false,
-            "instance.deleted" => {
+        match facts.change {
+            Some(Change::Book) => self.allocated = true,
+            Some(Change::Release) => self.allocated = false,
+            Some(Change::End) => {
                 self.allocated = false;
                 self.deleted = true;
             }
-            "instance.resized" => self.shape = facts.shape.unwrap_or(self.shape.clone()),
-            _ => {}
+            Some(Change::Reshape) => self.shape = facts.shape.unwrap_or(self.shape.clone()),
+            None => {}
         }
         self.tenant_id = facts.tenant_id.unwrap_or(self.tenant_id.clone());
         self.pool_id = facts.pool_id.unwrap_or(self.pool_id.clone());
@@ -313,10 +364,11 @@ impl Ledger {
         data: &Value,
         recorded_at: chrono::DateTime<chrono::Utc>,
     ) {
+        if let Some(id) = stream.strip_prefix("volume-") {
+            self.apply_volume(id, event_type, data, micros(recorded_at));
+            return;
+        }
         if !stream.starts_with("instance-") {
-            // Volumes go here once they exist: `sandbox.volume.created|resized|deleted` book and
-            // release `vps.volume.gib.hours` (meter::VOLUME_GIB_HOURS) the way an instance's
-            // allocation books its lines. Not metered yet: there are no volume events.
             return;
         }
         let Some(id) = data.get("instanceId").and_then(Value::as_str) else {
@@ -330,6 +382,24 @@ impl Ledger {
                 return;
             }
             if let Some(meter) = InstanceMeter::created(&facts, t) {
+                self.instances.insert(id.to_string(), meter);
+                self.dirty.insert(id.to_string());
+            }
+            return;
+        }
+        if let Some(meter) = self.instances.get_mut(id) {
+            meter.apply(facts, t);
+            self.dirty.insert(id.to_string());
+        }
+    }
+
+    /// A volume's event: `created` starts its meter already booked.
+    fn apply_volume(&mut self, id: &str, event_type: &str, data: &Value, t: Micros) {
+        let facts = Facts::read_volume(event_type, data);
+        if facts.change == Some(Change::Book) {
+            if let Some(mut meter) = InstanceMeter::created(&facts, t) {
+                meter.volume = true;
+                meter.apply(facts, t);
                 self.instances.insert(id.to_string(), meter);
                 self.dirty.insert(id.to_string());
             }

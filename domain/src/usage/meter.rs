@@ -11,10 +11,8 @@ pub const VCPU_HOURS: &str = "vps.vcpu.hours";
 pub const MEMORY_GIB_HOURS: &str = "vps.memory.gib.hours";
 /// vCPU hours of an unclaimed warm instance, billed to its template's tenant.
 pub const SANDBOX_WARM: &str = "vps.sandbox.warm";
-/// GiB hours of a sandbox volume, from its booking to its release.
-///
-/// NOT METERED YET: volumes (`sandbox.volume.created|resized|deleted`) do not exist on this
-/// branch. The ledger has a marked place for them (`Ledger::apply`).
+/// GiB hours of a sandbox volume, from its booking (`sandbox.volume.created`) through its
+/// resizes to its release (`sandbox.volume.deleted`).
 pub const VOLUME_GIB_HOURS: &str = "vps.volume.gib.hours";
 
 /// Decimal places of every quantity. The log's times are whole microseconds and an hour is
@@ -63,6 +61,13 @@ pub fn lines(shape: &Shape, warm: bool) -> Vec<Line> {
         }
         ordinary
     };
+    lines.retain(|l| l.rate > 0);
+    lines
+}
+
+/// The line a volume of `size_gib` accrues.
+pub fn volume_lines(size_gib: u32) -> Vec<Line> {
+    let mut lines = vec![Line::new(VOLUME_GIB_HOURS, "gib-hour", size_gib)];
     lines.retain(|l| l.rate > 0);
     lines
 }

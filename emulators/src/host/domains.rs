@@ -114,6 +114,14 @@ impl Domains {
         self.spec.as_ref().map(|spec| spec.generation)
     }
 
+    /// The volumes the spec followed asks the host to keep.
+    pub fn volumes(&self) -> Vec<super::wire::VolumeSpec> {
+        self.spec
+            .as_ref()
+            .map(|spec| spec.volumes.clone())
+            .unwrap_or_default()
+    }
+
     /// The `(instance id, secret reference)` pairs whose user data must be fetched before the
     /// instance can boot.
     pub fn user_data_wanted(&self) -> Vec<(String, String)> {

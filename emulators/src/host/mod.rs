@@ -34,6 +34,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use domains::Domains;
+pub use wire::VolumeSpec;
 
 /// Where an emulated host finds its server and how fast it behaves.
 #[derive(Clone, Debug)]
@@ -278,6 +279,11 @@ impl HostHandle {
     /// The generation of the last spec the host converged to.
     pub fn applied_generation(&self) -> Option<u64> {
         self.shared.domains().applied_generation()
+    }
+
+    /// The volumes the host keeps: those of the last spec it converged to.
+    pub fn volumes(&self) -> Vec<VolumeSpec> {
+        self.shared.domains().volumes()
     }
 
     /// How many reports the server has accepted.

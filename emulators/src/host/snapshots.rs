@@ -76,6 +76,7 @@ mod tests {
         NodeSpec {
             generation: 1,
             instances: Vec::new(),
+            volumes: Vec::new(),
             commands: ids
                 .iter()
                 .map(|id| HostCommand {

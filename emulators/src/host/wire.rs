@@ -25,6 +25,9 @@ pub(super) struct NodeSpec {
     /// Host commands (snapshots) to run until their outcome is reported.
     #[serde(default)]
     pub commands: Vec<HostCommand>,
+    /// The sandbox volumes the node keeps: the emulated host only records them.
+    #[serde(default)]
+    pub volumes: Vec<VolumeSpec>,
 }
 
 /// A host command of the spec (SPEC §3.7). Kinds the host does not know are ignored.
@@ -68,6 +71,17 @@ pub(super) struct RestoreFrom {
     pub url: String,
     #[serde(default)]
     pub sha256: String,
+}
+
+/// A volume the node keeps.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSpec {
+    /// `vol_…`.
+    pub id: String,
+    /// Its size.
+    #[serde(rename = "sizeGiB")]
+    pub size_gib: u64,
 }
 
 /// The fields of an `InstanceSpec` the emulated host acts on.

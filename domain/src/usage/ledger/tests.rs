@@ -239,3 +239,75 @@ fn an_event_recorded_before_the_last_change_counts_from_the_last_change() {
         .settled(T0 + W);
     assert!(records.is_empty(), "{records:#?}");
 }
+
+fn volume(size: u32, extra: Value) -> Value {
+    let mut data = json!({
+        "volumeId": "vol_a", "tenantId": "acme", "poolId": "pool_h", "nodeId": "node_a",
+        "sizeGiB": size,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        data[k] = v.clone();
+    }
+    data
+}
+
+#[test]
+fn a_volume_accrues_its_size_from_created_through_resizes_to_deleted() {
+    use crate::usage::meter::VOLUME_GIB_HOURS;
+    let mut ledger = Ledger::new(Windows::new(W).unwrap());
+    let apply = |ledger: &mut Ledger, event_type: &str, at: Micros, data: Value| {
+        ledger.apply("volume-vol_a", event_type, &data, time(at));
+    };
+    let owner = json!({ "ownerIdentityId": "id_alice", "name": "mem" });
+    apply(
+        &mut ledger,
+        "sandbox.volume.created",
+        T0 + 10,
+        volume(10, owner),
+    );
+    apply(
+        &mut ledger,
+        "sandbox.volume.resized",
+        T0 + W / 2,
+        volume(30, json!({ "previousSizeGiB": 10 })),
+    );
+    // Deleting keeps the disk booked: it still accrues.
+    apply(
+        &mut ledger,
+        "sandbox.volume.deleting",
+        T0 + W,
+        volume(30, json!({})),
+    );
+    apply(
+        &mut ledger,
+        "sandbox.volume.deleted",
+        T0 + 2 * W,
+        volume(30, json!({})),
+    );
+    let records = ledger.settle(Micros::MIN, T0 + 4 * W);
+    assert!(records.iter().all(|r| r.meter == VOLUME_GIB_HOURS
+        && r.unit == "gib-hour"
+        && r.resource_id == "vol_a"
+        && r.tenant_id == "acme"
+        && r.identity_id.as_deref() == Some("id_alice")));
+    // The resize cuts the first window; the second is whole.
+    let spans: Vec<_> = records
+        .iter()
+        .map(|r| (r.window_start, r.window_end))
+        .collect();
+    assert_eq!(
+        spans,
+        vec![
+            (time(T0 + 10), time(T0 + W / 2)),
+            (time(T0 + W / 2), time(T0 + W)),
+            (time(T0 + W), time(T0 + 2 * W)),
+        ]
+    );
+    let gib_us = 10 * i128::from(W / 2 - 10) + 30 * i128::from(W / 2) + 30 * i128::from(W);
+    let exact = Decimal::from_i128_with_scale(gib_us, 0) / Decimal::from(3_600_000_000i64);
+    assert_eq!(sum(&records), exact.round_dp(12));
+    assert!(
+        ledger.instance("vol_a").is_none(),
+        "a deleted volume is forgotten"
+    );
+}

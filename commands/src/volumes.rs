@@ -1,0 +1,305 @@
+//! Sandbox volumes (`sandboxVolumes.create/resize/delete`), the release of a deleted volume's
+//! booking once its host let it go, and what templates and sandboxes take from volumes
+//! ([`mounts`]: a template's mounts resolved, a sandbox's attachments under one writer).
+//!
+//! A create books the volume's disk on a node of the pool and in the tenant's `diskGiB` quota
+//! exactly as instance admission does (facts read, a pure decision, the node locked before the
+//! append, the node's bookings and the quota confirmed under their locks before commit). The
+//! booking itself is the volume projector's, inside the same transaction.
+
+pub mod mounts;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
+use tracing::Instrument;
+use vps_domain::volume::{
+    self as domain, charge, Admit, CreateVolume, ResizeFacts, Volume, VolumeFacts,
+};
+use vps_domain::DomainError;
+
+use crate::context::Ctx;
+use crate::error::{retrying, CommandError};
+use crate::instances::facts;
+use crate::pipeline::{commit, load, record_events};
+use crate::record::new_id;
+
+pub use mounts::{attach, resolve_mounts};
+
+/// `sandboxVolumes.create`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateVolumeInput {
+    /// The tenant.
+    pub tenant_id: String,
+    /// A hosted pool offered to the tenant.
+    pub pool_id: String,
+    /// Unique among the tenant's volumes that are not deleted.
+    pub name: String,
+    /// 1 to 16384.
+    #[serde(rename = "sizeGiB")]
+    pub size_gib: u32,
+    /// Makes the create idempotent (the id derives from it).
+    pub idempotency_key: String,
+}
+
+/// What a create decided.
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// The volume.
+    pub volume: Volume,
+    /// Whether this call made it (false: a replay).
+    pub new: bool,
+}
+
+/// The id a create derives from (tenant, caller, idempotency key).
+pub fn volume_id(ctx: &Ctx, input: &CreateVolumeInput) -> String {
+    vps_domain::ids::volume_id(
+        &input.tenant_id,
+        &ctx.actor.identity,
+        &input.idempotency_key,
+    )
+}
+
+/// A volume as stored (any tenant's), for deciding before anything is written.
+pub async fn stored(ctx: &Ctx, id: &str) -> Result<Option<Volume>, CommandError> {
+    let mut conn = ctx.pool.acquire().await?;
+    load::<Volume>(&mut conn, id).await
+}
+
+/// Creates a volume, or answers the one this idempotency key already made.
+pub async fn create(ctx: &Ctx, input: CreateVolumeInput) -> Result<Created, CommandError> {
+    let id = volume_id(ctx, &input);
+    let request = CreateVolume {
+        id: id.clone(),
+        tenant_id: input.tenant_id.clone(),
+        pool_id: input.pool_id.clone(),
+        name: input.name.clone(),
+        size_gib: input.size_gib,
+        idempotency_key: input.idempotency_key.clone(),
+        request_hash: hex::encode(Sha256::digest(
+            serde_json::to_vec(&input).expect("serialises"),
+        )),
+        owner_identity_id: ctx.actor.identity.clone(),
+        allocation_id: String::new(),
+    };
+    retrying(&id, || async {
+        let c = CreateVolume {
+            allocation_id: new_id("alloc"),
+            ..request.clone()
+        };
+        create_once(ctx, &c).await
+    })
+    .instrument(tracing::info_span!("volume_create", volume = %id))
+    .await
+}
+
+async fn create_once(ctx: &Ctx, c: &CreateVolume) -> Result<Created, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    let existing = load::<Volume>(&mut tx, &c.id).await?;
+    if existing.is_some() {
+        return match domain::admit(existing.as_ref(), c, &VolumeFacts::default())? {
+            Admit::Replay(v) => Ok(Created {
+                volume: *v,
+                new: false,
+            }),
+            Admit::New(_) => unreachable!("an existing volume is a replay or a conflict"),
+        };
+    }
+    let facts = create_facts(&mut tx, c).await?;
+    let Admit::New(events) = domain::admit(None, c, &facts)? else {
+        unreachable!("no volume exists under this id");
+    };
+    let node = match events.first() {
+        Some(domain::VolumeEvent::Created(created)) => created.ids.node_id.clone(),
+        _ => unreachable!("a create records sandbox.volume.created"),
+    };
+    // The node before the quota rows, the order instance admission takes them in.
+    facts::lock_nodes(&mut tx, std::slice::from_ref(&node)).await?;
+    let volume = record_events::<Volume>(ctx, &mut tx, &c.id, None, events, Some(&c.tenant_id))
+        .await?
+        .expect("a created volume");
+    facts::confirm_nodes(&mut tx, &[node]).await?;
+    facts::confirm_quota(&mut tx, &c.pool_id, &c.tenant_id, &charge(c.size_gib)).await?;
+    commit(ctx, tx).await?;
+    Ok(Created { volume, new: true })
+}
+
+/// What a create reads: the pool (when offered to the tenant), whether the name is taken, the
+/// tenant's quota and the pool's nodes with their bookings.
+async fn create_facts(
+    tx: &mut PgConnection,
+    c: &CreateVolume,
+) -> Result<VolumeFacts, CommandError> {
+    let pool: Option<(String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT class, runtime,
+                EXISTS (SELECT 1 FROM quotas q WHERE q.pool_id = p.id AND q.tenant_id = $2 AND q.offered)
+           FROM pools p WHERE p.id = $1",
+    )
+    .bind(&c.pool_id)
+    .bind(&c.tenant_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(pool) = pool
+        .filter(|(_, _, offered)| *offered)
+        .and_then(|(class, runtime, _)| facts::admission_pool(&class, runtime, false, false))
+    else {
+        return Ok(VolumeFacts::default());
+    };
+    let name_taken: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sandbox_volumes
+                         WHERE tenant_id = $1 AND name = $2 AND state <> 'deleted')",
+    )
+    .bind(&c.tenant_id)
+    .bind(&c.name)
+    .fetch_one(&mut *tx)
+    .await?;
+    let (quota_max, quota_used) = facts::quota(tx, &c.pool_id, &c.tenant_id).await?;
+    Ok(VolumeFacts {
+        pool: Some(pool),
+        name_taken,
+        quota_max,
+        quota_used,
+        nodes: facts::candidates(tx, &c.pool_id, None).await?,
+    })
+}
+
+/// Grows a volume to `size_gib` (the API passes the size it authorized). One resize holds a
+/// volume at a time: a concurrent one is `CONFLICT` (`resize-in-flight`), so two resizes never
+/// both apply beyond what one decision covered.
+pub async fn resize(
+    ctx: &Ctx,
+    tenant_id: &str,
+    volume_id: &str,
+    size_gib: u32,
+) -> Result<Volume, CommandError> {
+    retrying(volume_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        match resize_in(ctx, &mut tx, tenant_id, volume_id, size_gib).await {
+            Ok(after) => {
+                commit(ctx, tx).await?;
+                Ok(after)
+            }
+            Err(e) => {
+                // Release the hold now, not when the connection is next used.
+                tx.rollback().await?;
+                Err(e)
+            }
+        }
+    })
+    .instrument(tracing::info_span!("volume_resize", volume = %volume_id, size_gib))
+    .await
+}
+
+/// The advisory lock that holds one resize of a volume at a time.
+pub const RESIZE_HOLD: &str = "volume-resize:";
+
+async fn resize_in(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    tenant_id: &str,
+    volume_id: &str,
+    size_gib: u32,
+) -> Result<Volume, CommandError> {
+    let held: bool =
+        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1 || $2, 0))")
+            .bind(RESIZE_HOLD)
+            .bind(volume_id)
+            .fetch_one(&mut *tx)
+            .await?;
+    if !held {
+        return Err(DomainError::conflict(
+            format!("another resize of volume {volume_id} is in flight; retry"),
+            "reason",
+            "resize-in-flight",
+        )
+        .into());
+    }
+    let before = load::<Volume>(tx, volume_id).await?;
+    let v = domain::visible(before.as_ref(), tenant_id, volume_id)?;
+    if !domain::resize_target(v, size_gib)? {
+        return Ok(v.clone());
+    }
+    // The node's row is locked (and read) before the quota rows, as admission does.
+    let node = facts::candidates(tx, &v.pool_id, Some(&v.node_id))
+        .await?
+        .into_iter()
+        .next()
+        .map(|n| (n.capacity, n.allocated));
+    let (quota_max, quota_used) = facts::quota(tx, &v.pool_id, &v.tenant_id).await?;
+    let resize_facts = ResizeFacts {
+        quota_max,
+        quota_used,
+        node,
+    };
+    let events = domain::resize(v, size_gib, &resize_facts)?;
+    let growth = charge(size_gib - v.size_gib);
+    let after = record_events(ctx, tx, volume_id, Some(v), events, Some(tenant_id)).await?;
+    facts::confirm_quota(tx, &v.pool_id, &v.tenant_id, &growth).await?;
+    Ok(after.expect("a resized volume"))
+}
+
+/// Deletes a volume: `deleting` at once (it leaves its node's spec); the booking and quota are
+/// released by [`release`] once its host let it go. Refused while a live instance attaches it
+/// or a live template names it; a deleting or deleted volume is answered as it is.
+pub async fn delete(ctx: &Ctx, tenant_id: &str, volume_id: &str) -> Result<Volume, CommandError> {
+    retrying(volume_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        // Sandbox creates and template writes lock the row too: none can start using the
+        // volume between the check and the append.
+        lock(&mut tx, volume_id).await?;
+        let before = load::<Volume>(&mut tx, volume_id).await?;
+        let v = domain::visible(before.as_ref(), tenant_id, volume_id)?;
+        let in_use = vps_projections::volumes::in_use(&mut tx, volume_id).await?;
+        let events = domain::delete(v, &in_use)?;
+        let after = record_events(ctx, &mut tx, volume_id, Some(v), events, Some(tenant_id))
+            .await?
+            .expect("a volume");
+        commit(ctx, tx).await?;
+        Ok(after)
+    })
+    .instrument(tracing::info_span!("volume_delete", volume = %volume_id))
+    .await
+}
+
+/// Ends a deleting volume whose host let it go: `sandbox.volume.deleted` releases its booking
+/// and quota. Skips a volume another worker holds. Whether it released one.
+pub async fn release(ctx: &Ctx, volume_id: &str) -> Result<bool, CommandError> {
+    retrying(volume_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let free: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM sandbox_volumes WHERE id = $1 AND state = 'deleting'
+                FOR UPDATE SKIP LOCKED",
+        )
+        .bind(volume_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(v) = free.and(load::<Volume>(&mut tx, volume_id).await?) else {
+            return Ok(false);
+        };
+        let events = domain::release(&v);
+        let released = !events.is_empty();
+        record_events(
+            ctx,
+            &mut tx,
+            volume_id,
+            Some(&v),
+            events,
+            Some(&v.tenant_id),
+        )
+        .await?;
+        commit(ctx, tx).await?;
+        Ok(released)
+    })
+    .instrument(tracing::info_span!("volume_release", volume = %volume_id))
+    .await
+}
+
+/// Locks a volume's row to this transaction's end.
+async fn lock(tx: &mut PgConnection, volume_id: &str) -> Result<(), CommandError> {
+    sqlx::query("SELECT 1 FROM sandbox_volumes WHERE id = $1 FOR UPDATE")
+        .bind(volume_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
