@@ -64,6 +64,12 @@ enum Command {
     /// Usage records: export them for billing, or prove them against the log.
     #[command(subcommand)]
     Usage(UsageCommand),
+    /// Self-checks for operators, each with a severity and a fix; exits 1 on any error.
+    Doctor {
+        /// `{"checks": [...]}` instead of one line per check.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -269,6 +275,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Bench(cmd) => bench(&config, cmd).await,
         Command::Usage(cmd) => usage(&config, cmd).await,
+        Command::Doctor { json } => crate::doctor::report::command(&config, json).await,
     }
 }
 

@@ -150,7 +150,7 @@ fn secret_key(config: &Config) -> anyhow::Result<vps_commands::secrets::SecretKe
 }
 
 /// `[secrets] key`, decoded.
-fn secret_bytes(config: &Config) -> anyhow::Result<[u8; 32]> {
+pub(crate) fn secret_bytes(config: &Config) -> anyhow::Result<[u8; 32]> {
     use base64::Engine;
     let key = config.secrets.key.as_ref().ok_or_else(|| {
         anyhow::anyhow!(
