@@ -74,6 +74,12 @@ enum Command {
         #[arg(long)]
         ticket: String,
     },
+    /// Self-checks for operators, each with a severity and a fix; exits 1 on any error.
+    Doctor {
+        /// `{"checks": [...]}` instead of one line per check.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -283,6 +289,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             crate::tools::tunnel::run(&url, &ticket).await?;
             Ok(0)
         }
+        Command::Doctor { json } => crate::doctor::report::command(&config, json).await,
     }
 }
 

@@ -13,27 +13,30 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// The database answers and every migration is applied.
+/// Ready when the database answers and every migration is applied; the body carries every
+/// `vps doctor` finding as `checks` (those after the database's bounded by a second, so a slow
+/// check never holds readiness up).
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let applied: Result<i64, _> =
-        sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
-            .fetch_one(&state.pool)
-            .await;
-    let wanted = vps_events::db::MIGRATOR.iter().count() as i64;
-    match applied {
-        Ok(n) if n >= wanted => (StatusCode::OK, Json(json!({ "ready": true }))),
-        Ok(n) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(
-                json!({ "ready": false, "reason": format!("{n} of {wanted} migrations applied") }),
-            ),
+    let checks = crate::doctor::run(crate::doctor::Ctx {
+        pool: Ok(&state.pool),
+        config: &state.config,
+        budget: READYZ_BUDGET,
+    })
+    .await;
+    match crate::doctor::readiness(&checks) {
+        Ok(()) => (
+            StatusCode::OK,
+            Json(json!({ "ready": true, "checks": checks })),
         ),
-        Err(_) => (
+        Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "ready": false, "reason": "database unreachable" })),
+            Json(json!({ "ready": false, "reason": reason, "checks": checks })),
         ),
     }
 }
+
+/// What the checks after the database's may take in `/readyz`.
+const READYZ_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Prometheus text exposition.
 pub async fn metrics() -> impl IntoResponse {

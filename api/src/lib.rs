@@ -5,7 +5,7 @@
 //! `request` (the caller, the parsed body), `registry` (what a method is), `authz` (Cedar decisions, the policies in force), `methods` (one
 //! module per group, and the registry of them all), `rpc` (dispatch), `openapi` (the document generated from the registry),
 //! `state`, `wait`, `guards` (bounds on open streams and long-polls), `server` (router,
-//! background parts), `supervisor` (restarts failed or panicked parts), `health`, `telemetry`, `tools` (events, audit),
+//! background parts), `supervisor` (restarts failed or panicked parts), `health`, `doctor` (operator self-checks), `telemetry`, `tools` (events, audit),
 //! `bench`, `dev`, `cli`.
 //!
 //! This is the only crate that knows HTTP or the command line; nothing imports it.
@@ -16,6 +16,7 @@ pub mod cli;
 pub mod config;
 pub mod database;
 pub mod dev;
+pub mod doctor;
 pub mod error;
 pub mod guards;
 pub mod health;

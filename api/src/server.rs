@@ -156,7 +156,7 @@ fn secret_key(config: &Config) -> anyhow::Result<vps_commands::secrets::SecretKe
 }
 
 /// `[secrets] key`, decoded.
-fn secret_bytes(config: &Config) -> anyhow::Result<[u8; 32]> {
+pub(crate) fn secret_bytes(config: &Config) -> anyhow::Result<[u8; 32]> {
     use base64::Engine;
     let key = config.secrets.key.as_ref().ok_or_else(|| {
         anyhow::anyhow!(
@@ -213,7 +213,8 @@ pub fn usage_windows(config: &Config) -> vps_domain::usage::Windows {
         .unwrap_or_else(|| vps_domain::usage::Windows::new(300_000_000).expect("positive"))
 }
 
-/// Starts the waker, the instance reconciler, node liveness and the publishers.
+/// Starts the waker, the instance reconciler, node liveness, the publishers and the
+/// `vps_doctor_findings` gauges.
 fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
     let timings = timings(&state.config);
     let mut tasks = Vec::new();
@@ -274,6 +275,10 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
             secrets.clone(),
             webhooks.clone(),
         )
+    }));
+    let (pool, config) = (state.pool.clone(), state.config.clone());
+    tasks.push(supervise_infallible("doctor-gauges", move || {
+        crate::doctor::gauges::run(pool.clone(), config.clone())
     }));
     tasks
 }

@@ -14,10 +14,12 @@ use vps_commands::Ctx;
 use crate::timings::Timings;
 use crate::work_queue;
 
+/// The lease that keeps liveness checks on one replica.
+pub const LEASE: &str = "node-liveness";
+
 /// Checks liveness every `timings.liveness_check`, for as long as the task lives.
 pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
-    let _lease =
-        vps_events::lease::Lease::acquire(&ctx.pool, "node-liveness", Duration::from_secs(2)).await;
+    let _lease = vps_events::lease::Lease::acquire(&ctx.pool, LEASE, Duration::from_secs(2)).await;
     let mut resumed = database_now(&ctx).await?;
     let mut last_check = resumed;
     loop {

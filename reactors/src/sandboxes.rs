@@ -20,6 +20,9 @@ use vps_store::SnapshotStore;
 
 use crate::timings::Timings;
 
+/// The lease that keeps the reconciler on one replica.
+pub const LEASE: &str = "sandboxes";
+
 /// Most expiries per pass.
 pub const EXPIRE_PER_PASS: i64 = 100;
 
@@ -32,8 +35,7 @@ pub fn wake() {
 
 /// Passes for as long as the task lives.
 pub async fn run(ctx: Ctx, timings: Timings, store: SnapshotStore) -> Result<(), CommandError> {
-    let _lease =
-        vps_events::lease::Lease::acquire(&ctx.pool, "sandboxes", Duration::from_secs(2)).await;
+    let _lease = vps_events::lease::Lease::acquire(&ctx.pool, LEASE, Duration::from_secs(2)).await;
     loop {
         let span = tracing::info_span!("sandbox_pass");
         pass(&ctx, &timings, &store).instrument(span).await?;

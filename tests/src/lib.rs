@@ -50,8 +50,14 @@ impl TestServer {
 
     /// Like `start`, letting the test adjust the configuration (e.g. `[timings]`).
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
-        vps::telemetry::init_logging();
         let pool = vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 40).await;
+        TestServer::start_on(pool, adjust).await
+    }
+
+    /// Like `start_with`, on a database the test prepared (a fresh, migrated one), e.g. to hold
+    /// a lease before the server's parts can take it.
+    pub async fn start_on(pool: sqlx::PgPool, adjust: impl FnOnce(&mut Config)) -> TestServer {
+        vps::telemetry::init_logging();
         let identity = |token: &str, identity: &str, tenant: Option<&str>| IdentityConfig {
             token: token.into(),
             identity: identity.into(),
