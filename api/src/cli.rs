@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::Config;
 use crate::database::Database;
@@ -73,6 +73,11 @@ enum Command {
         /// `tunnel.ticket` of the same answer (single use).
         #[arg(long)]
         ticket: String,
+    },
+    /// Print a shell completion script: `vps completions bash > /etc/bash_completion.d/vps`.
+    Completions {
+        /// bash, zsh or fish (also elvish, powershell).
+        shell: clap_complete::Shell,
     },
     /// Self-checks for operators, each with a severity and a fix; exits 1 on any error.
     Doctor {
@@ -253,6 +258,22 @@ enum BenchCommand {
     },
 }
 
+/// The whole command line: the server's and tools' commands, and one command per API group
+/// (built from the method registry).
+pub fn command() -> clap::Command {
+    Cli::command().subcommands(crate::client::commands())
+}
+
+/// Runs what `matches` asks for; the exit code comes back as `Ok(code)`.
+pub async fn run_matches(matches: ArgMatches) -> anyhow::Result<i32> {
+    if let Some((name, sub)) = matches.subcommand() {
+        if crate::client::is_group(name) {
+            return Ok(crate::client::run(name, sub).await);
+        }
+    }
+    run(Cli::from_arg_matches(&matches)?).await
+}
+
 /// Runs the command line; the exit code comes back as `Ok(code)`.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     crate::telemetry::init_logging();
@@ -287,6 +308,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Usage(cmd) => usage(&config, cmd).await,
         Command::Tunnel { url, ticket } => {
             crate::tools::tunnel::run(&url, &ticket).await?;
+            Ok(0)
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut command(), "vps", &mut std::io::stdout());
             Ok(0)
         }
         Command::Doctor { json } => crate::doctor::report::command(&config, json).await,

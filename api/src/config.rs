@@ -524,6 +524,23 @@ impl Config {
         }
     }
 
+    /// `[secrets] key`, decoded.
+    pub fn secret_bytes(&self) -> anyhow::Result<[u8; 32]> {
+        use base64::Engine;
+        let key = self.secrets.key.as_ref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "[secrets] key is required: base64 of 32 random bytes (openssl rand -base64 32); \
+                 every replica needs the same one"
+            )
+        })?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(key)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
+            .ok_or_else(|| anyhow::anyhow!("[secrets] key: not base64 of 32 bytes"))?;
+        Ok(bytes)
+    }
+
     /// The parsed listen address.
     pub fn listen_addr(&self) -> Result<SocketAddr, std::net::AddrParseError> {
         self.http.listen.parse()

@@ -13,6 +13,7 @@
 pub mod authz;
 pub mod bench;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod database;
 pub mod dev;

@@ -1,11 +1,9 @@
 //! The `vps` binary.
 
-use clap::Parser;
-
 #[tokio::main]
 async fn main() {
-    let cli = vps::cli::Cli::parse();
-    match vps::cli::run(cli).await {
+    let matches = vps::cli::command().get_matches();
+    match vps::cli::run_matches(matches).await {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -94,7 +94,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         config: Arc::new(config.clone()),
         admitter: vps_commands::instances::Admitter::start(),
         authz: authz.clone(),
-        snapshots: config.snapshot_store(&secret_bytes(&config)?, addr)?,
+        snapshots: config.snapshot_store(&config.secret_bytes()?, addr)?,
         sandbox_ca,
     };
     let (stop, mut stopped) = watch::channel(false);
@@ -152,24 +152,9 @@ pub async fn shutdown_signal() {
 /// The configured sealing key. There is no default: a key of the process's own would seal
 /// data no restart or other replica can open (`vps dev` generates one and keeps it).
 fn secret_key(config: &Config) -> anyhow::Result<vps_commands::secrets::SecretKey> {
-    Ok(vps_commands::secrets::SecretKey::new(secret_bytes(config)?))
-}
-
-/// `[secrets] key`, decoded.
-pub(crate) fn secret_bytes(config: &Config) -> anyhow::Result<[u8; 32]> {
-    use base64::Engine;
-    let key = config.secrets.key.as_ref().ok_or_else(|| {
-        anyhow::anyhow!(
-            "[secrets] key is required: base64 of 32 random bytes (openssl rand -base64 32); \
-             every replica needs the same one"
-        )
-    })?;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(key)
-        .ok()
-        .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
-        .ok_or_else(|| anyhow::anyhow!("[secrets] key: not base64 of 32 bytes"))?;
-    Ok(bytes)
+    Ok(vps_commands::secrets::SecretKey::new(
+        config.secret_bytes()?,
+    ))
 }
 
 /// A context for background parts acting as `reactor:<name>`.

@@ -163,7 +163,7 @@ pub struct Instance {
     pub restore_from: Option<RestoreFrom>,
     /// The sandbox volumes it attaches (`InstanceSpec.volumes`); it runs only on their node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volumes: Vec<crate::volume::Attachment>,
+    pub volumes: Vec<crate::attachment::Attachment>,
     /// When it was created (the `instance.created` event's time).
     pub created_at: DateTime<Utc>,
     /// When it last changed.

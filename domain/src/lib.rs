@@ -33,6 +33,7 @@
 //! - [`error`]: [`DomainError`], the refusals decisions return, with the SPEC's codes.
 
 pub mod aggregate;
+pub mod attachment;
 pub mod authz;
 pub mod cloud_config;
 pub mod condition;

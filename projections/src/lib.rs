@@ -26,6 +26,7 @@ pub mod pools;
 pub mod provider_accounts;
 pub mod replay;
 pub mod sandboxes;
+mod spec_entries;
 pub mod tenants;
 pub mod usage;
 pub mod views;

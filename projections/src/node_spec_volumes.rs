@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use sqlx::PgConnection;
 use vps_domain::volume::Attachment;
 
-use crate::node_specs::{write, EntryTable};
+use crate::spec_entries::{write, EntryTable};
 use crate::ProjectionError;
 
 const ENTRIES: EntryTable = EntryTable {

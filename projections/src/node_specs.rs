@@ -8,13 +8,14 @@
 //! wait for it. The entries are a function of the views (a replay compares them); the
 //! generation counts changes, so it is not compared.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde_json::{json, Value};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
 use vps_domain::instance::Instance;
 
+use crate::spec_entries::{bump, write, EntryTable};
 use crate::ProjectionError;
 
 /// The bridge hosted instances' NICs attach to.
@@ -56,38 +57,11 @@ async fn desired(
         .collect())
 }
 
-/// A table of spec entries: one row per (node, key), the key naming an instance or a volume.
-pub(crate) struct EntryTable {
-    /// The table.
-    pub table: &'static str,
-    /// Its key column besides `node_id`.
-    pub key: &'static str,
-}
-
 /// The instances' entries.
 const INSTANCE_ENTRIES: EntryTable = EntryTable {
     table: "node_spec_entries",
     key: "instance_id",
 };
-
-/// The entries of `t` stored now for `ids` (or, with `node`, every entry of it).
-async fn stored(
-    conn: &mut PgConnection,
-    t: &EntryTable,
-    ids: &[String],
-    node: Option<&str>,
-) -> Result<BTreeMap<(String, String), Value>, ProjectionError> {
-    let rows: Vec<(String, String, Value)> = sqlx::query_as(&format!(
-        "SELECT node_id, {key}, entry FROM {table} WHERE {key} = ANY($1) OR node_id = $2",
-        key = t.key,
-        table = t.table,
-    ))
-    .bind(ids)
-    .bind(node)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(rows.into_iter().map(|(n, i, e)| ((n, i), e)).collect())
-}
 
 /// Makes the stored entries of `ids` (or of `node`) what the views call for, and moves the
 /// generation of every node an entry of which changed.
@@ -98,55 +72,6 @@ async fn sync(
 ) -> Result<(), ProjectionError> {
     let want = desired(conn, ids, node).await?.into_iter().collect();
     write(conn, &INSTANCE_ENTRIES, ids, node, want).await
-}
-
-/// Makes the stored entries of `t` for `ids` (or of `node`) `want`, and moves the generation
-/// of every node an entry of which changed.
-pub(crate) async fn write(
-    conn: &mut PgConnection,
-    t: &EntryTable,
-    ids: &[String],
-    node: Option<&str>,
-    want: BTreeMap<(String, String), Value>,
-) -> Result<(), ProjectionError> {
-    let have = stored(conn, t, ids, node).await?;
-    let gone: Vec<&(String, String)> = have.keys().filter(|k| !want.contains_key(*k)).collect();
-    let set: Vec<(&(String, String), &Value)> = want
-        .iter()
-        .filter(|(k, v)| have.get(*k) != Some(*v))
-        .collect();
-    let changed: BTreeSet<&String> = gone
-        .iter()
-        .map(|k| &k.0)
-        .chain(set.iter().map(|(k, _)| &k.0))
-        .collect();
-    if changed.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(&format!(
-        "DELETE FROM {table} e USING unnest($1::text[], $2::text[]) AS g(node_id, k)
-          WHERE e.node_id = g.node_id AND e.{key} = g.k",
-        key = t.key,
-        table = t.table,
-    ))
-    .bind(gone.iter().map(|k| k.0.as_str()).collect::<Vec<_>>())
-    .bind(gone.iter().map(|k| k.1.as_str()).collect::<Vec<_>>())
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(&format!(
-        "INSERT INTO {table} (node_id, {key}, entry)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
-         ON CONFLICT (node_id, {key}) DO UPDATE SET entry = excluded.entry",
-        key = t.key,
-        table = t.table,
-    ))
-    .bind(set.iter().map(|(k, _)| k.0.as_str()).collect::<Vec<_>>())
-    .bind(set.iter().map(|(k, _)| k.1.as_str()).collect::<Vec<_>>())
-    .bind(set.iter().map(|(_, v)| *v).collect::<Vec<_>>())
-    .execute(&mut *conn)
-    .await?;
-    bump(conn, &changed.into_iter().cloned().collect::<Vec<_>>()).await?;
-    Ok(())
 }
 
 /// Recomputes every entry of a node (a replay, or an image or range change).
@@ -289,18 +214,6 @@ async fn touched(
         nodes,
         commanded,
     ))
-}
-
-/// Moves the generation of `nodes` (their host commands changed).
-async fn bump(conn: &mut PgConnection, nodes: &[String]) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO node_specs (node_id, generation) SELECT unnest($1::text[]), 1
-         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1",
-    )
-    .bind(nodes)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// Brings the entries a batch touched up to date and moves the checkpoint, in one transaction.

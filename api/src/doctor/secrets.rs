@@ -8,7 +8,7 @@ const KEY: &str = "vps.secrets.key";
 
 /// `[secrets] key` is set and is base64 of 32 bytes.
 pub fn key(config: &Config) -> Finding {
-    match crate::server::secret_bytes(config) {
+    match config.secret_bytes() {
         Ok(_) => Finding::ok(KEY, "[secrets] key is set"),
         Err(e) => Finding::bad(
             KEY,

@@ -138,7 +138,7 @@ pub struct CreateInstance {
     /// A restore: the snapshot it boots from.
     pub restore_from: Option<super::RestoreFrom>,
     /// A sandbox's volumes, from its template.
-    pub volumes: Vec<crate::volume::Attachment>,
+    pub volumes: Vec<crate::attachment::Attachment>,
 }
 
 /// A placement the caller made (node chosen, allocation booked, address leased).

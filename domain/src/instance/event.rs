@@ -75,7 +75,7 @@ pub struct Created {
     pub restore_from: Option<Box<super::RestoreFrom>>,
     /// The sandbox volumes it attaches (from its template).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volumes: Vec<crate::volume::Attachment>,
+    pub volumes: Vec<crate::attachment::Attachment>,
 }
 
 /// `instance.starting`: `start` was called, the state moved to `starting`, or a sandbox

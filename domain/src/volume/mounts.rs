@@ -49,21 +49,7 @@ pub struct TemplateVolume {
     pub read_only: bool,
 }
 
-/// A volume an instance attaches (`InstanceSpec.volumes`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Attachment {
-    /// `vol_…`.
-    pub volume_id: String,
-    /// The volume's node: the instance is placed there and nowhere else.
-    pub node_id: String,
-    /// The disk's serial (`/dev/disk/by-id/virtio-<serial>`).
-    pub serial: String,
-    /// Where the guest mounts it.
-    pub mount_path: String,
-    /// Mounted read-only.
-    pub read_only: bool,
-}
+pub use crate::attachment::Attachment;
 
 /// Checks mount paths: at most [`MAX_MOUNTS`], each absolute without `.`, `..` or empty
 /// segments, never a system path nor inside `/proc`, `/sys`, `/dev` or `/boot`, and no two the

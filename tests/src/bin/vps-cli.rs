@@ -2,12 +2,10 @@
 //! package's own binaries before its integration tests (and names them in `CARGO_BIN_EXE_*`),
 //! so a test can run the real CLI (e.g. `vps tunnel` as OpenSSH's ProxyCommand) as users do.
 
-use clap::Parser;
-
 #[tokio::main]
 async fn main() {
-    let cli = vps::cli::Cli::parse();
-    match vps::cli::run(cli).await {
+    let matches = vps::cli::command().get_matches();
+    match vps::cli::run_matches(matches).await {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");

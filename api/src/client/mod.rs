@@ -1,0 +1,263 @@
+//! The per-group command line (`vps instances list`, `vps sandboxes create …`), built from the
+//! method registry: every API method a person calls has a command, its flags come from the
+//! method's request schema, so the CLI cannot drift from the API. It talks to `VPS_URL` (or
+//! `--url`) with `VPS_TOKEN` (or `--token`); the tenant comes from `--tenant` or `VPS_TENANT`.
+//!
+//! Exit codes: 0 ok; 1 an API error (code and message on stderr) or no answer; 2 a usage error
+//! found before anything is sent (a malformed id, a private key given as `--ssh-key`, …).
+//!
+//! - [`args`]: flags from a request schema, and the JSON body from the flags.
+//! - [`output`]: tables for people, JSON with `--json`.
+//! - [`exec`]: `vps sandboxes exec`, a shell through the system's `ssh`.
+
+mod args;
+mod exec;
+mod output;
+
+use clap::{Arg, ArgAction, ArgMatches, Command};
+use serde_json::Value;
+
+use crate::registry::{Access, Method};
+
+/// Command names of the groups that differ from the API's.
+const RENAMED: &[(&str, &str)] = &[
+    ("sandboxTemplates", "templates"),
+    ("sandboxSnapshots", "snapshots"),
+    ("sandboxVolumes", "volumes"),
+    ("providerAccounts", "provider-accounts"),
+    ("apiKeys", "api-keys"),
+];
+
+/// Groups whose name a database-side command already takes (`vps events`, `vps usage`): their
+/// API methods get their commands there or through `vps call`.
+const NOT_HERE: &[&str] = &["events", "usage"];
+
+/// A usage error: exit 2, nothing sent.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+/// The command name of an API group.
+pub fn command_name(group: &str) -> String {
+    RENAMED
+        .iter()
+        .find(|(g, _)| *g == group)
+        .map_or_else(|| kebab(group), |(_, name)| name.to_string())
+}
+
+/// `setIpPool` → `set-ip-pool`, `sizeGiB` → `size-gib`.
+pub fn kebab(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.replace("GiB", "Gib").chars() {
+        if c.is_ascii_uppercase() {
+            out.push('-');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The methods people call, by group, in registry order.
+fn groups() -> Vec<(String, Vec<&'static Method>)> {
+    let mut groups: Vec<(String, Vec<&'static Method>)> = Vec::new();
+    for m in crate::methods::registry().methods() {
+        if m.access == Access::Node || NOT_HERE.contains(&m.group) {
+            continue;
+        }
+        let name = command_name(m.group);
+        match groups.iter_mut().find(|(g, _)| *g == name) {
+            Some((_, methods)) => methods.push(m),
+            None => groups.push((name, vec![m])),
+        }
+    }
+    groups
+}
+
+/// One subcommand per group, one sub-subcommand per method.
+pub fn commands() -> Vec<Command> {
+    groups()
+        .into_iter()
+        .map(|(name, methods)| {
+            let about = format!("The {} methods of the API.", methods[0].group);
+            let subcommands = methods.iter().map(|m| method_command(m));
+            Command::new(name)
+                .about(about)
+                .subcommand_required(true)
+                .arg_required_else_help(true)
+                .subcommands(subcommands)
+        })
+        .collect()
+}
+
+fn method_command(m: &Method) -> Command {
+    if m.group == "sandboxes" && m.name == "exec" {
+        return exec::command().args(connection_args());
+    }
+    Command::new(kebab(m.name))
+        .about(m.summary)
+        .args(args::for_method(m))
+        .args(connection_args())
+        .arg(
+            Arg::new("json")
+                .long("json")
+                .action(ArgAction::SetTrue)
+                .help("Print the answer as JSON instead of a table"),
+        )
+}
+
+fn connection_args() -> Vec<Arg> {
+    vec![
+        Arg::new("vps_url")
+            .long("url")
+            .env("VPS_URL")
+            .default_value("http://127.0.0.1:8080")
+            .help("The server"),
+        Arg::new("vps_token")
+            .long("token")
+            .env("VPS_TOKEN")
+            .hide_env_values(true)
+            .help("An API token"),
+    ]
+}
+
+/// Whether `name` is one of the group commands.
+pub fn is_group(name: &str) -> bool {
+    groups().iter().any(|(g, _)| g == name)
+}
+
+/// Runs `vps <group> <method> …`; answers the exit code.
+pub async fn run(group: &str, matches: &ArgMatches) -> i32 {
+    let Some((name, sub)) = matches.subcommand() else {
+        return 2;
+    };
+    let Some(method) = groups()
+        .into_iter()
+        .find(|(g, _)| g == group)
+        .and_then(|(_, methods)| methods.into_iter().find(|m| kebab(m.name) == name))
+    else {
+        return 2;
+    };
+    let client = match Client::from(sub) {
+        Ok(c) => c,
+        Err(UsageError(e)) => return usage(&e),
+    };
+    if method.group == "sandboxes" && method.name == "exec" {
+        return exec::run(&client, sub).await;
+    }
+    let body = match args::body(method, sub) {
+        Ok(body) => body,
+        Err(UsageError(e)) => return usage(&e),
+    };
+    let waiting = body.get("wait").is_some();
+    let answer = client
+        .call_with_progress(&format!("{}.{}", method.group, method.name), &body, waiting)
+        .await;
+    match answer {
+        Ok(value) => {
+            output::print(&value, sub.get_flag("json"));
+            0
+        }
+        Err(code) => code,
+    }
+}
+
+fn usage(message: &str) -> i32 {
+    eprintln!("error: {message}");
+    2
+}
+
+/// An HTTP client of one server, as one identity.
+pub struct Client {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Client {
+    fn from(m: &ArgMatches) -> Result<Client, UsageError> {
+        let token = m
+            .get_one::<String>("vps_token")
+            .cloned()
+            .ok_or_else(|| UsageError("set VPS_TOKEN (or --token) to an API token".into()))?;
+        Ok(Client {
+            http: reqwest::Client::new(),
+            url: m
+                .get_one::<String>("vps_url")
+                .cloned()
+                .unwrap_or_default()
+                .trim_end_matches('/')
+                .to_string(),
+            token,
+        })
+    }
+
+    /// Calls `group.method`; an error answer or no answer is printed to stderr and answered
+    /// as exit code 1.
+    pub async fn call(&self, method: &str, body: &Value) -> Result<Value, i32> {
+        let (group, name) = method.split_once('.').unwrap_or_default();
+        let sent = self
+            .http
+            .post(format!("{}/api/compute/{group}/{name}", self.url))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: cannot reach {}: {e}", self.url);
+                return Err(1);
+            }
+        };
+        let ok = response.status().is_success();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if ok {
+            return Ok(answer);
+        }
+        let code = answer["code"].as_str().unwrap_or("INTERNAL");
+        let message = answer["message"].as_str().unwrap_or("no message");
+        eprintln!("{code}: {message}");
+        if answer["details"].as_object().is_some_and(|d| !d.is_empty()) {
+            eprintln!("details: {}", answer["details"]);
+        }
+        Err(1)
+    }
+
+    /// Like [`Client::call`], with a spinner on a terminal while the server waits.
+    async fn call_with_progress(
+        &self,
+        method: &str,
+        body: &Value,
+        waiting: bool,
+    ) -> Result<Value, i32> {
+        let spinner =
+            (waiting && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(|| {
+                let bar = indicatif::ProgressBar::new_spinner();
+                bar.set_message(format!("{method}: waiting until it settles"));
+                bar.enable_steady_tick(std::time::Duration::from_millis(100));
+                bar
+            });
+        let answer = self.call(method, body).await;
+        if let Some(bar) = spinner {
+            bar.finish_and_clear();
+        }
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_whole_command_line_is_well_formed() {
+        // clap checks every command's arguments (unique names, valid conflicts) here.
+        crate::cli::command().debug_assert();
+    }
+
+    #[test]
+    fn groups_and_methods_are_named_for_people() {
+        assert_eq!(super::command_name("sandboxTemplates"), "templates");
+        assert_eq!(super::kebab("setIpPool"), "set-ip-pool");
+        assert_eq!(super::kebab("sizeGiB"), "size-gib");
+    }
+}

@@ -1,0 +1,97 @@
+//! Spec entry tables: one row per (node, key) holding what a host must keep (an instance, a
+//! volume), written as a diff so a node's generation moves only when an entry of it changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use crate::ProjectionError;
+
+/// A table of spec entries: one row per (node, key), the key naming an instance or a volume.
+pub(crate) struct EntryTable {
+    /// The table.
+    pub table: &'static str,
+    /// Its key column besides `node_id`.
+    pub key: &'static str,
+}
+
+/// The entries of `t` stored now for `ids` (or, with `node`, every entry of it).
+async fn stored(
+    conn: &mut PgConnection,
+    t: &EntryTable,
+    ids: &[String],
+    node: Option<&str>,
+) -> Result<BTreeMap<(String, String), Value>, ProjectionError> {
+    let rows: Vec<(String, String, Value)> = sqlx::query_as(&format!(
+        "SELECT node_id, {key}, entry FROM {table} WHERE {key} = ANY($1) OR node_id = $2",
+        key = t.key,
+        table = t.table,
+    ))
+    .bind(ids)
+    .bind(node)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows.into_iter().map(|(n, i, e)| ((n, i), e)).collect())
+}
+
+/// Makes the stored entries of `t` for `ids` (or of `node`) `want`, and moves the generation
+/// of every node an entry of which changed.
+pub(crate) async fn write(
+    conn: &mut PgConnection,
+    t: &EntryTable,
+    ids: &[String],
+    node: Option<&str>,
+    want: BTreeMap<(String, String), Value>,
+) -> Result<(), ProjectionError> {
+    let have = stored(conn, t, ids, node).await?;
+    let gone: Vec<&(String, String)> = have.keys().filter(|k| !want.contains_key(*k)).collect();
+    let set: Vec<(&(String, String), &Value)> = want
+        .iter()
+        .filter(|(k, v)| have.get(*k) != Some(*v))
+        .collect();
+    let changed: BTreeSet<&String> = gone
+        .iter()
+        .map(|k| &k.0)
+        .chain(set.iter().map(|(k, _)| &k.0))
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(&format!(
+        "DELETE FROM {table} e USING unnest($1::text[], $2::text[]) AS g(node_id, k)
+          WHERE e.node_id = g.node_id AND e.{key} = g.k",
+        key = t.key,
+        table = t.table,
+    ))
+    .bind(gone.iter().map(|k| k.0.as_str()).collect::<Vec<_>>())
+    .bind(gone.iter().map(|k| k.1.as_str()).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(&format!(
+        "INSERT INTO {table} (node_id, {key}, entry)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
+         ON CONFLICT (node_id, {key}) DO UPDATE SET entry = excluded.entry",
+        key = t.key,
+        table = t.table,
+    ))
+    .bind(set.iter().map(|(k, _)| k.0.as_str()).collect::<Vec<_>>())
+    .bind(set.iter().map(|(k, _)| k.1.as_str()).collect::<Vec<_>>())
+    .bind(set.iter().map(|(_, v)| *v).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    bump(conn, &changed.into_iter().cloned().collect::<Vec<_>>()).await?;
+    Ok(())
+}
+
+/// Moves the generation of `nodes` (their host commands changed).
+pub(crate) async fn bump(conn: &mut PgConnection, nodes: &[String]) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO node_specs (node_id, generation) SELECT unnest($1::text[]), 1
+         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1",
+    )
+    .bind(nodes)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! The per-group command line against a real server: the `vps` binary (built for this crate as
+//! `vps-cli`) run as a user runs it, asserting on its output and exit codes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use vps_tests::{TestServer, ALICE};
+
+/// What a run of the CLI ended with.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn vps(t: &TestServer, args: &[&str]) -> Run {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli"))
+        .args(args)
+        .env("VPS_URL", t.server.url())
+        .env("VPS_TOKEN", ALICE)
+        .env("VPS_TENANT", "acme")
+        .env("RUST_LOG", "off")
+        .output()
+        .await
+        .expect("the CLI runs");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn json_of(t: &TestServer, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let run = vps(t, &all).await;
+    assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+    serde_json::from_str(&run.stdout).expect("JSON")
+}
+
+fn keys(dir: &Path) -> (String, String) {
+    let key = dir.join("id");
+    let made = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    (
+        key.display().to_string(),
+        key.with_extension("pub").display().to_string(),
+    )
+}
+
+#[tokio::test]
+async fn instances_from_the_command_line() {
+    let t = TestServer::start_with(|c| c.timings.transitional_look = 0.1).await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/24",
+            0,
+            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
+        )
+        .await;
+    let (node, token) = t.register_node(&pool, "host").await;
+    let _host = t.host(&node, &token, Duration::from_millis(20));
+    let dir = tempfile::tempdir().unwrap();
+    let (private, public) = keys(dir.path());
+
+    // A private key is refused before anything is sent.
+    let run = vps(
+        &t,
+        &[
+            "instances",
+            "create",
+            "--pool-id",
+            &pool,
+            "--flavor",
+            "small",
+            "--image-id",
+            "img_ubuntu",
+            "--ssh-key",
+            &private,
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("private key"), "{}", run.stderr);
+
+    // A create with a key file waits until it runs; a fresh idempotency key each time.
+    let created = json_of(
+        &t,
+        &[
+            "instances",
+            "create",
+            "--pool-id",
+            &pool,
+            "--flavor",
+            "small",
+            "--image-id",
+            "img_ubuntu",
+            "--ssh-key",
+            &public,
+            "--wait",
+        ],
+    )
+    .await;
+    assert_eq!(created["state"], "running", "{created}");
+    assert_eq!(created["sshKeys"].as_array().unwrap().len(), 1);
+    let again = json_of(
+        &t,
+        &[
+            "instances",
+            "create",
+            "--pool-id",
+            &pool,
+            "--flavor",
+            "small",
+            "--image-id",
+            "img_ubuntu",
+        ],
+    )
+    .await;
+    assert_ne!(again["id"], created["id"]);
+    let id = created["id"].as_str().unwrap();
+
+    // Tables for people.
+    let list = vps(&t, &["instances", "list"]).await;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    assert!(
+        list.stdout.contains(id) && list.stdout.contains("running"),
+        "{}",
+        list.stdout
+    );
+    let got = vps(&t, &["instances", "get", id]).await;
+    assert!(got.stdout.contains("desiredState"), "{}", got.stdout);
+    let flavors = vps(&t, &["flavors", "list", "--pool-id", &pool]).await;
+    assert_eq!(flavors.code, 0, "{}", flavors.stderr);
+    assert!(flavors.stdout.contains("small") && flavors.stdout.contains("large"));
+
+    // Usage errors exit 2, API errors 1 with the code on stderr.
+    let bad = vps(&t, &["instances", "get", "sbx_nope"]).await;
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("inst_"), "{}", bad.stderr);
+    let unknown = format!("inst_{}", "a".repeat(52));
+    let missing = vps(&t, &["instances", "get", &unknown]).await;
+    assert_eq!(missing.code, 1);
+    assert!(
+        missing.stderr.starts_with("NOT_FOUND:"),
+        "{}",
+        missing.stderr
+    );
+    let stopped = json_of(&t, &["instances", "stop", id]).await;
+    assert_eq!(stopped["desiredState"], "stopped");
+    let deleted = json_of(&t, &["instances", "delete", id]).await;
+    assert_eq!(deleted["desiredState"], "deleted");
+}
+
+#[tokio::test]
+async fn sandboxes_from_the_command_line_with_a_shell_inside() {
+    let t = TestServer::start_with(|c| {
+        c.timings.transitional_look = 0.1;
+        c.timings.sandbox_pass = 0.2;
+    })
+    .await;
+    let pool = t
+        .hosted_pool(
+            "10.0.1.0/24",
+            0,
+            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
+        )
+        .await;
+    let (node, token) = t.register_node(&pool, "host").await;
+    let _host = t.host(&node, &token, Duration::from_millis(20));
+    let template = json_of(
+        &t,
+        &[
+            "templates",
+            "create",
+            "--name",
+            "py",
+            "--pool-id",
+            &pool,
+            "--flavor",
+            "small",
+            "--image-id",
+            "img_ubuntu",
+            "--max-ttl-seconds",
+            "2h",
+        ],
+    )
+    .await;
+    let tpl = template["id"].as_str().unwrap();
+    assert_eq!(template["maxTtlSeconds"], 7200);
+    let sandbox = json_of(
+        &t,
+        &[
+            "sandboxes",
+            "create",
+            "--template-id",
+            tpl,
+            "--ttl-seconds",
+            "15m",
+            "--wait",
+        ],
+    )
+    .await;
+    assert_eq!(sandbox["state"], "ready", "{sandbox}");
+    let sbx = sandbox["id"].as_str().unwrap();
+    let extended = json_of(&t, &["sandboxes", "extend", sbx, "--by", "30m"]).await;
+    assert_ne!(extended["expiresAt"], sandbox["expiresAt"]);
+
+    // A command in the sandbox, through the system's ssh.
+    let run = vps(&t, &["sandboxes", "exec", sbx, "--", "echo", "hi"]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.stdout.trim(), "hi");
+    let failing = vps(&t, &["sandboxes", "exec", sbx, "--", "exit", "3"]).await;
+    assert_eq!(failing.code, 3, "ssh's exit code is the command's");
+
+    let listed = vps(&t, &["sandboxes", "list", "--all"]).await;
+    assert!(listed.stdout.contains(sbx), "{}", listed.stdout);
+    let deleted = json_of(&t, &["sandboxes", "delete", sbx]).await;
+    assert_eq!(deleted["state"], "deleting");
+    let completions = vps(&t, &["completions", "bash"]).await;
+    assert_eq!(completions.code, 0);
+    assert!(completions.stdout.contains("sandboxes"));
+}
