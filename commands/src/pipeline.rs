@@ -70,3 +70,23 @@ pub async fn commit(ctx: &Ctx, tx: Transaction<'_, Postgres>) -> Result<(), Comm
     ctx.notifier.committed();
     Ok(())
 }
+
+/// Runs `work` in a transaction that commits when it succeeds and rolls back at once when it
+/// fails: a dropped transaction rolls back only when its connection is next used, and would
+/// keep a hold (an advisory lock) taken inside it until then.
+pub async fn atomically<T>(
+    ctx: &Ctx,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, CommandError>,
+) -> Result<T, CommandError> {
+    let mut tx = ctx.pool.begin().await?;
+    match work(&mut tx).await {
+        Ok(done) => {
+            commit(ctx, tx).await?;
+            Ok(done)
+        }
+        Err(e) => {
+            tx.rollback().await?;
+            Err(e)
+        }
+    }
+}

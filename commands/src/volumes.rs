@@ -21,7 +21,7 @@ use vps_domain::DomainError;
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
 use crate::instances::facts;
-use crate::pipeline::{commit, load, record_events};
+use crate::pipeline::{atomically, commit, load, record_events};
 use crate::record::new_id;
 
 pub use mounts::{attach, resolve_mounts};
@@ -173,19 +173,10 @@ pub async fn resize(
     volume_id: &str,
     size_gib: u32,
 ) -> Result<Volume, CommandError> {
-    retrying(volume_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        match resize_in(ctx, &mut tx, tenant_id, volume_id, size_gib).await {
-            Ok(after) => {
-                commit(ctx, tx).await?;
-                Ok(after)
-            }
-            Err(e) => {
-                // Release the hold now, not when the connection is next used.
-                tx.rollback().await?;
-                Err(e)
-            }
-        }
+    retrying(volume_id, || {
+        atomically(ctx, async |tx| {
+            resize_in(ctx, tx, tenant_id, volume_id, size_gib).await
+        })
     })
     .instrument(tracing::info_span!("volume_resize", volume = %volume_id, size_gib))
     .await

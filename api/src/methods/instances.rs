@@ -232,15 +232,8 @@ async fn history(c: Call, q: InstanceRef) -> Result<Items<Value>, ApiError> {
 
 async fn list(c: Call, q: ListBody) -> Result<InstancePage, ApiError> {
     let tenant_id = c.caller.tenant(&q.tenant_id)?;
-    let limit = q.limit.unwrap_or(50);
-    if !(1..=200).contains(&limit) {
-        return Err(ApiError::invalid("limit", "1 to 200"));
-    }
-    let owner = match q.scope.as_deref() {
-        None | Some("all") => None,
-        Some("mine") => Some(c.caller.actor.identity.clone()),
-        Some(_) => return Err(ApiError::invalid("scope", "mine or all")),
-    };
+    let limit = super::page_limit(q.limit)?;
+    let owner = super::scope_owner(&c, q.scope.as_deref(), super::Scope::All)?;
     let filter = InstanceFilter {
         tenant_id,
         owner,
@@ -248,12 +241,10 @@ async fn list(c: Call, q: ListBody) -> Result<InstancePage, ApiError> {
         pool_id: q.pool_id,
         before: q.cursor.as_deref().map(parse_cursor).transpose()?,
     };
-    let mut items = vps_projections::instances::page(&c.ctx.pool, &filter, limit + 1)
+    let items = vps_projections::instances::page(&c.ctx.pool, &filter, limit + 1)
         .await
         .map_err(vps_commands::CommandError::from)?;
-    let more = items.len() as i64 > limit;
-    items.truncate(limit as usize);
-    let cursor = more.then(|| items.last().map(page_cursor)).flatten();
+    let (items, cursor) = super::split_page(items, limit, page_cursor);
     Ok(InstancePage {
         items: items.iter().map(InstanceView::from).collect(),
         cursor,

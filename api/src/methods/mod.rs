@@ -54,6 +54,52 @@ pub fn registry() -> &'static Registry {
     &REGISTRY
 }
 
+/// Whose resources a list shows when `scope` is absent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The caller's own.
+    Mine,
+    /// The whole tenant's.
+    All,
+}
+
+/// The owner a list filters on: `scope` `mine` (the caller) or `all` (none).
+pub fn scope_owner(
+    c: &crate::registry::Call,
+    scope: Option<&str>,
+    default: Scope,
+) -> Result<Option<String>, ApiError> {
+    let mine = Some(c.caller.actor.identity.clone());
+    match (scope, default) {
+        (Some("mine"), _) | (None, Scope::Mine) => Ok(mine),
+        (Some("all"), _) | (None, Scope::All) => Ok(None),
+        (Some(_), _) => Err(ApiError::invalid("scope", "mine or all")),
+    }
+}
+
+/// A page's size: `limit`, 1 to 200, 50 by default.
+pub fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
+    let limit = limit.unwrap_or(50);
+    if (1..=200).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::invalid("limit", "1 to 200"))
+    }
+}
+
+/// Cuts a page read with one row more than `limit`: the rows, and the cursor of the last one
+/// when more remain.
+pub fn split_page<T>(
+    mut items: Vec<T>,
+    limit: i64,
+    cursor: impl Fn(&T) -> String,
+) -> (Vec<T>, Option<String>) {
+    let more = items.len() as i64 > limit;
+    items.truncate(limit as usize);
+    let cursor = more.then(|| items.last().map(cursor)).flatten();
+    (items, cursor)
+}
+
 /// `NOT_FOUND` for a named resource.
 pub fn missing(what: &str, id: &str) -> ApiError {
     ApiError::new("NOT_FOUND", format!("{what} {id} not found"))

@@ -299,15 +299,8 @@ async fn visible(
 
 async fn list(c: Call, q: ListBody) -> Result<SandboxPage, ApiError> {
     let tenant_id = c.caller.tenant(&q.tenant_id)?;
-    let limit = q.limit.unwrap_or(50);
-    if !(1..=200).contains(&limit) {
-        return Err(ApiError::invalid("limit", "1 to 200"));
-    }
-    let owner = match q.scope.as_deref() {
-        None | Some("mine") => Some(c.caller.actor.identity.clone()),
-        Some("all") => None,
-        Some(_) => return Err(ApiError::invalid("scope", "mine or all")),
-    };
+    let limit = super::page_limit(q.limit)?;
+    let owner = super::scope_owner(&c, q.scope.as_deref(), super::Scope::Mine)?;
     let filter = SandboxFilter {
         tenant_id,
         owner,
@@ -317,12 +310,10 @@ async fn list(c: Call, q: ListBody) -> Result<SandboxPage, ApiError> {
         cursor: q.cursor,
     };
     let mut conn = c.ctx.pool.acquire().await?;
-    let mut items = vps_projections::sandboxes::page(&mut conn, &filter)
+    let items = vps_projections::sandboxes::page(&mut conn, &filter)
         .await
         .map_err(vps_commands::CommandError::from)?;
-    let more = items.len() as i64 > limit;
-    items.truncate(limit as usize);
-    let cursor = more.then(|| items.last().map(|s| s.id.clone())).flatten();
+    let (items, cursor) = super::split_page(items, limit, |s| s.id.clone());
     Ok(SandboxPage {
         items: items.iter().map(SandboxView::from).collect(),
         cursor,

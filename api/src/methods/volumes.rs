@@ -110,11 +110,7 @@ async fn get(c: Call, q: VolumeRef) -> Result<VolumeView, ApiError> {
 
 async fn list(c: Call, q: ListBody) -> Result<Items<VolumeView>, ApiError> {
     let tenant_id = c.caller.tenant(&q.tenant_id)?;
-    let owner = match q.scope.as_deref() {
-        None | Some("mine") => Some(c.caller.actor.identity.clone()),
-        Some("all") => None,
-        Some(_) => return Err(ApiError::invalid("scope", "mine or all")),
-    };
+    let owner = super::scope_owner(&c, q.scope.as_deref(), super::Scope::Mine)?;
     let filter = VolumeFilter {
         tenant_id,
         owner,

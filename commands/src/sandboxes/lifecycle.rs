@@ -12,7 +12,7 @@ use super::follow::{instance_changed, Outcome};
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
 use crate::instances::facts::lock_instance;
-use crate::pipeline::{apply_commands, commit, load, record_events};
+use crate::pipeline::{apply_commands, atomically, commit, load, record_events};
 
 /// What an extend is decided on before anything is written: the sandbox, its template's
 /// `maxTtlSeconds` (0 when the template is gone) and its instance's shape.
@@ -43,20 +43,10 @@ pub async fn extend(
     sandbox_id: &str,
     extension: Extension,
 ) -> Result<Sandbox, CommandError> {
-    retrying(sandbox_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        match extend_in(ctx, &mut tx, tenant_id, sandbox_id, extension).await {
-            Ok(after) => {
-                commit(ctx, tx).await?;
-                Ok(after)
-            }
-            Err(e) => {
-                // Release the hold now: a dropped transaction rolls back only when its
-                // connection is next used, and would keep the next extend out until then.
-                tx.rollback().await?;
-                Err(e)
-            }
-        }
+    retrying(sandbox_id, || {
+        atomically(ctx, async |tx| {
+            extend_in(ctx, tx, tenant_id, sandbox_id, extension).await
+        })
     })
     .await
 }
