@@ -44,7 +44,7 @@ enum Command {
     History {
         /// The resource id.
         id: String,
-        /// CloudEvents JSON lines instead of a table.
+        /// CloudEvents JSON lines (the whole events) instead of one line per event.
         #[arg(long)]
         json: bool,
     },

@@ -1,7 +1,7 @@
-//! `vps history <resource id>`: every event of a resource, oldest first: time, type, actor,
-//! cause and data.
+//! `vps history <resource id>`: every event of a resource, oldest first, one readable line
+//! each: time, type, actor and a short summary of what changed (`--json`: the whole events).
 
-use comfy_table::Table;
+use serde_json::Value;
 use sqlx::PgPool;
 use vps_events::read::read_stream;
 
@@ -38,23 +38,76 @@ pub async fn print(pool: &PgPool, id: &str, json: bool) -> anyhow::Result<bool> 
         }
         return Ok(true);
     }
-    let mut table = Table::new();
-    table.set_header(["version", "time", "type", "actor", "cause", "data"]);
     for e in &events {
-        let m = &e.metadata;
-        table.add_row([
-            e.version.to_string(),
+        println!(
+            "{}  {:<28} {:<22} {}",
             e.recorded_at
                 .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            e.event_type.clone(),
-            m.actor.clone().unwrap_or_default(),
-            m.causation_id
-                .clone()
-                .or(m.request_id.clone())
-                .unwrap_or_default(),
-            e.data.to_string(),
-        ]);
+            e.event_type,
+            e.metadata.actor.as_deref().unwrap_or("-"),
+            summary(&e.data)
+        );
     }
-    println!("{table}");
     Ok(true)
+}
+
+/// Fields every event of a resource repeats, or that say nothing to a reader.
+const QUIET: &[&str] = &[
+    "tenantId",
+    "poolId",
+    "instanceId",
+    "sandboxId",
+    "templateId",
+    "volumeId",
+    "ownerIdentityId",
+    "idempotencyKey",
+    "requestHash",
+    "userDataRef",
+    "sshKeys",
+    "shape",
+    "poolKind",
+    "common",
+];
+
+/// The most a summary shows.
+const SUMMARY_CHARS: usize = 100;
+
+/// What an event changed, as `key=value` pairs of its telling fields.
+pub fn summary(data: &Value) -> String {
+    let Some(fields) = data.as_object() else {
+        return String::new();
+    };
+    let text = fields
+        .iter()
+        .filter(|(k, v)| !QUIET.contains(&k.as_str()) && !v.is_null())
+        .map(|(k, v)| match v {
+            Value::String(s) => format!("{k}={s}"),
+            Value::Array(items) if items.len() > 3 => format!("{k}=[{} items]", items.len()),
+            other => format!("{k}={other}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    match text.char_indices().nth(SUMMARY_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_summary_names_what_changed_not_the_ids_every_event_repeats() {
+        let data = json!({ "instanceId": "inst_a", "tenantId": "acme", "poolId": "pool_1",
+                           "state": "scheduling", "desiredState": "running", "nodeId": "node_1",
+                           "requestHash": "abc" });
+        assert_eq!(
+            summary(&data),
+            "state=scheduling desiredState=running nodeId=node_1"
+        );
+        let long = json!({ "reason": "x".repeat(300) });
+        assert!(summary(&long).chars().count() <= SUMMARY_CHARS + 1);
+    }
 }
