@@ -151,6 +151,37 @@ async fn instances_from_the_command_line() {
         "{}",
         missing.stderr
     );
+    // Its history: one readable line per event, the whole events with --json.
+    let db = t.server.state.pool.connect_options();
+    let url = format!(
+        "postgres://{}:postgres@{}:{}/{}",
+        db.get_username(),
+        db.get_host(),
+        db.get_port(),
+        db.get_database().unwrap_or("postgres")
+    );
+    let history = tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli"))
+        .args(["history", id])
+        .env("VPS_DATABASE_URL", &url)
+        .env("RUST_LOG", "off")
+        .output()
+        .await
+        .unwrap();
+    let lines = String::from_utf8_lossy(&history.stdout).into_owned();
+    assert!(
+        history.status.success(),
+        "{}",
+        String::from_utf8_lossy(&history.stderr)
+    );
+    let created = lines
+        .lines()
+        .find(|l| l.contains("instance.created"))
+        .expect(&lines);
+    assert!(
+        created.contains("id_alice") && created.contains("state="),
+        "{created}"
+    );
+    assert!(lines.lines().all(|l| l.len() < 220), "{lines}");
     let stopped = json_of(&t, &["instances", "stop", id]).await;
     assert_eq!(stopped["desiredState"], "stopped");
     let deleted = json_of(&t, &["instances", "delete", id]).await;
