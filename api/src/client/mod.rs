@@ -11,7 +11,7 @@
 //! - [`exec`]: `vps sandboxes exec`, a shell through the system's `ssh`.
 
 mod args;
-mod exec;
+pub(crate) mod exec;
 mod output;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
@@ -167,6 +167,18 @@ fn usage(message: &str) -> i32 {
     2
 }
 
+/// Prints a failed call for people: `CODE: message` (and its details) on stderr.
+fn report(failure: &ApiFailure) {
+    if failure.code == ApiFailure::UNREACHABLE {
+        eprintln!("error: {}", failure.message);
+        return;
+    }
+    eprintln!("{failure}");
+    if let Some(details) = &failure.details {
+        eprintln!("details: {details}");
+    }
+}
+
 /// An HTTP client of one server, as one identity.
 pub struct Client {
     http: reqwest::Client,
@@ -174,54 +186,84 @@ pub struct Client {
     token: String,
 }
 
+/// Why a call brought no answer: the API's error code and message, or [`ApiFailure::UNREACHABLE`]
+/// when the server did not answer at all.
+#[derive(Debug, Clone)]
+pub struct ApiFailure {
+    /// `NOT_FOUND`, `INVALID_INPUT`, … (the API's `code`).
+    pub code: String,
+    /// The API's `message`.
+    pub message: String,
+    /// The API's `details`, when it sent any.
+    pub details: Option<Value>,
+}
+
+impl ApiFailure {
+    /// The code of a server that did not answer.
+    pub const UNREACHABLE: &'static str = "UNREACHABLE";
+}
+
+impl std::fmt::Display for ApiFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
 impl Client {
+    /// A client of the server at `url` calling with `token`.
+    pub fn new(url: &str, token: &str) -> Client {
+        Client {
+            http: reqwest::Client::new(),
+            url: url.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+        }
+    }
+
     fn from(m: &ArgMatches) -> Result<Client, UsageError> {
         let token = m
             .get_one::<String>("vps_token")
-            .cloned()
             .ok_or_else(|| UsageError("set VPS_TOKEN (or --token) to an API token".into()))?;
-        Ok(Client {
-            http: reqwest::Client::new(),
-            url: m
-                .get_one::<String>("vps_url")
-                .cloned()
-                .unwrap_or_default()
-                .trim_end_matches('/')
-                .to_string(),
-            token,
+        let url = m.get_one::<String>("vps_url").map_or("", String::as_str);
+        Ok(Client::new(url, token))
+    }
+
+    /// Calls `group.method`: the answer, or the API's error code and message.
+    pub async fn request(&self, method: &str, body: &Value) -> Result<Value, ApiFailure> {
+        let (group, name) = method.split_once('.').unwrap_or_default();
+        let response = self
+            .http
+            .post(format!("{}/api/compute/{group}/{name}", self.url))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| ApiFailure {
+                code: ApiFailure::UNREACHABLE.into(),
+                message: format!("cannot reach {}: {e}", self.url),
+                details: None,
+            })?;
+        let ok = response.status().is_success();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if ok {
+            return Ok(answer);
+        }
+        Err(ApiFailure {
+            code: answer["code"].as_str().unwrap_or("INTERNAL").into(),
+            message: answer["message"].as_str().unwrap_or("no message").into(),
+            details: answer["details"]
+                .as_object()
+                .filter(|d| !d.is_empty())
+                .map(|d| Value::Object(d.clone())),
         })
     }
 
     /// Calls `group.method`; an error answer or no answer is printed to stderr and answered
     /// as exit code 1.
     pub async fn call(&self, method: &str, body: &Value) -> Result<Value, i32> {
-        let (group, name) = method.split_once('.').unwrap_or_default();
-        let sent = self
-            .http
-            .post(format!("{}/api/compute/{group}/{name}", self.url))
-            .bearer_auth(&self.token)
-            .json(body)
-            .send()
-            .await;
-        let response = match sent {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("error: cannot reach {}: {e}", self.url);
-                return Err(1);
-            }
-        };
-        let ok = response.status().is_success();
-        let answer: Value = response.json().await.unwrap_or(Value::Null);
-        if ok {
-            return Ok(answer);
-        }
-        let code = answer["code"].as_str().unwrap_or("INTERNAL");
-        let message = answer["message"].as_str().unwrap_or("no message");
-        eprintln!("{code}: {message}");
-        if answer["details"].as_object().is_some_and(|d| !d.is_empty()) {
-            eprintln!("details: {}", answer["details"]);
-        }
-        Err(1)
+        self.request(method, body).await.map_err(|failure| {
+            report(&failure);
+            1
+        })
     }
 
     /// Like [`Client::call`], with a spinner on a terminal while the server waits.
