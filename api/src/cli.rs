@@ -79,6 +79,9 @@ enum Command {
         /// bash, zsh or fish (also elvish, powershell).
         shell: clap_complete::Shell,
     },
+    /// Serve the Model Context Protocol on stdio: sandbox and instance tools for an agent,
+    /// as the identity of `VPS_TOKEN` on `VPS_URL` (tenant: `VPS_TENANT`).
+    Mcp(crate::mcp::McpArgs),
     /// Self-checks for operators, each with a severity and a fix; exits 1 on any error.
     Doctor {
         /// `{"checks": [...]}` instead of one line per check.
@@ -315,6 +318,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Doctor { json } => crate::doctor::report::command(&config, json).await,
+        Command::Mcp(args) => crate::mcp::run(args).await,
     }
 }
 

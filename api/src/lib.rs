@@ -6,7 +6,7 @@
 //! module per group, and the registry of them all), `rpc` (dispatch), `openapi` (the document generated from the registry),
 //! `state`, `wait`, `guards` (bounds on open streams and long-polls), `server` (router,
 //! background parts), `supervisor` (restarts failed or panicked parts), `health`, `doctor` (operator self-checks), `telemetry`, `tools` (events, audit),
-//! `bench`, `dev`, `cli`.
+//! `bench`, `dev`, `cli`, `client` (the per-group CLI), `mcp` (`vps mcp`, tools for agents).
 //!
 //! This is the only crate that knows HTTP or the command line; nothing imports it.
 
@@ -21,6 +21,7 @@ pub mod doctor;
 pub mod error;
 pub mod guards;
 pub mod health;
+pub mod mcp;
 pub mod methods;
 pub mod openapi;
 pub mod registry;

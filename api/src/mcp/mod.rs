@@ -1,0 +1,289 @@
+//! `vps mcp`: the Model Context Protocol over stdio (rmcp), so an agent can drive sandboxes
+//! and instances. It is a client of the HTTP API like the CLI, acting as its token's identity:
+//! every tool is one API call (exec: `sandboxes.exec` and the system's `ssh`), and Cedar
+//! decides it on the server as for any other caller.
+//!
+//! A tool answers the API's JSON, pretty-printed; an API error comes back as a tool error
+//! (`isError: true`) reading `CODE: message`, which the model sees and can act on. Standard
+//! output is the protocol: logs go to standard error.
+//!
+//! - [`params`]: the tools' arguments (the API's camelCase names), their input schemas.
+
+mod params;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
+use rmcp::model::{CallToolResult, Content};
+use rmcp::{tool, tool_handler, tool_router, ServerHandler, ServiceExt};
+use serde_json::{json, Value};
+use tracing::Instrument;
+
+use crate::client::exec::{session, SessionError};
+use crate::client::{ApiFailure, Client};
+use params::*;
+
+/// `vps mcp`'s connection: the same variables as the CLI's.
+#[derive(Debug, clap::Args)]
+pub struct McpArgs {
+    /// The server.
+    #[arg(long, env = "VPS_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// An API token: the tools act as its identity.
+    #[arg(long, env = "VPS_TOKEN", hide_env_values = true)]
+    token: String,
+    /// The tenant of tools called without `tenantId`.
+    #[arg(long, env = "VPS_TENANT")]
+    tenant: Option<String>,
+}
+
+/// Serves the tools on standard input and output until the client closes them.
+pub async fn run(args: McpArgs) -> anyhow::Result<i32> {
+    let server = Vps {
+        client: Client::new(&args.url, &args.token),
+        tenant: args.tenant,
+        tool_router: Vps::tool_router(),
+    };
+    tracing::info!(url = %args.url, "serving MCP on stdio");
+    let running = server.serve(rmcp::transport::stdio()).await?;
+    running.waiting().await?;
+    Ok(0)
+}
+
+/// How long `create_sandbox` and `create_instance` wait by default, in seconds.
+const DEFAULT_WAIT: u64 = 20;
+/// `exec_in_sandbox`'s default and longest timeouts, in seconds.
+const DEFAULT_EXEC_TIMEOUT: u64 = 60;
+const MAX_EXEC_TIMEOUT: u64 = 600;
+
+/// The MCP server: one API client, as one identity.
+struct Vps {
+    client: Client,
+    tenant: Option<String>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_handler(
+    router = self.tool_router,
+    name = "vps",
+    instructions = "Sandboxes (short-lived VMs from templates: create, run commands, snapshot, \
+                    extend, delete) and instances (VMs) of a vps tenant. Tools answer the API's \
+                    JSON; errors read `CODE: message`."
+)]
+impl ServerHandler for Vps {}
+
+#[tool_router]
+impl Vps {
+    /// Creates a sandbox from a template and waits (up to `waitSeconds`) until it is ready;
+    /// answers the sandbox.
+    #[tool]
+    async fn create_sandbox(&self, Parameters(p): Parameters<CreateSandbox>) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        let mut body = json!({
+            "tenantId": tenant,
+            "templateId": p.template_id,
+            "idempotencyKey": p.idempotency_key.unwrap_or_else(fresh_key),
+        });
+        if let Some(ttl) = p.ttl_seconds {
+            body["ttlSeconds"] = ttl.into();
+        }
+        wait(&mut body, p.wait_seconds);
+        self.call("sandboxes.create", body).await
+    }
+
+    /// Lists the tenant's live sandboxes, newest first (`scope`: `mine` by default, or `all`).
+    #[tool]
+    async fn list_sandboxes(&self, Parameters(p): Parameters<List>) -> CallToolResult {
+        self.list("sandboxes.list", p).await
+    }
+
+    /// Pushes a sandbox's expiry later by `by` (`30m`, `8h`, …); answers the sandbox.
+    #[tool]
+    async fn extend_sandbox(&self, Parameters(p): Parameters<ExtendSandbox>) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        let body = json!({ "tenantId": tenant, "sandboxId": p.sandbox_id, "by": p.by });
+        self.call("sandboxes.extend", body).await
+    }
+
+    /// Deletes a sandbox (its VM and its unkept snapshots go with it).
+    #[tool]
+    async fn delete_sandbox(&self, Parameters(p): Parameters<SandboxRef>) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        let body = json!({ "tenantId": tenant, "sandboxId": p.sandbox_id });
+        self.call("sandboxes.delete", body).await
+    }
+
+    /// Runs a shell command in a ready sandbox over SSH; answers `{ stdout, stderr, exitCode }`.
+    #[tool]
+    async fn exec_in_sandbox(&self, Parameters(p): Parameters<ExecInSandbox>) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        let timeout = p.timeout_seconds.unwrap_or(DEFAULT_EXEC_TIMEOUT);
+        if !(1..=MAX_EXEC_TIMEOUT).contains(&timeout) {
+            return error(&format!(
+                "INVALID_INPUT: timeoutSeconds is 1 to {MAX_EXEC_TIMEOUT}"
+            ));
+        }
+        let (dir, mut ssh) = match session(&self.client, &tenant, &p.sandbox_id, None).await {
+            Ok(s) => s,
+            Err(SessionError::Api(failure)) => return api_error(&failure),
+            Err(SessionError::Local(e)) => return error(&format!("INTERNAL: {e}")),
+        };
+        // One argument: sshd hands it to the guest's `sh -c` as it is.
+        ssh.arg(&p.command);
+        let mut ssh = tokio::process::Command::from(ssh);
+        // Standard input is the protocol: ssh must never read it.
+        ssh.stdin(Stdio::null()).kill_on_drop(true);
+        let ran = tokio::time::timeout(Duration::from_secs(timeout), ssh.output()).await;
+        // The key and certificate go with the directory.
+        drop(dir);
+        match ran {
+            Err(_) => error(&format!(
+                "TIMEOUT: the command ran past {timeout} s and was stopped"
+            )),
+            Ok(Err(e)) => error(&format!("INTERNAL: cannot run ssh: {e}")),
+            Ok(Ok(out)) => success(&json!({
+                "stdout": String::from_utf8_lossy(&out.stdout),
+                "stderr": String::from_utf8_lossy(&out.stderr),
+                "exitCode": out.status.code(),
+            })),
+        }
+    }
+
+    /// Takes a snapshot of a sandbox (disk and, by default, memory); answers the snapshot,
+    /// `pending` until its node has uploaded it.
+    #[tool]
+    async fn snapshot_sandbox(&self, Parameters(p): Parameters<SnapshotSandbox>) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        let mut body = json!({ "tenantId": tenant, "sandboxId": p.sandbox_id });
+        if let Some(memory) = p.include_memory {
+            body["includeMemory"] = memory.into();
+        }
+        if let Some(keep) = p.keep {
+            body["keep"] = keep.into();
+        }
+        self.call("sandboxes.snapshot", body).await
+    }
+
+    /// Creates an instance (a VM) and waits (up to `waitSeconds`) until it settles; answers
+    /// the instance.
+    #[tool]
+    async fn create_instance(&self, Parameters(p): Parameters<CreateInstance>) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        let mut body = json!({
+            "tenantId": tenant,
+            "poolId": p.pool_id,
+            "flavor": p.flavor,
+            "imageId": p.image_id,
+            "sshKeys": p.ssh_keys.unwrap_or_default(),
+            "idempotencyKey": p.idempotency_key.unwrap_or_else(fresh_key),
+        });
+        wait(&mut body, p.wait_seconds);
+        self.call("instances.create", body).await
+    }
+
+    /// Lists the tenant's instances, newest first (`scope`: `all` by default, or `mine`).
+    #[tool]
+    async fn list_instances(&self, Parameters(p): Parameters<List>) -> CallToolResult {
+        self.list("instances.list", p).await
+    }
+
+    /// One instance of the tenant.
+    #[tool]
+    async fn get_instance(&self, Parameters(p): Parameters<InstanceRef>) -> CallToolResult {
+        self.instance("instances.get", p).await
+    }
+
+    /// Deletes an instance; answers it, `deleting` until its host has removed it.
+    #[tool]
+    async fn delete_instance(&self, Parameters(p): Parameters<InstanceRef>) -> CallToolResult {
+        self.instance("instances.delete", p).await
+    }
+}
+
+impl Vps {
+    /// The tool's tenant, or the server's.
+    fn tenant(&self, given: Option<String>) -> Option<String> {
+        given.or_else(|| self.tenant.clone())
+    }
+
+    /// One API call as a tool result.
+    async fn call(&self, method: &str, body: Value) -> CallToolResult {
+        let span = tracing::info_span!("mcp.tool", method);
+        match self.client.request(method, &body).instrument(span).await {
+            Ok(answer) => success(&answer),
+            Err(failure) => api_error(&failure),
+        }
+    }
+
+    async fn list(&self, method: &str, p: List) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        let mut body = json!({ "tenantId": tenant });
+        if let Some(scope) = p.scope {
+            body["scope"] = scope.into();
+        }
+        if let Some(limit) = p.limit {
+            body["limit"] = limit.into();
+        }
+        if let Some(cursor) = p.cursor {
+            body["cursor"] = cursor.into();
+        }
+        self.call(method, body).await
+    }
+
+    async fn instance(&self, method: &str, p: InstanceRef) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        let body = json!({ "tenantId": tenant, "instanceId": p.instance_id });
+        self.call(method, body).await
+    }
+}
+
+/// `wait.timeoutMs` from `waitSeconds` (default 20; 0: no wait).
+fn wait(body: &mut Value, seconds: Option<u64>) {
+    let seconds = seconds.unwrap_or(DEFAULT_WAIT);
+    if seconds > 0 {
+        body["wait"] = json!({ "timeoutMs": seconds.saturating_mul(1000) });
+    }
+}
+
+/// An idempotency key for a create that was given none.
+fn fresh_key() -> String {
+    format!("mcp-{}", ulid::Ulid::generate().to_string().to_lowercase())
+}
+
+fn success(answer: &Value) -> CallToolResult {
+    let text = serde_json::to_string_pretty(answer).unwrap_or_else(|_| answer.to_string());
+    CallToolResult::success(vec![Content::text(text)])
+}
+
+fn error(text: &str) -> CallToolResult {
+    CallToolResult::error(vec![Content::text(text)])
+}
+
+/// `CODE: message`, and the details on the next line when the API sent any.
+fn api_error(failure: &ApiFailure) -> CallToolResult {
+    match &failure.details {
+        Some(details) => error(&format!("{failure}\ndetails: {details}")),
+        None => error(&failure.to_string()),
+    }
+}
+
+fn no_tenant() -> CallToolResult {
+    error("INVALID_INPUT: tenantId is missing (pass it, or start `vps mcp` with VPS_TENANT)")
+}
