@@ -184,5 +184,66 @@ async fn the_console_creates_an_instance_and_watches_it_run_and_go() {
             browser.text("#error").await
         );
     }
+
+    // A sandbox made elsewhere shows up in the list by itself; its page extends and deletes it.
+    let template = t
+        .ok(
+            ALICE,
+            "sandboxTemplates.create",
+            json!({ "tenantId": "acme", "name": "py", "poolId": pool, "flavor": "small", "imageId": "img_ubuntu" }),
+        )
+        .await;
+    let sandbox = t
+        .ok(
+            ALICE,
+            "sandboxes.create",
+            json!({ "tenantId": "acme", "templateId": template["id"], "idempotencyKey": "console-sbx",
+                    "ttlSeconds": 600, "wait": { "timeoutMs": 20000 } }),
+        )
+        .await;
+    let sbx = sandbox["id"].as_str().unwrap();
+    browser.click("nav a[href=\"#/sandboxes\"]").await;
+    browser
+        .click(&format!("#sandboxes a[href=\"#/sandboxes/{sbx}\"]"))
+        .await;
+    browser
+        .wait_for(
+            "the sandbox ready with its snapshots table",
+            "(document.querySelector('#sandbox-state') || {}).textContent === 'ready' && \
+             document.querySelector('#sandbox-snapshots')",
+        )
+        .await;
+    browser.click("#sandbox-extend").await;
+    let expiry = |s: &serde_json::Value| {
+        chrono::DateTime::parse_from_rfc3339(s["expiresAt"].as_str().unwrap()).unwrap()
+    };
+    let sandbox_ref = json!({ "tenantId": "acme", "sandboxId": sbx });
+    vps_tests::wait_until(
+        "the sandbox extended by 30 minutes",
+        vps_tests::PATIENCE,
+        || async {
+            let now = t.ok(ALICE, "sandboxes.get", sandbox_ref.clone()).await;
+            expiry(&now) - expiry(&sandbox) == chrono::Duration::minutes(30)
+        },
+    )
+    .await;
+    browser.click("#sandbox-delete").await;
+    browser.click("#sandbox-delete").await;
+    browser
+        .wait_for(
+            "the sandbox going",
+            "['deleting', 'deleted'].includes((document.querySelector('#sandbox-state') || {}).textContent)",
+        )
+        .await;
+    browser.click("nav a[href=\"#/templates\"]").await;
+    browser
+        .wait_for(
+            "the template listed",
+            &format!(
+                "document.querySelector('#templates tr[data-id=\"{}\"]')",
+                template["id"].as_str().unwrap()
+            ),
+        )
+        .await;
     assert!(browser.page_errors.is_empty(), "{:?}", browser.page_errors);
 }
