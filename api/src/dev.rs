@@ -94,6 +94,7 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
     );
     println!("or with the CLI: VPS_TOKEN={tenant_token} vps call instances.list '{{\"tenantId\":\"acme\"}}'");
     println!("watch the log:   cargo run -p vps -- events tail");
+    println!("the console:     {url}/console (sign in with the tenant token, tenant acme)");
     println!("delete it:       curl -s -X POST {url}/api/compute/instances/delete -H 'Authorization: Bearer {tenant_token}' -d '{{\"tenantId\":\"acme\",\"instanceId\":\"<id>\"}}'");
     println!("press Ctrl-C to stop");
     crate::server::shutdown_signal().await;

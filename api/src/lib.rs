@@ -6,7 +6,8 @@
 //! module per group, and the registry of them all), `rpc` (dispatch), `openapi` (the document generated from the registry),
 //! `state`, `wait`, `guards` (bounds on open streams and long-polls), `server` (router,
 //! background parts), `supervisor` (restarts failed or panicked parts), `health`, `doctor` (operator self-checks), `telemetry`, `tools` (events, audit),
-//! `bench`, `dev`, `cli`, `client` (the per-group CLI), `mcp` (`vps mcp`, tools for agents).
+//! `bench`, `dev`, `cli`, `client` (the per-group CLI), `mcp` (`vps mcp`, tools for agents),
+//! `console` (the web console's embedded page).
 //!
 //! This is the only crate that knows HTTP or the command line; nothing imports it.
 
@@ -15,6 +16,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod console;
 pub mod database;
 pub mod dev;
 pub mod doctor;

@@ -36,6 +36,7 @@ pub fn app(state: AppState) -> Router {
             "/api/compute/{group}/{method}",
             axum::routing::post(crate::rpc::dispatch),
         )
+        .merge(crate::console::routes())
         // `rpc::dispatch` enforces its own limit and answers INVALID_INPUT.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)

@@ -1,5 +1,7 @@
 //! Black-box test support: a real `vps` server on a fresh database, driven over HTTP.
 
+pub mod browser;
+
 use std::fmt::Debug;
 use std::future::Future;
 use std::time::{Duration, Instant};
