@@ -92,6 +92,33 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum UsageCommand {
+    /// usage.list through the API (VPS_URL, VPS_TOKEN, VPS_TENANT): the records of [from, to).
+    List {
+        /// RFC 3339 start.
+        #[arg(long)]
+        from: chrono::DateTime<chrono::Utc>,
+        /// RFC 3339 end.
+        #[arg(long)]
+        to: chrono::DateTime<chrono::Utc>,
+        /// Only this meter (e.g. vps.vcpu.hours).
+        #[arg(long)]
+        meter: Option<String>,
+        /// Only this resource.
+        #[arg(long)]
+        resource_id: Option<String>,
+        /// The tenant (operators: any; tenants: their own).
+        #[arg(long, env = "VPS_TENANT")]
+        tenant: Option<String>,
+        /// The server.
+        #[arg(long, env = "VPS_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// An API token.
+        #[arg(long, env = "VPS_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The answer as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Stream the records whose window starts in [from, to) to standard output.
     Export {
         /// RFC 3339 start (inclusive).
@@ -362,10 +389,34 @@ async fn events(config: &Config, cmd: EventsCommand) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `vps usage export|verify`, on the configured database.
+/// `vps usage list` through the API; `export|verify` on the configured database.
 async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
+    if let UsageCommand::List {
+        from,
+        to,
+        meter,
+        resource_id,
+        tenant,
+        url,
+        token,
+        json,
+    } = cmd
+    {
+        let body = serde_json::json!({ "from": from, "to": to, "meter": meter,
+                                       "resourceId": resource_id, "tenantId": tenant });
+        let body = crate::client::without_nulls(body);
+        let client = crate::client::Client::new(&url, &token);
+        return Ok(match client.call("usage.list", &body).await {
+            Ok(answer) => {
+                crate::client::print(&answer, json);
+                0
+            }
+            Err(code) => code,
+        });
+    }
     let db = Database::open(config, 4).await?;
     match cmd {
+        UsageCommand::List { .. } => unreachable!("answered above"),
         UsageCommand::Export {
             from,
             to,

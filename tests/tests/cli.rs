@@ -186,6 +186,20 @@ async fn instances_from_the_command_line() {
     assert_eq!(stopped["desiredState"], "stopped");
     let deleted = json_of(&t, &["instances", "delete", id]).await;
     assert_eq!(deleted["desiredState"], "deleted");
+    // Usage through the API, as a table or JSON.
+    let usage = json_of(
+        &t,
+        &[
+            "usage",
+            "list",
+            "--from",
+            "2026-01-01T00:00:00Z",
+            "--to",
+            "2099-01-01T00:00:00Z",
+        ],
+    )
+    .await;
+    assert!(usage["items"].is_array(), "{usage}");
 }
 
 #[tokio::test]

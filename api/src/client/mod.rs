@@ -14,6 +14,16 @@ mod args;
 pub(crate) mod exec;
 mod output;
 
+pub use output::print;
+
+/// `body` without its null fields (absent flags).
+pub fn without_nulls(mut body: Value) -> Value {
+    if let Some(fields) = body.as_object_mut() {
+        fields.retain(|_, v| !v.is_null());
+    }
+    body
+}
+
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use serde_json::Value;
 
