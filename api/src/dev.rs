@@ -92,7 +92,13 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
     println!(
         "  curl -s -X POST {url}/api/compute/sandboxes/create -H 'Authorization: Bearer {tenant_token}' \\\n    -d '{{\"tenantId\":\"acme\",\"templateId\":\"{template_id}\",\"ttlSeconds\":900,\"idempotencyKey\":\"sbx-1\",\"wait\":{{\"timeoutMs\":15000}}}}'"
     );
-    println!("or with the CLI: VPS_TOKEN={tenant_token} vps call instances.list '{{\"tenantId\":\"acme\"}}'");
+    println!("\nor with the CLI (vps <group> --help lists the methods):");
+    println!("  export VPS_URL={url} VPS_TOKEN={tenant_token} VPS_TENANT=acme");
+    println!(
+        "  vps instances create --pool-id {pool_id} --flavor small --image-id img_demo --wait"
+    );
+    println!("  vps sandboxes create --template-id {template_id} --ttl-seconds 15m --wait");
+    println!("  vps sandboxes exec <sbx_…> -- echo hi");
     println!("watch the log:   cargo run -p vps -- events tail");
     println!("the console:     {url}/console (sign in with the tenant token, tenant acme)");
     println!("delete it:       curl -s -X POST {url}/api/compute/instances/delete -H 'Authorization: Bearer {tenant_token}' -d '{{\"tenantId\":\"acme\",\"instanceId\":\"<id>\"}}'");
