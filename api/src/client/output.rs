@@ -38,18 +38,17 @@ const MAX_COLUMNS: usize = 7;
 /// The widest a cell gets.
 const MAX_CELL: usize = 60;
 
-/// Prints `answer`: JSON, or a table.
+/// Prints `answer`: JSON, or a table. A closed pipe (`| head`) ends the output quietly.
 pub fn print(answer: &Value, json: bool) {
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(answer).unwrap_or_default()
-        );
-        return;
-    }
-    println!("{}", render(answer));
-    if let Some(cursor) = answer.get("cursor").and_then(Value::as_str) {
-        println!("more: --cursor {cursor}");
+    use std::io::Write;
+    let text = match json {
+        true => serde_json::to_string_pretty(answer).unwrap_or_default(),
+        false => render(answer),
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+    if let (false, Some(cursor)) = (json, answer.get("cursor").and_then(Value::as_str)) {
+        let _ = writeln!(out, "more: --cursor {cursor}");
     }
 }
 
