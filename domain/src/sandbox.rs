@@ -166,6 +166,24 @@ impl Sandbox {
         }
     }
 
+    /// What `compute:sandboxes:*` decides on for this sandbox with a lifetime of
+    /// `ttl_seconds` (the current one, or an extend's new one) and its instance's `shape`.
+    pub fn draft(
+        &self,
+        shape: Option<&crate::resources::Shape>,
+        ttl_seconds: i64,
+    ) -> crate::authz::SandboxDraft {
+        crate::authz::SandboxDraft {
+            template_id: self.template_id.clone(),
+            ttl_seconds,
+            warm: self.warm,
+            vcpu: shape.map_or(0, |x| x.vcpu),
+            memory_gib: shape.map_or(0, |x| x.memory_gib),
+            gpus: shape.and_then(|x| x.gpus.as_ref()).map_or(0, |g| g.count),
+            from_snapshot: None,
+        }
+    }
+
     /// Its whole lifetime so far, from admission to `expiresAt`.
     pub fn lifetime(&self) -> TimeDelta {
         self.expires_at - self.created_at

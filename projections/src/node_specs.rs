@@ -178,13 +178,14 @@ async fn touched(
             }
         }
         // A snapshot asked for or settled adds or drops a host command.
-        if matches!(
-            e.event_type.as_str(),
-            "sandbox.snapshot.requested" | "sandbox.snapshot.ready" | "sandbox.snapshot.failed"
-        ) {
-            if let Some(s) = e.data["snapshotId"].as_str() {
-                snapshots.insert(s.to_string());
-            }
+        if e.stream.starts_with("sandbox-") {
+            use vps_domain::sandbox::SandboxEvent as S;
+            match crate::typed::<S>(e) {
+                Ok(S::SnapshotRequested(r)) => snapshots.insert(r.snapshot_id),
+                Ok(S::SnapshotReady(r)) => snapshots.insert(r.snapshot_id),
+                Ok(S::SnapshotFailed(r)) => snapshots.insert(r.snapshot_id),
+                _ => false,
+            };
         }
         if let Some(v) = e.stream.strip_prefix("volume-") {
             volumes.insert(v.to_string());

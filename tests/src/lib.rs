@@ -309,6 +309,20 @@ impl TestServer {
         .unwrap()
     }
 
+    /// Calls `tenants.delete` until nothing of `tenant` remains.
+    pub async fn teardown_done(&self, tenant: &str) {
+        eventually("the teardown done", PATIENCE, || async {
+            let again = self
+                .ok(OPERATOR, "tenants.delete", json!({ "tenantId": tenant }))
+                .await;
+            match again["remaining"].as_u64() {
+                Some(0) => Ok(()),
+                other => Err(other),
+            }
+        })
+        .await;
+    }
+
     /// `vps replay --verify` on this server's database: `true` when every projection equals
     /// its rebuild.
     pub async fn replay_equal(&self) -> bool {

@@ -46,6 +46,15 @@ async fn node(
     (id, vps_emulators::host::EmulatedHost::start(config))
 }
 
+/// A pool with one `epyc` node and its host, and a template `py` in it.
+async fn one_node(t: &TestServer, cidr: &str) -> (String, HostHandle, String) {
+    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
+    let pool = t.hosted_pool(cidr, 0, quota).await;
+    let (_, host) = node(t, &pool, "n", "epyc", json!({})).await;
+    let tpl = template(t, &pool, "py").await;
+    (pool, host, tpl)
+}
+
 async fn template(t: &TestServer, pool: &str, name: &str) -> String {
     let body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
                        "flavor": "small", "imageId": "img_ubuntu" });
@@ -407,15 +416,7 @@ async fn refusals_come_before_anything_reaches_a_host() {
 #[tokio::test]
 async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
     let t = server().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.3.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
-    let (_n, host) = node(&t, &pool, "n", "epyc", json!({})).await;
-    let tpl = template(&t, &pool, "py").await;
+    let (pool, host, tpl) = one_node(&t, "10.0.3.0/24").await;
     let other_tpl = template(&t, &pool, "other").await;
     let s = sandbox(&t, &tpl, "src").await;
     let sbx = s["id"].as_str().unwrap();
@@ -518,15 +519,7 @@ async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
 #[tokio::test]
 async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     let t = server().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.4.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
-    let (_n, host) = node(&t, &pool, "n", "epyc", json!({})).await;
-    let tpl = template(&t, &pool, "py").await;
+    let (_, host, tpl) = one_node(&t, "10.0.4.0/24").await;
     let s = sandbox(&t, &tpl, "src").await;
     let sbx = s["id"].as_str().unwrap();
     let kept = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
@@ -624,15 +617,7 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
 #[tokio::test]
 async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_restore() {
     let t = server().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.5.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
-    let (_n, host) = node(&t, &pool, "n", "epyc", json!({})).await;
-    let tpl = template(&t, &pool, "py").await;
+    let (_, host, tpl) = one_node(&t, "10.0.5.0/24").await;
     let s = sandbox(&t, &tpl, "src").await;
     let sbx = s["id"].as_str().unwrap();
 
@@ -812,15 +797,7 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
     })
     .await;
     assert_eq!(t.server.state.snapshots.kind(), "s3");
-    let pool = t
-        .hosted_pool(
-            "10.0.6.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
-    let (_n, host) = node(&t, &pool, "n", "epyc", json!({})).await;
-    let tpl = template(&t, &pool, "py").await;
+    let (_, host, tpl) = one_node(&t, "10.0.6.0/24").await;
     let s = sandbox(&t, &tpl, "src").await;
     let snap = snapshot(
         &t,
@@ -877,15 +854,7 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
 #[tokio::test]
 async fn a_tenant_teardown_deletes_every_snapshot_kept_ones_too() {
     let t = server().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.7.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
-    let (_n, _host) = node(&t, &pool, "n", "epyc", json!({})).await;
-    let tpl = template(&t, &pool, "py").await;
+    let (_, _host, tpl) = one_node(&t, "10.0.7.0/24").await;
     let s = sandbox(&t, &tpl, "src").await;
     let snap = snapshot(
         &t,
@@ -899,16 +868,7 @@ async fn a_tenant_teardown_deletes_every_snapshot_kept_ones_too() {
     settled(&t, &id).await;
     t.ok(OPERATOR, "tenants.delete", json!({ "tenantId": "acme" }))
         .await;
-    eventually("the teardown done", PATIENCE, || async {
-        let again = t
-            .ok(OPERATOR, "tenants.delete", json!({ "tenantId": "acme" }))
-            .await;
-        match again["remaining"].as_u64() {
-            Some(0) => Ok(()),
-            other => Err(other),
-        }
-    })
-    .await;
+    t.teardown_done("acme").await;
     let (code, _) = refusal(
         t.call(
             OPERATOR,
@@ -927,15 +887,7 @@ async fn a_tenant_teardown_deletes_every_snapshot_kept_ones_too() {
 #[tokio::test]
 async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_them() {
     let t = server().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.8.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
-    let (_n, _host) = node(&t, &pool, "n", "epyc", json!({})).await;
-    let tpl = template(&t, &pool, "py").await;
+    let (_, _host, tpl) = one_node(&t, "10.0.8.0/24").await;
     let source = sandbox(&t, &tpl, "src").await;
     let exec = |s: &Value| {
         let body =

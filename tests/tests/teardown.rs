@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use vps_tests::{eventually, TestServer, ALICE, EVE, OPERATOR, PATIENCE, SSH_KEY};
+use vps_tests::{TestServer, ALICE, EVE, OPERATOR, PATIENCE, SSH_KEY};
 
 fn create(pool: &str, tenant: &str, key: &str) -> Value {
     json!({ "tenantId": tenant, "poolId": pool, "flavor": "small", "imageId": "img_ubuntu",
@@ -64,16 +64,7 @@ async fn deleting_a_tenant_refuses_new_work_and_deletes_everything_it_has() {
         json!([])
     );
 
-    eventually("the teardown done", PATIENCE, || async {
-        let again = t
-            .ok(OPERATOR, "tenants.delete", json!({ "tenantId": "acme" }))
-            .await;
-        match again["remaining"].as_u64() {
-            Some(0) => Ok(()),
-            other => Err(other),
-        }
-    })
-    .await;
+    t.teardown_done("acme").await;
     for id in &ids {
         let inst = t
             .ok(

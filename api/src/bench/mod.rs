@@ -252,6 +252,21 @@ impl HostedServer {
             }
         }
     }
+
+    /// An in-process emulated host for each node, configured by `adjust`.
+    pub fn hosts(
+        &self,
+        adjust: impl Fn(&mut vps_emulators::host::HostConfig),
+    ) -> Vec<vps_emulators::host::HostHandle> {
+        self.nodes
+            .iter()
+            .map(|(node, token)| {
+                let mut c = vps_emulators::host::HostConfig::new(self.server.url(), node, token);
+                adjust(&mut c);
+                vps_emulators::host::EmulatedHost::start(c)
+            })
+            .collect()
+    }
 }
 
 /// `instances.create` over HTTP as the [`TENANT`], of one [`FLAVOR`] instance from [`IMAGE`].

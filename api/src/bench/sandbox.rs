@@ -7,7 +7,6 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use vps_emulators::host::{EmulatedHost, HostConfig, HostHandle};
 use vps_events::Notifier;
 
 use super::{percentile, round, single_appends, HostedServer, Scratch, FLAVOR, IMAGE, TENANT};
@@ -54,15 +53,7 @@ async fn phases(scratch: &Scratch, o: &SandboxBench) -> anyhow::Result<Value> {
         quota: 1_000_000,
     };
     let hosted = HostedServer::start(&scratch.pool, config, &spec).await?;
-    let hosts: Vec<HostHandle> = hosted
-        .nodes
-        .iter()
-        .map(|(node, node_token)| {
-            let mut c = HostConfig::new(hosted.server.url(), node.clone(), node_token.clone());
-            c.boot_delay = o.boot;
-            EmulatedHost::start(c)
-        })
-        .collect();
+    let hosts = hosted.hosts(|c| c.boot_delay = o.boot);
     let result = measure(&hosted, &token, o).await;
     for h in hosts {
         h.stop().await;

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use vps_emulators::host::{EmulatedHost, HostConfig, HostHandle};
 
 use super::sandbox::Client;
 use super::{percentile, round, HostedServer, Scratch, TENANT};
@@ -44,16 +43,10 @@ async fn phases(scratch: &Scratch, dir: &Path, o: &SnapshotBench) -> anyhow::Res
         quota: 1_000_000,
     };
     let hosted = HostedServer::start(&scratch.pool, config, &spec).await?;
-    let hosts: Vec<HostHandle> = hosted
-        .nodes
-        .iter()
-        .map(|(node, node_token)| {
-            let mut c = HostConfig::new(hosted.server.url(), node.clone(), node_token.clone());
-            c.boot_delay = Duration::from_millis(20);
-            c.snapshot_bytes = o.size;
-            EmulatedHost::start(c)
-        })
-        .collect();
+    let hosts = hosted.hosts(|c| {
+        c.boot_delay = Duration::from_millis(20);
+        c.snapshot_bytes = o.size;
+    });
     let client = Client {
         http: reqwest::Client::new(),
         url: hosted.server.url(),

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use vps_commands::sandboxes::exec::ca::UserKey;
 use vps_commands::sandboxes::exec::{self, tunnel, ExecRequest, ExecSettings};
-use vps_domain::authz::{Resource, SandboxDraft};
+use vps_domain::authz::Resource;
 use vps_domain::sandbox::exec::SANDBOX_ACCOUNT;
 
 use crate::error::ApiError;
@@ -120,19 +120,9 @@ async fn exec(c: Call, q: ExecBody) -> Result<ExecAnswer, ApiError> {
         ));
     };
     let public_key = UserKey::parse(&q.public_key).map_err(vps_commands::CommandError::from)?;
-    let (s, shape) = exec::facts(&c.ctx, &tenant, &q.sandbox_id).await?;
-    let draft = SandboxDraft {
-        template_id: s.template_id.clone(),
-        ttl_seconds: s.lifetime().num_seconds(),
-        warm: s.warm,
-        vcpu: shape.as_ref().map_or(0, |x| x.vcpu),
-        memory_gib: shape.as_ref().map_or(0, |x| x.memory_gib),
-        gpus: shape
-            .as_ref()
-            .and_then(|x| x.gpus.as_ref())
-            .map_or(0, |g| g.count),
-        from_snapshot: None,
-    };
+    let (s, _, shape) =
+        vps_commands::sandboxes::decision_facts(&c.ctx, &tenant, &q.sandbox_id).await?;
+    let draft = s.draft(shape.as_ref(), s.lifetime().num_seconds());
     c.authorize(&Resource::sandbox_draft(&s.id, &tenant, &draft))?;
     let settings = ExecSettings {
         ca: &ca,

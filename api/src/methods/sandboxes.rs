@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use vps_commands::sandboxes::create::CreateSandboxInput;
 use vps_commands::sandboxes::templates::{TemplateInput, TemplatePatch};
 use vps_commands::sandboxes::{self, lifecycle};
-use vps_domain::authz::{Resource, SandboxDraft};
+use vps_domain::authz::Resource;
 use vps_domain::sandbox::{extended_expiry, parse_duration, Extension, Sandbox, SandboxState};
 use vps_projections::sandboxes::SandboxFilter;
 use vps_projections::views::{SandboxView, TemplateView};
@@ -340,24 +340,13 @@ async fn extend(c: Call, q: ExtendBody) -> Result<SandboxView, ApiError> {
     };
     // Decided on the whole lifetime after the change, so a cap on `ttlSeconds` cannot be
     // passed in small steps; the absolute expiry decided on is what gets applied.
-    let (s, max_ttl, shape) = lifecycle::extend_facts(&c.ctx, &tenant, &q.sandbox_id).await?;
+    let (s, max_ttl, shape) = sandboxes::decision_facts(&c.ctx, &tenant, &q.sandbox_id).await?;
     let until =
         extended_expiry(&s, extension, max_ttl).map_err(vps_commands::CommandError::from)?;
     let Some(until) = until else {
         return Ok(SandboxView::from(&s));
     };
-    let draft = SandboxDraft {
-        template_id: s.template_id.clone(),
-        ttl_seconds: (until - s.created_at).num_seconds(),
-        warm: s.warm,
-        vcpu: shape.as_ref().map_or(0, |x| x.vcpu),
-        memory_gib: shape.as_ref().map_or(0, |x| x.memory_gib),
-        gpus: shape
-            .as_ref()
-            .and_then(|x| x.gpus.as_ref())
-            .map_or(0, |g| g.count),
-        from_snapshot: None,
-    };
+    let draft = s.draft(shape.as_ref(), (until - s.created_at).num_seconds());
     c.authorize(&Resource::sandbox_draft(&s.id, &tenant, &draft))?;
     let s = lifecycle::extend(&c.ctx, &tenant, &q.sandbox_id, Extension::Until(until)).await?;
     Ok(SandboxView::from(&s))

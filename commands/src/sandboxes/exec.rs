@@ -12,9 +12,7 @@ pub mod tunnel;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
-use vps_domain::resources::Shape;
 use vps_domain::sandbox::exec::{self as domain, ExecWindow};
-use vps_domain::sandbox::Sandbox;
 use vps_domain::state_table::InstanceState;
 
 use self::ca::{SandboxCa, UserKey};
@@ -71,20 +69,6 @@ pub struct ExecGrant {
     pub ticket: String,
     /// When the ticket expires unused.
     pub ticket_expires_at: DateTime<Utc>,
-}
-
-/// The sandbox the tenant may see and its instance's shape: what a policy decides exec on.
-pub async fn facts(
-    ctx: &Ctx,
-    tenant_id: &str,
-    sandbox_id: &str,
-) -> Result<(Sandbox, Option<Shape>), CommandError> {
-    let mut conn = ctx.pool.acquire().await?;
-    let s = super::visible(&mut conn, tenant_id, sandbox_id).await?;
-    let shape = vps_projections::instances::load(&mut conn, &s.instance_id)
-        .await?
-        .map(|i| i.shape);
-    Ok((s, shape))
 }
 
 /// Signs a certificate for the request's key and issues a ticket for the sandbox's node.

@@ -14,25 +14,6 @@ use crate::error::{retrying, CommandError};
 use crate::instances::facts::lock_instance;
 use crate::pipeline::{apply_commands, atomically, commit, load, record_events};
 
-/// What an extend is decided on before anything is written: the sandbox, its template's
-/// `maxTtlSeconds` (0 when the template is gone) and its instance's shape.
-pub async fn extend_facts(
-    ctx: &Ctx,
-    tenant_id: &str,
-    sandbox_id: &str,
-) -> Result<(Sandbox, u64, Option<vps_domain::resources::Shape>), CommandError> {
-    let mut conn = ctx.pool.acquire().await?;
-    let s = super::visible(&mut conn, tenant_id, sandbox_id).await?;
-    // A template deleted since still bounds its sandboxes' lifetime.
-    let max_ttl = super::template(&mut conn, &s.template_id)
-        .await?
-        .map_or(0, |t| t.spec.max_ttl_seconds);
-    let shape = vps_projections::instances::load(&mut conn, &s.instance_id)
-        .await?
-        .map(|i| i.shape);
-    Ok((s, max_ttl, shape))
-}
-
 /// Moves a sandbox's expiry (the API passes the absolute expiry it authorized, so a retry
 /// never adds a `by` twice). One extend holds a sandbox at a time: a concurrent one is
 /// `CONFLICT` (`extend-in-flight`), so two extends never both apply beyond what one decision

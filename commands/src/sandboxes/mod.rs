@@ -28,8 +28,29 @@ use vps_domain::sandbox::Sandbox;
 use vps_domain::template::Template;
 use vps_domain::DomainError;
 
+use crate::context::Ctx;
 use crate::error::CommandError;
 use crate::pipeline::load;
+
+/// What a decision on an existing sandbox (extend, exec) reads before anything is written:
+/// the sandbox, its template's `maxTtlSeconds` (0 when the template is gone) and its
+/// instance's shape.
+pub async fn decision_facts(
+    ctx: &Ctx,
+    tenant_id: &str,
+    sandbox_id: &str,
+) -> Result<(Sandbox, u64, Option<vps_domain::resources::Shape>), CommandError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let s = visible(&mut conn, tenant_id, sandbox_id).await?;
+    // A template deleted since still bounds its sandboxes' lifetime.
+    let max_ttl = template(&mut conn, &s.template_id)
+        .await?
+        .map_or(0, |t| t.spec.max_ttl_seconds);
+    let shape = vps_projections::instances::load(&mut conn, &s.instance_id)
+        .await?
+        .map(|i| i.shape);
+    Ok((s, max_ttl, shape))
+}
 
 /// A sandbox the tenant may see: another tenant's is `NOT_FOUND`.
 pub async fn visible(
