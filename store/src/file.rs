@@ -74,11 +74,6 @@ impl FileStore {
         }
     }
 
-    /// The directory objects live in.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     fn signature(&self, method: &str, key: &str, exp: i64) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(self.key.as_slice()).expect("any length");
         mac.update(format!("{method}\n{key}\n{exp}").as_bytes());

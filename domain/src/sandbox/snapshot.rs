@@ -81,11 +81,6 @@ impl Snapshot {
     pub fn is_deleted(&self) -> bool {
         self.deleted_at.is_some()
     }
-
-    /// The store's key for its object.
-    pub fn object_key(&self) -> String {
-        object_key(&self.tenant_id, &self.id)
-    }
 }
 
 /// The store's key for a snapshot's object: per tenant, so a purge or a listing never
@@ -361,12 +356,6 @@ pub fn delete_unkept(s: &Sandbox) -> Vec<SandboxEvent> {
         .filter(|snap| !snap.keep)
         .flat_map(|snap| delete(s, &snap.id))
         .collect()
-}
-
-/// Whether a deleted snapshot's object may be removed: its upload settled (a late upload
-/// never outlives its record) and `restoring` (live instances booting from it) is zero.
-pub fn purgeable(snap: &Snapshot, restoring: u64) -> bool {
-    snap.is_deleted() && !snap.purged && snap.state != SnapshotState::Pending && restoring == 0
 }
 
 /// Records that a snapshot's object was removed.
