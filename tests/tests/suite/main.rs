@@ -1,0 +1,26 @@
+//! The integration tests, one module per area, linked into one binary: one link of the whole
+//! service instead of one per file keeps the build small and fast. `hardening` stays a binary
+//! of its own because it reads process-wide gauges that the other tests would move.
+
+mod api_registry;
+mod churn;
+mod cli;
+mod console;
+mod doctor;
+mod events;
+mod exec;
+mod hosts;
+mod identities;
+mod instances;
+mod isolation;
+mod lease_property;
+mod mcp;
+mod policies;
+mod provider_pools;
+mod replay_property;
+mod sandbox_property;
+mod sandboxes;
+mod snapshots;
+mod teardown;
+mod usage;
+mod volumes;
