@@ -525,21 +525,21 @@ macro_rules! against {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {
-                    crate::scenarios::$scenario($start.await).await;
+                    crate::provider_pools::scenarios::$scenario($start.await).await;
                 }
             )*
         }
     };
 }
 
-against!(hetzner_cloud, crate::Cloud::hetzner();
+against!(hetzner_cloud, crate::provider_pools::Cloud::hetzner();
     an_instance_runs_stops_starts_and_is_deleted_with_its_machine,
     a_rate_limited_call_is_waited_out_then_the_instance_runs,
     a_machine_removed_behind_our_back_makes_the_instance_lost,
     a_create_whose_answer_was_lost_leaves_exactly_one_machine_across_a_restart,
     an_invalid_token_fails_the_instance_and_is_recorded_on_the_account);
 
-against!(proxmox_ve, crate::Cloud::proxmox();
+against!(proxmox_ve, crate::provider_pools::Cloud::proxmox();
     an_instance_runs_stops_starts_and_is_deleted_with_its_machine,
     a_rate_limited_call_is_waited_out_then_the_instance_runs,
     a_machine_removed_behind_our_back_makes_the_instance_lost,
@@ -547,7 +547,7 @@ against!(proxmox_ve, crate::Cloud::proxmox();
     an_invalid_token_fails_the_instance_and_is_recorded_on_the_account);
 
 // The in-process emulator has no credentials, so it has no invalid-token scenario.
-against!(emulator_account, crate::Cloud::emulator();
+against!(emulator_account, crate::provider_pools::Cloud::emulator();
     an_instance_runs_stops_starts_and_is_deleted_with_its_machine,
     a_rate_limited_call_is_waited_out_then_the_instance_runs,
     a_machine_removed_behind_our_back_makes_the_instance_lost,
