@@ -173,10 +173,16 @@ impl Method {
     /// Decides the call generically (the caller, the action, the resource type and tenant),
     /// refuses creates for a tenant being deleted, then parses the body and runs the handler.
     pub async fn call(&self, call: Call, body: &[u8]) -> Result<Value, ApiError> {
-        let resource = generic_resource(self, &call.caller, body)?;
-        call.guard.decide(&self.action, &resource)?;
-        call.guard.refuse_closed_tenant(&resource)?;
+        self.admit(&call.guard, &call.caller, body)?;
         (self.handler)(call, body).await
+    }
+
+    /// The generic decision alone: also for routes that serve a method outside `call` (the
+    /// event stream is `events.list` kept open).
+    pub fn admit(&self, guard: &Guard, caller: &Caller, body: &[u8]) -> Result<(), ApiError> {
+        let resource = generic_resource(self, caller, body)?;
+        guard.decide(&self.action, &resource)?;
+        guard.refuse_closed_tenant(&resource)
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, RwLock};
 
 use cedar_policy as cedar;
 use cedar_policy::{
@@ -416,12 +416,65 @@ impl Compiled {
     }
 }
 
+/// The sets compiled for different requests' slices that one action's index keeps.
+const SLICES_KEPT: usize = 256;
+
+/// The policies whose scope can name one action, each with its guards (see [`slice`]); the
+/// set Cedar evaluates for a request is compiled once per distinct slice and kept.
+#[derive(Default)]
+struct ActionPolicies {
+    policies: Vec<(Policy, Vec<slice::Atom>)>,
+    compiled: RwLock<HashMap<Vec<bool>, Arc<Compiled>>>,
+}
+
+impl ActionPolicies {
+    fn new(policies: Vec<&Policy>) -> ActionPolicies {
+        let policies = policies
+            .into_iter()
+            .map(|p| {
+                let atoms = p.to_json().map(|est| slice::atoms(&est)).unwrap_or_default();
+                (p.clone(), atoms)
+            })
+            .collect();
+        ActionPolicies {
+            policies,
+            compiled: RwLock::default(),
+        }
+    }
+
+    /// The compiled set of the policies that can apply to this request.
+    fn for_request(&self, principal: &Principal, resource: &Resource) -> Arc<Compiled> {
+        let slice: Vec<bool> = self
+            .policies
+            .iter()
+            .map(|(_, atoms)| atoms.iter().all(|a| a.may_hold(principal, resource)))
+            .collect();
+        if let Some(c) = self.compiled.read().expect("not poisoned").get(&slice) {
+            return c.clone();
+        }
+        let chosen: Vec<&Policy> = self
+            .policies
+            .iter()
+            .zip(&slice)
+            .filter(|(_, keep)| **keep)
+            .map(|((p, _), _)| p)
+            .collect();
+        let compiled = Arc::new(Compiled::new(&chosen));
+        let mut kept = self.compiled.write().expect("not poisoned");
+        if kept.len() >= SLICES_KEPT {
+            kept.clear();
+        }
+        kept.insert(slice, compiled.clone());
+        compiled
+    }
+}
+
 /// Policies compiled for deciding, indexed by action: a decision evaluates only the policies
 /// whose scope can name its action.
 #[derive(Clone, Default)]
 struct ActionIndex {
-    by_action: HashMap<String, Compiled>,
-    any_action: Compiled,
+    by_action: HashMap<String, Arc<ActionPolicies>>,
+    any_action: Arc<ActionPolicies>,
 }
 
 impl ActionIndex {
@@ -450,16 +503,16 @@ impl ActionIndex {
             .map(|(action, listed)| {
                 let mut all = any.clone();
                 all.extend(listed);
-                (action, Compiled::new(&all))
+                (action, Arc::new(ActionPolicies::new(all)))
             })
             .collect();
         ActionIndex {
             by_action,
-            any_action: Compiled::new(&any),
+            any_action: Arc::new(ActionPolicies::new(any)),
         }
     }
 
-    fn for_action(&self, action: &str) -> &Compiled {
+    fn for_action(&self, action: &str) -> &ActionPolicies {
         self.by_action.get(action).unwrap_or(&self.any_action)
     }
 }
@@ -541,7 +594,9 @@ impl PolicyBook {
         let index = tenant
             .and_then(|t| self.tenants.get(t))
             .unwrap_or(&self.everyone);
-        let policies = index.for_action(action);
+        let policies = index
+            .for_action(action)
+            .for_request(principal, resource);
         let (request, entities) = match request(principal, action, resource) {
             Ok(r) => r,
             Err(_) => return Decision::Deny { policy_ids: vec![] },
@@ -658,5 +713,6 @@ fn resource_entity(uid: EntityUid, resource: &Resource) -> Result<Entity, String
 }
 
 mod combine;
+mod slice;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,11 @@
-//! `vps bench authz`: Cedar decisions per second on one core, with 100 policies on the action
-//! decided (every one evaluated: the worst case for the per-action index) and with 100 spread
-//! over every action, against the baseline policies alone in the same run.
+//! `vps bench authz`: Cedar decisions per second on one core, against the baseline policies
+//! alone in the same run, with 100 policies:
+//! - on the action decided, guarded as operators write them (shape caps, image and tenant
+//!   rules): the per-action index keeps them all, slicing leaves out those whose guards
+//!   cannot hold for the request;
+//! - on the action decided, none of which slicing can leave out (`unless` conditions): Cedar
+//!   evaluates every one, the worst case;
+//! - spread over every action.
 
 use std::time::{Duration, Instant};
 
@@ -40,10 +45,12 @@ pub fn run(options: &AuthzBench) -> anyhow::Result<()> {
         "bench policies fail the schema: {skipped:?}"
     );
     let (spread, _) = PolicyBook::build(schema, &spread);
+    let (unsliced, _) = PolicyBook::build(schema, &unsliceable(options.policies, action));
     let phase = Duration::from_secs_f64(options.seconds);
     let base_rate = decisions_per_second(&baseline, action, phase);
     let focused_rate = decisions_per_second(&focused, action, phase);
     let spread_rate = decisions_per_second(&spread, action, phase);
+    let unsliced_rate = decisions_per_second(&unsliced, action, phase);
     println!(
         "baseline only ({} policies): {base_rate:.0} decisions/s",
         baseline.len()
@@ -52,6 +59,11 @@ pub fn run(options: &AuthzBench) -> anyhow::Result<()> {
         "{} policies on {action}: {focused_rate:.0} decisions/s ({:.2} of baseline)",
         options.policies,
         focused_rate / base_rate
+    );
+    println!(
+        "{} policies on {action} that slicing cannot leave out: {unsliced_rate:.0} decisions/s ({:.2} of baseline)",
+        options.policies,
+        unsliced_rate / base_rate
     );
     println!(
         "{} policies over {} actions: {spread_rate:.0} decisions/s ({:.2} of baseline)",
@@ -65,6 +77,7 @@ pub fn run(options: &AuthzBench) -> anyhow::Result<()> {
             "policies": options.policies,
             "decisions_per_s": round(focused_rate, 0),
             "spread_decisions_per_s": round(spread_rate, 0),
+            "unsliced_decisions_per_s": round(unsliced_rate, 0),
             "baseline_decisions_per_s": round(base_rate, 0),
             "ratio": round(focused_rate / base_rate, 3),
             "target_per_s": 50_000,
@@ -92,6 +105,21 @@ fn sources(n: usize, action_of: impl Fn(usize) -> String) -> Vec<PolicySource> {
                     "forbid (principal, action == Action::\"{action}\", resource) when {{ {condition} }};"
                 ),
             }
+        })
+        .collect()
+}
+
+/// `n` policies on `action` whose conditions are `unless`, so every one is evaluated.
+fn unsliceable(n: usize, action: &str) -> Vec<PolicySource> {
+    (0..n)
+        .map(|i| PolicySource {
+            id: format!("unsliced-{i}"),
+            tenant_id: None,
+            text: format!(
+                "forbid (principal, action == Action::\"{action}\", resource) \
+                 unless {{ resource.vcpu <= {} || resource.gpus == 0 }};",
+                64 + i
+            ),
         })
         .collect()
 }

@@ -123,6 +123,16 @@ pub async fn stream(
     Query(q): Query<StreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let caller = authenticate(&state, &headers).await?;
+    // A stream is `events.list` held open: the same Cedar decision, on the same resource.
+    let list = crate::methods::registry()
+        .get("events", "list")
+        .expect("events.list is registered");
+    let guard = crate::authz::Guard {
+        snapshot: state.authz.snapshot(),
+        principal: caller.principal(),
+        action: list.action.clone(),
+    };
+    list.admit(&guard, &caller, b"{}")?;
     let types = q
         .types
         .map(|t| t.split(',').map(str::to_string).collect())

@@ -1,9 +1,11 @@
 //! `identities.*` and `apiKeys.revoke`: identities an operator creates at run time, besides
 //! the `[[identities]]` of the configuration (the bootstrap), and their API keys.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use vps_commands::identities::{self as commands, NewIdentity};
-use vps_projections::identities::IdentityView;
+
+use crate::config::IdentityConfig;
 
 use crate::error::ApiError;
 use crate::registry::{Access::Operator, Call, Items, Method, NoParams};
@@ -63,6 +65,50 @@ pub struct Revoked {
     revoked: usize,
 }
 
+/// Where an identity comes from.
+#[derive(Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Source {
+    /// `[[identities]]` of the configuration: its token changes only there.
+    Config,
+    /// `identities.create`.
+    Api,
+}
+
+/// An identity as `identities.list` answers it.
+#[derive(Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListedIdentity {
+    /// `id_…`.
+    id: String,
+    /// The tenant it acts for.
+    tenant_id: Option<String>,
+    /// Operators may do everything.
+    operator: bool,
+    /// For people (a configured identity's is its id).
+    name: String,
+    /// Bearer credentials in force: API keys not revoked, or 1 for a configured token.
+    keys: i32,
+    /// When it was created (none for a configured one).
+    created_at: Option<DateTime<Utc>>,
+    /// Where it comes from.
+    source: Source,
+}
+
+impl From<&IdentityConfig> for ListedIdentity {
+    fn from(c: &IdentityConfig) -> Self {
+        ListedIdentity {
+            id: c.identity.clone(),
+            tenant_id: c.tenant.clone(),
+            operator: c.operator,
+            name: c.identity.clone(),
+            keys: 1,
+            created_at: None,
+            source: Source::Config,
+        }
+    }
+}
+
 /// The methods of the groups.
 pub fn methods() -> Vec<Method> {
     vec![
@@ -77,7 +123,7 @@ pub fn methods() -> Vec<Method> {
             "identities",
             "list",
             Operator,
-            "Identities created at run time.",
+            "Every identity: the configuration's, then those created at run time.",
             list,
         ),
         Method::new(
@@ -108,11 +154,31 @@ async fn create(c: Call, q: CreateIdentity) -> Result<Created, ApiError> {
     })
 }
 
-async fn list(c: Call, _: NoParams) -> Result<Items<IdentityView>, ApiError> {
-    Ok(vps_projections::identities::list(&c.ctx.pool).await?.into())
+async fn list(c: Call, _: NoParams) -> Result<Items<ListedIdentity>, ApiError> {
+    let configured = c.config.identities.iter().map(ListedIdentity::from);
+    let created = vps_projections::identities::list(&c.ctx.pool).await?;
+    let created = created.into_iter().map(|i| ListedIdentity {
+        id: i.id,
+        tenant_id: i.tenant_id,
+        operator: i.operator,
+        name: i.name,
+        keys: i.keys,
+        created_at: Some(i.created_at),
+        source: Source::Api,
+    });
+    Ok(configured.chain(created).collect::<Vec<_>>().into())
 }
 
 async fn revoke(c: Call, q: RevokeKeys) -> Result<Revoked, ApiError> {
+    if c.config.identities.iter().any(|i| i.identity == q.identity_id) {
+        return Err(ApiError::new(
+            "INVALID_STATE",
+            format!(
+                "{} is a configured identity: its token is changed in [[identities]], not revoked",
+                q.identity_id
+            ),
+        ));
+    }
     let revoked = commands::revoke_keys(&c.ctx, &q.identity_id).await?;
     Ok(Revoked {
         identity_id: q.identity_id,

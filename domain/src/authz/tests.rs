@@ -1,6 +1,8 @@
 //! The authorizer on its own: the baseline, the reference's example policies on `Sandbox` and
 //! `Volume` resources (their HTTP tests come with the sandbox methods), validation.
 
+use proptest::prelude::*;
+
 use super::*;
 
 fn decl(name: &str, resources: &[&'static str], host: bool) -> ActionDecl {
@@ -234,9 +236,115 @@ fn every_indexed_set_has_a_fast_path_that_agrees_with_the_full_set() {
     let fast = combine::fast_set(&refs);
     assert!(fast.is_some());
     let book = book(&[("short", None, SHORT_SANDBOXES)]);
-    assert!(book.everyone.by_action.values().all(|c| c.fast.is_some()));
+    assert!(book
+        .everyone
+        .by_action
+        .values()
+        .all(|c| c.for_request(&alice(), &sandbox(60, 0)).fast.is_some()));
     assert_eq!(
         book.decide(&alice(), "compute:sandboxes:create", &sandbox(60, 0)),
         Decision::Allow
     );
+}
+
+/// Cedar's own decision on every policy of the book's sources, without index, slices or fast
+/// path: what the book must always answer.
+fn plain_cedar(sources: &[String], principal: &Principal, action: &str, r: &Resource) -> Decision {
+    let schema = schema();
+    let mut set = PolicySet::new();
+    for (id, text) in schema.baseline() {
+        for p in schema.parse(&id, &text).unwrap() {
+            set.add(p).unwrap();
+        }
+    }
+    for (i, text) in sources.iter().enumerate() {
+        for p in schema.parse(&format!("p{i}"), text).unwrap() {
+            set.add(p).unwrap();
+        }
+    }
+    let (request, entities) = request(principal, action, r).unwrap();
+    let response = Authorizer::new().is_authorized(&request, &set, &entities);
+    match response.decision() {
+        cedar::Decision::Allow => Decision::Allow,
+        cedar::Decision::Deny => {
+            let mut ids: Vec<String> = response
+                .diagnostics()
+                .reason()
+                .map(|id| stored_id(id.as_ref()).to_string())
+                .collect();
+            ids.sort();
+            ids.dedup();
+            Decision::Deny { policy_ids: ids }
+        }
+    }
+}
+
+/// Guards slicing reads (attribute against literal, either side, every operator), next to
+/// conditions it leaves to Cedar (`||`, `unless`, `has`, two attributes).
+fn guarded_policy() -> impl Strategy<Value = String> {
+    let condition = prop_oneof![
+        (0i64..12).prop_map(|n| format!("resource.vcpu > {n}")),
+        (0i64..12).prop_map(|n| format!("{n} >= resource.gpus")),
+        (0i64..12).prop_map(|n| format!("resource.memoryGiB <= {n}")),
+        (0i64..12).prop_map(|n| format!("resource.vcpu < {n} || resource.gpus == {n}")),
+        prop_oneof![Just("acme"), Just("globex")]
+            .prop_map(|t| format!("principal has tenant && principal.tenant == \"{t}\"")),
+        prop_oneof![Just("img_a"), Just("img_b")]
+            .prop_map(|i| format!("\"{i}\" == resource.imageId")),
+        any::<bool>().prop_map(|b| format!("resource.imageVerified == {b}")),
+        Just("resource has projectId && resource.projectId == \"p1\"".to_string()),
+        Just("resource.vcpu == resource.memoryGiB".to_string()),
+    ];
+    (
+        any::<bool>(),
+        any::<bool>(),
+        proptest::collection::vec(condition, 1..3),
+    )
+        .prop_map(|(permit, unless, conditions)| {
+            let effect = if permit { "permit" } else { "forbid" };
+            let kind = if unless { "unless" } else { "when" };
+            format!(
+                "{effect} (principal, action == Action::\"compute:instances:create\", resource) \
+                 {kind} {{ {} }};",
+                conditions.join(" && ")
+            )
+        })
+}
+
+proptest! {
+    #[test]
+    fn slicing_and_the_fast_path_never_change_a_decision(
+        policies in proptest::collection::vec(guarded_policy(), 0..12),
+        requests in proptest::collection::vec(
+            (0u32..12, 0u32..12, 0u32..3, prop_oneof![Just("img_a"), Just("img_b")], any::<bool>(),
+             prop_oneof![Just(None), Just(Some("p1".to_string()))],
+             prop_oneof![Just("acme"), Just("globex")], any::<bool>()),
+            1..8),
+    ) {
+        let sources: Vec<(String, Option<&str>, &str)> = policies
+            .iter()
+            .enumerate()
+            .map(|(i, text)| (format!("p{i}"), None, text.as_str()))
+            .collect();
+        let refs: Vec<(&str, Option<&str>, &str)> =
+            sources.iter().map(|(id, t, text)| (id.as_str(), *t, *text)).collect();
+        let book = book(&refs);
+        for (vcpu, memory_gib, gpus, image, verified, project, tenant, operator) in requests {
+            let draft = InstanceDraft {
+                vcpu, memory_gib, gpus, image_id: image.into(), image_verified: verified,
+                project_id: project,
+            };
+            let principal = Principal::Identity {
+                id: "id_x".into(),
+                tenant: (!operator).then(|| tenant.to_string()),
+                operator,
+            };
+            let resource = Resource::instance_draft("inst_1", "acme", &draft);
+            let action = "compute:instances:create";
+            prop_assert_eq!(
+                book.decide(&principal, action, &resource),
+                plain_cedar(&policies, &principal, action, &resource)
+            );
+        }
+    }
 }

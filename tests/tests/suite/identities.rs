@@ -57,9 +57,27 @@ async fn an_api_key_acts_for_its_tenant_and_a_revoked_one_is_refused_on_every_re
         200
     );
 
+    // The configuration's identities first (their tokens change only there), then this one.
     let identities = t.ok(OPERATOR, "identities.list", json!({})).await;
-    assert_eq!(identities["items"][0]["id"], id.as_str());
-    assert_eq!(identities["items"][0]["keys"], 1);
+    let items = identities["items"].as_array().unwrap();
+    let ids: Vec<&str> = items.iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        ["id_operator", "id_alice", "id_bob", "id_eve", id.as_str()]
+    );
+    assert_eq!(items[1]["source"], "config");
+    assert_eq!(items[1]["tenantId"], "acme");
+    assert_eq!(items[4]["source"], "api");
+    assert_eq!(items[4]["keys"], 1);
+    let configured = t
+        .call(
+            OPERATOR,
+            "apiKeys.revoke",
+            json!({ "identityId": "id_alice" }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(configured.body["code"], "INVALID_STATE");
 
     let revoked = t
         .ok(OPERATOR, "apiKeys.revoke", json!({ "identityId": id }))

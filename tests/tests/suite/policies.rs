@@ -329,3 +329,39 @@ async fn policies_from_the_configured_directory_apply_from_the_start() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn the_event_stream_is_decided_like_events_list() {
+    let t = TestServer::start().await;
+    let text = r#"forbid (principal, action == Action::"compute:events:read", resource)
+  when { resource has tenant && resource.tenant == "acme" };"#;
+    t.ok(
+        OPERATOR,
+        "policies.put",
+        json!({ "id": "no-event-reads", "text": text }),
+    )
+    .await;
+    let stream = |token: &'static str| {
+        let url = format!("{}/api/compute/events/stream", t.server.url());
+        let http = t.http.clone();
+        async move {
+            let r = http.get(url).bearer_auth(token).send().await.unwrap();
+            let status = r.status().as_u16();
+            // A refusal is JSON; an open stream is read no further.
+            let body: Value = if status == 200 {
+                Value::Null
+            } else {
+                r.json().await.unwrap()
+            };
+            (status, body)
+        }
+    };
+    let listed = t.call(ALICE, "events.list", json!({})).await.unwrap_err();
+    let (status, body) = stream(ALICE).await;
+    assert_eq!(status, 403);
+    assert_eq!(body["code"], "ACCESS_DENIED");
+    assert_eq!(body["details"]["policyIds"], json!(["no-event-reads"]));
+    assert_eq!(body["details"], listed.body["details"]);
+    // Another tenant's stream opens.
+    assert_eq!(stream(EVE).await.0, 200);
+}
