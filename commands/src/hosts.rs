@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::Utc;
 use serde::Deserialize;
 use sqlx::{PgConnection, Row};
-use vps_domain::instance::{AddressMode, Failure, Instance, InstanceCommand, Observed};
+use vps_domain::instance::{decide_all, AddressMode, Failure, Instance, InstanceCommand, Observed};
 use vps_domain::node::{decide, Node, NodeCommand};
 use vps_domain::state_table::InstanceState;
 use vps_domain::DomainError;
@@ -129,35 +129,41 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     let recovered = decide(node.as_ref(), &NodeCommand::Recover)?;
     let node = record_events(ctx, &mut tx, node_id, node.as_ref(), recovered, None).await?;
 
-    let placed: BTreeMap<String, Instance> = placed_on(&mut tx, node_id).await?;
-    let mut changed = Vec::new();
+    // Decided first on the views as they stand, unlocked: most entries of a complete report
+    // change nothing, and locking every instance of the node would make each claim or change
+    // on it wait for the whole report.
+    let placed = placed_on(&mut tx, node_id, Lock::None).await?;
+    let mut wanted: BTreeMap<String, Vec<InstanceCommand>> = BTreeMap::new();
     let mut orphans = Vec::new();
     for entry in &report.instances {
-        let Some(instance) = placed.get(&entry.id) else {
-            orphans.push(entry.id.clone());
-            continue;
-        };
-        let commands = commands_for(entry, instance, node_id);
-        if apply_commands(ctx, &mut tx, instance, &commands, now)
-            .await?
-            .is_some()
-        {
-            changed.push(entry.id.clone());
+        match placed.get(&entry.id) {
+            Some(instance) => {
+                wanted.insert(entry.id.clone(), commands_for(entry, instance, node_id));
+            }
+            None => orphans.push(entry.id.clone()),
         }
     }
     if report.complete {
         let reported: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
         let gone = placed
             .values()
-            .filter(|i| !reported.contains(i.id.as_str()));
-        for instance in gone.filter(|i| i.state == InstanceState::Deleting) {
-            let release = [InstanceCommand::Release];
-            if apply_commands(ctx, &mut tx, instance, &release, now)
-                .await?
-                .is_some()
-            {
-                changed.push(instance.id.clone());
-            }
+            .filter(|i| !reported.contains(i.id.as_str()) && i.state == InstanceState::Deleting);
+        for instance in gone {
+            wanted.insert(instance.id.clone(), vec![InstanceCommand::Release]);
+        }
+    }
+    wanted.retain(|id, commands| {
+        decide_all(&placed[id], commands, now).is_ok_and(|events| !events.is_empty())
+    });
+    // Then applied under the rows' locks, decided again on what they hold now.
+    let ids: Vec<String> = wanted.keys().cloned().collect();
+    let mut changed = Vec::new();
+    for instance in lock_placed(&mut tx, node_id, &ids).await? {
+        if apply_commands(ctx, &mut tx, &instance, &wanted[&instance.id], now)
+            .await?
+            .is_some()
+        {
+            changed.push(instance.id.clone());
         }
     }
     let record = NodeCommand::RecordOrphans {
@@ -285,24 +291,59 @@ async fn lock_node(tx: &mut PgConnection, node_id: &str) -> Result<(), CommandEr
     }
 }
 
+/// Whether [`placed_on`] locks the rows it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lock {
+    /// Read only.
+    None,
+    /// `FOR UPDATE`, in id order (the lock order).
+    Rows,
+}
+
 /// Live instances placed on a node, by id.
 pub async fn placed_on(
     tx: &mut PgConnection,
     node_id: &str,
+    lock: Lock,
 ) -> Result<BTreeMap<String, Instance>, CommandError> {
+    let sql = match lock {
+        Lock::None => "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted'",
+        Lock::Rows => {
+            "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted'
+              ORDER BY id FOR UPDATE"
+        }
+    };
+    let rows = sqlx::query(sql).bind(node_id).fetch_all(&mut *tx).await?;
+    Ok(rows
+        .iter()
+        .map(instance_of)
+        .map(|i| (i.id.clone(), i))
+        .collect())
+}
+
+/// Locks the rows of `ids` still live on `node_id`, in id order, and answers them as locked.
+async fn lock_placed(
+    tx: &mut PgConnection,
+    node_id: &str,
+    ids: &[String],
+) -> Result<Vec<Instance>, CommandError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
     let rows = sqlx::query(
-        "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted' FOR UPDATE",
+        "SELECT doc FROM instances WHERE id = ANY($1) AND node_id = $2 AND state <> 'deleted'
+          ORDER BY id FOR UPDATE",
     )
+    .bind(ids)
     .bind(node_id)
     .fetch_all(&mut *tx)
     .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let sqlx::types::Json(i): sqlx::types::Json<Instance> = r.get(0);
-            (i.id.clone(), i)
-        })
-        .collect())
+    Ok(rows.iter().map(instance_of).collect())
+}
+
+fn instance_of(row: &sqlx::postgres::PgRow) -> Instance {
+    let sqlx::types::Json(i): sqlx::types::Json<Instance> = row.get(0);
+    i
 }
 
 /// Marks a silent node lost and its instances lost (`node.lost`, `instance.lost`). Returns the
@@ -319,7 +360,7 @@ pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, Com
         }
         record_events(ctx, &mut tx, node_id, before.as_ref(), events, None).await?;
         let mut changed = Vec::new();
-        for (id, instance) in placed_on(&mut tx, node_id).await? {
+        for (id, instance) in placed_on(&mut tx, node_id, Lock::Rows).await? {
             if apply_commands(ctx, &mut tx, &instance, &[InstanceCommand::Lose], now)
                 .await?
                 .is_some()

@@ -432,7 +432,10 @@ impl ActionPolicies {
         let policies = policies
             .into_iter()
             .map(|p| {
-                let atoms = p.to_json().map(|est| slice::atoms(&est)).unwrap_or_default();
+                let atoms = p
+                    .to_json()
+                    .map(|est| slice::atoms(&est))
+                    .unwrap_or_default();
                 (p.clone(), atoms)
             })
             .collect();
@@ -594,9 +597,7 @@ impl PolicyBook {
         let index = tenant
             .and_then(|t| self.tenants.get(t))
             .unwrap_or(&self.everyone);
-        let policies = index
-            .for_action(action)
-            .for_request(principal, resource);
+        let policies = index.for_action(action).for_request(principal, resource);
         let (request, entities) = match request(principal, action, resource) {
             Ok(r) => r,
             Err(_) => return Decision::Deny { policy_ids: vec![] },

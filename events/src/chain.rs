@@ -209,7 +209,10 @@ fn report(verified: u64, all_events: i64, first_break: ChainBreak) -> VerifyRepo
 /// replicas), then chains batches as the log grows.
 pub async fn run_chainer(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
     let _lease = Lease::acquire(&pool, CHAINER, Duration::from_secs(2)).await;
-    let mut follower = Follower::load(pool.clone(), CHAINER, &notifier).await?;
+    // Nobody waits on the chain: it links the commits of a busy moment in one pass.
+    let mut follower = Follower::load(pool.clone(), CHAINER, &notifier)
+        .await?
+        .paced(Duration::from_millis(20));
     loop {
         let chained = chain_batch(&pool, &mut follower, 2000).await?;
         if chained == 0 {

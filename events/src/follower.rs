@@ -4,7 +4,7 @@
 //! owner, and moves the checkpoint only when told that a batch is done (in the same transaction
 //! as the owner's writes, or after a sink acknowledged). Restarting resumes where it stopped.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::{PgExecutor, PgPool, Row};
 use tokio::sync::watch;
@@ -16,12 +16,18 @@ use crate::read::{head_position, read_after};
 /// How long a follower waits for a wake-up before it polls anyway.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
+/// How often a follower publishes its lag: the head of the log costs a query.
+const LAG_EVERY: Duration = Duration::from_secs(1);
+
 /// A durable reader of the log.
 pub struct Follower {
     name: String,
     pool: PgPool,
     cursor: Cursor,
     wake: watch::Receiver<u64>,
+    pace: Duration,
+    last_read: Instant,
+    lag_reported: Option<Instant>,
 }
 
 impl Follower {
@@ -33,7 +39,19 @@ impl Follower {
             pool,
             cursor,
             wake: notifier.subscribe(),
+            pace: Duration::ZERO,
+            last_read: Instant::now(),
+            lag_reported: None,
         })
+    }
+
+    /// Reads at most once per `pace` when woken: every commit wakes every follower, and one
+    /// that nobody waits on (metering, the chainer, the webhook fan-out) takes the commits of
+    /// a busy moment in one read instead of one read each. A read after a quiet spell is not
+    /// delayed.
+    pub fn paced(mut self, pace: Duration) -> Self {
+        self.pace = pace;
+        self
     }
 
     /// The follower's name.
@@ -50,6 +68,7 @@ impl Follower {
     pub async fn next_batch(&mut self, limit: i64) -> Result<Vec<RecordedEvent>, sqlx::Error> {
         // Mark wake-ups seen before reading, so one arriving during the read is not lost.
         self.wake.borrow_and_update();
+        self.last_read = Instant::now();
         read_after(&self.pool, self.cursor, limit).await
     }
 
@@ -71,13 +90,20 @@ impl Follower {
         self.cursor = cursor;
     }
 
-    /// Waits for a wake-up or the poll interval, whichever comes first.
+    /// Waits for a wake-up or the poll interval, whichever comes first, and then for the
+    /// rest of the pace since the last read.
     pub async fn wait(&mut self) {
         let _ = tokio::time::timeout(POLL_INTERVAL, self.wake.changed()).await;
+        tokio::time::sleep_until((self.last_read + self.pace).into()).await;
     }
 
-    /// Publishes how far behind the head of the log this follower is, in events.
-    pub async fn report_lag(&self) -> Result<(), sqlx::Error> {
+    /// Publishes how far behind the head of the log this follower is, in events (at most once
+    /// a second).
+    pub async fn report_lag(&mut self) -> Result<(), sqlx::Error> {
+        if self.lag_reported.is_some_and(|at| at.elapsed() < LAG_EVERY) {
+            return Ok(());
+        }
+        self.lag_reported = Some(Instant::now());
         let head = head_position(&self.pool).await?;
         let lag = (head - self.cursor.position).max(0);
         metrics::gauge!("vps_follower_lag_events", "follower" => self.name.clone()).set(lag as f64);

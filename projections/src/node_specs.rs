@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use serde_json::{json, Value};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
+use tracing::Instrument;
 use vps_domain::instance::Instance;
 
 use crate::spec_entries::{bump, write, EntryTable};
@@ -127,6 +128,17 @@ fn entry(
         spec["volumes"] = crate::node_spec_volumes::attachments(&inst.volumes);
     }
     spec
+}
+
+/// The generation of a node's spec (0 before its first entry).
+pub async fn generation<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    node_id: &str,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT coalesce((SELECT generation FROM node_specs WHERE node_id = $1), 0)")
+        .bind(node_id)
+        .fetch_one(db)
+        .await
 }
 
 /// A node's spec with its generation (an empty spec at generation 0 before any instance),
@@ -261,7 +273,10 @@ pub async fn run(
             follower.wait().await;
             continue;
         }
-        apply_batch(&pool, &mut follower, &batch).await?;
+        let span = tracing::info_span!("node_spec_pass", events = batch.len());
+        apply_batch(&pool, &mut follower, &batch)
+            .instrument(span)
+            .await?;
         // Hosts long-polling their spec wait on this.
         notifier.committed();
     }

@@ -44,6 +44,8 @@ const BATCH: i64 = 5000;
 const RECORDS_PER_PASS: usize = 20_000;
 /// Events per append statement.
 const APPEND_CHUNK: usize = 5000;
+/// The least time between two reads of the log when woken.
+const PACE: Duration = Duration::from_millis(250);
 
 /// Why a metering pass stopped; the supervisor restarts the reactor from the database.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +105,11 @@ impl Metering {
         notifier: &Notifier,
         windows: Windows,
     ) -> Result<Metering, MeteringError> {
-        let follower = Follower::load(pool.clone(), FOLLOWER, notifier).await?;
+        // Windows close every few minutes: reading on every commit would only burn the CPU
+        // the commands need.
+        let follower = Follower::load(pool.clone(), FOLLOWER, notifier)
+            .await?
+            .paced(PACE);
         let rows = sqlx::query("SELECT resource_id, state FROM usage_meters")
             .fetch_all(&pool)
             .await?;

@@ -170,7 +170,11 @@ async fn list(c: Call, _: NoParams) -> Result<Items<ListedIdentity>, ApiError> {
 }
 
 async fn revoke(c: Call, q: RevokeKeys) -> Result<Revoked, ApiError> {
-    if c.config.identities.iter().any(|i| i.identity == q.identity_id) {
+    if c.config
+        .identities
+        .iter()
+        .any(|i| i.identity == q.identity_id)
+    {
         return Err(ApiError::new(
             "INVALID_STATE",
             format!(

@@ -168,16 +168,17 @@ async fn spec(c: Call, q: SpecQuery) -> Result<Value, ApiError> {
     } else {
         Some(c.guards.long_poll(&q.node_id)?)
     };
-    let newer = |spec: &Value| {
-        q.after_generation
-            .is_none_or(|after| spec["generation"].as_i64().unwrap_or(0) > after)
-    };
-    let spec = crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
-        let mut conn = c.ctx.pool.acquire().await?;
-        let spec = vps_projections::node_specs::load(&mut conn, &q.node_id).await?;
-        Ok((newer(&spec), spec))
-    })
-    .await?;
+    // Every commit wakes the poll: it reads the generation alone, and the spec once.
+    if let Some(after) = q.after_generation {
+        crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
+            let generation =
+                vps_projections::node_specs::generation(&c.ctx.pool, &q.node_id).await?;
+            Ok((generation > after, ()))
+        })
+        .await?;
+    }
+    let mut conn = c.ctx.pool.acquire().await?;
+    let spec = vps_projections::node_specs::load(&mut conn, &q.node_id).await?;
     let ttl = Duration::from_secs_f64(c.config.timings.snapshot_timeout);
     sign_objects(&c.snapshots, spec, ttl).await
 }

@@ -48,6 +48,7 @@ pub struct Created {
 /// What `sandboxes.create` is authorized on, read before anything is written: the sandbox id
 /// and its draft. `None` when the key already made a sandbox (a replay or a conflict, answered
 /// by the create itself) or the template does not resolve (the create refuses it).
+#[tracing::instrument(name = "sandbox_draft", skip_all)]
 pub async fn draft(
     ctx: &Ctx,
     input: &CreateSandboxInput,
@@ -81,6 +82,7 @@ pub async fn draft(
 }
 
 /// Creates a sandbox, or answers the one this idempotency key already made.
+#[tracing::instrument(name = "sandbox_create", skip_all)]
 pub async fn create(ctx: &Ctx, input: CreateSandboxInput) -> Result<Created, CommandError> {
     let id = vps_domain::ids::sandbox_id(
         &input.tenant_id,

@@ -43,6 +43,9 @@ impl Subscription {
 }
 
 /// Runs the fan-out forever (once the lease is held), waking `enqueued` after each enqueue.
+/// The least time between two reads of the log when woken.
+const FANOUT_PACE: Duration = Duration::from_millis(5);
+
 pub(crate) async fn run(
     pool: PgPool,
     notifier: Notifier,
@@ -53,7 +56,8 @@ pub(crate) async fn run(
     let mut failures = 0u32;
     let mut follower = loop {
         match Follower::load(pool.clone(), FOLLOWER, &notifier).await {
-            Ok(follower) => break follower,
+            // A few milliseconds of a busy moment's commits per read (deliveries are async).
+            Ok(follower) => break follower.paced(FANOUT_PACE),
             Err(e) => {
                 failures += 1;
                 tracing::warn!(error = %e, "cannot load the webhook fan-out checkpoint");
