@@ -28,9 +28,21 @@ pub const EXPIRE_PER_PASS: i64 = 100;
 
 static WAKE: LazyLock<Notify> = LazyLock::new(Notify::new);
 
-/// Asks this process's reconciler for a pass now (a claim emptied a warm slot, a delete).
+/// Asks this process's reconciler for a pass now (a template changed, a delete).
 pub fn wake() {
     WAKE.notify_one();
+}
+
+static CLAIMED: LazyLock<Notify> = LazyLock::new(Notify::new);
+
+/// How long after a warm claim the refill pass starts.
+pub const REFILL_SETTLE: Duration = Duration::from_millis(100);
+
+/// After a warm claim: a refill pass [`REFILL_SETTLE`] later, not at once, so the claims of a
+/// busy moment share one pass (and one spec change per node), and the pass does not run
+/// beside the claimed instance's resume.
+pub fn claimed() {
+    CLAIMED.notify_one();
 }
 
 /// Passes for as long as the task lives.
@@ -42,6 +54,10 @@ pub async fn run(ctx: Ctx, timings: Timings, store: SnapshotStore) -> Result<(),
         tokio::select! {
             () = tokio::time::sleep(timings.sandbox_pass) => {}
             () = WAKE.notified() => {}
+            () = CLAIMED.notified() => tokio::select! {
+                () = tokio::time::sleep(REFILL_SETTLE) => {}
+                () = WAKE.notified() => {}
+            },
         }
     }
 }

@@ -258,7 +258,7 @@ async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
     }
     let created = sandboxes::create::create(&c.ctx, q.input).await?;
     if created.new && created.sandbox.warm {
-        vps_reactors::sandboxes::wake();
+        vps_reactors::sandboxes::claimed();
     }
     let sandbox = created.sandbox;
     if sandbox.state != SandboxState::Starting || wait.is_zero() {
