@@ -611,19 +611,23 @@ impl PolicyBook {
                 return Decision::Allow;
             }
         }
-        let response = authorizer.is_authorized(&request, &policies.full, &entities);
-        match response.decision() {
-            cedar::Decision::Allow => Decision::Allow,
-            cedar::Decision::Deny => {
-                let mut ids: Vec<String> = response
-                    .diagnostics()
-                    .reason()
-                    .map(|id| stored_id(id.as_ref()).to_string())
-                    .collect();
-                ids.sort();
-                ids.dedup();
-                Decision::Deny { policy_ids: ids }
-            }
+        decision_of(&authorizer.is_authorized(&request, &policies.full, &entities))
+    }
+}
+
+/// Cedar's answer as ours: a refusal names the stored policies that refused.
+fn decision_of(response: &cedar::Response) -> Decision {
+    match response.decision() {
+        cedar::Decision::Allow => Decision::Allow,
+        cedar::Decision::Deny => {
+            let mut ids: Vec<String> = response
+                .diagnostics()
+                .reason()
+                .map(|id| stored_id(id.as_ref()).to_string())
+                .collect();
+            ids.sort();
+            ids.dedup();
+            Decision::Deny { policy_ids: ids }
         }
     }
 }

@@ -263,20 +263,7 @@ fn plain_cedar(sources: &[String], principal: &Principal, action: &str, r: &Reso
         }
     }
     let (request, entities) = request(principal, action, r).unwrap();
-    let response = Authorizer::new().is_authorized(&request, &set, &entities);
-    match response.decision() {
-        cedar::Decision::Allow => Decision::Allow,
-        cedar::Decision::Deny => {
-            let mut ids: Vec<String> = response
-                .diagnostics()
-                .reason()
-                .map(|id| stored_id(id.as_ref()).to_string())
-                .collect();
-            ids.sort();
-            ids.dedup();
-            Decision::Deny { policy_ids: ids }
-        }
-    }
+    decision_of(&Authorizer::new().is_authorized(&request, &set, &entities))
 }
 
 /// Guards slicing reads (attribute against literal, either side, every operator), next to
