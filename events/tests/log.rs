@@ -410,3 +410,27 @@ async fn a_transaction_older_than_the_streams_last_writer_must_retry() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_paced_follower_takes_a_busy_moments_wake_ups_in_one_read() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let pace = std::time::Duration::from_millis(300);
+    let mut paced = Follower::load(pool.clone(), "paced", &notifier)
+        .await
+        .unwrap()
+        .paced(pace);
+    let mut eager = Follower::load(pool.clone(), "eager", &notifier)
+        .await
+        .unwrap();
+    assert!(eager.next_batch(10).await.unwrap().is_empty());
+    let read = std::time::Instant::now();
+    assert!(paced.next_batch(10).await.unwrap().is_empty());
+    notifier.committed();
+    // Woken at once, the unpaced one returns well before the poll interval …
+    eager.wait().await;
+    assert!(read.elapsed() < vps_events::follower::POLL_INTERVAL);
+    // … and the paced one not before its pace since its last read.
+    paced.wait().await;
+    assert!(read.elapsed() >= pace, "{:?}", read.elapsed());
+}

@@ -44,6 +44,14 @@ pub struct Answer {
     pub body: Value,
 }
 
+/// The timings the sandbox tests run on: instances looked at again within a tenth of a second,
+/// the sandbox reconciler passing every 0.2 s.
+pub fn fast_sandboxes(c: &mut Config) {
+    c.timings.transitional_look = 0.1;
+    c.timings.unschedulable_retry = 0.2;
+    c.timings.sandbox_pass = 0.2;
+}
+
 impl TestServer {
     /// Starts a server on a fresh database with the four test identities.
     pub async fn start() -> TestServer {
@@ -196,6 +204,22 @@ impl TestServer {
             answer["node"]["id"].as_str().unwrap().to_string(),
             answer["nodeToken"].as_str().unwrap().to_string(),
         )
+    }
+
+    /// Registers `n` nodes (`host-0`, `host-1`, …) in `pool_id`, each with a running emulated
+    /// host that boots in `boot`.
+    pub async fn hosts(
+        &self,
+        pool_id: &str,
+        n: usize,
+        boot: Duration,
+    ) -> Vec<vps_emulators::host::HostHandle> {
+        let mut hosts = Vec::with_capacity(n);
+        for i in 0..n {
+            let (node, token) = self.register_node(pool_id, &format!("host-{i}")).await;
+            hosts.push(self.host(&node, &token, boot));
+        }
+        hosts
     }
 
     /// Starts an emulated host for a node, talking to this server over HTTP.

@@ -13,23 +13,14 @@ use vps_tests::{TestServer, ALICE, EVE, OPERATOR};
 const BOOT: Duration = Duration::from_millis(50);
 
 async fn server() -> TestServer {
-    TestServer::start_with(|c| {
-        c.timings.transitional_look = 0.1;
-        c.timings.unschedulable_retry = 0.2;
-        c.timings.sandbox_pass = 0.2;
-    })
-    .await
+    TestServer::start_with(vps_tests::fast_sandboxes).await
 }
 
 /// A pool with `nodes` emulated hosts (tunnel endpoints included) and a template of acme's.
 async fn setup(t: &TestServer, nodes: usize) -> (String, String, Vec<HostHandle>) {
     let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
     let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let mut hosts = Vec::new();
-    for n in 0..nodes {
-        let (node, token) = t.register_node(&pool, &format!("host-{n}")).await;
-        hosts.push(t.host(&node, &token, BOOT));
-    }
+    let hosts = t.hosts(&pool, nodes, BOOT).await;
     let template = t
         .ok(
             ALICE,

@@ -189,12 +189,9 @@ async fn a_refusing_host_is_left_for_another_after_the_wait() {
 async fn an_instance_refused_by_four_hosts_fails() {
     let t = fast_server().await;
     let pool = pool(&t).await;
-    let mut hosts = Vec::new();
-    for n in 0..4 {
-        let (node, token) = t.register_node(&pool, &format!("host-{n}")).await;
-        let host = t.host(&node, &token, BOOT);
+    let hosts = t.hosts(&pool, 4, BOOT).await;
+    for host in &hosts {
         host.refuse_new(Some("no memory".into()));
-        hosts.push(host);
     }
     let id = create(&t, &pool, "k").await;
     let failed = t.until(ALICE, "acme", &id, WAIT, state("error")).await;
@@ -484,4 +481,41 @@ async fn an_unschedulable_instance_is_placed_as_soon_as_a_node_is_added() {
         .await;
     assert_eq!(placed["nodeId"], node.as_str(), "{placed}");
     assert_eq!(placed["conditions"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_waits_only_on_the_instances_it_changes() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let (a, b) = (create(&t, &pool, "a").await, create(&t, &pool, "b").await);
+    for id in [&a, &b] {
+        t.until(ALICE, "acme", id, WAIT, |i| i["nodeId"] == node.as_str())
+            .await;
+    }
+    let report = |b_state: &str| {
+        json!({ "nodeId": node, "complete": true, "instances": [
+            { "id": a, "state": "RUNNING" },
+            { "id": b, "state": b_state, "message": "the disk is gone" } ] })
+    };
+    t.ok(&token, "nodes.report", report("RUNNING")).await;
+    for id in [&a, &b] {
+        t.until(ALICE, "acme", id, WAIT, state("running")).await;
+    }
+    // Another transaction holds a's row (a claim or a change in flight); the report leaves a
+    // as it is and changes b, so it must not wait for that transaction.
+    let mut holder = t.server.state.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM instances WHERE id = $1 FOR UPDATE")
+        .bind(&a)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        t.ok(&token, "nodes.report", report("ERROR")),
+    )
+    .await
+    .expect("the report waited for a's row, which it does not change");
+    assert_eq!(answer["updated"], 1, "{answer}");
+    holder.rollback().await.unwrap();
 }

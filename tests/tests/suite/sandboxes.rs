@@ -11,9 +11,7 @@ const BOOT: Duration = Duration::from_millis(50);
 
 async fn server() -> TestServer {
     TestServer::start_with(|c| {
-        c.timings.transitional_look = 0.1;
-        c.timings.unschedulable_retry = 0.2;
-        c.timings.sandbox_pass = 0.2;
+        vps_tests::fast_sandboxes(c);
         c.timings.sandbox_expiring_lead = 2.0;
         c.timings.sandbox_expiring_min_lead = 0.5;
     })
@@ -27,11 +25,7 @@ async fn pool_with_hosts(
 ) -> (String, Vec<vps_emulators::host::HostHandle>) {
     let quota = json!({ "vcpu": 1000, "memoryGiB": 10000, "diskGiB": 100000 });
     let pool = t.hosted_pool("10.0.0.0/22", 0, quota).await;
-    let mut hosts = Vec::new();
-    for n in 0..nodes {
-        let (node, token) = t.register_node(&pool, &format!("host-{n}")).await;
-        hosts.push(t.host(&node, &token, BOOT));
-    }
+    let hosts = t.hosts(&pool, nodes, BOOT).await;
     (pool, hosts)
 }
 

@@ -12,9 +12,7 @@ const BOOT: Duration = Duration::from_millis(50);
 
 async fn server() -> TestServer {
     TestServer::start_with(|c| {
-        c.timings.transitional_look = 0.1;
-        c.timings.unschedulable_retry = 0.2;
-        c.timings.sandbox_pass = 0.2;
+        vps_tests::fast_sandboxes(c);
         c.timings.snapshot_timeout = 1.0;
     })
     .await

@@ -16,9 +16,7 @@ const BOOT: Duration = Duration::from_millis(50);
 
 async fn server() -> TestServer {
     TestServer::start_with(|c| {
-        c.timings.transitional_look = 0.1;
-        c.timings.unschedulable_retry = 0.2;
-        c.timings.sandbox_pass = 0.2;
+        vps_tests::fast_sandboxes(c);
         c.timings.usage_window = 1.0;
     })
     .await
@@ -28,11 +26,7 @@ async fn server() -> TestServer {
 async fn pool_with_hosts(t: &TestServer, nodes: usize, disk: u64) -> (String, Vec<HostHandle>) {
     let quota = json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": disk });
     let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let mut hosts = Vec::new();
-    for n in 0..nodes {
-        let (node, token) = t.register_node(&pool, &format!("host-{n}")).await;
-        hosts.push(t.host(&node, &token, BOOT));
-    }
+    let hosts = t.hosts(&pool, nodes, BOOT).await;
     (pool, hosts)
 }
 
