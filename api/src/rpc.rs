@@ -59,6 +59,8 @@ pub async fn dispatch(
         authz: state.authz.clone(),
         snapshots: state.snapshots.clone(),
         sandbox_ca: state.sandbox_ca.clone(),
+        specs: state.specs.clone(),
+        placed: state.placed.clone(),
     };
     method.call(call, &body).instrument(span).await.map(Json)
 }

@@ -8,7 +8,8 @@
 //! wait for it. The entries are a function of the views (a replay compares them); the
 //! generation counts changes, so it is not compared.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 use sqlx::types::Json;
@@ -141,32 +142,109 @@ pub async fn generation<'e>(
         .await
 }
 
+/// A replica's copy of its nodes' instance entries: serving a spec reads again only the
+/// entries written after the generation the copy was read at, so a long poll that answers one
+/// change on a node of thousands of instances costs one entry, not thousands.
+#[derive(Debug, Default)]
+pub struct SpecCache {
+    nodes: Mutex<HashMap<String, Held>>,
+}
+
+/// One node's entries as read at `generation` (or later).
+#[derive(Debug, Clone)]
+struct Held {
+    generation: i64,
+    entries: Arc<BTreeMap<String, Value>>,
+}
+
+impl SpecCache {
+    fn held(&self, node_id: &str) -> Option<Held> {
+        self.nodes.lock().ok()?.get(node_id).cloned()
+    }
+
+    fn hold(&self, node_id: &str, held: Held) {
+        if let Ok(mut nodes) = self.nodes.lock() {
+            nodes.insert(node_id.to_string(), held);
+        }
+    }
+}
+
 /// A node's spec with its generation (an empty spec at generation 0 before any instance),
 /// and its host commands: the snapshots it has to take, until it reports them. A command
 /// names its object (`objectKey`); the upload URL is signed when the spec is served.
-pub async fn load(conn: &mut PgConnection, node_id: &str) -> Result<Value, sqlx::Error> {
-    let (generation, instances, volumes, commands): (i64, Value, Value, Value) = sqlx::query_as(
-        "SELECT coalesce((SELECT generation FROM node_specs WHERE node_id = $1), 0),
-                coalesce((SELECT jsonb_agg(entry ORDER BY instance_id) FROM node_spec_entries
-                           WHERE node_id = $1), '[]'),
-                coalesce((SELECT jsonb_agg(entry ORDER BY volume_id) FROM node_spec_volumes
-                           WHERE node_id = $1), '[]'),
-                coalesce((SELECT jsonb_agg(jsonb_build_object(
-                                   'id', id, 'kind', 'snapshot', 'instanceId', instance_id,
-                                   'includeMemory', include_memory,
-                                   'objectKey', tenant_id || '/' || id) ORDER BY created_at, id)
-                            FROM sandbox_snapshots WHERE node_id = $1 AND state = 'pending'), '[]')",
+pub async fn load(
+    conn: &mut PgConnection,
+    cache: &SpecCache,
+    node_id: &str,
+) -> Result<Value, sqlx::Error> {
+    // The generation is read first: entries newer than it only make the host's next poll
+    // answer at once, and a change committed after the read is never labelled as seen.
+    let generation = generation(&mut *conn, node_id).await?;
+    let held = cache.held(node_id).filter(|h| h.generation <= generation);
+    let entries = match instance_entries(conn, node_id, held.as_ref()).await? {
+        Some(entries) => entries,
+        // The copy lacks an entry it should hold: read them all.
+        None => instance_entries(conn, node_id, None)
+            .await?
+            .unwrap_or_default(),
+    };
+    let entries = Arc::new(entries);
+    cache.hold(
+        node_id,
+        Held {
+            generation,
+            entries: entries.clone(),
+        },
+    );
+    let volumes: Vec<Value> = sqlx::query_scalar(
+        "SELECT entry FROM node_spec_volumes WHERE node_id = $1 ORDER BY volume_id",
     )
     .bind(node_id)
-    .fetch_one(conn)
+    .fetch_all(&mut *conn)
+    .await?;
+    let commands: Vec<Value> = sqlx::query_scalar(
+        "SELECT jsonb_build_object('id', id, 'kind', 'snapshot', 'instanceId', instance_id,
+                                   'includeMemory', include_memory,
+                                   'objectKey', tenant_id || '/' || id)
+           FROM sandbox_snapshots WHERE node_id = $1 AND state = 'pending'
+          ORDER BY created_at, id",
+    )
+    .bind(node_id)
+    .fetch_all(&mut *conn)
     .await?;
     Ok(json!({
         "nodeId": node_id,
         "generation": generation,
-        "instances": instances,
+        // Cloned, not serialised again: `json!` would rebuild every entry through serde.
+        "instances": Value::Array(entries.values().cloned().collect()),
         "volumes": volumes,
         "commands": commands,
     }))
+}
+
+/// The node's instance entries by instance id: those written after `held`'s generation read,
+/// the rest taken from `held`; `None` when `held` lacks one of the rest.
+async fn instance_entries(
+    conn: &mut PgConnection,
+    node_id: &str,
+    held: Option<&Held>,
+) -> Result<Option<BTreeMap<String, Value>>, sqlx::Error> {
+    let rows: Vec<(String, Option<Value>)> = sqlx::query_as(
+        "SELECT instance_id, CASE WHEN generation > $2 THEN entry END
+           FROM node_spec_entries WHERE node_id = $1",
+    )
+    .bind(node_id)
+    .bind(held.map_or(-1, |h| h.generation))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut entries = BTreeMap::new();
+    for (id, entry) in rows {
+        let Some(entry) = entry.or_else(|| held?.entries.get(&id).cloned()) else {
+            return Ok(None);
+        };
+        entries.insert(id, entry);
+    }
+    Ok(Some(entries))
 }
 
 /// The follower's (and lease's) name.
@@ -291,4 +369,54 @@ pub async fn refresh_all(conn: &mut PgConnection) -> Result<(), ProjectionError>
         refresh(conn, &node).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(pairs: &[(&str, i64)]) -> BTreeMap<(String, String), Value> {
+        pairs
+            .iter()
+            .map(|(id, n)| {
+                (
+                    ("node_a".to_string(), id.to_string()),
+                    json!({ "id": id, "n": n }),
+                )
+            })
+            .collect()
+    }
+
+    async fn write_entries(conn: &mut PgConnection, ids: &[&str], want: &[(&str, i64)]) {
+        let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+        write(conn, &INSTANCE_ENTRIES, &ids, None, entries(want))
+            .await
+            .expect("entries written");
+    }
+
+    #[tokio::test]
+    async fn a_held_spec_serves_what_a_fresh_read_would_through_changes_and_removals() {
+        let db = vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 2).await;
+        let mut conn = db.acquire().await.unwrap();
+        let held = SpecCache::default();
+        write_entries(&mut conn, &["a", "b"], &[("a", 1), ("b", 1)]).await;
+        let first = load(&mut conn, &held, "node_a").await.unwrap();
+        assert_eq!(first["instances"].as_array().map(Vec::len), Some(2));
+
+        // One entry changes, one goes, one comes: the held copy must follow all three.
+        write_entries(&mut conn, &["a", "b", "c"], &[("a", 2), ("c", 1)]).await;
+        let served = load(&mut conn, &held, "node_a").await.unwrap();
+        let fresh = load(&mut conn, &SpecCache::default(), "node_a")
+            .await
+            .unwrap();
+        assert_eq!(served, fresh);
+        assert_eq!(
+            served["instances"],
+            json!([{ "id": "a", "n": 2 }, { "id": "c", "n": 1 }])
+        );
+        assert!(served["generation"].as_i64() > first["generation"].as_i64());
+
+        // Unchanged: the same spec at the same generation.
+        assert_eq!(load(&mut conn, &held, "node_a").await.unwrap(), served);
+    }
 }

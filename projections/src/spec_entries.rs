@@ -58,6 +58,12 @@ pub(crate) async fn write(
     if changed.is_empty() {
         return Ok(());
     }
+    // Bumped first, so each entry written carries the generation that publishes it.
+    let generations: BTreeMap<String, i64> =
+        bump(conn, &changed.into_iter().cloned().collect::<Vec<_>>())
+            .await?
+            .into_iter()
+            .collect();
     sqlx::query(&format!(
         "DELETE FROM {table} e USING unnest($1::text[], $2::text[]) AS g(node_id, k)
           WHERE e.node_id = g.node_id AND e.{key} = g.k",
@@ -69,29 +75,38 @@ pub(crate) async fn write(
     .execute(&mut *conn)
     .await?;
     sqlx::query(&format!(
-        "INSERT INTO {table} (node_id, {key}, entry)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
-         ON CONFLICT (node_id, {key}) DO UPDATE SET entry = excluded.entry",
+        "INSERT INTO {table} (node_id, {key}, entry, generation)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::bigint[])
+         ON CONFLICT (node_id, {key})
+            DO UPDATE SET entry = excluded.entry, generation = excluded.generation",
         key = t.key,
         table = t.table,
     ))
     .bind(set.iter().map(|(k, _)| k.0.as_str()).collect::<Vec<_>>())
     .bind(set.iter().map(|(k, _)| k.1.as_str()).collect::<Vec<_>>())
     .bind(set.iter().map(|(_, v)| *v).collect::<Vec<_>>())
+    .bind(
+        set.iter()
+            .map(|(k, _)| generations.get(&k.0).copied().unwrap_or_default())
+            .collect::<Vec<_>>(),
+    )
     .execute(&mut *conn)
     .await?;
-    bump(conn, &changed.into_iter().cloned().collect::<Vec<_>>()).await?;
     Ok(())
 }
 
-/// Moves the generation of `nodes` (their host commands changed).
-pub(crate) async fn bump(conn: &mut PgConnection, nodes: &[String]) -> Result<(), sqlx::Error> {
-    sqlx::query(
+/// Moves the generation of `nodes` (an entry or a host command of theirs changed); answers
+/// each node's new generation.
+pub(crate) async fn bump(
+    conn: &mut PgConnection,
+    nodes: &[String],
+) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as(
         "INSERT INTO node_specs (node_id, generation) SELECT unnest($1::text[]), 1
-         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1",
+         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1
+         RETURNING node_id, generation",
     )
     .bind(nodes)
-    .execute(conn)
-    .await?;
-    Ok(())
+    .fetch_all(conn)
+    .await
 }

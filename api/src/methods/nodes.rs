@@ -178,7 +178,7 @@ async fn spec(c: Call, q: SpecQuery) -> Result<Value, ApiError> {
         .await?;
     }
     let mut conn = c.ctx.pool.acquire().await?;
-    let spec = vps_projections::node_specs::load(&mut conn, &q.node_id).await?;
+    let spec = vps_projections::node_specs::load(&mut conn, &c.specs, &q.node_id).await?;
     let ttl = Duration::from_secs_f64(c.config.timings.snapshot_timeout);
     sign_objects(&c.snapshots, spec, ttl).await
 }
@@ -220,7 +220,7 @@ async fn sign_objects(
 }
 
 async fn report(c: Call, report: Report) -> Result<ReportAnswer, ApiError> {
-    let outcome = hosts::report(&c.ctx, report).await?;
+    let outcome = hosts::report(&c.ctx, &c.placed, report).await?;
     Ok(ReportAnswer {
         updated: outcome.updated,
         orphans: outcome.orphans,

@@ -18,59 +18,42 @@ use crate::record::new_id;
 /// At most this many warm instances are made per template per pass.
 pub const REFILL_PER_PASS: usize = 4;
 
-/// Candidates a claim looks at, oldest first.
-const CLAIM_CANDIDATES: i64 = 8;
-
 /// Claims a settled warm instance of `t` for the sandbox, in the caller's transaction; `None`
 /// when none is claimable (the caller creates one cold).
 ///
-/// The oldest settled instances of the current version are tried in order, each with a
-/// transaction-scoped try-lock of its own: a concurrent claim skips it rather than waiting,
-/// and no two claims ever hold one instance. The instance's row is then locked as every
-/// instance change locks it (a host report holds it only for its own short transaction), and
-/// the instance is checked again under that lock.
+/// The oldest settled instance of the current version that no concurrent transaction holds is
+/// taken with `FOR UPDATE SKIP LOCKED`: concurrent claims never wait on each other and never
+/// share an instance (a host report locks only the instances it changes, and a settled one
+/// does not change).
 pub async fn claim(
     ctx: &Ctx,
     tx: &mut PgConnection,
     t: &Template,
     sandbox_id: &str,
 ) -> Result<Option<Instance>, CommandError> {
-    let candidates: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM instances
+    let row: Option<sqlx::types::Json<Instance>> = sqlx::query_scalar(
+        "SELECT doc FROM instances
           WHERE warm_template_id = $1 AND template_version = $2
             AND state IN ('stopped', 'paused') AND desired_state <> 'deleted'
           ORDER BY created_at, id
-          LIMIT $3",
+          LIMIT 1
+          FOR UPDATE SKIP LOCKED",
     )
     .bind(&t.id)
     .bind(t.instance_version as i64)
-    .bind(CLAIM_CANDIDATES)
-    .fetch_all(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
-    for id in candidates {
-        let mine: bool = sqlx::query_scalar(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended('warm-claim:' || $1, 0))",
-        )
-        .bind(&id)
-        .fetch_one(&mut *tx)
-        .await?;
-        if !mine {
-            continue;
-        }
-        lock_instance(tx, &id).await?;
-        let Some(instance) = vps_projections::instances::load(tx, &id).await? else {
-            continue;
-        };
-        if !instance.claimable() || instance.template_version != Some(t.instance_version) {
-            continue;
-        }
-        let claim = InstanceCommand::Claim {
-            sandbox_id: sandbox_id.to_string(),
-            owner_identity_id: ctx.actor.identity.clone(),
-        };
-        return apply_commands(ctx, tx, &instance, &[claim], Utc::now()).await;
+    let Some(sqlx::types::Json(instance)) = row else {
+        return Ok(None);
+    };
+    if !instance.claimable() || instance.template_version != Some(t.instance_version) {
+        return Ok(None);
     }
-    Ok(None)
+    let claim = InstanceCommand::Claim {
+        sandbox_id: sandbox_id.to_string(),
+        owner_identity_id: ctx.actor.identity.clone(),
+    };
+    apply_commands(ctx, tx, &instance, &[claim], Utc::now()).await
 }
 
 /// One pass over a template's warm pool (`template` gone or deleted: drain it): drains what

@@ -1,0 +1,5 @@
+-- The node generation at which each spec entry was last written: a server holding a node's
+-- spec reads again only the entries written since the generation it holds. Counts changes,
+-- like node_specs.generation, so a replay does not compare it.
+ALTER TABLE node_spec_entries ADD COLUMN generation bigint NOT NULL DEFAULT 0;
+ALTER TABLE node_spec_volumes ADD COLUMN generation bigint NOT NULL DEFAULT 0;
