@@ -436,16 +436,39 @@ async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
     }
 }
 
-/// `vps bench …`: each benchmark runs in a scratch database on the configured server.
+/// `vps bench …`: each benchmark but `authz` (and the converge bench's host process) runs in a
+/// scratch database on the configured server.
 async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
     match cmd {
-        BenchCommand::Api { seconds, clients } => {
+        BenchCommand::Authz { seconds, policies } => {
+            let options = crate::bench::authz::AuthzBench {
+                seconds: seconds.clamp(0.1, 600.0),
+                policies: policies.min(100_000),
+            };
+            crate::bench::authz::run(&options)?;
+            Ok(0)
+        }
+        BenchCommand::ConvergeHosts { url, boot_ms } => {
+            crate::bench::converge::hosts_process(&url, std::time::Duration::from_millis(boot_ms))
+                .await?;
+            Ok(0)
+        }
+        cmd => {
             let (url, _cluster) = crate::database::server_url(config).await?;
+            bench_on_server(&url, cmd).await
+        }
+    }
+}
+
+/// The benchmarks that run in a scratch database on the server at `url`.
+async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
+    match cmd {
+        BenchCommand::Api { seconds, clients } => {
             let options = crate::bench::api::ApiBench {
                 clients: clients.into_iter().map(|c| c.max(1)).collect(),
                 seconds: seconds.clamp(0.5, 600.0),
             };
-            crate::bench::api::run(&url, &options).await?;
+            crate::bench::api::run(url, &options).await?;
             Ok(0)
         }
         BenchCommand::Log {
@@ -453,14 +476,13 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
             writers,
             rounds,
         } => {
-            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::log::LogBench {
                 writers: writers.max(1),
                 seconds: seconds.clamp(0.5, 600.0),
                 batch: 100,
                 rounds: rounds.clamp(1, 100),
             };
-            crate::bench::log::run(&url, &options).await?;
+            crate::bench::log::run(url, &options).await?;
             Ok(0)
         }
         BenchCommand::Converge {
@@ -470,7 +492,6 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
             clients,
             timeout,
         } => {
-            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::converge::ConvergeBench {
                 hosts: hosts.max(1),
                 instances: instances.max(1),
@@ -478,63 +499,47 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
                 clients: clients.max(1),
                 timeout: std::time::Duration::from_secs_f64(timeout.clamp(1.0, 86_400.0)),
             };
-            Ok(exit_code(
-                crate::bench::converge::run(&url, &options).await?,
-            ))
-        }
-        BenchCommand::ConvergeHosts { url, boot_ms } => {
-            crate::bench::converge::hosts_process(&url, std::time::Duration::from_millis(boot_ms))
-                .await?;
-            Ok(0)
+            Ok(exit_code(crate::bench::converge::run(url, &options).await?))
         }
         BenchCommand::Sandbox {
             warm,
             cold,
             boot_ms,
         } => {
-            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::sandbox::SandboxBench {
                 warm: warm.clamp(1, 500),
                 cold: cold.clamp(1, 500),
                 boot: std::time::Duration::from_millis(boot_ms),
             };
-            crate::bench::sandbox::run(&url, &options).await?;
+            crate::bench::sandbox::run(url, &options).await?;
             Ok(0)
         }
         BenchCommand::Snapshot { rounds, size_mib } => {
-            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::snapshot::SnapshotBench {
                 rounds: rounds.clamp(1, 1000),
                 size: size_mib.clamp(1, 4096) << 20,
             };
-            crate::bench::snapshot::run(&url, &options).await?;
-            Ok(0)
-        }
-        BenchCommand::Authz { seconds, policies } => {
-            let options = crate::bench::authz::AuthzBench {
-                seconds: seconds.clamp(0.1, 600.0),
-                policies: policies.min(100_000),
-            };
-            crate::bench::authz::run(&options)?;
+            crate::bench::snapshot::run(url, &options).await?;
             Ok(0)
         }
         BenchCommand::Usage { instances, hours } => {
-            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::usage::UsageBench {
                 instances: instances.clamp(1, 1_000_000),
                 hours: hours.clamp(1, 24 * 31),
             };
-            crate::bench::usage::run(&url, &options).await?;
+            crate::bench::usage::run(url, &options).await?;
             Ok(0)
         }
         BenchCommand::Delivery { rate, seconds } => {
-            let (url, _cluster) = crate::database::server_url(config).await?;
             let options = crate::bench::delivery::DeliveryBench {
                 rate: rate.clamp(1.0, 100_000.0),
                 seconds: seconds.clamp(0.5, 600.0),
             };
-            crate::bench::delivery::run(&url, &options).await?;
+            crate::bench::delivery::run(url, &options).await?;
             Ok(0)
+        }
+        BenchCommand::Authz { .. } | BenchCommand::ConvergeHosts { .. } => {
+            anyhow::bail!("this benchmark runs without a database")
         }
     }
 }

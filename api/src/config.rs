@@ -380,6 +380,15 @@ impl Config {
                 )
             })?;
         }
+        self.validate_timings(&err)?;
+        self.validate_identities(&err)
+    }
+
+    /// `[timings]`: every duration positive and at most a day.
+    fn validate_timings(
+        &self,
+        err: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
         let t = &self.timings;
         for (key, v) in [
             ("unschedulable_retry", t.unschedulable_retry),
@@ -403,6 +412,14 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `[[identities]]`: unique tokens of a fair length, a name, and a tenant unless operator.
+    fn validate_identities(
+        &self,
+        err: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
         let mut tokens = std::collections::HashSet::new();
         for (i, id) in self.identities.iter().enumerate() {
             let key = |k: &str| format!("identities[{i}].{k}");

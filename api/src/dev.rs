@@ -64,18 +64,38 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
         })
         .collect();
 
-    let url = server.url();
+    print_guide(
+        &config,
+        &server.url(),
+        &db.url,
+        nodes.len(),
+        &pool_id,
+        &template_id,
+    );
+    println!("press Ctrl-C to stop");
+    crate::server::shutdown_signal().await;
+    server.shutdown().await;
+    db.pool.close().await;
+    Ok(0)
+}
+
+/// What `vps dev` prints: where it runs, the tokens, and commands to try.
+fn print_guide(
+    config: &Config,
+    url: &str,
+    db_url: &str,
+    hosts: usize,
+    pool_id: &str,
+    template_id: &str,
+) {
     let tenant_token = &config
         .identities
         .iter()
         .find(|i| !i.operator)
         .map(|i| i.token.clone())
         .unwrap_or_default();
-    println!(
-        "vps dev is running at {url} with {} emulated hosts",
-        nodes.len()
-    );
-    println!("database: {}", crate::database::redact(&db.url));
+    println!("vps dev is running at {url} with {} emulated hosts", hosts);
+    println!("database: {}", crate::database::redact(db_url));
     for id in &config.identities {
         let who = if id.operator {
             "operator".to_string()
@@ -102,11 +122,6 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
     println!("watch the log:   cargo run -p vps -- events tail");
     println!("the console:     {url}/console (sign in with the tenant token, tenant acme)");
     println!("delete it:       curl -s -X POST {url}/api/compute/instances/delete -H 'Authorization: Bearer {tenant_token}' -d '{{\"tenantId\":\"acme\",\"instanceId\":\"<id>\"}}'");
-    println!("press Ctrl-C to stop");
-    crate::server::shutdown_signal().await;
-    server.shutdown().await;
-    db.pool.close().await;
-    Ok(0)
 }
 
 /// The key in `.vps/secrets.key`, generated (32 random bytes, base64, readable by the owner

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use crate::model::{Cursor, RecordedEvent};
 use crate::notify::Notifier;
-use crate::read::{head_position, read_after};
+use crate::read::{head_position, read_after, read_page, Filter, Page};
 
 /// How long a follower waits for a wake-up before it polls anyway.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -95,6 +95,15 @@ impl Follower {
     pub async fn wait(&mut self) {
         let _ = tokio::time::timeout(POLL_INTERVAL, self.wake.changed()).await;
         tokio::time::sleep_until((self.last_read + self.pace).into()).await;
+    }
+
+    /// Like [`Follower::next_batch`], keeping only the events that pass `filter`: a follower
+    /// that needs few of the log's events does not fetch the rest. The page's `next` is past
+    /// the events it skipped; advance to it once the page is done.
+    pub async fn next_page(&mut self, filter: &Filter, limit: i64) -> Result<Page, sqlx::Error> {
+        self.wake.borrow_and_update();
+        self.last_read = Instant::now();
+        read_page(&self.pool, self.cursor, filter, limit).await
     }
 
     /// Publishes how far behind the head of the log this follower is, in events (at most once

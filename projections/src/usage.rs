@@ -20,39 +20,36 @@ pub const MAX_PAGE: i64 = 1000;
 
 /// Applies one `usage.recorded` event.
 pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), ProjectionError> {
-    apply_recorded(conn, std::slice::from_ref(event)).await
+    let record = UsageRecord::from_data(&event.data).map_err(|err| ProjectionError::Malformed {
+        event_id: event.id.clone(),
+        event_type: event.event_type.clone(),
+        message: err.to_string(),
+    })?;
+    apply_records(conn, &[(event.id.clone(), &record)]).await
 }
 
-/// Applies many `usage.recorded` events with one statement per table (the metering reactor
-/// records thousands at a time).
-pub async fn apply_recorded(
+/// Applies many records, each with its event's id, with one statement per table (the metering
+/// reactor records thousands at a time, and has them in hand: nothing is parsed back).
+pub async fn apply_records(
     conn: &mut PgConnection,
-    events: &[RecordedEvent],
+    records: &[(String, &UsageRecord)],
 ) -> Result<(), ProjectionError> {
-    let records = events
-        .iter()
-        .map(|e| {
-            UsageRecord::from_data(&e.data).map_err(|err| ProjectionError::Malformed {
-                event_id: e.id.clone(),
-                event_type: e.event_type.clone(),
-                message: err.to_string(),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     if records.is_empty() {
         return Ok(());
     }
-    insert_records(conn, events, &records).await?;
+    let ids: Vec<&str> = records.iter().map(|(id, _)| id.as_str()).collect();
+    let records: Vec<&UsageRecord> = records.iter().map(|(_, r)| *r).collect();
+    insert_records(conn, &ids, &records).await?;
     add_to_rollups(conn, &records).await?;
     Ok(())
 }
 
 async fn insert_records(
     conn: &mut PgConnection,
-    events: &[RecordedEvent],
-    records: &[UsageRecord],
+    ids: &[&str],
+    records: &[&UsageRecord],
 ) -> Result<(), sqlx::Error> {
-    let column = |f: fn(&UsageRecord) -> String| records.iter().map(f).collect::<Vec<_>>();
+    let column = |f: fn(&UsageRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<_>>();
     sqlx::query(
         "INSERT INTO usage_records (id, tenant_id, meter, resource_id, pool_id, identity_id, unit,
                                     quantity, window_start, window_end)
@@ -60,18 +57,18 @@ async fn insert_records(
                               $6::text[], $7::text[], $8::numeric[], $9::timestamptz[],
                               $10::timestamptz[])",
     )
-    .bind(events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>())
-    .bind(column(|r| r.tenant_id.clone()))
-    .bind(column(|r| r.meter.clone()))
-    .bind(column(|r| r.resource_id.clone()))
-    .bind(column(|r| r.pool_id.clone()))
+    .bind(ids)
+    .bind(column(|r| &r.tenant_id))
+    .bind(column(|r| &r.meter))
+    .bind(column(|r| &r.resource_id))
+    .bind(column(|r| &r.pool_id))
     .bind(
         records
             .iter()
-            .map(|r| r.identity_id.clone())
+            .map(|r| r.identity_id.as_deref())
             .collect::<Vec<_>>(),
     )
-    .bind(column(|r| r.unit.clone()))
+    .bind(column(|r| &r.unit))
     .bind(records.iter().map(|r| r.quantity).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.window_start).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.window_end).collect::<Vec<_>>())
@@ -83,7 +80,7 @@ async fn insert_records(
 /// Per (tenant, meter, day): the 24 hourly sums and the daily sum of `records`.
 type Rollups = BTreeMap<(String, String, NaiveDate), ([Decimal; 24], Decimal)>;
 
-fn rollups(records: &[UsageRecord]) -> Rollups {
+fn rollups(records: &[&UsageRecord]) -> Rollups {
     let mut sums = Rollups::new();
     for r in records {
         let key = (
@@ -100,7 +97,7 @@ fn rollups(records: &[UsageRecord]) -> Rollups {
 
 async fn add_to_rollups(
     conn: &mut PgConnection,
-    records: &[UsageRecord],
+    records: &[&UsageRecord],
 ) -> Result<(), sqlx::Error> {
     let sums = rollups(records);
     let keys: Vec<_> = sums.keys().collect();
@@ -255,12 +252,13 @@ mod tests {
             pool_id: "pool_a".into(),
         };
         let day = 1_800_000_000 - 1_800_000_000 % 86_400;
-        let sums = rollups(&[
+        let records = [
             record(day, "0.5"),
             record(day + 300, "0.25"),
             record(day + 3600, "1"),
             record(day + 86_400, "2"),
-        ]);
+        ];
+        let sums = rollups(&records.iter().collect::<Vec<_>>());
         assert_eq!(sums.len(), 2);
         let (hourly, daily) = sums.values().next().unwrap();
         assert_eq!(hourly[0], "0.75".parse().unwrap());

@@ -27,6 +27,7 @@ use vps_domain::usage::record::EVENT_TYPE;
 use vps_domain::usage::window::{at, micros};
 use vps_domain::usage::{InstanceMeter, Ledger, Micros, UsageRecord, Windows};
 use vps_events::lease::Lease;
+use vps_events::read::Filter;
 use vps_events::{AppendError, ExpectedVersion, Follower, Metadata, NewEvent, Notifier};
 use vps_events::{Cursor, RecordedEvent};
 use vps_projections::ProjectionError;
@@ -153,24 +154,25 @@ impl Metering {
         // Taken before the read: if the read reaches the horizon, it holds every event
         // recorded before this time.
         let horizon = vps_events::read::time_horizon(&self.pool).await?;
-        let batch = self.follower.next_batch(BATCH).await?;
-        for event in &batch {
+        let page = self.follower.next_page(&metered(), BATCH).await?;
+        for event in &page.events {
             self.fold(event);
         }
-        let settled = if (batch.len() as i64) < BATCH {
+        let settled = if (page.events.len() as i64) < BATCH {
             self.settle(micros(horizon))
         } else {
             None
         };
-        if batch.is_empty() && settled.is_none() {
+        // Past the events the filter skipped (the records themselves, mostly), even when the
+        // page holds none.
+        let read_on = (page.next != self.follower.cursor()).then_some(page.next);
+        if page.events.is_empty() && settled.is_none() && read_on.is_none() {
             return Ok(Pass::default());
         }
         let moved = settled.is_some();
         let records = settled.unwrap_or_default();
-        let appended = self
-            .commit(batch.last().map(RecordedEvent::cursor), &records)
-            .await?;
-        tracing::Span::current().record("events", batch.len());
+        let appended = self.commit(read_on, &records).await?;
+        tracing::Span::current().record("events", page.events.len());
         tracing::Span::current().record("records", appended);
         metrics::counter!("vps_usage_records_total").increment(appended as u64);
         if let Some(until) = self.settled_until {
@@ -178,7 +180,7 @@ impl Metering {
             metrics::gauge!("vps_usage_settled_lag_seconds").set(lag);
         }
         Ok(Pass {
-            events: batch.len(),
+            events: page.events.len(),
             records: moved.then_some(appended),
         })
     }
@@ -189,7 +191,7 @@ impl Metering {
         // did, it is applied at the settled mark (never rewriting a recorded window) and
         // counted, and `vps usage verify` names the difference.
         let recorded_at = match settled {
-            Some(s) if event.recorded_at < s && metered(&event.event_type) => {
+            Some(s) if event.recorded_at < s => {
                 metrics::counter!("vps_usage_late_events_total").increment(1);
                 tracing::warn!(event = %event.id, "event recorded before the settled usage mark");
                 s
@@ -236,7 +238,7 @@ impl Metering {
     ) -> Result<usize, MeteringError> {
         let mut tx = self.pool.begin().await?;
         let appended = append_records(&mut tx, records).await?;
-        vps_projections::usage::apply_recorded(&mut tx, &appended).await?;
+        vps_projections::usage::apply_records(&mut tx, &appended).await?;
         save_ledger(&mut tx, self.ledger.take_dirty()).await?;
         if let Some(until) = self.settled_until {
             save_progress(&mut tx, until, self.ledger.windows()).await?;
@@ -255,16 +257,21 @@ impl Metering {
     }
 }
 
-/// Whether events of this type move a meter (those recorded late are counted).
-fn metered(event_type: &str) -> bool {
-    event_type.starts_with("instance.") || event_type.starts_with("sandbox.volume.")
+/// The events that move a meter: instances' and sandbox volumes'. The rest of the log (the
+/// records this reactor appends among it) is skipped by the read.
+fn metered() -> Filter {
+    Filter {
+        types: vec!["instance.*".into(), "sandbox.volume.*".into()],
+        ..Filter::default()
+    }
 }
 
-/// Appends the records not yet in the log, one stream per tenant; returns them as stored.
-pub async fn append_records(
+/// Appends the records not yet in the log, one stream per tenant; answers those it appended,
+/// each with its event id.
+pub async fn append_records<'r>(
     conn: &mut PgConnection,
-    records: &[UsageRecord],
-) -> Result<Vec<RecordedEvent>, MeteringError> {
+    records: &'r [UsageRecord],
+) -> Result<Vec<(String, &'r UsageRecord)>, MeteringError> {
     let ids: Vec<String> = records.iter().map(UsageRecord::event_id).collect();
     let stored: std::collections::HashSet<String> =
         sqlx::query_scalar("SELECT id FROM events WHERE id = ANY($1)")
@@ -274,10 +281,12 @@ pub async fn append_records(
             .into_iter()
             .collect();
     let mut by_stream: BTreeMap<String, Vec<NewEvent>> = BTreeMap::new();
+    let mut appended = Vec::new();
     for (record, id) in records.iter().zip(ids) {
         if stored.contains(&id) {
             continue;
         }
+        appended.push((id.clone(), record));
         by_stream
             .entry(record.stream())
             .or_default()
@@ -292,10 +301,9 @@ pub async fn append_records(
                 },
             });
     }
-    let mut appended = Vec::new();
     for (stream, events) in by_stream {
         for chunk in events.chunks(APPEND_CHUNK) {
-            appended.extend(vps_events::append(conn, &stream, ExpectedVersion::Any, chunk).await?);
+            vps_events::append(conn, &stream, ExpectedVersion::Any, chunk).await?;
         }
     }
     Ok(appended)
