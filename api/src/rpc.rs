@@ -60,7 +60,6 @@ pub async fn dispatch(
         snapshots: state.snapshots.clone(),
         sandbox_ca: state.sandbox_ca.clone(),
         specs: state.specs.clone(),
-        placed: state.placed.clone(),
     };
     method.call(call, &body).instrument(span).await.map(Json)
 }

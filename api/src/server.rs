@@ -98,7 +98,6 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         snapshots: config.snapshot_store(&config.secret_bytes()?, addr)?,
         sandbox_ca,
         specs: Arc::default(),
-        placed: Arc::default(),
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();

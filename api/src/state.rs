@@ -31,6 +31,4 @@ pub struct AppState {
     pub sandbox_ca: Option<Arc<vps_commands::sandboxes::exec::ca::SandboxCa>>,
     /// This replica's copy of its nodes' spec entries.
     pub specs: Arc<vps_projections::node_specs::SpecCache>,
-    /// This replica's copy of the instances its hosts report on.
-    pub placed: Arc<vps_commands::hosts::PlacedCache>,
 }

@@ -2,8 +2,7 @@
 //! from node liveness (`node.lost` and its instances). Every instance change is an ordinary
 //! decision on the instance's stream.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::Utc;
 use serde::Deserialize;
@@ -86,11 +85,7 @@ pub struct ReportOutcome {
 pub const RESOURCES_EXHAUSTED: &str = "ResourcesExhausted:";
 
 /// Applies a node's report. Only instances placed on that node are touched.
-pub async fn report(
-    ctx: &Ctx,
-    cache: &PlacedCache,
-    report: Report,
-) -> Result<ReportOutcome, CommandError> {
+pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandError> {
     if report.command_results.len() > 1_000 {
         return Err(DomainError::invalid_input("commandResults", "at most 1000").into());
     }
@@ -118,14 +113,10 @@ pub async fn report(
         }
         .into());
     }
-    retrying(&report.node_id, || report_once(ctx, cache, &report)).await
+    retrying(&report.node_id, || report_once(ctx, &report)).await
 }
 
-async fn report_once(
-    ctx: &Ctx,
-    cache: &PlacedCache,
-    report: &Report,
-) -> Result<ReportOutcome, CommandError> {
+async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, CommandError> {
     let now = Utc::now();
     let node_id = &report.node_id;
     let mut tx = ctx.pool.begin().await?;
@@ -141,7 +132,7 @@ async fn report_once(
     // Decided first on the views as they stand, unlocked: most entries of a complete report
     // change nothing, and locking every instance of the node would make each claim or change
     // on it wait for the whole report.
-    let placed = cache.placed_on(&mut tx, node_id).await?;
+    let placed = placed_on(&mut tx, node_id, Lock::None).await?;
     let mut wanted: BTreeMap<String, Vec<InstanceCommand>> = BTreeMap::new();
     let mut orphans = Vec::new();
     for entry in &report.instances {
@@ -328,66 +319,6 @@ pub async fn placed_on(
         .map(instance_of)
         .map(|i| (i.id.clone(), i))
         .collect())
-}
-
-/// A replica's decoded copies of the live instances on each node its hosts report from, with
-/// the stream version each was read at: a report reads again only the instances changed
-/// since, not every instance of the node (a complete report names them all, and most
-/// change nothing).
-#[derive(Debug, Default)]
-pub struct PlacedCache {
-    nodes: Mutex<HashMap<String, Placed>>,
-}
-
-/// A node's live instances by id, each with the stream version it was read at.
-type Placed = HashMap<String, (i64, Arc<Instance>)>;
-
-impl PlacedCache {
-    /// Live instances placed on a node, by id, read without locks.
-    pub async fn placed_on(
-        &self,
-        tx: &mut PgConnection,
-        node_id: &str,
-    ) -> Result<BTreeMap<String, Arc<Instance>>, CommandError> {
-        let held = self.held(node_id);
-        let (ids, versions): (Vec<&str>, Vec<i64>) =
-            held.iter().map(|(id, (v, _))| (id.as_str(), *v)).unzip();
-        let rows: Vec<(String, i64, Option<sqlx::types::Json<Instance>>)> = sqlx::query_as(
-            "SELECT i.id, i.version, CASE WHEN k.version = i.version THEN NULL ELSE i.doc END
-               FROM instances i
-               LEFT JOIN unnest($2::text[], $3::bigint[]) AS k(id, version) ON k.id = i.id
-              WHERE i.node_id = $1 AND i.state <> 'deleted'",
-        )
-        .bind(node_id)
-        .bind(&ids)
-        .bind(&versions)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut now = HashMap::with_capacity(rows.len());
-        for (id, version, doc) in rows {
-            let instance = match doc {
-                Some(sqlx::types::Json(doc)) => Arc::new(doc),
-                None => held[&id].1.clone(),
-            };
-            now.insert(id, (version, instance));
-        }
-        let placed = now
-            .iter()
-            .map(|(id, (_, i))| (id.clone(), i.clone()))
-            .collect();
-        if let Ok(mut nodes) = self.nodes.lock() {
-            nodes.insert(node_id.to_string(), now);
-        }
-        Ok(placed)
-    }
-
-    fn held(&self, node_id: &str) -> Placed {
-        self.nodes
-            .lock()
-            .ok()
-            .and_then(|nodes| nodes.get(node_id).cloned())
-            .unwrap_or_default()
-    }
 }
 
 /// Locks the rows of `ids` still live on `node_id`, in id order, and answers them as locked.

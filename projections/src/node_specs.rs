@@ -150,11 +150,12 @@ pub struct SpecCache {
     nodes: Mutex<HashMap<String, Held>>,
 }
 
-/// One node's entries as read at `generation` (or later).
+/// One node's entries as read at `generation` (or later), as JSON text: a parsed entry takes
+/// several times the memory, and a replica holds every entry of every node.
 #[derive(Debug, Clone)]
 struct Held {
     generation: i64,
-    entries: Arc<BTreeMap<String, Value>>,
+    entries: Arc<BTreeMap<String, Arc<str>>>,
 }
 
 impl SpecCache {
@@ -215,8 +216,11 @@ pub async fn load(
     Ok(json!({
         "nodeId": node_id,
         "generation": generation,
-        // Cloned, not serialised again: `json!` would rebuild every entry through serde.
-        "instances": Value::Array(entries.values().cloned().collect()),
+        "instances": entries
+            .values()
+            .map(|text| serde_json::from_str::<Value>(text))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
         "volumes": volumes,
         "commands": commands,
     }))
@@ -228,9 +232,9 @@ async fn instance_entries(
     conn: &mut PgConnection,
     node_id: &str,
     held: Option<&Held>,
-) -> Result<Option<BTreeMap<String, Value>>, sqlx::Error> {
-    let rows: Vec<(String, Option<Value>)> = sqlx::query_as(
-        "SELECT instance_id, CASE WHEN generation > $2 THEN entry END
+) -> Result<Option<BTreeMap<String, Arc<str>>>, sqlx::Error> {
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT instance_id, CASE WHEN generation > $2 THEN entry::text END
            FROM node_spec_entries WHERE node_id = $1",
     )
     .bind(node_id)
@@ -239,7 +243,10 @@ async fn instance_entries(
     .await?;
     let mut entries = BTreeMap::new();
     for (id, entry) in rows {
-        let Some(entry) = entry.or_else(|| held?.entries.get(&id).cloned()) else {
+        let Some(entry) = entry
+            .map(Arc::from)
+            .or_else(|| held?.entries.get(&id).cloned())
+        else {
             return Ok(None);
         };
         entries.insert(id, entry);

@@ -220,7 +220,7 @@ async fn sign_objects(
 }
 
 async fn report(c: Call, report: Report) -> Result<ReportAnswer, ApiError> {
-    let outcome = hosts::report(&c.ctx, &c.placed, report).await?;
+    let outcome = hosts::report(&c.ctx, report).await?;
     Ok(ReportAnswer {
         updated: outcome.updated,
         orphans: outcome.orphans,
