@@ -35,18 +35,49 @@ pub fn server_url() -> String {
     .clone()
 }
 
-/// Creates an empty database with a unique name and returns its URL.
+/// Test databases older than this are left over from finished runs (no test lasts this long).
+const STALE_AFTER: Duration = Duration::from_secs(6 * 3600);
+
+/// Creates an empty database with a unique name and returns its URL. The first call of a
+/// process also drops the test databases earlier runs left behind: a test's pools live until
+/// the process ends, so nothing drops its database when it finishes, and on a long-lived
+/// server they pile up (and autovacuum visits every one).
 pub async fn fresh_database() -> String {
+    static SWEPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let server = server_url();
     let name = format!("t_{}", ulid::Ulid::generate().to_string().to_lowercase());
     let mut admin = PgConnection::connect(&server)
         .await
         .unwrap_or_else(|e| panic!("connect to test server {server}: {e}"));
+    if !SWEPT.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        drop_stale(&mut admin).await;
+    }
     admin
         .execute(format!("CREATE DATABASE {name}").as_str())
         .await
         .expect("create test database");
     with_database(&server, &name)
+}
+
+/// Drops the `t_<ulid>` databases whose ULID (their creation time) is older than
+/// [`STALE_AFTER`]. Best effort: a database that cannot be dropped is left for the next run.
+async fn drop_stale(admin: &mut PgConnection) {
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 't\\_%'")
+            .fetch_all(&mut *admin)
+            .await
+            .unwrap_or_default();
+    let now = std::time::SystemTime::now();
+    for name in names {
+        let created = ulid::Ulid::from_string(&name[2..].to_uppercase()).map(|u| u.datetime());
+        let stale = created.is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > STALE_AFTER));
+        if stale {
+            let drop = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+            if let Err(e) = admin.execute(drop.as_str()).await {
+                eprintln!("left stale test database {name}: {e}");
+            }
+        }
+    }
 }
 
 /// A pool on a fresh database with `migrator`'s schema applied.
