@@ -66,10 +66,15 @@ impl Follower {
 
     /// The next events after the cursor (empty when caught up). Does not move the cursor.
     pub async fn next_batch(&mut self, limit: i64) -> Result<Vec<RecordedEvent>, sqlx::Error> {
-        // Mark wake-ups seen before reading, so one arriving during the read is not lost.
+        self.reading();
+        read_after(&self.pool, self.cursor, limit).await
+    }
+
+    /// Marks wake-ups seen before a read, so one arriving during the read is not lost, and
+    /// starts the pace.
+    fn reading(&mut self) {
         self.wake.borrow_and_update();
         self.last_read = Instant::now();
-        read_after(&self.pool, self.cursor, limit).await
     }
 
     /// Records that everything up to `cursor` is done, through `db` (the owner's transaction
@@ -101,8 +106,7 @@ impl Follower {
     /// that needs few of the log's events does not fetch the rest. The page's `next` is past
     /// the events it skipped; advance to it once the page is done.
     pub async fn next_page(&mut self, filter: &Filter, limit: i64) -> Result<Page, sqlx::Error> {
-        self.wake.borrow_and_update();
-        self.last_read = Instant::now();
+        self.reading();
         read_page(&self.pool, self.cursor, filter, limit).await
     }
 

@@ -141,7 +141,7 @@ pub fn with_database(url: &str, database: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::with_database;
+    use super::*;
 
     #[test]
     fn with_database_replaces_only_the_path() {
@@ -150,5 +150,31 @@ mod tests {
             "postgres://u:p@h:5/t_1?sslmode=disable"
         );
         assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+    }
+
+    #[tokio::test]
+    async fn test_databases_older_than_six_hours_are_dropped_and_newer_ones_kept() {
+        let server = server_url();
+        let mut admin = PgConnection::connect(&server).await.unwrap();
+        let old = ulid::Ulid::from_datetime(
+            std::time::SystemTime::now() - STALE_AFTER - Duration::from_secs(60),
+        );
+        let old = format!("t_{}", old.to_string().to_lowercase());
+        admin
+            .execute(format!("CREATE DATABASE {old}").as_str())
+            .await
+            .unwrap();
+        let new = fresh_database().await;
+        drop_stale(&mut admin).await;
+        let exists = |name: String| {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)",
+            )
+            .bind(name)
+        };
+        assert!(!exists(old).fetch_one(&mut admin).await.unwrap());
+        let new_name = new.rsplit('/').next().unwrap();
+        let new_name = new_name.split('?').next().unwrap().to_string();
+        assert!(exists(new_name).fetch_one(&mut admin).await.unwrap());
     }
 }

@@ -35,6 +35,28 @@ async fn append(pool: &PgPool, event_type: &str, extra: Value) -> RecordedEvent 
     stored.into_iter().next().unwrap()
 }
 
+/// A fresh log and its metering, with 0.2 s windows.
+async fn metering() -> (PgPool, Windows, Metering) {
+    let pool = fresh_log().await;
+    let windows = Windows::from_seconds(0.2).unwrap();
+    let metering = Metering::load(pool.clone(), &Notifier::local_only(), windows)
+        .await
+        .unwrap();
+    (pool, windows, metering)
+}
+
+/// `instance.created` of a 2-vCPU hosted instance, with `extra` fields.
+async fn created(pool: &PgPool, extra: Value) -> RecordedEvent {
+    let mut data = json!({ "poolKind": "hosted", "flavor": "small",
+                           "shape": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 },
+                           "imageId": "img", "sshKeys": [], "idempotencyKey": "k",
+                           "requestHash": "h" });
+    for (k, v) in extra.as_object().unwrap() {
+        data[k] = v.clone();
+    }
+    append(pool, "instance.created", data).await
+}
+
 /// Waits (polling the clock) until `time` has passed.
 async fn after(time: DateTime<Utc>) {
     support::eventually("time passes", PATIENCE, || async { Utc::now() > time }).await;
@@ -87,19 +109,11 @@ fn hours(rate: i64, from: DateTime<Utc>, to: DateTime<Utc>) -> Decimal {
 
 #[tokio::test]
 async fn a_warm_instance_claimed_mid_window_bills_warm_to_the_tenant_then_the_sandbox_owner() {
-    let pool = fresh_log().await;
-    let windows = Windows::from_seconds(0.2).unwrap();
-    let mut metering = Metering::load(pool.clone(), &Notifier::local_only(), windows)
-        .await
-        .unwrap();
+    let (pool, windows, mut metering) = metering().await;
     let warm = json!({ "warmTemplateId": "sbxt_t" });
-    append(
+    created(
         &pool,
-        "instance.created",
-        json!({ "warmTemplateId": "sbxt_t", "poolKind": "hosted", "flavor": "small",
-                "shape": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 }, "imageId": "img",
-                "sshKeys": [], "ownerIdentityId": "reactor:sandboxes", "idempotencyKey": "k",
-                "requestHash": "h" }),
+        json!({ "warmTemplateId": "sbxt_t", "ownerIdentityId": "reactor:sandboxes" }),
     )
     .await;
     let scheduled = append(&pool, "instance.scheduled", warm.clone()).await;
@@ -142,4 +156,22 @@ async fn a_warm_instance_claimed_mid_window_bills_warm_to_the_tenant_then_the_sa
             .unwrap();
     assert_eq!(report.first_difference, None);
     assert_eq!(report.compared, rows.len());
+}
+
+#[tokio::test]
+async fn a_pass_does_not_read_back_the_records_it_appended() {
+    let (pool, _, mut metering) = metering().await;
+    created(&pool, json!({ "ownerIdentityId": "id_alice" })).await;
+    let scheduled = append(&pool, "instance.scheduled", json!({})).await;
+    meter_past(
+        &mut metering,
+        &pool,
+        scheduled.recorded_at + chrono::Duration::milliseconds(500),
+    )
+    .await;
+    assert!(!records(&pool).await.is_empty());
+    // The log now holds the records after the instance's events; the next pass moves past
+    // them without handing any to the ledger.
+    let pass = metering.pass().await.unwrap();
+    assert_eq!(pass.events, 0, "{pass:?}");
 }
