@@ -309,9 +309,29 @@ async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window(
     let mut config = (*server.state.config).clone();
     let db = server.state.pool.clone();
     server.shutdown().await;
-    // A killed process's sessions end with it: close the old pool's (one may hold the aborted
-    // pass's transaction open) and give the new process its own.
+    // A killed process's sessions end with it, and with them any transaction one held open
+    // (an aborted pass's, which holds back the read horizon: `time_horizon` takes the oldest
+    // `xact_start`). End them until none of this database is in a transaction, and give the
+    // new process its own sessions.
     let options = (*db.connect_options()).clone();
+    let killer = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    wait_until("no old session in a transaction", PATIENCE, || async {
+        let ended: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()
+                AND xact_start IS NOT NULL",
+        )
+        .fetch_all(&killer)
+        .await
+        .unwrap();
+        ended.is_empty()
+    })
+    .await;
+    killer.close().await;
     db.close().await;
     let db = sqlx::postgres::PgPoolOptions::new()
         .max_connections(20)
