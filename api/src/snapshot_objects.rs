@@ -23,9 +23,26 @@ pub struct Signed {
     sig: String,
 }
 
-fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let body = json!({ "code": code, "message": message.into(), "details": {} });
-    (status, axum::Json(body)).into_response()
+/// A refused request, answered in the API's error shape.
+pub struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let body = json!({ "code": self.code, "message": self.message, "details": {} });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+fn refuse(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        code,
+        message: message.into(),
+    }
 }
 
 /// The `file` store, when the URL's signature for `method` holds.
@@ -34,21 +51,17 @@ fn store<'a>(
     method: &str,
     key: &str,
     signed: &Result<Query<Signed>, QueryRejection>,
-) -> Result<&'a vps_store::FileStore, (StatusCode, &'static str, &'static str)> {
+) -> Result<&'a vps_store::FileStore, Refusal> {
     let SnapshotStore::File(store) = &state.snapshots else {
-        return Err((
-            StatusCode::NOT_FOUND,
-            "NOT_FOUND",
-            "this deployment keeps snapshots in S3",
-        ));
+        let message = "this deployment keeps snapshots in S3";
+        return Err(refuse(StatusCode::NOT_FOUND, "NOT_FOUND", message));
     };
     match signed {
         Ok(Query(s)) if store.verify(method, key, s.exp, &s.sig) => Ok(store),
-        _ => Err((
-            StatusCode::FORBIDDEN,
-            "ACCESS_DENIED",
-            "the URL's signature is missing, wrong or expired",
-        )),
+        _ => {
+            let message = "the URL's signature is missing, wrong or expired";
+            Err(refuse(StatusCode::FORBIDDEN, "ACCESS_DENIED", message))
+        }
     }
 }
 
@@ -59,28 +72,28 @@ pub async fn put(
     signed: Result<Query<Signed>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    let store = match store(&state, "PUT", &key, &signed) {
-        Ok(store) => store,
-        Err((status, code, message)) => return refuse(status, code, message),
-    };
+) -> Result<Response, Refusal> {
+    let store = store(&state, "PUT", &key, &signed)?;
     let declared = headers.get(SHA256_HEADER).and_then(|v| v.to_str().ok());
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     match store.write(&key, declared, Box::pin(stream)).await {
         Ok(size) => {
             metrics::counter!("vps_snapshot_store_bytes_in_total").increment(size);
-            (StatusCode::OK, axum::Json(json!({ "sizeBytes": size }))).into_response()
+            Ok((StatusCode::OK, axum::Json(json!({ "sizeBytes": size }))).into_response())
         }
-        Err(e @ (WriteError::Undeclared | WriteError::Mismatch { .. })) => {
-            refuse(StatusCode::BAD_REQUEST, "INVALID_INPUT", e.to_string())
-        }
+        Err(e @ (WriteError::Undeclared | WriteError::Mismatch { .. })) => Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "INVALID_INPUT",
+            e.to_string(),
+        )),
         Err(WriteError::Store(e)) => {
             tracing::warn!(%key, error = %e, "snapshot upload failed");
-            refuse(
+            let message = "the upload could not be stored";
+            Err(refuse(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "INTERNAL",
-                "the upload could not be stored",
-            )
+                message,
+            ))
         }
     }
 }
@@ -90,32 +103,23 @@ pub async fn get(
     State(state): State<AppState>,
     Path(key): Path<String>,
     signed: Result<Query<Signed>, QueryRejection>,
-) -> Response {
-    let store = match store(&state, "GET", &key, &signed) {
-        Ok(store) => store,
-        Err((status, code, message)) => return refuse(status, code, message),
-    };
-    let file = match store.path(&key) {
-        Ok(path) => tokio::fs::File::open(path).await,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, "INVALID_INPUT", e.to_string()),
-    };
-    match file {
-        Ok(file) => {
-            let length = file.metadata().await.map(|m| m.len()).unwrap_or(0);
-            let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
-            (
-                [
-                    ("content-type", "application/octet-stream".to_string()),
-                    ("content-length", length.to_string()),
-                ],
-                Body::from_stream(stream),
-            )
-                .into_response()
-        }
-        Err(_) => refuse(
+) -> Result<Response, Refusal> {
+    let store = store(&state, "GET", &key, &signed)?;
+    let path = store
+        .path(&key)
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, "INVALID_INPUT", e.to_string()))?;
+    let Ok(file) = tokio::fs::File::open(path).await else {
+        return Err(refuse(
             StatusCode::NOT_FOUND,
             "NOT_FOUND",
             format!("no object {key}"),
-        ),
-    }
+        ));
+    };
+    let length = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
+    let headers = [
+        ("content-type", "application/octet-stream".to_string()),
+        ("content-length", length.to_string()),
+    ];
+    Ok((headers, Body::from_stream(stream)).into_response())
 }

@@ -16,6 +16,14 @@ pub fn new_id(prefix: &str) -> String {
     vps_domain::ids::prefixed(prefix, &ulid::Ulid::generate().to_string().to_lowercase())
 }
 
+/// The digest a create keeps of its request, so a replay with the same idempotency key is told
+/// apart from a different request under that key (`CONFLICT`).
+pub fn request_hash(request: &impl serde::Serialize) -> String {
+    use sha2::Digest;
+    let body = serde_json::to_vec(request).expect("a request serialises");
+    hex::encode(sha2::Sha256::digest(body))
+}
+
 /// Appends `(type, data)` events to `stream` and applies every inline projector to them.
 pub async fn record(
     conn: &mut PgConnection,

@@ -9,6 +9,8 @@
 //! sandbox reconciler purges their objects), volumes deleted once no instance attaches them
 //! (after the instances).
 
+use std::future::Future;
+
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use vps_domain::tenant::{begin_teardown, finish_teardown, Tenant};
@@ -29,7 +31,7 @@ pub struct Step {
     /// For logs.
     pub name: &'static str,
     /// The work.
-    pub run: for<'a> fn(&'a Ctx, &'a str) -> BoxFuture<'a, Result<u64, CommandError>>,
+    pub run: for<'a> fn(&'a Ctx, &'a str) -> StepFuture<'a>,
 }
 
 /// Every step, in order.
@@ -95,148 +97,104 @@ pub async fn teardown_pass(ctx: &Ctx, tenant_id: &str) -> Result<u64, CommandErr
     Ok(remaining)
 }
 
-fn remove_webhooks<'a>(
-    ctx: &'a Ctx,
-    tenant_id: &'a str,
-) -> BoxFuture<'a, Result<u64, CommandError>> {
-    async move {
-        let ids = due(
-            ctx,
-            "SELECT id FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted' LIMIT $2",
-            tenant_id,
-        )
-        .await?;
-        for id in &ids {
-            ignore_gone(crate::webhooks::delete(ctx, id, None).await)?;
-        }
-        left(
-            ctx,
-            "SELECT count(*) FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted'",
-            tenant_id,
-        )
-        .await
-    }
-    .boxed()
+/// Deletes the tenant's webhooks.
+fn remove_webhooks<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
+    let due = "SELECT id FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted' LIMIT $2";
+    let left = "SELECT count(*) FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted'";
+    sweep(ctx, tenant_id, due, left, move |id| async move {
+        ignore_gone(crate::webhooks::delete(ctx, &id, None).await)
+    })
 }
 
 /// Deletes every live template (the sandbox reconciler then drains their warm pools).
-fn delete_templates<'a>(
-    ctx: &'a Ctx,
-    tenant_id: &'a str,
-) -> BoxFuture<'a, Result<u64, CommandError>> {
-    async move {
-        let ids = due(
-            ctx,
-            "SELECT id FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted LIMIT $2",
-            tenant_id,
-        )
-        .await?;
-        for id in &ids {
-            let deleted = crate::sandboxes::templates::delete(ctx, tenant_id, id).await;
-            ignore_gone(deleted.map(|_| ()))?;
-        }
-        left(
-            ctx,
-            "SELECT count(*) FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted",
-            tenant_id,
-        )
-        .await
-    }
-    .boxed()
+fn delete_templates<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
+    let due = "SELECT id FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted LIMIT $2";
+    let left = "SELECT count(*) FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted";
+    sweep(ctx, tenant_id, due, left, move |id| async move {
+        let deleted = crate::sandboxes::templates::delete(ctx, tenant_id, &id).await;
+        ignore_gone(deleted.map(|_| ()))
+    })
 }
 
 /// Marks open sandboxes deleting (their instances go with them); answers those not yet gone.
-fn delete_sandboxes<'a>(
-    ctx: &'a Ctx,
-    tenant_id: &'a str,
-) -> BoxFuture<'a, Result<u64, CommandError>> {
-    async move {
-        let ids = due(ctx, "SELECT id FROM sandboxes WHERE tenant_id = $1 AND state IN ('starting', 'ready', 'failed')
-              ORDER BY id LIMIT $2", tenant_id).await?;
-        for id in &ids {
-            let deleted = crate::sandboxes::lifecycle::delete(ctx, tenant_id, id).await;
-            ignore_gone(deleted.map(|_| ()))?;
-        }
-        left(ctx, "SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state <> 'deleted'", tenant_id).await
-    }
-    .boxed()
+fn delete_sandboxes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
+    let due = "SELECT id FROM sandboxes WHERE tenant_id = $1
+                 AND state IN ('starting', 'ready', 'failed') ORDER BY id LIMIT $2";
+    let left = "SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state <> 'deleted'";
+    sweep(ctx, tenant_id, due, left, move |id| async move {
+        let deleted = crate::sandboxes::lifecycle::delete(ctx, tenant_id, &id).await;
+        ignore_gone(deleted.map(|_| ()))
+    })
 }
 
 /// Deletes every live snapshot, kept ones included.
-fn delete_snapshots<'a>(
-    ctx: &'a Ctx,
-    tenant_id: &'a str,
-) -> BoxFuture<'a, Result<u64, CommandError>> {
-    async move {
-        let sql = "SELECT id FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted
-                    ORDER BY id LIMIT $2";
-        for id in &due(ctx, sql, tenant_id).await? {
-            let deleted = crate::sandboxes::snapshots::delete(ctx, tenant_id, id).await;
-            ignore_gone(deleted.map(|_| ()))?;
-        }
-        let sql = "SELECT count(*) FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted";
-        left(ctx, sql, tenant_id).await
-    }
-    .boxed()
+fn delete_snapshots<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
+    let due = "SELECT id FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted
+                ORDER BY id LIMIT $2";
+    let left = "SELECT count(*) FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted";
+    sweep(ctx, tenant_id, due, left, move |id| async move {
+        let deleted = crate::sandboxes::snapshots::delete(ctx, tenant_id, &id).await;
+        ignore_gone(deleted.map(|_| ()))
+    })
 }
 
-fn delete_instances<'a>(
-    ctx: &'a Ctx,
-    tenant_id: &'a str,
-) -> BoxFuture<'a, Result<u64, CommandError>> {
-    async move {
-        let ids = due(
-            ctx,
-            "SELECT id FROM instances WHERE tenant_id = $1 AND desired_state <> 'deleted'
-              ORDER BY id LIMIT $2",
-            tenant_id,
-        )
-        .await?;
-        for id in &ids {
-            let delete = Change::DeleteBecause(REASON.into());
-            ignore_gone(
-                instances::change(ctx, tenant_id, id, delete)
-                    .await
-                    .map(|_| ()),
-            )?;
-        }
-        left(
-            ctx,
-            "SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'",
-            tenant_id,
-        )
-        .await
-    }
-    .boxed()
+/// Asks every instance not yet asked to be deleted; answers those not yet gone.
+fn delete_instances<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
+    let due = "SELECT id FROM instances WHERE tenant_id = $1 AND desired_state <> 'deleted'
+                ORDER BY id LIMIT $2";
+    let left = "SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'";
+    sweep(ctx, tenant_id, due, left, move |id| async move {
+        let delete = Change::DeleteBecause(REASON.into());
+        let deleted = instances::change(ctx, tenant_id, &id, delete).await;
+        ignore_gone(deleted.map(|_| ()))
+    })
 }
 
 /// Deletes volumes no live instance attaches any more (the others wait for their instances);
 /// answers those not yet released (their host lets them go, then the sandbox reconciler).
-fn delete_volumes<'a>(
+fn delete_volumes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
+    let due = "SELECT id FROM sandbox_volumes WHERE tenant_id = $1
+                 AND state IN ('creating', 'ready') ORDER BY id LIMIT $2";
+    let left = "SELECT count(*) FROM sandbox_volumes WHERE tenant_id = $1 AND state <> 'deleted'";
+    sweep(ctx, tenant_id, due, left, move |id| async move {
+        match crate::volumes::delete(ctx, tenant_id, &id).await {
+            // Still attached: its instances are being deleted; a later pass retries.
+            Err(CommandError::Domain(DomainError::ConflictOn { .. })) => Ok(()),
+            other => ignore_gone(other.map(|_| ())),
+        }
+    })
+}
+
+/// What a step's work answers: how many remain.
+type StepFuture<'a> = BoxFuture<'a, Result<u64, CommandError>>;
+
+/// A step's pass: `act` on each id `due` selects for the tenant (`$1`, at most a pass's share
+/// as `$2`), then count what `left` says remains.
+fn sweep<'a, F, Fut>(
     ctx: &'a Ctx,
     tenant_id: &'a str,
-) -> BoxFuture<'a, Result<u64, CommandError>> {
+    due: &'static str,
+    left: &'static str,
+    act: F,
+) -> StepFuture<'a>
+where
+    F: Fn(String) -> Fut + Send + 'a,
+    Fut: Future<Output = Result<(), CommandError>> + Send + 'a,
+{
     async move {
-        let ids = due(
-            ctx,
-            "SELECT id FROM sandbox_volumes WHERE tenant_id = $1 AND state IN ('creating', 'ready')
-              ORDER BY id LIMIT $2",
-            tenant_id,
-        )
-        .await?;
-        for id in &ids {
-            match crate::volumes::delete(ctx, tenant_id, id).await {
-                // Still attached: its instances are being deleted; a later pass retries.
-                Err(CommandError::Domain(DomainError::ConflictOn { .. })) => {}
-                other => ignore_gone(other.map(|_| ()))?,
-            }
+        let ids: Vec<String> = sqlx::query_scalar(due)
+            .bind(tenant_id)
+            .bind(INSTANCES_PER_PASS)
+            .fetch_all(&ctx.pool)
+            .await?;
+        for id in ids {
+            act(id).await?;
         }
-        left(
-            ctx,
-            "SELECT count(*) FROM sandbox_volumes WHERE tenant_id = $1 AND state <> 'deleted'",
-            tenant_id,
-        )
-        .await
+        let n: i64 = sqlx::query_scalar(left)
+            .bind(tenant_id)
+            .fetch_one(&ctx.pool)
+            .await?;
+        Ok(n as u64)
     }
     .boxed()
 }
@@ -247,22 +205,4 @@ fn ignore_gone(result: Result<(), CommandError>) -> Result<(), CommandError> {
         Err(CommandError::Domain(DomainError::NotFound { .. })) => Ok(()),
         other => other,
     }
-}
-
-/// The ids `sql` selects for the tenant (`$1`), at most a pass's share (`$2`).
-async fn due(ctx: &Ctx, sql: &str, tenant_id: &str) -> Result<Vec<String>, CommandError> {
-    Ok(sqlx::query_scalar(sql)
-        .bind(tenant_id)
-        .bind(INSTANCES_PER_PASS)
-        .fetch_all(&ctx.pool)
-        .await?)
-}
-
-/// How many rows `sql` counts for the tenant (`$1`): what a step leaves for later passes.
-async fn left(ctx: &Ctx, sql: &str, tenant_id: &str) -> Result<u64, CommandError> {
-    let n: i64 = sqlx::query_scalar(sql)
-        .bind(tenant_id)
-        .fetch_one(&ctx.pool)
-        .await?;
-    Ok(n as u64)
 }

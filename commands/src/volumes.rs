@@ -10,7 +10,6 @@
 pub mod mounts;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 use tracing::Instrument;
 use vps_domain::volume::{
@@ -77,9 +76,7 @@ pub async fn create(ctx: &Ctx, input: CreateVolumeInput) -> Result<Created, Comm
         name: input.name.clone(),
         size_gib: input.size_gib,
         idempotency_key: input.idempotency_key.clone(),
-        request_hash: hex::encode(Sha256::digest(
-            serde_json::to_vec(&input).expect("serialises"),
-        )),
+        request_hash: crate::record::request_hash(&input),
         owner_identity_id: ctx.actor.identity.clone(),
         allocation_id: String::new(),
     };

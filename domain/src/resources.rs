@@ -98,28 +98,24 @@ impl Capacity {
 
     /// This capacity with `shape` booked on top (what an allocation adds to a node).
     pub fn plus(&self, shape: &Shape) -> Capacity {
-        let mut out = Capacity {
-            vcpu: self.vcpu.saturating_add(shape.vcpu),
-            memory_gib: self.memory_gib.saturating_add(shape.memory_gib),
-            disk_gib: self.disk_gib.saturating_add(shape.disk_gib),
-            gpus: self.gpus.clone(),
-        };
-        if let Some(g) = &shape.gpus {
-            out.adjust_gpus(&g.model, |n| n.saturating_add(g.count));
-        }
-        out
+        self.combined(shape, u32::saturating_add)
     }
 
     /// This capacity with `shape` released (never below zero).
     pub fn minus(&self, shape: &Shape) -> Capacity {
+        self.combined(shape, u32::saturating_sub)
+    }
+
+    /// Each quantity of this capacity combined with the shape's by `op`.
+    fn combined(&self, shape: &Shape, op: fn(u32, u32) -> u32) -> Capacity {
         let mut out = Capacity {
-            vcpu: self.vcpu.saturating_sub(shape.vcpu),
-            memory_gib: self.memory_gib.saturating_sub(shape.memory_gib),
-            disk_gib: self.disk_gib.saturating_sub(shape.disk_gib),
+            vcpu: op(self.vcpu, shape.vcpu),
+            memory_gib: op(self.memory_gib, shape.memory_gib),
+            disk_gib: op(self.disk_gib, shape.disk_gib),
             gpus: self.gpus.clone(),
         };
         if let Some(g) = &shape.gpus {
-            out.adjust_gpus(&g.model, |n| n.saturating_sub(g.count));
+            out.adjust_gpus(&g.model, |n| op(n, g.count));
         }
         out
     }

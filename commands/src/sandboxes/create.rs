@@ -4,7 +4,6 @@
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 use vps_domain::authz::SandboxDraft;
 use vps_domain::instance::Instance;
@@ -95,9 +94,7 @@ pub async fn create(ctx: &Ctx, input: CreateSandboxInput) -> Result<Created, Com
         template_id: input.template_id.clone(),
         ttl_seconds: input.ttl_seconds,
         idempotency_key: input.idempotency_key.clone(),
-        request_hash: hex::encode(Sha256::digest(
-            serde_json::to_vec(&input).expect("serialises"),
-        )),
+        request_hash: crate::record::request_hash(&input),
         owner_identity_id: ctx.actor.identity.clone(),
         from_snapshot: input.from_snapshot.clone(),
     };

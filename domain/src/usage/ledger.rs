@@ -382,15 +382,11 @@ impl Ledger {
                 return;
             }
             if let Some(meter) = InstanceMeter::created(&facts, t) {
-                self.instances.insert(id.to_string(), meter);
-                self.dirty.insert(id.to_string());
+                self.start(id, meter);
             }
             return;
         }
-        if let Some(meter) = self.instances.get_mut(id) {
-            meter.apply(facts, t);
-            self.dirty.insert(id.to_string());
-        }
+        self.follow(id, facts, t);
     }
 
     /// A volume's event: `created` starts its meter already booked.
@@ -400,11 +396,21 @@ impl Ledger {
             if let Some(mut meter) = InstanceMeter::created(&facts, t) {
                 meter.volume = true;
                 meter.apply(facts, t);
-                self.instances.insert(id.to_string(), meter);
-                self.dirty.insert(id.to_string());
+                self.start(id, meter);
             }
             return;
         }
+        self.follow(id, facts, t);
+    }
+
+    /// A resource's meter starts.
+    fn start(&mut self, id: &str, meter: InstanceMeter) {
+        self.instances.insert(id.to_string(), meter);
+        self.dirty.insert(id.to_string());
+    }
+
+    /// A metered resource's event moves its meter; others are not metered.
+    fn follow(&mut self, id: &str, facts: Facts, t: Micros) {
         if let Some(meter) = self.instances.get_mut(id) {
             meter.apply(facts, t);
             self.dirty.insert(id.to_string());
