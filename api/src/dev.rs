@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use vps_commands::operator::{
     self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool,
 };
@@ -179,7 +179,7 @@ async fn demo_pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
         },
     )
     .await?;
-    let id = pool["id"].as_str().unwrap_or_default().to_string();
+    let id = pool.id;
     ops::set_ip_pool(
         ctx,
         SetIpPool {
@@ -289,7 +289,7 @@ async fn demo_nodes(
     }
     while nodes.len() < hosts {
         let name = format!("sim-{}", ulid::Ulid::generate().to_string().to_lowercase());
-        let registered: Value = ops::register_node(
+        let registered = ops::register_node(
             ctx,
             RegisterNode {
                 pool_id: pool_id.into(),
@@ -306,16 +306,7 @@ async fn demo_nodes(
             },
         )
         .await?;
-        nodes.push((
-            registered["node"]["id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            registered["nodeToken"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        ));
+        nodes.push((registered.node.id, registered.node_token));
     }
     if let Some(dir) = Path::new(NODES_FILE).parent() {
         std::fs::create_dir_all(dir)?;

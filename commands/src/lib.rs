@@ -30,3 +30,22 @@ pub mod webhooks;
 
 pub use context::{Actor, Ctx};
 pub use error::CommandError;
+
+/// The answer of a delete that leaves nothing to show: what is gone.
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
+pub struct Deleted {
+    /// The id of what was deleted.
+    pub id: String,
+    /// Always `true`.
+    pub deleted: bool,
+}
+
+impl Deleted {
+    /// `id` is deleted.
+    pub fn of(id: &str) -> Self {
+        Deleted {
+            id: id.to_string(),
+            deleted: true,
+        }
+    }
+}

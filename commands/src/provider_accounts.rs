@@ -13,7 +13,7 @@ use vps_domain::provider_account::{
     self as domain, ProviderAccount as Account, ProviderAccountCreated, ProviderAccountEvent,
 };
 use vps_domain::DomainError;
-use vps_projections::provider_accounts::{self as accounts, ProviderAccount};
+use vps_projections::provider_accounts::{self as accounts, ProviderAccountView};
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
@@ -47,7 +47,10 @@ pub fn secret_ref(account_id: &str) -> String {
 ///
 /// The caller has validated `config` for `provider` (the provider clients, which know what a
 /// valid configuration is, live in `vps_reactors`, above this crate).
-pub async fn create(ctx: &Ctx, input: CreateProviderAccount) -> Result<Value, CommandError> {
+pub async fn create(
+    ctx: &Ctx,
+    input: CreateProviderAccount,
+) -> Result<ProviderAccountView, CommandError> {
     let (public, secret) = split(&input.config)?;
     retrying(&input.name, || create_once(ctx, &input, &public, &secret)).await
 }
@@ -57,7 +60,7 @@ async fn create_once(
     input: &CreateProviderAccount,
     public: &Value,
     secret: &Map<String, Value>,
-) -> Result<Value, CommandError> {
+) -> Result<ProviderAccountView, CommandError> {
     let mut tx = ctx.pool.begin().await?;
     let name_taken = name_taken(&mut tx, "provider_accounts", None, &input.name, None).await?;
     let id = new_id("pacct");
@@ -78,7 +81,7 @@ async fn create_once(
     };
     let decided = domain::create(created, name_taken);
     change::<Account>(ctx, &mut tx, &id, None, |_| decided).await?;
-    let view = accounts::view(&mut *tx, &id).await?;
+    let view = accounts::load(&mut *tx, &id).await?;
     commit(ctx, tx).await?;
     Ok(view.expect("just created"))
 }
@@ -89,7 +92,7 @@ async fn create_once(
 pub async fn full_config(
     conn: &mut PgConnection,
     key: &secrets::SecretKey,
-    account: &ProviderAccount,
+    account: &ProviderAccountView,
 ) -> Result<Option<Value>, sqlx::Error> {
     let mut config = match &account.config {
         Value::Object(map) => map.clone(),

@@ -105,7 +105,7 @@ impl Event for WebhookEvent {
 }
 
 /// The life of a subscription.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum WebhookState {
     /// Deliveries are made.

@@ -1,7 +1,8 @@
 //! The CloudEvents 1.0 structured JSON envelope every reader outside the log sees (NATS,
 //! webhooks, the events API, history).
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::model::RecordedEvent;
 
@@ -21,27 +22,60 @@ pub fn stream_of(subject: &str) -> String {
     subject.replacen('/', "-", 1)
 }
 
+/// A CloudEvents 1.0 event in structured JSON mode, with this deployment's extensions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CloudEvent {
+    /// Always `1.0`.
+    pub specversion: String,
+    /// The event's id in the log.
+    pub id: String,
+    /// Always `/vps`.
+    pub source: String,
+    /// The event type (`instance.created`, …).
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The stream as `kind/id` (`instance/inst_…`).
+    pub subject: String,
+    /// When it was recorded (RFC 3339, microseconds, UTC).
+    pub time: String,
+    /// Always `application/json`.
+    pub datacontenttype: String,
+    /// The read-order cursor: resuming after it never skips or repeats.
+    pub sequence: String,
+    /// The event's payload (SPEC §4.2).
+    pub data: Value,
+    /// The tenant the event belongs to, when it belongs to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenantid: Option<String>,
+    /// Who caused it, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+}
+
+impl std::fmt::Display for CloudEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&serde_json::to_string(self).map_err(|_| std::fmt::Error)?)
+    }
+}
+
 /// The event as a CloudEvent. `sequence` is the read-order cursor, so resuming from it never
 /// skips or repeats; `tenantid` is present when the event belongs to a tenant.
-pub fn cloud_event(event: &RecordedEvent) -> Value {
-    let mut ce = json!({
-        "specversion": "1.0",
-        "id": event.id,
-        "source": SOURCE,
-        "type": event.event_type,
-        "subject": subject(&event.stream),
-        "time": event.recorded_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        "datacontenttype": "application/json",
-        "sequence": event.cursor().to_string(),
-        "data": event.data,
-    });
-    if let Some(tenant) = &event.metadata.tenant_id {
-        ce["tenantid"] = json!(tenant);
+pub fn cloud_event(event: &RecordedEvent) -> CloudEvent {
+    CloudEvent {
+        specversion: "1.0".into(),
+        id: event.id.clone(),
+        source: SOURCE.into(),
+        event_type: event.event_type.clone(),
+        subject: subject(&event.stream),
+        time: event
+            .recorded_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        datacontenttype: "application/json".into(),
+        sequence: event.cursor().to_string(),
+        data: event.data.clone(),
+        tenantid: event.metadata.tenant_id.clone(),
+        actor: event.metadata.actor.clone(),
     }
-    if let Some(actor) = &event.metadata.actor {
-        ce["actor"] = json!(actor);
-    }
-    ce
 }
 
 #[cfg(test)]

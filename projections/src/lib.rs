@@ -9,7 +9,7 @@
 //! projector; `node_spec_volumes` its volume part), `provider_accounts`, `webhooks`, `sandboxes`
 //! (templates and sandboxes), `volumes` (sandbox volumes, their allocations and quota charges),
 //! `policies`, `identities`, `tenants` (teardown), `usage` (usage records and rollups), `views`
-//! (reads), `replay` (rebuild and verify).
+//! and `operator_views` (reads), `replay` (rebuild and verify).
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
@@ -18,9 +18,11 @@ pub mod flavors;
 pub mod identities;
 pub mod images;
 pub mod instances;
+pub mod node_spec_payload;
 pub mod node_spec_volumes;
 pub mod node_specs;
 pub mod nodes;
+pub mod operator_views;
 pub mod policies;
 pub mod pools;
 pub mod provider_accounts;

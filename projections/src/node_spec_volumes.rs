@@ -6,10 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use sqlx::PgConnection;
 use vps_domain::volume::Attachment;
 
+use crate::node_spec_payload::{NodeVolume, VolumeAttachment};
 use crate::spec_entries::{write, EntryTable};
 use crate::ProjectionError;
 
@@ -35,7 +36,12 @@ pub(crate) async fn sync(
     let want: BTreeMap<(String, String), Value> = rows
         .into_iter()
         .map(|(node, id, size, serial)| {
-            let entry = json!({ "id": id, "sizeGiB": size, "serial": serial });
+            let entry = NodeVolume {
+                id: id.clone(),
+                size_gib: size,
+                serial,
+            };
+            let entry = serde_json::to_value(entry).expect("a volume entry serialises");
             ((node, id), entry)
         })
         .collect();
@@ -43,16 +49,14 @@ pub(crate) async fn sync(
 }
 
 /// What an `InstanceSpec` lists of the volumes it attaches.
-pub(crate) fn attachments(volumes: &[Attachment]) -> Value {
+pub(crate) fn attachments(volumes: &[Attachment]) -> Vec<VolumeAttachment> {
     volumes
         .iter()
-        .map(|a| {
-            json!({
-                "volumeId": a.volume_id,
-                "serial": a.serial,
-                "mountPath": a.mount_path,
-                "readOnly": a.read_only,
-            })
+        .map(|a| VolumeAttachment {
+            volume_id: a.volume_id.clone(),
+            serial: a.serial.clone(),
+            mount_path: a.mount_path.clone(),
+            read_only: a.read_only,
         })
         .collect()
 }

@@ -11,12 +11,15 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
 use tracing::Instrument;
 use vps_domain::instance::Instance;
 
+use crate::node_spec_payload::{
+    HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, NodeVolume, SpecRestore,
+};
 use crate::spec_entries::{bump, write, EntryTable};
 use crate::ProjectionError;
 
@@ -88,47 +91,47 @@ fn entry(
     prefix: &str,
     image: (Option<String>, Option<String>, Option<String>),
 ) -> Value {
-    let gpus = inst
-        .shape
-        .gpus
-        .iter()
-        .map(|g| json!({ "model": g.model, "count": g.count }))
-        .collect::<Vec<_>>();
-    let mut spec = json!({
-        "id": inst.id,
-        "desiredState": inst.desired_state,
-        "runtime": runtime,
-        "shape": inst.shape,
-        "image": { "url": image.0, "sha256": image.1, "format": image.2 },
-        "userDataRef": inst.user_data_ref,
-        "allocationId": inst.allocation_id,
-        "gpus": gpus,
-        "nics": inst.addresses.first().map(|a| vec![json!({
-            "bridge": BRIDGE,
-            "mac": vps_domain::ids::mac_for(&inst.id),
-            "address": format!("{a}/{prefix}"),
-        })]).unwrap_or_default(),
-    });
-    // Sandbox and warm instances: the template's network rule, and SSH only from the host.
-    if let Some(policy) = inst.network_policy {
-        spec["networkPolicy"] = json!(policy);
-    }
-    if inst.sandbox_id.is_some() || inst.warm_template_id.is_some() {
-        spec["sshFromHostOnly"] = json!(true);
-    }
-    // The download URL is signed when the spec is served; the entry names the object.
-    if let Some(r) = &inst.restore_from {
-        spec["restoreFrom"] = json!({
-            "snapshotId": r.snapshot_id,
-            "sha256": r.sha256,
-            "includeMemory": r.include_memory,
-            "objectKey": vps_domain::sandbox::snapshot::object_key(&inst.tenant_id, &r.snapshot_id),
-        });
-    }
-    if !inst.volumes.is_empty() {
-        spec["volumes"] = crate::node_spec_volumes::attachments(&inst.volumes);
-    }
-    spec
+    let sandboxed = inst.sandbox_id.is_some() || inst.warm_template_id.is_some();
+    let spec = InstanceSpec {
+        id: inst.id.clone(),
+        desired_state: inst.desired_state,
+        runtime,
+        shape: inst.shape.clone(),
+        image: ImageRef {
+            url: image.0,
+            sha256: image.1,
+            format: image.2,
+        },
+        user_data_ref: inst.user_data_ref.clone(),
+        allocation_id: inst.allocation_id.clone(),
+        gpus: inst.shape.gpus.iter().cloned().collect(),
+        nics: inst
+            .addresses
+            .first()
+            .map(|a| Nic {
+                bridge: BRIDGE.into(),
+                mac: vps_domain::ids::mac_for(&inst.id),
+                address: format!("{a}/{prefix}"),
+            })
+            .into_iter()
+            .collect(),
+        // Sandbox and warm instances: the template's network rule, and SSH only from the host.
+        network_policy: inst.network_policy,
+        ssh_from_host_only: sandboxed.then_some(true),
+        // The download URL is signed when the spec is served; the entry names the object.
+        restore_from: inst.restore_from.as_ref().map(|r| SpecRestore {
+            snapshot_id: r.snapshot_id.clone(),
+            sha256: r.sha256.clone(),
+            include_memory: r.include_memory,
+            object_key: Some(vps_domain::sandbox::snapshot::object_key(
+                &inst.tenant_id,
+                &r.snapshot_id,
+            )),
+            url: None,
+        }),
+        volumes: crate::node_spec_volumes::attachments(&inst.volumes),
+    };
+    serde_json::to_value(spec).expect("a spec entry serialises")
 }
 
 /// The generation of a node's spec (0 before its first entry).
@@ -177,7 +180,7 @@ pub async fn load(
     conn: &mut PgConnection,
     cache: &SpecCache,
     node_id: &str,
-) -> Result<Value, sqlx::Error> {
+) -> Result<NodeSpec, sqlx::Error> {
     // The generation is read first: entries newer than it only make the host's next poll
     // answer at once, and a change committed after the read is never labelled as seen.
     let generation = generation(&mut *conn, node_id).await?;
@@ -197,13 +200,13 @@ pub async fn load(
             entries: entries.clone(),
         },
     );
-    let volumes: Vec<Value> = sqlx::query_scalar(
+    let volumes: Vec<Json<NodeVolume>> = sqlx::query_scalar(
         "SELECT entry FROM node_spec_volumes WHERE node_id = $1 ORDER BY volume_id",
     )
     .bind(node_id)
     .fetch_all(&mut *conn)
     .await?;
-    let commands: Vec<Value> = sqlx::query_scalar(
+    let commands: Vec<Json<HostCommand>> = sqlx::query_scalar(
         "SELECT jsonb_build_object('id', id, 'kind', 'snapshot', 'instanceId', instance_id,
                                    'includeMemory', include_memory,
                                    'objectKey', tenant_id || '/' || id)
@@ -213,17 +216,17 @@ pub async fn load(
     .bind(node_id)
     .fetch_all(&mut *conn)
     .await?;
-    Ok(json!({
-        "nodeId": node_id,
-        "generation": generation,
-        "instances": entries
+    Ok(NodeSpec {
+        node_id: node_id.to_string(),
+        generation,
+        instances: entries
             .values()
-            .map(|text| serde_json::from_str::<Value>(text))
-            .collect::<Result<Vec<_>, _>>()
+            .map(|text| serde_json::from_str(text))
+            .collect::<Result<_, _>>()
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-        "volumes": volumes,
-        "commands": commands,
-    }))
+        volumes: volumes.into_iter().map(|v| v.0).collect(),
+        commands: commands.into_iter().map(|c| c.0).collect(),
+    })
 }
 
 /// The node's instance entries by instance id: those written after `held`'s generation read,
@@ -382,15 +385,45 @@ pub async fn refresh_all(conn: &mut PgConnection) -> Result<(), ProjectionError>
 mod tests {
     use super::*;
 
+    /// Entries told apart by their allocation id, `alloc_<n>`.
     fn entries(pairs: &[(&str, i64)]) -> BTreeMap<(String, String), Value> {
         pairs
             .iter()
             .map(|(id, n)| {
-                (
-                    ("node_a".to_string(), id.to_string()),
-                    json!({ "id": id, "n": n }),
-                )
+                let spec = InstanceSpec {
+                    id: id.to_string(),
+                    desired_state: vps_domain::state_table::DesiredState::Running,
+                    runtime: None,
+                    shape: vps_domain::resources::Shape {
+                        vcpu: 1,
+                        memory_gib: 1,
+                        disk_gib: 1,
+                        gpus: None,
+                    },
+                    image: ImageRef {
+                        url: None,
+                        sha256: None,
+                        format: None,
+                    },
+                    user_data_ref: None,
+                    allocation_id: Some(format!("alloc_{n}")),
+                    gpus: vec![],
+                    nics: vec![],
+                    network_policy: None,
+                    ssh_from_host_only: None,
+                    restore_from: None,
+                    volumes: vec![],
+                };
+                let key = ("node_a".to_string(), id.to_string());
+                (key, serde_json::to_value(spec).unwrap())
             })
+            .collect()
+    }
+
+    fn allocations(spec: &NodeSpec) -> Vec<(&str, Option<&str>)> {
+        spec.instances
+            .iter()
+            .map(|i| (i.id.as_str(), i.allocation_id.as_deref()))
             .collect()
     }
 
@@ -408,7 +441,7 @@ mod tests {
         let held = SpecCache::default();
         write_entries(&mut conn, &["a", "b"], &[("a", 1), ("b", 1)]).await;
         let first = load(&mut conn, &held, "node_a").await.unwrap();
-        assert_eq!(first["instances"].as_array().map(Vec::len), Some(2));
+        assert_eq!(first.instances.len(), 2);
 
         // One entry changes, one goes, one comes: the held copy must follow all three.
         write_entries(&mut conn, &["a", "b", "c"], &[("a", 2), ("c", 1)]).await;
@@ -418,10 +451,10 @@ mod tests {
             .unwrap();
         assert_eq!(served, fresh);
         assert_eq!(
-            served["instances"],
-            json!([{ "id": "a", "n": 2 }, { "id": "c", "n": 1 }])
+            allocations(&served),
+            [("a", Some("alloc_2")), ("c", Some("alloc_1"))]
         );
-        assert!(served["generation"].as_i64() > first["generation"].as_i64());
+        assert!(served.generation > first.generation);
 
         // Unchanged: the same spec at the same generation.
         assert_eq!(load(&mut conn, &held, "node_a").await.unwrap(), served);

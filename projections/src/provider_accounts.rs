@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 
+use serde::Serialize;
 use serde_json::{json, Value};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor, Row};
@@ -59,9 +60,12 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
     Ok(())
 }
 
-/// A provider account as stored: what the reconciler needs to build its provider.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProviderAccount {
+const SELECT: &str = "SELECT id, name, provider, config, secret_ref, last_error, created_at, updated_at, version FROM provider_accounts";
+
+/// A provider account as the API shows it and the reconciler reads it: never a secret.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAccountView {
     /// `pacct_…`.
     pub id: String,
     /// Unique name.
@@ -74,61 +78,48 @@ pub struct ProviderAccount {
     pub secret_ref: Option<String>,
     /// The last credential error, if it still stands: `{ code, message, at }`.
     pub last_error: Option<Value>,
-    /// The stream version.
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Its stream version.
     pub version: i64,
 }
 
-const SELECT: &str = "SELECT id, name, provider, config, secret_ref, last_error, created_at, updated_at, version FROM provider_accounts";
-
-/// Loads an account, or `None`.
+/// An account, or `None`.
 pub async fn load<'e>(
     db: impl PgExecutor<'e>,
     id: &str,
-) -> Result<Option<ProviderAccount>, sqlx::Error> {
-    Ok(sqlx::query(&format!("{SELECT} WHERE id = $1"))
+) -> Result<Option<ProviderAccountView>, sqlx::Error> {
+    sqlx::query(&format!("{SELECT} WHERE id = $1"))
         .bind(id)
         .fetch_optional(db)
         .await?
-        .map(|r| ProviderAccount {
-            id: r.get(0),
-            name: r.get(1),
-            provider: r.get(2),
-            config: r.get(3),
-            secret_ref: r.get(4),
-            last_error: r.get(5),
-            version: r.get(8),
-        }))
-}
-
-/// An account as the API shows it (never a secret), or `None`.
-pub async fn view<'e>(db: impl PgExecutor<'e>, id: &str) -> Result<Option<Value>, sqlx::Error> {
-    Ok(sqlx::query(&format!("{SELECT} WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await?
-        .map(|r| view_json(&r)))
+        .as_ref()
+        .map(view_row)
+        .transpose()
 }
 
 /// Every account, by name.
-pub async fn list<'e>(db: impl PgExecutor<'e>) -> Result<Vec<Value>, sqlx::Error> {
-    Ok(sqlx::query(&format!("{SELECT} ORDER BY name, id"))
+pub async fn list<'e>(db: impl PgExecutor<'e>) -> Result<Vec<ProviderAccountView>, sqlx::Error> {
+    sqlx::query(&format!("{SELECT} ORDER BY name, id"))
         .fetch_all(db)
         .await?
         .iter()
-        .map(view_json)
-        .collect())
+        .map(view_row)
+        .collect()
 }
 
-fn view_json(r: &sqlx::postgres::PgRow) -> Value {
-    json!({
-        "id": r.get::<String, _>(0),
-        "name": r.get::<String, _>(1),
-        "provider": r.get::<String, _>(2),
-        "config": r.get::<Value, _>(3),
-        "secretRef": r.get::<Option<String>, _>(4),
-        "lastError": r.get::<Option<Value>, _>(5),
-        "createdAt": r.get::<DateTime<Utc>, _>(6),
-        "updatedAt": r.get::<DateTime<Utc>, _>(7),
-        "version": r.get::<i64, _>(8),
+fn view_row(r: &sqlx::postgres::PgRow) -> Result<ProviderAccountView, sqlx::Error> {
+    Ok(ProviderAccountView {
+        id: r.try_get(0)?,
+        name: r.try_get(1)?,
+        provider: r.try_get(2)?,
+        config: r.try_get(3)?,
+        secret_ref: r.try_get(4)?,
+        last_error: r.try_get(5)?,
+        created_at: r.try_get(6)?,
+        updated_at: r.try_get(7)?,
+        version: r.try_get(8)?,
     })
 }

@@ -67,7 +67,7 @@ async fn insert(
 }
 
 /// A subscription as callers see it. The secret is shown once, by the create command.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Webhook {
     /// `whk_` + lowercase ULID.
@@ -99,7 +99,7 @@ impl From<domain::Webhook> for Webhook {
 }
 
 /// One delivery attempt, as `webhooks.deliveries` lists it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Delivery {
     /// The event delivered (also the `webhook-id` header).
@@ -119,7 +119,7 @@ pub struct Delivery {
 }
 
 /// A delivery's state after an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DeliveryStatus {
     /// The endpoint answered 2xx.

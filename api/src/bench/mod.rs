@@ -340,7 +340,7 @@ pub async fn setup_hosted_pool(
         },
     )
     .await?;
-    let pool_id = pool["id"].as_str().unwrap_or_default().to_string();
+    let pool_id = pool.id;
     ops::set_ip_pool(
         ctx,
         SetIpPool {
@@ -409,11 +409,7 @@ pub async fn setup_hosted_pool(
             },
         )
         .await?;
-        let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
-        nodes.push((
-            field(&registered["node"]["id"]),
-            field(&registered["nodeToken"]),
-        ));
+        nodes.push((registered.node.id, registered.node_token));
     }
     Ok((pool_id, nodes))
 }

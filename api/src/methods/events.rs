@@ -9,8 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use vps_events::envelope::{cloud_event, stream_of};
+use vps_events::envelope::{cloud_event, stream_of, CloudEvent};
 use vps_events::read::{read_filtered, read_page, Filter};
 use vps_events::Cursor;
 
@@ -38,7 +37,7 @@ pub struct ListEvents {
 #[derive(Serialize, schemars::JsonSchema)]
 pub struct EventPage {
     /// CloudEvents, in log order.
-    items: Vec<Value>,
+    items: Vec<CloudEvent>,
     /// Where the next page starts.
     cursor: String,
 }

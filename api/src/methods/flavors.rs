@@ -2,9 +2,9 @@
 //! to them.
 
 use serde::Deserialize;
-use serde_json::Value;
 use vps_commands::operator::{self as ops, CreateFlavor};
-use vps_projections::views;
+use vps_projections::operator_views::FlavorView;
+use vps_projections::{operator_views, views};
 
 use super::missing;
 use crate::error::ApiError;
@@ -54,12 +54,14 @@ pub fn methods() -> Vec<Method> {
     ]
 }
 
-async fn list(c: Call, q: FlavorList) -> Result<Items<Value>, ApiError> {
+async fn list(c: Call, q: FlavorList) -> Result<Items<FlavorView>, ApiError> {
     if !c.caller.actor.operator {
         let tenant = c.caller.actor.tenant.clone().unwrap_or_default();
         if !views::offered(&c.ctx.pool, &q.pool_id, &tenant).await? {
             return Err(missing("pool", &q.pool_id));
         }
     }
-    Ok(views::flavors(&c.ctx.pool, &q.pool_id).await?.into())
+    Ok(operator_views::flavors(&c.ctx.pool, &q.pool_id)
+        .await?
+        .into())
 }

@@ -1,9 +1,8 @@
 //! `images.*`: operators register and delete images; tenants list their own and public ones.
 
 use serde::Deserialize;
-use serde_json::Value;
 use vps_commands::operator::{self as ops, RegisterImage};
-use vps_projections::views;
+use vps_projections::operator_views::{self as views, ImageView};
 
 use crate::error::ApiError;
 use crate::registry::{Access, Call, Items, Method};
@@ -46,7 +45,7 @@ pub fn methods() -> Vec<Method> {
     ]
 }
 
-async fn list(c: Call, q: ImageList) -> Result<Items<Value>, ApiError> {
+async fn list(c: Call, q: ImageList) -> Result<Items<ImageView>, ApiError> {
     let tenant = if c.caller.actor.operator {
         q.tenant_id
     } else {

@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Datelike, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use vps_commands::instances::{self, Change, CreateInput};
 use vps_domain::authz::Resource;
 use vps_domain::instance::Instance;
 use vps_domain::state_table::InstanceState;
+use vps_events::envelope::{cloud_event, CloudEvent};
 use vps_projections::instances::InstanceFilter;
 use vps_projections::views::InstanceView;
 
@@ -217,17 +217,13 @@ async fn change(c: Call, q: InstanceRef, change: Change) -> Result<InstanceView,
     Ok(InstanceView::from(&instance))
 }
 
-async fn history(c: Call, q: InstanceRef) -> Result<Items<Value>, ApiError> {
+async fn history(c: Call, q: InstanceRef) -> Result<Items<CloudEvent>, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let mut conn = c.ctx.pool.acquire().await?;
     instances::visible(&mut conn, &tenant, &q.instance_id).await?;
     let events =
         vps_events::read::read_stream(&mut *conn, &format!("instance-{}", q.instance_id)).await?;
-    Ok(events
-        .iter()
-        .map(vps_events::envelope::cloud_event)
-        .collect::<Vec<_>>()
-        .into())
+    Ok(events.iter().map(cloud_event).collect::<Vec<_>>().into())
 }
 
 async fn list(c: Call, q: ListBody) -> Result<InstancePage, ApiError> {

@@ -5,9 +5,10 @@
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use vps_commands::hosts::{self, Report};
 use vps_commands::operator::{self as ops, RegisterNode};
+use vps_projections::node_spec_payload::NodeSpec;
+use vps_projections::operator_views::{self, NodeView};
 use vps_projections::views;
 
 use super::missing;
@@ -142,19 +143,19 @@ pub fn methods() -> Vec<Method> {
     ]
 }
 
-async fn get(c: Call, q: NodeRef) -> Result<Value, ApiError> {
-    views::node(&c.ctx.pool, &q.node_id)
+async fn get(c: Call, q: NodeRef) -> Result<NodeView, ApiError> {
+    operator_views::node(&c.ctx.pool, &q.node_id)
         .await?
         .ok_or_else(|| missing("node", &q.node_id))
 }
 
-async fn list(c: Call, q: NodeList) -> Result<Items<Value>, ApiError> {
-    Ok(views::nodes(&c.ctx.pool, q.pool_id.as_deref())
+async fn list(c: Call, q: NodeList) -> Result<Items<NodeView>, ApiError> {
+    Ok(operator_views::nodes(&c.ctx.pool, q.pool_id.as_deref())
         .await?
         .into())
 }
 
-async fn spec(c: Call, q: SpecQuery) -> Result<Value, ApiError> {
+async fn spec(c: Call, q: SpecQuery) -> Result<NodeSpec, ApiError> {
     let wait = Duration::from_millis(q.wait_ms.unwrap_or(0));
     if wait > MAX_WAIT {
         return Err(ApiError::invalid("waitMs", "at most 30000"));
@@ -188,33 +189,26 @@ async fn spec(c: Call, q: SpecQuery) -> Result<Value, ApiError> {
 /// when served, so a URL never outlives its use by much and never sits in a table.
 async fn sign_objects(
     store: &vps_store::SnapshotStore,
-    mut spec: Value,
+    mut spec: NodeSpec,
     ttl: Duration,
-) -> Result<Value, ApiError> {
+) -> Result<NodeSpec, ApiError> {
     let unsigned = |e: vps_store::StoreError| crate::error::internal(&e);
-    if let Some(commands) = spec["commands"].as_array_mut() {
-        for command in commands {
-            let Some(Value::String(key)) =
-                command.as_object_mut().and_then(|c| c.remove("objectKey"))
-            else {
-                continue;
-            };
-            let upload = store.upload(&key, ttl).await.map_err(unsigned)?;
-            command["uploadUrl"] = upload.url.into();
-            command["uploadHeaders"] = serde_json::to_value(upload.headers).unwrap_or_default();
-        }
+    for command in &mut spec.commands {
+        let Some(key) = command.object_key.take() else {
+            continue;
+        };
+        let upload = store.upload(&key, ttl).await.map_err(unsigned)?;
+        command.upload_url = Some(upload.url);
+        command.upload_headers = Some(upload.headers);
     }
-    if let Some(instances) = spec["instances"].as_array_mut() {
-        for instance in instances {
-            let restore = instance
-                .get_mut("restoreFrom")
-                .and_then(Value::as_object_mut);
-            let Some(Value::String(key)) = restore.and_then(|r| r.remove("objectKey")) else {
-                continue;
-            };
-            let url = store.download(&key, ttl).await.map_err(unsigned)?;
-            instance["restoreFrom"]["url"] = url.into();
-        }
+    for instance in &mut spec.instances {
+        let Some(restore) = instance.restore_from.as_mut() else {
+            continue;
+        };
+        let Some(key) = restore.object_key.take() else {
+            continue;
+        };
+        restore.url = Some(store.download(&key, ttl).await.map_err(unsigned)?);
     }
     Ok(spec)
 }

@@ -2,8 +2,8 @@
 //! quota usage and address leases.
 
 use serde::Deserialize;
-use serde_json::Value;
 use vps_commands::operator::{self as ops, CreatePool, OfferPool, SetIpPool, UpdatePool};
+use vps_projections::operator_views::{self as pools, PoolView};
 use vps_projections::views::{self, Lease, QuotaUsage};
 
 use super::missing;
@@ -79,18 +79,18 @@ pub fn methods() -> Vec<Method> {
 }
 
 /// The pool's view, or `NOT_FOUND`.
-pub async fn existing(c: &Call, pool_id: &str) -> Result<Value, ApiError> {
-    views::pool(&c.ctx.pool, pool_id)
+pub async fn existing(c: &Call, pool_id: &str) -> Result<PoolView, ApiError> {
+    pools::pool(&c.ctx.pool, pool_id)
         .await?
         .ok_or_else(|| missing("pool", pool_id))
 }
 
-async fn get(c: Call, q: PoolRef) -> Result<Value, ApiError> {
+async fn get(c: Call, q: PoolRef) -> Result<PoolView, ApiError> {
     existing(&c, &q.pool_id).await
 }
 
-async fn list(c: Call, _: NoParams) -> Result<Items<Value>, ApiError> {
-    Ok(views::pools(&c.ctx.pool).await?.into())
+async fn list(c: Call, _: NoParams) -> Result<Items<PoolView>, ApiError> {
+    Ok(pools::pools(&c.ctx.pool).await?.into())
 }
 
 async fn usage(c: Call, q: UsageQuery) -> Result<Items<QuotaUsage>, ApiError> {

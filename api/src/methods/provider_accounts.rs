@@ -1,9 +1,8 @@
 //! `providerAccounts.*` (operators only): create, list, get. Answers never carry a secret.
 
 use serde::Deserialize;
-use serde_json::Value;
 use vps_commands::provider_accounts::{self as accounts, CreateProviderAccount};
-use vps_projections::provider_accounts as views;
+use vps_projections::provider_accounts::{self as views, ProviderAccountView};
 use vps_reactors::providers::{ConfigError, ProviderConfig};
 
 use super::missing;
@@ -45,13 +44,13 @@ pub fn methods() -> Vec<Method> {
     ]
 }
 
-async fn create(c: Call, input: CreateProviderAccount) -> Result<Value, ApiError> {
+async fn create(c: Call, input: CreateProviderAccount) -> Result<ProviderAccountView, ApiError> {
     ProviderConfig::parse(&input.provider, &input.config).map_err(refusal)?;
     Ok(accounts::create(&c.ctx, input).await?)
 }
 
-async fn get(c: Call, q: AccountRef) -> Result<Value, ApiError> {
-    views::view(&c.ctx.pool, &q.provider_account_id)
+async fn get(c: Call, q: AccountRef) -> Result<ProviderAccountView, ApiError> {
+    views::load(&c.ctx.pool, &q.provider_account_id)
         .await?
         .ok_or_else(|| missing("provider account", &q.provider_account_id))
 }

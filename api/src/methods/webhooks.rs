@@ -1,10 +1,10 @@
 //! `webhooks.*`: subscriptions to the log delivered as signed POSTs. Tenants manage their
 //! own; operators any, or all-tenant ones.
 
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use vps_commands::webhooks::{self as commands, NewWebhook};
-use vps_projections::webhooks::{self as views, MAX_DELIVERIES};
+use vps_commands::Deleted;
+use vps_projections::webhooks::{self as views, Delivery, Webhook, MAX_DELIVERIES};
 
 use super::events::scope;
 use super::missing;
@@ -63,7 +63,17 @@ pub fn methods() -> Vec<Method> {
     ]
 }
 
-async fn create(c: Call, q: CreateWebhook) -> Result<Value, ApiError> {
+/// `webhooks.create`'s answer: the subscription and its signing secret, shown once.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct CreatedWebhook {
+    /// The subscription.
+    #[serde(flatten)]
+    webhook: Webhook,
+    /// The signing secret (`whsec_…`).
+    secret: String,
+}
+
+async fn create(c: Call, q: CreateWebhook) -> Result<CreatedWebhook, ApiError> {
     let new = NewWebhook {
         url: q.url,
         types: q.types,
@@ -72,28 +82,26 @@ async fn create(c: Call, q: CreateWebhook) -> Result<Value, ApiError> {
         allow_private: c.config.webhooks.allowed_networks(),
     };
     let (hook, secret) = commands::create(&c.ctx, new).await?;
-    let mut view = serde_json::to_value(&hook).expect("serialises");
-    view["secret"] = json!(secret.0);
-    Ok(view)
+    Ok(CreatedWebhook {
+        webhook: hook,
+        secret: secret.0,
+    })
 }
 
-async fn list(c: Call, _: NoParams) -> Result<Items<Value>, ApiError> {
+async fn list(c: Call, _: NoParams) -> Result<Items<Webhook>, ApiError> {
     let tenant_scope = scope(&c.caller)?;
-    let hooks = views::list(&c.ctx.pool, tenant_scope.as_deref()).await?;
-    Ok(hooks
-        .iter()
-        .map(|h| serde_json::to_value(h).expect("serialises"))
-        .collect::<Vec<_>>()
+    Ok(views::list(&c.ctx.pool, tenant_scope.as_deref())
+        .await?
         .into())
 }
 
-async fn delete(c: Call, q: WebhookRef) -> Result<Value, ApiError> {
+async fn delete(c: Call, q: WebhookRef) -> Result<Deleted, ApiError> {
     let tenant_scope = scope(&c.caller)?;
     commands::delete(&c.ctx, &q.webhook_id, tenant_scope.as_deref()).await?;
-    Ok(json!({ "id": q.webhook_id, "deleted": true }))
+    Ok(Deleted::of(&q.webhook_id))
 }
 
-async fn deliveries(c: Call, q: DeliveriesQuery) -> Result<Items<Value>, ApiError> {
+async fn deliveries(c: Call, q: DeliveriesQuery) -> Result<Items<Delivery>, ApiError> {
     let tenant_scope = scope(&c.caller)?;
     views::get(&c.ctx.pool, &q.webhook_id, tenant_scope.as_deref())
         .await?
@@ -102,10 +110,7 @@ async fn deliveries(c: Call, q: DeliveriesQuery) -> Result<Items<Value>, ApiErro
     if !(1..=MAX_DELIVERIES).contains(&limit) {
         return Err(ApiError::invalid("limit", "1 to 1000"));
     }
-    let rows = views::deliveries(&c.ctx.pool, &q.webhook_id, limit).await?;
-    Ok(rows
-        .iter()
-        .map(|d| serde_json::to_value(d).expect("serialises"))
-        .collect::<Vec<_>>()
+    Ok(views::deliveries(&c.ctx.pool, &q.webhook_id, limit)
+        .await?
         .into())
 }

@@ -1,11 +1,10 @@
 //! `flavors.create` and `flavors.archive`.
 
 use serde::Deserialize;
-use serde_json::Value;
 use vps_domain::flavor::{self, Flavor};
 use vps_domain::pool::Pool;
 use vps_domain::resources::{Gpus, Shape};
-use vps_projections::views;
+use vps_projections::operator_views::{self as views, FlavorView};
 
 use super::name_taken;
 use crate::context::Ctx;
@@ -36,7 +35,7 @@ pub struct CreateFlavor {
 }
 
 /// Creates a flavor.
-pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<Value, CommandError> {
+pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<FlavorView, CommandError> {
     let id = new_id("flv");
     retrying(&id, || async {
         let mut tx = ctx.pool.begin().await?;
@@ -65,7 +64,7 @@ pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<Value, Comm
 }
 
 /// Archives a flavor: no new instances of it.
-pub async fn archive_flavor(ctx: &Ctx, flavor_id: &str) -> Result<Value, CommandError> {
+pub async fn archive_flavor(ctx: &Ctx, flavor_id: &str) -> Result<FlavorView, CommandError> {
     retrying(flavor_id, || async {
         let mut tx = ctx.pool.begin().await?;
         change::<Flavor>(ctx, &mut tx, flavor_id, None, |f| {
@@ -79,7 +78,7 @@ pub async fn archive_flavor(ctx: &Ctx, flavor_id: &str) -> Result<Value, Command
     .await
 }
 
-async fn view(tx: &mut sqlx::PgConnection, id: &str) -> Result<Value, CommandError> {
+async fn view(tx: &mut sqlx::PgConnection, id: &str) -> Result<FlavorView, CommandError> {
     Ok(views::flavor(&mut *tx, id)
         .await?
         .expect("the flavor exists"))

@@ -1,13 +1,14 @@
 //! `images.register` and `images.delete`.
 
 use serde::Deserialize;
-use serde_json::{json, Value};
 use vps_domain::image::{self, Image};
 use vps_domain::operator::ImageRegistered;
+use vps_projections::operator_views::{self as views, ImageView};
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
 use crate::pipeline::{change, commit};
+use crate::Deleted;
 
 /// `images.register`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -29,7 +30,7 @@ pub struct RegisterImage {
 }
 
 /// Registers (or re-registers) an image.
-pub async fn register_image(ctx: &Ctx, input: RegisterImage) -> Result<Value, CommandError> {
+pub async fn register_image(ctx: &Ctx, input: RegisterImage) -> Result<ImageView, CommandError> {
     let registered = ImageRegistered {
         image_id: input.image_id.clone(),
         tenant_id: input.tenant_id.clone(),
@@ -39,24 +40,20 @@ pub async fn register_image(ctx: &Ctx, input: RegisterImage) -> Result<Value, Co
         verified: input.verified,
     };
     let events = image::register(&registered)?;
-    let answer = serde_json::to_value(match &events[0] {
-        image::ImageEvent::Registered(r) => r,
-        image::ImageEvent::Deleted(_) => unreachable!("a registration registers"),
-    })
-    .expect("serialises");
     let tenant = input.tenant_id.as_deref();
     retrying(&input.image_id, || async {
         let mut tx = ctx.pool.begin().await?;
         let decided = Ok(events.clone());
         change::<Image>(ctx, &mut tx, &input.image_id, tenant, |_| decided).await?;
-        commit(ctx, tx).await
+        let answer = views::image(&mut *tx, &input.image_id).await?;
+        commit(ctx, tx).await?;
+        Ok(answer.expect("the image exists"))
     })
-    .await?;
-    Ok(answer)
+    .await
 }
 
 /// Deletes an image (instances already created from it keep running).
-pub async fn delete_image(ctx: &Ctx, image_id: &str) -> Result<Value, CommandError> {
+pub async fn delete_image(ctx: &Ctx, image_id: &str) -> Result<Deleted, CommandError> {
     retrying(image_id, || async {
         let mut tx = ctx.pool.begin().await?;
         change::<Image>(ctx, &mut tx, image_id, None, |i| image::delete(i, image_id)).await?;
@@ -64,5 +61,5 @@ pub async fn delete_image(ctx: &Ctx, image_id: &str) -> Result<Value, CommandErr
         Ok(())
     })
     .await?;
-    Ok(json!({ "id": image_id, "deleted": true }))
+    Ok(Deleted::of(image_id))
 }

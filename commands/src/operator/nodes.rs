@@ -1,13 +1,12 @@
 //! `nodes.register`, `nodes.cordon` and `nodes.uncordon`.
 
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use vps_domain::node::{decide, Node, NodeCommand};
 use vps_domain::pool::Pool;
 use vps_domain::resources::Capacity;
-use vps_projections::views;
+use vps_projections::operator_views::{self as views, NodeView};
 
 use super::name_taken;
 use crate::context::Ctx;
@@ -34,8 +33,28 @@ pub struct RegisterNode {
     pub cpu_model: Option<String>,
 }
 
+/// `nodes.register`'s answer.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RegisteredNode {
+    /// The node.
+    pub node: NodeView,
+    /// Its token: shown once, stored only as a hash.
+    pub node_token: String,
+}
+
+/// `nodes.rotateToken`'s answer.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RotatedToken {
+    /// The node.
+    pub node_id: String,
+    /// Its new token: shown once; the old one is refused from now on.
+    pub node_token: String,
+}
+
 /// Registers a node; answers the node and its token (shown once, stored only as a hash).
-pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<Value, CommandError> {
+pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<RegisteredNode, CommandError> {
     let id = new_id("node");
     let token = new_token();
     let node = retrying(&id, || async {
@@ -58,15 +77,18 @@ pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<Value, Comm
         store_token(&mut tx, &id, &token).await?;
         let answer = views::node(&mut *tx, &id).await?;
         commit(ctx, tx).await?;
-        Ok(answer)
+        Ok(answer.expect("the node exists"))
     })
     .await?;
-    Ok(json!({ "node": node, "nodeToken": token }))
+    Ok(RegisteredNode {
+        node,
+        node_token: token,
+    })
 }
 
 /// Replaces a node's token (`node.tokenRotated` names no token); answers the new one, shown
 /// once. The old token is refused from the commit on.
-pub async fn rotate_token(ctx: &Ctx, node_id: &str) -> Result<Value, CommandError> {
+pub async fn rotate_token(ctx: &Ctx, node_id: &str) -> Result<RotatedToken, CommandError> {
     let token = new_token();
     retrying(node_id, || async {
         let mut tx = ctx.pool.begin().await?;
@@ -78,7 +100,10 @@ pub async fn rotate_token(ctx: &Ctx, node_id: &str) -> Result<Value, CommandErro
         commit(ctx, tx).await
     })
     .await?;
-    Ok(json!({ "nodeId": node_id, "nodeToken": token }))
+    Ok(RotatedToken {
+        node_id: node_id.to_string(),
+        node_token: token,
+    })
 }
 
 fn new_token() -> String {
@@ -108,7 +133,7 @@ pub fn token_hash(token: &str) -> String {
 }
 
 /// Cordons (`true`) or uncordons a node.
-pub async fn set_cordon(ctx: &Ctx, node_id: &str, cordon: bool) -> Result<Value, CommandError> {
+pub async fn set_cordon(ctx: &Ctx, node_id: &str, cordon: bool) -> Result<NodeView, CommandError> {
     let command = if cordon {
         NodeCommand::Cordon
     } else {

@@ -2,12 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use vps_domain::operator::PoolPolicy;
 use vps_domain::pool::{decide, Pool, PoolCommand};
 use vps_domain::resources::QuotaResource;
-use vps_projections::views;
+use vps_projections::operator_views::{self as views, PoolView};
 
 use super::name_taken;
 use crate::context::Ctx;
@@ -57,6 +56,18 @@ pub struct OfferPool {
     pub quota: BTreeMap<String, u64>,
 }
 
+/// `pools.offer`'s answer: every quota maximum, a missing one as 0.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Offer {
+    /// The pool.
+    pub pool_id: String,
+    /// The tenant it is offered to.
+    pub tenant_id: String,
+    /// Maxima per resource (`vcpu`, `memoryGiB`, `diskGiB`, `gpu`).
+    pub quota: BTreeMap<String, u64>,
+}
+
 /// `pools.setIpPool`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -70,7 +81,7 @@ pub struct SetIpPool {
 }
 
 /// Creates a pool.
-pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<Value, CommandError> {
+pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<PoolView, CommandError> {
     let id = new_id("pool");
     retrying(&id, || async {
         let mut tx = ctx.pool.begin().await?;
@@ -92,7 +103,7 @@ pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<Value, CommandE
 }
 
 /// Renames a pool or changes its policy.
-pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<Value, CommandError> {
+pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<PoolView, CommandError> {
     retrying(&input.pool_id, || async {
         let mut tx = ctx.pool.begin().await?;
         let name_taken = match &input.name {
@@ -113,7 +124,7 @@ pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<Value, CommandE
 }
 
 /// Offers a pool to a tenant with quota maxima.
-pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Value, CommandError> {
+pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Offer, CommandError> {
     retrying(&input.pool_id, || async {
         let mut tx = ctx.pool.begin().await?;
         let command = PoolCommand::Offer {
@@ -129,20 +140,22 @@ pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Value, CommandErr
         Ok(())
     })
     .await?;
-    let quota: BTreeMap<&str, u64> = QuotaResource::ALL
+    let quota = QuotaResource::ALL
         .into_iter()
         .map(|r| {
-            (
-                r.as_str(),
-                input.quota.get(r.as_str()).copied().unwrap_or(0),
-            )
+            let max = input.quota.get(r.as_str()).copied().unwrap_or(0);
+            (r.as_str().to_string(), max)
         })
         .collect();
-    Ok(json!({ "poolId": input.pool_id, "tenantId": input.tenant_id, "quota": quota }))
+    Ok(Offer {
+        pool_id: input.pool_id,
+        tenant_id: input.tenant_id,
+        quota,
+    })
 }
 
 /// Sets a hosted pool's IPv4 range.
-pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<Value, CommandError> {
+pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<PoolView, CommandError> {
     retrying(&input.pool_id, || async {
         let mut tx = ctx.pool.begin().await?;
         let leased: i64 = sqlx::query_scalar("SELECT count(*) FROM ip_leases WHERE pool_id = $1")
@@ -162,7 +175,7 @@ pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<Value, CommandEr
     .await
 }
 
-async fn view(tx: &mut sqlx::PgConnection, pool_id: &str) -> Result<Value, CommandError> {
+async fn view(tx: &mut sqlx::PgConnection, pool_id: &str) -> Result<PoolView, CommandError> {
     Ok(views::pool(&mut *tx, pool_id)
         .await?
         .expect("the pool exists"))
