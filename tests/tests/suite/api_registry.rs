@@ -16,6 +16,26 @@ async fn document(t: &TestServer) -> Value {
         .expect("JSON")
 }
 
+/// Whether `schema` says what an answer holds: an object with properties, and the items of
+/// any list answer likewise (not "any JSON value").
+fn described(doc: &Value, schema: &Value) -> bool {
+    let resolve = |s: &Value| match s["$ref"].as_str() {
+        Some(r) => doc["components"]["schemas"][r.rsplit('/').next().unwrap()].clone(),
+        None => s.clone(),
+    };
+    let schema = resolve(schema);
+    let Some(properties) = schema["properties"].as_object() else {
+        return false;
+    };
+    match properties.get("items") {
+        Some(items) if items["type"] == "array" => {
+            let item = resolve(&items["items"]);
+            item["properties"].is_object() || item["enum"].is_array()
+        }
+        _ => !properties.is_empty(),
+    }
+}
+
 #[tokio::test]
 async fn the_document_covers_every_method_with_its_schemas_and_errors() {
     let t = TestServer::start().await;
@@ -39,6 +59,8 @@ async fn the_document_covers_every_method_with_its_schemas_and_errors() {
         }
         let request = &op["requestBody"]["content"]["application/json"]["schema"];
         assert!(request.is_object(), "{path} has a request schema");
+        let answer = &op["responses"]["200"]["content"]["application/json"]["schema"];
+        assert!(described(&doc, answer), "{path} describes its answer: {answer}");
     }
     // Request types come from the Rust types: unknown fields refused, required fields named.
     let create = &doc["components"]["schemas"]["CreateBody"];
