@@ -50,9 +50,16 @@ pub async fn run(ctx: Ctx, timings: Timings, store: SnapshotStore) -> Result<(),
     let _lease = vps_events::lease::Lease::acquire(&ctx.pool, LEASE, Duration::from_secs(2)).await;
     loop {
         let span = tracing::info_span!("sandbox_pass");
-        pass(&ctx, &timings, &store).instrument(span).await?;
+        let more = pass(&ctx, &timings, &store).instrument(span).await?;
+        // A pass that refilled or drained a warm pool looks again soon (a pool fills
+        // `REFILL_PER_PASS` at a time), not a whole `sandbox_pass` later.
+        let next = if more {
+            REFILL_SETTLE
+        } else {
+            timings.sandbox_pass
+        };
         tokio::select! {
-            () = tokio::time::sleep(timings.sandbox_pass) => {}
+            () = tokio::time::sleep(next) => {}
             () = WAKE.notified() => {}
             () = CLAIMED.notified() => tokio::select! {
                 () = tokio::time::sleep(REFILL_SETTLE) => {}
@@ -62,14 +69,19 @@ pub async fn run(ctx: Ctx, timings: Timings, store: SnapshotStore) -> Result<(),
     }
 }
 
-/// One pass.
-pub async fn pass(ctx: &Ctx, timings: &Timings, store: &SnapshotStore) -> Result<(), CommandError> {
+/// One pass. Answers whether it changed a warm pool, so another pass soon may have more to do.
+pub async fn pass(
+    ctx: &Ctx,
+    timings: &Timings,
+    store: &SnapshotStore,
+) -> Result<bool, CommandError> {
     expiries(ctx, timings).await?;
     fallbacks(ctx).await?;
     crate::volumes::release_deleted(ctx).await?;
-    warm_pools(ctx).await?;
+    let changed = warm_pools(ctx).await?;
     snapshot_timeouts(ctx, timings).await?;
-    purges(ctx, store).await
+    purges(ctx, store).await?;
+    Ok(changed)
 }
 
 /// Most snapshots timed out, and most objects purged, per pass.
@@ -157,8 +169,8 @@ async fn fallbacks(ctx: &Ctx) -> Result<(), CommandError> {
 }
 
 /// Every template with a warm pool, and every template (deleted ones too) that still has warm
-/// instances to drain.
-async fn warm_pools(ctx: &Ctx) -> Result<(), CommandError> {
+/// instances to drain. Answers whether any pool was refilled or drained.
+async fn warm_pools(ctx: &Ctx) -> Result<bool, CommandError> {
     let templates: Vec<(String, Option<Json<Template>>)> = sqlx::query_as(
         "SELECT w.id, t.doc FROM (
              SELECT id FROM sandbox_templates WHERE NOT deleted AND doc->'warm' IS NOT NULL
@@ -169,15 +181,18 @@ async fn warm_pools(ctx: &Ctx) -> Result<(), CommandError> {
     )
     .fetch_all(&ctx.pool)
     .await?;
+    let mut changed = false;
     for (id, template) in templates {
         let template = template.map(|Json(t)| t);
         let plan = warm::upkeep(ctx, &id, template.as_ref()).await?;
+        changed |= plan.create > 0 || !plan.drain.is_empty();
         metrics::gauge!("vps_sandbox_warm_drained", "template" => id.clone())
             .set(plan.drain.len() as f64);
         metrics::gauge!("vps_sandbox_warm_refilled", "template" => id.clone())
             .set(plan.create as f64);
     }
-    warm_gauges(ctx).await
+    warm_gauges(ctx).await?;
+    Ok(changed)
 }
 
 /// `vps_sandbox_warm_instances{template, state}`: how many warm instances each pool holds.

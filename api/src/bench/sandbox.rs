@@ -45,7 +45,7 @@ async fn phases(scratch: &Scratch, o: &SandboxBench) -> anyhow::Result<Value> {
     println!("single-event append (1 writer): {append_ms:.2} ms each");
 
     let (mut config, token) = super::server_config();
-    config.timings.sandbox_pass = 0.1;
+    config.timings.sandbox_pass = 2.0;
     config.timings.transitional_look = 0.5;
     let spec = super::BenchPool {
         nodes: 4,

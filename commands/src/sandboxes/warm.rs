@@ -57,27 +57,31 @@ pub async fn claim(
 }
 
 /// One pass over a template's warm pool (`template` gone or deleted: drain it): drains what
-/// must go, then makes what is missing. Answers the plan it carried out.
+/// must go, then makes what is missing. Answers the plan it carried out: `create` counts the
+/// instances it made, which a refused refill leaves below the plan's.
 pub async fn upkeep(
     ctx: &Ctx,
     template_id: &str,
     template: Option<&Template>,
 ) -> Result<WarmPlan, CommandError> {
     let members = members(ctx, template_id).await?;
-    let plan = warm_plan(template, &members, REFILL_PER_PASS);
+    let mut plan = warm_plan(template, &members, REFILL_PER_PASS);
     for id in &plan.drain {
         drain(ctx, id).await?;
     }
-    if let Some(t) = template.filter(|_| plan.create > 0) {
-        for _ in 0..plan.create {
+    let mut made = 0;
+    if let Some(t) = template {
+        while made < plan.create {
             if let Err(e) = refill(ctx, t).await {
                 // Best effort: quota, capacity or a vanished flavor stop this template's
                 // refill until the next pass.
                 tracing::warn!(template = %t.id, error = %e, "warm sandbox instance not created");
                 break;
             }
+            made += 1;
         }
     }
+    plan.create = made;
     Ok(plan)
 }
 

@@ -60,7 +60,10 @@ async fn the_document_covers_every_method_with_its_schemas_and_errors() {
         let request = &op["requestBody"]["content"]["application/json"]["schema"];
         assert!(request.is_object(), "{path} has a request schema");
         let answer = &op["responses"]["200"]["content"]["application/json"]["schema"];
-        assert!(described(&doc, answer), "{path} describes its answer: {answer}");
+        assert!(
+            described(&doc, answer),
+            "{path} describes its answer: {answer}"
+        );
     }
     // Request types come from the Rust types: unknown fields refused, required fields named.
     let create = &doc["components"]["schemas"]["CreateBody"];

@@ -669,3 +669,24 @@ async fn a_policy_caps_a_sandboxs_whole_lifetime_on_create_and_extend() {
         - chrono::DateTime::parse_from_rfc3339(now["createdAt"].as_str().unwrap()).unwrap();
     assert!(lifetime <= chrono::TimeDelta::hours(1), "{lifetime}");
 }
+
+#[tokio::test]
+async fn a_warm_pool_beyond_one_pass_fills_without_waiting_for_the_periodic_pass() {
+    // Passes come a minute apart: only the template's wake-up and the passes that follow a
+    // refill can fill the pool in time.
+    let t = TestServer::start_with(|c| {
+        vps_tests::fast_sandboxes(c);
+        c.timings.sandbox_pass = 60.0;
+    })
+    .await;
+    let (pool, _hosts) = pool_with_hosts(&t, 2).await;
+    let min = 3 * vps_commands::sandboxes::warm::REFILL_PER_PASS as i64;
+    let tpl = template(
+        &t,
+        &pool,
+        "big",
+        json!({ "warm": { "min": min, "max": min } }),
+    )
+    .await;
+    wait_warm(&t, tpl["id"].as_str().unwrap(), min).await;
+}
