@@ -60,6 +60,7 @@ pub async fn dispatch(
         snapshots: state.snapshots.clone(),
         sandbox_ca: state.sandbox_ca.clone(),
         specs: state.specs.clone(),
+        spec_signals: state.spec_signals.clone(),
     };
     method.call(call, &body).instrument(span).await.map(Json)
 }

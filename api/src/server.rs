@@ -98,6 +98,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         snapshots: config.snapshot_store(&config.secret_bytes()?, addr)?,
         sandbox_ca,
         specs: Arc::default(),
+        spec_signals: Arc::default(),
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -111,6 +112,12 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         let (pool, notifier) = (pool.clone(), notifier.clone());
         tasks.push(supervise("policies", move || {
             authz.clone().follow(pool.clone(), notifier.clone())
+        }));
+    }
+    {
+        let (pool, signals) = (pool.clone(), state.spec_signals.clone());
+        tasks.push(supervise_infallible("spec-signals", move || {
+            vps_projections::spec_signals::listen(pool.clone(), signals.clone())
         }));
     }
     tasks.extend(start_reactors(&state));
@@ -210,8 +217,9 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
         vps_reactors::waker::run(pool.clone(), notifier.clone())
     }));
     let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
+    let signals = state.spec_signals.clone();
     tasks.push(supervise("node-specs", move || {
-        vps_projections::node_specs::run(pool.clone(), notifier.clone())
+        vps_projections::node_specs::run(pool.clone(), notifier.clone(), signals.clone())
     }));
     let (ctx, t) = (reactor_ctx(state, "instances"), timings.clone());
     tasks.push(supervise("instance-reconciler", move || {

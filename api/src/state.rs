@@ -31,4 +31,6 @@ pub struct AppState {
     pub sandbox_ca: Option<Arc<vps_commands::sandboxes::exec::ca::SandboxCa>>,
     /// This replica's copy of its nodes' spec entries.
     pub specs: Arc<vps_projections::node_specs::SpecCache>,
+    /// The spec generations this replica has heard of, per node (long-polls wait on them).
+    pub spec_signals: Arc<vps_projections::spec_signals::SpecSignals>,
 }

@@ -1,4 +1,4 @@
-//! Waiting for the projections to reach a condition (long-polls, `wait` on creates): woken by
+//! Waiting for the projections to reach a condition (`wait` on creates): woken by
 //! every commit the notifier hears of (this process's, or another replica's via `pg_notify`),
 //! never by a fixed polling interval.
 

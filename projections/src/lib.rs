@@ -29,6 +29,7 @@ pub mod provider_accounts;
 pub mod replay;
 pub mod sandboxes;
 mod spec_entries;
+pub mod spec_signals;
 pub mod tenants;
 pub mod usage;
 pub mod views;

@@ -11,7 +11,7 @@ use sqlx::PgConnection;
 use vps_domain::volume::Attachment;
 
 use crate::node_spec_payload::{NodeVolume, VolumeAttachment};
-use crate::spec_entries::{write, EntryTable};
+use crate::spec_entries::{write, EntryTable, Moved};
 use crate::ProjectionError;
 
 const ENTRIES: EntryTable = EntryTable {
@@ -24,7 +24,7 @@ pub(crate) async fn sync(
     conn: &mut PgConnection,
     ids: &[String],
     node: Option<&str>,
-) -> Result<(), ProjectionError> {
+) -> Result<Moved, ProjectionError> {
     let rows: Vec<(String, String, i64, String)> = sqlx::query_as(
         "SELECT node_id, id, size_gib, doc->>'serial' FROM sandbox_volumes
           WHERE (id = ANY($1) OR node_id = $2) AND state IN ('creating', 'ready')",

@@ -20,7 +20,7 @@ use vps_domain::instance::Instance;
 use crate::node_spec_payload::{
     HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, NodeVolume, SpecRestore,
 };
-use crate::spec_entries::{bump, write, EntryTable};
+use crate::spec_entries::{bump, write, EntryTable, Moved};
 use crate::ProjectionError;
 
 /// The bridge hosted instances' NICs attach to.
@@ -74,15 +74,17 @@ async fn sync(
     conn: &mut PgConnection,
     ids: &[String],
     node: Option<&str>,
-) -> Result<(), ProjectionError> {
+) -> Result<Moved, ProjectionError> {
     let want = desired(conn, ids, node).await?.into_iter().collect();
     write(conn, &INSTANCE_ENTRIES, ids, node, want).await
 }
 
-/// Recomputes every entry of a node (a replay, or an image or range change).
-pub async fn refresh(conn: &mut PgConnection, node_id: &str) -> Result<(), ProjectionError> {
-    sync(conn, &[], Some(node_id)).await?;
-    crate::node_spec_volumes::sync(conn, &[], Some(node_id)).await
+/// Recomputes every entry of a node (a replay, or an image or range change); answers the
+/// generations that moved.
+pub async fn refresh(conn: &mut PgConnection, node_id: &str) -> Result<Moved, ProjectionError> {
+    let mut moved = sync(conn, &[], Some(node_id)).await?;
+    moved.extend(crate::node_spec_volumes::sync(conn, &[], Some(node_id)).await?);
+    Ok(moved)
 }
 
 fn entry(
@@ -317,39 +319,42 @@ async fn touched(
     ))
 }
 
-/// Brings the entries a batch touched up to date and moves the checkpoint, in one transaction.
+/// Brings the entries a batch touched up to date and moves the checkpoint, in one transaction;
+/// answers the generations that moved.
 pub async fn apply_batch(
     pool: &sqlx::PgPool,
     follower: &mut vps_events::Follower,
     batch: &[vps_events::RecordedEvent],
-) -> Result<(), ProjectionError> {
+) -> Result<Moved, ProjectionError> {
     let Some(last) = batch.last().map(vps_events::RecordedEvent::cursor) else {
-        return Ok(());
+        return Ok(Moved::new());
     };
     let mut tx = pool.begin().await?;
     let (instances, volumes, nodes, commanded) = touched(&mut tx, batch).await?;
+    let mut moved = Moved::new();
     if !instances.is_empty() {
-        sync(&mut tx, &instances, None).await?;
+        moved.extend(sync(&mut tx, &instances, None).await?);
     }
     if !volumes.is_empty() {
-        crate::node_spec_volumes::sync(&mut tx, &volumes, None).await?;
+        moved.extend(crate::node_spec_volumes::sync(&mut tx, &volumes, None).await?);
     }
     if !commanded.is_empty() {
-        bump(&mut tx, &commanded).await?;
+        moved.extend(bump(&mut tx, &commanded).await?);
     }
     for node in nodes {
-        refresh(&mut tx, &node).await?;
+        moved.extend(refresh(&mut tx, &node).await?);
     }
     vps_events::follower::save_checkpoint(&mut *tx, FOLLOWER, last).await?;
     tx.commit().await?;
     follower.advance(last);
-    Ok(())
+    Ok(moved)
 }
 
 /// Runs the projector for as long as the task lives (one replica at a time).
 pub async fn run(
     pool: sqlx::PgPool,
     notifier: vps_events::Notifier,
+    signals: Arc<crate::spec_signals::SpecSignals>,
 ) -> Result<(), ProjectionError> {
     let _lease =
         vps_events::lease::Lease::acquire(&pool, FOLLOWER, std::time::Duration::from_secs(2)).await;
@@ -362,11 +367,11 @@ pub async fn run(
             continue;
         }
         let span = tracing::info_span!("node_spec_pass", events = batch.len());
-        apply_batch(&pool, &mut follower, &batch)
+        let moved = apply_batch(&pool, &mut follower, &batch)
             .instrument(span)
             .await?;
-        // Hosts long-polling their spec wait on this.
-        notifier.committed();
+        // Hosts long-polling their spec wait on this, each on its own node's.
+        crate::spec_signals::announce(&pool, &signals, &moved).await;
     }
 }
 

@@ -35,15 +35,18 @@ async fn stored(
     Ok(rows.into_iter().map(|(n, i, e)| ((n, i), e)).collect())
 }
 
+/// The nodes whose generation a write moved, each with its new generation.
+pub type Moved = Vec<(String, i64)>;
+
 /// Makes the stored entries of `t` for `ids` (or of `node`) `want`, and moves the generation
-/// of every node an entry of which changed.
+/// of every node an entry of which changed; answers those.
 pub(crate) async fn write(
     conn: &mut PgConnection,
     t: &EntryTable,
     ids: &[String],
     node: Option<&str>,
     want: BTreeMap<(String, String), Value>,
-) -> Result<(), ProjectionError> {
+) -> Result<Moved, ProjectionError> {
     let have = stored(conn, t, ids, node).await?;
     let gone: Vec<&(String, String)> = have.keys().filter(|k| !want.contains_key(*k)).collect();
     let set: Vec<(&(String, String), &Value)> = want
@@ -56,14 +59,11 @@ pub(crate) async fn write(
         .chain(set.iter().map(|(k, _)| &k.0))
         .collect();
     if changed.is_empty() {
-        return Ok(());
+        return Ok(Moved::new());
     }
     // Bumped first, so each entry written carries the generation that publishes it.
-    let generations: BTreeMap<String, i64> =
-        bump(conn, &changed.into_iter().cloned().collect::<Vec<_>>())
-            .await?
-            .into_iter()
-            .collect();
+    let moved = bump(conn, &changed.into_iter().cloned().collect::<Vec<_>>()).await?;
+    let generations: BTreeMap<&str, i64> = moved.iter().map(|(n, g)| (n.as_str(), *g)).collect();
     sqlx::query(&format!(
         "DELETE FROM {table} e USING unnest($1::text[], $2::text[]) AS g(node_id, k)
           WHERE e.node_id = g.node_id AND e.{key} = g.k",
@@ -87,20 +87,17 @@ pub(crate) async fn write(
     .bind(set.iter().map(|(_, v)| *v).collect::<Vec<_>>())
     .bind(
         set.iter()
-            .map(|(k, _)| generations.get(&k.0).copied().unwrap_or_default())
+            .map(|(k, _)| generations.get(k.0.as_str()).copied().unwrap_or_default())
             .collect::<Vec<_>>(),
     )
     .execute(&mut *conn)
     .await?;
-    Ok(())
+    Ok(moved)
 }
 
 /// Moves the generation of `nodes` (an entry or a host command of theirs changed); answers
 /// each node's new generation.
-pub(crate) async fn bump(
-    conn: &mut PgConnection,
-    nodes: &[String],
-) -> Result<Vec<(String, i64)>, sqlx::Error> {
+pub(crate) async fn bump(conn: &mut PgConnection, nodes: &[String]) -> Result<Moved, sqlx::Error> {
     sqlx::query_as(
         "INSERT INTO node_specs (node_id, generation) SELECT unnest($1::text[]), 1
          ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1

@@ -169,19 +169,45 @@ async fn spec(c: Call, q: SpecQuery) -> Result<NodeSpec, ApiError> {
     } else {
         Some(c.guards.long_poll(&q.node_id)?)
     };
-    // Every commit wakes the poll: it reads the generation alone, and the spec once.
     if let Some(after) = q.after_generation {
-        crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
-            let generation =
-                vps_projections::node_specs::generation(&c.ctx.pool, &q.node_id).await?;
-            Ok((generation > after, ()))
-        })
-        .await?;
+        newer_than(&c, &q.node_id, after, Instant::now() + wait).await?;
     }
     let mut conn = c.ctx.pool.acquire().await?;
     let spec = vps_projections::node_specs::load(&mut conn, &c.specs, &q.node_id).await?;
     let ttl = Duration::from_secs_f64(c.config.timings.snapshot_timeout);
     sign_objects(&c.snapshots, spec, ttl).await
+}
+
+/// How long a poll trusts its node's signals before reading the generation again (a lost
+/// notification delays an answer at most this much).
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// Waits until the node's spec generation is past `after`, or `deadline`. Woken only when this
+/// replica hears that the node's generation moved (not on every commit); the table decides.
+async fn newer_than(
+    c: &Call,
+    node_id: &str,
+    after: i64,
+    deadline: Instant,
+) -> Result<(), ApiError> {
+    let mut moved = c.spec_signals.subscribe(node_id);
+    loop {
+        if let Some(rx) = moved.as_mut() {
+            rx.borrow_and_update();
+        }
+        let generation = vps_projections::node_specs::generation(&c.ctx.pool, node_id).await?;
+        let now = Instant::now();
+        if generation > after || now >= deadline {
+            return Ok(());
+        }
+        let sleep = (deadline - now).min(RECHECK);
+        match moved.as_mut() {
+            Some(rx) => {
+                let _ = tokio::time::timeout(sleep, rx.changed()).await;
+            }
+            None => tokio::time::sleep(sleep).await,
+        }
+    }
 }
 
 /// Replaces every `objectKey` the stored spec names with a URL signed now: an upload URL

@@ -519,3 +519,20 @@ async fn a_report_waits_only_on_the_instances_it_changes() {
     assert_eq!(answer["updated"], 1, "{answer}");
     holder.rollback().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_replica_hears_which_nodes_spec_moved() {
+    // The replica runs no NodeSpec follower (the first server holds its lease): it learns a
+    // node's new generation only from the follower's announcement, and wakes that node's polls.
+    let t = fast_server().await;
+    let replica = t.replica().await;
+    let pool = pool(&t).await;
+    let (node, _) = t.register_node(&pool, "host-a").await;
+    let mut moved = replica.state.spec_signals.subscribe(&node).unwrap();
+    create(&t, &pool, "k").await;
+    tokio::time::timeout(WAIT, moved.wait_for(|generation| *generation >= 1))
+        .await
+        .expect("the replica heard the node's generation move")
+        .unwrap();
+    replica.shutdown().await;
+}

@@ -1,0 +1,152 @@
+//! Which node's spec moved, told to the long-polls of that node alone. The NodeSpec follower
+//! announces each generation it commits: at once to its own replica, and to the others by
+//! `pg_notify` on [`CHANNEL`] (`node_id generation` pairs). A host's long-poll wakes only when
+//! its node's generation moves, not on every commit of the deployment: with a hundred hosts
+//! polling, waking each on every commit cost a generation query per host per commit.
+//!
+//! A signal is a hint, like the log's wake-ups: a poll still reads the generation from the
+//! table, and re-reads it now and then in case a notification was lost.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+/// The PostgreSQL channel generations travel on.
+pub const CHANNEL: &str = "vps_node_specs";
+
+/// A notification's payload stays under PostgreSQL's 8000-byte limit.
+const MAX_PAYLOAD: usize = 7000;
+
+/// Per node, the newest spec generation this replica has heard of.
+#[derive(Debug, Default)]
+pub struct SpecSignals {
+    nodes: Mutex<HashMap<String, watch::Sender<i64>>>,
+}
+
+impl SpecSignals {
+    /// `node_id`'s spec is at `generation` (or later): wakes its waiting polls.
+    pub fn publish(&self, node_id: &str, generation: i64) {
+        let Ok(mut nodes) = self.nodes.lock() else {
+            return;
+        };
+        let sender = nodes
+            .entry(node_id.to_string())
+            .or_insert_with(|| watch::channel(0).0);
+        sender.send_if_modified(|known| {
+            let newer = generation > *known;
+            if newer {
+                *known = generation;
+            }
+            newer
+        });
+    }
+
+    /// A receiver that changes when `node_id`'s generation moves.
+    pub fn subscribe(&self, node_id: &str) -> Option<watch::Receiver<i64>> {
+        let mut nodes = self.nodes.lock().ok()?;
+        let sender = nodes
+            .entry(node_id.to_string())
+            .or_insert_with(|| watch::channel(0).0);
+        Some(sender.subscribe())
+    }
+}
+
+/// Tells this replica at once, and the others through `pg_notify`, the generations a
+/// committed pass moved. A failed notify only delays other replicas' polls.
+pub async fn announce(pool: &PgPool, signals: &SpecSignals, moved: &[(String, i64)]) {
+    for (node, generation) in moved {
+        signals.publish(node, *generation);
+    }
+    for payload in payloads(moved) {
+        if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(&payload)
+            .execute(pool)
+            .await
+        {
+            tracing::debug!(error = %e, "spec generations not announced; polls re-read");
+        }
+    }
+}
+
+/// `node generation` pairs, comma-separated, in payloads of at most [`MAX_PAYLOAD`] bytes.
+fn payloads(moved: &[(String, i64)]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for (node, generation) in moved {
+        let pair = format!("{node} {generation}");
+        if !current.is_empty() && current.len() + 1 + pair.len() > MAX_PAYLOAD {
+            out.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push(',');
+        }
+        current.push_str(&pair);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+fn parse(payload: &str) -> impl Iterator<Item = (&str, i64)> {
+    payload.split(',').filter_map(|pair| {
+        let (node, generation) = pair.split_once(' ')?;
+        Some((node, generation.parse().ok()?))
+    })
+}
+
+/// Publishes the generations other replicas announce, for as long as the task lives.
+pub async fn listen(pool: PgPool, signals: std::sync::Arc<SpecSignals>) {
+    loop {
+        match PgListener::connect_with(&pool).await {
+            Ok(mut listener) => {
+                if listener.listen(CHANNEL).await.is_ok() {
+                    while let Ok(n) = listener.recv().await {
+                        for (node, generation) in parse(n.payload()) {
+                            signals.publish(node, generation);
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot listen for spec generations"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_stay_under_the_limit_and_parse_back_to_every_pair() {
+        let moved: Vec<(String, i64)> = (0..1000).map(|i| (format!("node_{i:026}"), i)).collect();
+        let payloads = payloads(&moved);
+        assert!(payloads.len() > 1);
+        assert!(payloads.iter().all(|p| p.len() <= MAX_PAYLOAD));
+        let back: Vec<(String, i64)> = payloads
+            .iter()
+            .flat_map(|p| parse(p).map(|(n, g)| (n.to_string(), g)))
+            .collect();
+        assert_eq!(back, moved);
+    }
+
+    #[tokio::test]
+    async fn a_receiver_wakes_only_for_a_newer_generation_of_its_node() {
+        let signals = SpecSignals::default();
+        let mut rx = signals.subscribe("node_a").unwrap();
+        signals.publish("node_b", 5);
+        signals.publish("node_a", 0);
+        assert!(!rx.has_changed().unwrap());
+        signals.publish("node_a", 3);
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), 3);
+        signals.publish("node_a", 2);
+        assert!(!rx.has_changed().unwrap());
+    }
+}
