@@ -49,23 +49,13 @@ pub struct IpPool {
 
 /// A pool, or `None`.
 pub async fn pool<'e>(db: impl PgExecutor<'e>, id: &str) -> Result<Option<PoolView>, sqlx::Error> {
-    sqlx::query(&format!("{POOL_SELECT} WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await?
-        .as_ref()
-        .map(pool_row)
-        .transpose()
+    one(db, &format!("{POOL_SELECT} WHERE id = $1"), id, pool_row).await
 }
 
 /// Every pool, by name.
 pub async fn pools<'e>(db: impl PgExecutor<'e>) -> Result<Vec<PoolView>, sqlx::Error> {
-    sqlx::query(&format!("{POOL_SELECT} ORDER BY name"))
-        .fetch_all(db)
-        .await?
-        .iter()
-        .map(pool_row)
-        .collect()
+    let sql = format!("{POOL_SELECT} ORDER BY name");
+    all(db, &sql, &[], pool_row).await
 }
 
 const POOL_SELECT: &str = "SELECT id, name, class, runtime, policy, provider_account_id, ip_cidr, ip_gateway, created_at, updated_at, version FROM pools";
@@ -122,13 +112,13 @@ pub struct NodeView {
 
 /// A node with what is allocated on it, or `None`.
 pub async fn node<'e>(db: impl PgExecutor<'e>, id: &str) -> Result<Option<NodeView>, sqlx::Error> {
-    sqlx::query(&format!("{NODE_SELECT} WHERE n.id = $1 GROUP BY n.id"))
-        .bind(id)
-        .fetch_optional(db)
-        .await?
-        .as_ref()
-        .map(node_row)
-        .transpose()
+    one(
+        db,
+        &format!("{NODE_SELECT} WHERE n.id = $1 GROUP BY n.id"),
+        id,
+        node_row,
+    )
+    .await
 }
 
 /// Nodes, optionally of one pool, by name.
@@ -136,13 +126,8 @@ pub async fn nodes<'e>(
     db: impl PgExecutor<'e>,
     pool_id: Option<&str>,
 ) -> Result<Vec<NodeView>, sqlx::Error> {
-    sqlx::query(&format!("{NODE_SELECT} WHERE ($1::text IS NULL OR n.pool_id = $1) GROUP BY n.id ORDER BY n.name, n.id"))
-        .bind(pool_id)
-        .fetch_all(db)
-        .await?
-        .iter()
-        .map(node_row)
-        .collect()
+    let sql = format!("{NODE_SELECT} WHERE ($1::text IS NULL OR n.pool_id = $1) GROUP BY n.id ORDER BY n.name, n.id");
+    all(db, &sql, &[pool_id], node_row).await
 }
 
 const NODE_SELECT: &str = "SELECT n.id, n.pool_id, n.name, n.state, n.capacity, n.labels, n.runtimes, n.cpu_model, (SELECT h.last_report_at FROM node_heartbeats h WHERE h.node_id = n.id),
@@ -201,13 +186,8 @@ pub async fn flavors<'e>(
     db: impl PgExecutor<'e>,
     pool_id: &str,
 ) -> Result<Vec<FlavorView>, sqlx::Error> {
-    sqlx::query(&format!("{FLAVOR_SELECT} WHERE pool_id = $1 ORDER BY name"))
-        .bind(pool_id)
-        .fetch_all(db)
-        .await?
-        .iter()
-        .map(flavor_row)
-        .collect()
+    let sql = format!("{FLAVOR_SELECT} WHERE pool_id = $1 ORDER BY name");
+    all(db, &sql, &[Some(pool_id)], flavor_row).await
 }
 
 /// One flavor by id.
@@ -215,13 +195,13 @@ pub async fn flavor<'e>(
     db: impl PgExecutor<'e>,
     id: &str,
 ) -> Result<Option<FlavorView>, sqlx::Error> {
-    sqlx::query(&format!("{FLAVOR_SELECT} WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await?
-        .as_ref()
-        .map(flavor_row)
-        .transpose()
+    one(
+        db,
+        &format!("{FLAVOR_SELECT} WHERE id = $1"),
+        id,
+        flavor_row,
+    )
+    .await
 }
 
 const FLAVOR_SELECT: &str =
@@ -266,15 +246,10 @@ pub async fn images<'e>(
     db: impl PgExecutor<'e>,
     tenant_id: Option<&str>,
 ) -> Result<Vec<ImageView>, sqlx::Error> {
-    sqlx::query(&format!(
+    let sql = format!(
         "{IMAGE_SELECT} WHERE NOT deleted AND ($1::text IS NULL OR tenant_id = $1 OR tenant_id IS NULL) ORDER BY id"
-    ))
-    .bind(tenant_id)
-    .fetch_all(db)
-    .await?
-    .iter()
-    .map(image_row)
-    .collect()
+    );
+    all(db, &sql, &[tenant_id], image_row).await
 }
 
 /// One image by id, deleted or not.
@@ -282,13 +257,7 @@ pub async fn image<'e>(
     db: impl PgExecutor<'e>,
     id: &str,
 ) -> Result<Option<ImageView>, sqlx::Error> {
-    sqlx::query(&format!("{IMAGE_SELECT} WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await?
-        .as_ref()
-        .map(image_row)
-        .transpose()
+    one(db, &format!("{IMAGE_SELECT} WHERE id = $1"), id, image_row).await
 }
 
 const IMAGE_SELECT: &str =
@@ -306,6 +275,34 @@ fn image_row(r: &PgRow) -> Result<ImageView, sqlx::Error> {
         verified: r.try_get(5)?,
         created_at: r.try_get(6)?,
     })
+}
+
+/// Decodes a row into a view.
+pub(crate) type Decode<T> = fn(&PgRow) -> Result<T, sqlx::Error>;
+
+/// The row `sql` selects with `$1` = `id`, decoded; `None` when there is none.
+pub(crate) async fn one<'e, T>(
+    db: impl PgExecutor<'e>,
+    sql: &str,
+    id: &str,
+    decode: Decode<T>,
+) -> Result<Option<T>, sqlx::Error> {
+    let row = sqlx::query(sql).bind(id).fetch_optional(db).await?;
+    row.as_ref().map(decode).transpose()
+}
+
+/// The rows `sql` selects with `params` as `$1`, `$2`, … (texts, possibly null), decoded.
+pub(crate) async fn all<'e, T>(
+    db: impl PgExecutor<'e>,
+    sql: &str,
+    params: &[Option<&str>],
+    decode: Decode<T>,
+) -> Result<Vec<T>, sqlx::Error> {
+    let query = params
+        .iter()
+        .fold(sqlx::query(sql), |query, param| query.bind(*param));
+    let rows = query.fetch_all(db).await?;
+    rows.iter().map(decode).collect()
 }
 
 /// A `jsonb` column decoded into its type.

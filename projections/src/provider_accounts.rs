@@ -91,23 +91,13 @@ pub async fn load<'e>(
     db: impl PgExecutor<'e>,
     id: &str,
 ) -> Result<Option<ProviderAccountView>, sqlx::Error> {
-    sqlx::query(&format!("{SELECT} WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await?
-        .as_ref()
-        .map(view_row)
-        .transpose()
+    crate::operator_views::one(db, &format!("{SELECT} WHERE id = $1"), id, view_row).await
 }
 
 /// Every account, by name.
 pub async fn list<'e>(db: impl PgExecutor<'e>) -> Result<Vec<ProviderAccountView>, sqlx::Error> {
-    sqlx::query(&format!("{SELECT} ORDER BY name, id"))
-        .fetch_all(db)
-        .await?
-        .iter()
-        .map(view_row)
-        .collect()
+    let sql = format!("{SELECT} ORDER BY name, id");
+    crate::operator_views::all(db, &sql, &[], view_row).await
 }
 
 fn view_row(r: &sqlx::postgres::PgRow) -> Result<ProviderAccountView, sqlx::Error> {
