@@ -1,10 +1,11 @@
-//! Waiting for the projections to reach a condition (`wait` on creates): woken by
-//! every commit the notifier hears of (this process's, or another replica's via `pg_notify`),
-//! never by a fixed polling interval.
+//! Waiting for the projections to reach a condition: `wait` on creates is woken by every commit
+//! the notifier hears of (this process's, or another replica's via `pg_notify`), a spec
+//! long-poll by its node's generation signal; never by a fixed polling interval.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use vps_events::Notifier;
 
 use crate::error::ApiError;
@@ -16,13 +17,27 @@ const RECHECK: Duration = Duration::from_millis(500);
 pub async fn until<T, F, Fut>(
     notifier: &Notifier,
     deadline: Instant,
+    probe: F,
+) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(bool, T), ApiError>>,
+{
+    woken_by(notifier.subscribe(), RECHECK, deadline, probe).await
+}
+
+/// Like [`until`], woken by `wake` (a narrower signal than every commit) and at least every
+/// `recheck`, in case a wake-up was lost.
+pub async fn woken_by<W, T, F, Fut>(
+    mut wake: watch::Receiver<W>,
+    recheck: Duration,
+    deadline: Instant,
     mut probe: F,
 ) -> Result<T, ApiError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(bool, T), ApiError>>,
 {
-    let mut wake = notifier.subscribe();
     loop {
         wake.borrow_and_update();
         let (done, value) = probe().await?;
@@ -30,6 +45,6 @@ where
         if done || now >= deadline {
             return Ok(value);
         }
-        let _ = tokio::time::timeout((deadline - now).min(RECHECK), wake.changed()).await;
+        let _ = tokio::time::timeout((deadline - now).min(recheck), wake.changed()).await;
     }
 }

@@ -82,16 +82,23 @@ async fn send_notifies(pool: PgPool, notifier: Notifier) {
 }
 
 async fn listen(pool: PgPool, notifier: Notifier) {
+    listen_to(pool, CHANNEL, |_| notifier.bump()).await
+}
+
+/// Hands every notification's payload on `channel` to `on`, for as long as the task lives;
+/// a lost connection is made again a second later (what was sent meanwhile is lost, so
+/// listeners must also poll).
+pub async fn listen_to(pool: PgPool, channel: &str, mut on: impl FnMut(&str)) {
     loop {
         match PgListener::connect_with(&pool).await {
             Ok(mut listener) => {
-                if listener.listen(CHANNEL).await.is_ok() {
-                    while listener.recv().await.is_ok() {
-                        notifier.bump();
+                if listener.listen(channel).await.is_ok() {
+                    while let Ok(notification) = listener.recv().await {
+                        on(notification.payload());
                     }
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "cannot listen for log wake-ups; polling"),
+            Err(e) => tracing::debug!(error = %e, channel, "cannot listen; polling"),
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

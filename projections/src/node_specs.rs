@@ -16,6 +16,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
 use tracing::Instrument;
 use vps_domain::instance::Instance;
+use vps_domain::sandbox::snapshot::object_key;
 
 use crate::node_spec_payload::{
     HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, NodeVolume, SpecRestore,
@@ -125,10 +126,7 @@ fn entry(
             snapshot_id: r.snapshot_id.clone(),
             sha256: r.sha256.clone(),
             include_memory: r.include_memory,
-            object_key: Some(vps_domain::sandbox::snapshot::object_key(
-                &inst.tenant_id,
-                &r.snapshot_id,
-            )),
+            object_key: Some(object_key(&inst.tenant_id, &r.snapshot_id)),
             url: None,
         }),
         volumes: crate::node_spec_volumes::attachments(&inst.volumes),
@@ -208,16 +206,26 @@ pub async fn load(
     .bind(node_id)
     .fetch_all(&mut *conn)
     .await?;
-    let commands: Vec<Json<HostCommand>> = sqlx::query_scalar(
-        "SELECT jsonb_build_object('id', id, 'kind', 'snapshot', 'instanceId', instance_id,
-                                   'includeMemory', include_memory,
-                                   'objectKey', tenant_id || '/' || id)
+    let pending: Vec<(String, String, bool, String)> = sqlx::query_as(
+        "SELECT id, instance_id, include_memory, tenant_id
            FROM sandbox_snapshots WHERE node_id = $1 AND state = 'pending'
           ORDER BY created_at, id",
     )
     .bind(node_id)
     .fetch_all(&mut *conn)
     .await?;
+    let commands = pending
+        .into_iter()
+        .map(|(id, instance_id, include_memory, tenant_id)| HostCommand {
+            object_key: Some(object_key(&tenant_id, &id)),
+            id,
+            kind: "snapshot".into(),
+            instance_id,
+            include_memory,
+            upload_url: None,
+            upload_headers: None,
+        })
+        .collect();
     Ok(NodeSpec {
         node_id: node_id.to_string(),
         generation,
@@ -227,7 +235,7 @@ pub async fn load(
             .collect::<Result<_, _>>()
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
         volumes: volumes.into_iter().map(|v| v.0).collect(),
-        commands: commands.into_iter().map(|c| c.0).collect(),
+        commands,
     })
 }
 

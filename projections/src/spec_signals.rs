@@ -7,12 +7,9 @@
 //! A signal is a hint, like the log's wake-ups: a poll still reads the generation from the
 //! table, and re-reads it now and then in case a notification was lost.
 
+use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
-
-use sqlx::postgres::PgListener;
-use sqlx::PgPool;
 use tokio::sync::watch;
 
 /// The PostgreSQL channel generations travel on.
@@ -30,28 +27,29 @@ pub struct SpecSignals {
 impl SpecSignals {
     /// `node_id`'s spec is at `generation` (or later): wakes its waiting polls.
     pub fn publish(&self, node_id: &str, generation: i64) {
-        let Ok(mut nodes) = self.nodes.lock() else {
-            return;
-        };
-        let sender = nodes
-            .entry(node_id.to_string())
-            .or_insert_with(|| watch::channel(0).0);
-        sender.send_if_modified(|known| {
-            let newer = generation > *known;
-            if newer {
-                *known = generation;
-            }
-            newer
+        self.with_sender(node_id, |sender| {
+            sender.send_if_modified(|known| {
+                let newer = generation > *known;
+                if newer {
+                    *known = generation;
+                }
+                newer
+            });
         });
     }
 
     /// A receiver that changes when `node_id`'s generation moves.
-    pub fn subscribe(&self, node_id: &str) -> Option<watch::Receiver<i64>> {
-        let mut nodes = self.nodes.lock().ok()?;
+    pub fn subscribe(&self, node_id: &str) -> watch::Receiver<i64> {
+        self.with_sender(node_id, |sender| sender.subscribe())
+    }
+
+    fn with_sender<T>(&self, node_id: &str, f: impl FnOnce(&watch::Sender<i64>) -> T) -> T {
+        // A panic elsewhere while holding the lock leaves the map whole: keep using it.
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
         let sender = nodes
             .entry(node_id.to_string())
             .or_insert_with(|| watch::channel(0).0);
-        Some(sender.subscribe())
+        f(sender)
     }
 }
 
@@ -102,21 +100,12 @@ fn parse(payload: &str) -> impl Iterator<Item = (&str, i64)> {
 
 /// Publishes the generations other replicas announce, for as long as the task lives.
 pub async fn listen(pool: PgPool, signals: std::sync::Arc<SpecSignals>) {
-    loop {
-        match PgListener::connect_with(&pool).await {
-            Ok(mut listener) => {
-                if listener.listen(CHANNEL).await.is_ok() {
-                    while let Ok(n) = listener.recv().await {
-                        for (node, generation) in parse(n.payload()) {
-                            signals.publish(node, generation);
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "cannot listen for spec generations"),
+    vps_events::notify::listen_to(pool, CHANNEL, |payload| {
+        for (node, generation) in parse(payload) {
+            signals.publish(node, generation);
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -139,7 +128,7 @@ mod tests {
     #[tokio::test]
     async fn a_receiver_wakes_only_for_a_newer_generation_of_its_node() {
         let signals = SpecSignals::default();
-        let mut rx = signals.subscribe("node_a").unwrap();
+        let mut rx = signals.subscribe("node_a");
         signals.publish("node_b", 5);
         signals.publish("node_a", 0);
         assert!(!rx.has_changed().unwrap());

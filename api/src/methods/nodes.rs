@@ -169,8 +169,15 @@ async fn spec(c: Call, q: SpecQuery) -> Result<NodeSpec, ApiError> {
     } else {
         Some(c.guards.long_poll(&q.node_id)?)
     };
+    // Woken only when this replica hears the node's generation moved; the table decides.
     if let Some(after) = q.after_generation {
-        newer_than(&c, &q.node_id, after, Instant::now() + wait).await?;
+        let moved = c.spec_signals.subscribe(&q.node_id);
+        crate::wait::woken_by(moved, RECHECK, Instant::now() + wait, || async {
+            let generation =
+                vps_projections::node_specs::generation(&c.ctx.pool, &q.node_id).await?;
+            Ok((generation > after, ()))
+        })
+        .await?;
     }
     let mut conn = c.ctx.pool.acquire().await?;
     let spec = vps_projections::node_specs::load(&mut conn, &c.specs, &q.node_id).await?;
@@ -181,34 +188,6 @@ async fn spec(c: Call, q: SpecQuery) -> Result<NodeSpec, ApiError> {
 /// How long a poll trusts its node's signals before reading the generation again (a lost
 /// notification delays an answer at most this much).
 const RECHECK: Duration = Duration::from_secs(1);
-
-/// Waits until the node's spec generation is past `after`, or `deadline`. Woken only when this
-/// replica hears that the node's generation moved (not on every commit); the table decides.
-async fn newer_than(
-    c: &Call,
-    node_id: &str,
-    after: i64,
-    deadline: Instant,
-) -> Result<(), ApiError> {
-    let mut moved = c.spec_signals.subscribe(node_id);
-    loop {
-        if let Some(rx) = moved.as_mut() {
-            rx.borrow_and_update();
-        }
-        let generation = vps_projections::node_specs::generation(&c.ctx.pool, node_id).await?;
-        let now = Instant::now();
-        if generation > after || now >= deadline {
-            return Ok(());
-        }
-        let sleep = (deadline - now).min(RECHECK);
-        match moved.as_mut() {
-            Some(rx) => {
-                let _ = tokio::time::timeout(sleep, rx.changed()).await;
-            }
-            None => tokio::time::sleep(sleep).await,
-        }
-    }
-}
 
 /// Replaces every `objectKey` the stored spec names with a URL signed now: an upload URL
 /// (and its headers) on each snapshot command, a download URL on each `restoreFrom`. Signed

@@ -528,7 +528,7 @@ async fn another_replica_hears_which_nodes_spec_moved() {
     let replica = t.replica().await;
     let pool = pool(&t).await;
     let (node, _) = t.register_node(&pool, "host-a").await;
-    let mut moved = replica.state.spec_signals.subscribe(&node).unwrap();
+    let mut moved = replica.state.spec_signals.subscribe(&node);
     create(&t, &pool, "k").await;
     tokio::time::timeout(WAIT, moved.wait_for(|generation| *generation >= 1))
         .await
