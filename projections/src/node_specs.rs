@@ -21,7 +21,8 @@ use vps_domain::sandbox::snapshot::object_key;
 use crate::node_spec_payload::{
     HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, NodeVolume, SpecRestore,
 };
-use crate::spec_entries::{bump, write, EntryTable, Moved};
+pub use crate::spec_entries::Moved;
+use crate::spec_entries::{bump, write, EntryTable};
 use crate::ProjectionError;
 
 /// The bridge hosted instances' NICs attach to.
@@ -78,6 +79,37 @@ async fn sync(
 ) -> Result<Moved, ProjectionError> {
     let want = desired(conn, ids, node).await?.into_iter().collect();
     write(conn, &INSTANCE_ENTRIES, ids, node, want).await
+}
+
+/// Writes one instance's entry in a command's own transaction, for a change its host must see
+/// without waiting for the follower: a warm claim, whose sandbox is ready only once the host
+/// resumes it. The follower's later pass over the same events finds the entry as it wants it
+/// and moves nothing. Answers the generation that moved, to announce once the command commits
+/// ([`crate::spec_signals::notify`]).
+///
+/// The node must already have a spec row (a claimed instance's own entry made it): the row's
+/// lock is what keeps the follower from writing back an older entry ([`lock_nodes_of`]).
+pub async fn write_inline(
+    conn: &mut PgConnection,
+    instance_id: &str,
+) -> Result<Moved, ProjectionError> {
+    sync(conn, &[instance_id.to_string()], None).await
+}
+
+/// Locks the spec rows of the nodes `ids` are placed on, in node order, before their views are
+/// read. A command that wrote an entry inline holds its node's row until it commits, so the
+/// pass reads the views after that commit and never writes back an entry older than the one the
+/// command wrote.
+async fn lock_nodes_of(conn: &mut PgConnection, ids: &[String]) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "SELECT 1 FROM node_specs
+          WHERE node_id IN (SELECT node_id FROM instances WHERE id = ANY($1))
+          ORDER BY node_id FOR UPDATE",
+    )
+    .bind(ids)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Recomputes every entry of a node (a replay, or an image or range change); answers the
@@ -341,6 +373,7 @@ pub async fn apply_batch(
     let (instances, volumes, nodes, commanded) = touched(&mut tx, batch).await?;
     let mut moved = Moved::new();
     if !instances.is_empty() {
+        lock_nodes_of(&mut tx, &instances).await?;
         moved.extend(sync(&mut tx, &instances, None).await?);
     }
     if !volumes.is_empty() {

@@ -59,6 +59,13 @@ pub async fn announce(pool: &PgPool, signals: &SpecSignals, moved: &[(String, i6
     for (node, generation) in moved {
         signals.publish(node, *generation);
     }
+    notify(pool, moved).await;
+}
+
+/// Tells every replica, this one included, through `pg_notify` alone: for a generation moved
+/// by a command's own transaction ([`crate::node_specs::write_inline`]), which holds no
+/// [`SpecSignals`]. Call after the commit.
+pub async fn notify(pool: &PgPool, moved: &[(String, i64)]) {
     for payload in payloads(moved) {
         if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
             .bind(CHANNEL)

@@ -25,6 +25,12 @@ async fn fresh() -> PgPool {
 /// Appends `events` to `stream` and applies the inline projectors, as a command would.
 async fn project<E: Event>(db: &PgPool, stream: &str, events: &[E]) {
     let mut tx = db.begin().await.unwrap();
+    project_in(&mut tx, stream, events).await;
+    tx.commit().await.unwrap();
+}
+
+/// [`project`] in the caller's transaction, left open.
+async fn project_in<E: Event>(tx: &mut sqlx::PgConnection, stream: &str, events: &[E]) {
     let current: Option<i64> =
         sqlx::query_scalar("SELECT max(version) FROM events WHERE stream = $1")
             .bind(stream)
@@ -41,9 +47,8 @@ async fn project<E: Event>(db: &PgPool, stream: &str, events: &[E]) {
             metadata: Metadata::default(),
         })
         .collect();
-    let stored = append(&mut tx, stream, expected, &new).await.unwrap();
-    vps_projections::apply_all(&mut tx, &stored).await.unwrap();
-    tx.commit().await.unwrap();
+    let stored = append(&mut *tx, stream, expected, &new).await.unwrap();
+    vps_projections::apply_all(&mut *tx, &stored).await.unwrap();
 }
 
 async fn one<T>(db: &PgPool, sql: &str) -> T
@@ -318,4 +323,111 @@ async fn an_admitted_instance_books_its_view_allocation_lease_and_quota() {
     assert_eq!(one::<(i64,)>(&db, sql).await.0, 2);
     let sql = "SELECT used FROM quotas WHERE pool_id = 'pool_1' AND resource = 'vcpu'";
     assert_eq!(one::<(i64,)>(&db, sql).await.0, 2);
+}
+
+/// The instance's view after `command`, as the events it decides.
+async fn decided(
+    db: &PgPool,
+    id: &str,
+    command: instance::InstanceCommand,
+) -> Vec<instance::InstanceEvent> {
+    let mut conn = db.acquire().await.unwrap();
+    let view = vps_projections::instances::load(&mut conn, id)
+        .await
+        .unwrap()
+        .unwrap();
+    instance::decide(Some(&view), &command, Utc::now()).unwrap()
+}
+
+async fn spec_entry_desired_state(db: &PgPool, id: &str) -> String {
+    let sql =
+        format!("SELECT entry->>'desiredState' FROM node_spec_entries WHERE instance_id = '{id}'");
+    one::<(String,)>(db, &sql).await.0
+}
+
+/// An entry a command wrote inline is never overwritten by a NodeSpec pass that read the
+/// views before that command committed: the pass waits for the node's spec row first.
+#[tokio::test]
+async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() {
+    use vps_domain::instance::{InstanceCommand, Requester};
+    let db = fresh().await;
+    pool_with_offer(&db).await;
+    let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
+    let stream = format!("instance-{id}");
+    let Ok(instance::Admission::Admit(events)) =
+        instance::admit(&admission_facts(), create(&id), "alloc_1", Utc::now())
+    else {
+        panic!("admitted");
+    };
+    project(&db, &stream, &events).await;
+    let notifier = vps_events::Notifier::local_only();
+    let name = vps_projections::node_specs::FOLLOWER;
+    let mut follower = vps_events::Follower::load(db.clone(), name, &notifier)
+        .await
+        .unwrap();
+    let batch = follower.next_batch(100).await.unwrap();
+    vps_projections::node_specs::apply_batch(&db, &mut follower, &batch)
+        .await
+        .unwrap();
+    assert_eq!(spec_entry_desired_state(&db, &id).await, "running");
+
+    // A stop the follower has not passed yet, then a delete whose command writes the entry
+    // inline and has not committed when the pass over the stop begins.
+    let stop = InstanceCommand::Stop {
+        requester: Requester::System,
+    };
+    project(&db, &stream, &decided(&db, &id, stop).await).await;
+    let delete = InstanceCommand::Delete {
+        requester: Requester::System,
+        reason: None,
+    };
+    let delete = decided(&db, &id, delete).await;
+    let mut tx = db.begin().await.unwrap();
+    project_in(&mut tx, &stream, &delete).await;
+    let moved = vps_projections::node_specs::write_inline(&mut tx, &id)
+        .await
+        .unwrap();
+    assert_eq!(
+        moved.len(),
+        1,
+        "the inline write moved the node's generation"
+    );
+
+    let batch = follower.next_batch(100).await.unwrap();
+    assert_eq!(batch.len(), 1, "the pass sees the stop alone");
+    let pass = tokio::spawn({
+        let db = db.clone();
+        async move {
+            vps_projections::node_specs::apply_batch(&db, &mut follower, &batch)
+                .await
+                .unwrap()
+        }
+    });
+    // The pass must be waiting on a lock before the delete commits.
+    lock_waiter(&db).await;
+    tx.commit().await.unwrap();
+    pass.await.unwrap();
+    assert_eq!(spec_entry_desired_state(&db, &id).await, "deleted");
+}
+
+/// Waits (at most 10 s) until some session of the database waits on a lock.
+async fn lock_waiter(db: &PgPool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                             WHERE datname = current_database() AND wait_event_type = 'Lock')",
+        )
+        .fetch_one(db)
+        .await
+        .unwrap();
+        if waiting {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing waits on a lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

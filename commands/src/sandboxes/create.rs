@@ -132,10 +132,11 @@ async fn create_once(ctx: &Ctx, c: &CreateSandbox) -> Result<Created, CommandErr
         Some(_) => None,
         None => super::warm::claim(ctx, &mut tx, t, &c.id).await?,
     };
-    let (instance, warm) = match claimed {
-        Some(claimed) => (claimed, true),
-        None => (cold(ctx, &mut tx, t, &c.id, restore).await?, false),
+    let (instance, moved) = match claimed {
+        Some((claimed, moved)) => (claimed, Some(moved)),
+        None => (cold(ctx, &mut tx, t, &c.id, restore).await?, None),
     };
+    let warm = moved.is_some();
     let ids = Lifecycle {
         sandbox_id: c.id.clone(),
         tenant_id: c.tenant_id.clone(),
@@ -149,6 +150,9 @@ async fn create_once(ctx: &Ctx, c: &CreateSandbox) -> Result<Created, CommandErr
             .await?
             .expect("a created sandbox");
     commit(ctx, tx).await?;
+    if let Some(moved) = moved {
+        vps_projections::spec_signals::notify(&ctx.pool, &moved).await;
+    }
     Ok(Created { sandbox, new: true })
 }
 

@@ -8,6 +8,7 @@ use sqlx::PgConnection;
 use vps_domain::instance::{Instance, InstanceCommand, Requester};
 use vps_domain::state_table::{DesiredState, InstanceState};
 use vps_domain::template::{warm_plan, Template, WarmMember, WarmPlan, PAUSING_RUNTIMES};
+use vps_projections::node_specs::Moved;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
@@ -19,7 +20,9 @@ use crate::record::new_id;
 pub const REFILL_PER_PASS: usize = 4;
 
 /// Claims a settled warm instance of `t` for the sandbox, in the caller's transaction; `None`
-/// when none is claimable (the caller creates one cold).
+/// when none is claimable (the caller creates one cold). The instance's spec entry is written
+/// in the same transaction, so its host resumes it without waiting for the NodeSpec follower;
+/// the caller announces the moved generation once it commits.
 ///
 /// The oldest settled instance of the current version that no concurrent transaction holds is
 /// taken with `FOR UPDATE SKIP LOCKED`: concurrent claims never wait on each other and never
@@ -30,7 +33,7 @@ pub async fn claim(
     tx: &mut PgConnection,
     t: &Template,
     sandbox_id: &str,
-) -> Result<Option<Instance>, CommandError> {
+) -> Result<Option<(Instance, Moved)>, CommandError> {
     let row: Option<sqlx::types::Json<Instance>> = sqlx::query_scalar(
         "SELECT doc FROM instances
           WHERE warm_template_id = $1 AND template_version = $2
@@ -53,7 +56,11 @@ pub async fn claim(
         sandbox_id: sandbox_id.to_string(),
         owner_identity_id: ctx.actor.identity.clone(),
     };
-    apply_commands(ctx, tx, &instance, &[claim], Utc::now()).await
+    let Some(claimed) = apply_commands(ctx, tx, &instance, &[claim], Utc::now()).await? else {
+        return Ok(None);
+    };
+    let moved = vps_projections::node_specs::write_inline(tx, &claimed.id).await?;
+    Ok(Some((claimed, moved)))
 }
 
 /// One pass over a template's warm pool (`template` gone or deleted: drain it): drains what

@@ -361,6 +361,61 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
     assert!(t.replay_equal().await);
 }
 
+/// A claim writes its instance's spec entry in its own transaction, so the host resumes it
+/// without waiting for the NodeSpec follower; the follower's pass over the claim finds the
+/// entry as it wants it and leaves it.
+#[tokio::test]
+async fn a_warm_claim_writes_its_spec_entry_in_the_claims_own_transaction() {
+    let t = server().await;
+    let (pool, _hosts) = pool_with_hosts(&t, 1).await;
+    let tpl = template(
+        &t,
+        &pool,
+        "inline",
+        json!({ "warm": { "min": 1, "max": 1 } }),
+    )
+    .await;
+    let tpl = tpl["id"].as_str().unwrap();
+    wait_warm(&t, tpl, 1).await;
+    let s = create(&t, BOB, tpl, "inline", 600).await;
+    assert_eq!(s["warm"], true);
+    let sandbox_id = s["id"].as_str().unwrap();
+    let stream = format!("sandbox-{sandbox_id}");
+    eventually("the NodeSpec follower past the claim", PATIENCE, || async {
+        let past: bool = sqlx::query_scalar(
+            "SELECT (c.transaction_id, c.position) >= (e.transaction_id, e.position)
+               FROM follower_checkpoints c, events e
+              WHERE c.name = 'node-specs' AND e.stream = $1 AND e.version = 1",
+        )
+        .bind(&stream)
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+        if past {
+            Ok(())
+        } else {
+            Err("behind")
+        }
+    })
+    .await;
+    let (desired, same_transaction): (String, bool) = sqlx::query_as(
+        "SELECT e.entry->>'desiredState',
+                e.xmin::text = (SELECT (transaction_id::text::bigint % 4294967296)::text
+                                  FROM events WHERE stream = $2 AND version = 1)
+           FROM node_spec_entries e WHERE e.instance_id = $1",
+    )
+    .bind(s["instanceId"].as_str().unwrap())
+    .bind(&stream)
+    .fetch_one(&t.server.state.pool)
+    .await
+    .unwrap();
+    assert_eq!(desired, "running");
+    assert!(
+        same_transaction,
+        "the entry was written by the claim's transaction and not rewritten since"
+    );
+}
+
 #[tokio::test]
 async fn concurrent_creates_never_share_a_warm_instance() {
     let t = server().await;
