@@ -120,6 +120,12 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
             vps_projections::spec_signals::listen(pool.clone(), signals.clone())
         }));
     }
+    {
+        let pool = pool.clone();
+        tasks.push(supervise_infallible("work-signals", move || {
+            vps_reactors::work_queue::listen(pool.clone())
+        }));
+    }
     tasks.extend(start_reactors(&state));
     let router = app(state.clone());
     tasks.push(tokio::spawn(async move {

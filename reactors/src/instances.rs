@@ -118,11 +118,12 @@ async fn tenant_runs_on(
 /// Runs the reconciler: takes due items and reconciles up to `parallel` at once, keeping the
 /// batch's leases alive while it works.
 pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx::Error> {
-    let mut wake = ctx.notifier.subscribe();
+    let mut wake = work_queue::subscribe();
     loop {
+        wake.borrow_and_update();
         let items = work_queue::take(&ctx.pool, KIND, 64, LEASE).await?;
         if items.is_empty() {
-            let _ = tokio::time::timeout(Duration::from_millis(100), wake.changed()).await;
+            work_queue::idle(&ctx.pool, KIND, &mut wake).await;
             continue;
         }
         let batch = futures::stream::iter(&items).for_each_concurrent(parallel, |item| {

@@ -54,7 +54,11 @@ pub async fn run(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
         vps_events::follower::save_checkpoint(&mut *tx, NAME, last).await?;
         tx.commit().await?;
         follower.advance(last);
-        notifier.committed();
+        // The reconcilers wake on this, not on the log's notifier: this commit appends no event
+        // for the followers to read.
+        if !instances.is_empty() {
+            work_queue::announce(&pool).await;
+        }
     }
 }
 

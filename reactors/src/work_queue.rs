@@ -10,10 +10,72 @@
 //! not lost: it bumps `wakes`, and completing an item whose `wakes` moved makes it due again.
 
 use std::future::Future;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgExecutor, PgPool, Row};
+use tokio::sync::watch;
+
+/// The PostgreSQL channel on which replicas tell each other that items fell due.
+pub const CHANNEL: &str = "vps_work";
+
+/// The longest a work loop sleeps without looking, in case a wake-up was lost.
+pub const MAX_IDLE: Duration = Duration::from_secs(1);
+
+/// This process's wake-ups of its work loops: a counter, so one that comes while a loop works
+/// is seen when it next waits. Loops wake on this and on their items' due times, not on every
+/// commit of the log: a take per commit per loop was most of an idle server's statements.
+static DUE: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::channel(0).0);
+
+fn bump() {
+    DUE.send_modify(|n| *n = n.wrapping_add(1));
+}
+
+/// Call once a transaction that made items due ([`wake`], [`wake_all`]) has committed: wakes
+/// this process's work loops at once, and other replicas' through `pg_notify`. A lost
+/// notification delays their look by at most [`MAX_IDLE`].
+pub async fn announce(pool: &PgPool) {
+    bump();
+    if let Err(e) = sqlx::query("SELECT pg_notify($1, '')")
+        .bind(CHANNEL)
+        .execute(pool)
+        .await
+    {
+        tracing::debug!(error = %e, "work not announced; other replicas look within a second");
+    }
+}
+
+/// Hears other replicas' [`announce`]s for as long as the task lives.
+pub async fn listen(pool: PgPool) {
+    vps_events::notify::listen_to(pool, CHANNEL, |_| bump()).await
+}
+
+/// A work loop's wake-ups; mark them seen (`borrow_and_update`) before each take.
+pub fn subscribe() -> watch::Receiver<u64> {
+    DUE.subscribe()
+}
+
+/// Waits until a wake-up comes or `kind`'s next item falls due (or its lease runs out), at
+/// most [`MAX_IDLE`].
+pub async fn idle(pool: &PgPool, kind: &str, wake: &mut watch::Receiver<u64>) {
+    let next: Result<Option<f64>, _> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM min(greatest(due_at, coalesce(lease_until, due_at))) - now())::float8
+           FROM work_items WHERE kind = $1",
+    )
+    .bind(kind)
+    .fetch_one(pool)
+    .await;
+    let nap = match next {
+        Ok(Some(seconds)) => Duration::from_secs_f64(seconds.clamp(0.0, MAX_IDLE.as_secs_f64())),
+        Ok(None) => MAX_IDLE,
+        Err(e) => {
+            tracing::debug!(kind, error = %e, "cannot read the next due time");
+            MAX_IDLE
+        }
+    };
+    let _ = tokio::time::timeout(nap, wake.changed()).await;
+}
 
 /// When to look at an item again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -222,3 +222,64 @@ async fn holding_keeps_a_slow_pass_leased_past_its_lease() {
         .await
         .unwrap());
 }
+
+/// An idle loop waits for an announcement or its kind's next due time, whichever is first:
+/// another replica's announcement (a `pg_notify` heard by `listen`) wakes it at once, and an
+/// item due soon ends the wait when it falls due, both well before the one-second fallback.
+#[tokio::test]
+async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due_time() {
+    use vps_reactors::work_queue::{idle, listen, subscribe, MAX_IDLE};
+    let pool = fresh().await;
+    tokio::spawn(listen(pool.clone()));
+    let notify = || async {
+        // As another replica would: the notification alone, without this process's own bump.
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(vps_reactors::work_queue::CHANNEL)
+            .execute(&pool)
+            .await
+            .unwrap();
+    };
+    let mut signal = subscribe();
+    // The listener is up once a notification comes back through it.
+    let mut up = false;
+    for _ in 0..100 {
+        notify().await;
+        if tokio::time::timeout(Duration::from_millis(100), signal.changed())
+            .await
+            .is_ok()
+        {
+            up = true;
+            break;
+        }
+    }
+    assert!(up, "the listener hears notifications");
+    signal.borrow_and_update();
+
+    let waiting = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let started = std::time::Instant::now();
+            idle(&pool, "idle-test", &mut signal).await;
+            started.elapsed()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    notify().await;
+    let waited = waiting.await.unwrap();
+    assert!(
+        waited < MAX_IDLE / 2,
+        "woken by the notification after {waited:?}"
+    );
+
+    let due = Utc::now() + chrono::TimeDelta::milliseconds(200);
+    wake(&pool, "idle-test", "k", due).await.unwrap();
+    let mut quiet = subscribe();
+    quiet.borrow_and_update();
+    let started = std::time::Instant::now();
+    idle(&pool, "idle-test", &mut quiet).await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(100) && waited < MAX_IDLE / 2,
+        "the item due in 200 ms ended the wait after {waited:?}"
+    );
+}
