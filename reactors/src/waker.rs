@@ -54,8 +54,10 @@ pub async fn run(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
         vps_events::follower::save_checkpoint(&mut *tx, NAME, last).await?;
         tx.commit().await?;
         follower.advance(last);
-        // The reconcilers wake on this, not on the log's notifier: this commit appends no event
-        // for the followers to read.
+        // The followers' reads stop at the oldest open transaction, so this commit (which
+        // appends nothing) may free events they were held back from; the reconcilers wake on
+        // the work signal.
+        notifier.committed();
         if !instances.is_empty() {
             work_queue::announce(&pool).await;
         }
