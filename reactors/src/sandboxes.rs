@@ -38,11 +38,29 @@ static CLAIMED: LazyLock<Notify> = LazyLock::new(Notify::new);
 /// How long after a warm claim the refill pass starts.
 pub const REFILL_SETTLE: Duration = Duration::from_millis(100);
 
-/// After a warm claim: a refill pass [`REFILL_SETTLE`] later, not at once, so the claims of a
-/// busy moment share one pass (and one spec change per node), and the pass does not run
-/// beside the claimed instance's resume.
+/// The longest claims in a row hold a refill back.
+pub const REFILL_MAX_DEFER: Duration = Duration::from_secs(1);
+
+/// After a warm claim: a refill pass once claims have paused for [`REFILL_SETTLE`] (at most
+/// [`REFILL_MAX_DEFER`] after the first), not at once, so the claims of a busy moment share
+/// one pass (and one spec change per node), and the refill's creates, boots and reports do
+/// not run beside the claimed instances' resumes on the same cores.
 pub fn claimed() {
     CLAIMED.notify_one();
+}
+
+/// Waits until claims have paused for [`REFILL_SETTLE`], [`REFILL_MAX_DEFER`] has passed, or
+/// a pass is asked for.
+async fn claims_paused() {
+    let deadline = tokio::time::Instant::now() + REFILL_MAX_DEFER;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(REFILL_SETTLE) => return,
+            () = tokio::time::sleep_until(deadline) => return,
+            () = WAKE.notified() => return,
+            () = CLAIMED.notified() => {}
+        }
+    }
 }
 
 /// Passes for as long as the task lives.
@@ -52,19 +70,15 @@ pub async fn run(ctx: Ctx, timings: Timings, store: SnapshotStore) -> Result<(),
         let span = tracing::info_span!("sandbox_pass");
         let more = pass(&ctx, &timings, &store).instrument(span).await?;
         // A pass that refilled or drained a warm pool looks again soon (a pool fills
-        // `REFILL_PER_PASS` at a time), not a whole `sandbox_pass` later.
-        let next = if more {
-            REFILL_SETTLE
-        } else {
-            timings.sandbox_pass
-        };
+        // `REFILL_PER_PASS` at a time), not a whole `sandbox_pass` later: once claims pause.
+        if more {
+            claims_paused().await;
+            continue;
+        }
         tokio::select! {
-            () = tokio::time::sleep(next) => {}
+            () = tokio::time::sleep(timings.sandbox_pass) => {}
             () = WAKE.notified() => {}
-            () = CLAIMED.notified() => tokio::select! {
-                () = tokio::time::sleep(REFILL_SETTLE) => {}
-                () = WAKE.notified() => {}
-            },
+            () = CLAIMED.notified() => claims_paused().await,
         }
     }
 }
