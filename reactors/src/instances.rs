@@ -118,7 +118,7 @@ async fn tenant_runs_on(
 /// Runs the reconciler: takes due items and reconciles up to `parallel` at once, keeping the
 /// batch's leases alive while it works.
 pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx::Error> {
-    let mut wake = work_queue::subscribe();
+    let mut wake = work_queue::subscribe(KIND);
     loop {
         wake.borrow_and_update();
         let items = work_queue::take(&ctx.pool, KIND, 64, LEASE).await?;

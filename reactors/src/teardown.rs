@@ -20,13 +20,13 @@ const LEASE: Duration = Duration::from_secs(60);
 /// Makes a tenant's teardown due now.
 pub async fn wake(pool: &sqlx::PgPool, tenant_id: &str) -> Result<(), sqlx::Error> {
     work_queue::wake(pool, KIND, tenant_id, Utc::now()).await?;
-    work_queue::announce(pool).await;
+    work_queue::announce(pool, KIND).await;
     Ok(())
 }
 
 /// Runs teardown passes of due tenants until the process stops.
 pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
-    let mut wake = work_queue::subscribe();
+    let mut wake = work_queue::subscribe(KIND);
     loop {
         wake.borrow_and_update();
         let items = work_queue::take(&ctx.pool, KIND, 8, LEASE).await?;

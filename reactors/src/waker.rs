@@ -59,7 +59,7 @@ pub async fn run(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
         // the work signal.
         notifier.committed();
         if !instances.is_empty() {
-            work_queue::announce(&pool).await;
+            work_queue::announce(&pool, crate::instances::KIND).await;
         }
     }
 }

@@ -9,8 +9,9 @@
 //! A pass returns its next look. A wake-up that arrives while the item is being worked on is
 //! not lost: it bumps `wakes`, and completing an item whose `wakes` moved makes it due again.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -23,22 +24,32 @@ pub const CHANNEL: &str = "vps_work";
 /// The longest a work loop sleeps without looking, in case a wake-up was lost.
 pub const MAX_IDLE: Duration = Duration::from_secs(1);
 
-/// This process's wake-ups of its work loops: a counter, so one that comes while a loop works
-/// is seen when it next waits. Loops wake on this and on their items' due times, not on every
-/// commit of the log: a take per commit per loop was most of an idle server's statements.
-static DUE: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::channel(0).0);
+/// This process's wake-ups of its work loops, per kind: a counter, so one that comes while a
+/// loop works is seen when it next waits. Loops wake on this and on their items' due times,
+/// not on every commit of the log: a take per commit per loop was most of an idle server's
+/// statements.
+static DUE: LazyLock<Mutex<HashMap<String, watch::Sender<u64>>>> = LazyLock::new(Mutex::default);
 
-fn bump() {
-    DUE.send_modify(|n| *n = n.wrapping_add(1));
+fn with_kind<T>(kind: &str, f: impl FnOnce(&watch::Sender<u64>) -> T) -> T {
+    // A panic elsewhere while holding the lock leaves the map whole: keep using it.
+    let mut kinds = DUE.lock().unwrap_or_else(|e| e.into_inner());
+    f(kinds
+        .entry(kind.to_string())
+        .or_insert_with(|| watch::channel(0).0))
 }
 
-/// Call once a transaction that made items due ([`wake`], [`wake_all`]) has committed: wakes
-/// this process's work loops at once, and other replicas' through `pg_notify`. A lost
-/// notification delays their look by at most [`MAX_IDLE`].
-pub async fn announce(pool: &PgPool) {
-    bump();
-    if let Err(e) = sqlx::query("SELECT pg_notify($1, '')")
+fn bump(kind: &str) {
+    with_kind(kind, |due| due.send_modify(|n| *n = n.wrapping_add(1)));
+}
+
+/// Call once a transaction that made items of `kind` due ([`wake`], [`wake_all`]) has
+/// committed: wakes this process's loop of that kind at once, and other replicas' through
+/// `pg_notify`. A lost notification delays their look by at most [`MAX_IDLE`].
+pub async fn announce(pool: &PgPool, kind: &str) {
+    bump(kind);
+    if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CHANNEL)
+        .bind(kind)
         .execute(pool)
         .await
     {
@@ -48,12 +59,12 @@ pub async fn announce(pool: &PgPool) {
 
 /// Hears other replicas' [`announce`]s for as long as the task lives.
 pub async fn listen(pool: PgPool) {
-    vps_events::notify::listen_to(pool, CHANNEL, |_| bump()).await
+    vps_events::notify::listen_to(pool, CHANNEL, bump).await
 }
 
-/// A work loop's wake-ups; mark them seen (`borrow_and_update`) before each take.
-pub fn subscribe() -> watch::Receiver<u64> {
-    DUE.subscribe()
+/// The wake-ups of `kind`'s loop; mark them seen (`borrow_and_update`) before each take.
+pub fn subscribe(kind: &str) -> watch::Receiver<u64> {
+    with_kind(kind, watch::Sender::subscribe)
 }
 
 /// Waits until a wake-up comes or `kind`'s next item falls due (or its lease runs out), at

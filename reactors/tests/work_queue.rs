@@ -233,13 +233,13 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
     tokio::spawn(listen(pool.clone()));
     let notify = || async {
         // As another replica would: the notification alone, without this process's own bump.
-        sqlx::query("SELECT pg_notify($1, '')")
+        sqlx::query("SELECT pg_notify($1, 'idle-test')")
             .bind(vps_reactors::work_queue::CHANNEL)
             .execute(&pool)
             .await
             .unwrap();
     };
-    let mut signal = subscribe();
+    let mut signal = subscribe("idle-test");
     // The listener is up once a notification comes back through it.
     let mut up = false;
     for _ in 0..100 {
@@ -254,6 +254,13 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
     }
     assert!(up, "the listener hears notifications");
     signal.borrow_and_update();
+    let unrelated = subscribe("another-kind");
+    notify().await;
+    signal.changed().await.unwrap();
+    assert!(
+        !unrelated.has_changed().unwrap(),
+        "another kind's loop sleeps on"
+    );
 
     let waiting = tokio::spawn({
         let pool = pool.clone();
@@ -273,7 +280,7 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
 
     let due = Utc::now() + chrono::TimeDelta::milliseconds(200);
     wake(&pool, "idle-test", "k", due).await.unwrap();
-    let mut quiet = subscribe();
+    let mut quiet = subscribe("idle-test");
     quiet.borrow_and_update();
     let started = std::time::Instant::now();
     idle(&pool, "idle-test", &mut quiet).await;
