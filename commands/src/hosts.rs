@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::Utc;
 use serde::Deserialize;
 use sqlx::{PgConnection, Row};
-use vps_domain::instance::{decide_all, AddressMode, Failure, Instance, InstanceCommand, Observed};
+use vps_domain::instance::{AddressMode, Failure, Instance, InstanceCommand, Observed, ReportView};
 use vps_domain::node::{decide, Node, NodeCommand};
 use vps_domain::state_table::InstanceState;
 use vps_domain::DomainError;
@@ -129,37 +129,48 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     let recovered = decide(node.as_ref(), &NodeCommand::Recover)?;
     let node = record_events(ctx, &mut tx, node_id, node.as_ref(), recovered, None).await?;
 
-    // Decided first on the views as they stand, unlocked: most entries of a complete report
-    // change nothing, and locking every instance of the node would make each claim or change
-    // on it wait for the whole report.
-    let placed = placed_on(&mut tx, node_id, Lock::None).await?;
-    let mut wanted: BTreeMap<String, Vec<InstanceCommand>> = BTreeMap::new();
+    // Sorted first on light views (state, conditions, addresses), unlocked: most entries of a
+    // complete report change nothing, and loading every instance of the node made each report
+    // cost the node's size, while locking them all would make each claim or change on it wait
+    // for the whole report. Only the rest are locked, loaded and decided.
+    let views = report_views(&mut tx, node_id).await?;
+    let mut candidates = BTreeSet::new();
     let mut orphans = Vec::new();
     for entry in &report.instances {
-        match placed.get(&entry.id) {
-            Some(instance) => {
-                wanted.insert(entry.id.clone(), commands_for(entry, instance, node_id));
+        match views.get(&entry.id) {
+            Some(view) if unchanged(entry, view) => {}
+            Some(_) => {
+                candidates.insert(entry.id.clone());
             }
             None => orphans.push(entry.id.clone()),
         }
     }
     if report.complete {
         let reported: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
-        let gone = placed
-            .values()
-            .filter(|i| !reported.contains(i.id.as_str()) && i.state == InstanceState::Deleting);
-        for instance in gone {
-            wanted.insert(instance.id.clone(), vec![InstanceCommand::Release]);
-        }
+        candidates.extend(
+            views
+                .iter()
+                .filter(|(id, v)| {
+                    !reported.contains(id.as_str()) && v.state == InstanceState::Deleting
+                })
+                .map(|(id, _)| id.clone()),
+        );
     }
-    wanted.retain(|id, commands| {
-        decide_all(&placed[id], commands, now).is_ok_and(|events| !events.is_empty())
-    });
-    // Then applied under the rows' locks, decided again on what they hold now.
-    let ids: Vec<String> = wanted.keys().cloned().collect();
+    let entries: BTreeMap<&str, &ReportedInstance> = report
+        .instances
+        .iter()
+        .map(|i| (i.id.as_str(), i))
+        .collect();
+    let ids: Vec<String> = candidates.into_iter().collect();
     let mut changed = Vec::new();
     for instance in lock_placed(&mut tx, node_id, &ids).await? {
-        if apply_commands(ctx, &mut tx, &instance, &wanted[&instance.id], now)
+        let commands = match entries.get(instance.id.as_str()) {
+            Some(entry) => commands_for(entry, &instance, node_id),
+            // Gone from a complete report while being deleted: the host let it go.
+            None if instance.state == InstanceState::Deleting => vec![InstanceCommand::Release],
+            None => continue,
+        };
+        if apply_commands(ctx, &mut tx, &instance, &commands, now)
             .await?
             .is_some()
         {
@@ -183,6 +194,56 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     })
 }
 
+/// The state a report entry observes; `None` for what is not an observation (an error, a
+/// refusal for lack of resources, `UNSPECIFIED`).
+fn observed(entry: &ReportedInstance) -> Option<Observed> {
+    match (entry.state, entry.message.as_deref()) {
+        (ReportedState::Running, _) => Some(Observed::Running),
+        (ReportedState::Paused, _) => Some(Observed::Paused),
+        (ReportedState::Stopped, Some(m)) if m.starts_with(RESOURCES_EXHAUSTED) => None,
+        (ReportedState::Stopped, _) => Some(Observed::Stopped),
+        (ReportedState::Error | ReportedState::Unspecified, _) => None,
+    }
+}
+
+/// Whether an entry surely decides no event on the instance `view` describes.
+fn unchanged(entry: &ReportedInstance, view: &ReportView) -> bool {
+    match (entry.state, observed(entry)) {
+        // Asks nothing.
+        (ReportedState::Unspecified, _) => true,
+        (_, Some(o)) => view.unchanged_by(o, entry.addresses.as_deref().unwrap_or_default()),
+        (_, None) => false,
+    }
+}
+
+/// The light views of the instances placed on a node, by id.
+async fn report_views(
+    tx: &mut PgConnection,
+    node_id: &str,
+) -> Result<BTreeMap<String, ReportView>, CommandError> {
+    let rows: Vec<(String, String, bool, sqlx::types::Json<Vec<String>>)> = sqlx::query_as(
+        "SELECT id, state, coalesce(jsonb_array_length(doc->'conditions'), 0) > 0,
+                coalesce(doc->'addresses', '[]')
+           FROM instances WHERE node_id = $1 AND state <> 'deleted'",
+    )
+    .bind(node_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, state, has_conditions, addresses)| {
+            let state = serde_json::from_value(serde_json::Value::String(state))
+                .unwrap_or(InstanceState::Error);
+            let view = ReportView {
+                state,
+                has_conditions,
+                addresses: addresses.0,
+            };
+            (id, view)
+        })
+        .collect())
+}
+
 /// What one entry of a report asks of the instance it names: an observed state (a recovery
 /// when the instance was lost), a failure, a refusal for lack of resources, and the guest's
 /// addresses. `UNSPECIFIED` asks nothing.
@@ -192,28 +253,19 @@ fn commands_for(
     node_id: &str,
 ) -> Vec<InstanceCommand> {
     let mut commands = Vec::new();
-    match (entry.state, entry.message.as_deref()) {
-        (ReportedState::Unspecified, _) => return commands,
-        (ReportedState::Stopped, Some(m)) if m.starts_with(RESOURCES_EXHAUSTED) => {
-            commands.push(InstanceCommand::ReportResourcesExhausted {
-                node_id: node_id.to_string(),
-                message: m.to_string(),
-            })
-        }
-        (ReportedState::Error, m) => commands.push(InstanceCommand::Fail(Failure::Runtime {
+    match (entry.state, entry.message.as_deref(), observed(entry)) {
+        (ReportedState::Unspecified, _, _) => return commands,
+        (_, _, Some(observed)) => commands.push(match instance.state {
+            InstanceState::Lost => InstanceCommand::Recover(observed),
+            _ => InstanceCommand::Observe(observed),
+        }),
+        (ReportedState::Error, m, None) => commands.push(InstanceCommand::Fail(Failure::Runtime {
             message: m.unwrap_or("the runtime reported an error").to_string(),
         })),
-        (state, _) => {
-            let observed = match state {
-                ReportedState::Running => Observed::Running,
-                ReportedState::Paused => Observed::Paused,
-                _ => Observed::Stopped,
-            };
-            commands.push(match instance.state {
-                InstanceState::Lost => InstanceCommand::Recover(observed),
-                _ => InstanceCommand::Observe(observed),
-            });
-        }
+        (_, m, None) => commands.push(InstanceCommand::ReportResourcesExhausted {
+            node_id: node_id.to_string(),
+            message: m.unwrap_or_default().to_string(),
+        }),
     }
     if let Some(addresses) = entry.addresses.clone().filter(|a| !a.is_empty()) {
         commands.push(InstanceCommand::RecordAddresses {

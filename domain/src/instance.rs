@@ -34,7 +34,7 @@ pub use admission::{
 };
 pub use command::{
     AddressMode, CreateInstance, Failure, InstanceCommand, Observed, PlaceInstance, RecreateCause,
-    Requester, ResizeInstance,
+    ReportView, Requester, ResizeInstance,
 };
 pub use decide::{decide, decide_all, MAX_IDEMPOTENCY_KEY, MAX_SSH_KEYS};
 pub use event::starting;

@@ -231,3 +231,26 @@ impl Observed {
         }
     }
 }
+
+/// What a host report needs of an instance to tell that the report changes nothing, without
+/// the whole instance: its state, whether it has conditions, and its addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportView {
+    /// The instance's state.
+    pub state: InstanceState,
+    /// Whether any condition is set (an observation may clear one).
+    pub has_conditions: bool,
+    /// Its addresses.
+    pub addresses: Vec<String>,
+}
+
+impl ReportView {
+    /// Whether observing `observed` with `reported` addresses decides no event: the instance
+    /// is in that state already, has no condition to clear, and has every address. Most
+    /// entries of a complete report are such; the report path loads and locks only the rest.
+    pub fn unchanged_by(&self, observed: Observed, reported: &[String]) -> bool {
+        self.state == observed.as_state()
+            && !self.has_conditions
+            && reported.iter().all(|a| self.addresses.contains(a))
+    }
+}

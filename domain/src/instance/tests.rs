@@ -1010,3 +1010,46 @@ proptest! {
         }
     }
 }
+
+/// `ReportView::unchanged_by` is only ever right: where it says a report changes nothing,
+/// deciding the report's commands on the whole instance appends nothing.
+#[test]
+fn a_report_the_view_calls_unchanged_decides_no_event() {
+    let histories = [
+        running(),
+        stopped(),
+        after(&[create(), place(), observe(Observed::Running), api_stop()]),
+        after(&[create(), place(), refused_by("node_a")]),
+    ];
+    let mut unchanged = 0;
+    for history in histories {
+        let inst = state_of(&history).expect("an instance");
+        let view = ReportView {
+            state: inst.state,
+            has_conditions: !inst.conditions.is_empty(),
+            addresses: inst.addresses.clone(),
+        };
+        for observed in [Observed::Running, Observed::Stopped, Observed::Paused] {
+            for reported in [vec![], inst.addresses.clone()] {
+                if !view.unchanged_by(observed, &reported) {
+                    continue;
+                }
+                unchanged += 1;
+                let commands = [
+                    InstanceCommand::Observe(observed),
+                    InstanceCommand::RecordAddresses {
+                        addresses: reported.clone(),
+                        mode: AddressMode::Add,
+                    },
+                ];
+                let events = decide_all(&inst, &commands, t0() + TimeDelta::hours(1)).unwrap();
+                assert!(
+                    events.is_empty(),
+                    "{observed:?} on {:?}: {events:?}",
+                    inst.state
+                );
+            }
+        }
+    }
+    assert!(unchanged >= 4, "the cases cover unchanged reports");
+}
