@@ -365,7 +365,7 @@ async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() 
     let mut follower = vps_events::Follower::load(db.clone(), name, &notifier)
         .await
         .unwrap();
-    let batch = follower.next_batch(100).await.unwrap();
+    let batch = readable_batch(&mut follower, events.len()).await;
     vps_projections::node_specs::apply_batch(&db, &mut follower, &batch)
         .await
         .unwrap();
@@ -393,7 +393,7 @@ async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() 
         "the inline write moved the node's generation"
     );
 
-    let batch = follower.next_batch(100).await.unwrap();
+    let batch = readable_batch(&mut follower, 1).await;
     assert_eq!(batch.len(), 1, "the pass sees the stop alone");
     let pass = tokio::spawn({
         let db = db.clone();
@@ -408,6 +408,27 @@ async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() 
     tx.commit().await.unwrap();
     pass.await.unwrap();
     assert_eq!(spec_entry_desired_state(&db, &id).await, "deleted");
+}
+
+/// The next `n` events once they are readable: the read horizon is the whole server's, so
+/// other tests' open transactions may hold them back for a moment.
+async fn readable_batch(
+    follower: &mut vps_events::Follower,
+    n: usize,
+) -> Vec<vps_events::RecordedEvent> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let batch = follower.next_batch(100).await.unwrap();
+        if batch.len() >= n {
+            return batch;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {n} events readable",
+            batch.len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 /// Waits (at most 10 s) until some session of the database waits on a lock.
