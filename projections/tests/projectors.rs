@@ -365,10 +365,24 @@ async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() 
     let mut follower = vps_events::Follower::load(db.clone(), name, &notifier)
         .await
         .unwrap();
-    let batch = readable_batch(&mut follower, events.len()).await;
-    vps_projections::node_specs::apply_batch(&db, &mut follower, &batch)
-        .await
-        .unwrap();
+    // Passes until the admission is projected: the read horizon is the whole server's, so
+    // other tests' open transactions may hold its events back for a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let batch = follower.next_batch(100).await.unwrap();
+        vps_projections::node_specs::apply_batch(&db, &mut follower, &batch)
+            .await
+            .unwrap();
+        let sql = format!("SELECT count(*) FROM node_spec_entries WHERE instance_id = '{id}'");
+        if one::<(i64,)>(&db, &sql).await.0 == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the admission never projected"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert_eq!(spec_entry_desired_state(&db, &id).await, "running");
 
     // A stop the follower has not passed yet, then a delete whose command writes the entry
@@ -410,8 +424,7 @@ async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() 
     assert_eq!(spec_entry_desired_state(&db, &id).await, "deleted");
 }
 
-/// The next `n` events once they are readable: the read horizon is the whole server's, so
-/// other tests' open transactions may hold them back for a moment.
+/// The next `n` events once they are readable (see above).
 async fn readable_batch(
     follower: &mut vps_events::Follower,
     n: usize,
