@@ -343,28 +343,13 @@ async fn lock_node(tx: &mut PgConnection, node_id: &str) -> Result<(), CommandEr
     }
 }
 
-/// Whether [`placed_on`] locks the rows it reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lock {
-    /// Read only.
-    None,
-    /// `FOR UPDATE`, in id order (the lock order).
-    Rows,
-}
-
-/// Live instances placed on a node, by id.
-pub async fn placed_on(
+/// Live instances placed on a node, by id, their rows locked in id order (the lock order).
+async fn lock_all_placed(
     tx: &mut PgConnection,
     node_id: &str,
-    lock: Lock,
 ) -> Result<BTreeMap<String, Instance>, CommandError> {
-    let sql = match lock {
-        Lock::None => "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted'",
-        Lock::Rows => {
-            "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted'
-              ORDER BY id FOR UPDATE"
-        }
-    };
+    let sql = "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted'
+                ORDER BY id FOR UPDATE";
     let rows = sqlx::query(sql).bind(node_id).fetch_all(&mut *tx).await?;
     Ok(rows
         .iter()
@@ -412,7 +397,7 @@ pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, Com
         }
         record_events(ctx, &mut tx, node_id, before.as_ref(), events, None).await?;
         let mut changed = Vec::new();
-        for (id, instance) in placed_on(&mut tx, node_id, Lock::Rows).await? {
+        for (id, instance) in lock_all_placed(&mut tx, node_id).await? {
             if apply_commands(ctx, &mut tx, &instance, &[InstanceCommand::Lose], now)
                 .await?
                 .is_some()
