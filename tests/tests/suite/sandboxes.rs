@@ -377,6 +377,9 @@ async fn a_warm_claim_writes_its_spec_entry_in_the_claims_own_transaction() {
     .await;
     let tpl = tpl["id"].as_str().unwrap();
     wait_warm(&t, tpl, 1).await;
+    // A reconciler pass over the just-settled instance holds its row, and a claim skips a
+    // held row (it never waits): let the passes end first.
+    t.quiescent().await;
     let s = create(&t, BOB, tpl, "inline", 600).await;
     assert_eq!(s["warm"], true);
     let sandbox_id = s["id"].as_str().unwrap();
