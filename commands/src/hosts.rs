@@ -232,8 +232,7 @@ async fn report_views(
     Ok(rows
         .into_iter()
         .map(|(id, state, has_conditions, addresses)| {
-            let state = serde_json::from_value(serde_json::Value::String(state))
-                .unwrap_or(InstanceState::Error);
+            let state = crate::instances::facts::state_column(state);
             let view = ReportView {
                 state,
                 has_conditions,

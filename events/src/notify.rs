@@ -70,14 +70,21 @@ async fn send_notifies(pool: PgPool, notifier: Notifier) {
         notifier.kick.notified().await;
         tokio::time::sleep(NOTIFY_GAP).await;
         if notifier.pending.swap(false, Ordering::AcqRel) {
-            if let Err(e) = sqlx::query("SELECT pg_notify($1, '')")
-                .bind(CHANNEL)
-                .execute(&pool)
-                .await
-            {
-                tracing::debug!(error = %e, "pg_notify failed; followers will poll");
-            }
+            send(&pool, CHANNEL, "").await;
         }
+    }
+}
+
+/// Sends `payload` on `channel`, outside any transaction. A failure is only logged: every
+/// listener also polls, so a lost notification costs latency, never an event.
+pub async fn send(pool: &PgPool, channel: &str, payload: &str) {
+    if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(channel)
+        .bind(payload)
+        .execute(pool)
+        .await
+    {
+        tracing::debug!(error = %e, channel, "pg_notify failed; listeners will poll");
     }
 }
 

@@ -67,14 +67,7 @@ pub async fn announce(pool: &PgPool, signals: &SpecSignals, moved: &[(String, i6
 /// [`SpecSignals`]. Call after the commit.
 pub async fn notify(pool: &PgPool, moved: &[(String, i64)]) {
     for payload in payloads(moved) {
-        if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(CHANNEL)
-            .bind(&payload)
-            .execute(pool)
-            .await
-        {
-            tracing::debug!(error = %e, "spec generations not announced; polls re-read");
-        }
+        vps_events::notify::send(pool, CHANNEL, &payload).await;
     }
 }
 

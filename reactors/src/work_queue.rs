@@ -47,14 +47,7 @@ fn bump(kind: &str) {
 /// `pg_notify`. A lost notification delays their look by at most [`MAX_IDLE`].
 pub async fn announce(pool: &PgPool, kind: &str) {
     bump(kind);
-    if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(CHANNEL)
-        .bind(kind)
-        .execute(pool)
-        .await
-    {
-        tracing::debug!(error = %e, "work not announced; other replicas look within a second");
-    }
+    vps_events::notify::send(pool, CHANNEL, kind).await;
 }
 
 /// Hears other replicas' [`announce`]s for as long as the task lives.

@@ -376,3 +376,10 @@ pub(super) async fn free_addresses(
     }
     Ok(Vec::new())
 }
+
+/// An instance's `state` column read back as the domain's state; a value the domain does not
+/// know reads as `error`, so it is never taken for a settled state.
+pub(crate) fn state_column(state: String) -> vps_domain::state_table::InstanceState {
+    serde_json::from_value(serde_json::Value::String(state))
+        .unwrap_or(vps_domain::state_table::InstanceState::Error)
+}

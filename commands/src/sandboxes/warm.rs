@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use vps_domain::instance::{Instance, InstanceCommand, Requester};
-use vps_domain::state_table::{DesiredState, InstanceState};
+use vps_domain::state_table::DesiredState;
 use vps_domain::template::{warm_plan, Template, WarmMember, WarmPlan, PAUSING_RUNTIMES};
 use vps_projections::node_specs::Moved;
 
@@ -106,8 +106,7 @@ async fn members(ctx: &Ctx, template_id: &str) -> Result<Vec<WarmMember>, Comman
         .map(|(id, version, state, created_at)| WarmMember {
             id,
             template_version: version.unwrap_or(0) as u64,
-            state: serde_json::from_value(serde_json::Value::String(state))
-                .unwrap_or(InstanceState::Error),
+            state: crate::instances::facts::state_column(state),
             created_at,
         })
         .collect())
