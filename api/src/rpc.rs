@@ -35,6 +35,7 @@ pub async fn dispatch(
     let ctx = Ctx {
         pool: state.pool.clone(),
         notifier: state.notifier.clone(),
+        spec_signals: state.spec_signals.clone(),
         secrets: state.secrets.clone(),
         actor: caller.actor.clone(),
         request_id: Some(vps_commands::record::new_id("req")),

@@ -177,6 +177,7 @@ pub fn reactor_ctx(state: &AppState, name: &str) -> vps_commands::Ctx {
     vps_commands::Ctx {
         pool: state.pool.clone(),
         notifier: state.notifier.clone(),
+        spec_signals: state.spec_signals.clone(),
         secrets: state.secrets.clone(),
         actor: vps_commands::Actor {
             identity: format!("reactor:{name}"),

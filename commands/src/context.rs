@@ -1,7 +1,10 @@
 //! Who is acting, and the handles a command needs.
 
+use std::sync::Arc;
+
 use sqlx::PgPool;
 use vps_events::{Metadata, Notifier};
+use vps_projections::spec_signals::SpecSignals;
 
 use crate::secrets::SecretKey;
 
@@ -23,6 +26,8 @@ pub struct Ctx {
     pub pool: PgPool,
     /// Wakes followers after commits.
     pub notifier: Notifier,
+    /// Wakes this replica's spec long-polls when a command moves a node's spec itself.
+    pub spec_signals: Arc<SpecSignals>,
     /// Seals user data.
     pub secrets: SecretKey,
     /// Who acts.

@@ -8,13 +8,13 @@ use chrono::Utc;
 use serde::Deserialize;
 use sqlx::{PgConnection, Row};
 use vps_domain::instance::{AddressMode, Failure, Instance, InstanceCommand, Observed, ReportView};
-use vps_domain::node::{decide, Node, NodeCommand};
+use vps_domain::node::{decide, Node, NodeCommand, NodeLiveness};
 use vps_domain::state_table::InstanceState;
 use vps_domain::DomainError;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
-use crate::pipeline::{apply_commands, commit, load, record_events};
+use crate::pipeline::{apply_commands, commit, record_events};
 
 pub use vps_domain::instance::MAX_ADDRESSES;
 pub use vps_domain::node::MAX_ORPHANS;
@@ -120,12 +120,11 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     let now = Utc::now();
     let node_id = &report.node_id;
     let mut tx = ctx.pool.begin().await?;
-    lock_node(&mut tx, node_id).await?;
-    heartbeat(&mut tx, node_id, now, report.applied_generation).await?;
+    let node = lock_node(&mut tx, node_id, Some((now, report.applied_generation))).await?;
     if let Some(url) = &report.tunnel_url {
         crate::sandboxes::exec::tunnel::advertise(&mut tx, node_id, url, now).await?;
     }
-    let node = load::<Node>(&mut tx, node_id).await?;
+    let node = Some(node);
     let recovered = decide(node.as_ref(), &NodeCommand::Recover)?;
     let node = record_events(ctx, &mut tx, node_id, node.as_ref(), recovered, None).await?;
 
@@ -305,41 +304,48 @@ fn checked_addresses(entry: usize, addresses: Vec<String>) -> Result<Vec<String>
 /// Notes when the node last reported (liveness reads it) and the spec generation it applied
 /// (a deleting volume is released once its host applied a spec without it). Not events: they
 /// change every few seconds and nothing is decided from their history.
-async fn heartbeat(
+/// Locks a node's row to commit, so one node's reports and liveness decisions apply one at a
+/// time, and answers the node as its row holds it (the projection doubles as the aggregate's
+/// snapshot; it moves only with the node's events, inline). With `beat` (a report's time and
+/// applied generation), its heartbeat is recorded in the same statement. `NOT_FOUND` when
+/// there is no such node.
+async fn lock_node(
     tx: &mut PgConnection,
     node_id: &str,
-    now: chrono::DateTime<Utc>,
-    applied_generation: Option<i64>,
-) -> Result<(), CommandError> {
-    sqlx::query(
-        "INSERT INTO node_heartbeats (node_id, last_report_at, applied_generation)
-         VALUES ($1, $2, $3)
-         ON CONFLICT (node_id) DO UPDATE SET last_report_at = excluded.last_report_at,
-            applied_generation = coalesce(excluded.applied_generation,
-                                          node_heartbeats.applied_generation)",
+    beat: Option<(chrono::DateTime<Utc>, Option<i64>)>,
+) -> Result<Node, CommandError> {
+    let row: Option<(String, String, sqlx::types::Json<Vec<String>>, i64)> = sqlx::query_as(
+        "WITH node AS (SELECT pool_id, state, orphans, version FROM nodes WHERE id = $1
+                        FOR UPDATE),
+              beat AS (INSERT INTO node_heartbeats (node_id, last_report_at, applied_generation)
+                       SELECT $1, $2, $3 FROM node WHERE $4
+                       ON CONFLICT (node_id) DO UPDATE
+                          SET last_report_at = excluded.last_report_at,
+                              applied_generation = coalesce(excluded.applied_generation,
+                                                            node_heartbeats.applied_generation))
+         SELECT pool_id, state, orphans, version FROM node",
     )
     .bind(node_id)
-    .bind(now)
-    .bind(applied_generation)
-    .execute(&mut *tx)
+    .bind(beat.map(|(at, _)| at))
+    .bind(beat.and_then(|(_, generation)| generation))
+    .bind(beat.is_some())
+    .fetch_optional(&mut *tx)
     .await?;
-    Ok(())
-}
-
-/// Locks a node's row to commit, so one node's reports and liveness decisions apply one at a
-/// time; `NOT_FOUND` when there is no such node.
-async fn lock_node(tx: &mut PgConnection, node_id: &str) -> Result<(), CommandError> {
-    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM nodes WHERE id = $1 FOR UPDATE")
-        .bind(node_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-    match found {
-        Some(_) => Ok(()),
-        None => Err(DomainError::NotFound {
+    let Some((pool_id, state, orphans, version)) = row else {
+        return Err(DomainError::NotFound {
             what: format!("node {node_id}"),
         }
-        .into()),
-    }
+        .into());
+    };
+    let liveness = NodeLiveness::from_column(&state)
+        .ok_or_else(|| DomainError::invalid_state(format!("node {node_id} is {state}")))?;
+    Ok(Node {
+        id: node_id.to_string(),
+        pool_id,
+        liveness,
+        orphans: orphans.0,
+        version: version as u64,
+    })
 }
 
 /// Live instances placed on a node, by id, their rows locked in id order (the lock order).
@@ -388,8 +394,7 @@ pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, Com
     retrying(node_id, || async {
         let now = Utc::now();
         let mut tx = ctx.pool.begin().await?;
-        lock_node(&mut tx, node_id).await?;
-        let before = load::<Node>(&mut tx, node_id).await?;
+        let before = Some(lock_node(&mut tx, node_id, None).await?);
         let events = decide(before.as_ref(), &NodeCommand::Lose)?;
         if events.is_empty() {
             return Ok(Vec::new());

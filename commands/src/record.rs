@@ -3,6 +3,7 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 use vps_events::{append, ExpectedVersion, Metadata, NewEvent, RecordedEvent};
+use vps_projections::Prior;
 
 use crate::error::CommandError;
 
@@ -24,13 +25,15 @@ pub fn request_hash(request: &impl serde::Serialize) -> String {
     hex::encode(sha2::Sha256::digest(body))
 }
 
-/// Appends `(type, data)` events to `stream` and applies every inline projector to them.
+/// Appends `(type, data)` events to `stream` and applies every inline projector to them;
+/// `prior` is the stream's aggregate the events were decided on, when the caller has it.
 pub async fn record(
     conn: &mut PgConnection,
     stream: &str,
     expected: ExpectedVersion,
     events: Vec<(String, Value)>,
     metadata: &Metadata,
+    prior: Prior<'_>,
 ) -> Result<Vec<RecordedEvent>, CommandError> {
     if events.is_empty() {
         return Ok(Vec::new());
@@ -45,6 +48,6 @@ pub async fn record(
         })
         .collect();
     let stored = append(&mut *conn, stream, expected, &new).await?;
-    vps_projections::apply_all(&mut *conn, &stored).await?;
+    vps_projections::apply_all_after(&mut *conn, &stored, prior).await?;
     Ok(stored)
 }

@@ -6,6 +6,7 @@ use sqlx::PgConnection;
 use vps_domain::aggregate::{Aggregate, Event};
 use vps_domain::DomainError;
 use vps_events::ExpectedVersion;
+use vps_projections::Prior;
 
 use crate::context::Ctx;
 use crate::error::CommandError;
@@ -31,7 +32,9 @@ pub async fn record_events<A: Aggregate>(
         .iter()
         .map(|e| (e.event_type().to_string(), e.data()))
         .collect();
-    let stored = record(tx, &A::stream(id), expected, pairs, &ctx.metadata(tenant)).await?;
+    let prior = before.map_or(Prior::Unknown, |b| Prior::of(b));
+    let metadata = ctx.metadata(tenant);
+    let stored = record(tx, &A::stream(id), expected, pairs, &metadata, prior).await?;
     let mut state = before.cloned();
     for (event, recorded) in events.iter().zip(&stored) {
         let next = A::evolve(state, event, recorded.recorded_at)

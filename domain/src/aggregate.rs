@@ -16,7 +16,7 @@ pub trait Event: Sized {
 }
 
 /// A resource whose state is the fold of its stream.
-pub trait Aggregate: Sized + Clone {
+pub trait Aggregate: Sized + Clone + 'static {
     /// Its events.
     type Event: Event;
     /// The stream category: the stream of `id` is `<CATEGORY>-<id>`.

@@ -56,6 +56,17 @@ impl NodeLiveness {
             NodeLiveness::Lost => "lost",
         }
     }
+
+    /// Reads the projection's `state` column back.
+    pub fn from_column(state: &str) -> Option<NodeLiveness> {
+        [
+            NodeLiveness::Ready,
+            NodeLiveness::Cordoned,
+            NodeLiveness::Lost,
+        ]
+        .into_iter()
+        .find(|l| l.as_str() == state)
+    }
 }
 
 /// A node as its events leave it.
@@ -249,4 +260,21 @@ fn register(r: &RegisterNode) -> Result<NodeEvent, DomainError> {
         runtimes,
         cpu_model: r.cpu_model.clone(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeLiveness;
+
+    #[test]
+    fn a_liveness_reads_back_from_its_column_and_nothing_else_does() {
+        for l in [
+            NodeLiveness::Ready,
+            NodeLiveness::Cordoned,
+            NodeLiveness::Lost,
+        ] {
+            assert_eq!(NodeLiveness::from_column(l.as_str()), Some(l));
+        }
+        assert_eq!(NodeLiveness::from_column("deleted"), None);
+    }
 }

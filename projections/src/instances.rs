@@ -15,14 +15,16 @@ use crate::ProjectionError;
 
 /// Applies one `instance.*` event.
 pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
-    apply_run(conn, std::slice::from_ref(e)).await
+    apply_run(conn, std::slice::from_ref(e), None).await
 }
 
 /// Applies consecutive events of one instance's stream: the view is read once, each event's
-/// side effects (quota, allocation, lease) applied in turn, and the view stored once.
+/// side effects (quota, allocation, lease) applied in turn, and the view stored once. `prior`:
+/// the instance the appending command decided on ([`crate::Prior`]).
 pub async fn apply_run(
     conn: &mut PgConnection,
     run: &[RecordedEvent],
+    prior: Option<&Instance>,
 ) -> Result<(), ProjectionError> {
     let mut state: Option<Option<Instance>> = None;
     let mut last = None;
@@ -31,7 +33,10 @@ pub async fn apply_run(
             .map_err(|err| malformed(e, err))?;
         let before = match state.take() {
             Some(s) => s,
-            None => load(conn, event.instance_id()).await?,
+            None => match crate::known_before(e, prior, |i: &Instance| &i.id) {
+                Ok(known) => known,
+                Err(()) => load(conn, event.instance_id()).await?,
+            },
         };
         let after =
             evolve(before.clone(), &event, e.recorded_at).map_err(|err| malformed(e, err))?;
@@ -302,7 +307,7 @@ pub async fn apply_new(
     for run in runs {
         match fold_new(run)? {
             Some((instance, placement)) => rows.add(instance, placement),
-            None => apply_run(conn, run).await?,
+            None => apply_run(conn, run, None).await?,
         }
     }
     rows.write(conn).await

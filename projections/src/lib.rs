@@ -37,6 +37,9 @@ pub mod volumes;
 pub mod webhooks;
 
 use sqlx::PgConnection;
+use vps_domain::aggregate::Aggregate;
+use vps_domain::instance::Instance;
+use vps_domain::sandbox::Sandbox;
 use vps_events::RecordedEvent;
 
 /// A projector could not apply an event.
@@ -107,7 +110,7 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
             usage::apply(conn, event).await
         }
         "template" => sandboxes::apply_template(conn, event).await,
-        "sandbox" => sandboxes::apply_sandbox(conn, event).await,
+        "sandbox" => sandboxes::apply_sandbox(conn, event, None).await,
         "volume" => volumes::apply(conn, event).await,
         "policy" => policies::apply(conn, event).await,
         "identity" => identities::apply(conn, event).await,
@@ -122,18 +125,92 @@ pub async fn apply_all(
     conn: &mut PgConnection,
     events: &[RecordedEvent],
 ) -> Result<(), ProjectionError> {
+    apply_all_after(conn, events, Prior::Unknown).await
+}
+
+/// [`apply_all`], given the aggregate the appending command decided on: its view need not be
+/// read back.
+pub async fn apply_all_after(
+    conn: &mut PgConnection,
+    events: &[RecordedEvent],
+    prior: Prior<'_>,
+) -> Result<(), ProjectionError> {
     let mut rest = events;
     while let Some(first) = rest.first() {
-        if category(first) != "instance" {
-            apply(conn, first).await?;
-            rest = &rest[1..];
-            continue;
+        match category(first) {
+            "instance" => {
+                let n = rest.iter().take_while(|e| e.stream == first.stream).count();
+                instances::apply_run(conn, &rest[..n], prior.instance()).await?;
+                rest = &rest[n..];
+                continue;
+            }
+            "sandbox" => sandboxes::apply_sandbox(conn, first, prior.sandbox()).await?,
+            _ => apply(conn, first).await?,
         }
-        let n = rest.iter().take_while(|e| e.stream == first.stream).count();
-        instances::apply_run(conn, &rest[..n]).await?;
-        rest = &rest[n..];
+        rest = &rest[1..];
     }
     Ok(())
+}
+
+/// The aggregate a command decided on, as its view stands before the command's events: read
+/// in the command's transaction, under the lock (or the stream version) that orders the
+/// stream's writers. A projector uses it only for the event right after it (same id, next
+/// version), and reads the view otherwise.
+#[derive(Debug, Clone, Copy)]
+pub enum Prior<'a> {
+    /// Read the view.
+    Unknown,
+    /// An instance.
+    Instance(&'a Instance),
+    /// A sandbox.
+    Sandbox(&'a Sandbox),
+}
+
+impl<'a> Prior<'a> {
+    /// The prior of an aggregate of any type (those whose views are not read back are
+    /// [`Prior::Unknown`]).
+    pub fn of(state: &'a dyn std::any::Any) -> Prior<'a> {
+        if let Some(i) = state.downcast_ref::<Instance>() {
+            Prior::Instance(i)
+        } else if let Some(s) = state.downcast_ref::<Sandbox>() {
+            Prior::Sandbox(s)
+        } else {
+            Prior::Unknown
+        }
+    }
+
+    fn instance(self) -> Option<&'a Instance> {
+        match self {
+            Prior::Instance(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    fn sandbox(self) -> Option<&'a Sandbox> {
+        match self {
+            Prior::Sandbox(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// The state before `e` without reading its view, when that is known: nothing before a
+/// stream's first event, or the command's prior when it is this stream's state right before
+/// `e`. `Err(())`: read the view.
+pub(crate) fn known_before<A: Aggregate>(
+    e: &RecordedEvent,
+    prior: Option<&A>,
+    id_of: impl Fn(&A) -> &str,
+) -> Result<Option<A>, ()> {
+    if e.version == 1 {
+        return Ok(None);
+    }
+    match prior {
+        Some(p) if p.version() as i64 == e.version - 1 && A::stream(id_of(p)) == e.stream => {
+            Ok(Some(p.clone()))
+        }
+        _ => Err(()),
+    }
 }
 
 /// Parses a stored event as its stream's typed event.

@@ -85,7 +85,7 @@ async fn sync(
 /// without waiting for the follower: a warm claim, whose sandbox is ready only once the host
 /// resumes it. The follower's later pass over the same events finds the entry as it wants it
 /// and moves nothing. Answers the generation that moved, to announce once the command commits
-/// ([`crate::spec_signals::notify`]).
+/// ([`crate::spec_signals::announce`]).
 ///
 /// The node must already have a spec row (a claimed instance's own entry made it): the row's
 /// lock is what keeps the follower from writing back an older entry ([`lock_nodes_of`]).

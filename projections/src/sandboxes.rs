@@ -20,7 +20,15 @@ pub async fn apply_template(
     e: &RecordedEvent,
 ) -> Result<(), ProjectionError> {
     let event = crate::typed::<TemplateEvent>(e)?;
-    let t = evolve::<Template>(conn, "sandbox_templates", e, &event).await?;
+    let t = evolve(
+        conn,
+        "sandbox_templates",
+        e,
+        &event,
+        None,
+        |t: &Template| &t.id,
+    )
+    .await?;
     sqlx::query(
         "INSERT INTO sandbox_templates (id, tenant_id, name, pool_id, deleted, instance_version,
                                         doc, created_at, updated_at, version)
@@ -48,9 +56,10 @@ pub async fn apply_template(
 pub async fn apply_sandbox(
     conn: &mut PgConnection,
     e: &RecordedEvent,
+    prior: Option<&Sandbox>,
 ) -> Result<(), ProjectionError> {
     let event = crate::typed::<SandboxEvent>(e)?;
-    let s = evolve::<Sandbox>(conn, "sandboxes", e, &event).await?;
+    let s = evolve(conn, "sandboxes", e, &event, prior, |s: &Sandbox| &s.id).await?;
     sqlx::query(
         "INSERT INTO sandboxes (id, tenant_id, template_id, instance_id, owner_identity_id, state,
                                 expires_at, doc, created_at, updated_at, version)
@@ -170,9 +179,14 @@ pub(crate) async fn evolve<A: Aggregate + DeserializeOwned + Serialize>(
     table: &str,
     e: &RecordedEvent,
     event: &A::Event,
+    prior: Option<&A>,
+    id_of: impl Fn(&A) -> &str,
 ) -> Result<A, ProjectionError> {
     let id = e.stream.split_once('-').map_or("", |(_, id)| id);
-    let before = load_doc::<A>(conn, table, id).await?;
+    let before = match crate::known_before(e, prior, id_of) {
+        Ok(known) => known,
+        Err(()) => load_doc::<A>(conn, table, id).await?,
+    };
     A::evolve(before, event, e.recorded_at).map_err(|err| ProjectionError::Malformed {
         event_id: e.id.clone(),
         event_type: e.event_type.clone(),

@@ -54,7 +54,8 @@ impl SpecSignals {
 }
 
 /// Tells this replica at once, and the others through `pg_notify`, the generations a
-/// committed pass moved. A failed notify only delays other replicas' polls.
+/// committed transaction moved (a follower's pass, or a command that wrote an entry inline).
+/// A failed notify only delays other replicas' polls.
 pub async fn announce(pool: &PgPool, signals: &SpecSignals, moved: &[(String, i64)]) {
     for (node, generation) in moved {
         signals.publish(node, *generation);
@@ -62,10 +63,8 @@ pub async fn announce(pool: &PgPool, signals: &SpecSignals, moved: &[(String, i6
     notify(pool, moved).await;
 }
 
-/// Tells every replica, this one included, through `pg_notify` alone: for a generation moved
-/// by a command's own transaction ([`crate::node_specs::write_inline`]), which holds no
-/// [`SpecSignals`]. Call after the commit.
-pub async fn notify(pool: &PgPool, moved: &[(String, i64)]) {
+/// Tells the other replicas through `pg_notify` (this one hears its own, harmlessly).
+async fn notify(pool: &PgPool, moved: &[(String, i64)]) {
     for payload in payloads(moved) {
         vps_events::notify::send(pool, CHANNEL, &payload).await;
     }

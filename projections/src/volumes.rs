@@ -22,7 +22,7 @@ const TABLE: &str = "sandbox_volumes";
 /// Applies one volume event.
 pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
     let event = crate::typed::<VolumeEvent>(e)?;
-    let v = evolve::<Volume>(conn, TABLE, e, &event).await?;
+    let v = evolve(conn, TABLE, e, &event, None, |v: &Volume| &v.id).await?;
     match &event {
         VolumeEvent::Created(c) => {
             sqlx::query(

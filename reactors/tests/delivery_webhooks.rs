@@ -241,6 +241,7 @@ fn ctx(pool: &PgPool, notifier: &Notifier, identity: &str) -> Ctx {
     Ctx {
         pool: pool.clone(),
         notifier: notifier.clone(),
+        spec_signals: Default::default(),
         secrets: SecretKey::new(KEY),
         actor: Actor {
             identity: identity.into(),

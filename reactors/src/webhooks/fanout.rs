@@ -1,9 +1,12 @@
 //! The fan-out follower: reads the log once for every subscription and enqueues, per matching
 //! subscription, one `webhook_outbox` row per event, in the same transaction that moves its
-//! checkpoint (so each match is enqueued exactly once, even across crashes).
+//! checkpoint (so each match is enqueued exactly once, even across crashes). A batch that
+//! matches no subscription moves the stored checkpoint at most once a second: reading such a
+//! batch again after a crash enqueues nothing, and most batches match nothing, so they do not
+//! each cost a commit.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Row};
 use tokio::sync::Notify;
@@ -42,10 +45,13 @@ impl Subscription {
     }
 }
 
-/// Runs the fan-out forever (once the lease is held), waking `enqueued` after each enqueue.
 /// The least time between two reads of the log when woken.
 const FANOUT_PACE: Duration = Duration::from_millis(5);
 
+/// How long the stored checkpoint may trail batches that matched nothing.
+const IDLE_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs the fan-out forever (once the lease is held), waking `enqueued` after each enqueue.
 pub(crate) async fn run(
     pool: PgPool,
     notifier: Notifier,
@@ -67,9 +73,10 @@ pub(crate) async fn run(
         }
     };
     failures = 0;
+    let mut saved_at = Instant::now();
     loop {
         let span = tracing::info_span!("webhook_fanout_pass", cursor = %follower.cursor());
-        match pass(&pool, &mut follower, config.fanout_batch)
+        match pass(&pool, &mut follower, config.fanout_batch, &mut saved_at)
             .instrument(span)
             .await
         {
@@ -93,11 +100,13 @@ pub(crate) async fn run(
     }
 }
 
-/// One batch: returns (events read, rows enqueued).
+/// One batch: returns (events read, rows enqueued). `saved_at` is when the checkpoint was
+/// last stored.
 async fn pass(
     pool: &PgPool,
     follower: &mut Follower,
     limit: i64,
+    saved_at: &mut Instant,
 ) -> Result<(usize, usize), sqlx::Error> {
     let batch = follower.next_batch(limit).await?;
     let Some(last) = batch.last().map(RecordedEvent::cursor) else {
@@ -123,6 +132,10 @@ async fn pass(
             bodies.push(body.clone());
         }
     }
+    if webhook_ids.is_empty() && saved_at.elapsed() < IDLE_CHECKPOINT_EVERY {
+        follower.advance(last);
+        return Ok((batch.len(), 0));
+    }
     let mut tx = pool.begin().await?;
     if !webhook_ids.is_empty() {
         sqlx::query(
@@ -145,6 +158,7 @@ async fn pass(
     tx.commit().await?;
     // Only now: had the commit failed, the batch must be read again.
     follower.advance(last);
+    *saved_at = Instant::now();
     metrics::counter!("vps_webhook_enqueued_total").increment(webhook_ids.len() as u64);
     tracing::debug!(
         events = batch.len(),

@@ -132,6 +132,8 @@ fn reactor_ctx(pool: PgPool, notifier: Notifier, secrets: SecretKey) -> Ctx {
     Ctx {
         pool,
         notifier,
+        // Webhook commands never move a node's spec.
+        spec_signals: Default::default(),
         secrets,
         actor: Actor {
             identity: REACTOR_ACTOR.to_string(),
