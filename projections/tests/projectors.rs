@@ -17,6 +17,7 @@ use vps_domain::provider_account::*;
 use vps_domain::resources::{Capacity, QuotaResource, Shape};
 use vps_domain::state_table::DesiredState;
 use vps_events::{append, ExpectedVersion, Metadata, NewEvent};
+use vps_projections::Prior;
 
 async fn fresh() -> PgPool {
     vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 4).await
@@ -464,4 +465,132 @@ async fn lock_waiter(db: &PgPool) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+}
+
+/// Appends `events` after the stream's current version and projects them given `prior`.
+async fn project_after(
+    db: &PgPool,
+    stream: &str,
+    events: &[instance::InstanceEvent],
+    prior: Prior<'_>,
+) {
+    let mut tx = db.begin().await.unwrap();
+    let current: i64 = sqlx::query_scalar("SELECT max(version) FROM events WHERE stream = $1")
+        .bind(stream)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let new: Vec<NewEvent> = events
+        .iter()
+        .map(|e| NewEvent {
+            id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+            event_type: e.event_type().into(),
+            data: e.data(),
+            metadata: Metadata::default(),
+        })
+        .collect();
+    let stored = append(&mut *tx, stream, ExpectedVersion::Exact(current), &new)
+        .await
+        .unwrap();
+    vps_projections::apply_all_after(&mut *tx, &stored, prior)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// A command's prior spares the projector reading the view only when it is that stream's
+/// state right before the events (same instance, next version); any other prior is ignored
+/// and the view read.
+#[tokio::test]
+async fn a_projector_takes_the_commands_prior_only_for_the_next_version_of_its_own_stream() {
+    let db = fresh().await;
+    pool_with_offer(&db).await;
+    let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
+    let stream = format!("instance-{id}");
+    let Ok(instance::Admission::Admit(events)) =
+        instance::admit(&admission_facts(), create(&id), "alloc_1", Utc::now())
+    else {
+        panic!("admitted");
+    };
+    project(&db, &stream, &events).await;
+    let mut conn = db.acquire().await.unwrap();
+    let view = vps_projections::instances::load(&mut conn, &id)
+        .await
+        .unwrap()
+        .unwrap();
+    drop(conn);
+    // The marker shows which state the projector folded on.
+    let marked = |version: u64, id: &str| instance::Instance {
+        id: id.into(),
+        project_id: Some("marker".into()),
+        version,
+        ..view.clone()
+    };
+    let project_id = |db: PgPool, id: String| async move {
+        let sql = format!("SELECT doc->>'projectId' FROM instances WHERE id = '{id}'");
+        one::<(Option<String>,)>(&db, &sql).await.0
+    };
+
+    let stale = marked(view.version - 1, &id);
+    let events = decided(
+        &db,
+        &id,
+        instance::InstanceCommand::Stop {
+            requester: instance::Requester::System,
+        },
+    )
+    .await;
+    project_after(&db, &stream, &events, Prior::Instance(&stale)).await;
+    assert_eq!(
+        project_id(db.clone(), id.clone()).await,
+        None,
+        "a stale prior is ignored"
+    );
+
+    let mut conn = db.acquire().await.unwrap();
+    let view = vps_projections::instances::load(&mut conn, &id)
+        .await
+        .unwrap()
+        .unwrap();
+    drop(conn);
+    let other = marked(view.version, "inst_other");
+    let events = decided(
+        &db,
+        &id,
+        instance::InstanceCommand::Start {
+            requester: instance::Requester::System,
+        },
+    )
+    .await;
+    project_after(&db, &stream, &events, Prior::Instance(&other)).await;
+    assert_eq!(
+        project_id(db.clone(), id.clone()).await,
+        None,
+        "another instance's is ignored"
+    );
+
+    let mut conn = db.acquire().await.unwrap();
+    let view = vps_projections::instances::load(&mut conn, &id)
+        .await
+        .unwrap()
+        .unwrap();
+    drop(conn);
+    let current = instance::Instance {
+        project_id: Some("marker".into()),
+        ..view.clone()
+    };
+    let events = decided(
+        &db,
+        &id,
+        instance::InstanceCommand::Stop {
+            requester: instance::Requester::System,
+        },
+    )
+    .await;
+    project_after(&db, &stream, &events, Prior::Instance(&current)).await;
+    assert_eq!(
+        project_id(db.clone(), id.clone()).await.as_deref(),
+        Some("marker"),
+        "the prior of the next version is folded on, not read back"
+    );
 }

@@ -1,9 +1,9 @@
 //! The fan-out follower: reads the log once for every subscription and enqueues, per matching
 //! subscription, one `webhook_outbox` row per event, in the same transaction that moves its
-//! checkpoint (so each match is enqueued exactly once, even across crashes). A batch that
-//! matches no subscription moves the stored checkpoint at most once a second: reading such a
-//! batch again after a crash enqueues nothing, and most batches match nothing, so they do not
-//! each cost a commit.
+//! checkpoint (so each match is enqueued exactly once, even across crashes). While batches
+//! match no subscription, the stored checkpoint moves at most once a second, and when the
+//! fan-out catches up: reading such a batch again after a crash enqueues nothing, and most
+//! batches match nothing, so they do not each cost a commit.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,10 +73,13 @@ pub(crate) async fn run(
         }
     };
     failures = 0;
-    let mut saved_at = Instant::now();
+    let mut stored = Stored {
+        at: Instant::now(),
+        cursor: follower.cursor(),
+    };
     loop {
         let span = tracing::info_span!("webhook_fanout_pass", cursor = %follower.cursor());
-        match pass(&pool, &mut follower, config.fanout_batch, &mut saved_at)
+        match pass(&pool, &mut follower, config.fanout_batch, &mut stored)
             .instrument(span)
             .await
         {
@@ -100,16 +103,29 @@ pub(crate) async fn run(
     }
 }
 
-/// One batch: returns (events read, rows enqueued). `saved_at` is when the checkpoint was
-/// last stored.
+/// The checkpoint as last stored, and when.
+struct Stored {
+    at: Instant,
+    cursor: Cursor,
+}
+
+/// One batch: returns (events read, rows enqueued).
 async fn pass(
     pool: &PgPool,
     follower: &mut Follower,
     limit: i64,
-    saved_at: &mut Instant,
+    stored: &mut Stored,
 ) -> Result<(usize, usize), sqlx::Error> {
     let batch = follower.next_batch(limit).await?;
     let Some(last) = batch.last().map(RecordedEvent::cursor) else {
+        // Caught up: the stored checkpoint catches up too.
+        if stored.cursor != follower.cursor() {
+            follower.commit(pool, follower.cursor()).await?;
+            *stored = Stored {
+                at: Instant::now(),
+                cursor: follower.cursor(),
+            };
+        }
         follower.report_lag().await?;
         return Ok((0, 0));
     };
@@ -132,7 +148,7 @@ async fn pass(
             bodies.push(body.clone());
         }
     }
-    if webhook_ids.is_empty() && saved_at.elapsed() < IDLE_CHECKPOINT_EVERY {
+    if webhook_ids.is_empty() && stored.at.elapsed() < IDLE_CHECKPOINT_EVERY {
         follower.advance(last);
         return Ok((batch.len(), 0));
     }
@@ -158,7 +174,10 @@ async fn pass(
     tx.commit().await?;
     // Only now: had the commit failed, the batch must be read again.
     follower.advance(last);
-    *saved_at = Instant::now();
+    *stored = Stored {
+        at: Instant::now(),
+        cursor: last,
+    };
     metrics::counter!("vps_webhook_enqueued_total").increment(webhook_ids.len() as u64);
     tracing::debug!(
         events = batch.len(),
