@@ -503,6 +503,7 @@ async fn project_after(
 /// and the view read.
 #[tokio::test]
 async fn a_projector_takes_the_commands_prior_only_for_the_next_version_of_its_own_stream() {
+    use instance::{InstanceCommand, Requester};
     let db = fresh().await;
     pool_with_offer(&db).await;
     let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
@@ -513,84 +514,39 @@ async fn a_projector_takes_the_commands_prior_only_for_the_next_version_of_its_o
         panic!("admitted");
     };
     project(&db, &stream, &events).await;
-    let mut conn = db.acquire().await.unwrap();
-    let view = vps_projections::instances::load(&mut conn, &id)
-        .await
-        .unwrap()
-        .unwrap();
-    drop(conn);
-    // The marker shows which state the projector folded on.
-    let marked = |version: u64, id: &str| instance::Instance {
-        id: id.into(),
-        project_id: Some("marker".into()),
-        version,
-        ..view.clone()
-    };
-    let project_id = |db: PgPool, id: String| async move {
+    // A prior carries a marker: the view shows it only if the projector folded on the prior.
+    let cases = [
+        ("a stale prior", -1, id.as_str(), None),
+        ("another instance's prior", 0, "inst_other", None),
+        (
+            "the prior of the next version",
+            0,
+            id.as_str(),
+            Some("marker"),
+        ),
+    ];
+    for (case, version_offset, prior_id, expected) in cases {
+        let mut conn = db.acquire().await.unwrap();
+        let view = vps_projections::instances::load(&mut conn, &id)
+            .await
+            .unwrap()
+            .unwrap();
+        drop(conn);
+        let prior = instance::Instance {
+            id: prior_id.into(),
+            project_id: Some("marker".into()),
+            version: view.version.checked_add_signed(version_offset).unwrap(),
+            ..view.clone()
+        };
+        let requester = Requester::System;
+        let command = match view.desired_state {
+            DesiredState::Stopped => InstanceCommand::Start { requester },
+            _ => InstanceCommand::Stop { requester },
+        };
+        let events = decided(&db, &id, command).await;
+        project_after(&db, &stream, &events, Prior::Instance(&prior)).await;
         let sql = format!("SELECT doc->>'projectId' FROM instances WHERE id = '{id}'");
-        one::<(Option<String>,)>(&db, &sql).await.0
-    };
-
-    let stale = marked(view.version - 1, &id);
-    let events = decided(
-        &db,
-        &id,
-        instance::InstanceCommand::Stop {
-            requester: instance::Requester::System,
-        },
-    )
-    .await;
-    project_after(&db, &stream, &events, Prior::Instance(&stale)).await;
-    assert_eq!(
-        project_id(db.clone(), id.clone()).await,
-        None,
-        "a stale prior is ignored"
-    );
-
-    let mut conn = db.acquire().await.unwrap();
-    let view = vps_projections::instances::load(&mut conn, &id)
-        .await
-        .unwrap()
-        .unwrap();
-    drop(conn);
-    let other = marked(view.version, "inst_other");
-    let events = decided(
-        &db,
-        &id,
-        instance::InstanceCommand::Start {
-            requester: instance::Requester::System,
-        },
-    )
-    .await;
-    project_after(&db, &stream, &events, Prior::Instance(&other)).await;
-    assert_eq!(
-        project_id(db.clone(), id.clone()).await,
-        None,
-        "another instance's is ignored"
-    );
-
-    let mut conn = db.acquire().await.unwrap();
-    let view = vps_projections::instances::load(&mut conn, &id)
-        .await
-        .unwrap()
-        .unwrap();
-    drop(conn);
-    let current = instance::Instance {
-        project_id: Some("marker".into()),
-        ..view.clone()
-    };
-    let events = decided(
-        &db,
-        &id,
-        instance::InstanceCommand::Stop {
-            requester: instance::Requester::System,
-        },
-    )
-    .await;
-    project_after(&db, &stream, &events, Prior::Instance(&current)).await;
-    assert_eq!(
-        project_id(db.clone(), id.clone()).await.as_deref(),
-        Some("marker"),
-        "the prior of the next version is folded on, not read back"
-    );
+        let shown = one::<(Option<String>,)>(&db, &sql).await.0;
+        assert_eq!(shown.as_deref(), expected, "{case}");
+    }
 }
