@@ -48,6 +48,6 @@ pub async fn record(
         })
         .collect();
     let stored = append(&mut *conn, stream, expected, &new).await?;
-    vps_projections::apply_all_after(&mut *conn, &stored, prior).await?;
+    vps_projections::apply_all(&mut *conn, &stored, prior).await?;
     Ok(stored)
 }

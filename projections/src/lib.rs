@@ -120,17 +120,9 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
 }
 
 /// Applies every inline projector to events just appended, in order. Consecutive events of one
-/// instance are applied as a run (one read and one write of its view).
+/// instance are applied as a run (one read and one write of its view). `prior`: the aggregate
+/// the appending command decided on, whose view then need not be read back.
 pub async fn apply_all(
-    conn: &mut PgConnection,
-    events: &[RecordedEvent],
-) -> Result<(), ProjectionError> {
-    apply_all_after(conn, events, Prior::Unknown).await
-}
-
-/// [`apply_all`], given the aggregate the appending command decided on: its view need not be
-/// read back.
-pub async fn apply_all_after(
     conn: &mut PgConnection,
     events: &[RecordedEvent],
     prior: Prior<'_>,

@@ -32,6 +32,16 @@ async fn project<E: Event>(db: &PgPool, stream: &str, events: &[E]) {
 
 /// [`project`] in the caller's transaction, left open.
 async fn project_in<E: Event>(tx: &mut sqlx::PgConnection, stream: &str, events: &[E]) {
+    project_given(tx, stream, events, Prior::Unknown).await
+}
+
+/// [`project_in`], telling the projectors the command's `prior` ([`Prior`]).
+async fn project_given<E: Event>(
+    tx: &mut sqlx::PgConnection,
+    stream: &str,
+    events: &[E],
+    prior: Prior<'_>,
+) {
     let current: Option<i64> =
         sqlx::query_scalar("SELECT max(version) FROM events WHERE stream = $1")
             .bind(stream)
@@ -49,7 +59,9 @@ async fn project_in<E: Event>(tx: &mut sqlx::PgConnection, stream: &str, events:
         })
         .collect();
     let stored = append(&mut *tx, stream, expected, &new).await.unwrap();
-    vps_projections::apply_all(&mut *tx, &stored).await.unwrap();
+    vps_projections::apply_all(&mut *tx, &stored, prior)
+        .await
+        .unwrap();
 }
 
 async fn one<T>(db: &PgPool, sql: &str) -> T
@@ -346,11 +358,8 @@ async fn spec_entry_desired_state(db: &PgPool, id: &str) -> String {
     one::<(String,)>(db, &sql).await.0
 }
 
-/// An entry a command wrote inline is never overwritten by a NodeSpec pass that read the
-/// views before that command committed: the pass waits for the node's spec row first.
-#[tokio::test]
-async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() {
-    use vps_domain::instance::{InstanceCommand, Requester};
+/// A fresh database with one admitted instance: its id and stream.
+async fn one_admitted() -> (PgPool, String, String) {
     let db = fresh().await;
     pool_with_offer(&db).await;
     let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
@@ -361,6 +370,15 @@ async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() 
         panic!("admitted");
     };
     project(&db, &stream, &events).await;
+    (db, id, stream)
+}
+
+/// An entry a command wrote inline is never overwritten by a NodeSpec pass that read the
+/// views before that command committed: the pass waits for the node's spec row first.
+#[tokio::test]
+async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() {
+    use vps_domain::instance::{InstanceCommand, Requester};
+    let (db, id, stream) = one_admitted().await;
     let notifier = vps_events::Notifier::local_only();
     let name = vps_projections::node_specs::FOLLOWER;
     let mut follower = vps_events::Follower::load(db.clone(), name, &notifier)
@@ -467,53 +485,13 @@ async fn lock_waiter(db: &PgPool) {
     }
 }
 
-/// Appends `events` after the stream's current version and projects them given `prior`.
-async fn project_after(
-    db: &PgPool,
-    stream: &str,
-    events: &[instance::InstanceEvent],
-    prior: Prior<'_>,
-) {
-    let mut tx = db.begin().await.unwrap();
-    let current: i64 = sqlx::query_scalar("SELECT max(version) FROM events WHERE stream = $1")
-        .bind(stream)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-    let new: Vec<NewEvent> = events
-        .iter()
-        .map(|e| NewEvent {
-            id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
-            event_type: e.event_type().into(),
-            data: e.data(),
-            metadata: Metadata::default(),
-        })
-        .collect();
-    let stored = append(&mut *tx, stream, ExpectedVersion::Exact(current), &new)
-        .await
-        .unwrap();
-    vps_projections::apply_all_after(&mut *tx, &stored, prior)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-}
-
 /// A command's prior spares the projector reading the view only when it is that stream's
 /// state right before the events (same instance, next version); any other prior is ignored
 /// and the view read.
 #[tokio::test]
 async fn a_projector_takes_the_commands_prior_only_for_the_next_version_of_its_own_stream() {
     use instance::{InstanceCommand, Requester};
-    let db = fresh().await;
-    pool_with_offer(&db).await;
-    let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
-    let stream = format!("instance-{id}");
-    let Ok(instance::Admission::Admit(events)) =
-        instance::admit(&admission_facts(), create(&id), "alloc_1", Utc::now())
-    else {
-        panic!("admitted");
-    };
-    project(&db, &stream, &events).await;
+    let (db, id, stream) = one_admitted().await;
     // A prior carries a marker: the view shows it only if the projector folded on the prior.
     let cases = [
         ("a stale prior", -1, id.as_str(), None),
@@ -544,7 +522,9 @@ async fn a_projector_takes_the_commands_prior_only_for_the_next_version_of_its_o
             _ => InstanceCommand::Stop { requester },
         };
         let events = decided(&db, &id, command).await;
-        project_after(&db, &stream, &events, Prior::Instance(&prior)).await;
+        let mut tx = db.begin().await.unwrap();
+        project_given(&mut tx, &stream, &events, Prior::Instance(&prior)).await;
+        tx.commit().await.unwrap();
         let sql = format!("SELECT doc->>'projectId' FROM instances WHERE id = '{id}'");
         let shown = one::<(Option<String>,)>(&db, &sql).await.0;
         assert_eq!(shown.as_deref(), expected, "{case}");
