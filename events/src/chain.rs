@@ -217,7 +217,7 @@ pub async fn run_chainer(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::E
         let chained = chain_batch(&pool, &mut follower, 2000).await?;
         if chained == 0 {
             follower.report_lag().await?;
-            follower.wait().await;
         }
+        follower.wait_unless_full().await;
     }
 }

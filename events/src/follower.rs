@@ -28,6 +28,8 @@ pub struct Follower {
     pace: Duration,
     last_read: Instant,
     lag_reported: Option<Instant>,
+    /// The last read filled its limit: more may be waiting.
+    full: bool,
 }
 
 impl Follower {
@@ -42,6 +44,7 @@ impl Follower {
             pace: Duration::ZERO,
             last_read: Instant::now(),
             lag_reported: None,
+            full: false,
         })
     }
 
@@ -67,7 +70,9 @@ impl Follower {
     /// The next events after the cursor (empty when caught up). Does not move the cursor.
     pub async fn next_batch(&mut self, limit: i64) -> Result<Vec<RecordedEvent>, sqlx::Error> {
         self.reading();
-        read_after(&self.pool, self.cursor, limit).await
+        let batch = read_after(&self.pool, self.cursor, limit).await?;
+        self.full = batch.len() as i64 >= limit;
+        Ok(batch)
     }
 
     /// Marks wake-ups seen before a read, so one arriving during the read is not lost, and
@@ -93,6 +98,15 @@ impl Follower {
     /// [`save_checkpoint`]) committed.
     pub fn advance(&mut self, cursor: Cursor) {
         self.cursor = cursor;
+    }
+
+    /// After a pass over a batch: waits (as [`Follower::wait`]) unless the batch filled its
+    /// limit. A shorter batch held everything readable then, and a commit during the pass has
+    /// already marked a wake-up, so reading again at once would mostly find nothing.
+    pub async fn wait_unless_full(&mut self) {
+        if !self.full {
+            self.wait().await;
+        }
     }
 
     /// Waits for a wake-up or the poll interval, whichever comes first, and then for the

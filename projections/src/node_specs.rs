@@ -413,6 +413,7 @@ pub async fn run(
             .await?;
         // Hosts long-polling their spec wait on this, each on its own node's.
         crate::spec_signals::announce(&pool, &signals, &moved).await;
+        follower.wait_unless_full().await;
     }
 }
 

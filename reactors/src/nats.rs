@@ -136,7 +136,10 @@ pub async fn run_publisher(pool: PgPool, notifier: Notifier, config: NatsPublish
                 failures = 0;
                 follower.wait().await;
             }
-            Ok(_) => failures = 0,
+            Ok(_) => {
+                failures = 0;
+                follower.wait_unless_full().await;
+            }
             Err(e) => {
                 failures += 1;
                 metrics::counter!("vps_nats_publish_errors_total").increment(1);

@@ -92,6 +92,7 @@ pub(crate) async fn run(
                 if queued > 0 {
                     enqueued.notify_one();
                 }
+                follower.wait_unless_full().await;
             }
             Err(e) => {
                 failures += 1;
