@@ -434,3 +434,36 @@ async fn a_paced_follower_takes_a_busy_moments_wake_ups_in_one_read() {
     paced.wait().await;
     assert!(read.elapsed() >= pace, "{:?}", read.elapsed());
 }
+
+#[tokio::test]
+async fn after_a_short_batch_a_follower_reads_again_only_when_woken_after_a_full_one_at_once() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let mut follower = Follower::load(pool.clone(), "short", &notifier)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let three = [event(1), event(2), event(3)];
+    append(&mut conn, "s-1", ExpectedVersion::NoStream, &three)
+        .await
+        .unwrap();
+    let patience = Duration::from_millis(200);
+
+    // A full batch: more may be waiting, so no wait.
+    let batch = next_exactly(&mut follower, 2).await;
+    follower.advance(batch[1].cursor());
+    tokio::time::timeout(patience, follower.wait_unless_full())
+        .await
+        .expect("no wait after a full batch");
+
+    // A short batch held everything readable: no read again until a wake-up …
+    assert!(follower.next_batch(10).await.unwrap().len() <= 1);
+    let waited = tokio::time::timeout(patience, follower.wait_unless_full()).await;
+    assert!(waited.is_err(), "a short batch is not read again at once");
+    // … and a wake-up that came during the pass ends the wait at once.
+    follower.next_batch(10).await.unwrap();
+    notifier.committed();
+    tokio::time::timeout(patience, follower.wait_unless_full())
+        .await
+        .expect("a wake-up during the pass is not lost");
+}
