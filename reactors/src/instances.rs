@@ -16,13 +16,13 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use sqlx::PgConnection;
 use tracing::Instrument;
+use vps_commands::instances::facts::lock_instance;
 use vps_commands::instances::{confirm_placement, placement};
 use vps_commands::pipeline::{apply_commands, commit};
 use vps_commands::{CommandError, Ctx};
 use vps_domain::instance::{Instance, InstanceCommand, PoolKind};
 use vps_domain::state_table::InstanceState;
 use vps_domain::DomainError;
-use vps_projections::instances::load;
 
 use step::{standing_refusal, step, HostedFacts, Placement};
 
@@ -44,8 +44,7 @@ async fn pass(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, Comman
     let now = Utc::now();
     let mut tx = ctx.pool.begin().await?;
     // Rows before streams, like host reports: the two never wait for each other in a circle.
-    vps_commands::instances::facts::lock_instance(&mut tx, &item.key).await?;
-    let Some(inst) = load(&mut tx, &item.key).await? else {
+    let Some(inst) = lock_instance(&mut tx, &item.key).await? else {
         return Ok(Next::WhenWoken.into());
     };
     if inst.pool_kind == PoolKind::Provider {
@@ -65,18 +64,25 @@ async fn pass(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, Comman
     Ok(next.into())
 }
 
-/// Reads what [`step`] needs to decide about a hosted instance: the pool's policy, placement
-/// for a scheduling instance, and the tenant's presence on a node whose refusal stands.
+/// Reads what [`step`] needs to decide about a hosted instance, and only that: the pool's
+/// policy for a lost instance, placement for a scheduling one, and the tenant's presence on a
+/// node whose refusal stands. A settled instance (most passes) costs no read.
 async fn hosted_facts(
     tx: &mut PgConnection,
     inst: &Instance,
     now: DateTime<Utc>,
     timings: &Timings,
 ) -> Result<HostedFacts, CommandError> {
-    let policy: serde_json::Value = sqlx::query_scalar("SELECT policy FROM pools WHERE id = $1")
-        .bind(&inst.pool_id)
-        .fetch_one(&mut *tx)
-        .await?;
+    let recreate_on_host_loss = if inst.state == InstanceState::Lost {
+        let policy: serde_json::Value =
+            sqlx::query_scalar("SELECT policy FROM pools WHERE id = $1")
+                .bind(&inst.pool_id)
+                .fetch_one(&mut *tx)
+                .await?;
+        policy["recreateOnHostLoss"].as_bool() == Some(true)
+    } else {
+        false
+    };
     let placement = if inst.state == InstanceState::Scheduling {
         Some(match placement(tx, inst).await {
             Ok(cmd) => Placement::Decided(cmd),
@@ -93,7 +99,7 @@ async fn hosted_facts(
         None => false,
     };
     Ok(HostedFacts {
-        recreate_on_host_loss: policy["recreateOnHostLoss"].as_bool() == Some(true),
+        recreate_on_host_loss,
         placement,
         tenant_runs_there,
     })

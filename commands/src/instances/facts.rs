@@ -276,14 +276,19 @@ pub async fn lock_nodes(tx: &mut PgConnection, node_ids: &[String]) -> Result<()
     Ok(())
 }
 
-/// Locks an instance's row to this transaction's end, before its stream is appended to: the
-/// order host reports and liveness use (rows, then streams), so they never deadlock.
-pub async fn lock_instance(tx: &mut PgConnection, instance_id: &str) -> Result<(), CommandError> {
-    sqlx::query("SELECT 1 FROM instances WHERE id = $1 FOR UPDATE")
-        .bind(instance_id)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
+/// Locks an instance's row to this transaction's end, before its stream is appended to (the
+/// order host reports and liveness use: rows, then streams, so they never deadlock), and
+/// answers the instance as the locked row holds it (`None`: no such instance).
+pub async fn lock_instance(
+    tx: &mut PgConnection,
+    instance_id: &str,
+) -> Result<Option<Instance>, CommandError> {
+    let row: Option<sqlx::types::Json<Instance>> =
+        sqlx::query_scalar("SELECT doc FROM instances WHERE id = $1 FOR UPDATE")
+            .bind(instance_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(row.map(|doc| doc.0))
 }
 
 /// The nodes `nodes` selects, each with the sums of what its allocations book. A node's CPU

@@ -257,11 +257,16 @@ pub async fn visible(
 ) -> Result<Instance, CommandError> {
     match load(tx, instance_id).await? {
         Some(i) if i.tenant_id == tenant_id => Ok(i),
-        _ => Err(DomainError::NotFound {
-            what: format!("instance {instance_id}"),
-        }
-        .into()),
+        _ => Err(not_visible(instance_id)),
     }
+}
+
+/// `NOT_FOUND`, for a missing instance and for another tenant's alike.
+fn not_visible(instance_id: &str) -> CommandError {
+    DomainError::NotFound {
+        what: format!("instance {instance_id}"),
+    }
+    .into()
 }
 
 /// What a tenant asks of an existing instance.
@@ -305,8 +310,10 @@ async fn change_once(
         let node = visible(&mut tx, tenant_id, instance_id).await?.node_id;
         facts::lock_nodes(&mut tx, &node.into_iter().collect::<Vec<_>>()).await?;
     }
-    facts::lock_instance(&mut tx, instance_id).await?;
-    let instance = visible(&mut tx, tenant_id, instance_id).await?;
+    let instance = match facts::lock_instance(&mut tx, instance_id).await? {
+        Some(i) if i.tenant_id == tenant_id => i,
+        _ => return Err(not_visible(instance_id)),
+    };
     let now = Utc::now();
     let requester = Requester::Api;
     let events = match change {

@@ -92,9 +92,9 @@ async fn end(
     events: Vec<SandboxEvent>,
 ) -> Result<(), CommandError> {
     // The instance's row first: a host report holds it while it appends to the sandbox.
-    lock_instance(tx, &s.instance_id).await?;
+    let instance = lock_instance(tx, &s.instance_id).await?;
     record_events(ctx, tx, &s.id, Some(s), events, Some(&s.tenant_id)).await?;
-    if let Some(inst) = vps_projections::instances::load(tx, &s.instance_id).await? {
+    if let Some(inst) = instance {
         let delete = InstanceCommand::Delete {
             requester: Requester::System,
             reason: None,

@@ -151,8 +151,7 @@ async fn refill(ctx: &Ctx, t: &Template) -> Result<(), CommandError> {
 async fn drain(ctx: &Ctx, instance_id: &str) -> Result<(), CommandError> {
     retrying(instance_id, || async {
         let mut tx = ctx.pool.begin().await?;
-        lock_instance(&mut tx, instance_id).await?;
-        let Some(inst) = vps_projections::instances::load(&mut tx, instance_id).await? else {
+        let Some(inst) = lock_instance(&mut tx, instance_id).await? else {
             return Ok(());
         };
         if inst.warm_template_id.is_none() {

@@ -15,7 +15,7 @@ use crate::work_queue::Next;
 /// What a hosted pass read before deciding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostedFacts {
-    /// The pool's `recreateOnHostLoss` policy.
+    /// The pool's `recreateOnHostLoss` policy (read only for a lost instance).
     pub recreate_on_host_loss: bool,
     /// What placement chose for a `scheduling` instance (read only for one).
     pub placement: Option<Placement>,
