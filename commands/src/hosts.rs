@@ -120,11 +120,10 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
     let now = Utc::now();
     let node_id = &report.node_id;
     let mut tx = ctx.pool.begin().await?;
-    let node = lock_node(&mut tx, node_id, Some((now, report.applied_generation))).await?;
+    let node = Some(lock_node(&mut tx, node_id, Some((now, report.applied_generation))).await?);
     if let Some(url) = &report.tunnel_url {
         crate::sandboxes::exec::tunnel::advertise(&mut tx, node_id, url, now).await?;
     }
-    let node = Some(node);
     let recovered = decide(node.as_ref(), &NodeCommand::Recover)?;
     let node = record_events(ctx, &mut tx, node_id, node.as_ref(), recovered, None).await?;
 
@@ -301,14 +300,15 @@ fn checked_addresses(entry: usize, addresses: Vec<String>) -> Result<Vec<String>
         .collect()
 }
 
-/// Notes when the node last reported (liveness reads it) and the spec generation it applied
-/// (a deleting volume is released once its host applied a spec without it). Not events: they
-/// change every few seconds and nothing is decided from their history.
 /// Locks a node's row to commit, so one node's reports and liveness decisions apply one at a
 /// time, and answers the node as its row holds it (the projection doubles as the aggregate's
-/// snapshot; it moves only with the node's events, inline). With `beat` (a report's time and
-/// applied generation), its heartbeat is recorded in the same statement. `NOT_FOUND` when
-/// there is no such node.
+/// snapshot; it moves only with the node's events, inline). `NOT_FOUND` when there is no such
+/// node.
+///
+/// With `beat` (a report's time and applied generation), the same statement notes when the
+/// node last reported (liveness reads it) and the spec generation it applied (a deleting volume
+/// is released once its host applied a spec without it). Not events: they change every few
+/// seconds and nothing is decided from their history.
 async fn lock_node(
     tx: &mut PgConnection,
     node_id: &str,

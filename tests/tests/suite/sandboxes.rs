@@ -361,25 +361,71 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
     assert!(t.replay_equal().await);
 }
 
+/// A one-node pool whose template `name` keeps one warm instance, settled and quiescent: a
+/// reconciler pass over the just-settled instance holds its row, and a claim skips a held row
+/// (it never waits), so the passes end first. Answers the template id and the host handles.
+async fn one_settled_warm_instance(
+    t: &TestServer,
+    name: &str,
+) -> (String, Vec<vps_emulators::host::HostHandle>) {
+    let (pool, hosts) = pool_with_hosts(t, 1).await;
+    let tpl = template(t, &pool, name, json!({ "warm": { "min": 1, "max": 1 } })).await;
+    let tpl = tpl["id"].as_str().unwrap().to_string();
+    wait_warm(t, &tpl, 1).await;
+    t.quiescent().await;
+    (tpl, hosts)
+}
+
+/// A claim wakes its own replica's spec long-polls itself rather than through the `pg_notify`
+/// echo: given a replica's signals that hear no notification, the claim's node has moved in
+/// them by the time the create returns.
+#[tokio::test]
+async fn a_warm_claim_wakes_its_own_replicas_spec_polls_without_a_notification() {
+    let t = server().await;
+    let (tpl, _hosts) = one_settled_warm_instance(&t, "local").await;
+    let tpl = tpl.as_str();
+    let node: String =
+        sqlx::query_scalar("SELECT node_id FROM instances WHERE warm_template_id = $1")
+            .bind(tpl)
+            .fetch_one(&t.server.state.pool)
+            .await
+            .unwrap();
+    let signals = std::sync::Arc::new(vps_projections::spec_signals::SpecSignals::default());
+    let wake = signals.subscribe(&node);
+    let ctx = vps_commands::Ctx {
+        spec_signals: signals.clone(),
+        actor: vps_commands::Actor {
+            identity: "id_bob".into(),
+            tenant: Some("acme".into()),
+            operator: false,
+        },
+        ..vps::server::reactor_ctx(&t.server.state, "test")
+    };
+    let input = vps_commands::sandboxes::create::CreateSandboxInput {
+        tenant_id: "acme".into(),
+        template_id: tpl.into(),
+        ttl_seconds: Some(600),
+        idempotency_key: "local".into(),
+        from_snapshot: None,
+    };
+    let created = vps_commands::sandboxes::create::create(&ctx, input)
+        .await
+        .unwrap();
+    assert!(created.sandbox.warm, "a claim, not a cold create");
+    assert!(
+        wake.has_changed().unwrap(),
+        "the claim published its node's generation to its own replica"
+    );
+}
+
 /// A claim writes its instance's spec entry in its own transaction, so the host resumes it
 /// without waiting for the NodeSpec follower; the follower's pass over the claim finds the
 /// entry as it wants it and leaves it.
 #[tokio::test]
 async fn a_warm_claim_writes_its_spec_entry_in_the_claims_own_transaction() {
     let t = server().await;
-    let (pool, _hosts) = pool_with_hosts(&t, 1).await;
-    let tpl = template(
-        &t,
-        &pool,
-        "inline",
-        json!({ "warm": { "min": 1, "max": 1 } }),
-    )
-    .await;
-    let tpl = tpl["id"].as_str().unwrap();
-    wait_warm(&t, tpl, 1).await;
-    // A reconciler pass over the just-settled instance holds its row, and a claim skips a
-    // held row (it never waits): let the passes end first.
-    t.quiescent().await;
+    let (tpl, _hosts) = one_settled_warm_instance(&t, "inline").await;
+    let tpl = tpl.as_str();
     let s = create(&t, BOB, tpl, "inline", 600).await;
     assert_eq!(s["warm"], true);
     let sandbox_id = s["id"].as_str().unwrap();
