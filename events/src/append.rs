@@ -1,6 +1,6 @@
 //! Appending to a stream, checked against an expected version, inside the caller's transaction.
 
-use sqlx::{PgConnection, Row};
+use sqlx::{Connection, PgConnection, Row};
 
 use crate::model::{ExpectedVersion, NewEvent, RecordedEvent};
 use crate::read::events_where;
@@ -55,6 +55,75 @@ pub async fn append(
     if events.is_empty() {
         return Err(AppendError::Empty);
     }
+    let rows = insert(conn, stream, expected, events).await?;
+    if rows.len() == events.len() {
+        return recorded(stream, events, &rows).map_err(Into::into);
+    }
+    not_appended(conn, stream, expected, events, rows.is_empty()).await
+}
+
+/// Appends to `stream` those of `events` whose ids the log does not hold yet, in order and
+/// with consecutive versions, and answers how many it appended. For writers whose event ids
+/// are deterministic (usage records): a second worker, a restart or a replay may have written
+/// some of them already, and those are skipped rather than refused.
+///
+/// An id already in the log is rare, so the events are inserted first and looked up only when
+/// the insert skipped some: the common append costs no lookup of thousands of ids. The first
+/// try runs under a savepoint, so a skipped id leaves no gap in the stream's versions.
+pub async fn append_unseen(
+    conn: &mut PgConnection,
+    stream: &str,
+    events: &[NewEvent],
+) -> Result<usize, AppendError> {
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let mut attempt = conn.begin().await?;
+    if insert(&mut attempt, stream, ExpectedVersion::Any, events)
+        .await?
+        .len()
+        == events.len()
+    {
+        attempt.commit().await?;
+        return Ok(events.len());
+    }
+    attempt.rollback().await?;
+    let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    let stored: std::collections::HashSet<String> =
+        sqlx::query_scalar("SELECT id FROM events WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect();
+    let unseen: Vec<NewEvent> = events
+        .iter()
+        .filter(|e| !stored.contains(&e.id))
+        .cloned()
+        .collect();
+    if unseen.is_empty() {
+        return Ok(0);
+    }
+    let rows = insert(conn, stream, ExpectedVersion::Any, &unseen).await?;
+    if rows.len() < unseen.len() {
+        // Another writer appended some of them since the lookup: its transaction decides.
+        return Err(AppendError::IdReused(format!(
+            "{} of {} events of {stream}",
+            unseen.len() - rows.len(),
+            unseen.len()
+        )));
+    }
+    Ok(rows.len())
+}
+
+/// The insert behind [`append`] and [`append_unseen`]: the events whose ids are new, checked
+/// against `expected`; answers the generated columns of the rows it inserted.
+async fn insert(
+    conn: &mut PgConnection,
+    stream: &str,
+    expected: ExpectedVersion,
+    events: &[NewEvent],
+) -> Result<Vec<sqlx::postgres::PgRow>, AppendError> {
     let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
     let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
     let data: Vec<&serde_json::Value> = events.iter().map(|e| &e.data).collect();
@@ -92,22 +161,18 @@ pub async fn append(
     .bind(&metadata)
     .fetch_all(&mut *conn)
     .await;
-    let rows = match result {
-        Ok(rows) => rows,
+    match result {
+        Ok(rows) => Ok(rows),
         Err(sqlx::Error::Database(e)) if e.constraint() == Some("events_stream_version_key") => {
             // The transaction is aborted now: it cannot even read the version it lost to.
-            return Err(AppendError::Concurrency {
+            Err(AppendError::Concurrency {
                 stream: stream.to_string(),
                 expected,
                 actual: UNKNOWN_VERSION,
-            });
+            })
         }
-        Err(e) => return Err(e.into()),
-    };
-    if rows.len() == events.len() {
-        return recorded(stream, events, &rows).map_err(Into::into);
+        Err(e) => Err(e.into()),
     }
-    not_appended(conn, stream, expected, events, rows.is_empty()).await
 }
 
 /// The events as stored: the caller's payloads with the columns the insert generated.

@@ -20,7 +20,7 @@ pub mod notify;
 pub mod pattern;
 pub mod read;
 
-pub use append::{append, append_new_streams, AppendError};
+pub use append::{append, append_new_streams, append_unseen, AppendError};
 pub use db::{connect, migrate, DbOptions};
 pub use follower::Follower;
 pub use model::{Cursor, ExpectedVersion, Metadata, NewEvent, RecordedEvent};

@@ -10,7 +10,9 @@ use serde_json::json;
 use sqlx::PgPool;
 use vps_events::chain::{chain_batch, verify, CHAINER};
 use vps_events::read::read_stream;
-use vps_events::{append, AppendError, ExpectedVersion, Follower, Metadata, NewEvent, Notifier};
+use vps_events::{
+    append, append_unseen, AppendError, ExpectedVersion, Follower, Metadata, NewEvent, Notifier,
+};
 
 async fn fresh_log() -> PgPool {
     vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 30).await
@@ -109,6 +111,39 @@ async fn appending_the_same_event_ids_again_returns_the_stored_events() {
         .await
         .unwrap_err();
     assert!(matches!(err, AppendError::IdReused(_)), "got {err:?}");
+}
+
+#[tokio::test]
+async fn append_unseen_skips_the_ids_the_log_holds_and_leaves_no_gap_in_versions() {
+    let pool = fresh_log().await;
+    let events: Vec<NewEvent> = (1..=5).map(event).collect();
+    let mut tx = pool.begin().await.unwrap();
+    // All new: one insert.
+    assert_eq!(
+        append_unseen(&mut tx, "t-1", &events[..2]).await.unwrap(),
+        2
+    );
+    // Two of four already there (a second worker, a restart): the other two follow on.
+    assert_eq!(
+        append_unseen(&mut tx, "t-1", &events[..4]).await.unwrap(),
+        2
+    );
+    // Nothing new.
+    assert_eq!(
+        append_unseen(&mut tx, "t-1", &events[..4]).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        append_unseen(&mut tx, "t-1", &events[4..]).await.unwrap(),
+        1
+    );
+    tx.commit().await.unwrap();
+    let stored = read_stream(&pool, "t-1").await.unwrap();
+    let versions: Vec<i64> = stored.iter().map(|e| e.version).collect();
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
+    let ids: Vec<&str> = stored.iter().map(|e| e.id.as_str()).collect();
+    let expected: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, expected);
 }
 
 #[tokio::test]

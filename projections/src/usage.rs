@@ -4,7 +4,7 @@
 //! the day). Sums are exact `numeric` additions, so a replay in any batching rebuilds them
 //! exactly.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, NaiveDate, Timelike, Utc};
 use rust_decimal::Decimal;
@@ -30,6 +30,10 @@ pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(),
 
 /// Applies many records, each with its event's id, with one statement per table (the metering
 /// reactor records thousands at a time, and has them in hand: nothing is parsed back).
+///
+/// Idempotent: a record already projected is skipped, and only the records this call inserts
+/// are added to the rollups. The metering reactor projects its records in a transaction of
+/// their own, beside the append, and applies them again after a crash between the two.
 pub async fn apply_records(
     conn: &mut PgConnection,
     records: &[(String, &UsageRecord)],
@@ -38,24 +42,32 @@ pub async fn apply_records(
         return Ok(());
     }
     let ids: Vec<&str> = records.iter().map(|(id, _)| id.as_str()).collect();
-    let records: Vec<&UsageRecord> = records.iter().map(|(_, r)| *r).collect();
-    insert_records(conn, &ids, &records).await?;
-    add_to_rollups(conn, &records).await?;
+    let all: Vec<&UsageRecord> = records.iter().map(|(_, r)| *r).collect();
+    let inserted = insert_records(conn, &ids, &all).await?;
+    let new: Vec<&UsageRecord> = records
+        .iter()
+        .filter(|(id, _)| inserted.contains(id.as_str()))
+        .map(|(_, r)| *r)
+        .collect();
+    add_to_rollups(conn, &new).await?;
     Ok(())
 }
 
+/// Inserts the records not projected yet; answers the ids it inserted.
 async fn insert_records(
     conn: &mut PgConnection,
     ids: &[&str],
     records: &[&UsageRecord],
-) -> Result<(), sqlx::Error> {
+) -> Result<HashSet<String>, sqlx::Error> {
     let column = |f: fn(&UsageRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<_>>();
     sqlx::query(
         "INSERT INTO usage_records (id, tenant_id, meter, resource_id, pool_id, identity_id, unit,
                                     quantity, window_start, window_end)
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                               $6::text[], $7::text[], $8::numeric[], $9::timestamptz[],
-                              $10::timestamptz[])",
+                              $10::timestamptz[])
+         ON CONFLICT DO NOTHING
+         RETURNING id",
     )
     .bind(ids)
     .bind(column(|r| &r.tenant_id))
@@ -72,9 +84,11 @@ async fn insert_records(
     .bind(records.iter().map(|r| r.quantity).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.window_start).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.window_end).collect::<Vec<_>>())
-    .execute(conn)
-    .await?;
-    Ok(())
+    .fetch_all(conn)
+    .await?
+    .into_iter()
+    .map(|row| row.try_get(0))
+    .collect()
 }
 
 /// Per (tenant, meter, day): the 24 hourly sums and the daily sum of `records`.
@@ -99,6 +113,9 @@ async fn add_to_rollups(
     conn: &mut PgConnection,
     records: &[&UsageRecord],
 ) -> Result<(), sqlx::Error> {
+    if records.is_empty() {
+        return Ok(());
+    }
     let sums = rollups(records);
     let keys: Vec<_> = sums.keys().collect();
     // The hourly sums of every row, flattened; row k takes elements 24(k-1)+1 ..= 24k.

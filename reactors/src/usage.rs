@@ -28,7 +28,7 @@ use vps_domain::usage::window::{at, micros};
 use vps_domain::usage::{InstanceMeter, Ledger, Micros, UsageRecord, Windows};
 use vps_events::lease::Lease;
 use vps_events::read::Filter;
-use vps_events::{AppendError, ExpectedVersion, Follower, Metadata, NewEvent, Notifier};
+use vps_events::{AppendError, Follower, Metadata, NewEvent, Notifier};
 use vps_events::{Cursor, RecordedEvent};
 use vps_projections::ProjectionError;
 
@@ -65,7 +65,8 @@ pub enum MeteringError {
     State(#[from] serde_json::Error),
 }
 
-/// Meters the log for as long as the task lives: waits for the lease, then passes.
+/// Meters the log for as long as the task lives: waits for the lease, then catches up and
+/// waits for the log to move.
 pub async fn run(pool: PgPool, notifier: Notifier, windows: Windows) -> Result<(), MeteringError> {
     let _lease = Lease::acquire(&pool, LEASE, Duration::from_secs(2)).await;
     tracing::info!(
@@ -74,10 +75,8 @@ pub async fn run(pool: PgPool, notifier: Notifier, windows: Windows) -> Result<(
     );
     let mut metering = Metering::load(pool, &notifier, windows).await?;
     loop {
-        let pass = metering.pass().await?;
-        if pass.events == 0 && pass.records.is_none() {
-            metering.follower.wait().await;
-        }
+        metering.catch_up().await?;
+        metering.follower.wait().await;
     }
 }
 
@@ -146,11 +145,42 @@ impl Metering {
 
     /// Reads one batch, settles what may be settled, and commits both.
     pub async fn pass(&mut self) -> Result<Pass, MeteringError> {
-        let span = tracing::info_span!("usage_pass", events = 0, records = 0);
-        self.pass_inner().instrument(span).await
+        let Some(batch) = self.prepare().await? else {
+            return Ok(Pass::default());
+        };
+        let cursor = batch.cursor;
+        let pass = batch.commit(&self.pool, &self.notifier).await?;
+        if let Some(cursor) = cursor {
+            self.follower.advance(cursor);
+        }
+        Ok(pass)
     }
 
-    async fn pass_inner(&mut self) -> Result<Pass, MeteringError> {
+    /// Passes until one finds nothing to do; answers how many committed. Each pass's commit
+    /// runs while the next pass reads and settles, so the database writes one batch while
+    /// the worker computes the next: on a backlog (a restart, a replay) this is what bounds
+    /// the rate. The next read starts past the page being committed; if that commit fails,
+    /// the error ends the worker, which restarts from what the database holds.
+    pub async fn catch_up(&mut self) -> Result<usize, MeteringError> {
+        let mut passes = 0;
+        let mut next = self.prepare().await?;
+        while let Some(batch) = next.take() {
+            if let Some(cursor) = batch.cursor {
+                self.follower.advance(cursor);
+            }
+            let (pool, notifier) = (self.pool.clone(), self.notifier.clone());
+            let (committed, prepared) =
+                tokio::join!(batch.commit(&pool, &notifier), self.prepare());
+            committed?;
+            next = prepared?;
+            passes += 1;
+        }
+        Ok(passes)
+    }
+
+    /// Reads one batch, folds it and settles what may be settled: the pass's work, ready to
+    /// commit (`None`: nothing to do).
+    async fn prepare(&mut self) -> Result<Option<Batch>, MeteringError> {
         // Taken before the read: if the read reaches the horizon, it holds every event
         // recorded before this time.
         let horizon = vps_events::read::time_horizon(&self.pool).await?;
@@ -165,24 +195,23 @@ impl Metering {
         };
         // Past the events the filter skipped (the records themselves, mostly), even when the
         // page holds none.
-        let read_on = (page.next != self.follower.cursor()).then_some(page.next);
-        if page.events.is_empty() && settled.is_none() && read_on.is_none() {
-            return Ok(Pass::default());
+        let cursor = (page.next != self.follower.cursor()).then_some(page.next);
+        if page.events.is_empty() && settled.is_none() && cursor.is_none() {
+            return Ok(None);
         }
-        let moved = settled.is_some();
-        let records = settled.unwrap_or_default();
-        let appended = self.commit(read_on, &records).await?;
-        tracing::Span::current().record("events", page.events.len());
-        tracing::Span::current().record("records", appended);
-        metrics::counter!("vps_usage_records_total").increment(appended as u64);
         if let Some(until) = self.settled_until {
             let lag = micros(horizon).saturating_sub(until) as f64 / 1e6;
             metrics::gauge!("vps_usage_settled_lag_seconds").set(lag);
         }
-        Ok(Pass {
+        Ok(Some(Batch {
             events: page.events.len(),
-            records: moved.then_some(appended),
-        })
+            cursor,
+            settled: settled.is_some(),
+            records: Records::new(settled.unwrap_or_default()),
+            dirty: self.ledger.take_dirty(),
+            settled_until: self.settled_until,
+            windows: self.ledger.windows(),
+        }))
     }
 
     fn fold(&mut self, event: &RecordedEvent) {
@@ -228,32 +257,113 @@ impl Metering {
         self.settled_until = Some(until);
         Some(records)
     }
+}
 
-    /// One transaction: the records and their projections, the ledger's changes, the settled
-    /// mark and the checkpoint. Returns how many records were new to the log.
-    async fn commit(
-        &mut self,
-        cursor: Option<Cursor>,
-        records: &[UsageRecord],
-    ) -> Result<usize, MeteringError> {
-        let mut tx = self.pool.begin().await?;
-        let appended = append_records(&mut tx, records).await?;
-        vps_projections::usage::apply_records(&mut tx, &appended).await?;
-        save_ledger(&mut tx, self.ledger.take_dirty()).await?;
-        if let Some(until) = self.settled_until {
-            save_progress(&mut tx, until, self.ledger.windows()).await?;
+/// A pass's work: what it read and settled, waiting to be committed.
+struct Batch {
+    events: usize,
+    /// Where the follower reads on from once this commits.
+    cursor: Option<Cursor>,
+    /// Whether the settled mark moved.
+    settled: bool,
+    records: Records,
+    /// The ledger's changed resources.
+    dirty: Vec<(String, Option<InstanceMeter>)>,
+    settled_until: Option<Micros>,
+    windows: Windows,
+}
+
+/// Settled records with their event ids, and the events that record them, by stream: built
+/// while the previous batch commits, not on the commit's path.
+struct Records {
+    records: Vec<UsageRecord>,
+    ids: Vec<String>,
+    by_stream: BTreeMap<String, Vec<NewEvent>>,
+}
+
+impl Records {
+    fn new(records: Vec<UsageRecord>) -> Records {
+        let ids: Vec<String> = records.iter().map(UsageRecord::event_id).collect();
+        let mut by_stream: BTreeMap<String, Vec<NewEvent>> = BTreeMap::new();
+        for (record, id) in records.iter().zip(&ids) {
+            by_stream
+                .entry(record.stream())
+                .or_default()
+                .push(NewEvent {
+                    id: id.clone(),
+                    event_type: EVENT_TYPE.to_string(),
+                    data: record.data(),
+                    metadata: Metadata {
+                        tenant_id: Some(record.tenant_id.clone()),
+                        actor: Some(ACTOR.to_string()),
+                        ..Metadata::default()
+                    },
+                });
         }
-        if let Some(cursor) = cursor {
-            vps_events::follower::save_checkpoint(&mut *tx, FOLLOWER, cursor).await?;
+        Records {
+            records,
+            ids,
+            by_stream,
         }
-        tx.commit().await?;
-        if let Some(cursor) = cursor {
-            self.follower.advance(cursor);
+    }
+
+    /// Appends the records the log does not hold yet, one stream per tenant; answers how many
+    /// it appended.
+    async fn append(&self, conn: &mut PgConnection) -> Result<usize, MeteringError> {
+        let mut appended = 0;
+        for (stream, events) in &self.by_stream {
+            for chunk in events.chunks(APPEND_CHUNK) {
+                appended += vps_events::append_unseen(conn, stream, chunk).await?;
+            }
         }
-        if !appended.is_empty() {
-            self.notifier.committed();
+        Ok(appended)
+    }
+
+    /// Projects the records the views do not hold yet.
+    async fn project(&self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
+        let projected: Vec<(String, &UsageRecord)> =
+            self.ids.iter().cloned().zip(&self.records).collect();
+        vps_projections::usage::apply_records(conn, &projected).await
+    }
+}
+
+impl Batch {
+    /// Two transactions side by side, on two connections (so on two of the database's cores):
+    /// one appends the records to the log; the other projects them and saves the ledger's
+    /// changes, the settled mark and the checkpoint. The log's commits first. A crash between
+    /// the two commits leaves the mark where it was, so the worker computes the same records
+    /// again: the append skips the ids the log holds and the projection those it holds, and
+    /// no projected record is ever missing from the log.
+    async fn commit(self, pool: &PgPool, notifier: &Notifier) -> Result<Pass, MeteringError> {
+        let span = tracing::info_span!("usage_pass", events = self.events, records = 0);
+        async {
+            let mut log = pool.begin().await?;
+            let mut views = pool.begin().await?;
+            let (appended, ()) = tokio::try_join!(self.records.append(&mut log), async {
+                self.records.project(&mut views).await?;
+                save_ledger(&mut views, self.dirty).await?;
+                if let Some(until) = self.settled_until {
+                    save_progress(&mut views, until, self.windows).await?;
+                }
+                if let Some(cursor) = self.cursor {
+                    vps_events::follower::save_checkpoint(&mut *views, FOLLOWER, cursor).await?;
+                }
+                Ok::<_, MeteringError>(())
+            })?;
+            log.commit().await?;
+            views.commit().await?;
+            if appended > 0 {
+                notifier.committed();
+            }
+            tracing::Span::current().record("records", appended);
+            metrics::counter!("vps_usage_records_total").increment(appended as u64);
+            Ok(Pass {
+                events: self.events,
+                records: self.settled.then_some(appended),
+            })
         }
-        Ok(appended.len())
+        .instrument(span)
+        .await
     }
 }
 
@@ -264,49 +374,6 @@ fn metered() -> Filter {
         types: vec!["instance.*".into(), "sandbox.volume.*".into()],
         ..Filter::default()
     }
-}
-
-/// Appends the records not yet in the log, one stream per tenant; answers those it appended,
-/// each with its event id.
-pub async fn append_records<'r>(
-    conn: &mut PgConnection,
-    records: &'r [UsageRecord],
-) -> Result<Vec<(String, &'r UsageRecord)>, MeteringError> {
-    let ids: Vec<String> = records.iter().map(UsageRecord::event_id).collect();
-    let stored: std::collections::HashSet<String> =
-        sqlx::query_scalar("SELECT id FROM events WHERE id = ANY($1)")
-            .bind(&ids)
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .collect();
-    let mut by_stream: BTreeMap<String, Vec<NewEvent>> = BTreeMap::new();
-    let mut appended = Vec::new();
-    for (record, id) in records.iter().zip(ids) {
-        if stored.contains(&id) {
-            continue;
-        }
-        appended.push((id.clone(), record));
-        by_stream
-            .entry(record.stream())
-            .or_default()
-            .push(NewEvent {
-                id,
-                event_type: EVENT_TYPE.to_string(),
-                data: record.data(),
-                metadata: Metadata {
-                    tenant_id: Some(record.tenant_id.clone()),
-                    actor: Some(ACTOR.to_string()),
-                    ..Metadata::default()
-                },
-            });
-    }
-    for (stream, events) in by_stream {
-        for chunk in events.chunks(APPEND_CHUNK) {
-            vps_events::append(conn, &stream, ExpectedVersion::Any, chunk).await?;
-        }
-    }
-    Ok(appended)
 }
 
 async fn save_ledger(

@@ -175,3 +175,39 @@ async fn a_pass_does_not_read_back_the_records_it_appended() {
     let pass = metering.pass().await.unwrap();
     assert_eq!(pass.events, 0, "{pass:?}");
 }
+
+/// `(records in the log, records projected, the rollups' total, the records' total)`.
+async fn totals(pool: &PgPool) -> (i64, i64, Decimal, Decimal) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM events WHERE type = 'usage.recorded'),
+                (SELECT count(*) FROM usage_records),
+                (SELECT coalesce(sum(daily), 0) FROM usage_rollups),
+                (SELECT coalesce(sum(quantity), 0) FROM usage_records)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_worker_recording_windows_another_recorded_adds_nothing_to_the_log_or_the_views() {
+    let (pool, windows, mut first) = metering().await;
+    // Loaded now, so its mark stays behind the first worker's: like a second replica that
+    // took over, or a restart after the log's commit and before the views'.
+    let mut second = Metering::load(pool.clone(), &Notifier::local_only(), windows)
+        .await
+        .unwrap();
+    created(&pool, json!({ "ownerIdentityId": "id_alice" })).await;
+    let scheduled = append(&pool, "instance.scheduled", json!({})).await;
+    after(scheduled.recorded_at + chrono::Duration::milliseconds(500)).await;
+    let deleted = append(&pool, "instance.deleted", json!({})).await;
+    meter_past(&mut first, &pool, deleted.recorded_at).await;
+    let recorded = totals(&pool).await;
+    assert!(recorded.0 >= 4, "{recorded:?}");
+    assert_eq!(recorded.0, recorded.1, "every record is projected");
+    assert_eq!(recorded.2, recorded.3, "the rollups add up the records");
+
+    // The pipelined catch-up computes the same records again and finds them all stored.
+    assert!(second.catch_up().await.unwrap() > 0);
+    assert_eq!(totals(&pool).await, recorded);
+}

@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use vps_domain::usage::Windows;
 use vps_events::read::read_after;
 use vps_events::{Cursor, Notifier};
-use vps_reactors::usage::{Metering, Pass};
+use vps_reactors::usage::Metering;
 
 use super::{round, Scratch};
 
@@ -55,7 +55,7 @@ pub async fn run(server_url: &str, o: &UsageBench) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut metering =
         Metering::load(scratch.pool.clone(), &Notifier::local_only(), windows).await?;
-    while metering.pass().await? != Pass::default() {}
+    metering.catch_up().await?;
     let seconds = started.elapsed().as_secs_f64();
     let records: i64 = sqlx::query_scalar("SELECT count(*) FROM usage_records")
         .fetch_one(&scratch.pool)
