@@ -144,6 +144,12 @@ async fn append_unseen_skips_the_ids_the_log_holds_and_leaves_no_gap_in_versions
     let ids: Vec<&str> = stored.iter().map(|e| e.id.as_str()).collect();
     let expected: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(ids, expected);
+    for (stored, event) in stored.iter().zip(&events) {
+        assert_eq!(
+            (&stored.data, &stored.metadata),
+            (&event.data, &event.metadata)
+        );
+    }
 }
 
 #[tokio::test]

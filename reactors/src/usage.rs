@@ -148,32 +148,61 @@ impl Metering {
         let Some(batch) = self.prepare().await? else {
             return Ok(Pass::default());
         };
+        let appended = batch.log(&self.pool, &self.notifier).await?;
         let cursor = batch.cursor;
-        let pass = batch.commit(&self.pool, &self.notifier).await?;
+        let pass = batch.views(&self.pool, appended).await?;
         if let Some(cursor) = cursor {
             self.follower.advance(cursor);
         }
         Ok(pass)
     }
 
-    /// Passes until one finds nothing to do; answers how many committed. Each pass's commit
-    /// runs while the next pass reads and settles, so the database writes one batch while
-    /// the worker computes the next: on a backlog (a restart, a replay) this is what bounds
-    /// the rate. The next read starts past the page being committed; if that commit fails,
-    /// the error ends the worker, which restarts from what the database holds.
+    /// Passes until one finds nothing to do; answers how many committed. A pass's records go
+    /// to the log in one transaction and to the views (with the ledger, the settled mark and
+    /// the checkpoint) in a second one, which commits after the first. The two stages run as
+    /// a pipeline on two connections (so on two of the database's cores): while one batch is
+    /// appended, the one before it is projected and the one after it is read and settled.
+    /// Appends stay one at a time, in order, since they share a tenant's stream.
+    ///
+    /// A crash between a batch's two commits leaves the settled mark before it, so the worker
+    /// computes the same records again: the append skips the ids the log holds and the
+    /// projection those it holds, and no projected record is ever missing from the log. The
+    /// next read starts past the page being committed; if a commit fails, the error ends the
+    /// worker, which restarts from what the database holds.
     pub async fn catch_up(&mut self) -> Result<usize, MeteringError> {
+        let (pool, notifier) = (self.pool.clone(), self.notifier.clone());
         let mut passes = 0;
+        let mut logged: Option<(Batch, usize)> = None;
         let mut next = self.prepare().await?;
-        while let Some(batch) = next.take() {
-            if let Some(cursor) = batch.cursor {
+        while next.is_some() || logged.is_some() {
+            let current = next.take();
+            if let Some(cursor) = current.as_ref().and_then(|b| b.cursor) {
                 self.follower.advance(cursor);
             }
-            let (pool, notifier) = (self.pool.clone(), self.notifier.clone());
-            let (committed, prepared) =
-                tokio::join!(batch.commit(&pool, &notifier), self.prepare());
-            committed?;
+            let reading = current.is_some();
+            let (appended, projected, prepared) = tokio::join!(
+                async {
+                    match &current {
+                        Some(batch) => batch.log(&pool, &notifier).await.map(Some),
+                        None => Ok(None),
+                    }
+                },
+                async {
+                    match logged.take() {
+                        Some((batch, appended)) => batch.views(&pool, appended).await.map(Some),
+                        None => Ok(None),
+                    }
+                },
+                async {
+                    match reading {
+                        true => self.prepare().await,
+                        false => Ok(None),
+                    }
+                }
+            );
+            passes += usize::from(projected?.is_some());
+            logged = current.zip(appended?);
             next = prepared?;
-            passes += 1;
         }
         Ok(passes)
     }
@@ -328,35 +357,39 @@ impl Records {
 }
 
 impl Batch {
-    /// Two transactions side by side, on two connections (so on two of the database's cores):
-    /// one appends the records to the log; the other projects them and saves the ledger's
-    /// changes, the settled mark and the checkpoint. The log's commits first. A crash between
-    /// the two commits leaves the mark where it was, so the worker computes the same records
-    /// again: the append skips the ids the log holds and the projection those it holds, and
-    /// no projected record is ever missing from the log.
-    async fn commit(self, pool: &PgPool, notifier: &Notifier) -> Result<Pass, MeteringError> {
-        let span = tracing::info_span!("usage_pass", events = self.events, records = 0);
+    /// Appends the records the log does not hold yet, in a transaction of its own; answers
+    /// how many it appended.
+    async fn log(&self, pool: &PgPool, notifier: &Notifier) -> Result<usize, MeteringError> {
+        let span = tracing::info_span!("usage_append", records = self.records.records.len());
+        let mut tx = pool.begin().instrument(span.clone()).await?;
+        let appended = self
+            .records
+            .append(&mut tx)
+            .instrument(span.clone())
+            .await?;
+        tx.commit().instrument(span).await?;
+        if appended > 0 {
+            notifier.committed();
+        }
+        metrics::counter!("vps_usage_records_total").increment(appended as u64);
+        Ok(appended)
+    }
+
+    /// Once the log holds the records: projects them and saves the ledger's changes, the
+    /// settled mark and the checkpoint, in one transaction.
+    async fn views(self, pool: &PgPool, appended: usize) -> Result<Pass, MeteringError> {
+        let span = tracing::info_span!("usage_pass", events = self.events, records = appended);
         async {
-            let mut log = pool.begin().await?;
-            let mut views = pool.begin().await?;
-            let (appended, ()) = tokio::try_join!(self.records.append(&mut log), async {
-                self.records.project(&mut views).await?;
-                save_ledger(&mut views, self.dirty).await?;
-                if let Some(until) = self.settled_until {
-                    save_progress(&mut views, until, self.windows).await?;
-                }
-                if let Some(cursor) = self.cursor {
-                    vps_events::follower::save_checkpoint(&mut *views, FOLLOWER, cursor).await?;
-                }
-                Ok::<_, MeteringError>(())
-            })?;
-            log.commit().await?;
-            views.commit().await?;
-            if appended > 0 {
-                notifier.committed();
+            let mut tx = pool.begin().await?;
+            self.records.project(&mut tx).await?;
+            save_ledger(&mut tx, self.dirty).await?;
+            if let Some(until) = self.settled_until {
+                save_progress(&mut tx, until, self.windows).await?;
             }
-            tracing::Span::current().record("records", appended);
-            metrics::counter!("vps_usage_records_total").increment(appended as u64);
+            if let Some(cursor) = self.cursor {
+                vps_events::follower::save_checkpoint(&mut *tx, FOLLOWER, cursor).await?;
+            }
+            tx.commit().await?;
             Ok(Pass {
                 events: self.events,
                 records: self.settled.then_some(appended),
