@@ -10,9 +10,11 @@
 //!   `recorded_at` is its transaction's start. A window is settled only below
 //!   [`vps_events::read::time_horizon`], taken before a read that reached the log's horizon,
 //!   so no event recorded inside it can still appear.
-//! - **Crash-safe**: the records, their projections, the ledger's changed resources, the
-//!   settled mark and the follower's checkpoint commit in one transaction; after a crash the
-//!   worker resumes from the last commit and computes the same records again.
+//! - **Crash-safe**: a batch's records commit to the log first; then their projections, the
+//!   ledger's changed resources, the settled mark and the follower's checkpoint commit in a
+//!   second transaction. After a crash the worker resumes from the last settled mark and
+//!   computes the same records again, and the append and the projection each skip what they
+//!   already hold.
 //!
 //! [`verify`] recomputes the records from the log alone and compares them (`vps usage verify`).
 
