@@ -1,5 +1,6 @@
 //! Reading one stream, and the whole log in the agreed order below the horizon.
 
+use futures::{StreamExt, TryStreamExt};
 use sqlx::postgres::PgRow;
 use sqlx::{PgExecutor, Row};
 
@@ -116,11 +117,13 @@ pub async fn read_filtered<'e>(
         columns("events"),
         conditions(filter),
     );
-    let rows = bind_filter(sqlx::query(&sql), after, filter, limit)
+    // Each row is decoded as it arrives, while the server still sends the rest.
+    bind_filter(sqlx::query(&sql), after, filter, limit)
         .bind(filter.whole_snapshot)
-        .fetch_all(db)
-        .await?;
-    rows.iter().map(decode).collect()
+        .fetch(db)
+        .map(|row| decode(&row?))
+        .try_collect()
+        .await
 }
 
 /// A page of a filtered read, and where the next read starts.
@@ -151,16 +154,16 @@ pub async fn read_page<'e>(
         columns("events"),
         conditions(filter),
     );
-    let rows = bind_filter(sqlx::query(&sql), after, filter, limit)
-        .fetch_all(db)
-        .await?;
-    let mut events = Vec::with_capacity(rows.len());
+    let query = bind_filter(sqlx::query(&sql), after, filter, limit);
+    let mut rows = query.fetch(db);
+    let mut events = Vec::new();
     let mut horizon = 0u64;
-    for row in &rows {
+    // Each row is decoded as it arrives, while the server still sends the rest.
+    while let Some(row) = rows.try_next().await? {
         let xmin: String = row.try_get(0)?;
         horizon = xmin.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
         if row.try_get::<Option<i64>, _>(1)?.is_some() {
-            events.push(decode_at(row, 1)?);
+            events.push(decode_at(&row, 1)?);
         }
     }
     let next = match events.last() {
