@@ -151,6 +151,16 @@ const INSERT: &str = concat!(
      ON CONFLICT (id) DO NOTHING"
 );
 
+/// [`INSERT`] for one event, the common append: its fields bound as they are, with no arrays
+/// to build and unpack and nothing to sort.
+const INSERT_ONE: &str = concat!(
+    allowed_version!(),
+    "
+     INSERT INTO events (stream, version, id, type, data, metadata)
+     SELECT $1, allowed.v + 1, $3, $4, $5, $6 FROM allowed
+     ON CONFLICT (id) DO NOTHING"
+);
+
 /// Copies `events` into the log after the stream's last version, in binary `COPY` format. A
 /// stored id fails the copy on `unique (id)`; a writer that raced it, on
 /// `unique (stream, version)` (a concurrency error).
@@ -225,11 +235,29 @@ async fn insert(
     expected: ExpectedVersion,
     events: &[NewEvent],
 ) -> Result<Vec<sqlx::postgres::PgRow>, AppendError> {
-    let sql = format!("{INSERT} RETURNING position, transaction_id::text, version, recorded_at");
-    bind_insert(&sql, stream, expected, events)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| version_race(e, stream, expected))
+    let returning = " RETURNING position, transaction_id::text, version, recorded_at";
+    let query = match events {
+        [event] => {
+            let sql = format!("{INSERT_ONE}{returning}");
+            let metadata = serde_json::to_value(&event.metadata).expect("metadata serialises");
+            sqlx::query(&sql)
+                .bind(stream)
+                .bind(expected.as_param())
+                .bind(&event.id)
+                .bind(&event.event_type)
+                .bind(&event.data)
+                .bind(metadata)
+                .fetch_all(&mut *conn)
+                .await
+        }
+        _ => {
+            let sql = format!("{INSERT}{returning}");
+            bind_insert(&sql, stream, expected, events)
+                .fetch_all(&mut *conn)
+                .await
+        }
+    };
+    query.map_err(|e| version_race(e, stream, expected))
 }
 
 /// [`INSERT`], answering only how many rows it inserted (a bulk writer needs no more).

@@ -106,6 +106,16 @@ async fn appending_the_same_event_ids_again_returns_the_stored_events() {
         .await
         .unwrap();
     assert_eq!(count, 2);
+    // One event alone takes its own statement: a retry of it is answered the same way.
+    let one = [event(3)];
+    let first = append(&mut conn, "s-1", ExpectedVersion::Exact(2), &one)
+        .await
+        .unwrap();
+    let again = append(&mut conn, "s-1", ExpectedVersion::Exact(2), &one)
+        .await
+        .unwrap();
+    assert_eq!((first.len(), first[0].version), (1, 3));
+    assert_eq!(first, again);
     // The same id in another stream is not a retry.
     let err = append(&mut conn, "s-2", ExpectedVersion::Any, &events[..1])
         .await
