@@ -85,21 +85,15 @@ pub async fn append_unseen(
             attempt.commit().await?;
             return Ok(events.len());
         }
-        Err(AppendError::Database(sqlx::Error::Database(e)))
-            if e.constraint() == Some("events_id_key") =>
-        {
-            attempt.rollback().await?
-        }
+        Err(e) if id_taken(&e) => attempt.rollback().await?,
         Err(e) => return Err(e),
     }
     let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
-    let stored: std::collections::HashSet<String> =
-        sqlx::query_scalar("SELECT id FROM events WHERE id = ANY($1)")
-            .bind(&ids)
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .collect();
+    let stored: std::collections::HashSet<String> = stored_events(conn, &ids)
+        .await?
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
     let unseen: Vec<NewEvent> = events
         .iter()
         .filter(|e| !stored.contains(&e.id))
@@ -108,16 +102,21 @@ pub async fn append_unseen(
     if unseen.is_empty() {
         return Ok(0);
     }
-    let appended = insert_counted(conn, stream, ExpectedVersion::Any, &unseen).await?;
-    if appended < unseen.len() {
+    match copy_in(conn, stream, &unseen).await {
+        Ok(()) => Ok(unseen.len()),
         // Another writer appended some of them since the lookup: its transaction decides.
-        return Err(AppendError::IdReused(format!(
-            "{} of {} events of {stream}",
-            unseen.len() - appended,
+        Err(e) if id_taken(&e) => Err(AppendError::IdReused(format!(
+            "some of {} events of {stream}",
             unseen.len()
-        )));
+        ))),
+        Err(e) => Err(e),
     }
-    Ok(appended)
+}
+
+/// Whether a copy failed on an id the log already holds.
+fn id_taken(e: &AppendError) -> bool {
+    matches!(e, AppendError::Database(sqlx::Error::Database(db))
+        if db.constraint() == Some("events_id_key"))
 }
 
 /// The version a stream is at, as the CTE `allowed`: no row when it is not `$2` (`NULL`: any),
@@ -137,8 +136,16 @@ macro_rules! allowed_version {
     };
 }
 
-/// The insert behind [`append`] and [`append_unseen`]: the events whose ids are new, checked
-/// against `expected`.
+/// The columns an insert generates, which [`append`] answers with the caller's events. Only
+/// those come back: the payloads are the caller's already, and shipping jsonb back and parsing
+/// it again costs more than the insert on a small machine.
+macro_rules! returning {
+    () => {
+        " RETURNING position, transaction_id::text, version, recorded_at"
+    };
+}
+
+/// The insert behind [`append`]: the events whose ids are new, checked against `expected`.
 const INSERT: &str = concat!(
     allowed_version!(),
     "
@@ -148,7 +155,8 @@ const INSERT: &str = concat!(
             unnest($3::text[], $4::text[], $5::jsonb[], $6::jsonb[])
                 WITH ORDINALITY AS e(id, type, data, metadata, ord)
      ORDER BY e.ord
-     ON CONFLICT (id) DO NOTHING"
+     ON CONFLICT (id) DO NOTHING",
+    returning!()
 );
 
 /// [`INSERT`] for one event, the common append: its fields bound as they are, with no arrays
@@ -158,7 +166,8 @@ const INSERT_ONE: &str = concat!(
     "
      INSERT INTO events (stream, version, id, type, data, metadata)
      SELECT $1, allowed.v + 1, $3, $4, $5, $6 FROM allowed
-     ON CONFLICT (id) DO NOTHING"
+     ON CONFLICT (id) DO NOTHING",
+    returning!()
 );
 
 /// Copies `events` into the log after the stream's last version, in binary `COPY` format. A
@@ -226,76 +235,39 @@ fn jsonb(out: &mut Vec<u8>, value: &impl serde::Serialize) {
     serde_json::to_writer(out, value).expect("an event's JSON serialises");
 }
 
-/// [`INSERT`], answering the generated columns of the rows it inserted. Only those come back:
-/// the payloads are the caller's already, and shipping jsonb back and parsing it again costs
-/// more than the insert on a small machine.
+/// [`INSERT`] (or [`INSERT_ONE`]), answering the generated columns of the rows it inserted.
 async fn insert(
     conn: &mut PgConnection,
     stream: &str,
     expected: ExpectedVersion,
     events: &[NewEvent],
 ) -> Result<Vec<sqlx::postgres::PgRow>, AppendError> {
-    let returning = " RETURNING position, transaction_id::text, version, recorded_at";
+    let metadata = |e: &NewEvent| serde_json::to_value(&e.metadata).expect("metadata serialises");
     let query = match events {
-        [event] => {
-            let sql = format!("{INSERT_ONE}{returning}");
-            let metadata = serde_json::to_value(&event.metadata).expect("metadata serialises");
-            sqlx::query(&sql)
-                .bind(stream)
-                .bind(expected.as_param())
-                .bind(&event.id)
-                .bind(&event.event_type)
-                .bind(&event.data)
-                .bind(metadata)
-                .fetch_all(&mut *conn)
-                .await
-        }
-        _ => {
-            let sql = format!("{INSERT}{returning}");
-            bind_insert(&sql, stream, expected, events)
-                .fetch_all(&mut *conn)
-                .await
-        }
+        [event] => sqlx::query(INSERT_ONE)
+            .bind(stream)
+            .bind(expected.as_param())
+            .bind(&event.id)
+            .bind(&event.event_type)
+            .bind(&event.data)
+            .bind(metadata(event)),
+        _ => sqlx::query(INSERT)
+            .bind(stream)
+            .bind(expected.as_param())
+            .bind(events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>())
+            .bind(
+                events
+                    .iter()
+                    .map(|e| e.event_type.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(events.iter().map(|e| &e.data).collect::<Vec<_>>())
+            .bind(events.iter().map(metadata).collect::<Vec<_>>()),
     };
-    query.map_err(|e| version_race(e, stream, expected))
-}
-
-/// [`INSERT`], answering only how many rows it inserted (a bulk writer needs no more).
-async fn insert_counted(
-    conn: &mut PgConnection,
-    stream: &str,
-    expected: ExpectedVersion,
-    events: &[NewEvent],
-) -> Result<usize, AppendError> {
-    let done = bind_insert(INSERT, stream, expected, events)
-        .execute(&mut *conn)
+    query
+        .fetch_all(&mut *conn)
         .await
-        .map_err(|e| version_race(e, stream, expected))?;
-    Ok(done.rows_affected() as usize)
-}
-
-fn bind_insert<'q>(
-    sql: &'q str,
-    stream: &'q str,
-    expected: ExpectedVersion,
-    events: &'q [NewEvent],
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    let metadata = events
-        .iter()
-        .map(|e| serde_json::to_value(&e.metadata).expect("metadata serialises"))
-        .collect::<Vec<_>>();
-    sqlx::query(sql)
-        .bind(stream)
-        .bind(expected.as_param())
-        .bind(events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>())
-        .bind(
-            events
-                .iter()
-                .map(|e| e.event_type.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(events.iter().map(|e| &e.data).collect::<Vec<_>>())
-        .bind(metadata)
+        .map_err(|e| version_race(e, stream, expected))
 }
 
 /// A lost race on `unique (stream, version)` is a concurrency error; the transaction is

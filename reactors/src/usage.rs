@@ -181,7 +181,6 @@ impl Metering {
             if let Some(cursor) = current.as_ref().and_then(|b| b.cursor) {
                 self.follower.advance(cursor);
             }
-            let reading = current.is_some();
             let (appended, projected, prepared) = tokio::join!(
                 async {
                     match &current {
@@ -196,9 +195,9 @@ impl Metering {
                     }
                 },
                 async {
-                    match reading {
-                        true => self.prepare().await,
-                        false => Ok(None),
+                    match &current {
+                        Some(_) => self.prepare().await,
+                        None => Ok(None),
                     }
                 }
             );
@@ -362,14 +361,18 @@ impl Batch {
     /// Appends the records the log does not hold yet, in a transaction of its own; answers
     /// how many it appended.
     async fn log(&self, pool: &PgPool, notifier: &Notifier) -> Result<usize, MeteringError> {
+        if self.records.records.is_empty() {
+            return Ok(0); // a pass that only moves past the log's other events
+        }
         let span = tracing::info_span!("usage_append", records = self.records.records.len());
-        let mut tx = pool.begin().instrument(span.clone()).await?;
-        let appended = self
-            .records
-            .append(&mut tx)
-            .instrument(span.clone())
-            .await?;
-        tx.commit().instrument(span).await?;
+        let appended = async {
+            let mut tx = pool.begin().await?;
+            let appended = self.records.append(&mut tx).await?;
+            tx.commit().await?;
+            Ok::<_, MeteringError>(appended)
+        }
+        .instrument(span)
+        .await?;
         if appended > 0 {
             notifier.committed();
         }

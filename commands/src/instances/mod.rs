@@ -255,18 +255,23 @@ pub async fn visible(
     tenant_id: &str,
     instance_id: &str,
 ) -> Result<Instance, CommandError> {
-    match load(tx, instance_id).await? {
-        Some(i) if i.tenant_id == tenant_id => Ok(i),
-        _ => Err(not_visible(instance_id)),
-    }
+    owned_by(load(tx, instance_id).await?, tenant_id, instance_id)
 }
 
-/// `NOT_FOUND`, for a missing instance and for another tenant's alike.
-fn not_visible(instance_id: &str) -> CommandError {
-    DomainError::NotFound {
-        what: format!("instance {instance_id}"),
+/// The instance found, if `tenant_id` owns it; `NOT_FOUND` for a missing instance and for
+/// another tenant's alike.
+fn owned_by(
+    found: Option<Instance>,
+    tenant_id: &str,
+    instance_id: &str,
+) -> Result<Instance, CommandError> {
+    match found {
+        Some(i) if i.tenant_id == tenant_id => Ok(i),
+        _ => Err(DomainError::NotFound {
+            what: format!("instance {instance_id}"),
+        }
+        .into()),
     }
-    .into()
 }
 
 /// What a tenant asks of an existing instance.
@@ -310,10 +315,11 @@ async fn change_once(
         let node = visible(&mut tx, tenant_id, instance_id).await?.node_id;
         facts::lock_nodes(&mut tx, &node.into_iter().collect::<Vec<_>>()).await?;
     }
-    let instance = match facts::lock_instance(&mut tx, instance_id).await? {
-        Some(i) if i.tenant_id == tenant_id => i,
-        _ => return Err(not_visible(instance_id)),
-    };
+    let instance = owned_by(
+        facts::lock_instance(&mut tx, instance_id).await?,
+        tenant_id,
+        instance_id,
+    )?;
     let now = Utc::now();
     let requester = Requester::Api;
     let events = match change {

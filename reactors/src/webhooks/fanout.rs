@@ -73,10 +73,7 @@ pub(crate) async fn run(
         }
     };
     failures = 0;
-    let mut stored = Stored {
-        at: Instant::now(),
-        cursor: follower.cursor(),
-    };
+    let mut stored = Stored::now(follower.cursor());
     loop {
         let span = tracing::info_span!("webhook_fanout_pass", cursor = %follower.cursor());
         match pass(&pool, &mut follower, config.fanout_batch, &mut stored)
@@ -110,6 +107,16 @@ struct Stored {
     cursor: Cursor,
 }
 
+impl Stored {
+    /// `cursor`, stored just now.
+    fn now(cursor: Cursor) -> Stored {
+        Stored {
+            at: Instant::now(),
+            cursor,
+        }
+    }
+}
+
 /// One batch: returns (events read, rows enqueued).
 async fn pass(
     pool: &PgPool,
@@ -122,10 +129,7 @@ async fn pass(
         // Caught up: the stored checkpoint catches up too.
         if stored.cursor != follower.cursor() {
             follower.commit(pool, follower.cursor()).await?;
-            *stored = Stored {
-                at: Instant::now(),
-                cursor: follower.cursor(),
-            };
+            *stored = Stored::now(follower.cursor());
         }
         follower.report_lag().await?;
         return Ok((0, 0));
@@ -175,10 +179,7 @@ async fn pass(
     tx.commit().await?;
     // Only now: had the commit failed, the batch must be read again.
     follower.advance(last);
-    *stored = Stored {
-        at: Instant::now(),
-        cursor: last,
-    };
+    *stored = Stored::now(last);
     metrics::counter!("vps_webhook_enqueued_total").increment(webhook_ids.len() as u64);
     tracing::debug!(
         events = batch.len(),

@@ -246,12 +246,7 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
     let tpl = template(&t, &pool, "py", json!({ "warm": { "min": 1, "max": 1 } })).await;
     let tpl = tpl["id"].as_str().unwrap();
     wait_warm(&t, tpl, 1).await;
-    let warm_instance: String =
-        sqlx::query_scalar("SELECT id FROM instances WHERE warm_template_id = $1")
-            .bind(tpl)
-            .fetch_one(&t.server.state.pool)
-            .await
-            .unwrap();
+    let warm_instance = of_the_warm_instance(&t, tpl, "id").await;
     let listed = t
         .ok(ALICE, "instances.list", json!({ "tenantId": "acme" }))
         .await;
@@ -376,6 +371,17 @@ async fn one_settled_warm_instance(
     (tpl, hosts)
 }
 
+/// A text column of a template's one warm instance.
+async fn of_the_warm_instance(t: &TestServer, tpl: &str, column: &str) -> String {
+    sqlx::query_scalar(&format!(
+        "SELECT {column} FROM instances WHERE warm_template_id = $1"
+    ))
+    .bind(tpl)
+    .fetch_one(&t.server.state.pool)
+    .await
+    .unwrap()
+}
+
 /// A claim wakes its own replica's spec long-polls itself rather than through the `pg_notify`
 /// echo: given a replica's signals that hear no notification, the claim's node has moved in
 /// them by the time the create returns.
@@ -384,12 +390,7 @@ async fn a_warm_claim_wakes_its_own_replicas_spec_polls_without_a_notification()
     let t = server().await;
     let (tpl, _hosts) = one_settled_warm_instance(&t, "local").await;
     let tpl = tpl.as_str();
-    let node: String =
-        sqlx::query_scalar("SELECT node_id FROM instances WHERE warm_template_id = $1")
-            .bind(tpl)
-            .fetch_one(&t.server.state.pool)
-            .await
-            .unwrap();
+    let node = of_the_warm_instance(&t, tpl, "node_id").await;
     let signals = std::sync::Arc::new(vps_projections::spec_signals::SpecSignals::default());
     let wake = signals.subscribe(&node);
     let ctx = vps_commands::Ctx {
