@@ -1183,3 +1183,40 @@ async fn a_refused_connection_is_recorded_without_the_transports_text() {
         assert_eq!(attempt.error.as_deref(), Some("cannot connect"));
     }
 }
+
+/// Batches that match no subscription do not each store the fan-out's checkpoint, but once the
+/// fan-out has caught up its stored checkpoint is the last event it read, so a restart does
+/// not read them all again.
+#[tokio::test]
+async fn a_caught_up_fan_out_stores_its_checkpoint_past_events_nobody_subscribed_to() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let worker = start_worker(&pool, &notifier, fast());
+    let mut last = None;
+    for n in 0..3 {
+        let stream = format!("instance-inst_{n}");
+        last = Some(emit(&pool, &notifier, &stream, "instance.created", None).await);
+    }
+    let last = last.unwrap();
+    eventually(
+        "the stored checkpoint reaches the last event",
+        PATIENCE,
+        || async {
+            let stored: Option<(String, i64)> = sqlx::query_as(
+                "SELECT transaction_id::text, position FROM follower_checkpoints WHERE name = $1",
+            )
+            .bind(FOLLOWER)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            stored == Some((last.transaction_id.to_string(), last.position))
+        },
+    )
+    .await;
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(queued, 0);
+    worker.abort();
+}
