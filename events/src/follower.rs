@@ -16,6 +16,12 @@ use crate::read::{head_position, read_after, read_page, Filter, Page};
 /// How long a follower waits for a wake-up before it polls anyway.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
+/// How long the stored checkpoint may trail events the owner passed over (they needed no write
+/// of its own). A restart reads them again, which costs only the reading; storing after every
+/// batch would cost a commit per commit of the log, and each of those commits holds back every
+/// follower's read horizon while it runs.
+const PASSED_STORE_EVERY: Duration = Duration::from_secs(1);
+
 /// How often a follower publishes its lag: the head of the log costs a query.
 const LAG_EVERY: Duration = Duration::from_secs(1);
 
@@ -30,6 +36,9 @@ pub struct Follower {
     lag_reported: Option<Instant>,
     /// The last read filled its limit: more may be waiting.
     full: bool,
+    /// The checkpoint as stored, and when it was stored (or known stored).
+    stored: Cursor,
+    stored_at: Instant,
 }
 
 impl Follower {
@@ -45,6 +54,8 @@ impl Follower {
             last_read: Instant::now(),
             lag_reported: None,
             full: false,
+            stored: cursor,
+            stored_at: Instant::now(),
         })
     }
 
@@ -98,6 +109,28 @@ impl Follower {
     /// [`save_checkpoint`]) committed.
     pub fn advance(&mut self, cursor: Cursor) {
         self.cursor = cursor;
+        self.stored = cursor;
+        self.stored_at = Instant::now();
+    }
+
+    /// Moves past events that needed no write of the owner's, or whose effects a repeat does
+    /// not harm. The checkpoint is stored once the stored one is [`PASSED_STORE_EVERY`] old,
+    /// or when the log falls quiet (see [`Follower::wait`]).
+    pub async fn pass_over(&mut self, cursor: Cursor) -> Result<(), sqlx::Error> {
+        self.cursor = cursor;
+        if self.stored_at.elapsed() >= PASSED_STORE_EVERY {
+            self.store().await?;
+        }
+        Ok(())
+    }
+
+    /// Stores the cursor, if the stored checkpoint trails it.
+    async fn store(&mut self) -> Result<(), sqlx::Error> {
+        if self.stored != self.cursor {
+            save_checkpoint(&self.pool, &self.name, self.cursor).await?;
+        }
+        self.advance(self.cursor);
+        Ok(())
     }
 
     /// After a pass over a batch: waits (as [`Follower::wait`]) unless the batch filled its
@@ -110,9 +143,16 @@ impl Follower {
     }
 
     /// Waits for a wake-up or the poll interval, whichever comes first, and then for the
-    /// rest of the pace since the last read.
+    /// rest of the pace since the last read. The checkpoint of events passed over is stored
+    /// then if a poll interval went by without a wake-up (the log is quiet) or it is
+    /// [`PASSED_STORE_EVERY`] old; a failure only waits for the next chance.
     pub async fn wait(&mut self) {
-        let _ = tokio::time::timeout(POLL_INTERVAL, self.wake.changed()).await;
+        let woken = tokio::time::timeout(POLL_INTERVAL, self.wake.changed()).await;
+        if woken.is_err() || self.stored_at.elapsed() >= PASSED_STORE_EVERY {
+            if let Err(e) = self.store().await {
+                tracing::debug!(follower = %self.name, error = %e, "cannot store the checkpoint; later");
+            }
+        }
         tokio::time::sleep_until((self.last_read + self.pace).into()).await;
     }
 

@@ -518,3 +518,55 @@ async fn after_a_short_batch_a_follower_reads_again_only_when_woken_after_a_full
         .await
         .expect("a wake-up during the pass is not lost");
 }
+
+/// The checkpoint `name` as stored.
+async fn stored_checkpoint(pool: &PgPool, name: &str) -> vps_events::Cursor {
+    vps_events::follower::load_checkpoint(pool, name)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn events_passed_over_are_stored_when_the_log_falls_quiet_not_per_batch() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let mut follower = Follower::load(pool.clone(), "passing", &notifier)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    append(
+        &mut conn,
+        "s-1",
+        ExpectedVersion::NoStream,
+        &[event(1), event(2)],
+    )
+    .await
+    .unwrap();
+    let last = next_exactly(&mut follower, 2).await[1].cursor();
+
+    // Passed over (by a follower loaded just now): it reads on from there, and nothing is
+    // stored yet.
+    let mut follower = Follower::load(pool.clone(), "passing", &notifier)
+        .await
+        .unwrap();
+    follower.pass_over(last).await.unwrap();
+    assert_eq!(follower.cursor(), last);
+    assert!(follower.next_batch(10).await.unwrap().is_empty());
+    assert_eq!(
+        stored_checkpoint(&pool, "passing").await,
+        vps_events::Cursor::START
+    );
+
+    // A wait that no wake-up ends (the log is quiet) stores it.
+    follower.wait().await;
+    assert_eq!(stored_checkpoint(&pool, "passing").await, last);
+
+    // While wake-ups keep coming, a checkpoint a second old is stored at the next pass.
+    append(&mut conn, "s-1", ExpectedVersion::Exact(2), &[event(3)])
+        .await
+        .unwrap();
+    let later = next_exactly(&mut follower, 1).await[0].cursor();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    follower.pass_over(later).await.unwrap();
+    assert_eq!(stored_checkpoint(&pool, "passing").await, later);
+}

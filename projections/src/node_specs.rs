@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::{PgConnection, Row};
+use sqlx::{Connection, PgConnection, Row};
 use tracing::Instrument;
 use vps_domain::instance::Instance;
 use vps_domain::sandbox::snapshot::object_key;
@@ -360,7 +360,7 @@ async fn touched(
 }
 
 /// Brings the entries a batch touched up to date and moves the checkpoint, in one transaction;
-/// answers the generations that moved.
+/// answers the generations that moved. A batch that touches no entry only passes over.
 pub async fn apply_batch(
     pool: &sqlx::PgPool,
     follower: &mut vps_events::Follower,
@@ -369,8 +369,14 @@ pub async fn apply_batch(
     let Some(last) = batch.last().map(vps_events::RecordedEvent::cursor) else {
         return Ok(Moved::new());
     };
-    let mut tx = pool.begin().await?;
-    let (instances, volumes, nodes, commanded) = touched(&mut tx, batch).await?;
+    let mut conn = pool.acquire().await?;
+    let (instances, volumes, nodes, commanded) = touched(&mut conn, batch).await?;
+    if instances.is_empty() && volumes.is_empty() && nodes.is_empty() && commanded.is_empty() {
+        // No entry to write: no commit, which would hold back every follower's reads.
+        follower.pass_over(last).await?;
+        return Ok(Moved::new());
+    }
+    let mut tx = conn.begin().await?;
     let mut moved = Moved::new();
     if !instances.is_empty() {
         lock_nodes_of(&mut tx, &instances).await?;

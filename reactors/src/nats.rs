@@ -5,12 +5,12 @@
 //! Guarantees:
 //! - **Nothing lost**: the checkpoint moves only past events JetStream acknowledged, so events
 //!   appended while NATS (or this process) is down are sent when both are back.
-//! - **Log order**: one event is in flight at a time. Pipelining would be faster, but if event
-//!   N were lost on a broken connection while N+1 went through on the reconnected one, the
-//!   retry of N would land after N+1.
-//! - **No duplicates downstream**: a re-send (after a lost ack or a restart between the ack and
-//!   the checkpoint) carries the same `Nats-Msg-Id`, which JetStream drops within the stream's
-//!   duplicate window.
+//! - **Log order**: publishes are pipelined on the one connection, which keeps their order, and
+//!   their acks awaited in log order; a batch stops at the first failure, and the retry starts
+//!   at the first event not acknowledged.
+//! - **No duplicates downstream**: a re-send (after a lost ack, or after a restart: the
+//!   checkpoint is stored lazily, at most a second behind) carries the same `Nats-Msg-Id`,
+//!   which JetStream drops within the stream's duplicate window (an hour).
 //! - **Single publisher**: the lease `publisher:nats` keeps other replicas waiting.
 //!
 //! The stream captures every subject this publisher sends to. With a prefix that is one
@@ -128,7 +128,7 @@ pub async fn run_publisher(pool: PgPool, notifier: Notifier, config: NatsPublish
     failures = 0;
     loop {
         let span = tracing::info_span!("nats_publish_pass", cursor = %follower.cursor());
-        match pass(&pool, &mut follower, &mut sink, &config)
+        match pass(&mut follower, &mut sink, &config)
             .instrument(span)
             .await
         {
@@ -187,7 +187,6 @@ fn normalized_prefix(prefix: &str) -> String {
 
 /// One pass: the next batch, published in order; the checkpoint moves past what was acked.
 async fn pass(
-    pool: &PgPool,
     follower: &mut Follower,
     sink: &mut Option<Sink>,
     config: &NatsPublisherConfig,
@@ -233,9 +232,10 @@ async fn pass(
             Err(e) => result = Err(e),
         }
     }
-    // Keep what was acknowledged even when a later event failed: the retry starts there.
+    // Keep what was acknowledged even when a later event failed: the retry starts there. The
+    // checkpoint is stored lazily: JetStream drops what a restart publishes again.
     if let Some(cursor) = acked {
-        follower.commit(pool, cursor).await?;
+        follower.pass_over(cursor).await?;
     }
     result?;
     tracing::debug!(events = batch.len(), "published");

@@ -2,7 +2,7 @@
 //! that frees or adds capacity in a pool wakes the pool's unschedulable instances at once.
 
 use sqlx::{PgPool, Row};
-use vps_events::{Follower, Notifier, RecordedEvent};
+use vps_events::{Cursor, Follower, Notifier, RecordedEvent};
 
 use crate::work_queue;
 
@@ -32,36 +32,56 @@ pub async fn run(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
             follower.wait().await;
             continue;
         };
-        let mut tx = pool.begin().await?;
-        let mut instances: Vec<String> = batch
-            .iter()
-            .filter(|e| {
-                e.event_type.starts_with("instance.") && e.event_type != "instance.orphaned"
-            })
-            .filter_map(|e| e.data["instanceId"].as_str().map(str::to_string))
-            .collect();
-        for pool_id in freed_pools(&mut tx, &batch).await? {
-            let waiting =
-                sqlx::query("SELECT id FROM instances WHERE pool_id = $1 AND state = 'scheduling'")
-                    .bind(&pool_id)
-                    .fetch_all(&mut *tx)
-                    .await?;
-            instances.extend(waiting.iter().map(|r| r.get::<String, _>(0)));
-        }
-        instances.sort();
-        instances.dedup();
-        work_queue::wake_all(&mut *tx, crate::instances::KIND, &instances).await?;
-        vps_events::follower::save_checkpoint(&mut *tx, NAME, last).await?;
-        tx.commit().await?;
-        follower.advance(last);
-        // The followers' reads stop at the oldest open transaction, so this commit (which
-        // appends nothing) may free events they were held back from; the reconcilers wake on
-        // the work signal.
-        notifier.committed();
-        if !instances.is_empty() {
-            work_queue::announce(&pool, crate::instances::KIND).await;
-        }
+        wake(&pool, &notifier, &mut follower, &batch, last).await?;
+        follower.wait_unless_full().await;
     }
+}
+
+/// Wakes the instances `batch` names and those it may let fit, and moves the checkpoint to
+/// `last`.
+async fn wake(
+    pool: &PgPool,
+    notifier: &Notifier,
+    follower: &mut Follower,
+    batch: &[RecordedEvent],
+    last: Cursor,
+) -> Result<(), sqlx::Error> {
+    let mut instances: Vec<String> = batch
+        .iter()
+        .filter(|e| e.event_type.starts_with("instance.") && e.event_type != "instance.orphaned")
+        .filter_map(|e| e.data["instanceId"].as_str().map(str::to_string))
+        .collect();
+    if instances.is_empty() && !batch.iter().any(frees_capacity) {
+        // Nothing to wake: no commit, which would hold back every follower's reads.
+        return follower.pass_over(last).await;
+    }
+    let mut tx = pool.begin().await?;
+    for pool_id in freed_pools(&mut tx, batch).await? {
+        let waiting =
+            sqlx::query("SELECT id FROM instances WHERE pool_id = $1 AND state = 'scheduling'")
+                .bind(&pool_id)
+                .fetch_all(&mut *tx)
+                .await?;
+        instances.extend(waiting.iter().map(|r| r.get::<String, _>(0)));
+    }
+    instances.sort();
+    instances.dedup();
+    work_queue::wake_all(&mut *tx, crate::instances::KIND, &instances).await?;
+    vps_events::follower::save_checkpoint(&mut *tx, NAME, last).await?;
+    tx.commit().await?;
+    follower.advance(last);
+    // The followers' reads stop at the oldest open transaction, so this commit (which
+    // appends nothing) may free events they were held back from; the reconcilers wake on
+    // the work signal.
+    notifier.committed();
+    if !instances.is_empty() {
+        work_queue::announce(pool, crate::instances::KIND).await;
+    }
+    Ok(())
+}
+
+fn frees_capacity(event: &RecordedEvent) -> bool {
+    FREES_CAPACITY.contains(&event.event_type.as_str())
 }
 
 async fn freed_pools(
@@ -69,10 +89,7 @@ async fn freed_pools(
     batch: &[RecordedEvent],
 ) -> Result<Vec<String>, sqlx::Error> {
     let mut pools = Vec::new();
-    for e in batch
-        .iter()
-        .filter(|e| FREES_CAPACITY.contains(&e.event_type.as_str()))
-    {
+    for e in batch.iter().filter(|e| frees_capacity(e)) {
         if let Some(p) = e.data["poolId"].as_str() {
             pools.push(p.to_string());
         } else if let Some(node) = e.data["nodeId"].as_str() {

@@ -265,13 +265,15 @@ const RUN: i64 = 32;
 /// Deliveries one task makes before handing back to the dispatcher.
 const BURST: usize = 1000;
 
-/// Renews the lease and reads the subscription's next `RUN` queued events in log order.
+/// Keeps the lease (see [`keep_lease`]) and reads the subscription's next `RUN` queued events
+/// in log order. A lease lost meanwhile stops the task before its next POST: it was renewed
+/// too long ago to be trusted, so `keep_lease` renews it, and the renewal finds it gone.
 async fn next_run(
     pool: &PgPool,
     config: &WebhookConfig,
     lease: &mut Lease,
 ) -> Result<Vec<Queued>, Stop> {
-    renew(pool, config, lease).await?;
+    keep_lease(pool, config, lease).await?;
     let rows = sqlx::query(
         "SELECT id, event_id, body, attempts, next_attempt_at <= now() FROM webhook_outbox
           WHERE webhook_id = $1

@@ -1,12 +1,12 @@
 //! The fan-out follower: reads the log once for every subscription and enqueues, per matching
 //! subscription, one `webhook_outbox` row per event, in the same transaction that moves its
-//! checkpoint (so each match is enqueued exactly once, even across crashes). While batches
-//! match no subscription, the stored checkpoint moves at most once a second, and when the
-//! fan-out catches up: reading such a batch again after a crash enqueues nothing, and most
-//! batches match nothing, so they do not each cost a commit.
+//! checkpoint (so each match is enqueued exactly once, even across crashes). Batches that
+//! match no subscription are passed over ([`Follower::pass_over`]): reading such a batch again
+//! after a crash enqueues nothing, and most batches match nothing, so they do not each cost a
+//! commit.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::{PgPool, Row};
 use tokio::sync::Notify;
@@ -48,9 +48,6 @@ impl Subscription {
 /// The least time between two reads of the log when woken.
 const FANOUT_PACE: Duration = Duration::from_millis(5);
 
-/// How long the stored checkpoint may trail batches that matched nothing.
-const IDLE_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
-
 /// Runs the fan-out forever (once the lease is held), waking `enqueued` after each enqueue.
 pub(crate) async fn run(
     pool: PgPool,
@@ -73,10 +70,9 @@ pub(crate) async fn run(
         }
     };
     failures = 0;
-    let mut stored = Stored::now(follower.cursor());
     loop {
         let span = tracing::info_span!("webhook_fanout_pass", cursor = %follower.cursor());
-        match pass(&pool, &mut follower, config.fanout_batch, &mut stored)
+        match pass(&pool, &mut follower, config.fanout_batch)
             .instrument(span)
             .await
         {
@@ -101,36 +97,14 @@ pub(crate) async fn run(
     }
 }
 
-/// The checkpoint as last stored, and when.
-struct Stored {
-    at: Instant,
-    cursor: Cursor,
-}
-
-impl Stored {
-    /// `cursor`, stored just now.
-    fn now(cursor: Cursor) -> Stored {
-        Stored {
-            at: Instant::now(),
-            cursor,
-        }
-    }
-}
-
 /// One batch: returns (events read, rows enqueued).
 async fn pass(
     pool: &PgPool,
     follower: &mut Follower,
     limit: i64,
-    stored: &mut Stored,
 ) -> Result<(usize, usize), sqlx::Error> {
     let batch = follower.next_batch(limit).await?;
     let Some(last) = batch.last().map(RecordedEvent::cursor) else {
-        // Caught up: the stored checkpoint catches up too.
-        if stored.cursor != follower.cursor() {
-            follower.commit(pool, follower.cursor()).await?;
-            *stored = Stored::now(follower.cursor());
-        }
         follower.report_lag().await?;
         return Ok((0, 0));
     };
@@ -153,33 +127,30 @@ async fn pass(
             bodies.push(body.clone());
         }
     }
-    if webhook_ids.is_empty() && stored.at.elapsed() < IDLE_CHECKPOINT_EVERY {
-        follower.advance(last);
+    if webhook_ids.is_empty() {
+        follower.pass_over(last).await?;
         return Ok((batch.len(), 0));
     }
     let mut tx = pool.begin().await?;
-    if !webhook_ids.is_empty() {
-        sqlx::query(
-            "INSERT INTO webhook_outbox
-                    (webhook_id, event_id, event_transaction_id, event_position, body)
-             SELECT w, e, t::xid8, p, b
-               FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
-                    AS x(w, e, t, p, b)
-             ON CONFLICT (webhook_id, event_id) DO NOTHING",
-        )
-        .bind(&webhook_ids)
-        .bind(&event_ids)
-        .bind(&txids)
-        .bind(&positions)
-        .bind(&bodies)
-        .execute(&mut *tx)
-        .await?;
-    }
+    sqlx::query(
+        "INSERT INTO webhook_outbox
+                (webhook_id, event_id, event_transaction_id, event_position, body)
+         SELECT w, e, t::xid8, p, b
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
+                AS x(w, e, t, p, b)
+         ON CONFLICT (webhook_id, event_id) DO NOTHING",
+    )
+    .bind(&webhook_ids)
+    .bind(&event_ids)
+    .bind(&txids)
+    .bind(&positions)
+    .bind(&bodies)
+    .execute(&mut *tx)
+    .await?;
     save_checkpoint(&mut *tx, follower.name(), last).await?;
     tx.commit().await?;
     // Only now: had the commit failed, the batch must be read again.
     follower.advance(last);
-    *stored = Stored::now(last);
     metrics::counter!("vps_webhook_enqueued_total").increment(webhook_ids.len() as u64);
     tracing::debug!(
         events = batch.len(),
