@@ -159,7 +159,9 @@ impl Metering {
         Ok(pass)
     }
 
-    /// Passes until one finds nothing to do; answers how many committed. A pass's records go
+    /// Passes while work waits: it stops after a pass that read a short page and settled up
+    /// to the horizon, so a steady stream of events costs a pass per paced wake-up, not one
+    /// per event (each pass commits). Answers how many passes committed. A pass's records go
     /// to the log in one transaction and to the views (with the ledger, the settled mark and
     /// the checkpoint) in a second one, which commits after the first. The two stages run as
     /// a pipeline on two connections (so on two of the database's cores): while one batch is
@@ -196,8 +198,8 @@ impl Metering {
                 },
                 async {
                     match &current {
-                        Some(_) => self.prepare().await,
-                        None => Ok(None),
+                        Some(batch) if batch.more => self.prepare().await,
+                        _ => Ok(None),
                     }
                 }
             );
@@ -233,7 +235,10 @@ impl Metering {
             let lag = micros(horizon).saturating_sub(until) as f64 / 1e6;
             metrics::gauge!("vps_usage_settled_lag_seconds").set(lag);
         }
+        let target = self.ledger.windows().start_of(micros(horizon));
         Ok(Some(Batch {
+            more: page.events.len() as i64 >= BATCH
+                || self.settled_until.is_some_and(|until| until < target),
             events: page.events.len(),
             cursor,
             settled: settled.is_some(),
@@ -291,6 +296,8 @@ impl Metering {
 
 /// A pass's work: what it read and settled, waiting to be committed.
 struct Batch {
+    /// The page was full or the settling stopped short of the horizon: more work waits.
+    more: bool,
     events: usize,
     /// Where the follower reads on from once this commits.
     cursor: Option<Cursor>,

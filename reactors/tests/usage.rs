@@ -211,3 +211,43 @@ async fn a_worker_recording_windows_another_recorded_adds_nothing_to_the_log_or_
     assert!(second.catch_up().await.unwrap() > 0);
     assert_eq!(totals(&pool).await, recorded);
 }
+
+#[tokio::test]
+async fn a_catch_up_under_a_steady_stream_of_events_ends_after_a_short_page() {
+    let (pool, _, mut metering) = metering().await;
+    created(&pool, json!({})).await;
+    // Four writers append events one after the other for two seconds: every read of a pass
+    // finds new ones.
+    let stop = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let stream = format!("instance-inst_{w}");
+                while std::time::Instant::now() < stop {
+                    let event = NewEvent {
+                        id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+                        event_type: "instance.scheduled".into(),
+                        data: json!({ "instanceId": format!("inst_{w}"), "tenantId": "acme" }),
+                        metadata: Metadata::default(),
+                    };
+                    let mut tx = pool.begin().await.unwrap();
+                    vps_events::append(&mut tx, &stream, ExpectedVersion::Any, &[event])
+                        .await
+                        .unwrap();
+                    tx.commit().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    // Passing on while the last pass found something would go on until the writers stop.
+    let passes = metering.catch_up().await.unwrap();
+    assert!(
+        std::time::Instant::now() < stop,
+        "the catch-up ran as long as the writers ({passes} passes)"
+    );
+    assert!(passes <= 2, "{passes} passes");
+    for writer in writers {
+        writer.await.unwrap();
+    }
+}
