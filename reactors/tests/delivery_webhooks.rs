@@ -316,6 +316,32 @@ async fn subscribe(
     webhook
 }
 
+/// A fresh log, a receiver, and one subscription of its endpoint `name`.
+struct Setup {
+    pool: PgPool,
+    notifier: Notifier,
+    receiver: Receiver,
+    hook: Webhook,
+}
+
+async fn one_subscription(
+    name: &str,
+    script: Script,
+    types: &[&str],
+    tenant: Option<&str>,
+) -> Setup {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let receiver = Receiver::start().await;
+    let hook = subscribe(&pool, &notifier, &receiver, name, script, types, tenant).await;
+    Setup {
+        pool,
+        notifier,
+        receiver,
+        hook,
+    }
+}
+
 /// Appends one event of `event_type` to `stream` for `tenant`, in its own transaction.
 async fn emit(
     pool: &PgPool,
@@ -383,19 +409,12 @@ fn assert_all_signed(receiver: &Receiver, name: &str) {
 
 #[tokio::test]
 async fn failing_deliveries_are_retried_signed_recorded_and_kept_in_order() {
-    let pool = fresh_log().await;
-    let notifier = Notifier::local_only();
-    let receiver = Receiver::start().await;
-    let hook = subscribe(
-        &pool,
-        &notifier,
-        &receiver,
-        "flaky",
-        Script::FailFirst(3),
-        &["instance.*"],
-        None,
-    )
-    .await;
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        hook,
+    } = one_subscription("flaky", Script::FailFirst(3), &["instance.*"], None).await;
     let worker = start_worker(&pool, &notifier, fast());
 
     let expected = emit_mixed_instance_and_sandbox_events(&pool, &notifier).await;
@@ -519,19 +538,12 @@ async fn a_retry_after_answer_delays_the_next_attempt_that_long() {
 
 #[tokio::test]
 async fn an_endpoint_answering_410_gone_disables_its_subscription() {
-    let pool = fresh_log().await;
-    let notifier = Notifier::local_only();
-    let receiver = Receiver::start().await;
-    let hook = subscribe(
-        &pool,
-        &notifier,
-        &receiver,
-        "gone",
-        Script::Gone,
-        &["instance.*"],
-        Some("acme"),
-    )
-    .await;
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        hook,
+    } = one_subscription("gone", Script::Gone, &["instance.*"], Some("acme")).await;
     let worker = start_worker(&pool, &notifier, fast());
     emit(
         &pool,
@@ -757,19 +769,12 @@ async fn assert_refusals_recorded_pending(pool: &PgPool, hook_id: &str) {
 
 #[tokio::test]
 async fn undelivered_events_survive_a_restart_of_the_worker() {
-    let pool = fresh_log().await;
-    let notifier = Notifier::local_only();
-    let receiver = Receiver::start().await;
-    let hook = subscribe(
-        &pool,
-        &notifier,
-        &receiver,
-        "down",
-        Script::DownWhileFlagged,
-        &["sandbox.*"],
-        None,
-    )
-    .await;
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        hook,
+    } = one_subscription("down", Script::DownWhileFlagged, &["sandbox.*"], None).await;
     let worker = start_worker(&pool, &notifier, fast());
     for n in 0..5 {
         emit(
@@ -826,19 +831,12 @@ async fn undelivered_events_survive_a_restart_of_the_worker() {
 
 #[tokio::test]
 async fn an_event_is_given_up_after_the_last_attempt_and_the_next_one_follows() {
-    let pool = fresh_log().await;
-    let notifier = Notifier::local_only();
-    let receiver = Receiver::start().await;
-    let hook = subscribe(
-        &pool,
-        &notifier,
-        &receiver,
-        "stubborn",
-        Script::FailFirst(3),
-        &["pool.*"],
-        None,
-    )
-    .await;
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        hook,
+    } = one_subscription("stubborn", Script::FailFirst(3), &["pool.*"], None).await;
     let config = WebhookConfig {
         max_attempts: 3,
         ..fast()
@@ -1040,20 +1038,13 @@ fn slow_receiver_events() -> usize {
 
 #[tokio::test]
 async fn a_slow_receiver_gets_every_event_once_in_order_from_two_workers_with_short_leases() {
-    let pool = fresh_log().await;
-    let notifier = Notifier::local_only();
-    let receiver = Receiver::start().await;
     let took = Duration::from_millis(1500);
-    let hook = subscribe(
-        &pool,
-        &notifier,
-        &receiver,
-        "slow",
-        Script::Slow(took),
-        &["instance.*"],
-        None,
-    )
-    .await;
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        hook,
+    } = one_subscription("slow", Script::Slow(took), &["instance.*"], None).await;
     let n = slow_receiver_events();
     for i in 0..n {
         emit(
@@ -1218,5 +1209,44 @@ async fn a_caught_up_fan_out_stores_its_checkpoint_past_events_nobody_subscribed
         .await
         .unwrap();
     assert_eq!(queued, 0);
+    worker.abort();
+}
+
+/// The token of the lease on subscription `hook`, if one is held.
+async fn lease_token(pool: &PgPool, hook: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT token FROM webhook_leases WHERE webhook_id = $1")
+        .bind(hook)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_worker_caught_up_keeps_its_lease_for_the_next_event_then_hands_it_back() {
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        hook,
+    } = one_subscription("steady", Script::Accept, &["instance.*"], None).await;
+    let worker = start_worker(&pool, &notifier, fast());
+    let mut tokens = Vec::new();
+    for (n, event_type) in ["instance.created", "instance.started"].iter().enumerate() {
+        emit(&pool, &notifier, "instance-inst_1", event_type, None).await;
+        eventually("the event delivered", PATIENCE, || async {
+            receiver.accepted("steady").len() == n + 1
+        })
+        .await;
+        tokens.push(lease_token(&pool, &hook.id).await);
+    }
+    // Caught up, the worker kept its lease, and the next event went out under it: no new claim.
+    assert!(tokens[0].is_some(), "the caught-up worker keeps its lease");
+    assert_eq!(tokens[1], tokens[0]);
+
+    // Idle for longer than the linger, the worker hands the subscription back.
+    eventually("the lease released", PATIENCE, || async {
+        lease_token(&pool, &hook.id).await.is_none()
+    })
+    .await;
     worker.abort();
 }

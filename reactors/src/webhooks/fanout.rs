@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{PgPool, Row};
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tracing::Instrument;
 use vps_events::envelope::cloud_event;
 use vps_events::follower::save_checkpoint;
@@ -46,14 +46,14 @@ impl Subscription {
 }
 
 /// The least time between two reads of the log when woken.
-const FANOUT_PACE: Duration = Duration::from_millis(5);
+const FANOUT_PACE: Duration = Duration::from_millis(1);
 
-/// Runs the fan-out forever (once the lease is held), waking `enqueued` after each enqueue.
+/// Runs the fan-out forever (once the lease is held), moving `enqueued` on after each enqueue.
 pub(crate) async fn run(
     pool: PgPool,
     notifier: Notifier,
     config: WebhookConfig,
-    enqueued: Arc<Notify>,
+    enqueued: Arc<watch::Sender<u64>>,
 ) {
     let _lease = Lease::acquire(&pool, LEASE, Duration::from_secs(1)).await;
     let mut failures = 0u32;
@@ -83,7 +83,7 @@ pub(crate) async fn run(
             Ok((_, queued)) => {
                 failures = 0;
                 if queued > 0 {
-                    enqueued.notify_one();
+                    enqueued.send_modify(|n| *n = n.wrapping_add(1));
                 }
                 follower.wait_unless_full().await;
             }

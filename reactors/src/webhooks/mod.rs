@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use vps_commands::secrets::SecretKey;
 use vps_commands::{Actor, Ctx};
 use vps_domain::network::IpCidr;
@@ -110,7 +110,7 @@ pub async fn run_webhook_delivery(
     if let Err(e) = vps_commands::webhooks::seal_plain_secrets(&pool, &secrets).await {
         tracing::warn!(error = %e, "cannot seal webhook secrets stored in the clear");
     }
-    let enqueued = Arc::new(Notify::new());
+    let enqueued = Arc::new(watch::Sender::new(0u64));
     tokio::join!(
         fanout::run(
             pool.clone(),
