@@ -1,8 +1,10 @@
 //! Named, durable followers of the log.
 //!
 //! A follower reads the log after its checkpoint in the one agreed order, hands batches to its
-//! owner, and moves the checkpoint only when told that a batch is done (in the same transaction
-//! as the owner's writes, or after a sink acknowledged). Restarting resumes where it stopped.
+//! owner, and moves the checkpoint only when told that a batch is done: stored in the same
+//! transaction as the owner's writes ([`save_checkpoint`], then [`Follower::advance`]), or,
+//! for a batch that needed no write or whose repeat is harmless, lazily
+//! ([`Follower::pass_over`]). Restarting resumes where it stopped.
 
 use std::time::{Duration, Instant};
 
@@ -91,18 +93,6 @@ impl Follower {
     fn reading(&mut self) {
         self.wake.borrow_and_update();
         self.last_read = Instant::now();
-    }
-
-    /// Records that everything up to `cursor` is done, through `db` (the owner's transaction
-    /// when the owner writes, else the pool).
-    pub async fn commit<'e>(
-        &mut self,
-        db: impl PgExecutor<'e>,
-        cursor: Cursor,
-    ) -> Result<(), sqlx::Error> {
-        save_checkpoint(db, &self.name, cursor).await?;
-        self.advance(cursor);
-        Ok(())
     }
 
     /// Moves the in-memory cursor after the owner's transaction (that called

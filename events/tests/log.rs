@@ -9,6 +9,7 @@ use rand::Rng;
 use serde_json::json;
 use sqlx::PgPool;
 use vps_events::chain::{chain_batch, verify, CHAINER};
+use vps_events::follower::save_checkpoint;
 use vps_events::read::read_stream;
 use vps_events::{
     append, append_unseen, AppendError, ExpectedVersion, Follower, Metadata, NewEvent, Notifier,
@@ -222,7 +223,9 @@ async fn a_follower_resumes_after_its_checkpoint_when_loaded_again() {
     }
     let mut follower = Follower::load(pool.clone(), "f", &notifier).await.unwrap();
     let batch = next_exactly(&mut follower, 4).await;
-    follower.commit(&pool, batch[3].cursor()).await.unwrap();
+    save_checkpoint(&pool, "f", batch[3].cursor())
+        .await
+        .unwrap();
     drop(follower);
 
     let mut again = Follower::load(pool.clone(), "f", &notifier).await.unwrap();
@@ -352,7 +355,10 @@ async fn follow(
             continue;
         };
         let before = follower.cursor();
-        follower.commit(&pool, last.cursor()).await.unwrap();
+        save_checkpoint(&pool, follower.name(), last.cursor())
+            .await
+            .unwrap();
+        follower.advance(last.cursor());
         let n = batch.len();
         seen.extend(
             batch
