@@ -2,8 +2,9 @@
 //! to it; each pass reads the instance, decides what the situation calls for and returns when
 //! to look again (SPEC §3.6).
 //!
-//! A pass reads the facts it needs (`step::HostedFacts`), lets the pure `step::step` decide, and
-//! records the command in the same transaction. Provider instances go to
+//! A pass reads the instance and the facts it needs (`step::HostedFacts`) without locks and lets
+//! the pure `step::step` decide; only when it calls for a command does the pass lock the
+//! instance's row, read and decide again, and record the command in that transaction. Provider instances go to
 //! [`crate::provider_instances`].
 
 mod step;
@@ -41,16 +42,36 @@ pub async fn reconcile(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pas
 }
 
 async fn pass(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
+    // A look without locks first: most passes find an instance that needs nothing, and a row
+    // lock is written to the WAL, so even a pass that records nothing would wait on a flush at
+    // its commit (one per instance event). A change after this read wakes the item again.
+    let now = Utc::now();
+    let mut conn = ctx.pool.acquire().await?;
+    let Some(inst) = vps_projections::instances::load(&mut conn, &item.key).await? else {
+        return Ok(Next::WhenWoken.into());
+    };
+    if inst.pool_kind == PoolKind::Provider {
+        drop(conn);
+        return crate::provider_instances::reconcile(ctx, timings, inst, item.retry_at).await;
+    }
+    let facts = hosted_facts(&mut conn, &inst, now, timings).await?;
+    match step(&inst, facts, now, timings) {
+        (None, next) => Ok(next.into()),
+        (Some(_), _) => {
+            drop(conn);
+            act(ctx, timings, item).await
+        }
+    }
+}
+
+/// A pass that records a command: decided again on the instance's locked row.
+async fn act(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
     let now = Utc::now();
     let mut tx = ctx.pool.begin().await?;
     // Rows before streams, like host reports: the two never wait for each other in a circle.
     let Some(inst) = lock_instance(&mut tx, &item.key).await? else {
         return Ok(Next::WhenWoken.into());
     };
-    if inst.pool_kind == PoolKind::Provider {
-        drop(tx);
-        return crate::provider_instances::reconcile(ctx, timings, inst, item.retry_at).await;
-    }
     let facts = hosted_facts(&mut tx, &inst, now, timings).await?;
     let (command, next) = step(&inst, facts, now, timings);
     if let Some(command) = command {
