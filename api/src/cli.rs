@@ -469,7 +469,6 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 seconds: seconds.clamp(0.5, 600.0),
             };
             crate::bench::api::run(url, &options).await?;
-            Ok(0)
         }
         BenchCommand::Log {
             seconds,
@@ -483,7 +482,6 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 rounds: rounds.clamp(1, 100),
             };
             crate::bench::log::run(url, &options).await?;
-            Ok(0)
         }
         BenchCommand::Converge {
             hosts,
@@ -499,7 +497,7 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 clients: clients.max(1),
                 timeout: std::time::Duration::from_secs_f64(timeout.clamp(1.0, 86_400.0)),
             };
-            Ok(exit_code(crate::bench::converge::run(url, &options).await?))
+            return Ok(exit_code(crate::bench::converge::run(url, &options).await?));
         }
         BenchCommand::Sandbox {
             warm,
@@ -512,7 +510,6 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 boot: std::time::Duration::from_millis(boot_ms),
             };
             crate::bench::sandbox::run(url, &options).await?;
-            Ok(0)
         }
         BenchCommand::Snapshot { rounds, size_mib } => {
             let options = crate::bench::snapshot::SnapshotBench {
@@ -520,7 +517,6 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 size: size_mib.clamp(1, 4096) << 20,
             };
             crate::bench::snapshot::run(url, &options).await?;
-            Ok(0)
         }
         BenchCommand::Usage { instances, hours } => {
             let options = crate::bench::usage::UsageBench {
@@ -528,7 +524,6 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 hours: hours.clamp(1, 24 * 31),
             };
             crate::bench::usage::run(url, &options).await?;
-            Ok(0)
         }
         BenchCommand::Delivery { rate, seconds } => {
             let options = crate::bench::delivery::DeliveryBench {
@@ -536,12 +531,12 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 seconds: seconds.clamp(0.5, 600.0),
             };
             crate::bench::delivery::run(url, &options).await?;
-            Ok(0)
         }
         BenchCommand::Authz { .. } | BenchCommand::ConvergeHosts { .. } => {
             anyhow::bail!("this benchmark runs without a database")
         }
     }
+    Ok(0)
 }
 
 async fn serve(config: Config) -> anyhow::Result<i32> {
