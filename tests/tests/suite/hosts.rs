@@ -520,6 +520,48 @@ async fn a_report_waits_only_on_the_instances_it_changes() {
     holder.rollback().await.unwrap();
 }
 
+/// A reconcile pass over an instance that needs nothing takes no lock: it reads and decides
+/// without one (a row lock is written to the WAL, so each such pass used to commit with a
+/// flush), so a transaction holding the row does not hold the pass up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_over_a_settled_instance_takes_no_row_lock() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let _host = t.host(&node, &token, BOOT);
+    let id = create(&t, &pool, "settled").await;
+    t.until(ALICE, "acme", &id, WAIT, state("running")).await;
+    let mut holder = t.server.state.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM instances WHERE id = $1 FOR UPDATE")
+        .bind(&id)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let state = &t.server.state;
+    let ctx = vps::server::reactor_ctx(state, "test");
+    let item = vps_reactors::work_queue::Taken {
+        key: id.clone(),
+        wakes: 0,
+        attempts: 0,
+        lease_id: 0,
+        retry_at: None,
+    };
+    let timings = vps::server::timings(&state.config);
+    let pass = tokio::time::timeout(
+        Duration::from_secs(10),
+        vps_reactors::instances::reconcile(&ctx, &timings, &item),
+    )
+    .await
+    .expect("the pass waited for the instance's row lock")
+    .unwrap();
+    assert_ne!(
+        pass.next,
+        vps_reactors::work_queue::Next::After(Duration::ZERO),
+        "a running instance needs nothing at once"
+    );
+    holder.rollback().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_replica_hears_which_nodes_spec_moved() {
     // The replica runs no NodeSpec follower (the first server holds its lease): it learns a
