@@ -1229,7 +1229,12 @@ async fn a_worker_caught_up_keeps_its_lease_for_the_next_event_then_hands_it_bac
         receiver,
         hook,
     } = one_subscription("steady", Script::Accept, &["instance.*"], None).await;
-    let worker = start_worker(&pool, &notifier, fast());
+    // A linger long enough that a slow machine delivers the second event within it.
+    let config = WebhookConfig {
+        linger: Duration::from_secs(5),
+        ..fast()
+    };
+    let worker = start_worker(&pool, &notifier, config);
     let mut tokens = Vec::new();
     for (n, event_type) in ["instance.created", "instance.started"].iter().enumerate() {
         emit(&pool, &notifier, "instance-inst_1", event_type, None).await;

@@ -216,9 +216,9 @@ async fn a_worker_recording_windows_another_recorded_adds_nothing_to_the_log_or_
 async fn a_catch_up_under_a_steady_stream_of_events_ends_after_a_short_page() {
     let (pool, _, mut metering) = metering().await;
     created(&pool, json!({})).await;
-    // Four writers append events one after the other for two seconds: every read of a pass
-    // finds new ones.
-    let stop = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    // Four writers append events one after the other for five seconds (a margin for a slow
+    // machine): every read of a pass finds new ones.
+    let stop = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let writers: Vec<_> = (0..4)
         .map(|w| {
             let pool = pool.clone();

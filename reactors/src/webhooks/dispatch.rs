@@ -240,7 +240,7 @@ async fn deliver_queue(
     enqueued: &mut watch::Receiver<u64>,
 ) -> Result<Option<Duration>, Stop> {
     let mut delivered_total = 0;
-    let mut idle_until = Instant::now() + LINGER;
+    let mut idle_until = Instant::now() + config.linger;
     while delivered_total < BURST {
         enqueued.borrow_and_update();
         let run = next_run(&ctx.pool, config, lease).await?;
@@ -252,7 +252,7 @@ async fn deliver_queue(
             },
             // Backing off: the dispatcher claims it again when due.
             Some(first) if !first.due => return Ok(None),
-            Some(_) => idle_until = Instant::now() + LINGER,
+            Some(_) => idle_until = Instant::now() + config.linger,
         }
         let mut delivered = Vec::new();
         let mut failure = None;
@@ -283,11 +283,6 @@ async fn deliver_queue(
 const RUN: i64 = 32;
 /// Deliveries one task makes before handing back to the dispatcher.
 const BURST: usize = 1000;
-/// How long a task whose queue is empty keeps its lease, waiting for the fan-out to queue
-/// more: a steady stream of events then costs no claim, secret lookup and release per run.
-/// The idle time counts from the last run found, so a task woken only by other
-/// subscriptions' rows still hands its slot back.
-const LINGER: Duration = Duration::from_millis(500);
 
 /// Keeps the lease (see [`keep_lease`]) and reads the subscription's next `RUN` queued events
 /// in log order. A lease lost meanwhile stops the task before its next POST: it was renewed

@@ -68,6 +68,11 @@ pub struct WebhookConfig {
     pub poll_interval: Duration,
     /// Events the fan-out reads per pass.
     pub fanout_batch: i64,
+    /// How long a task whose queue runs empty keeps its lease, waiting for the fan-out to queue
+    /// more: a steady stream of events then costs no claim, secret lookup and release per
+    /// run. The idle time counts from the last run found, so a task woken only by other
+    /// subscriptions' rows still hands its slot back.
+    pub linger: Duration,
 }
 
 impl Default for WebhookConfig {
@@ -82,6 +87,7 @@ impl Default for WebhookConfig {
             concurrency: 64,
             poll_interval: Duration::from_secs(1),
             fanout_batch: 500,
+            linger: Duration::from_millis(500),
         }
     }
 }
