@@ -11,7 +11,7 @@ use vps_domain::quota::{charge_of, resize_delta, Delta};
 use vps_domain::resources::Shape;
 use vps_events::RecordedEvent;
 
-use crate::ProjectionError;
+use crate::{bookings, ProjectionError};
 
 /// Applies one `instance.*` event.
 pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
@@ -68,20 +68,29 @@ async fn side_effects(
     match event {
         InstanceEvent::Created(_) => charge(conn, after, &charge_of(&after.shape), 1).await?,
         InstanceEvent::Scheduled(s) => {
-            sqlx::query(
+            let insert = concat!(
                 "INSERT INTO node_allocations (id, node_id, instance_id, vcpu, memory_gib, disk_gib, gpu_model, gpus)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .bind(&s.allocation_id)
-            .bind(&s.node_id)
-            .bind(&after.id)
-            .bind(after.shape.vcpu as i64)
-            .bind(after.shape.memory_gib as i64)
-            .bind(after.shape.disk_gib as i64)
-            .bind(after.shape.gpus.as_ref().map(|g| g.model.clone()))
-            .bind(after.shape.gpus.as_ref().map(|g| g.count as i64).unwrap_or(0))
-            .execute(&mut *conn)
-            .await?;
+                bookings::returning!()
+            );
+            sqlx::query(&bookings::booking(insert, false))
+                .bind(&s.allocation_id)
+                .bind(&s.node_id)
+                .bind(&after.id)
+                .bind(after.shape.vcpu as i64)
+                .bind(after.shape.memory_gib as i64)
+                .bind(after.shape.disk_gib as i64)
+                .bind(after.shape.gpus.as_ref().map(|g| g.model.clone()))
+                .bind(
+                    after
+                        .shape
+                        .gpus
+                        .as_ref()
+                        .map(|g| g.count as i64)
+                        .unwrap_or(0),
+                )
+                .execute(&mut *conn)
+                .await?;
             // The lease leaves the free list in the same statement.
             sqlx::query(
                 "WITH claimed AS (DELETE FROM ip_free WHERE pool_id = $1 AND address = $2)
@@ -261,7 +270,11 @@ async fn resize_allocation(
     instance_id: &str,
     shape: &Shape,
 ) -> Result<(), ProjectionError> {
-    sqlx::query("UPDATE node_allocations SET vcpu = $2, memory_gib = $3, disk_gib = $4 WHERE instance_id = $1")
+    let update = concat!(
+        "UPDATE node_allocations SET vcpu = $2, memory_gib = $3, disk_gib = $4 WHERE instance_id = $1",
+        bookings::returning!()
+    );
+    sqlx::query(&bookings::rebooking(update, "instance_id"))
         .bind(instance_id)
         .bind(shape.vcpu as i64)
         .bind(shape.memory_gib as i64)
@@ -275,7 +288,11 @@ async fn release_placement(
     conn: &mut PgConnection,
     instance_id: &str,
 ) -> Result<(), ProjectionError> {
-    sqlx::query("DELETE FROM node_allocations WHERE instance_id = $1")
+    let delete = concat!(
+        "DELETE FROM node_allocations WHERE instance_id = $1",
+        bookings::returning!()
+    );
+    sqlx::query(&bookings::booking(delete, true))
         .bind(instance_id)
         .execute(&mut *conn)
         .await?;
@@ -466,7 +483,8 @@ impl NewRows {
 }
 
 /// The rows of a batch of new instances, one data-modifying CTE per table.
-const NEW_ROWS: &str = "
+const NEW_ROWS: &str = concat!(
+    "
 WITH views AS (
     INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
                            owner_identity_id, warm, doc, created_at, updated_at, version)
@@ -477,7 +495,12 @@ WITH views AS (
     INSERT INTO node_allocations (id, node_id, instance_id, vcpu, memory_gib, disk_gib, gpu_model, gpus)
     SELECT * FROM unnest($13::text[], $14::text[], $15::text[], $16::bigint[], $17::bigint[],
                          $18::bigint[], $19::text[], $20::bigint[])
-), l AS (
+    ",
+    bookings::returning!(),
+    "
+), ",
+    bookings::new_allocations!(),
+    ", l AS (
     SELECT * FROM unnest($21::text[], $22::text[], $23::text[]) AS u(pool_id, address, instance_id)
 ), claimed AS (
     DELETE FROM ip_free f USING l WHERE f.pool_id = l.pool_id AND f.address = l.address
@@ -486,4 +509,5 @@ WITH views AS (
 )
 INSERT INTO quotas (pool_id, tenant_id, resource, used)
 SELECT * FROM unnest($24::text[], $25::text[], $26::text[], $27::bigint[])
-ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used";
+ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used"
+);

@@ -112,13 +112,7 @@ pub struct NodeView {
 
 /// A node with what is allocated on it, or `None`.
 pub async fn node<'e>(db: impl PgExecutor<'e>, id: &str) -> Result<Option<NodeView>, sqlx::Error> {
-    one(
-        db,
-        &format!("{NODE_SELECT} WHERE n.id = $1 GROUP BY n.id"),
-        id,
-        node_row,
-    )
-    .await
+    one(db, &format!("{NODE_SELECT} WHERE n.id = $1"), id, node_row).await
 }
 
 /// Nodes, optionally of one pool, by name.
@@ -126,15 +120,17 @@ pub async fn nodes<'e>(
     db: impl PgExecutor<'e>,
     pool_id: Option<&str>,
 ) -> Result<Vec<NodeView>, sqlx::Error> {
-    let sql = format!("{NODE_SELECT} WHERE ($1::text IS NULL OR n.pool_id = $1) GROUP BY n.id ORDER BY n.name, n.id");
+    let sql =
+        format!("{NODE_SELECT} WHERE ($1::text IS NULL OR n.pool_id = $1) ORDER BY n.name, n.id");
     all(db, &sql, &[pool_id], node_row).await
 }
 
 const NODE_SELECT: &str = "SELECT n.id, n.pool_id, n.name, n.state, n.capacity, n.labels, n.runtimes, n.cpu_model, (SELECT h.last_report_at FROM node_heartbeats h WHERE h.node_id = n.id),
-        coalesce(sum(a.vcpu), 0)::bigint, coalesce(sum(a.memory_gib), 0)::bigint, coalesce(sum(a.disk_gib), 0)::bigint,
-        coalesce(jsonb_agg(jsonb_build_object('model', a.gpu_model, 'count', a.gpus)) FILTER (WHERE a.gpus > 0), '[]'),
+        n.booked_vcpu, n.booked_memory_gib, n.booked_disk_gib,
+        coalesce((SELECT jsonb_agg(jsonb_build_object('model', a.gpu_model, 'count', a.gpus))
+                    FROM node_allocations a WHERE a.node_id = n.id AND a.gpus > 0), '[]'),
         n.orphans
-   FROM nodes n LEFT JOIN node_allocations a ON a.node_id = n.id";
+   FROM nodes n";
 
 fn node_row(r: &PgRow) -> Result<NodeView, sqlx::Error> {
     let booked = |i: usize| -> Result<u32, sqlx::Error> {

@@ -15,7 +15,7 @@ use vps_events::RecordedEvent;
 
 use crate::instances::charge_quota;
 use crate::sandboxes::{evolve, load_doc};
-use crate::ProjectionError;
+use crate::{bookings, ProjectionError};
 
 const TABLE: &str = "sandbox_volumes";
 
@@ -25,20 +25,26 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
     let v = evolve(conn, TABLE, e, &event, None, |v: &Volume| &v.id).await?;
     match &event {
         VolumeEvent::Created(c) => {
-            sqlx::query(
+            let insert = concat!(
                 "INSERT INTO node_allocations (id, node_id, volume_id, vcpu, memory_gib, disk_gib, gpus)
                  VALUES ($1, $2, $3, 0, 0, $4, 0)",
-            )
-            .bind(&c.allocation_id)
-            .bind(&v.node_id)
-            .bind(&v.id)
-            .bind(i64::from(v.size_gib))
-            .execute(&mut *conn)
-            .await?;
+                bookings::returning!()
+            );
+            sqlx::query(&bookings::booking(insert, false))
+                .bind(&c.allocation_id)
+                .bind(&v.node_id)
+                .bind(&v.id)
+                .bind(i64::from(v.size_gib))
+                .execute(&mut *conn)
+                .await?;
             charge_quota(conn, &v.pool_id, &v.tenant_id, &charge(v.size_gib), 1).await?;
         }
         VolumeEvent::Resized(r) => {
-            sqlx::query("UPDATE node_allocations SET disk_gib = $2 WHERE volume_id = $1")
+            let update = concat!(
+                "UPDATE node_allocations SET disk_gib = $2 WHERE volume_id = $1",
+                bookings::returning!()
+            );
+            sqlx::query(&bookings::rebooking(update, "volume_id"))
                 .bind(&v.id)
                 .bind(i64::from(r.size_gib))
                 .execute(&mut *conn)
@@ -47,7 +53,11 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
             charge_quota(conn, &v.pool_id, &v.tenant_id, &charge(growth), 1).await?;
         }
         VolumeEvent::Deleted(_) => {
-            sqlx::query("DELETE FROM node_allocations WHERE volume_id = $1")
+            let delete = concat!(
+                "DELETE FROM node_allocations WHERE volume_id = $1",
+                bookings::returning!()
+            );
+            sqlx::query(&bookings::booking(delete, true))
                 .bind(&v.id)
                 .execute(&mut *conn)
                 .await?;

@@ -320,6 +320,7 @@ fn create(id: &str) -> CreateInstance {
 async fn an_admitted_instance_books_its_view_allocation_lease_and_quota() {
     let db = fresh().await;
     pool_with_offer(&db).await;
+    register_node(&db).await;
     let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
     let decided = instance::admit(&admission_facts(), create(&id), "alloc_1", Utc::now());
     let Ok(instance::Admission::Admit(events)) = decided else {
@@ -334,8 +335,28 @@ async fn an_admitted_instance_books_its_view_allocation_lease_and_quota() {
     assert_eq!(one::<(String,)>(&db, &sql).await.0, "10.0.0.2");
     let sql = "SELECT vcpu::bigint FROM node_allocations WHERE node_id = 'node_1'";
     assert_eq!(one::<(i64,)>(&db, sql).await.0, 2);
+    let sql =
+        "SELECT booked_vcpu, booked_memory_gib, booked_disk_gib FROM nodes WHERE id = 'node_1'";
+    assert_eq!(
+        one::<(i64, i64, i64)>(&db, sql).await,
+        (2, 4, 20),
+        "the node's sums"
+    );
     let sql = "SELECT used FROM quotas WHERE pool_id = 'pool_1' AND resource = 'vcpu'";
     assert_eq!(one::<(i64,)>(&db, sql).await.0, 2);
+}
+
+async fn register_node(db: &PgPool) {
+    let registered = NodeRegistered {
+        node_id: "node_1".into(),
+        pool_id: "pool_1".into(),
+        name: "h1".into(),
+        capacity: capacity(16),
+        labels: BTreeMap::new(),
+        runtimes: vec!["libvirt-kvm".into()],
+        cpu_model: None,
+    };
+    project(db, "node-node_1", &[NodeEvent::Registered(registered)]).await;
 }
 
 /// The instance's view after `command`, as the events it decides.

@@ -386,19 +386,10 @@ impl Known {
     }
 
     /// Confirms, under row locks held to commit, that every node booked still holds its
-    /// bookings and every quota charged still fits; each node and quota once, nodes in id
-    /// order so two batches never deadlock.
+    /// bookings (in one statement, nodes in id order so two batches never deadlock) and every
+    /// quota charged still fits, each once.
     async fn confirm(&self, tx: &mut PgConnection) -> Result<(), CommandError> {
-        let mut nodes: Vec<&Instance> = self
-            .admitted
-            .iter()
-            .filter(|i| i.node_id.is_some())
-            .collect();
-        nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-        nodes.dedup_by(|a, b| a.node_id == b.node_id);
-        for instance in nodes {
-            facts::confirm_placement(tx, instance).await?;
-        }
+        facts::confirm_nodes(tx, &self.booked_nodes()).await?;
         let mut charged: HashMap<(&str, &str), vps_domain::quota::Delta> = HashMap::new();
         for i in &self.admitted {
             let delta = charged.entry((&i.pool_id, &i.tenant_id)).or_default();

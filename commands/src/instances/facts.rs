@@ -291,20 +291,21 @@ pub async fn lock_instance(
     Ok(row.map(|doc| doc.0))
 }
 
-/// The nodes `nodes` selects, each with the sums of what its allocations book. A node's CPU
-/// model is one of its labels (`cpu.model`), which a memory restore requires.
+/// The nodes `nodes` selects, each with what its allocations book (summed on its row by the
+/// projectors; GPUs summed per model from their allocations). A node's CPU model is one of its
+/// labels (`cpu.model`), which a memory restore requires.
 fn booked(nodes: &str) -> String {
     format!(
         "SELECT n.id, n.state, n.runtimes,
                 n.labels || CASE WHEN n.cpu_model IS NULL THEN '{{}}'::jsonb
                                  ELSE jsonb_build_object('cpu.model', n.cpu_model) END,
-                n.capacity,
-                coalesce(sum(a.vcpu), 0)::bigint, coalesce(sum(a.memory_gib), 0)::bigint,
-                coalesce(sum(a.disk_gib), 0)::bigint,
-                coalesce(jsonb_object_agg(a.gpu_model, a.gpus) FILTER (WHERE a.gpus > 0), '{{}}')
-           FROM ({nodes}) n
-           LEFT JOIN node_allocations a ON a.node_id = n.id
-          GROUP BY n.id, n.state, n.runtimes, n.labels, n.cpu_model, n.capacity"
+                n.capacity, n.booked_vcpu, n.booked_memory_gib, n.booked_disk_gib,
+                coalesce((SELECT jsonb_object_agg(g.model, g.gpus)
+                            FROM (SELECT a.gpu_model AS model, sum(a.gpus)::bigint AS gpus
+                                    FROM node_allocations a
+                                   WHERE a.node_id = n.id AND a.gpus > 0
+                                   GROUP BY a.gpu_model) g), '{{}}')
+           FROM ({nodes}) n"
     )
 }
 

@@ -21,7 +21,9 @@
 //!   `instance.deleted` and `instance.recreating`;
 //! - no address is leased twice, and none is the network, broadcast or gateway address;
 //! - `ip_leases` and `ip_free` are disjoint, and together exactly
-//!   `vps_domain::ipam::leasable_addresses` of the range.
+//!   `vps_domain::ipam::leasable_addresses` of the range;
+//! - every node's booked sums (`nodes.booked_*`, which placement reads) are the sums of its
+//!   allocations.
 //!
 //! And of the answers: a refusal is only `CAPACITY_UNAVAILABLE` (resource `ipv4`) or
 //! `QUOTA_EXCEEDED` (resource `vcpu`), never a 5xx; a key that created an instance answers that
@@ -328,6 +330,8 @@ struct Snapshot {
     free: Vec<String>,
     /// (instance, first address) of every placed instance that is not `deleted`.
     holders: Vec<(String, Option<String>)>,
+    /// Nodes whose booked sums are not the sums of their allocations: `(node, booked, summed)`.
+    misbooked: Vec<(String, Vec<i64>, Vec<i64>)>,
     cidr: Ipv4Cidr,
     gateway: Ipv4Addr,
 }
@@ -356,6 +360,21 @@ async fn snapshot(t: &TestServer, pool: &str) -> Snapshot {
     .fetch_all(&mut *tx)
     .await
     .unwrap();
+    let misbooked = sqlx::query_as(
+        "SELECT n.id, ARRAY[n.booked_vcpu, n.booked_memory_gib, n.booked_disk_gib],
+                ARRAY[coalesce(a.vcpu, 0), coalesce(a.memory_gib, 0), coalesce(a.disk_gib, 0)]::bigint[]
+           FROM nodes n
+           LEFT JOIN (SELECT node_id, sum(vcpu) AS vcpu, sum(memory_gib) AS memory_gib,
+                             sum(disk_gib) AS disk_gib
+                        FROM node_allocations GROUP BY node_id) a ON a.node_id = n.id
+          WHERE n.pool_id = $1
+            AND ARRAY[n.booked_vcpu, n.booked_memory_gib, n.booked_disk_gib]
+                <> ARRAY[coalesce(a.vcpu, 0), coalesce(a.memory_gib, 0), coalesce(a.disk_gib, 0)]::bigint[]",
+    )
+    .bind(pool)
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
     let (cidr, gateway): (String, Option<String>) =
         sqlx::query_as("SELECT ip_cidr, ip_gateway FROM pools WHERE id = $1")
             .bind(pool)
@@ -371,6 +390,7 @@ async fn snapshot(t: &TestServer, pool: &str) -> Snapshot {
         leases,
         free,
         holders,
+        misbooked,
         cidr,
         gateway,
     }
@@ -427,6 +447,11 @@ async fn check_leases(t: &TestServer, pool: &str) {
     assert_eq!(
         accounted, leasable,
         "leases and free list together (left) are not the leasable range (right)"
+    );
+    assert!(
+        s.misbooked.is_empty(),
+        "booked sums (vCPU, memory, disk) that are not the allocations' sums: {:?}",
+        s.misbooked
     );
 }
 
