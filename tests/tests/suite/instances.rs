@@ -541,3 +541,39 @@ async fn concurrent_creates_never_exceed_quota_leases_or_capacity() {
     assert_eq!(over, 0);
     assert!(t.replay_equal().await);
 }
+
+/// Placement sums a node's GPU allocations per model: on a node with two GPUs of one model, two
+/// one-GPU instances book both, and a third waits for room instead of being placed there.
+#[tokio::test]
+async fn gpus_of_one_model_are_summed_on_their_node() {
+    let t = TestServer::start_with(|c| c.timings.unschedulable_retry = 600.0).await;
+    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000, "gpu": 8 });
+    let pool = t.hosted_pool("10.0.0.0/28", 0, quota).await;
+    let capacity = json!({ "vcpu": 16, "memoryGiB": 64, "diskGiB": 500,
+                           "gpus": [{ "model": "h100", "count": 2 }] });
+    let node = t
+        .ok(
+            OPERATOR,
+            "nodes.register",
+            json!({ "poolId": pool, "name": "gpu-host", "capacity": capacity }),
+        )
+        .await;
+    let flavor = json!({ "poolId": pool, "name": "gpu", "vcpu": 2, "memoryGiB": 4, "diskGiB": 20,
+                         "gpus": { "model": "h100", "count": 1 } });
+    t.ok(OPERATOR, "flavors.create", flavor).await;
+    for key in ["first", "second"] {
+        let placed = t
+            .ok(ALICE, "instances.create", create_body(&pool, key, "gpu"))
+            .await;
+        assert_eq!(placed["nodeId"], node["node"]["id"], "{placed}");
+    }
+    let third = t
+        .ok(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "third", "gpu"),
+        )
+        .await;
+    assert_eq!(third["state"], "scheduling", "{third}");
+    assert_eq!(third["nodeId"], serde_json::Value::Null, "{third}");
+}
