@@ -154,20 +154,11 @@ async fn pool_events_make_the_pool_row_and_the_offer_makes_quota_rows() {
 #[tokio::test]
 async fn node_events_set_its_state_and_orphans() {
     let db = fresh().await;
-    let registered = NodeRegistered {
-        node_id: "node_1".into(),
-        pool_id: "pool_1".into(),
-        name: "h1".into(),
-        capacity: capacity(16),
-        labels: BTreeMap::new(),
-        runtimes: vec!["libvirt-kvm".into()],
-        cpu_model: None,
-    };
     let changed = || NodeStateChanged {
         node_id: "node_1".into(),
     };
     let sql = "SELECT state, orphans FROM nodes WHERE id = 'node_1'";
-    project(&db, "node-node_1", &[NodeEvent::Registered(registered)]).await;
+    register_node(&db).await;
     assert_eq!(one::<(String, Value)>(&db, sql).await.0, "ready");
     project(&db, "node-node_1", &[NodeEvent::Cordoned(changed())]).await;
     assert_eq!(one::<(String, Value)>(&db, sql).await.0, "cordoned");
