@@ -5,11 +5,12 @@
 //!
 //! Projectors are routed by stream category, one module per table family: `pools` (pools and
 //! quota maxima), `nodes`, `flavors`, `images`, `instances` (instance views, quota usage, node
-//! allocations and their sums on the nodes' rows (`bookings`), IP leases), `node_specs` (the async NodeSpec
-//! projector; `node_spec_volumes` its volume part), `provider_accounts`, `webhooks`, `sandboxes`
-//! (templates and sandboxes), `volumes` (sandbox volumes, their allocations and quota charges),
-//! `policies`, `identities`, `tenants` (teardown), `usage` (usage records and rollups), `views`
-//! and `operator_views` (reads), `replay` (rebuild and verify).
+//! allocations and their sums on the nodes' rows (`bookings`), IP leases), `node_specs` (the
+//! async NodeSpec projector; `node_spec_volumes` its volume part), `provider_accounts`,
+//! `webhooks`, `sandboxes` (templates and sandboxes), `volumes` (sandbox volumes, their
+//! allocations and quota charges), `policies`, `identities`, `tenants` (teardown), `usage`
+//! (usage records and rollups), `views` and `operator_views` (reads), `replay` (rebuild and
+//! verify).
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
