@@ -4,7 +4,8 @@
 //!
 //! A pass reads the instance and the facts it needs (`step::HostedFacts`) without locks and lets
 //! the pure `step::step` decide; only when it calls for a command does the pass lock the
-//! instance's row, read and decide again, and record the command in that transaction. Provider instances go to
+//! instance's row, read and decide again, and record the command in that transaction. A
+//! scheduling instance goes to the locked pass at once. Provider instances go to
 //! [`crate::provider_instances`].
 
 mod step;
@@ -53,6 +54,12 @@ async fn pass(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, Comman
     if inst.pool_kind == PoolKind::Provider {
         drop(conn);
         return crate::provider_instances::reconcile(ctx, timings, inst, item.retry_at).await;
+    }
+    // Placing is the one look that is never cheap, and it claims a free address: only the
+    // transaction that records the placement reads it.
+    if inst.state == InstanceState::Scheduling {
+        drop(conn);
+        return act(ctx, timings, item).await;
     }
     let facts = hosted_facts(&mut conn, &inst, now, timings).await?;
     match step(&inst, facts, now, timings) {

@@ -141,7 +141,7 @@ async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandErro
     let nodes = known.booked_nodes();
     facts::lock_nodes(&mut tx, &nodes).await?;
     let answers = record(&mut tx, jobs, decided).await?;
-    known.confirm(&mut tx).await?;
+    known.confirm(&mut tx, &nodes).await?;
     commit(ctx, tx).await?;
     Ok(answers)
 }
@@ -385,11 +385,11 @@ impl Known {
         nodes.into_iter().collect()
     }
 
-    /// Confirms, under row locks held to commit, that every node booked still holds its
-    /// bookings (in one statement, nodes in id order so two batches never deadlock) and every
-    /// quota charged still fits, each once.
-    async fn confirm(&self, tx: &mut PgConnection) -> Result<(), CommandError> {
-        facts::confirm_nodes(tx, &self.booked_nodes()).await?;
+    /// Confirms, under row locks held to commit, that every node booked (`nodes`, from
+    /// [`Known::booked_nodes`]) still holds its bookings, in one statement and in id order so
+    /// two batches never deadlock, and that every quota charged still fits, each once.
+    async fn confirm(&self, tx: &mut PgConnection, nodes: &[String]) -> Result<(), CommandError> {
+        facts::confirm_nodes(tx, nodes).await?;
         let mut charged: HashMap<(&str, &str), vps_domain::quota::Delta> = HashMap::new();
         for i in &self.admitted {
             let delta = charged.entry((&i.pool_id, &i.tenant_id)).or_default();

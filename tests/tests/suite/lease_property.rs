@@ -361,15 +361,14 @@ async fn snapshot(t: &TestServer, pool: &str) -> Snapshot {
     .await
     .unwrap();
     let misbooked = sqlx::query_as(
-        "SELECT n.id, ARRAY[n.booked_vcpu, n.booked_memory_gib, n.booked_disk_gib],
-                ARRAY[coalesce(a.vcpu, 0), coalesce(a.memory_gib, 0), coalesce(a.disk_gib, 0)]::bigint[]
-           FROM nodes n
-           LEFT JOIN (SELECT node_id, sum(vcpu) AS vcpu, sum(memory_gib) AS memory_gib,
-                             sum(disk_gib) AS disk_gib
-                        FROM node_allocations GROUP BY node_id) a ON a.node_id = n.id
-          WHERE n.pool_id = $1
-            AND ARRAY[n.booked_vcpu, n.booked_memory_gib, n.booked_disk_gib]
-                <> ARRAY[coalesce(a.vcpu, 0), coalesce(a.memory_gib, 0), coalesce(a.disk_gib, 0)]::bigint[]",
+        "SELECT id, booked, summed FROM (
+             SELECT n.id, ARRAY[n.booked_vcpu, n.booked_memory_gib, n.booked_disk_gib] AS booked,
+                    ARRAY[coalesce(sum(a.vcpu), 0), coalesce(sum(a.memory_gib), 0),
+                          coalesce(sum(a.disk_gib), 0)]::bigint[] AS summed
+               FROM nodes n LEFT JOIN node_allocations a ON a.node_id = n.id
+              WHERE n.pool_id = $1
+              GROUP BY n.id) sums
+          WHERE booked <> summed",
     )
     .bind(pool)
     .fetch_all(&mut *tx)
