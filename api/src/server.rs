@@ -76,7 +76,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         .await
         .map_err(|e| anyhow::anyhow!("http.listen: cannot bind {listen}: {e}"))?;
     let addr = listener.local_addr()?;
-    let notifier = Notifier::start(pool.clone());
+    let notifier = Notifier::start(pool.clone()).with_tail(pool.clone());
     let authz = Arc::new(crate::authz::Authorizer::new(
         &crate::registry::actions(crate::methods::registry().methods()),
         config.policies.dir.as_deref(),

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::model::{Cursor, RecordedEvent};
 use crate::notify::Notifier;
-use crate::read::{head_position, read_after, read_page, Filter, Page};
+use crate::read::{head_position, Filter, Page};
 
 /// How long a follower waits for a wake-up before it polls anyway.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -32,6 +32,8 @@ pub struct Follower {
     name: String,
     pool: PgPool,
     cursor: Cursor,
+    /// Reads through the process's shared tail of the log, when it has one.
+    notifier: Notifier,
     wake: watch::Receiver<u64>,
     pace: Duration,
     last_read: Instant,
@@ -51,7 +53,8 @@ impl Follower {
             name: name.to_string(),
             pool,
             cursor,
-            wake: notifier.subscribe(),
+            notifier: notifier.clone(),
+            wake: notifier.subscribe_readable(),
             pace: Duration::ZERO,
             last_read: Instant::now(),
             lag_reported: None,
@@ -83,7 +86,10 @@ impl Follower {
     /// The next events after the cursor (empty when caught up). Does not move the cursor.
     pub async fn next_batch(&mut self, limit: i64) -> Result<Vec<RecordedEvent>, sqlx::Error> {
         self.reading();
-        let batch = read_after(&self.pool, self.cursor, limit).await?;
+        let batch = self
+            .notifier
+            .read_after(&self.pool, self.cursor, limit)
+            .await?;
         self.full = batch.len() as i64 >= limit;
         Ok(batch)
     }
@@ -151,7 +157,9 @@ impl Follower {
     /// the events it skipped; advance to it once the page is done.
     pub async fn next_page(&mut self, filter: &Filter, limit: i64) -> Result<Page, sqlx::Error> {
         self.reading();
-        read_page(&self.pool, self.cursor, filter, limit).await
+        self.notifier
+            .read_page(&self.pool, self.cursor, filter, limit)
+            .await
     }
 
     /// Publishes how far behind the head of the log this follower is, in events (at most once

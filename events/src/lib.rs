@@ -3,7 +3,7 @@
 //! tamper-evidence hash chain.
 //!
 //! Modules: `model` (records, cursors, expected versions), `db` (pools, migrations), `append`,
-//! `read`, `notify` (wake-ups), `follower` (named, durable, ordered readers), `chain` (the
+//! `read`, `notify` (wake-ups), `tail` (one shared read of the newest events), `follower` (named, durable, ordered readers), `chain` (the
 //! chainer and `audit verify`).
 //!
 //! This crate never updates or deletes an event row, and never lets a follower read past the
@@ -19,6 +19,7 @@ pub mod model;
 pub mod notify;
 pub mod pattern;
 pub mod read;
+pub mod tail;
 
 pub use append::{append, append_new_streams, append_unseen, AppendError};
 pub use db::{connect, migrate, DbOptions};

@@ -14,6 +14,10 @@ use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::{watch, Notify};
 
+use crate::model::{Cursor, RecordedEvent};
+use crate::read::{read_after, read_page, Filter, Page};
+use crate::tail::Tail;
+
 /// The PostgreSQL channel the log's wake-ups travel on.
 pub const CHANNEL: &str = "vps_events";
 
@@ -23,6 +27,8 @@ pub struct Notifier {
     local: Arc<watch::Sender<u64>>,
     pending: Arc<AtomicBool>,
     kick: Arc<Notify>,
+    /// The process's shared read of the newest events, if it keeps one.
+    tail: Option<Tail>,
 }
 
 impl Notifier {
@@ -41,6 +47,7 @@ impl Notifier {
             local: Arc::new(tx),
             pending: Arc::new(AtomicBool::new(false)),
             kick: Arc::new(Notify::new()),
+            tail: None,
         }
     }
 
@@ -54,6 +61,58 @@ impl Notifier {
     /// A receiver that sees every wake-up after it was made.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.local.subscribe()
+    }
+
+    /// Starts a shared tail of the log that this notifier's followers read from: a process
+    /// with several followers reads the newest events once instead of once per follower.
+    pub fn with_tail(mut self, pool: PgPool) -> Notifier {
+        self.tail = Some(Tail::spawn(pool, self.subscribe()));
+        self
+    }
+
+    /// The process's shared tail of the log, if it keeps one.
+    pub fn tail(&self) -> Option<&Tail> {
+        self.tail.as_ref()
+    }
+
+    /// A receiver woken when new events are readable: by the tail once it holds them, or by
+    /// every commit when there is no tail.
+    pub fn subscribe_readable(&self) -> watch::Receiver<u64> {
+        match &self.tail {
+            Some(tail) => tail.subscribe(),
+            None => self.subscribe(),
+        }
+    }
+
+    /// [`read_after`], from the tail when it covers `after`.
+    pub async fn read_after(
+        &self,
+        pool: &PgPool,
+        after: Cursor,
+        limit: i64,
+    ) -> Result<Vec<RecordedEvent>, sqlx::Error> {
+        match self.tail.as_ref().and_then(|t| t.after(after, limit)) {
+            Some(events) => Ok(events),
+            None => read_after(pool, after, limit).await,
+        }
+    }
+
+    /// [`read_page`], from the tail when it covers `after`.
+    pub async fn read_page(
+        &self,
+        pool: &PgPool,
+        after: Cursor,
+        filter: &Filter,
+        limit: i64,
+    ) -> Result<Page, sqlx::Error> {
+        match self
+            .tail
+            .as_ref()
+            .and_then(|t| t.page(after, filter, limit))
+        {
+            Some(page) => Ok(page),
+            None => read_page(pool, after, filter, limit).await,
+        }
     }
 
     fn bump(&self) {

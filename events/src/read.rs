@@ -101,6 +101,23 @@ pub struct Filter {
     pub whole_snapshot: bool,
 }
 
+impl Filter {
+    /// Whether `event` passes the filter, as the SQL of a read decides it (a whole snapshot
+    /// aside, which is not about single events).
+    pub fn admits(&self, event: &RecordedEvent) -> bool {
+        (self.types.is_empty()
+            || self
+                .types
+                .iter()
+                .any(|p| crate::pattern::matches(p, &event.event_type)))
+            && self.stream.as_ref().is_none_or(|s| *s == event.stream)
+            && self
+                .tenant_id
+                .as_ref()
+                .is_none_or(|t| event.metadata.tenant_id.as_ref() == Some(t))
+    }
+}
+
 /// Like [`read_after`], keeping only events that pass `filter`.
 pub async fn read_filtered<'e>(
     db: impl PgExecutor<'e>,

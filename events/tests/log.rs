@@ -290,7 +290,9 @@ async fn every_follower_sees_every_committed_event_once_in_one_order() {
     const EVENTS: usize = 10_000;
     const FOLLOWERS: usize = 3;
     let pool = fresh_log().await;
-    let notifier = Notifier::start(pool.clone());
+    // Through a shared tail, as in the server: followers at the head read it, followers
+    // behind it (at the start, after a long pass) the database.
+    let notifier = Notifier::start(pool.clone()).with_tail(pool.clone());
     // How many events the followers must see; known once the writers are done.
     let expected = Arc::new(AtomicUsize::new(usize::MAX));
     let followers: Vec<_> = (0..FOLLOWERS)

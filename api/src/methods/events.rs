@@ -10,7 +10,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use vps_events::envelope::{cloud_event, stream_of, CloudEvent};
-use vps_events::read::{read_filtered, read_page, Filter};
+use vps_events::read::{read_filtered, Filter};
 use vps_events::Cursor;
 
 use crate::error::ApiError;
@@ -174,10 +174,10 @@ async fn follow(
     mut after: Cursor,
     tx: Sender,
 ) {
-    let mut wake = notifier.subscribe();
+    let mut wake = notifier.subscribe_readable();
     loop {
         wake.borrow_and_update();
-        let pause = match read_page(&pool, after, &filter, STREAM_PAGE).await {
+        let pause = match notifier.read_page(&pool, after, &filter, STREAM_PAGE).await {
             Ok(page) => {
                 for e in &page.events {
                     let event = Event::default()

@@ -1,0 +1,194 @@
+//! The shared tail of the log: what it hands out equals what a read of the database answers,
+//! and a follower at the head reads it instead of the database.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqlx::PgPool;
+use vps_events::read::{read_page, Filter};
+use vps_events::{
+    append, Cursor, ExpectedVersion, Follower, Metadata, NewEvent, Notifier, RecordedEvent,
+};
+
+async fn fresh_log() -> PgPool {
+    vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 30).await
+}
+
+fn event(event_type: &str, tenant: Option<&str>) -> NewEvent {
+    NewEvent {
+        id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+        event_type: event_type.into(),
+        data: json!({}),
+        metadata: Metadata {
+            tenant_id: tenant.map(str::to_string),
+            ..Metadata::default()
+        },
+    }
+}
+
+/// Appends `events` to `stream` as its first events and wakes the process's readers.
+async fn append_new(pool: &PgPool, notifier: &Notifier, stream: &str, events: &[NewEvent]) {
+    let mut conn = pool.acquire().await.unwrap();
+    append(&mut conn, stream, ExpectedVersion::NoStream, events)
+        .await
+        .unwrap();
+    notifier.committed();
+}
+
+/// Reads through `follower` until `n` events came (other tests' open transactions hold the
+/// horizon back for a moment), moving its cursor past them.
+async fn take(follower: &mut Follower, n: usize) -> Vec<RecordedEvent> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut taken = Vec::new();
+    while taken.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{n} events never became readable"
+        );
+        let batch = follower.next_batch(100).await.unwrap();
+        match batch.last() {
+            Some(last) => follower.advance(last.cursor()),
+            None => follower.wait().await,
+        }
+        taken.extend(batch);
+    }
+    taken
+}
+
+/// Waits until the tail holds the run after `cursor`.
+async fn covered(notifier: &Notifier, cursor: Cursor) {
+    let tail = notifier.tail().expect("a started notifier keeps a tail");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tail.after(cursor, 1).is_none() {
+        assert!(Instant::now() < deadline, "the tail never covered {cursor}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A notifier whose tail has begun: events appended from now on are in its run.
+async fn started(pool: &PgPool) -> Notifier {
+    let notifier = Notifier::start(pool.clone()).with_tail(pool.clone());
+    let tail = notifier.tail().expect("a started notifier keeps a tail");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tail.start().is_none() {
+        assert!(Instant::now() < deadline, "the tail never began");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    notifier
+}
+
+#[tokio::test]
+async fn a_follower_at_the_head_reads_the_tail_not_the_database() {
+    let pool = fresh_log().await;
+    let notifier = started(&pool).await;
+    // The follower's own pool, closed below: a read of the database through it fails.
+    let own = PgPool::connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let mut follower = Follower::load(own.clone(), "at-head", &notifier)
+        .await
+        .unwrap();
+    append_new(&pool, &notifier, "s-1", &[event("test.a", None)]).await;
+    take(&mut follower, 1).await;
+    covered(&notifier, follower.cursor()).await;
+
+    own.close().await;
+    let later = [event("test.b", None), event("test.c", None)];
+    append_new(&pool, &notifier, "s-2", &later).await;
+    let read = take(&mut follower, 2).await;
+    let ids: Vec<&str> = read.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, [later[0].id.as_str(), later[1].id.as_str()]);
+}
+
+#[tokio::test]
+async fn the_tails_filtered_pages_equal_the_databases() {
+    let pool = fresh_log().await;
+    let notifier = started(&pool).await;
+    let mut follower = Follower::load(pool.clone(), "all", &notifier)
+        .await
+        .unwrap();
+    append_new(&pool, &notifier, "s-0", &[event("test.start", None)]).await;
+    let start = take(&mut follower, 1).await[0].cursor();
+    let streams = [
+        (
+            "s-1",
+            [
+                event("instance.created", Some("t1")),
+                event("instance.running", Some("t1")),
+            ],
+        ),
+        (
+            "s-2",
+            [
+                event("sandbox.created", Some("t2")),
+                event("usage.recorded", Some("t2")),
+            ],
+        ),
+        (
+            "s-3",
+            [
+                event("instance.created", None),
+                event("instance_like.x", Some("t1")),
+            ],
+        ),
+    ];
+    for (stream, events) in &streams {
+        append_new(&pool, &notifier, stream, events).await;
+    }
+    take(&mut follower, 6).await;
+    covered(&notifier, follower.cursor()).await;
+
+    let tail = notifier.tail().expect("a started notifier keeps a tail");
+    let filters = [
+        Filter::default(),
+        Filter {
+            types: vec!["instance.*".into()],
+            ..Filter::default()
+        },
+        Filter {
+            types: vec!["usage.recorded".into(), "sandbox.*".into()],
+            ..Filter::default()
+        },
+        Filter {
+            stream: Some("s-1".into()),
+            ..Filter::default()
+        },
+        Filter {
+            tenant_id: Some("t1".into()),
+            ..Filter::default()
+        },
+        Filter {
+            types: vec!["instance.*".into()],
+            tenant_id: Some("t1".into()),
+            ..Filter::default()
+        },
+    ];
+    for filter in &filters {
+        for limit in [1, 2, 100] {
+            let from_tail = tail
+                .page(start, filter, limit)
+                .expect("the tail covers the start");
+            let from_database = read_page(&pool, start, filter, limit).await.unwrap();
+            assert_eq!(
+                from_tail.events, from_database.events,
+                "{filter:?} limit {limit}"
+            );
+            if from_tail.events.len() as i64 >= limit {
+                assert_eq!(
+                    from_tail.next, from_database.next,
+                    "{filter:?} limit {limit}"
+                );
+            } else {
+                // Both are past every event read; the database may have read further since.
+                assert!(
+                    from_tail.next <= from_database.next,
+                    "{filter:?} limit {limit}"
+                );
+                assert!(
+                    from_tail.next >= follower.cursor(),
+                    "{filter:?} limit {limit}"
+                );
+            }
+        }
+    }
+}
