@@ -91,10 +91,12 @@ impl Notifier {
         after: Cursor,
         limit: i64,
     ) -> Result<Vec<RecordedEvent>, sqlx::Error> {
-        match self.tail.as_ref().and_then(|t| t.after(after, limit)) {
-            Some(events) => Ok(events),
-            None => read_after(pool, after, limit).await,
+        if let Some(events) = self.tail.as_ref().and_then(|t| t.after(after, limit)) {
+            counted("tail");
+            return Ok(events);
         }
+        counted("database");
+        read_after(pool, after, limit).await
     }
 
     /// [`read_page`], from the tail when it covers `after`.
@@ -105,19 +107,27 @@ impl Notifier {
         filter: &Filter,
         limit: i64,
     ) -> Result<Page, sqlx::Error> {
-        match self
+        if let Some(page) = self
             .tail
             .as_ref()
             .and_then(|t| t.page(after, filter, limit))
         {
-            Some(page) => Ok(page),
-            None => read_page(pool, after, filter, limit).await,
+            counted("tail");
+            return Ok(page);
         }
+        counted("database");
+        read_page(pool, after, filter, limit).await
     }
 
     fn bump(&self) {
         self.local.send_modify(|n| *n = n.wrapping_add(1));
     }
+}
+
+/// Counts a read of the log by where it was served from: `tail` (memory), `database` (the
+/// reader's own read), or `shared` (the tail's read for every follower).
+pub(crate) fn counted(source: &'static str) {
+    metrics::counter!("vps_log_reads_total", "source" => source).increment(1);
 }
 
 /// The shortest gap between two notifies: under load, many commits share one, and other

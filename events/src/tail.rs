@@ -139,6 +139,7 @@ impl Tail {
         let mut found = false;
         loop {
             let to = self.run.lock().unwrap_or_else(|e| e.into_inner()).to;
+            crate::notify::counted("shared");
             let page = read_page(pool, to, &Filter::default(), READ).await?;
             let full = page.events.len() as i64 >= READ;
             found |= !page.events.is_empty();

@@ -152,24 +152,37 @@ async fn a_healthy_server_has_no_error_and_readyz_carries_every_check() {
         .iter()
         .any(|f| f["check"] == "vps.secrets.key" && f["severity"] == "ok"));
 
-    // And as gauges, refreshed in the background.
-    eventually("the doctor gauges", PATIENCE, || async {
-        let metrics = t
-            .http
-            .get(format!("{}/metrics", t.server.url()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let gauge = r#"vps_doctor_findings{check="vps.database.reachable",severity="ok"} 1"#;
-        if metrics.contains(gauge) {
-            Ok(())
-        } else {
-            Err("no gauge yet")
-        }
-    })
+    // And as gauges, refreshed in the background. A pool's events give the followers
+    // something to read after the tail began.
+    t.hosted_pool(
+        "10.0.0.0/24",
+        0,
+        json!({ "vcpu": 1, "memoryGiB": 1, "diskGiB": 10 }),
+    )
+    .await;
+    eventually(
+        "the doctor gauges and the tail's reads",
+        PATIENCE,
+        || async {
+            let metrics = t
+                .http
+                .get(format!("{}/metrics", t.server.url()))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let gauge = r#"vps_doctor_findings{check="vps.database.reachable",severity="ok"} 1"#;
+            // The followers' reads, served by the process's shared tail of the log.
+            let tail_reads = r#"vps_log_reads_total{source="tail"}"#;
+            if metrics.contains(gauge) && metrics.contains(tail_reads) {
+                Ok(())
+            } else {
+                Err("no gauge yet")
+            }
+        },
+    )
     .await;
 }
 
