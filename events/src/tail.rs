@@ -22,7 +22,7 @@ use crate::model::{Cursor, RecordedEvent};
 use crate::read::{read_page, Filter, Page};
 
 /// The newest events kept. A follower further behind reads the database.
-const KEPT: usize = 2048;
+const KEPT: usize = 1024;
 
 /// Events read at once.
 const READ: i64 = 1000;
