@@ -133,25 +133,22 @@ impl Tail {
         }
     }
 
-    /// Reads everything readable after the run, page by page, and wakes the followers if it
-    /// found any.
+    /// Reads everything readable after the run, page by page, waking the followers after each
+    /// page that held events (they start on it while the next is read).
     async fn read(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
-        let mut found = false;
         loop {
             let to = self.run.lock().unwrap_or_else(|e| e.into_inner()).to;
             crate::notify::counted("shared");
             let page = read_page(pool, to, &Filter::default(), READ).await?;
-            let full = page.events.len() as i64 >= READ;
-            found |= !page.events.is_empty();
+            let (found, full) = (!page.events.is_empty(), page.events.len() as i64 >= READ);
             self.extend(page);
+            if found {
+                self.moved.send_modify(|n| *n = n.wrapping_add(1));
+            }
             if !full {
-                break;
+                return Ok(());
             }
         }
-        if found {
-            self.moved.send_modify(|n| *n = n.wrapping_add(1));
-        }
-        Ok(())
     }
 
     /// Adds a page read after the run's end, dropping the oldest events beyond [`KEPT`].

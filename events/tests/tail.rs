@@ -192,3 +192,40 @@ async fn the_tails_filtered_pages_equal_the_databases() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_follower_behind_the_kept_events_reads_the_database_and_misses_nothing() {
+    let pool = fresh_log().await;
+    let notifier = started(&pool).await;
+    let mut follower = Follower::load(pool.clone(), "behind", &notifier)
+        .await
+        .unwrap();
+    // More events than the tail keeps, in two commits, before the follower reads any.
+    let first: Vec<NewEvent> = (0..1500).map(|_| event("test.first", None)).collect();
+    let second: Vec<NewEvent> = (0..100).map(|_| event("test.second", None)).collect();
+    append_new(&pool, &notifier, "s-1", &first).await;
+    append_new(&pool, &notifier, "s-2", &second).await;
+    let tail = notifier.tail().expect("a started notifier keeps a tail");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let last = &second[99].id;
+    let run = loop {
+        let run = tail
+            .start()
+            .and_then(|s| tail.after(s, 2000))
+            .unwrap_or_default();
+        if run.last().is_some_and(|e| e.id == *last) {
+            break run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tail never read both commits"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The tail dropped the oldest events: the follower's cursor is behind what it keeps.
+    assert!(run.len() < 1600 && run.iter().all(|e| e.id != first[0].id));
+    let read = take(&mut follower, 1600).await;
+    let ids: Vec<&str> = read.iter().map(|e| e.id.as_str()).collect();
+    let appended: Vec<&str> = first.iter().chain(&second).map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, appended);
+}
