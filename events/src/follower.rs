@@ -15,8 +15,7 @@ use crate::model::{Cursor, RecordedEvent};
 use crate::notify::Notifier;
 use crate::read::{head_position, Filter, Page};
 
-/// How long a follower waits for a wake-up before it polls anyway.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+pub use crate::notify::POLL_INTERVAL;
 
 /// How long the stored checkpoint may trail events the owner passed over (they needed no write
 /// of its own). A restart reads them again, which costs only the reading; storing after every

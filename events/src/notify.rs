@@ -16,7 +16,10 @@ use tokio::sync::{watch, Notify};
 
 use crate::model::{Cursor, RecordedEvent};
 use crate::read::{read_after, read_page, Filter, Page};
-use crate::tail::Tail;
+use crate::tail::{counted, Tail};
+
+/// How long a follower (or the tail) waits for a wake-up before it polls anyway.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The PostgreSQL channel the log's wake-ups travel on.
 pub const CHANNEL: &str = "vps_events";
@@ -66,7 +69,7 @@ impl Notifier {
     /// Starts a shared tail of the log that this notifier's followers read from: a process
     /// with several followers reads the newest events once instead of once per follower.
     pub fn with_tail(mut self, pool: PgPool) -> Notifier {
-        self.tail = Some(Tail::spawn(pool, self.subscribe()));
+        self.tail = Some(Tail::spawn(pool, self.subscribe(), POLL_INTERVAL));
         self
     }
 
@@ -122,12 +125,6 @@ impl Notifier {
     fn bump(&self) {
         self.local.send_modify(|n| *n = n.wrapping_add(1));
     }
-}
-
-/// Counts a read of the log by where it was served from: `tail` (memory), `database` (the
-/// reader's own read), or `shared` (the tail's read for every follower).
-pub(crate) fn counted(source: &'static str) {
-    metrics::counter!("vps_log_reads_total", "source" => source).increment(1);
 }
 
 /// The shortest gap between two notifies: under load, many commits share one, and other

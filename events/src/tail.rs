@@ -43,24 +43,32 @@ struct Run {
     from: Cursor,
     to: Cursor,
     events: VecDeque<RecordedEvent>,
-    read_at: Instant,
+    /// The last read that succeeded (`None` before the first).
+    read_at: Option<Instant>,
+}
+
+impl Run {
+    /// Whether the tail read recently enough to be trusted.
+    fn fresh(&self) -> bool {
+        self.read_at.is_some_and(|at| at.elapsed() < STALE)
+    }
 }
 
 impl Tail {
-    /// Starts reading the log from its current horizon on, woken by `wake`.
-    pub(crate) fn spawn(pool: PgPool, wake: watch::Receiver<u64>) -> Tail {
+    /// Starts reading the log from its current horizon on, woken by `wake` and at least every
+    /// `poll` (wake-ups are hints).
+    pub(crate) fn spawn(pool: PgPool, wake: watch::Receiver<u64>, poll: Duration) -> Tail {
         let (moved, _) = watch::channel(0);
         let tail = Tail {
             run: Arc::new(Mutex::new(Run {
                 from: Cursor::START,
                 to: Cursor::START,
                 events: VecDeque::new(),
-                // Stale until the first read: nothing is served from an empty run.
-                read_at: Instant::now() - STALE,
+                read_at: None,
             })),
             moved,
         };
-        tokio::spawn(tail.clone().follow(pool, wake));
+        tokio::spawn(tail.clone().follow(pool, wake, poll));
         tail
     }
 
@@ -73,7 +81,7 @@ impl Tail {
     /// its reads fail).
     pub fn start(&self) -> Option<Cursor> {
         let run = self.run.lock().unwrap_or_else(|e| e.into_inner());
-        (run.read_at.elapsed() < STALE).then_some(run.from)
+        run.fresh().then_some(run.from)
     }
 
     /// Up to `limit` events after `after`, if the tail covers `after`; `None` says read the
@@ -87,11 +95,7 @@ impl Tail {
     /// database.
     pub fn page(&self, after: Cursor, filter: &Filter, limit: i64) -> Option<Page> {
         let run = self.run.lock().unwrap_or_else(|e| e.into_inner());
-        if filter.whole_snapshot
-            || run.read_at.elapsed() >= STALE
-            || after < run.from
-            || after > run.to
-        {
+        if filter.whole_snapshot || !run.fresh() || after < run.from || after > run.to {
             return None;
         }
         let first = run.events.partition_point(|e| e.cursor() <= after);
@@ -110,9 +114,9 @@ impl Tail {
         Some(Page { events, next })
     }
 
-    /// Reads on every wake-up, and at least every poll interval (wake-ups are hints), from the
-    /// horizon at its start: followers behind it read the database anyway.
-    async fn follow(self, pool: PgPool, mut wake: watch::Receiver<u64>) {
+    /// Reads on every wake-up and at least every `poll`, from the horizon at its start:
+    /// followers behind it read the database anyway.
+    async fn follow(self, pool: PgPool, mut wake: watch::Receiver<u64>, poll: Duration) {
         loop {
             match read_page(&pool, Cursor::START, &Filter::default(), 0).await {
                 Ok(page) => {
@@ -122,14 +126,17 @@ impl Tail {
                 }
                 Err(e) => tracing::debug!(error = %e, "the log's tail cannot start; later"),
             }
-            tokio::time::sleep(crate::follower::POLL_INTERVAL).await;
+            tokio::time::sleep(poll).await;
         }
         loop {
             wake.borrow_and_update();
             if let Err(e) = self.read(&pool).await {
                 tracing::debug!(error = %e, "the log's tail cannot read; followers read alone");
             }
-            let _ = tokio::time::timeout(crate::follower::POLL_INTERVAL, wake.changed()).await;
+            let woken = tokio::time::timeout(poll, wake.changed()).await;
+            if let Ok(Err(_)) = woken {
+                return; // the notifier is gone, and with it every follower that read here
+            }
         }
     }
 
@@ -138,7 +145,7 @@ impl Tail {
     async fn read(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
         loop {
             let to = self.run.lock().unwrap_or_else(|e| e.into_inner()).to;
-            crate::notify::counted("shared");
+            counted("shared");
             let page = read_page(pool, to, &Filter::default(), READ).await?;
             let (found, full) = (!page.events.is_empty(), page.events.len() as i64 >= READ);
             self.extend(page);
@@ -161,6 +168,12 @@ impl Tail {
                 run.from = dropped.cursor();
             }
         }
-        run.read_at = Instant::now();
+        run.read_at = Some(Instant::now());
     }
+}
+
+/// Counts a read of the log by where it was served from: `tail` (memory), `database` (the
+/// reader's own read), or `shared` (the tail's read for every follower).
+pub(crate) fn counted(source: &'static str) {
+    metrics::counter!("vps_log_reads_total", "source" => source).increment(1);
 }

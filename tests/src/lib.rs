@@ -171,6 +171,18 @@ impl TestServer {
         pool_id
     }
 
+    /// `GET /metrics` as text.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.server.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// Waits until every event appended so far is readable by followers and `events.list`:
     /// open transactions anywhere on the server (other tests' too) hold the horizon back.
     pub async fn settle(&self) {

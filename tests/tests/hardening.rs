@@ -20,18 +20,6 @@ async fn small_pool(t: &TestServer, nodes: usize) -> String {
     .await
 }
 
-/// `GET /metrics` as text.
-async fn metrics(t: &TestServer) -> String {
-    t.http
-        .get(format!("{}/metrics", t.server.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// The value of an unlabelled gauge, 0 when it is not rendered yet.
 fn gauge(metrics: &str, name: &str) -> f64 {
     metrics
@@ -65,7 +53,7 @@ async fn event_streams_are_capped_per_tenant_and_a_gone_client_frees_its_place()
     let first = open_stream(&t, ALICE).await.expect("first stream");
     let second = open_stream(&t, ALICE).await.expect("second stream");
     assert_eq!(open_stream(&t, ALICE).await.unwrap_err(), 429);
-    assert!(gauge(&metrics(&t).await, "vps_sse_streams") >= 2.0);
+    assert!(gauge(&t.metrics().await, "vps_sse_streams") >= 2.0);
     // Another tenant has places of its own.
     let other = open_stream(&t, vps_tests::EVE)
         .await
@@ -76,7 +64,7 @@ async fn event_streams_are_capped_per_tenant_and_a_gone_client_frees_its_place()
     drop(first);
     drop(second);
     eventually("the streams' places freed", PATIENCE, || async {
-        let open = gauge(&metrics(&t).await, "vps_sse_streams");
+        let open = gauge(&t.metrics().await, "vps_sse_streams");
         if open == 0.0 {
             Ok(())
         } else {
@@ -502,7 +490,7 @@ async fn metric_labels_come_only_from_registered_method_names() {
         assert!(status.is_client_error(), "{path}: {status}");
     }
     t.ok(ALICE, "webhooks.list", json!({})).await;
-    let text = metrics(&t).await;
+    let text = t.metrics().await;
     assert!(text.contains("method=\"webhooks.list\""), "{text}");
     assert!(!text.contains("zzprobe"), "{text}");
 }

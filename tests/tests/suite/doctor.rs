@@ -164,15 +164,7 @@ async fn a_healthy_server_has_no_error_and_readyz_carries_every_check() {
         "the doctor gauges and the tail's reads",
         PATIENCE,
         || async {
-            let metrics = t
-                .http
-                .get(format!("{}/metrics", t.server.url()))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let metrics = t.metrics().await;
             let gauge = r#"vps_doctor_findings{check="vps.database.reachable",severity="ok"} 1"#;
             // The followers' reads, served by the process's shared tail of the log.
             let tail_reads = r#"vps_log_reads_total{source="tail"}"#;
