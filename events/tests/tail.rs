@@ -229,3 +229,24 @@ async fn a_follower_behind_the_kept_events_reads_the_database_and_misses_nothing
     let appended: Vec<&str> = first.iter().chain(&second).map(|e| e.id.as_str()).collect();
     assert_eq!(ids, appended);
 }
+
+#[tokio::test]
+async fn a_follower_reading_alone_never_takes_the_tails_events() {
+    let pool = fresh_log().await;
+    let notifier = started(&pool).await;
+    let own = PgPool::connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let mut alone = Follower::load(own.clone(), "alone", &notifier)
+        .await
+        .unwrap()
+        .reading_alone();
+    append_new(&pool, &notifier, "s-1", &[event("test.a", None)]).await;
+    take(&mut alone, 1).await;
+    covered(&notifier, alone.cursor()).await;
+    // The tail covers its cursor, yet its reads go to the database: through a closed pool,
+    // they fail.
+    own.close().await;
+    assert!(alone.next_batch(10).await.is_err());
+    assert!(alone.next_page(&Filter::default(), 10).await.is_err());
+}

@@ -108,10 +108,12 @@ impl Metering {
         windows: Windows,
     ) -> Result<Metering, MeteringError> {
         // Windows close every few minutes: reading on every commit would only burn the CPU
-        // the commands need.
+        // the commands need. Its reads must come after the time horizon it takes, so never
+        // from the shared tail, whose last read may be older.
         let follower = Follower::load(pool.clone(), FOLLOWER, notifier)
             .await?
-            .paced(PACE);
+            .paced(PACE)
+            .reading_alone();
         let rows = sqlx::query("SELECT resource_id, state FROM usage_meters")
             .fetch_all(&pool)
             .await?;
