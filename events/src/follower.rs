@@ -33,8 +33,6 @@ pub struct Follower {
     cursor: Cursor,
     /// Reads through the process's shared tail of the log, when it has one.
     notifier: Notifier,
-    /// Reads the database itself, never the tail ([`Follower::reading_alone`]).
-    alone: bool,
     wake: watch::Receiver<u64>,
     pace: Duration,
     last_read: Instant,
@@ -55,7 +53,6 @@ impl Follower {
             pool,
             cursor,
             notifier: notifier.clone(),
-            alone: false,
             wake: notifier.subscribe_readable(),
             pace: Duration::ZERO,
             last_read: Instant::now(),
@@ -80,8 +77,8 @@ impl Follower {
     /// log's time horizon and then reads every event recorded before it). The tail's last read
     /// may be older than that moment.
     pub fn reading_alone(mut self) -> Self {
-        self.alone = true;
-        self.wake = self.notifier.subscribe();
+        self.notifier = self.notifier.without_tail();
+        self.wake = self.notifier.subscribe_readable();
         self
     }
 
@@ -98,13 +95,10 @@ impl Follower {
     /// The next events after the cursor (empty when caught up). Does not move the cursor.
     pub async fn next_batch(&mut self, limit: i64) -> Result<Vec<RecordedEvent>, sqlx::Error> {
         self.reading();
-        let batch = if self.alone {
-            crate::read::read_after(&self.pool, self.cursor, limit).await?
-        } else {
-            self.notifier
-                .read_after(&self.pool, self.cursor, limit)
-                .await?
-        };
+        let batch = self
+            .notifier
+            .read_after(&self.pool, self.cursor, limit)
+            .await?;
         self.full = batch.len() as i64 >= limit;
         Ok(batch)
     }
@@ -172,9 +166,6 @@ impl Follower {
     /// the events it skipped; advance to it once the page is done.
     pub async fn next_page(&mut self, filter: &Filter, limit: i64) -> Result<Page, sqlx::Error> {
         self.reading();
-        if self.alone {
-            return crate::read::read_page(&self.pool, self.cursor, filter, limit).await;
-        }
         self.notifier
             .read_page(&self.pool, self.cursor, filter, limit)
             .await

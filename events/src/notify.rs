@@ -73,6 +73,15 @@ impl Notifier {
         self
     }
 
+    /// This notifier without its tail: its readers read the database themselves and are woken
+    /// by every commit.
+    pub fn without_tail(&self) -> Notifier {
+        Notifier {
+            tail: None,
+            ..self.clone()
+        }
+    }
+
     /// The process's shared tail of the log, if it keeps one.
     pub fn tail(&self) -> Option<&Tail> {
         self.tail.as_ref()

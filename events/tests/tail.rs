@@ -55,25 +55,40 @@ async fn take(follower: &mut Follower, n: usize) -> Vec<RecordedEvent> {
     taken
 }
 
+/// Waits (polling, like every wait of the tests) until `check` answers `Ok`.
+async fn eventually<T, E: std::fmt::Debug>(
+    what: &str,
+    check: impl FnMut() -> std::future::Ready<Result<T, E>>,
+) -> T {
+    let (within, every) = (Duration::from_secs(30), Duration::from_millis(10));
+    vps_pg::testing::eventually_every(what, within, every, check).await
+}
+
 /// Waits until the tail holds the run after `cursor`.
 async fn covered(notifier: &Notifier, cursor: Cursor) {
     let tail = notifier.tail().expect("a started notifier keeps a tail");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tail.after(cursor, 1).is_none() {
-        assert!(Instant::now() < deadline, "the tail never covered {cursor}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the tail to cover the cursor", || {
+        std::future::ready(tail.after(cursor, 1).ok_or(cursor))
+    })
+    .await;
+}
+
+/// A pool of its own on `pool`'s database, for a follower whose database reads a test cuts
+/// off by closing it.
+async fn own_pool(pool: &PgPool) -> PgPool {
+    PgPool::connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap()
 }
 
 /// A notifier whose tail has begun: events appended from now on are in its run.
 async fn started(pool: &PgPool) -> Notifier {
     let notifier = Notifier::start(pool.clone()).with_tail(pool.clone());
     let tail = notifier.tail().expect("a started notifier keeps a tail");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tail.start().is_none() {
-        assert!(Instant::now() < deadline, "the tail never began");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the tail to begin", || {
+        std::future::ready(tail.start().ok_or("not begun"))
+    })
+    .await;
     notifier
 }
 
@@ -82,9 +97,7 @@ async fn a_follower_at_the_head_reads_the_tail_not_the_database() {
     let pool = fresh_log().await;
     let notifier = started(&pool).await;
     // The follower's own pool, closed below: a read of the database through it fails.
-    let own = PgPool::connect_with(pool.connect_options().as_ref().clone())
-        .await
-        .unwrap();
+    let own = own_pool(&pool).await;
     let mut follower = Follower::load(own.clone(), "at-head", &notifier)
         .await
         .unwrap();
@@ -206,22 +219,16 @@ async fn a_follower_behind_the_kept_events_reads_the_database_and_misses_nothing
     append_new(&pool, &notifier, "s-1", &first).await;
     append_new(&pool, &notifier, "s-2", &second).await;
     let tail = notifier.tail().expect("a started notifier keeps a tail");
-    let deadline = Instant::now() + Duration::from_secs(30);
     let last = &second[99].id;
-    let run = loop {
+    let run = eventually("the tail to read both commits", || {
         let run = tail
             .start()
             .and_then(|s| tail.after(s, 2000))
             .unwrap_or_default();
-        if run.last().is_some_and(|e| e.id == *last) {
-            break run;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the tail never read both commits"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+        let done = run.last().is_some_and(|e| e.id == *last);
+        std::future::ready(if done { Ok(run) } else { Err(run.len()) })
+    })
+    .await;
     // The tail dropped the oldest events: the follower's cursor is behind what it keeps.
     assert!(run.len() < 1600 && run.iter().all(|e| e.id != first[0].id));
     let read = take(&mut follower, 1600).await;
@@ -234,9 +241,7 @@ async fn a_follower_behind_the_kept_events_reads_the_database_and_misses_nothing
 async fn a_follower_reading_alone_never_takes_the_tails_events() {
     let pool = fresh_log().await;
     let notifier = started(&pool).await;
-    let own = PgPool::connect_with(pool.connect_options().as_ref().clone())
-        .await
-        .unwrap();
+    let own = own_pool(&pool).await;
     let mut alone = Follower::load(own.clone(), "alone", &notifier)
         .await
         .unwrap()
