@@ -67,8 +67,27 @@ pub async fn verify(
         progress(events);
     }
     crate::node_specs::refresh_all(&mut tx).await?;
-    // The NodeSpec projector runs behind the log; compare its table only once it has caught
-    // up with what this snapshot sees.
+    let behind = behind(&mut tx, &schema, cursor).await?;
+    let (diffs, skipped) = compare_all(&mut tx, &schema, &behind).await?;
+    tx.rollback().await?;
+    Ok(ReplayReport {
+        events,
+        diffs,
+        skipped,
+    })
+}
+
+/// The prefixes of the tables whose projector runs behind the log and has not yet caught up
+/// with what this snapshot sees (`cursor` is the last event it holds):
+/// - the NodeSpec projector (`node_spec_*`), a follower with a checkpoint;
+/// - the metering reactor's projection (`usage_*`), which commits a batch's records to the
+///   log first and projects them in a transaction of its own: it is behind while the log
+///   holds a record past the window it marked settled with its projection.
+async fn behind(
+    tx: &mut PgConnection,
+    schema: &str,
+    cursor: Cursor,
+) -> Result<Vec<&'static str>, sqlx::Error> {
     let specs_at: Option<(String, i64)> = sqlx::query_as(
         "SELECT transaction_id::text, position FROM follower_checkpoints WHERE name = $1",
     )
@@ -83,13 +102,22 @@ pub async fn verify(
             })
         })
         .is_some_and(|at| at >= cursor);
-    let (diffs, skipped) = compare_all(&mut tx, &schema, specs_done).await?;
-    tx.rollback().await?;
-    Ok(ReplayReport {
-        events,
-        diffs,
-        skipped,
-    })
+    let usage_done: bool = sqlx::query_scalar(&format!(
+        "SELECT NOT EXISTS (
+             SELECT 1 FROM {schema}.usage_records
+              WHERE window_end > coalesce((SELECT max(settled_until) FROM public.usage_progress),
+                                          '-infinity'))"
+    ))
+    .fetch_one(&mut *tx)
+    .await?;
+    let mut behind = Vec::new();
+    if !specs_done {
+        behind.push("node_spec_");
+    }
+    if !usage_done {
+        behind.push("usage_");
+    }
+    Ok(behind)
 }
 
 /// Compares every projection table of `schema` with the live one: the tables that differ, and
@@ -97,7 +125,7 @@ pub async fn verify(
 async fn compare_all(
     tx: &mut PgConnection,
     schema: &str,
-    specs_done: bool,
+    behind: &[&str],
 ) -> Result<(Vec<TableDiff>, Vec<String>), ProjectionError> {
     let mut skipped = Vec::new();
     let mut diffs = Vec::new();
@@ -106,7 +134,7 @@ async fn compare_all(
         if *table == "node_specs" {
             continue;
         }
-        if table.starts_with("node_spec_") && !specs_done {
+        if behind.iter().any(|prefix| table.starts_with(prefix)) {
             skipped.push(table.to_string());
             continue;
         }
