@@ -160,24 +160,32 @@ pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx
             work_queue::idle(&ctx.pool, KIND, &mut wake).await;
             continue;
         }
-        let batch = futures::stream::iter(&items).for_each_concurrent(parallel, |item| {
-            let span = tracing::debug_span!("reconcile", instance = %item.key);
-            work_on(&ctx, &timings, item).instrument(span)
-        });
+        let batch = futures::stream::iter(&items)
+            .map(|item| {
+                let span = tracing::debug_span!("reconcile", instance = %item.key);
+                work_on(&ctx, &timings, item).instrument(span)
+            })
+            .buffer_unordered(parallel)
+            .collect::<Vec<_>>();
         // Boxed: the batch's type is too intricate for the compiler to prove it `Send`.
-        let batch: BoxFuture<'_, ()> = batch.boxed();
-        work_queue::holding(&ctx.pool, KIND, &items, LEASE, batch).await;
+        let batch: BoxFuture<'_, Vec<_>> = batch.boxed();
+        let passes = work_queue::holding(&ctx.pool, KIND, &items, LEASE, batch).await;
+        record_passes(&ctx, passes).await;
     }
 }
 
-/// One pass over a taken item, recorded on the item (unless its lease was lost meanwhile). A
-/// pass that panics counts as a failed one: the item backs off, the reconciler goes on.
-async fn work_on(ctx: &Ctx, timings: &Timings, item: &Taken) {
+/// One pass over a taken item: how it ended (the error, for a failed one). A pass that
+/// panics counts as a failed one: the item backs off, the reconciler goes on.
+async fn work_on<'a>(
+    ctx: &Ctx,
+    timings: &Timings,
+    item: &'a Taken,
+) -> (&'a Taken, Result<Pass, String>) {
     let result = AssertUnwindSafe(reconcile(ctx, timings, item))
         .catch_unwind()
         .await;
     metrics::counter!("vps_reconcile_passes_total", "kind" => KIND).increment(1);
-    let failure = match result {
+    let ended = match result {
         Ok(Ok(pass)) => Ok(pass),
         Ok(Err(e)) => {
             tracing::warn!(instance = %item.key, error = %e, "reconcile failed");
@@ -189,21 +197,39 @@ async fn work_on(ctx: &Ctx, timings: &Timings, item: &Taken) {
             Err("the reconcile pass panicked".to_string())
         }
     };
-    let done = match failure {
-        Ok(pass) => work_queue::complete(&ctx.pool, KIND, item, pass).await,
-        Err(error) => {
-            metrics::counter!("vps_reconcile_failures_total", "kind" => KIND).increment(1);
-            work_queue::fail(&ctx.pool, KIND, item, &error).await
+    (item, ended)
+}
+
+/// Records a batch's passes on their items (unless a lease was lost meanwhile): the completed
+/// ones with one statement, each failed one with its backoff.
+async fn record_passes(ctx: &Ctx, passes: Vec<(&Taken, Result<Pass, String>)>) {
+    let mut done = Vec::with_capacity(passes.len());
+    let mut lost = Vec::new();
+    for (item, ended) in passes {
+        match ended {
+            Ok(pass) => done.push((item, pass)),
+            Err(error) => {
+                metrics::counter!("vps_reconcile_failures_total", "kind" => KIND).increment(1);
+                match work_queue::fail(&ctx.pool, KIND, item, &error).await {
+                    Ok(true) => {}
+                    Ok(false) => lost.push(item.key.clone()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot record a failed pass; its lease will expire")
+                    }
+                }
+            }
         }
-    };
-    match done {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(
-            instance = %item.key,
-            "the item's lease was lost to another holder; this pass is not recorded on it"
-        ),
+    }
+    match work_queue::complete_all(&ctx.pool, KIND, &done).await {
+        Ok(keys) => lost.extend(keys),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot record a reconcile pass; its lease will expire")
+            tracing::warn!(error = %e, "cannot record reconcile passes; their leases will expire")
         }
+    }
+    for key in lost {
+        tracing::warn!(
+            instance = %key,
+            "the item's lease was lost to another holder; this pass is not recorded on it"
+        );
     }
 }

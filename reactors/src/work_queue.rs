@@ -90,6 +90,17 @@ pub enum Next {
     WhenWoken,
 }
 
+impl Next {
+    /// How long a look that keeps its item waits: an item woken during its pass, which cannot
+    /// be forgotten, is due at once.
+    fn delay(self) -> Duration {
+        match self {
+            Next::After(d) => d,
+            Next::WhenWoken => Duration::ZERO,
+        }
+    }
+}
+
 /// An item taken for work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Taken {
@@ -255,32 +266,69 @@ pub async fn complete(
     item: &Taken,
     pass: Pass,
 ) -> Result<bool, sqlx::Error> {
-    match pass.next {
-        Next::WhenWoken => {
-            // Forget the item unless it was woken during the pass.
-            let deleted = sqlx::query(
-                "DELETE FROM work_items WHERE kind = $1 AND key = $2 AND wakes = $3 AND lease_id = $4",
-            )
-            .bind(kind)
-            .bind(&item.key)
-            .bind(item.wakes)
-            .bind(item.lease_id)
-            .execute(pool)
-            .await?;
-            if deleted.rows_affected() == 1 {
-                return Ok(true);
-            }
-            reschedule(
-                pool,
-                kind,
-                item,
-                Duration::ZERO,
-                Outcome::Done(pass.retry_at),
-            )
-            .await
-        }
-        Next::After(d) => reschedule(pool, kind, item, d, Outcome::Done(pass.retry_at)).await,
+    Ok(complete_all(pool, kind, &[(item, pass)]).await?.is_empty())
+}
+
+/// [`complete`] for a batch's passes, in one statement (one commit, not one per item): answers
+/// the keys whose lease was lost.
+///
+/// An item woken while the statement waited for its row is left to [`reschedule`], which reads
+/// it anew: the statement decides between forgetting and rescheduling on the row it first saw.
+pub async fn complete_all(
+    pool: &PgPool,
+    kind: &str,
+    passes: &[(&Taken, Pass)],
+) -> Result<Vec<String>, sqlx::Error> {
+    if passes.is_empty() {
+        return Ok(Vec::new());
     }
+    let items = || passes.iter().map(|(item, _)| item);
+    let ends = || passes.iter().map(|(_, pass)| pass);
+    let done: Vec<String> = sqlx::query_scalar(
+        "WITH p AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::float8[],
+                                          $6::bool[], $7::timestamptz[])
+                              AS p(key, wakes, lease_id, after, forget, retry_at)),
+              gone AS (DELETE FROM work_items w USING p
+                        WHERE w.kind = $1 AND w.key = p.key AND w.lease_id = p.lease_id
+                          AND p.forget AND w.wakes = p.wakes
+                       RETURNING w.key),
+              kept AS (UPDATE work_items w
+                          SET lease_until = NULL, lease_id = NULL, attempts = 0, last_error = NULL,
+                              retry_at = p.retry_at,
+                              due_at = CASE WHEN w.wakes = p.wakes
+                                            THEN now() + make_interval(secs => p.after)
+                                            ELSE now() END
+                         FROM p
+                        WHERE w.kind = $1 AND w.key = p.key AND w.lease_id = p.lease_id
+                          AND NOT (p.forget AND w.wakes = p.wakes)
+                       RETURNING w.key)
+         SELECT key FROM gone UNION ALL SELECT key FROM kept",
+    )
+    .bind(kind)
+    .bind(items().map(|i| i.key.as_str()).collect::<Vec<_>>())
+    .bind(items().map(|i| i.wakes).collect::<Vec<_>>())
+    .bind(items().map(|i| i.lease_id).collect::<Vec<_>>())
+    .bind(
+        ends()
+            .map(|p| p.next.delay().as_secs_f64())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ends()
+            .map(|p| p.next == Next::WhenWoken)
+            .collect::<Vec<_>>(),
+    )
+    .bind(ends().map(|p| p.retry_at).collect::<Vec<_>>())
+    .fetch_all(pool)
+    .await?;
+    let mut lost = Vec::new();
+    for (item, pass) in passes.iter().filter(|(i, _)| !done.contains(&i.key)) {
+        let after = pass.next.delay();
+        if !reschedule(pool, kind, item, after, Outcome::Done(pass.retry_at)).await? {
+            lost.push(item.key.clone());
+        }
+    }
+    Ok(lost)
 }
 
 /// Records a failed pass and backs off exponentially (capped at [`MAX_BACKOFF`]); the item's

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use sqlx::PgPool;
 use vps_reactors::work_queue::{
-    complete, extend, fail, holding, take, wake, wake_all, Next, Pass, Taken,
+    complete, complete_all, extend, fail, holding, take, wake, wake_all, Next, Pass, Taken,
 };
 
 async fn fresh() -> PgPool {
@@ -115,7 +115,7 @@ async fn a_failed_pass_backs_off() {
     assert_eq!((attempts, error.as_str()), (1, "boom"));
 }
 
-/// Takes the one due item "a", leased for `lease`.
+/// Takes the one due item, leased for `lease`.
 async fn take_a(pool: &PgPool, lease: Duration) -> Taken {
     let mut items = take(pool, "test", 10, lease).await.unwrap();
     assert_eq!(items.len(), 1, "{items:?}");
@@ -289,4 +289,58 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
         waited >= Duration::from_millis(100) && waited < MAX_IDLE / 2,
         "the item due in 200 ms ended the wait after {waited:?}"
     );
+}
+
+/// A batch's passes are recorded with one statement: a settled item is forgotten, one woken
+/// during its pass is due again at once, one that asked for a later look waits for it, and one
+/// whose lease another holder took meanwhile is answered as lost and stays that holder's.
+#[tokio::test]
+async fn a_batch_of_passes_is_recorded_at_once_and_names_the_lost_leases() {
+    let pool = fresh().await;
+    wake(&pool, "test", "retaken", Utc::now()).await.unwrap();
+    let stale = take_a(&pool, Duration::from_millis(1)).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let keys = ["settled", "woken", "later"].map(String::from);
+    wake_all(&pool, "test", &keys).await.unwrap();
+    let taken = take(&pool, "test", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 4, "the lapsed lease is taken again: {taken:?}");
+    let held = |key: &str| taken.iter().find(|i| i.key == key).unwrap();
+    wake(&pool, "test", "woken", Utc::now()).await.unwrap();
+
+    let lost = complete_all(
+        &pool,
+        "test",
+        &[
+            (held("settled"), Next::WhenWoken.into()),
+            (held("woken"), Next::WhenWoken.into()),
+            (held("later"), Next::After(Duration::from_secs(60)).into()),
+            (&stale, Next::After(Duration::ZERO).into()),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(lost, ["retaken"]);
+    let due: Vec<String> = take(&pool, "test", 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.key)
+        .collect();
+    assert_eq!(
+        due,
+        ["woken"],
+        "settled forgotten, later not due, retaken still held"
+    );
+    assert!(
+        complete(&pool, "test", held("retaken"), Next::WhenWoken.into())
+            .await
+            .unwrap()
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM work_items WHERE kind = 'test'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2, "woken and later remain");
 }
