@@ -10,6 +10,7 @@
 
 mod step;
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
@@ -39,30 +40,49 @@ const LEASE: Duration = Duration::from_secs(60);
 
 /// One reconcile pass over an instance (decided again if another writer got there first).
 pub async fn reconcile(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
-    vps_commands::error::retrying(&item.key, || pass(ctx, timings, item)).await
+    let mut conn = ctx.pool.acquire().await?;
+    let looked = vps_projections::instances::load(&mut conn, &item.key).await?;
+    drop(conn);
+    reconcile_looked(ctx, timings, item, looked.as_ref()).await
 }
 
-async fn pass(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
-    // A look without locks first: most passes find an instance that needs nothing, and a row
-    // lock is written to the WAL, so even a pass that records nothing would wait on a flush at
-    // its commit (one per instance event). A change after this read wakes the item again.
+/// [`reconcile`] on a look already taken: a batch looks at all its instances with one read.
+///
+/// The look is read without locks: most passes find an instance that needs nothing, and a row
+/// lock is written to the WAL, so even a pass that records nothing would wait on a flush at its
+/// commit (one per instance event). A change after the look wakes the item again, and a pass
+/// that records a command decides again on the locked row.
+pub async fn reconcile_looked(
+    ctx: &Ctx,
+    timings: &Timings,
+    item: &Taken,
+    looked: Option<&Instance>,
+) -> Result<Pass, CommandError> {
+    vps_commands::error::retrying(&item.key, || pass(ctx, timings, item, looked)).await
+}
+
+async fn pass(
+    ctx: &Ctx,
+    timings: &Timings,
+    item: &Taken,
+    looked: Option<&Instance>,
+) -> Result<Pass, CommandError> {
     let now = Utc::now();
-    let mut conn = ctx.pool.acquire().await?;
-    let Some(inst) = vps_projections::instances::load(&mut conn, &item.key).await? else {
+    let Some(inst) = looked else {
         return Ok(Next::WhenWoken.into());
     };
     if inst.pool_kind == PoolKind::Provider {
-        drop(conn);
-        return crate::provider_instances::reconcile(ctx, timings, inst, item.retry_at).await;
+        return crate::provider_instances::reconcile(ctx, timings, inst.clone(), item.retry_at)
+            .await;
     }
     // Placing is the one look that is never cheap, and it claims a free address: only the
     // transaction that records the placement reads it.
     if inst.state == InstanceState::Scheduling {
-        drop(conn);
         return act(ctx, timings, item).await;
     }
-    let facts = hosted_facts(&mut conn, &inst, now, timings).await?;
-    match step(&inst, facts, now, timings) {
+    let mut conn = ctx.pool.acquire().await?;
+    let facts = hosted_facts(&mut conn, inst, now, timings).await?;
+    match step(inst, facts, now, timings) {
         (None, next) => Ok(next.into()),
         (Some(_), _) => {
             drop(conn);
@@ -160,10 +180,11 @@ pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx
             work_queue::idle(&ctx.pool, KIND, &mut wake).await;
             continue;
         }
+        let looked = look(&ctx, &items).await;
         let batch = futures::stream::iter(&items)
             .map(|item| {
                 let span = tracing::debug_span!("reconcile", instance = %item.key);
-                work_on(&ctx, &timings, item).instrument(span)
+                work_on(&ctx, &timings, item, looked.as_ref()).instrument(span)
             })
             .buffer_unordered(parallel)
             .collect::<Vec<_>>();
@@ -174,16 +195,33 @@ pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx
     }
 }
 
+/// The batch's instances, read at once; `None` if that read failed (each pass then reads its
+/// own, and fails on its own).
+async fn look(ctx: &Ctx, items: &[Taken]) -> Option<HashMap<String, Instance>> {
+    let keys: Vec<String> = items.iter().map(|i| i.key.clone()).collect();
+    let looked = async {
+        let mut conn = ctx.pool.acquire().await?;
+        vps_projections::instances::load_many(&mut conn, &keys).await
+    };
+    looked
+        .await
+        .inspect_err(|e| tracing::debug!(error = %e, "cannot look at a batch; each pass looks"))
+        .ok()
+}
+
 /// One pass over a taken item: how it ended (the error, for a failed one). A pass that
 /// panics counts as a failed one: the item backs off, the reconciler goes on.
 async fn work_on<'a>(
     ctx: &Ctx,
     timings: &Timings,
     item: &'a Taken,
+    looked: Option<&HashMap<String, Instance>>,
 ) -> (&'a Taken, Result<Pass, String>) {
-    let result = AssertUnwindSafe(reconcile(ctx, timings, item))
-        .catch_unwind()
-        .await;
+    let pass = match looked {
+        Some(batch) => reconcile_looked(ctx, timings, item, batch.get(&item.key)).boxed(),
+        None => reconcile(ctx, timings, item).boxed(),
+    };
+    let result = AssertUnwindSafe(pass).catch_unwind().await;
     metrics::counter!("vps_reconcile_passes_total", "kind" => KIND).increment(1);
     let ended = match result {
         Ok(Ok(pass)) => Ok(pass),
