@@ -81,13 +81,11 @@ pub async fn draft(
     input: &CreateInput,
 ) -> Result<Option<(String, InstanceDraft)>, CommandError> {
     let id = instance_id(ctx, input);
-    let mut conn = ctx.pool.acquire().await?;
-    if load(&mut conn, &id).await?.is_some() {
-        return Ok(None);
-    }
-    let (class, shape, verified): (Option<String>, Option<Json<Shape>>, Option<bool>) =
+    // One round trip: whether the key already made an instance, and the draft's facts.
+    let (made, class, shape, verified): (bool, Option<String>, Option<Json<Shape>>, Option<bool>) =
         sqlx::query_as(
-            "SELECT (SELECT class FROM pools WHERE id = $1),
+            "SELECT EXISTS (SELECT 1 FROM instances WHERE id = $5),
+                    (SELECT class FROM pools WHERE id = $1),
                     (SELECT shape FROM flavors WHERE pool_id = $1 AND name = $2 AND NOT archived),
                     (SELECT verified FROM images WHERE id = $3 AND NOT deleted
                         AND (tenant_id = $4 OR tenant_id IS NULL))",
@@ -96,8 +94,12 @@ pub async fn draft(
         .bind(&input.flavor)
         .bind(&input.image_id)
         .bind(&input.tenant_id)
-        .fetch_one(&mut *conn)
+        .bind(&id)
+        .fetch_one(&ctx.pool)
         .await?;
+    if made {
+        return Ok(None);
+    }
     let (Some(class), Some(Json(shape))) = (class, shape) else {
         return Ok(None);
     };
