@@ -38,15 +38,20 @@ pub const KIND: &str = "instance";
 /// How long a taken batch is leased; [`work_queue::holding`] renews it while the batch works.
 const LEASE: Duration = Duration::from_secs(60);
 
-/// One reconcile pass over an instance (decided again if another writer got there first).
+/// One reconcile pass over an instance (looked at and decided again if another writer got
+/// there first).
 pub async fn reconcile(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
-    let mut conn = ctx.pool.acquire().await?;
-    let looked = vps_projections::instances::load(&mut conn, &item.key).await?;
-    drop(conn);
-    reconcile_looked(ctx, timings, item, looked.as_ref()).await
+    vps_commands::error::retrying(&item.key, || async {
+        let mut conn = ctx.pool.acquire().await?;
+        let looked = vps_projections::instances::load(&mut conn, &item.key).await?;
+        drop(conn);
+        pass(ctx, timings, item, looked.as_ref()).await
+    })
+    .await
 }
 
 /// [`reconcile`] on a look already taken: a batch looks at all its instances with one read.
+/// A pass that lost a race to another writer starts over from a fresh look.
 ///
 /// The look is read without locks: most passes find an instance that needs nothing, and a row
 /// lock is written to the WAL, so even a pass that records nothing would wait on a flush at its
@@ -58,7 +63,10 @@ pub async fn reconcile_looked(
     item: &Taken,
     looked: Option<&Instance>,
 ) -> Result<Pass, CommandError> {
-    vps_commands::error::retrying(&item.key, || pass(ctx, timings, item, looked)).await
+    match pass(ctx, timings, item, looked).await {
+        Err(e) if e.is_retryable() => reconcile(ctx, timings, item).await,
+        other => other,
+    }
 }
 
 async fn pass(
