@@ -562,7 +562,7 @@ async fn a_replay_skips_usage_records_logged_ahead_of_their_projection() {
         metadata: Metadata::default(),
     };
     let mut conn = db.acquire().await.unwrap();
-    vps_events::append_unseen(&mut conn, &record.stream(), &[event.clone()])
+    vps_events::append_unseen(&mut conn, &record.stream(), std::slice::from_ref(&event))
         .await
         .unwrap();
 
