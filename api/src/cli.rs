@@ -235,6 +235,11 @@ enum BenchCommand {
         /// Stop waiting for convergence after this many seconds (then exit 1).
         #[arg(long, default_value_t = 600.0)]
         timeout: f64,
+        /// The usage window in seconds (`[timings] usage_window`). A window's end is the
+        /// server's largest burst of memory (a record per meter and instance); a short window
+        /// puts several inside the run.
+        #[arg(long, default_value_t = 300.0)]
+        usage_window: f64,
     },
     /// sandboxes.create to ready: warm claims and cold creates vs one append.
     Sandbox {
@@ -489,6 +494,7 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
             boot_ms,
             clients,
             timeout,
+            usage_window,
         } => {
             let options = crate::bench::converge::ConvergeBench {
                 hosts: hosts.max(1),
@@ -496,6 +502,7 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 boot: std::time::Duration::from_millis(boot_ms),
                 clients: clients.max(1),
                 timeout: std::time::Duration::from_secs_f64(timeout.clamp(1.0, 86_400.0)),
+                usage_window: usage_window.clamp(1.0, 86_400.0),
             };
             return Ok(exit_code(crate::bench::converge::run(url, &options).await?));
         }

@@ -45,8 +45,8 @@ pub const ACTOR: &str = "reactor:usage";
 const BATCH: i64 = 5000;
 /// Records settled per pass, at most (a window is never split across passes).
 const RECORDS_PER_PASS: usize = 20_000;
-/// Events per append statement.
-const APPEND_CHUNK: usize = 5000;
+/// Records per append and per projecting statement.
+const CHUNK: usize = 2000;
 /// The least time between two reads of the log when woken.
 const PACE: Duration = Duration::from_millis(250);
 
@@ -312,32 +312,23 @@ struct Batch {
     windows: Windows,
 }
 
-/// Settled records with their event ids, and the events that record them, by stream: built
-/// while the previous batch commits, not on the commit's path.
+/// Settled records with their event ids, grouped by stream. A window's records can be tens of
+/// thousands (one per meter and instance), so the events that record them are built a chunk
+/// at a time as they are appended, and the views take them a chunk at a time too: a window
+/// boundary costs the server a chunk's worth of memory, not the window's.
 struct Records {
     records: Vec<UsageRecord>,
     ids: Vec<String>,
-    by_stream: BTreeMap<String, Vec<NewEvent>>,
+    /// Indexes into `records`, by the stream each is appended to.
+    by_stream: BTreeMap<String, Vec<usize>>,
 }
 
 impl Records {
     fn new(records: Vec<UsageRecord>) -> Records {
         let ids: Vec<String> = records.iter().map(UsageRecord::event_id).collect();
-        let mut by_stream: BTreeMap<String, Vec<NewEvent>> = BTreeMap::new();
-        for (record, id) in records.iter().zip(&ids) {
-            by_stream
-                .entry(record.stream())
-                .or_default()
-                .push(NewEvent {
-                    id: id.clone(),
-                    event_type: EVENT_TYPE.to_string(),
-                    data: record.data(),
-                    metadata: Metadata {
-                        tenant_id: Some(record.tenant_id.clone()),
-                        actor: Some(ACTOR.to_string()),
-                        ..Metadata::default()
-                    },
-                });
+        let mut by_stream: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (n, record) in records.iter().enumerate() {
+            by_stream.entry(record.stream()).or_default().push(n);
         }
         Records {
             records,
@@ -346,13 +337,29 @@ impl Records {
         }
     }
 
+    /// The `usage.recorded` event of record `n`.
+    fn event(&self, n: usize) -> NewEvent {
+        let record = &self.records[n];
+        NewEvent {
+            id: self.ids[n].clone(),
+            event_type: EVENT_TYPE.to_string(),
+            data: record.data(),
+            metadata: Metadata {
+                tenant_id: Some(record.tenant_id.clone()),
+                actor: Some(ACTOR.to_string()),
+                ..Metadata::default()
+            },
+        }
+    }
+
     /// Appends the records the log does not hold yet, one stream per tenant; answers how many
     /// it appended.
     async fn append(&self, conn: &mut PgConnection) -> Result<usize, MeteringError> {
         let mut appended = 0;
-        for (stream, events) in &self.by_stream {
-            for chunk in events.chunks(APPEND_CHUNK) {
-                appended += vps_events::append_unseen(conn, stream, chunk).await?;
+        for (stream, indexes) in &self.by_stream {
+            for chunk in indexes.chunks(CHUNK) {
+                let events: Vec<NewEvent> = chunk.iter().map(|&n| self.event(n)).collect();
+                appended += vps_events::append_unseen(conn, stream, &events).await?;
             }
         }
         Ok(appended)
@@ -360,9 +367,11 @@ impl Records {
 
     /// Projects the records the views do not hold yet.
     async fn project(&self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
-        let projected: Vec<(String, &UsageRecord)> =
-            self.ids.iter().cloned().zip(&self.records).collect();
-        vps_projections::usage::apply_records(conn, &projected).await
+        for (ids, records) in self.ids.chunks(CHUNK).zip(self.records.chunks(CHUNK)) {
+            let projected: Vec<(String, &UsageRecord)> = ids.iter().cloned().zip(records).collect();
+            vps_projections::usage::apply_records(conn, &projected).await?;
+        }
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use sqlx::PgPool;
+use vps_domain::usage::window::{at, micros};
 use vps_domain::usage::Windows;
 use vps_events::{ExpectedVersion, Metadata, NewEvent, Notifier, RecordedEvent};
 use vps_reactors::usage::Metering;
@@ -250,4 +251,62 @@ async fn a_catch_up_under_a_steady_stream_of_events_ends_after_a_short_page() {
     for writer in writers {
         writer.await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn a_window_with_more_records_than_a_chunk_is_logged_and_projected_whole() {
+    let pool = fresh_log().await;
+    let windows = Windows::from_seconds(2.0).unwrap();
+    let mut metering = Metering::load(pool.clone(), &Notifier::local_only(), windows)
+        .await
+        .unwrap();
+    // 1,100 running instances of three tenants, two meters each: 2,200 records a window,
+    // more than one append or projecting statement takes.
+    const INSTANCES: usize = 1100;
+    let mut tx = pool.begin().await.unwrap();
+    for n in 0..INSTANCES {
+        let data = json!({ "instanceId": format!("inst_{n}"), "tenantId": format!("t{}", n % 3),
+                           "poolId": "pool_h", "poolKind": "hosted", "flavor": "small",
+                           "shape": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 },
+                           "imageId": "img", "sshKeys": [], "idempotencyKey": format!("k{n}"),
+                           "requestHash": "h", "state": "scheduling", "desiredState": "running",
+                           "ownerIdentityId": "id_alice" });
+        let events: Vec<NewEvent> = ["instance.created", "instance.scheduled"]
+            .into_iter()
+            .map(|event_type| NewEvent {
+                id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
+                event_type: event_type.into(),
+                data: data.clone(),
+                metadata: Metadata::default(),
+            })
+            .collect();
+        let stream = format!("instance-inst_{n}");
+        vps_events::append(&mut tx, &stream, ExpectedVersion::Any, &events)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let started: DateTime<Utc> = sqlx::query_scalar("SELECT max(recorded_at) FROM events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let first_end = at(windows.start_of(micros(started)) + windows.length());
+    meter_past(&mut metering, &pool, first_end).await;
+
+    let (logged, projected, rollups, sum) = totals(&pool).await;
+    assert_eq!(logged, projected, "every record is projected");
+    assert_eq!(rollups, sum, "the rollups add up the records");
+    let first: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM usage_records WHERE window_start = $1 AND window_end = $2",
+    )
+    .bind(started)
+    .bind(first_end)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(first, 2 * INSTANCES as i64, "both meters of every instance");
+    let report = vps_reactors::usage::verify::verify(&pool, windows, started, first_end)
+        .await
+        .unwrap();
+    assert_eq!(report.first_difference, None);
 }

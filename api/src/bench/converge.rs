@@ -40,6 +40,8 @@ pub struct ConvergeBench {
     pub clients: usize,
     /// Give up waiting for convergence after this long (the figures then say how far it got).
     pub timeout: Duration,
+    /// The usage window, in seconds.
+    pub usage_window: f64,
 }
 
 /// Runs the benchmark and prints the figures, JSON line last; returns whether every instance
@@ -59,6 +61,7 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
     // Fast enough that a transitional instance is looked at again within a second.
     config.timings.transitional_look = 1.0;
     config.timings.unschedulable_retry = 1.0;
+    config.timings.usage_window = o.usage_window;
 
     let setup = Instant::now();
     // Nodes twice as big as their share, so placement never runs out of room.
@@ -183,6 +186,7 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
         "hosts_peak_rss_mb": mb(hosts_peak_kb),
         "boot_ms": o.boot.as_millis() as u64,
         "clients": o.clients,
+        "usage_window_seconds": o.usage_window,
     }))
 }
 
