@@ -170,6 +170,9 @@ const INSERT_ONE: &str = concat!(
     returning!()
 );
 
+/// The most `COPY` data sent in one message.
+const COPY_PIECE: usize = 64 * 1024;
+
 /// Copies `events` into the log after the stream's last version, in binary `COPY` format. A
 /// stored id fails the copy on `unique (id)`; a writer that raced it, on
 /// `unique (stream, version)` (a concurrency error).
@@ -213,7 +216,12 @@ async fn copy_in(
             "COPY events (stream, version, id, type, data, metadata) FROM STDIN (FORMAT binary)",
         )
         .await?;
-    copy.send(rows).await?;
+    // In pieces: the connection's write buffer grows to the largest message it sends and
+    // keeps that size for the pool's lifetime, so one whole batch per message would leave
+    // megabytes behind on every connection that ever appended one.
+    for piece in rows.chunks(COPY_PIECE) {
+        copy.send(piece).await?;
+    }
     copy.finish()
         .await
         .map_err(|e| version_race(e, stream, ExpectedVersion::Any))?;

@@ -371,6 +371,9 @@ impl Records {
             let projected: Vec<(String, &UsageRecord)> = ids.iter().cloned().zip(records).collect();
             vps_projections::usage::apply_records(conn, &projected).await?;
         }
+        // A chunk's bound arrays run to hundreds of kilobytes, and a connection keeps its
+        // write buffer at the largest message it sent: give that back to the pool's memory.
+        sqlx::Connection::shrink_buffers(conn);
         Ok(())
     }
 }
