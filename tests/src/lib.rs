@@ -302,10 +302,32 @@ impl TestServer {
             if left == 0 {
                 Ok(())
             } else {
-                Err(format!("{left} events to go"))
+                let held = self.long_transactions().await;
+                Err(format!("{left} events to go; {held}"))
             }
         })
         .await;
+    }
+
+    /// The cluster's transactions open for more than 5 s that hold back the log's read
+    /// horizon: followers read only below the oldest transaction id still running, in any
+    /// database of the cluster, so one left open anywhere stalls every follower.
+    async fn long_transactions(&self) -> String {
+        let open: Option<String> = sqlx::query_scalar(
+            "SELECT string_agg(format('%s pid %s %s for %s s: %s', datname, pid, state,
+                                      round(extract(epoch FROM now() - xact_start)),
+                                      left(query, 120)), '; ' ORDER BY xact_start)
+               FROM pg_stat_activity
+              WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)
+                AND xact_start < now() - interval '5 seconds'",
+        )
+        .fetch_one(&self.server.state.pool)
+        .await
+        .unwrap_or_default();
+        format!(
+            "transactions open over 5 s in the cluster: {}",
+            open.as_deref().unwrap_or("none")
+        )
     }
 
     /// Waits until the server is quiescent: every follower (waker, NodeSpecs, chainer,
@@ -323,8 +345,9 @@ impl TestServer {
             if behind.is_empty() && busy.is_empty() {
                 Ok(())
             } else {
+                let held = self.long_transactions().await;
                 Err(format!(
-                    "followers behind: {behind:?}; work items due or leased: {busy:?}"
+                    "followers behind: {behind:?}; work items due or leased: {busy:?}; {held}"
                 ))
             }
         })
