@@ -100,19 +100,42 @@ pub async fn eventually_every<T, E, F, Fut>(
     what: &str,
     within: Duration,
     every: Duration,
-    mut check: F,
+    check: F,
 ) -> T
 where
     E: Debug,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    eventually_explained(what, within, every, check, || async { None }).await
+}
+
+/// Like [`eventually_every`]; a failure also names what `explain` finds then (asked only
+/// once, at the timeout: what may explain a wait that never ended).
+pub async fn eventually_explained<T, E, F, Fut, X, XFut>(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    mut check: F,
+    explain: X,
+) -> T
+where
+    E: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    X: FnOnce() -> XFut,
+    XFut: Future<Output = Option<String>>,
+{
     let deadline = Instant::now() + within;
     loop {
         match check().await {
             Ok(value) => return value,
             Err(last) if Instant::now() >= deadline => {
-                panic!("timed out after {within:?} waiting for {what}; last seen: {last:?}")
+                let more = explain()
+                    .await
+                    .map(|m| format!("; {m}"))
+                    .unwrap_or_default();
+                panic!("timed out after {within:?} waiting for {what}; last seen: {last:?}{more}")
             }
             Err(_) => tokio::time::sleep(every).await,
         }
@@ -150,6 +173,15 @@ mod tests {
             "postgres://u:p@h:5/t_1?sslmode=disable"
         );
         assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "last seen: \"not yet\"; the lock was held")]
+    async fn a_wait_that_times_out_names_what_explain_found() {
+        let never = || async { Err::<(), _>("not yet") };
+        let explain = || async { Some("the lock was held".to_string()) };
+        let (within, every) = (Duration::from_millis(20), Duration::from_millis(5));
+        eventually_explained("never", within, every, never, explain).await;
     }
 
     #[tokio::test]

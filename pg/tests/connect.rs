@@ -8,6 +8,13 @@ use std::task::{Context, Waker};
 use sqlx::PgPool;
 use vps_pg::connect::{connect, DbOptions, PING_IDLE};
 
+/// A pool of one connection, so the next borrower gets the connection the last one used.
+async fn one_connection(url: &str) -> PgPool {
+    connect(url, &DbOptions { max_connections: 1 })
+        .await
+        .unwrap()
+}
+
 async fn backend_pid(pool: &PgPool) -> i32 {
     sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(pool)
@@ -18,15 +25,11 @@ async fn backend_pid(pool: &PgPool) -> i32 {
 #[tokio::test]
 async fn a_connection_ended_while_idle_is_replaced_when_taken() {
     let url = vps_pg::testing::fresh_database().await;
-    let pool = connect(&url, &DbOptions { max_connections: 1 })
-        .await
-        .unwrap();
+    let pool = one_connection(&url).await;
     let first = backend_pid(&pool).await;
 
     // The server ends the pool's only session (as a restart or an idle-session kill would).
-    let other = connect(&url, &DbOptions { max_connections: 1 })
-        .await
-        .unwrap();
+    let other = one_connection(&url).await;
     let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(first)
         .fetch_one(&other)
@@ -42,9 +45,7 @@ async fn a_connection_ended_while_idle_is_replaced_when_taken() {
 #[tokio::test]
 async fn a_transaction_cancelled_while_it_begins_leaves_no_transaction_to_the_next_borrower() {
     let url = vps_pg::testing::fresh_database().await;
-    let pool = connect(&url, &DbOptions { max_connections: 1 })
-        .await
-        .unwrap();
+    let pool = one_connection(&url).await;
     sqlx::query("CREATE TABLE marks (n int)")
         .execute(&pool)
         .await
@@ -70,9 +71,7 @@ async fn a_transaction_cancelled_while_it_begins_leaves_no_transaction_to_the_ne
         .execute(&pool)
         .await
         .unwrap();
-    let other = connect(&url, &DbOptions { max_connections: 1 })
-        .await
-        .unwrap();
+    let other = one_connection(&url).await;
     let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM marks")
         .fetch_one(&other)
         .await

@@ -16,18 +16,42 @@ use support::{fresh_log, PATIENCE};
 
 const STREAM: &str = "instance-inst_warm";
 
-async fn append(pool: &PgPool, event_type: &str, extra: Value) -> RecordedEvent {
-    let mut data = json!({ "instanceId": "inst_warm", "tenantId": "acme", "poolId": "pool_h",
-                           "state": "stopped", "desiredState": "stopped" });
+/// `base` with `extra`'s fields written over it.
+fn merged(mut base: Value, extra: Value) -> Value {
     for (k, v) in extra.as_object().unwrap() {
-        data[k] = v.clone();
+        base[k] = v.clone();
     }
-    let event = NewEvent {
+    base
+}
+
+/// An instance event's data: the warm instance's fields, with `extra`'s over them.
+fn instance_data(extra: Value) -> Value {
+    let base = json!({ "instanceId": "inst_warm", "tenantId": "acme", "poolId": "pool_h",
+                       "state": "stopped", "desiredState": "stopped" });
+    merged(base, extra)
+}
+
+/// `instance.created`'s fields for a 2-vCPU hosted instance, with `extra`'s over them.
+fn created_data(extra: Value) -> Value {
+    let base = json!({ "poolKind": "hosted", "flavor": "small",
+                       "shape": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 },
+                       "imageId": "img", "sshKeys": [], "idempotencyKey": "k",
+                       "requestHash": "h" });
+    merged(base, extra)
+}
+
+/// A new event with a fresh id.
+fn new_event(event_type: &str, data: Value) -> NewEvent {
+    NewEvent {
         id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
         event_type: event_type.into(),
         data,
         metadata: Metadata::default(),
-    };
+    }
+}
+
+async fn append(pool: &PgPool, event_type: &str, extra: Value) -> RecordedEvent {
+    let event = new_event(event_type, instance_data(extra));
     let mut tx = pool.begin().await.unwrap();
     let stored = vps_events::append(&mut tx, STREAM, ExpectedVersion::Any, &[event])
         .await
@@ -48,14 +72,7 @@ async fn metering() -> (PgPool, Windows, Metering) {
 
 /// `instance.created` of a 2-vCPU hosted instance, with `extra` fields.
 async fn created(pool: &PgPool, extra: Value) -> RecordedEvent {
-    let mut data = json!({ "poolKind": "hosted", "flavor": "small",
-                           "shape": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 },
-                           "imageId": "img", "sshKeys": [], "idempotencyKey": "k",
-                           "requestHash": "h" });
-    for (k, v) in extra.as_object().unwrap() {
-        data[k] = v.clone();
-    }
-    append(pool, "instance.created", data).await
+    append(pool, "instance.created", created_data(extra)).await
 }
 
 /// Waits (polling the clock) until `time` has passed.
@@ -226,12 +243,10 @@ async fn a_catch_up_under_a_steady_stream_of_events_ends_after_a_short_page() {
             tokio::spawn(async move {
                 let stream = format!("instance-inst_{w}");
                 while std::time::Instant::now() < stop {
-                    let event = NewEvent {
-                        id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
-                        event_type: "instance.scheduled".into(),
-                        data: json!({ "instanceId": format!("inst_{w}"), "tenantId": "acme" }),
-                        metadata: Metadata::default(),
-                    };
+                    let event = new_event(
+                        "instance.scheduled",
+                        json!({ "instanceId": format!("inst_{w}"), "tenantId": "acme" }),
+                    );
                     let mut tx = pool.begin().await.unwrap();
                     vps_events::append(&mut tx, &stream, ExpectedVersion::Any, &[event])
                         .await
@@ -265,20 +280,13 @@ async fn a_window_with_more_records_than_a_chunk_is_logged_and_projected_whole()
     const INSTANCES: usize = 1100;
     let mut tx = pool.begin().await.unwrap();
     for n in 0..INSTANCES {
-        let data = json!({ "instanceId": format!("inst_{n}"), "tenantId": format!("t{}", n % 3),
-                           "poolId": "pool_h", "poolKind": "hosted", "flavor": "small",
-                           "shape": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 20 },
-                           "imageId": "img", "sshKeys": [], "idempotencyKey": format!("k{n}"),
-                           "requestHash": "h", "state": "scheduling", "desiredState": "running",
-                           "ownerIdentityId": "id_alice" });
+        let data = instance_data(created_data(json!({
+            "instanceId": format!("inst_{n}"), "tenantId": format!("t{}", n % 3),
+            "idempotencyKey": format!("k{n}"), "state": "scheduling", "desiredState": "running",
+            "ownerIdentityId": "id_alice" })));
         let events: Vec<NewEvent> = ["instance.created", "instance.scheduled"]
             .into_iter()
-            .map(|event_type| NewEvent {
-                id: format!("evt_{}", ulid::Ulid::generate().to_string().to_lowercase()),
-                event_type: event_type.into(),
-                data: data.clone(),
-                metadata: Metadata::default(),
-            })
+            .map(|event_type| new_event(event_type, data.clone()))
             .collect();
         let stream = format!("instance-inst_{n}");
         vps_events::append(&mut tx, &stream, ExpectedVersion::Any, &events)

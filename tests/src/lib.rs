@@ -288,7 +288,7 @@ impl TestServer {
     /// follower that has not started yet is not caught up).
     pub async fn follower_caught_up(&self, name: &str) {
         let what = format!("follower {name} at the head of the log");
-        eventually(&what, PATIENCE, || async {
+        let check = || async {
             let left: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM events e
                   WHERE (e.transaction_id, e.position) > (
@@ -302,17 +302,16 @@ impl TestServer {
             if left == 0 {
                 Ok(())
             } else {
-                let held = self.long_transactions().await;
-                Err(format!("{left} events to go; {held}"))
+                Err(format!("{left} events to go"))
             }
-        })
-        .await;
+        };
+        eventually_explained(&what, PATIENCE, POLL, check, || self.long_transactions()).await;
     }
 
     /// The cluster's transactions open for more than 5 s that hold back the log's read
     /// horizon: followers read only below the oldest transaction id still running, in any
     /// database of the cluster, so one left open anywhere stalls every follower.
-    async fn long_transactions(&self) -> String {
+    async fn long_transactions(&self) -> Option<String> {
         let open: Option<String> = sqlx::query_scalar(
             "SELECT string_agg(format('%s pid %s %s for %s s: %s', datname, pid, state,
                                       round(extract(epoch FROM now() - xact_start)),
@@ -324,17 +323,17 @@ impl TestServer {
         .fetch_one(&self.server.state.pool)
         .await
         .unwrap_or_default();
-        format!(
+        Some(format!(
             "transactions open over 5 s in the cluster: {}",
             open.as_deref().unwrap_or("none")
-        )
+        ))
     }
 
     /// Waits until the server is quiescent: every follower (waker, NodeSpecs, chainer,
     /// webhook fan-out, …) has handled every event appended so far, and no work item is being
     /// worked on or due. Until something comes due or a host speaks, nothing more happens.
     pub async fn quiescent(&self) {
-        eventually("a quiescent server", PATIENCE, || async {
+        let check = || async {
             let behind = self.followers_behind().await;
             let busy: Vec<(String, String)> = sqlx::query_as(
                 "SELECT kind, key FROM work_items WHERE due_at <= now() OR lease_until > now()",
@@ -345,13 +344,13 @@ impl TestServer {
             if behind.is_empty() && busy.is_empty() {
                 Ok(())
             } else {
-                let held = self.long_transactions().await;
                 Err(format!(
-                    "followers behind: {behind:?}; work items due or leased: {busy:?}; {held}"
+                    "followers behind: {behind:?}; work items due or leased: {busy:?}"
                 ))
             }
-        })
-        .await;
+        };
+        let explain = || self.long_transactions();
+        eventually_explained("a quiescent server", PATIENCE, POLL, check, explain).await;
     }
 
     /// The followers with events after their checkpoint, and how many.
@@ -421,7 +420,7 @@ pub fn sandbox_ca() -> &'static std::path::Path {
     })
 }
 
-pub use vps_pg::testing::eventually_every;
+pub use vps_pg::testing::{eventually_every, eventually_explained};
 
 /// [`eventually_every`] at the usual [`POLL`].
 pub async fn eventually<T, E, F, Fut>(what: &str, within: Duration, check: F) -> T
