@@ -29,14 +29,17 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
-/// The input of [`create`].
-#[derive(Debug, Clone)]
+/// `identities.create`, the input of [`create`].
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(rename = "CreateIdentity")]
 pub struct NewIdentity {
-    /// The tenant it acts for.
+    /// The tenant it acts for (required unless `operator`).
     pub tenant_id: Option<String>,
-    /// Operators may do everything.
+    /// Operators may do everything (default false).
+    #[serde(default)]
     pub operator: bool,
-    /// For people.
+    /// For people, 1 to 128 characters.
     pub name: String,
 }
 

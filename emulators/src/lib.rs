@@ -6,6 +6,7 @@
 //!   routes, status codes, JSON shapes and authentication of the real API closely enough for
 //!   vps's clients, with state in memory and transitions that complete after a short delay;
 //! - `faults`: the failures tests inject (throttling, server errors, lost answers);
+//! - `provider`: the state a provider emulator's routes share (world, faults, credential);
 //! - `server`: binding and stopping an emulator's server.
 //!
 //! Start one with `hetzner::Emulator::start().await`, which answers the API's base URL and a
@@ -14,6 +15,7 @@
 mod faults;
 pub mod hetzner;
 pub mod host;
+mod provider;
 pub mod proxmox;
 mod server;
 

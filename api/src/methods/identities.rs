@@ -10,19 +10,6 @@ use crate::config::IdentityConfig;
 use crate::error::ApiError;
 use crate::registry::{Access::Operator, Call, Items, Method, NoParams};
 
-/// `identities.create`.
-#[derive(Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CreateIdentity {
-    /// The tenant it acts for (required unless `operator`).
-    tenant_id: Option<String>,
-    /// Operators may do everything (default false).
-    #[serde(default)]
-    operator: bool,
-    /// For people, 1 to 128 characters.
-    name: String,
-}
-
 /// `apiKeys.revoke`.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -136,13 +123,8 @@ pub fn methods() -> Vec<Method> {
     ]
 }
 
-async fn create(c: Call, q: CreateIdentity) -> Result<Created, ApiError> {
-    let new = NewIdentity {
-        tenant_id: q.tenant_id,
-        operator: q.operator,
-        name: q.name,
-    };
-    let (identity, key) = commands::create(&c.ctx, new).await?;
+async fn create(c: Call, q: NewIdentity) -> Result<Created, ApiError> {
+    let (identity, key) = commands::create(&c.ctx, q).await?;
     Ok(Created {
         identity: IdentityAnswer {
             id: identity.id,

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, Method, StatusCode};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -15,72 +15,60 @@ use chrono::Utc;
 use serde_json::{json, Value};
 
 use super::cloud::{not_found, ApiError, Cloud, NewServer, Server};
-use crate::faults::{serve_or_fail, Fault, Faults};
+use crate::faults::Faults;
+use crate::provider::{guard, Credential, ProviderAnswers, ProviderState};
 
 /// Hetzner's user data limit.
 const MAX_USER_DATA_BYTES: usize = 32 * 1024;
 const LOCATIONS: [&str; 6] = ["fsn1", "nbg1", "hel1", "ash", "hil", "sin"];
 
-#[derive(Clone)]
-struct AppState {
-    cloud: Arc<Mutex<Cloud>>,
-    faults: Faults,
-    token: Arc<str>,
-}
+type AppState = ProviderState<Cloud>;
 
 pub(super) fn router(cloud: Arc<Mutex<Cloud>>, faults: Faults, token: String) -> Router {
-    let state = AppState {
-        cloud,
-        faults,
-        token: token.into(),
-    };
+    let state = AppState::new(cloud, faults, format!("Bearer {token}"));
     Router::new()
         .route("/v1/servers", get(list_servers).post(create_server))
         .route("/v1/servers/{id}", get(get_server).delete(delete_server))
         .route("/v1/servers/{id}/actions/{action}", post(server_action))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "not found") })
-        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::<Cloud>,
+        ))
         .with_state(state)
 }
 
-/// Authentication first, as the real API does, then any injected fault.
-async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let expected = format!("Bearer {}", state.token);
-    let authorized = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .is_some_and(|value| value.as_bytes() == expected.as_bytes());
-    if !authorized {
-        return error(
+impl ProviderAnswers for Cloud {
+    fn unauthorized(_: Credential) -> Response {
+        error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "unable to authenticate",
-        );
+        )
     }
-    let is_create = request.method() == Method::POST && request.uri().path() == "/v1/servers";
-    serve_or_fail(
-        &state.faults,
-        is_create,
-        request,
-        next,
-        |fault| match fault {
-            Fault::RateLimited => rate_limited(1),
-            Fault::RateLimitedFor(seconds) => rate_limited(seconds),
-            _ => error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "service unavailable",
-            ),
-        },
-    )
-    .await
+
+    fn rate_limited(seconds: u64) -> Response {
+        rate_limited(seconds)
+    }
+
+    fn unavailable() -> Response {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "service unavailable",
+        )
+    }
+
+    fn is_create(request: &Request) -> bool {
+        request.method() == Method::POST && request.uri().path() == "/v1/servers"
+    }
 }
 
 async fn list_servers(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let mut cloud = lock(&state);
+    let mut cloud = state.lock();
     cloud.settle();
     let name = query.get("name");
     let servers: Vec<Value> = if name.is_some() && cloud.hidden_lookups > 0 {
@@ -112,7 +100,7 @@ async fn create_server(State(state): State<AppState>, body: Bytes) -> Response {
         Ok(new) => new,
         Err(e) => return e.into_response(),
     };
-    let mut cloud = lock(&state);
+    let mut cloud = state.lock();
     cloud.settle();
     let action_id = cloud.action_id();
     let next_action_id = cloud.action_id();
@@ -132,7 +120,7 @@ async fn create_server(State(state): State<AppState>, body: Bytes) -> Response {
 }
 
 async fn get_server(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let mut cloud = lock(&state);
+    let mut cloud = state.lock();
     cloud.settle();
     match parse_id(&id).and_then(|id| cloud.get(id)) {
         Ok(server) => Json(json!({ "server": server_json(server) })).into_response(),
@@ -168,7 +156,7 @@ fn act_on_server(
     id: &str,
     f: impl FnOnce(&mut Cloud, u64, u64) -> Result<Response, ApiError>,
 ) -> Response {
-    let mut cloud = lock(state);
+    let mut cloud = state.lock();
     cloud.settle();
     let result = parse_id(id).and_then(|id| {
         let action_id = cloud.action_id();
@@ -312,10 +300,6 @@ fn is_hostname(name: &str) -> bool {
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
-}
-
-fn lock(state: &AppState) -> std::sync::MutexGuard<'_, Cloud> {
-    state.cloud.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl IntoResponse for ApiError {

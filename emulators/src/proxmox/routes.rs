@@ -6,28 +6,20 @@ use std::sync::{Arc, Mutex};
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, Method, StatusCode};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use super::node::{server_error, Node, PveError};
-use crate::faults::{serve_or_fail, Fault, Faults};
+use crate::faults::Faults;
+use crate::provider::{guard, Credential, ProviderAnswers, ProviderState};
 
-#[derive(Clone)]
-struct AppState {
-    node: Arc<Mutex<Node>>,
-    faults: Faults,
-    authorization: Arc<str>,
-}
+type AppState = ProviderState<Node>;
 
 pub(super) fn router(node: Arc<Mutex<Node>>, faults: Faults, authorization: String) -> Router {
-    let state = AppState {
-        node,
-        faults,
-        authorization: authorization.into(),
-    };
+    let state = AppState::new(node, faults, authorization);
     let api = Router::new()
         .route("/cluster/nextid", get(next_id))
         .route("/nodes/{node}/qemu", get(list_vms))
@@ -50,32 +42,29 @@ pub(super) fn router(node: Arc<Mutex<Node>>, faults: Faults, authorization: Stri
     Router::new()
         .nest("/api2/json", api)
         .fallback(|| async { failure(StatusCode::NOT_IMPLEMENTED, "Method not implemented") })
-        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::<Node>))
         .with_state(state)
 }
 
-/// Authentication first, as the real API does, then any injected fault.
-async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    match request.headers().get(header::AUTHORIZATION) {
-        None => return failure(StatusCode::UNAUTHORIZED, "No ticket"),
-        Some(value) if value.as_bytes() != state.authorization.as_bytes() => {
-            return failure(StatusCode::UNAUTHORIZED, "invalid token value!")
+impl ProviderAnswers for Node {
+    fn unauthorized(credential: Credential) -> Response {
+        match credential {
+            Credential::Missing => failure(StatusCode::UNAUTHORIZED, "No ticket"),
+            _ => failure(StatusCode::UNAUTHORIZED, "invalid token value!"),
         }
-        Some(_) => {}
     }
-    let is_create = request.method() == Method::POST && request.uri().path().ends_with("/clone");
-    serve_or_fail(
-        &state.faults,
-        is_create,
-        request,
-        next,
-        |fault| match fault {
-            Fault::RateLimited => rate_limited(1),
-            Fault::RateLimitedFor(seconds) => rate_limited(seconds),
-            _ => failure(StatusCode::SERVICE_UNAVAILABLE, "service unavailable"),
-        },
-    )
-    .await
+
+    fn rate_limited(seconds: u64) -> Response {
+        rate_limited(seconds)
+    }
+
+    fn unavailable() -> Response {
+        failure(StatusCode::SERVICE_UNAVAILABLE, "service unavailable")
+    }
+
+    fn is_create(request: &Request) -> bool {
+        request.method() == Method::POST && request.uri().path().ends_with("/clone")
+    }
 }
 
 /// `429` asking for a wait of `seconds`.
@@ -177,7 +166,7 @@ fn with_node(
     name: Option<&str>,
     f: impl FnOnce(&mut Node) -> Result<Value, PveError>,
 ) -> Result<Value, PveError> {
-    let mut node = state.node.lock().unwrap_or_else(|e| e.into_inner());
+    let mut node = state.lock();
     if let Some(name) = name.filter(|name| *name != node.name) {
         return Err(server_error(format!(
             "hostname lookup '{name}' failed - failed to get address info for: {name}: Name or service not known"
