@@ -5,7 +5,7 @@
 //! `request` (the caller, the parsed body), `registry` (what a method is), `authz` (Cedar decisions, the policies in force), `methods` (one
 //! module per group, and the registry of them all), `rpc` (dispatch), `openapi` (the document generated from the registry),
 //! `state`, `wait`, `guards` (bounds on open streams and long-polls), `server` (router,
-//! background parts), `supervisor` (restarts failed or panicked parts), `health`, `doctor` (operator self-checks), `telemetry`, `tools` (events, audit),
+//! background parts), `http` (the accept loop, which closes idle connections), `supervisor` (restarts failed or panicked parts), `health`, `doctor` (operator self-checks), `telemetry`, `tools` (events, audit),
 //! `bench`, `dev`, `cli`, `client` (the per-group CLI), `mcp` (`vps mcp`, tools for agents),
 //! `console` (the web console's embedded page).
 //!
@@ -23,6 +23,7 @@ pub mod doctor;
 pub mod error;
 pub mod guards;
 pub mod health;
+pub mod http;
 pub mod mcp;
 pub mod methods;
 pub mod openapi;

@@ -132,12 +132,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;
         };
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "http server stopped");
-        }
+        crate::http::serve(listener, router, crate::http::IDLE_CONNECTION, shutdown).await;
     }));
     tracing::info!(%addr, "vps listening");
     Ok(RunningServer {
