@@ -3,6 +3,7 @@
 //! Webhooks way.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use axum::Router;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -57,6 +59,8 @@ enum Script {
     DownWhileFlagged,
     /// 200, after taking this long to answer.
     Slow(Duration),
+    /// 200 with this body, as most real endpoints answer.
+    AcceptSaying(&'static str),
 }
 
 /// One request as the endpoint saw it.
@@ -80,6 +84,8 @@ struct Endpoint {
 struct Receiver {
     endpoints: Arc<Mutex<HashMap<String, Endpoint>>>,
     base: String,
+    /// Connections accepted, by every endpoint together.
+    connections: Arc<AtomicUsize>,
 }
 
 impl Receiver {
@@ -92,8 +98,16 @@ impl Receiver {
         let app = Router::new()
             .route("/hooks/{name}", post(receive))
             .with_state(receiver.clone());
+        let connections = receiver.connections.clone();
+        let listener = listener.tap_io(move |_| {
+            connections.fetch_add(1, Ordering::Relaxed);
+        });
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         receiver
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
     }
 
     /// Registers endpoint `name` and returns its URL.
@@ -164,7 +178,7 @@ async fn receive(
             && event["id"] == json!(id);
         let seen = endpoint.requests.len();
         let answer = match endpoint.script {
-            Script::Accept | Script::Hang | Script::Slow(_) => 200,
+            Script::Accept | Script::Hang | Script::Slow(_) | Script::AcceptSaying(_) => 200,
             Script::FailFirst(n) if seen < n => 500,
             Script::FailFirst(_) => 200,
             Script::RetryAfterOnce(_) if seen == 0 => 503,
@@ -200,6 +214,7 @@ async fn receive(
             [("retry-after", secs.to_string())],
         )
             .into_response(),
+        Script::AcceptSaying(body) if answer == 200 => (StatusCode::OK, body).into_response(),
         _ => StatusCode::from_u16(answer).unwrap().into_response(),
     }
 }
@@ -1026,6 +1041,47 @@ async fn a_long_queue_is_delivered_in_order_in_bursts_without_stalling() {
         "in log order, once each"
     );
     worker.abort();
+}
+
+#[tokio::test]
+async fn an_endpoint_answering_with_a_body_gets_its_deliveries_over_kept_connections() {
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        ..
+    } = one_subscription(
+        "talkative",
+        // Longer than what comes with an answer's head, like an endpoint's HTML page.
+        Script::AcceptSaying(Box::leak("ok ".repeat(40_000).into_boxed_str())),
+        &["instance.*"],
+        None,
+    )
+    .await;
+    for n in 0..60 {
+        emit(
+            &pool,
+            &notifier,
+            &format!("instance-inst_{}", n % 3),
+            "instance.running",
+            None,
+        )
+        .await;
+    }
+    let worker = start_worker(&pool, &notifier, fast());
+    eventually("every event delivered", PATIENCE, || async {
+        receiver.accepted("talkative").len() >= 60
+    })
+    .await;
+    worker.abort();
+    // An answer's body left unread closes its connection: one connection per delivery. Read
+    // to the end, the connection goes back to the pool (a few more may open when a POST races
+    // its return).
+    let connections = receiver.connections();
+    assert!(
+        connections <= 10,
+        "60 deliveries took {connections} connections"
+    );
 }
 
 /// How many events the slow-receiver test sends (the acceptance asks 100; fewer runs faster).

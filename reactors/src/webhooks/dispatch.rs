@@ -430,24 +430,51 @@ async fn post(
         .body(item.body.clone())
         .send()
         .await;
+    let response = match response {
+        Ok(r) => r,
+        Err(e) => {
+            return Outcome::Failed {
+                code: None,
+                error: Some(describe(&e)),
+                retry_after: None,
+            }
+        }
+    };
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, Utc::now()));
+    drain(response).await;
     metrics::histogram!("vps_webhook_request_seconds").record(started.elapsed().as_secs_f64());
-    match response {
-        Ok(r) if r.status().is_success() => Outcome::Delivered(r.status().as_u16()),
-        Ok(r) if r.status() == StatusCode::GONE => Outcome::Gone(r.status().as_u16()),
-        Ok(r) => Outcome::Failed {
-            code: Some(r.status().as_u16()),
+    match status {
+        s if s.is_success() => Outcome::Delivered(s.as_u16()),
+        StatusCode::GONE => Outcome::Gone(status.as_u16()),
+        s => Outcome::Failed {
+            code: Some(s.as_u16()),
             error: None,
-            retry_after: r
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| parse_retry_after(v, Utc::now())),
+            retry_after,
         },
-        Err(e) => Outcome::Failed {
-            code: None,
-            error: Some(describe(&e)),
-            retry_after: None,
-        },
+    }
+}
+
+/// The most of an answer's body read, and thrown away, so that its connection can carry the
+/// next delivery; a longer body closes the connection instead.
+const DRAIN_LIMIT: usize = 1 << 20;
+
+/// Reads the rest of an answer's body, up to [`DRAIN_LIMIT`] and within the request timeout.
+/// hyper reuses a connection only once its answer was read to the end: left unread, an answer
+/// longer than what came with its head (64 KiB, an error page) cost every later delivery to
+/// that endpoint a connection of its own, and for HTTPS a handshake. What the body says does
+/// not matter: the status decides.
+async fn drain(mut response: reqwest::Response) {
+    let mut read = 0;
+    while read <= DRAIN_LIMIT {
+        match response.chunk().await {
+            Ok(Some(chunk)) => read += chunk.len(),
+            Ok(None) | Err(_) => return,
+        }
     }
 }
 
