@@ -61,6 +61,8 @@ enum Script {
     Slow(Duration),
     /// 200 with this body, as most real endpoints answer.
     AcceptSaying(&'static str),
+    /// 200 with a body that trickles in, a byte every 100 ms, for a minute.
+    AcceptTrickling,
 }
 
 /// One request as the endpoint saw it.
@@ -178,7 +180,11 @@ async fn receive(
             && event["id"] == json!(id);
         let seen = endpoint.requests.len();
         let answer = match endpoint.script {
-            Script::Accept | Script::Hang | Script::Slow(_) | Script::AcceptSaying(_) => 200,
+            Script::Accept
+            | Script::Hang
+            | Script::Slow(_)
+            | Script::AcceptSaying(_)
+            | Script::AcceptTrickling => 200,
             Script::FailFirst(n) if seen < n => 500,
             Script::FailFirst(_) => 200,
             Script::RetryAfterOnce(_) if seen == 0 => 503,
@@ -215,6 +221,14 @@ async fn receive(
         )
             .into_response(),
         Script::AcceptSaying(body) if answer == 200 => (StatusCode::OK, body).into_response(),
+        Script::AcceptTrickling if answer == 200 => {
+            // The endpoint's behaviour: its body never ends within any request timeout.
+            let bytes = futures::stream::unfold(0u32, |n| async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                (n < 600).then(|| (Ok::<_, std::io::Error>(Bytes::from_static(b".")), n + 1))
+            });
+            (StatusCode::OK, axum::body::Body::from_stream(bytes)).into_response()
+        }
         _ => StatusCode::from_u16(answer).unwrap().into_response(),
     }
 }
@@ -1082,6 +1096,41 @@ async fn an_endpoint_answering_with_a_body_gets_its_deliveries_over_kept_connect
         connections <= 10,
         "60 deliveries took {connections} connections"
     );
+}
+
+#[tokio::test]
+async fn an_answer_whose_body_trickles_in_does_not_hold_the_next_delivery_back() {
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        ..
+    } = one_subscription("trickle", Script::AcceptTrickling, &["instance.*"], None).await;
+    for n in 0..4 {
+        emit(
+            &pool,
+            &notifier,
+            &format!("instance-inst_{n}"),
+            "instance.running",
+            None,
+        )
+        .await;
+    }
+    let config = fast();
+    let timeout = config.request_timeout;
+    let worker = start_worker(&pool, &notifier, config);
+    eventually("every event delivered", PATIENCE, || async {
+        receiver.accepted("trickle").len() >= 4
+    })
+    .await;
+    worker.abort();
+    // The status decides the attempt; the rest of the body is waited for only briefly, never
+    // for the whole request timeout.
+    let requests = receiver.requests("trickle");
+    for pair in requests.windows(2) {
+        let gap = pair[1].at - pair[0].at;
+        assert!(gap < timeout, "the next POST came {gap:?} after the last");
+    }
 }
 
 /// How many events the slow-receiver test sends (the acceptance asks 100; fewer runs faster).

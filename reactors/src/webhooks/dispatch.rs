@@ -462,20 +462,27 @@ async fn post(
 /// The most of an answer's body read, and thrown away, so that its connection can carry the
 /// next delivery; a longer body closes the connection instead.
 const DRAIN_LIMIT: usize = 1 << 20;
+/// The longest wait for the rest of an answer's body: a body that trickles in would hold its
+/// subscription's next delivery back for longer than a new connection costs.
+const DRAIN_WAIT: Duration = Duration::from_millis(500);
 
-/// Reads the rest of an answer's body, up to [`DRAIN_LIMIT`] and within the request timeout.
-/// hyper reuses a connection only once its answer was read to the end: left unread, an answer
-/// longer than what came with its head (64 KiB, an error page) cost every later delivery to
-/// that endpoint a connection of its own, and for HTTPS a handshake. What the body says does
-/// not matter: the status decides.
+/// Reads the rest of an answer's body, up to [`DRAIN_LIMIT`] and [`DRAIN_WAIT`]. hyper reuses a
+/// connection only once its answer was read to the end: left unread, an answer longer than
+/// what came with its head (64 KiB, an error page) cost every later delivery to that endpoint
+/// a connection of its own, and for HTTPS a handshake. What the body says does not matter: the
+/// status, which came before it, decides the attempt.
 async fn drain(mut response: reqwest::Response) {
-    let mut read = 0;
-    while read <= DRAIN_LIMIT {
-        match response.chunk().await {
-            Ok(Some(chunk)) => read += chunk.len(),
-            Ok(None) | Err(_) => return,
+    let read_all = async {
+        let mut read = 0;
+        while read <= DRAIN_LIMIT {
+            match response.chunk().await {
+                Ok(Some(chunk)) => read += chunk.len(),
+                Ok(None) | Err(_) => return,
+            }
         }
-    }
+    };
+    // Cut short, the answer is dropped and its connection closed.
+    let _ = tokio::time::timeout(DRAIN_WAIT, read_all).await;
 }
 
 struct Recorded {
