@@ -397,6 +397,20 @@ async fn emit(
     recorded.remove(0)
 }
 
+/// Appends one `event_type` event for each `n` of `range`, to the stream `stream(n)`, each in
+/// its own transaction.
+async fn emit_each(
+    pool: &PgPool,
+    notifier: &Notifier,
+    range: std::ops::Range<usize>,
+    event_type: &str,
+    stream: impl Fn(usize) -> String,
+) {
+    for n in range {
+        emit(pool, notifier, &stream(n), event_type, None).await;
+    }
+}
+
 /// The ids of the log's events of these type prefixes, in read order, once `n` are readable.
 async fn log_ids(pool: &PgPool, prefixes: &[&str], tenant: Option<&str>, n: usize) -> Vec<String> {
     let wanted = |e: &RecordedEvent| {
@@ -732,16 +746,10 @@ async fn a_dead_endpoint_does_not_delay_another_subscription() {
     let worker = start_worker(&pool, &notifier, config);
 
     let started = Instant::now();
-    for n in 0..20 {
-        emit(
-            &pool,
-            &notifier,
-            &format!("instance-inst_{}", n % 3),
-            "instance.created",
-            None,
-        )
-        .await;
-    }
+    emit_each(&pool, &notifier, 0..20, "instance.created", |n| {
+        format!("instance-inst_{}", n % 3)
+    })
+    .await;
     let expected = log_ids(&pool, &["instance."], None, 20).await;
     eventually(
         "the live subscription got everything",
@@ -805,16 +813,10 @@ async fn undelivered_events_survive_a_restart_of_the_worker() {
         hook,
     } = one_subscription("down", Script::DownWhileFlagged, &["sandbox.*"], None).await;
     let worker = start_worker(&pool, &notifier, fast());
-    for n in 0..5 {
-        emit(
-            &pool,
-            &notifier,
-            &format!("sandbox-sbx_{n}"),
-            "sandbox.created",
-            None,
-        )
-        .await;
-    }
+    emit_each(&pool, &notifier, 0..5, "sandbox.created", |n| {
+        format!("sandbox-sbx_{n}")
+    })
+    .await;
     eventually("a few failed attempts", Duration::from_secs(10), || async {
         list_deliveries(&pool, &hook.id, 10).await.unwrap().len() >= 2
     })
@@ -823,16 +825,10 @@ async fn undelivered_events_survive_a_restart_of_the_worker() {
     let _ = worker.await;
 
     // Appended while no worker runs.
-    for n in 5..10 {
-        emit(
-            &pool,
-            &notifier,
-            &format!("sandbox-sbx_{n}"),
-            "sandbox.created",
-            None,
-        )
-        .await;
-    }
+    emit_each(&pool, &notifier, 5..10, "sandbox.created", |n| {
+        format!("sandbox-sbx_{n}")
+    })
+    .await;
     receiver.set_down("down", false);
     let worker = start_worker(&pool, &notifier, fast());
     let expected = log_ids(&pool, &["sandbox."], None, 10).await;
@@ -1033,16 +1029,10 @@ async fn a_long_queue_is_delivered_in_order_in_bursts_without_stalling() {
     )
     .await;
     // More than one burst, so a burst's end must hand the queue back cleanly.
-    for n in 0..450 {
-        emit(
-            &pool,
-            &notifier,
-            &format!("instance-inst_{}", n % 7),
-            "instance.running",
-            None,
-        )
-        .await;
-    }
+    emit_each(&pool, &notifier, 0..450, "instance.running", |n| {
+        format!("instance-inst_{}", n % 7)
+    })
+    .await;
     let expected = log_ids(&pool, &["instance."], None, 450).await;
     let worker = start_worker(&pool, &notifier, fast());
     eventually("every event delivered", Duration::from_secs(15), || async {
@@ -1072,16 +1062,10 @@ async fn an_endpoint_answering_with_a_body_gets_its_deliveries_over_kept_connect
         None,
     )
     .await;
-    for n in 0..60 {
-        emit(
-            &pool,
-            &notifier,
-            &format!("instance-inst_{}", n % 3),
-            "instance.running",
-            None,
-        )
-        .await;
-    }
+    emit_each(&pool, &notifier, 0..60, "instance.running", |n| {
+        format!("instance-inst_{}", n % 3)
+    })
+    .await;
     let worker = start_worker(&pool, &notifier, fast());
     eventually("every event delivered", PATIENCE, || async {
         receiver.accepted("talkative").len() >= 60
@@ -1106,16 +1090,10 @@ async fn an_answer_whose_body_trickles_in_does_not_hold_the_next_delivery_back()
         receiver,
         ..
     } = one_subscription("trickle", Script::AcceptTrickling, &["instance.*"], None).await;
-    for n in 0..4 {
-        emit(
-            &pool,
-            &notifier,
-            &format!("instance-inst_{n}"),
-            "instance.running",
-            None,
-        )
-        .await;
-    }
+    emit_each(&pool, &notifier, 0..4, "instance.running", |n| {
+        format!("instance-inst_{n}")
+    })
+    .await;
     let config = fast();
     let timeout = config.request_timeout;
     let worker = start_worker(&pool, &notifier, config);
@@ -1151,16 +1129,10 @@ async fn a_slow_receiver_gets_every_event_once_in_order_from_two_workers_with_sh
         hook,
     } = one_subscription("slow", Script::Slow(took), &["instance.*"], None).await;
     let n = slow_receiver_events();
-    for i in 0..n {
-        emit(
-            &pool,
-            &notifier,
-            &format!("instance-inst_{}", i % 5),
-            "instance.running",
-            None,
-        )
-        .await;
-    }
+    emit_each(&pool, &notifier, 0..n, "instance.running", |i| {
+        format!("instance-inst_{}", i % 5)
+    })
+    .await;
     let expected = log_ids(&pool, &["instance."], None, n).await;
     // A lease covers one request and a second: a run of many slow requests outlasts it
     // many times over, so only renewing (and fencing) it keeps the second worker out.
