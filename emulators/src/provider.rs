@@ -66,7 +66,7 @@ impl<W> ProviderState<W> {
     }
 
     /// Checks the request's credential.
-    pub(crate) fn credential(&self, request: &Request) -> Credential {
+    fn credential(&self, request: &Request) -> Credential {
         match request.headers().get(header::AUTHORIZATION) {
             None => Credential::Missing,
             Some(value) if value.as_bytes() == self.authorization.as_bytes() => {

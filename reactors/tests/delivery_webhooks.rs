@@ -139,6 +139,12 @@ impl Receiver {
         self.endpoints.lock().unwrap()[name].requests.clone()
     }
 
+    /// Waits until endpoint `name` has answered 2xx to at least `n` events.
+    async fn wait_accepted(&self, name: &str, n: usize, within: Duration) {
+        let what = format!("{n} events accepted by endpoint {name}");
+        eventually(&what, within, || async { self.accepted(name).len() >= n }).await;
+    }
+
     /// The event ids endpoint `name` answered 2xx to, in arrival order.
     fn accepted(&self, name: &str) -> Vec<String> {
         self.requests(name)
@@ -461,12 +467,9 @@ async fn failing_deliveries_are_retried_signed_recorded_and_kept_in_order() {
     let worker = start_worker(&pool, &notifier, fast());
 
     let expected = emit_mixed_instance_and_sandbox_events(&pool, &notifier).await;
-    eventually(
-        "every instance event delivered",
-        Duration::from_secs(20),
-        || async { receiver.accepted("flaky").len() >= 10 },
-    )
-    .await;
+    receiver
+        .wait_accepted("flaky", 10, Duration::from_secs(20))
+        .await;
     // Deliveries are recorded in runs, right after their POSTs.
     eventually(
         "every attempt recorded",
@@ -687,18 +690,12 @@ async fn a_tenant_scoped_subscription_receives_no_other_tenants_event() {
     .await;
     let everyone = log_ids(&pool, &types.map(|t| t.trim_end_matches('*')), None, 18).await;
 
-    eventually(
-        "the unscoped subscription got everything",
-        Duration::from_secs(20),
-        || async { receiver.accepted("all").len() >= 18 },
-    )
-    .await;
-    eventually(
-        "the acme subscription got acme's",
-        Duration::from_secs(20),
-        || async { receiver.accepted("acme").len() >= 6 },
-    )
-    .await;
+    receiver
+        .wait_accepted("all", 18, Duration::from_secs(20))
+        .await;
+    receiver
+        .wait_accepted("acme", 6, Duration::from_secs(20))
+        .await;
     // Nothing more comes once the queue is empty: the counts below are final.
     deliveries_settled(&pool).await;
     worker.abort();
@@ -751,12 +748,9 @@ async fn a_dead_endpoint_does_not_delay_another_subscription() {
     })
     .await;
     let expected = log_ids(&pool, &["instance."], None, 20).await;
-    eventually(
-        "the live subscription got everything",
-        Duration::from_secs(4),
-        || async { receiver.accepted("live").len() >= 20 },
-    )
-    .await;
+    receiver
+        .wait_accepted("live", 20, Duration::from_secs(4))
+        .await;
     // All of it while the hanging endpoint still holds its first event.
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(receiver.accepted("live"), expected);
@@ -832,12 +826,9 @@ async fn undelivered_events_survive_a_restart_of_the_worker() {
     receiver.set_down("down", false);
     let worker = start_worker(&pool, &notifier, fast());
     let expected = log_ids(&pool, &["sandbox."], None, 10).await;
-    eventually(
-        "everything delivered after the restart",
-        Duration::from_secs(20),
-        || async { receiver.accepted("down").len() >= 10 },
-    )
-    .await;
+    receiver
+        .wait_accepted("down", 10, Duration::from_secs(20))
+        .await;
     // Nothing more comes once the queue is empty: the list below is final.
     deliveries_settled(&pool).await;
     worker.abort();
@@ -1035,10 +1026,9 @@ async fn a_long_queue_is_delivered_in_order_in_bursts_without_stalling() {
     .await;
     let expected = log_ids(&pool, &["instance."], None, 450).await;
     let worker = start_worker(&pool, &notifier, fast());
-    eventually("every event delivered", Duration::from_secs(15), || async {
-        receiver.accepted("busy").len() >= 450
-    })
-    .await;
+    receiver
+        .wait_accepted("busy", 450, Duration::from_secs(15))
+        .await;
     assert_eq!(
         receiver.accepted("busy"),
         expected,
@@ -1067,10 +1057,7 @@ async fn an_endpoint_answering_with_a_body_gets_its_deliveries_over_kept_connect
     })
     .await;
     let worker = start_worker(&pool, &notifier, fast());
-    eventually("every event delivered", PATIENCE, || async {
-        receiver.accepted("talkative").len() >= 60
-    })
-    .await;
+    receiver.wait_accepted("talkative", 60, PATIENCE).await;
     worker.abort();
     // An answer's body left unread closes its connection: one connection per delivery. Read
     // to the end, the connection goes back to the pool (a few more may open when a POST races
@@ -1097,10 +1084,7 @@ async fn an_answer_whose_body_trickles_in_does_not_hold_the_next_delivery_back()
     let config = fast();
     let timeout = config.request_timeout;
     let worker = start_worker(&pool, &notifier, config);
-    eventually("every event delivered", PATIENCE, || async {
-        receiver.accepted("trickle").len() >= 4
-    })
-    .await;
+    receiver.wait_accepted("trickle", 4, PATIENCE).await;
     worker.abort();
     // The status decides the attempt; the rest of the body is waited for only briefly, never
     // for the whole request timeout.

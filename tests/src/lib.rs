@@ -312,7 +312,7 @@ impl TestServer {
     /// horizon: followers read only below the oldest transaction id still running, in any
     /// database of the cluster, so one left open anywhere stalls every follower.
     async fn long_transactions(&self) -> Option<String> {
-        let open: Option<String> = sqlx::query_scalar(
+        let open: Result<Option<String>, _> = sqlx::query_scalar(
             "SELECT string_agg(format('%s pid %s %s for %s s: %s', datname, pid, state,
                                       round(extract(epoch FROM now() - xact_start)),
                                       left(query, 120)), '; ' ORDER BY xact_start)
@@ -321,12 +321,14 @@ impl TestServer {
                 AND xact_start < now() - interval '5 seconds'",
         )
         .fetch_one(&self.server.state.pool)
-        .await
-        .unwrap_or_default();
-        Some(format!(
-            "transactions open over 5 s in the cluster: {}",
-            open.as_deref().unwrap_or("none")
-        ))
+        .await;
+        Some(match open {
+            Ok(open) => format!(
+                "transactions open over 5 s in the cluster: {}",
+                open.as_deref().unwrap_or("none")
+            ),
+            Err(e) => format!("cannot list the cluster's transactions: {e}"),
+        })
     }
 
     /// Waits until the server is quiescent: every follower (waker, NodeSpecs, chainer,
