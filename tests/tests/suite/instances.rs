@@ -542,6 +542,56 @@ async fn concurrent_creates_never_exceed_quota_leases_or_capacity() {
     assert!(t.replay_equal().await);
 }
 
+/// Two replicas admit creates in their own batches and race for one node: each batch locks and
+/// checks the node before it books it, so the node is never overbooked; a batch that lost the
+/// race decides again, and what does not fit waits in `scheduling`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_racing_for_one_node_never_overbook_it() {
+    let t = std::sync::Arc::new(
+        TestServer::start_with(|c| c.timings.unschedulable_retry = 600.0).await,
+    );
+    let replica = t.replica().await;
+    let quota = json!({ "vcpu": 1000, "memoryGiB": 1000, "diskGiB": 10000 });
+    let pool = t.hosted_pool("10.0.0.0/24", 1, quota).await;
+    let urls = [t.server.url(), replica.url()];
+    let http = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for n in 0..32 {
+        let url = format!("{}/api/compute/instances/create", urls[n % 2]);
+        let (http, body) = (
+            http.clone(),
+            create_body(&pool, &format!("node-race-{n}"), "small"),
+        );
+        tasks.push(tokio::spawn(async move {
+            let answer = http
+                .post(url)
+                .bearer_auth(ALICE)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 200);
+            answer.json::<serde_json::Value>().await.unwrap()
+        }));
+    }
+    let mut placed = 0;
+    for task in tasks {
+        let instance = task.await.unwrap();
+        match instance["nodeId"].is_string() {
+            true => placed += 1,
+            false => assert_eq!(instance["state"], "scheduling", "{instance}"),
+        }
+    }
+    assert_eq!(placed, 8, "a 16-vCPU node holds eight 2-vCPU instances");
+    let booked: i64 = sqlx::query_scalar("SELECT sum(vcpu)::bigint FROM node_allocations")
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+    assert_eq!(booked, 16);
+    replica.shutdown().await;
+    assert!(t.replay_equal().await);
+}
+
 /// Placement sums a node's GPU allocations per model: on a node with two GPUs of one model, two
 /// one-GPU instances book both, and a third waits for room instead of being placed there.
 #[tokio::test]
