@@ -168,13 +168,16 @@ async fn read_all_visible(
 }
 
 /// What of a table a replay compares: every row; of a spec entry, all but the generation it
-/// was written at (it counts changes, not content).
+/// was written at (it counts changes, not content); of a free address, all but the
+/// transaction that freed it (the replay's own).
 fn comparable(table: &str, schema: &str) -> String {
-    match table.starts_with("node_spec_") {
-        true => {
-            format!("(SELECT to_jsonb(t) - 'generation' AS row FROM {schema}.{table} t) AS {table}")
-        }
-        false => format!("{schema}.{table}"),
+    let without = |column: &str| {
+        format!("(SELECT to_jsonb(t) - '{column}' AS row FROM {schema}.{table} t) AS {table}")
+    };
+    match table {
+        "ip_free" => without("freed_by"),
+        t if t.starts_with("node_spec_") => without("generation"),
+        _ => format!("{schema}.{table}"),
     }
 }
 

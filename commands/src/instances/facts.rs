@@ -73,6 +73,7 @@ pub(crate) async fn create_facts(
          ), a AS MATERIALIZED (
            SELECT coalesce(array_agg(address), '{{}}')
              FROM (SELECT address FROM ip_free WHERE pool_id = $1 AND NOT (address = ANY($6))
+                      AND freed_by < pg_current_xact_id()
                     ORDER BY address LIMIT $5 FOR UPDATE SKIP LOCKED) claimed
          )
          SELECT f.*, a.*, c.* FROM f CROSS JOIN a LEFT JOIN ({nodes}) c ON true"
@@ -431,6 +432,10 @@ fn candidate(r: &sqlx::postgres::PgRow, at: usize) -> NodeCandidate {
 ///
 /// Only when every free row is locked does a claim wait: those claims may yet roll back (a
 /// refused create), so "no unlocked row" is not "no free address".
+///
+/// Only an address freed by an older transaction is claimed: the log orders events by
+/// transaction id, and a lease ordered before its address's release would not replay (see
+/// the migration that adds `ip_free.freed_by`).
 async fn free_address(
     tx: &mut PgConnection,
     pool_id: &str,
@@ -453,6 +458,7 @@ pub(super) async fn free_addresses(
     for (claim, limit) in [("FOR UPDATE SKIP LOCKED", limit), ("FOR UPDATE", 1)] {
         let found: Vec<String> = sqlx::query_scalar(&format!(
             "SELECT address FROM ip_free WHERE pool_id = $1 AND NOT (address = ANY($3))
+                AND freed_by < pg_current_xact_id()
               ORDER BY address LIMIT $2 {claim}"
         ))
         .bind(pool_id)

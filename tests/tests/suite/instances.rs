@@ -592,6 +592,56 @@ async fn replicas_racing_for_one_node_never_overbook_it() {
     assert!(t.replay_equal().await);
 }
 
+/// The log orders events by transaction id, not by commit: a transaction that got its id
+/// before an address was released must not lease it, or the replayed lease would come before
+/// the release. The claim skips an address freed by a newer transaction; a later transaction
+/// takes it.
+#[tokio::test]
+async fn an_address_freed_by_a_newer_transaction_is_not_claimed_by_an_older_one() {
+    use sqlx::Connection;
+    let t = TestServer::start().await;
+    let pool = t.hosted_pool("10.0.0.0/29", 0, json!({ "vcpu": 10 })).await;
+    let db = &t.server.state.pool;
+    let free = |p: (
+        vps_domain::instance::AdmissionPool,
+        vps_domain::instance::AdmissionFacts,
+    )| { p.1.free_address.map(|a| a.to_string()) };
+    sqlx::query("DELETE FROM ip_free WHERE pool_id = $1 AND address <> '10.0.0.2'")
+        .bind(&pool)
+        .execute(db)
+        .await
+        .unwrap();
+    let mut older = db.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *older)
+        .await
+        .unwrap();
+    // Leased and released again by a transaction newer than `older`.
+    let mut newer = db.acquire().await.unwrap();
+    let mut release = newer.begin().await.unwrap();
+    for statement in [
+        "DELETE FROM ip_free WHERE pool_id = $1",
+        "INSERT INTO ip_free (pool_id, address) VALUES ($1, '10.0.0.2')",
+    ] {
+        sqlx::query(statement)
+            .bind(&pool)
+            .execute(&mut *release)
+            .await
+            .unwrap();
+    }
+    release.commit().await.unwrap();
+    let placed = vps_commands::instances::facts::placement(&mut older, &pool)
+        .await
+        .unwrap();
+    assert_eq!(free(placed), None);
+    older.rollback().await.unwrap();
+    let mut later = db.begin().await.unwrap();
+    let placed = vps_commands::instances::facts::placement(&mut later, &pool)
+        .await
+        .unwrap();
+    assert_eq!(free(placed).as_deref(), Some("10.0.0.2"));
+}
+
 /// Placement sums a node's GPU allocations per model: on a node with two GPUs of one model, two
 /// one-GPU instances book both, and a third waits for room instead of being placed there.
 #[tokio::test]
