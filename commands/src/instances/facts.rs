@@ -73,7 +73,7 @@ pub(crate) async fn create_facts(
          ), a AS MATERIALIZED (
            SELECT coalesce(array_agg(address), '{{}}')
              FROM (SELECT address FROM ip_free WHERE pool_id = $1 AND NOT (address = ANY($6))
-                      AND freed_by < pg_current_xact_id()
+                      AND coalesce(freed_by < pg_current_xact_id_if_assigned(), true)
                     ORDER BY address LIMIT $5 FOR UPDATE SKIP LOCKED) claimed
          )
          SELECT f.*, a.*, c.* FROM f CROSS JOIN a LEFT JOIN ({nodes}) c ON true"
@@ -458,7 +458,7 @@ pub(super) async fn free_addresses(
     for (claim, limit) in [("FOR UPDATE SKIP LOCKED", limit), ("FOR UPDATE", 1)] {
         let found: Vec<String> = sqlx::query_scalar(&format!(
             "SELECT address FROM ip_free WHERE pool_id = $1 AND NOT (address = ANY($3))
-                AND freed_by < pg_current_xact_id()
+                AND coalesce(freed_by < pg_current_xact_id_if_assigned(), true)
               ORDER BY address LIMIT $2 {claim}"
         ))
         .bind(pool_id)
