@@ -183,12 +183,11 @@ pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx
     let mut wake = work_queue::subscribe(KIND);
     loop {
         wake.borrow_and_update();
-        let items = work_queue::take(&ctx.pool, KIND, TAKE, LEASE).await?;
+        let items = work_queue::take(&ctx.pool, KIND, 64, LEASE).await?;
         if items.is_empty() {
             work_queue::idle(&ctx.pool, KIND, &mut wake).await;
             continue;
         }
-        let took_all_due = (items.len() as i64) < TAKE;
         let looked = look(&ctx, &items).await;
         let batch = futures::stream::iter(&items)
             .map(|item| {
@@ -201,16 +200,8 @@ pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx
         let batch: BoxFuture<'_, Vec<_>> = batch.boxed();
         let passes = work_queue::holding(&ctx.pool, KIND, &items, LEASE, batch).await;
         record_passes(&ctx, passes).await;
-        if took_all_due {
-            // Nothing was left due at the take: wait rather than take again and find nothing
-            // (a wake-up during the batch, or an item it made due, ends the wait at once).
-            work_queue::idle(&ctx.pool, KIND, &mut wake).await;
-        }
     }
 }
-
-/// The most items one reconcile batch takes.
-const TAKE: i64 = 64;
 
 /// The batch's instances, read at once; `None` if that read failed (each pass then reads its
 /// own, and fails on its own).
