@@ -4,6 +4,6 @@
 -- release, with the address still held. A claim in a transaction that has an id takes only
 -- rows freed by an older one (`freed_by < pg_current_xact_id_if_assigned()`); a transaction
 -- without an id yet gets one after every release it can see committed, so it takes any row.
--- (`pg_current_xact_id()` would give the transaction an id when the statement is planned,
--- before a name check that must come first.)
+-- (`pg_current_xact_id()` would give the transaction its id when the claim is planned, which
+-- a read that must come before the transaction's id cannot afford.)
 ALTER TABLE ip_free ADD COLUMN freed_by xid8 NOT NULL DEFAULT pg_current_xact_id();

@@ -1006,19 +1006,12 @@ async fn assert_only_its_tenant_deletes(pool: &PgPool, notifier: &Notifier, id: 
 
 #[tokio::test]
 async fn a_long_queue_is_delivered_in_order_in_bursts_without_stalling() {
-    let pool = fresh_log().await;
-    let notifier = Notifier::local_only();
-    let receiver = Receiver::start().await;
-    subscribe(
-        &pool,
-        &notifier,
-        &receiver,
-        "busy",
-        Script::Accept,
-        &["instance.*"],
-        None,
-    )
-    .await;
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        ..
+    } = one_subscription("busy", Script::Accept, &["instance.*"], None).await;
     // More than one burst, so a burst's end must hand the queue back cleanly.
     emit_each(&pool, &notifier, 0..450, "instance.running", |n| {
         format!("instance-inst_{}", n % 7)

@@ -102,10 +102,21 @@ impl TestServer {
 
     /// Calls `group.method` with `token`; the JSON body or the error answer.
     pub async fn call(&self, token: &str, method: &str, body: Value) -> Result<Value, Answer> {
+        self.call_at(&self.server.url(), token, method, body).await
+    }
+
+    /// Like [`TestServer::call`], on the server at `base_url` (a replica's).
+    pub async fn call_at(
+        &self,
+        base_url: &str,
+        token: &str,
+        method: &str,
+        body: Value,
+    ) -> Result<Value, Answer> {
         let (group, name) = method.split_once('.').expect("group.method");
         let response = self
             .http
-            .post(format!("{}/api/compute/{group}/{name}", self.server.url()))
+            .post(format!("{base_url}/api/compute/{group}/{name}"))
             .bearer_auth(token)
             .json(&body)
             .send()

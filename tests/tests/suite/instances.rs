@@ -542,9 +542,10 @@ async fn concurrent_creates_never_exceed_quota_leases_or_capacity() {
     assert!(t.replay_equal().await);
 }
 
-/// Two replicas admit creates in their own batches and race for one node: each batch locks and
-/// checks the node before it books it, so the node is never overbooked; a batch that lost the
-/// race decides again, and what does not fit waits in `scheduling`.
+/// Two replicas admit creates in their own batches and race for one node: each batch holds the
+/// node's row lock from before it books the node to its commit and checks the node after its
+/// writes, so the node is never overbooked; a batch that lost the race decides again, and what
+/// does not fit waits in `scheduling`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_racing_for_one_node_never_overbook_it() {
     let t = std::sync::Arc::new(
@@ -554,24 +555,14 @@ async fn replicas_racing_for_one_node_never_overbook_it() {
     let quota = json!({ "vcpu": 1000, "memoryGiB": 1000, "diskGiB": 10000 });
     let pool = t.hosted_pool("10.0.0.0/24", 1, quota).await;
     let urls = [t.server.url(), replica.url()];
-    let http = reqwest::Client::new();
     let mut tasks = Vec::new();
     for n in 0..32 {
-        let url = format!("{}/api/compute/instances/create", urls[n % 2]);
-        let (http, body) = (
-            http.clone(),
-            create_body(&pool, &format!("node-race-{n}"), "small"),
-        );
+        let (t, url) = (t.clone(), urls[n % 2].clone());
+        let body = create_body(&pool, &format!("node-race-{n}"), "small");
         tasks.push(tokio::spawn(async move {
-            let answer = http
-                .post(url)
-                .bearer_auth(ALICE)
-                .json(&body)
-                .send()
+            t.call_at(&url, ALICE, "instances.create", body)
                 .await
-                .unwrap();
-            assert_eq!(answer.status(), 200);
-            answer.json::<serde_json::Value>().await.unwrap()
+                .expect("instances.create answers 200")
         }));
     }
     let mut placed = 0;
