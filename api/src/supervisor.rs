@@ -13,6 +13,10 @@ use tokio::task::JoinHandle;
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// The longest wait before a restart.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// A part that ran this long before it failed starts the backoff over: its failure is a new
+/// one, not the last one repeating (else, after a few failures over days, every restart of a
+/// follower would wait the longest backoff, and its subscribers with it).
+const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
 /// Runs a background part until it returns `Ok`, restarting it with a capped backoff when it
 /// fails or panics. Failures count in `vps_background_failures_total{part}`, panics in
@@ -26,6 +30,7 @@ where
     tokio::spawn(async move {
         let mut backoff = FIRST_BACKOFF;
         loop {
+            let started = tokio::time::Instant::now();
             // The part is not used again after a panic: a fresh one is built for the restart.
             match AssertUnwindSafe(part()).catch_unwind().await {
                 Ok(Ok(())) => return,
@@ -38,6 +43,9 @@ where
                     tracing::error!(part = name, panic = %panic_message(&*panic), retry_in = ?backoff,
                         "background part panicked; restarting it");
                 }
+            }
+            if started.elapsed() >= HEALTHY_RUN {
+                backoff = FIRST_BACKOFF;
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -95,5 +103,33 @@ mod tests {
             metrics.contains("vps_task_panics_total{part=\"test-panicking-part\"} 2"),
             "{metrics}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_part_that_failed_after_a_long_run_is_restarted_after_the_first_backoff() {
+        let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = starts.clone();
+        let task = supervise("test-failing-part", move || {
+            let mut starts = seen.lock().unwrap();
+            starts.push(tokio::time::Instant::now());
+            let run = starts.len();
+            async move {
+                match run {
+                    1..=3 => Err("failed at once"),
+                    4 => {
+                        tokio::time::sleep(HEALTHY_RUN).await;
+                        Err("failed after a long run")
+                    }
+                    _ => Ok(()),
+                }
+            }
+        });
+        task.await.unwrap();
+        let starts = starts.lock().unwrap();
+        let gaps: Vec<Duration> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+        let ms = Duration::from_millis;
+        // Doubling while it fails at once; back to the first backoff after the long run.
+        let expected = [ms(200), ms(400), ms(800), HEALTHY_RUN + ms(200)];
+        assert_eq!(gaps, expected);
     }
 }
