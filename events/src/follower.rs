@@ -23,6 +23,13 @@ pub use crate::notify::POLL_INTERVAL;
 /// follower's read horizon while it runs.
 const PASSED_STORE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long the log must stay quiet after a pass before the checkpoint of events passed over
+/// is stored. Waiting for a whole poll interval instead, a stream of commits as often as the
+/// interval (usage windows of half a second) kept the stored checkpoint one batch behind the
+/// head for good: every store came on a wake-up, just before the new batch was read, so
+/// `vps replay --verify` never found the NodeSpec follower at the head to compare its tables.
+const QUIET: Duration = Duration::from_millis(100);
+
 /// How often a follower publishes its lag: the head of the log costs a query.
 const LAG_EVERY: Duration = Duration::from_secs(1);
 
@@ -120,7 +127,7 @@ impl Follower {
 
     /// Moves past events that needed no write of the owner's, or whose effects a repeat does
     /// not harm. The checkpoint is stored once the stored one is [`PASSED_STORE_EVERY`] old,
-    /// or when the log falls quiet (see [`Follower::wait`]).
+    /// or when the log falls quiet for [`QUIET`] (see [`Follower::wait`]).
     pub async fn pass_over(&mut self, cursor: Cursor) -> Result<(), sqlx::Error> {
         self.cursor = cursor;
         if self.stored_at.elapsed() >= PASSED_STORE_EVERY {
@@ -149,16 +156,32 @@ impl Follower {
 
     /// Waits for a wake-up or the poll interval, whichever comes first, and then for the
     /// rest of the pace since the last read. The checkpoint of events passed over is stored
-    /// then if a poll interval went by without a wake-up (the log is quiet) or it is
+    /// once the log has been quiet for [`QUIET`] (no wake-up since the pass) or it is
     /// [`PASSED_STORE_EVERY`] old; a failure only waits for the next chance.
     pub async fn wait(&mut self) {
-        let woken = tokio::time::timeout(POLL_INTERVAL, self.wake.changed()).await;
-        if woken.is_err() || self.stored_at.elapsed() >= PASSED_STORE_EVERY {
-            if let Err(e) = self.store().await {
-                tracing::debug!(follower = %self.name, error = %e, "cannot store the checkpoint; later");
-            }
+        let trailing = self.stored != self.cursor;
+        let first = if trailing { QUIET } else { POLL_INTERVAL };
+        let mut woken = tokio::time::timeout(first, self.wake.changed())
+            .await
+            .is_ok();
+        if trailing && !woken {
+            self.try_store().await;
+            let rest = POLL_INTERVAL.saturating_sub(QUIET);
+            woken = tokio::time::timeout(rest, self.wake.changed())
+                .await
+                .is_ok();
+        }
+        if !woken || self.stored_at.elapsed() >= PASSED_STORE_EVERY {
+            self.try_store().await;
         }
         tokio::time::sleep_until((self.last_read + self.pace).into()).await;
+    }
+
+    /// [`Follower::store`], logging a failure: the next chance stores it.
+    async fn try_store(&mut self) {
+        if let Err(e) = self.store().await {
+            tracing::debug!(follower = %self.name, error = %e, "cannot store the checkpoint; later");
+        }
     }
 
     /// Like [`Follower::next_batch`], keeping only the events that pass `filter`: a follower

@@ -578,3 +578,40 @@ async fn events_passed_over_are_stored_when_the_log_falls_quiet_not_per_batch() 
     follower.pass_over(later).await.unwrap();
     assert_eq!(stored_checkpoint(&pool, "passing").await, later);
 }
+
+#[tokio::test]
+async fn under_commits_as_often_as_the_poll_interval_each_pass_is_stored_before_the_next() {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let mut follower = Follower::load(pool.clone(), "steady", &notifier)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    for version in 0..3 {
+        let expected = match version {
+            0 => ExpectedVersion::NoStream,
+            v => ExpectedVersion::Exact(v),
+        };
+        append(&mut conn, "s-1", expected, &[event(version as usize + 1)])
+            .await
+            .unwrap();
+        notifier.committed();
+        let passed = next_exactly(&mut follower, 1).await[0].cursor();
+        follower.pass_over(passed).await.unwrap();
+        // The next commit comes before a poll interval is over, as a steady stream's do.
+        let next_commit = {
+            let notifier = notifier.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(vps_events::follower::POLL_INTERVAL * 3 / 5).await;
+                notifier.committed();
+            })
+        };
+        follower.wait().await;
+        next_commit.await.unwrap();
+        assert_eq!(
+            stored_checkpoint(&pool, "steady").await,
+            passed,
+            "the pass before commit {version} is stored by the wait that commit ends"
+        );
+    }
+}

@@ -316,7 +316,34 @@ impl TestServer {
                 Err(format!("{left} events to go"))
             }
         };
-        eventually_explained(&what, PATIENCE, POLL, check, || self.long_transactions()).await;
+        let explain = || async {
+            let ahead = self.events_after_checkpoint(name).await;
+            let open = self.long_transactions().await.unwrap_or_default();
+            Some(format!("{ahead}; {open}"))
+        };
+        eventually_explained(&what, PATIENCE, POLL, check, explain).await;
+    }
+
+    /// The follower `name`'s stored checkpoint, the log's read horizon and the first events
+    /// after the checkpoint: what a follower that stopped short of the head has not stored.
+    async fn events_after_checkpoint(&self, name: &str) -> String {
+        let found: Result<Option<String>, _> = sqlx::query_scalar(
+            "SELECT format('checkpoint %s/%s, horizon %s, next: %s', c.transaction_id, c.position,
+                           pg_snapshot_xmin(pg_current_snapshot()),
+                           (SELECT string_agg(format('%s %s %s/%s at %s', e.type, e.stream,
+                                                     e.transaction_id, e.position, e.recorded_at), ', ')
+                              FROM (SELECT * FROM events e
+                                     WHERE (e.transaction_id, e.position) > (c.transaction_id, c.position)
+                                     ORDER BY e.transaction_id, e.position LIMIT 10) e))
+               FROM follower_checkpoints c WHERE c.name = $1",
+        )
+        .bind(name)
+        .fetch_one(&self.server.state.pool)
+        .await;
+        match found {
+            Ok(found) => found.unwrap_or_else(|| "no checkpoint".into()),
+            Err(e) => format!("cannot read the events after the checkpoint: {e}"),
+        }
     }
 
     /// The cluster's transactions open for more than 5 s that hold back the log's read
