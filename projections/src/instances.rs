@@ -316,10 +316,13 @@ async fn release_placement(
 /// `instance.created` and possibly its placement) with one statement per table for the whole
 /// batch. The rows are the ones [`apply_run`] would write event by event; a run with any other
 /// side effect goes through [`apply_run`].
+///
+/// Answers the quota rows the one statement charged, as they stand after the charge (locked
+/// to the transaction's end), so the caller confirms its quota without reading them again.
 pub async fn apply_new(
     conn: &mut PgConnection,
     runs: &[&[RecordedEvent]],
-) -> Result<(), ProjectionError> {
+) -> Result<Vec<ChargedQuota>, ProjectionError> {
     let mut rows = NewRows::default();
     for run in runs {
         match fold_new(run)? {
@@ -329,6 +332,9 @@ pub async fn apply_new(
     }
     rows.write(conn).await
 }
+
+/// A quota row after a charge: `(pool_id, tenant_id, resource, max, used)`.
+pub type ChargedQuota = (String, String, String, i64, i64);
 
 /// A placement's allocation id and address.
 type Placement = (String, String);
@@ -388,9 +394,9 @@ impl NewRows {
 
     /// Writes every row in one statement: views, allocations, leases (each taking its address
     /// off the free list) and the summed quota charges, so a batch costs one round trip.
-    async fn write(self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
+    async fn write(self, conn: &mut PgConnection) -> Result<Vec<ChargedQuota>, ProjectionError> {
         if self.instances.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let all = &self.instances;
         let text = |f: fn(&Instance) -> String| all.iter().map(f).collect::<Vec<_>>();
@@ -411,8 +417,19 @@ impl NewRows {
             .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>());
-        self.bind_placements(query).execute(conn).await?;
-        Ok(())
+        let charged = self.bind_placements(query).fetch_all(conn).await?;
+        charged
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    r.try_get(2)?,
+                    r.try_get(3)?,
+                    r.try_get(4)?,
+                ))
+            })
+            .collect()
     }
 
     /// Binds the allocations, leases and quota charges ($13 to $27) after the views.
@@ -509,5 +526,6 @@ WITH views AS (
 )
 INSERT INTO quotas (pool_id, tenant_id, resource, used)
 SELECT * FROM unnest($24::text[], $25::text[], $26::text[], $27::bigint[])
-ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used"
+ON CONFLICT (pool_id, tenant_id, resource) DO UPDATE SET used = quotas.used + excluded.used
+RETURNING pool_id, tenant_id, resource, max, used"
 );

@@ -1,12 +1,15 @@
 //! Batch admission (group commit): one admitter task takes every create waiting at that moment
 //! and admits them in one transaction with one commit, like Nomad's plan applier. Facts are
-//! read once per batch (per pool, flavor, image and tenant), each create is decided by the
-//! same pure `admit` on the facts the creates before it left, and the node and quota
-//! confirmations run once at the end. Each caller gets its own answer: a refused create never
+//! read once per batch (per pool, flavor, image and tenant; the first read also takes the
+//! pool's nodes, a run of free addresses and the instances the batch's ids already name), each
+//! create is decided by the same pure `admit` on the facts the creates before it left, the
+//! booked nodes are locked and checked once before the writes, and the quota is confirmed on
+//! the rows the charge itself answers. A batch of one costs seven round trips with `BEGIN`
+//! and `COMMIT`. Each caller gets its own answer: a refused create never
 //! fails the others. If the batch as a whole fails (a race with another replica, a database
 //! error), every create in it is admitted again on its own.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
 
 use chrono::Utc;
@@ -21,6 +24,7 @@ use vps_domain::quota::{charge_of, Amounts};
 use vps_domain::resources::Shape;
 use vps_domain::DomainError;
 use vps_events::NewEvent;
+use vps_projections::instances::ChargedQuota;
 
 use super::{create_command, facts, CreateInput};
 use crate::context::Ctx;
@@ -122,8 +126,7 @@ async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandErro
     let ctx = &jobs[0].ctx;
     let mut tx = ctx.pool.begin().await?;
     let now = Utc::now();
-    let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
-    let mut known = Known::load(&mut tx, &ids).await?;
+    let mut known = Known::new(jobs.iter().map(|j| j.id.clone()).collect());
     let mut decided = Vec::with_capacity(jobs.len());
     for job in jobs {
         let facts = known.facts(&mut tx, &job.id, &job.input).await?;
@@ -138,10 +141,9 @@ async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandErro
             }
         });
     }
-    let nodes = known.booked_nodes();
-    facts::lock_nodes(&mut tx, &nodes).await?;
-    let answers = record(&mut tx, jobs, decided).await?;
-    known.confirm(&mut tx, &nodes).await?;
+    facts::confirm_bookings(&mut tx, &known.bookings()).await?;
+    let (answers, charged) = record(&mut tx, jobs, decided).await?;
+    known.confirm_quotas(&mut tx, &charged).await?;
     commit(ctx, tx).await?;
     Ok(answers)
 }
@@ -156,12 +158,12 @@ enum Decided {
 
 /// Seals the new instances' user data, appends their streams and projects them, each with one
 /// statement for the whole batch; answers every create, new instances folded with their
-/// recorded times.
+/// recorded times, and the quota rows the projection charged.
 async fn record(
     tx: &mut PgConnection,
     jobs: &[Job],
     decided: Vec<Decided>,
-) -> Result<Vec<Result<Instance, CommandError>>, CommandError> {
+) -> Result<(Vec<Result<Instance, CommandError>>, Vec<ChargedQuota>), CommandError> {
     let new: Vec<(&Job, &Vec<InstanceEvent>)> = jobs
         .iter()
         .zip(&decided)
@@ -209,8 +211,8 @@ async fn record(
         runs.push(run);
         rest = later;
     }
-    vps_projections::instances::apply_new(tx, &runs).await?;
-    answers(decided, &runs)
+    let charged = vps_projections::instances::apply_new(tx, &runs).await?;
+    Ok((answers(decided, &runs)?, charged))
 }
 
 fn new_event(event: &InstanceEvent, metadata: &vps_events::Metadata) -> NewEvent {
@@ -251,6 +253,8 @@ fn answers(
 pub(super) struct Known {
     /// The instances the batch's ids already name (replays and conflicts).
     existing: HashMap<String, Instance>,
+    /// The batch's ids whose instances are not read yet.
+    unread: Vec<String>,
     pools: HashMap<(String, String), Option<AdmissionPool>>,
     shapes: HashMap<(String, String), Option<Shape>>,
     images: HashMap<(String, String), bool>,
@@ -266,13 +270,14 @@ pub(super) struct Known {
 }
 
 impl Known {
-    /// What the creates of `ids` start from: the instances those ids already name.
-    pub(super) async fn load(tx: &mut PgConnection, ids: &[String]) -> Result<Known, CommandError> {
-        Ok(Known {
-            existing: vps_projections::instances::load_many(tx, ids).await?,
+    /// What the creates of `ids` start from: nothing read yet (the instances those ids already
+    /// name come with the first create's facts).
+    pub(super) fn new(ids: Vec<String>) -> Known {
+        Known {
             creates: ids.len(),
+            unread: ids,
             ..Known::default()
-        })
+        }
     }
 
     /// The facts of one create, read where the batch has not read them yet.
@@ -282,6 +287,17 @@ impl Known {
         id: &str,
         input: &CreateInput,
     ) -> Result<AdmissionFacts, CommandError> {
+        let (pool_id, tenant) = (input.pool_id.clone(), input.tenant_id.clone());
+        let key = (pool_id.clone(), input.flavor.clone());
+        let image = (input.image_id.clone(), tenant.clone());
+        let offer = (pool_id.clone(), tenant.clone());
+        let known = self.pools.contains_key(&offer)
+            && self.shapes.contains_key(&key)
+            && self.images.contains_key(&image)
+            && self.quotas.contains_key(&offer);
+        if !known || !self.unread.is_empty() {
+            self.read(tx, input).await?;
+        }
         let existing = self.existing.remove(id);
         if existing.is_some() {
             return Ok(AdmissionFacts {
@@ -289,28 +305,8 @@ impl Known {
                 ..AdmissionFacts::default()
             });
         }
-        let (pool_id, tenant) = (input.pool_id.clone(), input.tenant_id.clone());
-        let key = (pool_id.clone(), input.flavor.clone());
-        let image = (input.image_id.clone(), tenant.clone());
-        let quota = (pool_id.clone(), tenant.clone());
-        let offer = (pool_id.clone(), tenant.clone());
-        let known = self.pools.contains_key(&offer)
-            && self.shapes.contains_key(&key)
-            && self.images.contains_key(&image)
-            && self.quotas.contains_key(&quota);
-        if !known {
-            // One statement reads them all; what the batch already holds (its bookings on
-            // the quota) is kept.
-            let read = facts::create_facts(tx, input).await?;
-            self.pools.entry(offer.clone()).or_insert(read.pool);
-            self.shapes.entry(key.clone()).or_insert(read.shape);
-            self.images
-                .entry(image.clone())
-                .or_insert(read.image_visible);
-            self.quotas.entry(quota.clone()).or_insert(read.quota);
-        }
         let pool = self.pools[&offer].clone();
-        let (quota_max, quota_used) = self.quotas[&quota].clone();
+        let (quota_max, quota_used) = self.quotas[&offer].clone();
         let mut facts = AdmissionFacts {
             shape: self.shapes[&key].clone(),
             image_visible: self.images[&image],
@@ -326,6 +322,53 @@ impl Known {
         }
         facts.pool = pool;
         Ok(facts)
+    }
+
+    /// Reads `input`'s facts in one statement, with the pool's nodes and a run of its free
+    /// addresses where the batch holds none yet, and (once) the instances the batch's ids
+    /// name. What the batch already holds (its bookings on the quota and the nodes) is kept.
+    async fn read(
+        &mut self,
+        tx: &mut PgConnection,
+        input: &CreateInput,
+    ) -> Result<(), CommandError> {
+        let pool_id = &input.pool_id;
+        let offer = (pool_id.clone(), input.tenant_id.clone());
+        let held = self.held.get(pool_id).cloned().unwrap_or_default();
+        let claimed = self.addresses.get(pool_id).is_some_and(|a| !a.is_empty());
+        let reads = facts::PoolReads {
+            nodes: !self.nodes.contains_key(pool_id),
+            addresses: if claimed {
+                0
+            } else {
+                self.creates.max(1) as i64
+            },
+            held: &held,
+            instances: &std::mem::take(&mut self.unread),
+        };
+        let read = facts::create_facts(tx, input, reads).await?;
+        self.existing
+            .extend(read.existing.into_iter().map(|i| (i.id.clone(), i)));
+        if reads.nodes {
+            self.nodes.insert(pool_id.clone(), read.nodes);
+        }
+        self.held
+            .entry(pool_id.clone())
+            .or_default()
+            .extend(read.addresses.iter().map(|a| a.to_string()));
+        self.addresses
+            .entry(pool_id.clone())
+            .or_default()
+            .extend(read.addresses);
+        self.pools.entry(offer.clone()).or_insert(read.pool);
+        self.shapes
+            .entry((pool_id.clone(), input.flavor.clone()))
+            .or_insert(read.shape);
+        self.images
+            .entry((input.image_id.clone(), input.tenant_id.clone()))
+            .or_insert(read.image_visible);
+        self.quotas.entry(offer).or_insert(read.quota);
+        Ok(())
     }
 
     async fn nodes(
@@ -375,30 +418,41 @@ impl Known {
         self.admitted.push(instance.clone());
     }
 
-    /// The nodes the batch booked, in id order.
-    fn booked_nodes(&self) -> Vec<String> {
-        let nodes: std::collections::BTreeSet<String> = self
-            .admitted
-            .iter()
-            .filter_map(|i| i.node_id.clone())
-            .collect();
-        nodes.into_iter().collect()
+    /// The shapes the batch booked on each node.
+    fn bookings(&self) -> BTreeMap<String, Vec<&Shape>> {
+        let mut booked: BTreeMap<String, Vec<&Shape>> = BTreeMap::new();
+        for i in &self.admitted {
+            if let Some(node_id) = &i.node_id {
+                booked.entry(node_id.clone()).or_default().push(&i.shape);
+            }
+        }
+        booked
     }
 
-    /// Confirms, under row locks held to commit, that every node booked (`nodes`, from
-    /// [`Known::booked_nodes`]) still holds its bookings, in one statement and in id order so
-    /// two batches never deadlock, and that every quota charged still fits, each once.
-    async fn confirm(&self, tx: &mut PgConnection, nodes: &[String]) -> Result<(), CommandError> {
-        facts::confirm_nodes(tx, nodes).await?;
-        let mut charged: HashMap<(&str, &str), vps_domain::quota::Delta> = HashMap::new();
+    /// Confirms that every quota charged still fits, each once: on the rows the projection
+    /// answered (`charged`, locked to commit), or read again where it answered none.
+    async fn confirm_quotas(
+        &self,
+        tx: &mut PgConnection,
+        charged: &[ChargedQuota],
+    ) -> Result<(), CommandError> {
+        let mut deltas: HashMap<(&str, &str), vps_domain::quota::Delta> = HashMap::new();
         for i in &self.admitted {
-            let delta = charged.entry((&i.pool_id, &i.tenant_id)).or_default();
+            let delta = deltas.entry((&i.pool_id, &i.tenant_id)).or_default();
             for (resource, amount) in charge_of(&i.shape) {
                 *delta.entry(resource).or_insert(0) += amount;
             }
         }
-        for ((pool_id, tenant_id), delta) in charged {
-            facts::confirm_quota(tx, pool_id, tenant_id, &delta).await?;
+        for ((pool_id, tenant_id), delta) in deltas {
+            let rows: Vec<(String, i64, i64)> = charged
+                .iter()
+                .filter(|c| c.0 == pool_id && c.1 == tenant_id)
+                .map(|c| (c.2.clone(), c.3, c.4))
+                .collect();
+            match rows.is_empty() {
+                true => facts::confirm_quota(tx, pool_id, tenant_id, &delta).await?,
+                false => facts::check_charged(rows, &delta)?,
+            }
         }
         Ok(())
     }

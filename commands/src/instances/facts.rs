@@ -17,48 +17,103 @@ use super::CreateInput;
 use crate::error::CommandError;
 
 /// What a create names, as it stands: the pool (when offered to the tenant), the flavor's
-/// shape, whether the image is the tenant's to use, and the tenant's quota in the pool.
+/// shape, whether the image is the tenant's to use, and the tenant's quota in the pool; with
+/// [`PoolReads`], also the pool's nodes and a run of its free addresses.
 pub(crate) struct CreateFacts {
     pub pool: Option<AdmissionPool>,
     pub shape: Option<Shape>,
     pub image_visible: bool,
     pub quota: (Amounts, Amounts),
+    pub nodes: Vec<NodeCandidate>,
+    pub addresses: Vec<Ipv4Addr>,
+    /// The instances of [`PoolReads::instances`] that exist.
+    pub existing: Vec<Instance>,
 }
 
-/// Reads [`CreateFacts`] in one statement.
+/// What a create's read takes besides the facts, so a batch's first create reads everything
+/// in one round trip: the pool's nodes with their bookings, up to `addresses` free addresses
+/// other than `held` (each locked to the transaction's end, see [`free_address`]), and the
+/// instances of ids `instances` (replays and conflicts).
+#[derive(Clone, Copy)]
+pub(crate) struct PoolReads<'a> {
+    pub nodes: bool,
+    pub addresses: i64,
+    pub held: &'a [String],
+    pub instances: &'a [String],
+}
+
+impl PoolReads<'_> {
+    /// The facts alone.
+    pub const NONE: PoolReads<'static> = PoolReads {
+        nodes: false,
+        addresses: 0,
+        held: &[],
+        instances: &[],
+    };
+}
+
+/// Reads [`CreateFacts`] in one statement: one row per node read (or one row without a node).
 pub(crate) async fn create_facts(
     tx: &mut PgConnection,
     input: &CreateInput,
+    reads: PoolReads<'_>,
 ) -> Result<CreateFacts, CommandError> {
-    let row = sqlx::query(
-        "SELECT p.class, p.runtime, p.provider_account_id IS NOT NULL, p.ip_cidr IS NOT NULL,
+    let nodes = booked("SELECT * FROM nodes WHERE pool_id = $1 AND $7");
+    let rows = sqlx::query(&format!(
+        "WITH f AS (
+           SELECT p.class, p.runtime, p.provider_account_id IS NOT NULL, p.ip_cidr IS NOT NULL,
                 EXISTS (SELECT 1 FROM quotas q WHERE q.pool_id = $1 AND q.tenant_id = $2 AND q.offered),
                 (SELECT f.shape FROM flavors f WHERE f.pool_id = $1 AND f.name = $3 AND NOT f.archived),
                 EXISTS (SELECT 1 FROM images i WHERE i.id = $4 AND NOT i.deleted
                           AND (i.tenant_id = $2 OR i.tenant_id IS NULL)),
                 (SELECT coalesce(jsonb_agg(jsonb_build_array(q.resource, q.max, q.used)), '[]')
-                   FROM quotas q WHERE q.pool_id = $1 AND q.tenant_id = $2)
-           FROM (SELECT 1) AS one LEFT JOIN pools p ON p.id = $1",
-    )
+                   FROM quotas q WHERE q.pool_id = $1 AND q.tenant_id = $2),
+                (SELECT coalesce(jsonb_agg(i.doc), '[]') FROM instances i WHERE i.id = ANY($8))
+           FROM (SELECT 1) AS one LEFT JOIN pools p ON p.id = $1
+         ), a AS MATERIALIZED (
+           SELECT coalesce(array_agg(address), '{{}}')
+             FROM (SELECT address FROM ip_free WHERE pool_id = $1 AND NOT (address = ANY($6))
+                      AND coalesce(freed_by < pg_current_xact_id_if_assigned(), true)
+                    ORDER BY address LIMIT $5 FOR UPDATE SKIP LOCKED) claimed
+         )
+         SELECT f.*, a.*, c.* FROM f CROSS JOIN a LEFT JOIN ({nodes}) c ON true"
+    ))
     .bind(&input.pool_id)
     .bind(&input.tenant_id)
     .bind(&input.flavor)
     .bind(&input.image_id)
-    .fetch_one(&mut *tx)
+    .bind(reads.addresses)
+    .bind(reads.held)
+    .bind(reads.nodes)
+    .bind(reads.instances)
+    .fetch_all(&mut *tx)
     .await?;
+    let row = rows.first().ok_or_else(|| sqlx::Error::RowNotFound)?;
     let offered: bool = row.get(4);
     let pool = row
         .get::<Option<String>, _>(0)
         .filter(|_| offered)
         .and_then(|class| admission_pool(&class, row.get(1), row.get(2), row.get(3)));
     let Json(quota_rows): Json<Vec<(String, i64, i64)>> = row.get(7);
+    let Json(existing): Json<Vec<Instance>> = row.get(8);
+    let addresses: Vec<String> = row.get(9);
     Ok(CreateFacts {
         pool,
         shape: row.get::<Option<Json<Shape>>, _>(5).map(|Json(s)| s),
         image_visible: row.get(6),
         quota: amounts(quota_rows),
+        nodes: rows
+            .iter()
+            .filter(|r| r.get::<Option<String>, _>(FACT_COLUMNS).is_some())
+            .map(|r| candidate(r, FACT_COLUMNS))
+            .collect(),
+        addresses: addresses.iter().filter_map(|a| a.parse().ok()).collect(),
+        existing,
     })
 }
+
+/// The columns of [`create_facts`]'s rows before a node's.
+const FACT_COLUMNS: usize = 10;
 
 /// Quota rows `(resource, max, used)` as maxima and usage.
 fn amounts(rows: Vec<(String, i64, i64)>) -> (Amounts, Amounts) {
@@ -191,6 +246,21 @@ pub async fn confirm_quota(
     delta: &Delta,
 ) -> Result<(), CommandError> {
     let (max, charged) = quota(tx, pool_id, tenant_id).await?;
+    fits_after(&max, &charged, delta)
+}
+
+/// [`confirm_quota`] on rows `(resource, max, used)` the charge's own statement answered.
+pub(crate) fn check_charged(
+    rows: Vec<(String, i64, i64)>,
+    delta: &Delta,
+) -> Result<(), CommandError> {
+    let (max, charged) = amounts(rows);
+    fits_after(&max, &charged, delta)
+}
+
+/// Whether usage `charged`, which includes `delta`, fits `max`: the usage before the charge,
+/// with the charge on top.
+fn fits_after(max: &Amounts, charged: &Amounts, delta: &Delta) -> Result<(), CommandError> {
     let before: Amounts = charged
         .iter()
         .map(|(r, used)| {
@@ -198,7 +268,7 @@ pub async fn confirm_quota(
             (*r, (*used as i64 - charge).max(0) as u64)
         })
         .collect();
-    check(&max, &before, delta)?;
+    check(max, &before, delta)?;
     Ok(())
 }
 
@@ -237,31 +307,45 @@ pub async fn candidates(
         .bind(lock)
         .fetch_all(&mut *tx)
         .await?;
-    Ok(rows.iter().map(candidate).collect())
+    Ok(rows.iter().map(|r| candidate(r, 0)).collect())
 }
 
 /// Checks, holding their locks (taken in id order) until commit, that every node of
 /// `node_ids` still holds all its bookings; a batch's placements confirmed at once.
 pub async fn confirm_nodes(tx: &mut PgConnection, node_ids: &[String]) -> Result<(), CommandError> {
-    if node_ids.is_empty() {
+    let written: BTreeMap<String, Vec<&Shape>> =
+        node_ids.iter().map(|id| (id.clone(), Vec::new())).collect();
+    confirm_bookings(tx, &written).await
+}
+
+/// Locks the nodes of `bookings` (in id order, to this transaction's end) and checks that each
+/// holds what is booked on it with the shapes listed for it on top. Before the bookings are
+/// written, so one round trip locks and checks: while the rows are locked nobody else books
+/// them, and what the write will add is exactly the shapes listed.
+pub async fn confirm_bookings(
+    tx: &mut PgConnection,
+    bookings: &BTreeMap<String, Vec<&Shape>>,
+) -> Result<(), CommandError> {
+    if bookings.is_empty() {
         return Ok(());
     }
+    let ids: Vec<&String> = bookings.keys().collect();
     let nodes = "SELECT * FROM nodes WHERE id = ANY($1) ORDER BY id FOR UPDATE";
     let rows = sqlx::query(&booked(nodes))
-        .bind(node_ids)
+        .bind(ids)
         .fetch_all(&mut *tx)
         .await?;
-    match rows
-        .iter()
-        .map(candidate)
-        .find(|n| !n.capacity.holds(&n.allocated))
-    {
-        None => Ok(()),
-        Some(full) => Err(CommandError::Raced(format!(
-            "node {} filled up meanwhile",
-            full.id
-        ))),
+    for node in rows.iter().map(|r| candidate(r, 0)) {
+        let shapes = bookings.get(&node.id).map(Vec::as_slice).unwrap_or(&[]);
+        let after = shapes.iter().fold(node.allocated.clone(), |a, s| a.plus(s));
+        if !node.capacity.holds(&after) {
+            return Err(CommandError::Raced(format!(
+                "node {} filled up meanwhile",
+                node.id
+            )));
+        }
     }
+    Ok(())
 }
 
 /// Locks `node_ids` (in id order) to this transaction's end. Taken before a create's writes,
@@ -309,14 +393,15 @@ fn booked(nodes: &str) -> String {
     )
 }
 
-fn candidate(r: &sqlx::postgres::PgRow) -> NodeCandidate {
-    let Json(runtimes): Json<Vec<String>> = r.get(2);
-    let Json(labels): Json<BTreeMap<String, String>> = r.get(3);
-    let Json(capacity): Json<Capacity> = r.get(4);
-    let Json(gpus): Json<BTreeMap<String, i64>> = r.get(8);
+/// The node whose columns start at `at` of `r`.
+fn candidate(r: &sqlx::postgres::PgRow, at: usize) -> NodeCandidate {
+    let Json(runtimes): Json<Vec<String>> = r.get(at + 2);
+    let Json(labels): Json<BTreeMap<String, String>> = r.get(at + 3);
+    let Json(capacity): Json<Capacity> = r.get(at + 4);
+    let Json(gpus): Json<BTreeMap<String, i64>> = r.get(at + 8);
     NodeCandidate {
-        id: r.get(0),
-        state: match r.get::<String, _>(1).as_str() {
+        id: r.get(at),
+        state: match r.get::<String, _>(at + 1).as_str() {
             "ready" => NodeState::Ready,
             "unreachable" => NodeState::Unreachable,
             "lost" => NodeState::Lost,
@@ -326,9 +411,9 @@ fn candidate(r: &sqlx::postgres::PgRow) -> NodeCandidate {
         labels,
         capacity,
         allocated: Capacity {
-            vcpu: r.get::<i64, _>(5) as u32,
-            memory_gib: r.get::<i64, _>(6) as u32,
-            disk_gib: r.get::<i64, _>(7) as u32,
+            vcpu: r.get::<i64, _>(at + 5) as u32,
+            memory_gib: r.get::<i64, _>(at + 6) as u32,
+            disk_gib: r.get::<i64, _>(at + 7) as u32,
             gpus: gpus
                 .into_iter()
                 .map(|(model, count)| Gpus {

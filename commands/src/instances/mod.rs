@@ -176,7 +176,7 @@ pub async fn admit_in(
     origin: &Origin,
 ) -> Result<Instance, CommandError> {
     // The batch's facts, for a batch of one.
-    let mut known = batch::Known::load(tx, &[id.to_string()]).await?;
+    let mut known = batch::Known::new(vec![id.to_string()]);
     let facts = known.facts(tx, id, input).await?;
     let now = Utc::now();
     let command = create_command(ctx, id, input, origin);
@@ -184,8 +184,13 @@ pub async fn admit_in(
         Admission::Replay(existing) => return Ok(*existing),
         Admission::Admit(events) => events,
     };
-    let placed = domain::fold_now(&events, now)?.node_id;
-    facts::lock_nodes(tx, &placed.into_iter().collect::<Vec<_>>()).await?;
+    let placed = domain::fold_now(&events, now)?;
+    // The node before the quota rows, locked and checked before the booking is written.
+    let booking = placed
+        .node_id
+        .iter()
+        .map(|n| (n.clone(), vec![&placed.shape]));
+    facts::confirm_bookings(tx, &booking.collect()).await?;
     let reference = secrets::user_data_ref(id);
     let sealed = origin
         .user_data
@@ -193,7 +198,6 @@ pub async fn admit_in(
         .unwrap_or_else(|| user_data(id, input));
     secrets::seal(tx, &ctx.secrets, &reference, id, sealed.as_bytes()).await?;
     let instance = record_instance(ctx, tx, None, events).await?;
-    facts::confirm_placement(tx, &instance).await?;
     let charge = charge_of(&instance.shape);
     facts::confirm_quota(tx, &input.pool_id, &input.tenant_id, &charge).await?;
     Ok(instance)

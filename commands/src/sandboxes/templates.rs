@@ -255,7 +255,7 @@ async fn template_facts(
         desired_state: None,
         idempotency_key: String::new(),
     };
-    let read = facts::create_facts(tx, &probe).await?;
+    let read = facts::create_facts(tx, &probe, facts::PoolReads::NONE).await?;
     let refs: Vec<&str> = spec.env.values().map(String::as_str).collect();
     let name_taken: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM sandbox_templates
