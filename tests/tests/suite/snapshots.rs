@@ -10,10 +10,18 @@ use vps_tests::{eventually, wait_until, TestServer, ALICE, BOB, EVE, OPERATOR, P
 
 const BOOT: Duration = Duration::from_millis(50);
 
+/// A server whose snapshots time out after a minute: a snapshot that should be ready must
+/// not fail for a slow moment of a loaded machine (at one second, a third of these tests
+/// failed with three runs at once, as they did before).
 async fn server() -> TestServer {
+    server_failing_snapshots_after(60.0).await
+}
+
+/// A server whose reconciler fails a snapshot still pending after `seconds`.
+async fn server_failing_snapshots_after(seconds: f64) -> TestServer {
     TestServer::start_with(|c| {
         vps_tests::fast_sandboxes(c);
-        c.timings.snapshot_timeout = 1.0;
+        c.timings.snapshot_timeout = seconds;
     })
     .await
 }
@@ -413,7 +421,8 @@ async fn refusals_come_before_anything_reaches_a_host() {
 
 #[tokio::test]
 async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
-    let t = server().await;
+    // Short enough to wait for the timeout below, long enough for the ready snapshot.
+    let t = server_failing_snapshots_after(5.0).await;
     let (pool, host, tpl) = one_node(&t, "10.0.3.0/24").await;
     let other_tpl = template(&t, &pool, "other").await;
     let s = sandbox(&t, &tpl, "src").await;
