@@ -496,11 +496,7 @@ async fn a_paced_follower_takes_a_busy_moments_wake_ups_in_one_read() {
 
 #[tokio::test]
 async fn after_a_short_batch_a_follower_reads_again_only_when_woken_after_a_full_one_at_once() {
-    let pool = fresh_log().await;
-    let notifier = Notifier::local_only();
-    let mut follower = Follower::load(pool.clone(), "short", &notifier)
-        .await
-        .unwrap();
+    let (pool, notifier, mut follower) = local_follower("short").await;
     let mut conn = pool.acquire().await.unwrap();
     let three = [event(1), event(2), event(3)];
     append(&mut conn, "s-1", ExpectedVersion::NoStream, &three)
@@ -527,6 +523,14 @@ async fn after_a_short_batch_a_follower_reads_again_only_when_woken_after_a_full
         .expect("a wake-up during the pass is not lost");
 }
 
+/// A fresh log, a notifier of this process only, and a follower `name` of the log.
+async fn local_follower(name: &str) -> (PgPool, Notifier, Follower) {
+    let pool = fresh_log().await;
+    let notifier = Notifier::local_only();
+    let follower = Follower::load(pool.clone(), name, &notifier).await.unwrap();
+    (pool, notifier, follower)
+}
+
 /// The checkpoint `name` as stored.
 async fn stored_checkpoint(pool: &PgPool, name: &str) -> vps_events::Cursor {
     vps_events::follower::load_checkpoint(pool, name)
@@ -536,11 +540,7 @@ async fn stored_checkpoint(pool: &PgPool, name: &str) -> vps_events::Cursor {
 
 #[tokio::test]
 async fn events_passed_over_are_stored_when_the_log_falls_quiet_not_per_batch() {
-    let pool = fresh_log().await;
-    let notifier = Notifier::local_only();
-    let mut follower = Follower::load(pool.clone(), "passing", &notifier)
-        .await
-        .unwrap();
+    let (pool, notifier, mut follower) = local_follower("passing").await;
     let mut conn = pool.acquire().await.unwrap();
     append(
         &mut conn,
@@ -581,11 +581,7 @@ async fn events_passed_over_are_stored_when_the_log_falls_quiet_not_per_batch() 
 
 #[tokio::test]
 async fn under_commits_as_often_as_the_poll_interval_each_pass_is_stored_before_the_next() {
-    let pool = fresh_log().await;
-    let notifier = Notifier::local_only();
-    let mut follower = Follower::load(pool.clone(), "steady", &notifier)
-        .await
-        .unwrap();
+    let (pool, notifier, mut follower) = local_follower("steady").await;
     let mut conn = pool.acquire().await.unwrap();
     for version in 0..3 {
         let expected = match version {
