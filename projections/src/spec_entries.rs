@@ -61,49 +61,43 @@ pub(crate) async fn write(
     if changed.is_empty() {
         return Ok(Moved::new());
     }
-    // Bumped first, so each entry written carries the generation that publishes it.
-    let moved = bump(conn, &changed.into_iter().cloned().collect::<Vec<_>>()).await?;
-    let generations: BTreeMap<&str, i64> = moved.iter().map(|(n, g)| (n.as_str(), *g)).collect();
-    sqlx::query(&format!(
-        "DELETE FROM {table} e USING unnest($1::text[], $2::text[]) AS g(node_id, k)
-          WHERE e.node_id = g.node_id AND e.{key} = g.k",
+    // One statement: the generations move, and each entry written carries the one that
+    // publishes it (the keys deleted and the keys set never overlap).
+    let moved = sqlx::query_as(&format!(
+        "WITH moved AS ({BUMP}),
+         gone AS (
+           DELETE FROM {table} e USING unnest($2::text[], $3::text[]) AS g(node_id, k)
+            WHERE e.node_id = g.node_id AND e.{key} = g.k
+         ), written AS (
+           INSERT INTO {table} (node_id, {key}, entry, generation)
+           SELECT s.node_id, s.k, s.entry, m.generation
+             FROM unnest($4::text[], $5::text[], $6::jsonb[]) AS s(node_id, k, entry)
+             JOIN moved m ON m.node_id = s.node_id
+           ON CONFLICT (node_id, {key})
+              DO UPDATE SET entry = excluded.entry, generation = excluded.generation
+         )
+         SELECT node_id, generation FROM moved",
         key = t.key,
         table = t.table,
     ))
+    .bind(changed.into_iter().collect::<Vec<_>>())
     .bind(gone.iter().map(|k| k.0.as_str()).collect::<Vec<_>>())
     .bind(gone.iter().map(|k| k.1.as_str()).collect::<Vec<_>>())
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(&format!(
-        "INSERT INTO {table} (node_id, {key}, entry, generation)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::bigint[])
-         ON CONFLICT (node_id, {key})
-            DO UPDATE SET entry = excluded.entry, generation = excluded.generation",
-        key = t.key,
-        table = t.table,
-    ))
     .bind(set.iter().map(|(k, _)| k.0.as_str()).collect::<Vec<_>>())
     .bind(set.iter().map(|(k, _)| k.1.as_str()).collect::<Vec<_>>())
     .bind(set.iter().map(|(_, v)| *v).collect::<Vec<_>>())
-    .bind(
-        set.iter()
-            .map(|(k, _)| generations.get(k.0.as_str()).copied().unwrap_or_default())
-            .collect::<Vec<_>>(),
-    )
-    .execute(&mut *conn)
+    .fetch_all(&mut *conn)
     .await?;
     Ok(moved)
 }
 
+/// Moves the generation of `$1`'s nodes, answering each node's new one.
+const BUMP: &str = "INSERT INTO node_specs (node_id, generation) SELECT unnest($1::text[]), 1
+         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1
+         RETURNING node_id, generation";
+
 /// Moves the generation of `nodes` (an entry or a host command of theirs changed); answers
 /// each node's new generation.
 pub(crate) async fn bump(conn: &mut PgConnection, nodes: &[String]) -> Result<Moved, sqlx::Error> {
-    sqlx::query_as(
-        "INSERT INTO node_specs (node_id, generation) SELECT unnest($1::text[]), 1
-         ON CONFLICT (node_id) DO UPDATE SET generation = node_specs.generation + 1
-         RETURNING node_id, generation",
-    )
-    .bind(nodes)
-    .fetch_all(conn)
-    .await
+    sqlx::query_as(BUMP).bind(nodes).fetch_all(conn).await
 }
