@@ -449,9 +449,10 @@ impl Known {
                 .filter(|c| c.0 == pool_id && c.1 == tenant_id)
                 .map(|c| (c.2.clone(), c.3, c.4))
                 .collect();
-            match rows.is_empty() {
-                true => facts::confirm_quota(tx, pool_id, tenant_id, &delta).await?,
-                false => facts::check_charged(rows, &delta)?,
+            if rows.is_empty() {
+                facts::confirm_quota(tx, pool_id, tenant_id, &delta).await?;
+            } else {
+                facts::check_charged(rows, &delta)?;
             }
         }
         Ok(())

