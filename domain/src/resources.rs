@@ -211,15 +211,7 @@ mod tests {
                 count: 1,
             }],
         };
-        let mut booked = Capacity {
-            vcpu: 4,
-            memory_gib: 8,
-            disk_gib: 10,
-            gpus: vec![Gpus {
-                model: "l40s".into(),
-                count: 1,
-            }],
-        };
+        let mut booked = cap.clone();
         assert!(cap.holds(&booked));
         booked.vcpu = 5;
         assert!(!cap.holds(&booked));

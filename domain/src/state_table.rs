@@ -426,31 +426,16 @@ mod tests {
 
     /// SPEC §3.2's table, written out: `(from states, verb, to states)`.
     fn spec_rows() -> BTreeSet<Row> {
-        let live_but_deleting = [
-            S::Pending,
-            S::Scheduling,
-            S::Provisioning,
-            S::Starting,
-            S::Running,
-            S::Stopped,
-            S::Paused,
-            S::Rebooting,
-            S::Resizing,
-            S::Error,
-            S::Lost,
-        ];
-        let live = [
-            S::Pending,
-            S::Scheduling,
-            S::Provisioning,
-            S::Starting,
-            S::Running,
-            S::Stopped,
-            S::Paused,
-            S::Rebooting,
-            S::Resizing,
-            S::Lost,
-        ];
+        // Every state but the two of a deletion, and of those, the ones not in error.
+        let live_but_deleting: Vec<_> = S::ALL
+            .into_iter()
+            .filter(|s| !matches!(s, S::Deleting | S::Deleted))
+            .collect();
+        let live: Vec<_> = live_but_deleting
+            .iter()
+            .copied()
+            .filter(|s| *s != S::Error)
+            .collect();
         let placed = [
             S::Provisioning,
             S::Starting,

@@ -134,18 +134,12 @@ mod tests {
     #[test]
     fn only_unsupported_invalid_state_and_invalid_config_are_terminal() {
         use ProviderErrorCode::*;
-        let terminal: Vec<_> = [
-            NotFound,
-            RateLimited,
-            ProviderError,
-            Unsupported,
-            InvalidState,
-            InvalidConfig,
-        ]
-        .into_iter()
-        .filter(|code| code.is_terminal())
-        .collect();
-        assert_eq!(terminal, [Unsupported, InvalidState, InvalidConfig]);
+        for code in [NotFound, RateLimited, ProviderError] {
+            assert!(!code.is_terminal(), "{code:?} is worth calling again");
+        }
+        for code in [Unsupported, InvalidState, InvalidConfig] {
+            assert!(code.is_terminal(), "{code:?} stays as it is");
+        }
     }
 }
 
