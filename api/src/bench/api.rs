@@ -1,7 +1,7 @@
 //! `vps bench api`: `instances.create` (placed, quota charged, address leased) over HTTP on
 //! loopback, one run per client count (`--clients 1,16`: one client alone, then 16 at once),
-//! against single-event appends by as many writers as the largest client count in the same
-//! run (the baseline: what the log alone sustains).
+//! each against single-event appends by as many writers in the same run (the baseline: what
+//! the log alone sustains, and at one writer, how long one durable append takes).
 
 use std::time::{Duration, Instant};
 
@@ -19,15 +19,10 @@ pub struct ApiBench {
     pub seconds: f64,
 }
 
-impl ApiBench {
-    fn most_clients(&self) -> usize {
-        self.clients.iter().copied().max().unwrap_or(1)
-    }
-}
-
 /// Runs the baseline and every run and prints the figures, JSON line last.
 pub async fn run(server_url: &str, options: &ApiBench) -> anyhow::Result<()> {
-    let scratch = Scratch::create(server_url, options.most_clients() as u32 + 8).await?;
+    let most_clients = options.clients.iter().copied().max().unwrap_or(1);
+    let scratch = Scratch::create(server_url, most_clients as u32 + 8).await?;
     let result = phases(&scratch, options).await;
     scratch.drop_database().await?;
     println!("{}", serde_json::to_string(&result?)?);
@@ -36,11 +31,19 @@ pub async fn run(server_url: &str, options: &ApiBench) -> anyhow::Result<()> {
 
 async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<Value> {
     let duration = Duration::from_secs_f64(o.seconds);
-    let writers = o.most_clients();
     let notifier = Notifier::start(scratch.pool.clone());
-    let baseline = single_appends(&scratch.pool, &notifier, writers, duration, "single").await?;
-    let append_tps = baseline.per_second();
-    println!("single-event appends ({writers} writers): {append_tps:>8.0} /s");
+    let mut baselines = Vec::new();
+    for &writers in &o.clients {
+        let prefix = format!("single-{writers}w");
+        let rate = single_appends(&scratch.pool, &notifier, writers, duration, &prefix).await?;
+        let per_s = rate.per_second();
+        // Each writer waits on one append at a time: its mean latency is writers / rate.
+        let mean_ms = writers as f64 * 1000.0 / per_s;
+        println!(
+            "single-event appends ({writers:>2} writers): {per_s:>8.0} /s  mean {mean_ms:.2} ms"
+        );
+        baselines.push((per_s, mean_ms));
+    }
 
     let (config, token) = super::server_config();
     let spec = super::BenchPool {
@@ -57,7 +60,9 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<Value> {
     );
     let mut runs = Vec::new();
     let mut ratio_16 = None;
-    for (i, &clients) in o.clients.iter().enumerate() {
+    for (i, (&clients, &(append_per_s, append_mean_ms))) in
+        o.clients.iter().zip(&baselines).enumerate()
+    {
         let r = match create_run(&creates, i, clients, duration).await {
             Ok(r) => r,
             Err(e) => {
@@ -65,7 +70,7 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<Value> {
                 return Err(e);
             }
         };
-        let ratio = r.per_second / append_tps;
+        let ratio = r.per_second / append_per_s;
         println!(
             "instances.create ({clients:>2} clients): {:>8.0} /s  p50 {:.2} ms  p99 {:.2} ms  \
              ({} creates; ratio to appends {ratio:.3})",
@@ -81,13 +86,23 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<Value> {
             "creates_per_s": round(r.per_second, 0),
             "creates": r.count,
             "ratio": round(ratio, 3),
+            "append_per_s": round(append_per_s, 0),
+            "append_mean_ms": round(append_mean_ms, 2),
         }));
     }
     hosted.server.shutdown().await;
+    // The figure earlier readers of the JSON line know: appends by the most writers.
+    let most_clients = o.clients.iter().copied().max().unwrap_or(1);
+    let most = o
+        .clients
+        .iter()
+        .zip(&baselines)
+        .find(|(c, _)| **c == most_clients)
+        .map_or((0.0, 0.0), |(_, b)| *b);
     Ok(json!({
         "runs": runs,
-        "append_tps": round(append_tps, 0),
-        "append_writers": writers,
+        "append_tps": round(most.0, 0),
+        "append_writers": most_clients,
         "ratio_16": ratio_16,
         "seconds_per_run": o.seconds,
     }))
