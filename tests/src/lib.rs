@@ -449,15 +449,38 @@ impl TestServer {
 }
 
 /// The sandbox CA key file every test server of this process signs exec certificates with.
+/// A process cannot remove its own at exit (statics are not dropped), so each removes those of
+/// processes that have ended.
 pub fn sandbox_ca() -> &'static std::path::Path {
     static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let path = std::env::temp_dir().join(format!("vps-test-ca-{}", std::process::id()));
+        remove_ended_processes_cas();
+        let path = std::env::temp_dir().join(format!("{CA_PREFIX}{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         vps_commands::sandboxes::exec::ca::SandboxCa::load_or_generate(&path)
             .expect("a test sandbox CA");
         path
     })
+}
+
+const CA_PREFIX: &str = "vps-test-ca-";
+
+fn remove_ended_processes_cas() {
+    // Which processes live is read from /proc; without it, nothing is removed.
+    let proc = std::path::Path::new("/proc");
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    if !proc.join("self").exists() {
+        return;
+    }
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix(CA_PREFIX));
+        if pid.is_some_and(|pid| !proc.join(pid).exists()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 pub use vps_pg::testing::{eventually_every, eventually_explained};
