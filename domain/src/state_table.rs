@@ -436,16 +436,12 @@ mod tests {
             .copied()
             .filter(|s| *s != S::Error)
             .collect();
-        let placed = [
-            S::Provisioning,
-            S::Starting,
-            S::Running,
-            S::Stopped,
-            S::Paused,
-            S::Rebooting,
-            S::Resizing,
-            S::Error,
-        ];
+        // The states a placed instance can be in: neither before its placement nor lost.
+        let placed: Vec<_> = live_but_deleting
+            .iter()
+            .copied()
+            .filter(|s| !matches!(s, S::Pending | S::Scheduling | S::Lost))
+            .collect();
         let spec: Vec<(Vec<InstanceState>, Verb, Vec<InstanceState>)> = vec![
             (vec![S::Pending], V::Admit, vec![S::Scheduling]),
             (vec![S::Scheduling], V::Place, vec![S::Provisioning]),
