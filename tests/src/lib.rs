@@ -468,12 +468,12 @@ const CA_PREFIX: &str = "vps-test-ca-";
 fn remove_ended_processes_cas() {
     // Which processes live is read from /proc; without it, nothing is removed.
     let proc = std::path::Path::new("/proc");
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
     if !proc.join("self").exists() {
         return;
     }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let pid = name.to_str().and_then(|n| n.strip_prefix(CA_PREFIX));

@@ -19,10 +19,15 @@ pub struct ApiBench {
     pub seconds: f64,
 }
 
+impl ApiBench {
+    fn most_clients(&self) -> usize {
+        self.clients.iter().copied().max().unwrap_or(1)
+    }
+}
+
 /// Runs the baseline and every run and prints the figures, JSON line last.
 pub async fn run(server_url: &str, options: &ApiBench) -> anyhow::Result<()> {
-    let most_clients = options.clients.iter().copied().max().unwrap_or(1);
-    let scratch = Scratch::create(server_url, most_clients as u32 + 8).await?;
+    let scratch = Scratch::create(server_url, options.most_clients() as u32 + 8).await?;
     let result = phases(&scratch, options).await;
     scratch.drop_database().await?;
     println!("{}", serde_json::to_string(&result?)?);
@@ -33,8 +38,9 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<Value> {
     let duration = Duration::from_secs_f64(o.seconds);
     let notifier = Notifier::start(scratch.pool.clone());
     let mut baselines = Vec::new();
-    for &writers in &o.clients {
-        let prefix = format!("single-{writers}w");
+    for (i, &writers) in o.clients.iter().enumerate() {
+        // Streams of their own: a count given twice starts on fresh streams again.
+        let prefix = format!("single-{i}");
         let rate = single_appends(&scratch.pool, &notifier, writers, duration, &prefix).await?;
         let per_s = rate.per_second();
         // Each writer waits on one append at a time: its mean latency is writers / rate.
@@ -92,17 +98,16 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<Value> {
     }
     hosted.server.shutdown().await;
     // The figure earlier readers of the JSON line know: appends by the most writers.
-    let most_clients = o.clients.iter().copied().max().unwrap_or(1);
-    let most = o
+    let most = o.most_clients();
+    let most_per_s = o
         .clients
         .iter()
-        .zip(&baselines)
-        .find(|(c, _)| **c == most_clients)
-        .map_or((0.0, 0.0), |(_, b)| *b);
+        .position(|&c| c == most)
+        .map_or(0.0, |i| baselines[i].0);
     Ok(json!({
         "runs": runs,
-        "append_tps": round(most.0, 0),
-        "append_writers": most_clients,
+        "append_tps": round(most_per_s, 0),
+        "append_writers": most,
         "ratio_16": ratio_16,
         "seconds_per_run": o.seconds,
     }))
