@@ -511,3 +511,25 @@ where
 /// A valid OpenSSH public key for tests.
 pub const SSH_KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq0Ql3mXyv+Wr7o9Rj2hBkoMBZk8mK6X3b4d0s3xBeA test@example";
+
+#[cfg(test)]
+mod ca_sweep_tests {
+    use super::*;
+
+    #[test]
+    fn the_ca_files_of_ended_processes_go_and_a_live_ones_stays() {
+        if !std::path::Path::new("/proc/self").exists() {
+            return;
+        }
+        let dir = std::env::temp_dir();
+        // Above any pid Linux hands out (pid_max is at most 2^22).
+        let ended = dir.join(format!("{CA_PREFIX}{}", 1u64 << 40));
+        let live = dir.join(format!("{CA_PREFIX}{}", std::process::id()));
+        std::fs::write(&ended, "key").unwrap();
+        std::fs::write(&live, "key").unwrap();
+        remove_ended_processes_cas();
+        assert!(!ended.exists(), "an ended process's file is removed");
+        assert!(live.exists(), "a live process's file stays");
+        let _ = std::fs::remove_file(live);
+    }
+}
