@@ -111,12 +111,14 @@ async fn create_once(ctx: &Ctx, c: &CreateVolume) -> Result<Created, CommandErro
         Some(domain::VolumeEvent::Created(created)) => created.ids.node_id.clone(),
         _ => unreachable!("a create records sandbox.volume.created"),
     };
-    // The node before the quota rows, the order instance admission takes them in.
-    facts::lock_nodes(&mut tx, std::slice::from_ref(&node)).await?;
+    // The node before the quota rows, the order instance admission takes them in: locked and
+    // checked with the volume's booking on top before it is written.
+    let booking = domain::disk(c.size_gib);
+    let bookings = std::collections::BTreeMap::from([(node, vec![&booking])]);
+    facts::confirm_bookings(&mut tx, &bookings).await?;
     let volume = record_events::<Volume>(ctx, &mut tx, &c.id, None, events, Some(&c.tenant_id))
         .await?
         .expect("a created volume");
-    facts::confirm_nodes(&mut tx, &[node]).await?;
     facts::confirm_quota(&mut tx, &c.pool_id, &c.tenant_id, &charge(c.size_gib)).await?;
     commit(ctx, tx).await?;
     Ok(Created { volume, new: true })

@@ -308,14 +308,6 @@ pub async fn candidates(
     Ok(rows.iter().map(|r| candidate(r, 0)).collect())
 }
 
-/// Checks, holding their locks (taken in id order) until commit, that every node of
-/// `node_ids` still holds all its bookings; a batch's placements confirmed at once.
-pub async fn confirm_nodes(tx: &mut PgConnection, node_ids: &[String]) -> Result<(), CommandError> {
-    let written: BTreeMap<String, Vec<&Shape>> =
-        node_ids.iter().map(|id| (id.clone(), Vec::new())).collect();
-    confirm_bookings(tx, &written).await
-}
-
 /// Locks the nodes of `bookings` (in id order, to this transaction's end) and checks that each
 /// holds what is booked on it with the shapes listed for it on top. Before the bookings are
 /// written, so one round trip locks and checks: while the rows are locked nobody else books
@@ -346,8 +338,8 @@ pub async fn confirm_bookings(
     Ok(())
 }
 
-/// Locks `node_ids` (in id order) to this transaction's end. Taken before a create's writes,
-/// so creates lock a node before the tenant's quota rows, the order host reports use too.
+/// Locks `node_ids` (in id order) to this transaction's end. A resize takes it before the
+/// instance's row, the order host reports use too.
 pub async fn lock_nodes(tx: &mut PgConnection, node_ids: &[String]) -> Result<(), CommandError> {
     if !node_ids.is_empty() {
         sqlx::query("SELECT id FROM nodes WHERE id = ANY($1) ORDER BY id FOR UPDATE")

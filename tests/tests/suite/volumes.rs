@@ -661,3 +661,30 @@ async fn tenant_teardown_deletes_its_volumes_after_its_instances() {
     assert_eq!(disk_used(&t, &pool).await, 0);
     assert!(t.replay_equal().await);
 }
+
+#[tokio::test]
+async fn concurrent_volumes_never_book_a_node_past_its_disk() {
+    let t = server().await;
+    // One node of 500 GiB; the quota leaves the node's room the only limit.
+    let (pool, _hosts) = pool_with_hosts(&t, 1, 10_000).await;
+    let creates = (0..10).map(|i| {
+        let (t, pool) = (&t, &pool);
+        async move {
+            let name = format!("v{i}");
+            let body = volume_body(pool, &name, 100, &name);
+            t.call(ALICE, "sandboxVolumes.create", body).await
+        }
+    });
+    let answers = futures::future::join_all(creates).await;
+    let created: Vec<&Value> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+    let refused: Vec<&Value> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().err().map(|e| &e.body))
+        .collect();
+    assert_eq!(created.len(), 5, "five of 100 GiB fit 500 GiB: {refused:?}");
+    for r in &refused {
+        assert_eq!(r["code"], "CAPACITY_UNAVAILABLE", "{r}");
+    }
+    assert_eq!(disk_booked(&t, &created[0]["nodeId"]).await, 500);
+    assert_eq!(disk_used(&t, &pool).await, 500);
+}
