@@ -376,7 +376,7 @@ pub async fn apply_batch(
         follower.pass_over(last).await?;
         return Ok(Moved::new());
     }
-    let mut tx = conn.begin().await?;
+    let mut tx = conn.begin_with(vps_pg::connect::BEGIN_KEYED).await?;
     let mut moved = Moved::new();
     if !instances.is_empty() {
         lock_nodes_of(&mut tx, &instances).await?;

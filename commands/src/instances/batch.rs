@@ -124,7 +124,7 @@ async fn admit(batch: Vec<Job>) {
 /// One transaction for the whole batch; `Err` when it must be admitted again one by one.
 async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandError>>, CommandError> {
     let ctx = &jobs[0].ctx;
-    let mut tx = ctx.pool.begin().await?;
+    let mut tx = ctx.pool.begin_with(vps_pg::connect::BEGIN_KEYED).await?;
     let now = Utc::now();
     let mut known = Known::new(jobs.iter().map(|j| j.id.clone()).collect());
     let mut decided = Vec::with_capacity(jobs.len());
