@@ -4,10 +4,12 @@
 //! Appenders in this process bump a local counter at once; other processes learn through
 //! `pg_notify` on one channel. The notify is sent by a background task, coalesced, and outside
 //! the writers' transactions: a NOTIFY inside a transaction takes a global lock at commit and
-//! would serialise every writer.
+//! would serialise every writer. Other hints for other replicas (a spec's generation, a work
+//! queue's kind) go through the same task ([`Notifier::hint`]).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
@@ -29,6 +31,8 @@ pub const CHANNEL: &str = "vps_events";
 pub struct Notifier {
     local: Arc<watch::Sender<u64>>,
     pending: Arc<AtomicBool>,
+    /// Hints for other processes by channel, sent with the next notify ([`Notifier::hint`]).
+    hints: Arc<Mutex<BTreeMap<&'static str, BTreeSet<String>>>>,
     kick: Arc<Notify>,
     /// The process's shared read of the newest events, if it keeps one.
     tail: Option<Tail>,
@@ -49,6 +53,7 @@ impl Notifier {
         Notifier {
             local: Arc::new(tx),
             pending: Arc::new(AtomicBool::new(false)),
+            hints: Arc::default(),
             kick: Arc::new(Notify::new()),
             tail: None,
         }
@@ -58,6 +63,20 @@ impl Notifier {
     pub fn committed(&self) {
         self.bump();
         self.pending.store(true, Ordering::Release);
+        self.kick.notify_one();
+    }
+
+    /// Tells other processes `part` on `channel`, with the next notify: within
+    /// [`NOTIFY_GAP`] the parts of a channel are deduplicated and joined with commas into as
+    /// few payloads as fit, so a listener must split its payload on `,`. Sent one at a time,
+    /// these hints were two notifies per create, each waking every listening session.
+    pub fn hint(&self, channel: &'static str, part: &str) {
+        self.hints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(channel)
+            .or_default()
+            .insert(part.to_string());
         self.kick.notify_one();
     }
 
@@ -140,6 +159,9 @@ impl Notifier {
 /// replicas' followers learn of them at most this much later (this process's at once).
 pub const NOTIFY_GAP: Duration = Duration::from_millis(10);
 
+/// A notification's payload stays under PostgreSQL's 8000-byte limit.
+pub const MAX_PAYLOAD: usize = 7000;
+
 async fn send_notifies(pool: PgPool, notifier: Notifier) {
     loop {
         notifier.kick.notified().await;
@@ -147,7 +169,33 @@ async fn send_notifies(pool: PgPool, notifier: Notifier) {
         if notifier.pending.swap(false, Ordering::AcqRel) {
             send(&pool, CHANNEL, "").await;
         }
+        let hints = std::mem::take(&mut *notifier.hints.lock().unwrap_or_else(|e| e.into_inner()));
+        for (channel, parts) in hints {
+            for payload in payloads(parts) {
+                send(&pool, channel, &payload).await;
+            }
+        }
     }
+}
+
+/// `parts` joined with commas into payloads of at most [`MAX_PAYLOAD`] bytes (a longer part
+/// goes alone).
+pub fn payloads(parts: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for part in parts {
+        if !current.is_empty() && current.len() + 1 + part.len() > MAX_PAYLOAD {
+            out.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push(',');
+        }
+        current.push_str(&part);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
 }
 
 /// Sends `payload` on `channel`, outside any transaction. A failure is only logged: every

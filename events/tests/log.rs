@@ -607,3 +607,48 @@ async fn under_commits_as_often_as_the_poll_interval_each_pass_is_stored_before_
         );
     }
 }
+
+/// Hints for other processes pushed within one notify gap reach a listener as one payload,
+/// each part once, however often it was pushed; a channel's hints never ride on another's.
+#[tokio::test]
+async fn hints_pushed_together_arrive_as_one_payload_with_each_part_once() {
+    let pool = fresh_log().await;
+    let heard = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    tokio::spawn({
+        let (pool, heard) = (pool.clone(), heard.clone());
+        async move {
+            vps_events::notify::listen_to(pool, "hint_test", |payload| {
+                heard.lock().unwrap().push(payload.to_string())
+            })
+            .await
+        }
+    });
+    let notifier = Notifier::start(pool.clone());
+    // The listener is up once a hint comes back through it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while heard.lock().unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener hears hints"
+        );
+        notifier.hint("hint_test", "probe");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    heard.lock().unwrap().clear();
+
+    for part in ["node_b 2", "node_a 1", "node_b 2", "node_a 1"] {
+        notifier.hint("hint_test", part);
+    }
+    notifier.hint("other_channel", "not here");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while heard.lock().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the hints arrive");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        *heard.lock().unwrap(),
+        vec!["node_a 1,node_b 2".to_string()]
+    );
+}

@@ -418,7 +418,7 @@ pub async fn run(
             .instrument(span)
             .await?;
         // Hosts long-polling their spec wait on this, each on its own node's.
-        crate::spec_signals::announce(&pool, &signals, &moved).await;
+        crate::spec_signals::announce(&notifier, &signals, &moved);
         follower.wait_unless_full().await;
     }
 }

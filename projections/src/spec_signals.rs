@@ -11,12 +11,10 @@ use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use tokio::sync::watch;
+use vps_events::Notifier;
 
 /// The PostgreSQL channel generations travel on.
 pub const CHANNEL: &str = "vps_node_specs";
-
-/// A notification's payload stays under PostgreSQL's 8000-byte limit.
-const MAX_PAYLOAD: usize = 7000;
 
 /// Per node, the newest spec generation this replica has heard of.
 #[derive(Debug, Default)]
@@ -53,41 +51,14 @@ impl SpecSignals {
     }
 }
 
-/// Tells this replica at once, and the others through `pg_notify`, the generations a
-/// committed transaction moved (a follower's pass, or a command that wrote an entry inline).
-/// A failed notify only delays other replicas' polls.
-pub async fn announce(pool: &PgPool, signals: &SpecSignals, moved: &[(String, i64)]) {
+/// Tells this replica at once, and the others through `pg_notify` (coalesced by the
+/// notifier), the generations a committed transaction moved (a follower's pass, or a command
+/// that wrote an entry inline). A lost notify only delays other replicas' polls.
+pub fn announce(notifier: &Notifier, signals: &SpecSignals, moved: &[(String, i64)]) {
     for (node, generation) in moved {
         signals.publish(node, *generation);
+        notifier.hint(CHANNEL, &format!("{node} {generation}"));
     }
-    notify(pool, moved).await;
-}
-
-/// Tells the other replicas through `pg_notify` (this one hears its own, harmlessly).
-async fn notify(pool: &PgPool, moved: &[(String, i64)]) {
-    for payload in payloads(moved) {
-        vps_events::notify::send(pool, CHANNEL, &payload).await;
-    }
-}
-
-/// `node generation` pairs, comma-separated, in payloads of at most [`MAX_PAYLOAD`] bytes.
-fn payloads(moved: &[(String, i64)]) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    for (node, generation) in moved {
-        let pair = format!("{node} {generation}");
-        if !current.is_empty() && current.len() + 1 + pair.len() > MAX_PAYLOAD {
-            out.push(std::mem::take(&mut current));
-        }
-        if !current.is_empty() {
-            current.push(',');
-        }
-        current.push_str(&pair);
-    }
-    if !current.is_empty() {
-        out.push(current);
-    }
-    out
 }
 
 fn parse(payload: &str) -> impl Iterator<Item = (&str, i64)> {
@@ -114,9 +85,11 @@ mod tests {
     #[test]
     fn payloads_stay_under_the_limit_and_parse_back_to_every_pair() {
         let moved: Vec<(String, i64)> = (0..1000).map(|i| (format!("node_{i:026}"), i)).collect();
-        let payloads = payloads(&moved);
+        let payloads = vps_events::notify::payloads(moved.iter().map(|(n, g)| format!("{n} {g}")));
         assert!(payloads.len() > 1);
-        assert!(payloads.iter().all(|p| p.len() <= MAX_PAYLOAD));
+        assert!(payloads
+            .iter()
+            .all(|p| p.len() <= vps_events::notify::MAX_PAYLOAD));
         let back: Vec<(String, i64)> = payloads
             .iter()
             .flat_map(|p| parse(p).map(|(n, g)| (n.to_string(), g)))

@@ -34,7 +34,7 @@ pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
                 Ok(changed) => {
                     tracing::info!(node = %node, instances = changed.len(), "node lost");
                     work_queue::wake_all(&ctx.pool, crate::instances::KIND, &changed).await?;
-                    work_queue::announce(&ctx.pool, crate::instances::KIND).await;
+                    work_queue::announce(&ctx.notifier, crate::instances::KIND);
                 }
                 Err(e) => tracing::warn!(node = %node, error = %e, "cannot mark node lost"),
             }

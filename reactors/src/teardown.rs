@@ -18,9 +18,9 @@ pub const KIND: &str = "tenant-teardown";
 const LEASE: Duration = Duration::from_secs(60);
 
 /// Makes a tenant's teardown due now.
-pub async fn wake(pool: &sqlx::PgPool, tenant_id: &str) -> Result<(), sqlx::Error> {
-    work_queue::wake(pool, KIND, tenant_id, Utc::now()).await?;
-    work_queue::announce(pool, KIND).await;
+pub async fn wake(ctx: &Ctx, tenant_id: &str) -> Result<(), sqlx::Error> {
+    work_queue::wake(&ctx.pool, KIND, tenant_id, Utc::now()).await?;
+    work_queue::announce(&ctx.notifier, KIND);
     Ok(())
 }
 

@@ -75,7 +75,7 @@ async fn wake(
     // the work signal.
     notifier.committed();
     if !instances.is_empty() {
-        work_queue::announce(pool, crate::instances::KIND).await;
+        work_queue::announce(notifier, crate::instances::KIND);
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{PgExecutor, PgPool, Row};
 use tokio::sync::watch;
+use vps_events::Notifier;
 
 /// The PostgreSQL channel on which replicas tell each other that items fell due.
 pub const CHANNEL: &str = "vps_work";
@@ -44,15 +45,16 @@ fn bump(kind: &str) {
 
 /// Call once a transaction that made items of `kind` due ([`wake`], [`wake_all`]) has
 /// committed: wakes this process's loop of that kind at once, and other replicas' through
-/// `pg_notify`. A lost notification delays their look by at most [`MAX_IDLE`].
-pub async fn announce(pool: &PgPool, kind: &str) {
+/// `pg_notify` (coalesced by the notifier). A lost notification delays their look by at most
+/// [`MAX_IDLE`].
+pub fn announce(notifier: &Notifier, kind: &'static str) {
     bump(kind);
-    vps_events::notify::send(pool, CHANNEL, kind).await;
+    notifier.hint(CHANNEL, kind);
 }
 
-/// Hears other replicas' [`announce`]s for as long as the task lives.
+/// Hears other replicas' [`announce`]s (kinds, comma-separated) for as long as the task lives.
 pub async fn listen(pool: PgPool) {
-    vps_events::notify::listen_to(pool, CHANNEL, bump).await
+    vps_events::notify::listen_to(pool, CHANNEL, |kinds| kinds.split(',').for_each(bump)).await
 }
 
 /// The wake-ups of `kind`'s loop; mark them seen (`borrow_and_update`) before each take.
@@ -60,14 +62,22 @@ pub fn subscribe(kind: &str) -> watch::Receiver<u64> {
     with_kind(kind, watch::Sender::subscribe)
 }
 
+/// The earliest-due items [`idle`] looks at. An item further down is due no sooner than all
+/// of these, so the answer is exact unless every one of them is leased (items in flight are a
+/// batch per replica); even then the nap is capped at [`MAX_IDLE`] and new work wakes it.
+const NEXT_DUE_WINDOW: i64 = 64;
+
 /// Waits until a wake-up comes or `kind`'s next item falls due (or its lease runs out), at
-/// most [`MAX_IDLE`].
+/// most [`MAX_IDLE`]. Reads the earliest-due items by the `(kind, due_at)` index: the minimum
+/// over every item of the kind read them all, one per instance, after every idle pass.
 pub async fn idle(pool: &PgPool, kind: &str, wake: &mut watch::Receiver<u64>) {
     let next: Result<Option<f64>, _> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM min(greatest(due_at, coalesce(lease_until, due_at))) - now())::float8
-           FROM work_items WHERE kind = $1",
+        "SELECT extract(epoch FROM min(t) - now())::float8
+           FROM (SELECT greatest(due_at, coalesce(lease_until, due_at)) AS t
+                   FROM work_items WHERE kind = $1 ORDER BY due_at LIMIT $2) earliest",
     )
     .bind(kind)
+    .bind(NEXT_DUE_WINDOW)
     .fetch_one(pool)
     .await;
     let nap = match next {

@@ -254,13 +254,21 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
     }
     assert!(up, "the listener hears notifications");
     signal.borrow_and_update();
-    let unrelated = subscribe("another-kind");
+    let mut unrelated = subscribe("another-kind");
     notify().await;
     signal.changed().await.unwrap();
     assert!(
         !unrelated.has_changed().unwrap(),
         "another kind's loop sleeps on"
     );
+    // Kinds announced together arrive in one payload, comma-separated: each loop wakes.
+    sqlx::query("SELECT pg_notify($1, 'another-kind,idle-test')")
+        .bind(vps_reactors::work_queue::CHANNEL)
+        .execute(&pool)
+        .await
+        .unwrap();
+    signal.changed().await.unwrap();
+    unrelated.changed().await.unwrap();
 
     let waiting = tokio::spawn({
         let pool = pool.clone();

@@ -40,7 +40,7 @@ async fn delete(c: Call, q: DeleteTenant) -> Result<Teardown, ApiError> {
     c.authz.refresh(&c.ctx.pool).await?;
     let remaining = vps_commands::tenants::teardown_pass(&c.ctx, &q.tenant_id).await?;
     if remaining > 0 {
-        vps_reactors::teardown::wake(&c.ctx.pool, &q.tenant_id).await?;
+        vps_reactors::teardown::wake(&c.ctx, &q.tenant_id).await?;
     }
     Ok(Teardown {
         tenant_id: q.tenant_id,

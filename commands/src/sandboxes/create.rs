@@ -151,7 +151,7 @@ async fn create_once(ctx: &Ctx, c: &CreateSandbox) -> Result<Created, CommandErr
             .expect("a created sandbox");
     commit(ctx, tx).await?;
     if let Some(moved) = moved {
-        vps_projections::spec_signals::announce(&ctx.pool, &ctx.spec_signals, &moved).await;
+        vps_projections::spec_signals::announce(&ctx.notifier, &ctx.spec_signals, &moved);
     }
     Ok(Created { sandbox, new: true })
 }

@@ -6,7 +6,7 @@
 //! commit.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::{PgPool, Row};
 use tokio::sync::watch;
@@ -48,6 +48,38 @@ impl Subscription {
 /// The least time between two reads of the log when woken.
 const FANOUT_PACE: Duration = Duration::from_millis(1);
 
+/// How long the subscriptions read are trusted when the log shows no change to them.
+const SUBSCRIPTIONS_FRESH: Duration = Duration::from_secs(5);
+
+/// The active subscriptions as last read. Every change to one is a `webhook.*` event, written
+/// to the table in that event's transaction, so they are read again only when a batch holds
+/// such an event (and every few seconds, whatever the log shows): most batches hold none, and
+/// reading them for every batch was a statement per create.
+#[derive(Default)]
+struct Subscriptions {
+    read: Option<(Instant, Vec<Subscription>)>,
+}
+
+impl Subscriptions {
+    /// The subscriptions that apply to `batch`: every one created before an event of it is
+    /// visible now (the event is below the read horizon, so its transaction is over).
+    async fn for_batch(
+        &mut self,
+        pool: &PgPool,
+        batch: &[RecordedEvent],
+    ) -> Result<&[Subscription], sqlx::Error> {
+        let changed = batch.iter().any(|e| e.event_type.starts_with("webhook."));
+        let stale = self
+            .read
+            .as_ref()
+            .is_none_or(|(at, _)| at.elapsed() >= SUBSCRIPTIONS_FRESH);
+        if changed || stale {
+            self.read = Some((Instant::now(), active_subscriptions(pool).await?));
+        }
+        Ok(self.read.as_ref().map_or(&[], |(_, subs)| subs.as_slice()))
+    }
+}
+
 /// Runs the fan-out forever (once the lease is held), moving `enqueued` on after each enqueue.
 pub(crate) async fn run(
     pool: PgPool,
@@ -70,11 +102,17 @@ pub(crate) async fn run(
         }
     };
     failures = 0;
+    let mut subscriptions = Subscriptions::default();
     loop {
         let span = tracing::info_span!("webhook_fanout_pass", cursor = %follower.cursor());
-        match pass(&pool, &mut follower, config.fanout_batch)
-            .instrument(span)
-            .await
+        match pass(
+            &pool,
+            &mut follower,
+            &mut subscriptions,
+            config.fanout_batch,
+        )
+        .instrument(span)
+        .await
         {
             Ok((0, _)) => {
                 failures = 0;
@@ -101,6 +139,7 @@ pub(crate) async fn run(
 async fn pass(
     pool: &PgPool,
     follower: &mut Follower,
+    subscriptions: &mut Subscriptions,
     limit: i64,
 ) -> Result<(usize, usize), sqlx::Error> {
     let batch = follower.next_batch(limit).await?;
@@ -108,9 +147,7 @@ async fn pass(
         follower.report_lag().await?;
         return Ok((0, 0));
     };
-    // Every subscription created before an event of this batch is visible now: its event is
-    // below the read horizon, so its transaction (which also wrote the projection) is over.
-    let subscriptions = active_subscriptions(pool).await?;
+    let subscriptions = subscriptions.for_batch(pool, &batch).await?;
     let mut webhook_ids = Vec::new();
     let mut event_ids = Vec::new();
     let mut txids = Vec::new();
