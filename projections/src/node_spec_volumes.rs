@@ -25,10 +25,11 @@ pub(crate) async fn sync(
     ids: &[String],
     node: Option<&str>,
 ) -> Result<Moved, ProjectionError> {
-    let rows: Vec<(String, String, i64, String)> = sqlx::query_as(
+    let rows: Vec<(String, String, i64, String)> = sqlx::query_as(&format!(
         "SELECT node_id, id, size_gib, doc->>'serial' FROM sandbox_volumes
-          WHERE (id = ANY($1) OR node_id = $2) AND state IN ('creating', 'ready')",
-    )
+          WHERE {} AND state IN ('creating', 'ready')",
+        crate::spec_entries::ids_or_node("id", "node_id", node)
+    ))
     .bind(ids)
     .bind(node)
     .fetch_all(&mut *conn)

@@ -22,7 +22,7 @@ use crate::node_spec_payload::{
     HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, NodeVolume, SpecRestore,
 };
 pub use crate::spec_entries::Moved;
-use crate::spec_entries::{bump, write, EntryTable};
+use crate::spec_entries::{bump, ids_or_node, write, EntryTable};
 use crate::ProjectionError;
 
 /// The bridge hosted instances' NICs attach to.
@@ -32,34 +32,36 @@ pub const BRIDGE: &str = "br0";
 type Entry = ((String, String), Value);
 
 /// The entries the instances' views call for: `ids` (or, with `node`, every instance on it).
+/// Unplaced instances are left out here, not in the statement: a kept plan for `node_id IS NOT
+/// NULL` can read every placed instance through the node index ([`ids_or_node`]).
 async fn desired(
     conn: &mut PgConnection,
     ids: &[String],
     node: Option<&str>,
 ) -> Result<Vec<Entry>, ProjectionError> {
-    let rows = sqlx::query(
+    let which = ids_or_node("i.id", "i.node_id", node);
+    let rows = sqlx::query(&format!(
         "SELECT i.doc, p.runtime, p.ip_cidr, im.url, im.sha256, im.format
            FROM instances i
            JOIN pools p ON p.id = i.pool_id
            LEFT JOIN images im ON im.id = (i.doc->>'imageId')
-          WHERE (i.id = ANY($1) OR i.node_id = $2) AND i.node_id IS NOT NULL
-            AND i.state NOT IN ('pending', 'scheduling', 'deleted')",
-    )
+          WHERE {which} AND i.state NOT IN ('pending', 'scheduling', 'deleted')"
+    ))
     .bind(ids)
     .bind(node)
     .fetch_all(&mut *conn)
     .await?;
     Ok(rows
         .iter()
-        .map(|r| {
+        .filter_map(|r| {
             let Json(inst): Json<Instance> = r.get(0);
+            let node = inst.node_id.clone()?;
             let prefix = r
                 .get::<Option<String>, _>(2)
                 .and_then(|c| c.split_once('/').map(|(_, p)| p.to_string()))
                 .unwrap_or_else(|| "32".into());
             let value = entry(&inst, r.get(1), &prefix, (r.get(3), r.get(4), r.get(5)));
-            let node = inst.node_id.clone().unwrap_or_default();
-            ((node, inst.id.clone()), value)
+            Some(((node, inst.id.clone()), value))
         })
         .collect())
 }

@@ -284,6 +284,10 @@ pub async fn complete(
 ///
 /// An item woken while the statement waited for its row is left to [`reschedule`], which reads
 /// it anew: the statement decides between forgetting and rescheduling on the row it first saw.
+///
+/// The keys are also matched with `= ANY`, which any plan serves from the primary key: joined
+/// only with the unnest, a plan kept from a near-empty table read every item of the kind (8,400
+/// rows, 1 ms, per batch at 16 clients in `bench api`).
 pub async fn complete_all(
     pool: &PgPool,
     kind: &str,
@@ -299,7 +303,8 @@ pub async fn complete_all(
                                           $6::bool[], $7::timestamptz[])
                               AS p(key, wakes, lease_id, after, forget, retry_at)),
               gone AS (DELETE FROM work_items w USING p
-                        WHERE w.kind = $1 AND w.key = p.key AND w.lease_id = p.lease_id
+                        WHERE w.kind = $1 AND w.key = ANY($2) AND w.key = p.key
+                          AND w.lease_id = p.lease_id
                           AND p.forget AND w.wakes = p.wakes
                        RETURNING w.key),
               kept AS (UPDATE work_items w
@@ -309,7 +314,8 @@ pub async fn complete_all(
                                             THEN now() + make_interval(secs => p.after)
                                             ELSE now() END
                          FROM p
-                        WHERE w.kind = $1 AND w.key = p.key AND w.lease_id = p.lease_id
+                        WHERE w.kind = $1 AND w.key = ANY($2) AND w.key = p.key
+                          AND w.lease_id = p.lease_id
                           AND NOT (p.forget AND w.wakes = p.wakes)
                        RETURNING w.key)
          SELECT key FROM gone UNION ALL SELECT key FROM kept",
