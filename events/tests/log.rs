@@ -122,6 +122,17 @@ async fn appending_the_same_event_ids_again_returns_the_stored_events() {
         .await
         .unwrap_err();
     assert!(matches!(err, AppendError::IdReused(_)), "got {err:?}");
+    // Nor is a stored id after a new one: the append writes nothing.
+    let mixed = [event(4), events[1].clone()];
+    let err = append(&mut conn, "s-3", ExpectedVersion::NoStream, &mixed)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AppendError::IdReused(_)), "got {err:?}");
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 3);
 }
 
 #[tokio::test]
