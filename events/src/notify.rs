@@ -26,13 +26,17 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// The PostgreSQL channel the log's wake-ups travel on.
 pub const CHANNEL: &str = "vps_events";
 
+/// Parts to send, by channel.
+type Hints = BTreeMap<&'static str, BTreeSet<String>>;
+
 /// Shared by every appender and follower of one process.
 #[derive(Clone)]
 pub struct Notifier {
     local: Arc<watch::Sender<u64>>,
     pending: Arc<AtomicBool>,
-    /// Hints for other processes by channel, sent with the next notify ([`Notifier::hint`]).
-    hints: Arc<Mutex<BTreeMap<&'static str, BTreeSet<String>>>>,
+    /// Hints for other processes by channel, sent with the next notify ([`Notifier::hint`]);
+    /// `None` where nothing sends them (a notifier that reaches only this process).
+    hints: Option<Arc<Mutex<Hints>>>,
     kick: Arc<Notify>,
     /// The process's shared read of the newest events, if it keeps one.
     tail: Option<Tail>,
@@ -41,7 +45,10 @@ pub struct Notifier {
 impl Notifier {
     /// Starts the notify sender and the listener for other processes' appends.
     pub fn start(pool: PgPool) -> Notifier {
-        let notifier = Notifier::local_only();
+        let notifier = Notifier {
+            hints: Some(Arc::default()),
+            ..Notifier::local_only()
+        };
         tokio::spawn(send_notifies(pool.clone(), notifier.clone()));
         tokio::spawn(listen(pool, notifier.clone()));
         notifier
@@ -53,7 +60,7 @@ impl Notifier {
         Notifier {
             local: Arc::new(tx),
             pending: Arc::new(AtomicBool::new(false)),
-            hints: Arc::default(),
+            hints: None,
             kick: Arc::new(Notify::new()),
             tail: None,
         }
@@ -71,7 +78,8 @@ impl Notifier {
     /// few payloads as fit, so a listener must split its payload on `,`. Sent one at a time,
     /// these hints were two notifies per create, each waking every listening session.
     pub fn hint(&self, channel: &'static str, part: &str) {
-        self.hints
+        let Some(hints) = &self.hints else { return };
+        hints
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(channel)
@@ -169,8 +177,11 @@ async fn send_notifies(pool: PgPool, notifier: Notifier) {
         if notifier.pending.swap(false, Ordering::AcqRel) {
             send(&pool, CHANNEL, "").await;
         }
-        let hints = std::mem::take(&mut *notifier.hints.lock().unwrap_or_else(|e| e.into_inner()));
-        for (channel, parts) in hints {
+        let hints = notifier
+            .hints
+            .as_ref()
+            .map(|h| std::mem::take(&mut *h.lock().unwrap_or_else(|e| e.into_inner())));
+        for (channel, parts) in hints.into_iter().flatten() {
             for payload in payloads(parts) {
                 send(&pool, channel, &payload).await;
             }
