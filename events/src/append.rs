@@ -59,7 +59,7 @@ pub async fn append(
     if rows.len() == events.len() {
         return recorded(stream, events, &rows).map_err(Into::into);
     }
-    not_appended(conn, stream, expected, events, rows.is_empty()).await
+    not_appended(conn, stream, expected, events).await
 }
 
 /// Appends to `stream` those of `events` whose ids the log does not hold yet, in order and
@@ -113,7 +113,7 @@ pub async fn append_unseen(
     }
 }
 
-/// Whether a copy failed on an id the log already holds ([`version_race`] names it).
+/// Whether a copy failed on an id the log already holds ([`insert_failure`] names it).
 fn id_taken(e: &AppendError) -> bool {
     matches!(e, AppendError::IdReused(_))
 }
@@ -230,7 +230,7 @@ async fn copy_in(
     }
     copy.finish()
         .await
-        .map_err(|e| version_race(e, stream, ExpectedVersion::Any))?;
+        .map_err(|e| insert_failure(e, stream, ExpectedVersion::Any))?;
     Ok(())
 }
 
@@ -281,13 +281,13 @@ async fn insert(
     query
         .fetch_all(&mut *conn)
         .await
-        .map_err(|e| version_race(e, stream, expected))
+        .map_err(|e| insert_failure(e, stream, expected))
 }
 
-/// A lost race on `unique (stream, version)` is a concurrency error; the transaction is
-/// aborted then, so it cannot even read the version it lost to. An id the log holds (not the
-/// first: that one is checked before the insert) is a reused id.
-fn version_race(e: sqlx::Error, stream: &str, expected: ExpectedVersion) -> AppendError {
+/// Why an insert failed: a lost race on `unique (stream, version)` is a concurrency error (the
+/// transaction is aborted then, so it cannot even read the version it lost to); an id the log
+/// holds (not the first: that one is checked before the insert) is a reused id.
+fn insert_failure(e: sqlx::Error, stream: &str, expected: ExpectedVersion) -> AppendError {
     match e {
         sqlx::Error::Database(db) if db.constraint() == Some("events_stream_version_key") => {
             AppendError::Concurrency {
@@ -328,19 +328,18 @@ fn recorded(
         .collect()
 }
 
-/// Fewer rows than events came back: the events were appended before (a retry, answered with
-/// what is stored), some ids are reused, or the version check failed.
+/// No row came back (an insert writes all its events or none): the events were appended before
+/// (a retry, answered with what is stored), some ids are reused, or the version check failed.
 async fn not_appended(
     conn: &mut PgConnection,
     stream: &str,
     expected: ExpectedVersion,
     events: &[NewEvent],
-    nothing_inserted: bool,
 ) -> Result<Vec<RecordedEvent>, AppendError> {
     let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
     let stored = stored_events(conn, &ids).await?;
     let retried = stored.len() == events.len() && stored.iter().all(|e| e.stream == stream);
-    if nothing_inserted && retried {
+    if retried {
         return Ok(stored);
     }
     if !stored.is_empty() {

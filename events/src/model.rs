@@ -66,6 +66,13 @@ pub struct RecordedEvent {
 }
 
 impl RecordedEvent {
+    /// The category of its stream (`instance` of `instance-inst_…`): it names the aggregate.
+    pub fn category(&self) -> &str {
+        self.stream
+            .split_once('-')
+            .map_or("", |(category, _)| category)
+    }
+
     /// This event's place in the read order.
     pub fn cursor(&self) -> Cursor {
         Cursor {

@@ -89,18 +89,9 @@ pub const TABLES: &[&str] = &[
     "usage_rollups",
 ];
 
-/// The category of an event's stream (`instance` of `instance-inst_…`): it names the
-/// aggregate, and so the projector.
-fn category(event: &RecordedEvent) -> &str {
-    event
-        .stream
-        .split_once('-')
-        .map_or("", |(category, _)| category)
-}
-
 /// Applies every inline projector to one event, in the caller's transaction.
 pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), ProjectionError> {
-    match category(event) {
+    match event.category() {
         "instance" => instances::apply(conn, event).await,
         "pool" => pools::apply(conn, event).await,
         "node" => nodes::apply(conn, event).await,
@@ -131,7 +122,7 @@ pub async fn apply_all(
 ) -> Result<(), ProjectionError> {
     let mut rest = events;
     while let Some(first) = rest.first() {
-        match category(first) {
+        match first.category() {
             "instance" => {
                 let n = rest.iter().take_while(|e| e.stream == first.stream).count();
                 instances::apply_run(conn, &rest[..n], prior.instance()).await?;

@@ -642,6 +642,60 @@ async fn an_endpoint_answering_410_gone_disables_its_subscription() {
     assert_all_signed(&receiver, "gone");
 }
 
+/// The fan-out keeps the subscriptions it read between batches and reads them again for a
+/// batch holding an event of a subscription's stream: one made after the list was read gets
+/// the events after it (none before), and one deleted meanwhile gets nothing more.
+#[tokio::test]
+async fn the_fan_out_sees_subscriptions_made_and_deleted_after_it_read_them() {
+    let Setup {
+        pool,
+        notifier,
+        receiver,
+        hook: first,
+    } = one_subscription("first", Script::Accept, &["instance.*"], None).await;
+    let worker = start_worker(&pool, &notifier, fast());
+    let before = emit(
+        &pool,
+        &notifier,
+        "instance-inst_1",
+        "instance.created",
+        None,
+    )
+    .await;
+    // Delivered: the fan-out has read the subscriptions for that batch.
+    receiver
+        .wait_accepted("first", 1, Duration::from_secs(20))
+        .await;
+    subscribe(
+        &pool,
+        &notifier,
+        &receiver,
+        "second",
+        Script::Accept,
+        &["instance.*"],
+        None,
+    )
+    .await;
+    commands::delete(&ctx(&pool, &notifier, "id_test"), &first.id, None)
+        .await
+        .unwrap();
+    let after = emit(
+        &pool,
+        &notifier,
+        "instance-inst_1",
+        "instance.running",
+        None,
+    )
+    .await;
+    receiver
+        .wait_accepted("second", 1, Duration::from_secs(20))
+        .await;
+    deliveries_settled(&pool).await;
+    worker.abort();
+    assert_eq!(receiver.accepted("second"), vec![after.id]);
+    assert_eq!(receiver.accepted("first"), vec![before.id]);
+}
+
 #[tokio::test]
 async fn a_tenant_scoped_subscription_receives_no_other_tenants_event() {
     let pool = fresh_log().await;

@@ -51,9 +51,9 @@ const FANOUT_PACE: Duration = Duration::from_millis(1);
 /// How long the subscriptions read are trusted when the log shows no change to them.
 const SUBSCRIPTIONS_FRESH: Duration = Duration::from_secs(5);
 
-/// The active subscriptions as last read. Every change to one is a `webhook.*` event, written
-/// to the table in that event's transaction, so they are read again only when a batch holds
-/// such an event (and every few seconds, whatever the log shows): most batches hold none, and
+/// The active subscriptions as last read. Every change to one is an event of its `webhook-…`
+/// stream, projected to the table in that event's transaction, so they are read again only
+/// when a batch holds such an event (and every few seconds, whatever the log shows): most batches hold none, and
 /// reading them for every batch was a statement per create.
 #[derive(Default)]
 struct Subscriptions {
@@ -68,7 +68,9 @@ impl Subscriptions {
         pool: &PgPool,
         batch: &[RecordedEvent],
     ) -> Result<&[Subscription], sqlx::Error> {
-        let changed = batch.iter().any(|e| e.event_type.starts_with("webhook."));
+        let changed = batch
+            .iter()
+            .any(|e| e.category() == vps_domain::webhook::CATEGORY);
         let stale = self
             .read
             .as_ref()
