@@ -547,7 +547,7 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<i32> {
-    let db = Database::open(&config, 30).await?;
+    let db = Database::open(&config, crate::database::SERVE_CONNECTIONS).await?;
     let server = crate::server::start(config, db.pool.clone()).await?;
     crate::server::shutdown_signal().await;
     tracing::info!("shutting down");

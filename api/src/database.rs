@@ -57,6 +57,10 @@ async fn ensure_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The connections a serving process (`vps serve`, `vps dev`) opens; benchmarks that measure
+/// the server give it as many, so they see its pool as it is.
+pub const SERVE_CONNECTIONS: u32 = 30;
+
 impl Database {
     /// Connects (starting the embedded cluster if needed) and applies migrations.
     pub async fn open(config: &Config, max_connections: u32) -> anyhow::Result<Database> {

@@ -48,7 +48,7 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
         config.timings.unschedulable_retry = 5.0;
         config.timings.sandbox_pass = 2.0;
     }
-    let db = Database::open(&config, 30).await?;
+    let db = Database::open(&config, crate::database::SERVE_CONNECTIONS).await?;
     let server = crate::server::start(config.clone(), db.pool.clone()).await?;
     let ctx = crate::server::reactor_ctx(&server.state, "dev");
     let pool_id = demo_pool(&ctx).await?;

@@ -27,7 +27,9 @@ impl ApiBench {
 
 /// Runs the baseline and every run and prints the figures, JSON line last.
 pub async fn run(server_url: &str, options: &ApiBench) -> anyhow::Result<()> {
-    let scratch = Scratch::create(server_url, options.most_clients() as u32 + 8).await?;
+    // The server under test gets the pool a serving process opens (more with more clients).
+    let connections = (options.most_clients() as u32 + 8).max(crate::database::SERVE_CONNECTIONS);
+    let scratch = Scratch::create(server_url, connections).await?;
     let result = phases(&scratch, options).await;
     scratch.drop_database().await?;
     println!("{}", serde_json::to_string(&result?)?);

@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
 
 use chrono::Utc;
-use sqlx::PgConnection;
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgConnection, Postgres};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 use vps_domain::instance::{
@@ -80,6 +81,7 @@ impl Admitter {
 }
 
 async fn run(mut queue: mpsc::Receiver<Job>) {
+    let mut own = None;
     while let Some(first) = queue.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -90,18 +92,18 @@ async fn run(mut queue: mpsc::Receiver<Job>) {
         }
         let span = tracing::info_span!("admit_batch", creates = batch.len());
         metrics::histogram!("vps_admission_batch_size").record(batch.len() as f64);
-        admit(batch).instrument(span).await;
+        admit(batch, &mut own).instrument(span).await;
     }
 }
 
 /// Admits a batch; creates that share an id with an earlier one of the batch, and every create
 /// of a batch that failed as a whole, are admitted on their own.
-async fn admit(batch: Vec<Job>) {
+async fn admit(batch: Vec<Job>, own: &mut Option<PoolConnection<Postgres>>) {
     let mut seen = HashSet::new();
     let (first, again): (Vec<Job>, Vec<Job>) = batch
         .into_iter()
         .partition(|job| seen.insert(job.id.clone()));
-    let alone = match admit_together(&first).await {
+    let alone = match admit_together(&first, own).await {
         Ok(answers) => {
             for (job, answer) in first.into_iter().zip(answers) {
                 let _ = job.reply.send(answer);
@@ -109,6 +111,9 @@ async fn admit(batch: Vec<Job>) {
             again
         }
         Err(e) => {
+            // The connection may be the cause (the database restarted): the next batch takes
+            // another.
+            *own = None;
             tracing::debug!(error = %e, "batch admission failed; admitting one by one");
             first.into_iter().chain(again).collect()
         }
@@ -122,9 +127,16 @@ async fn admit(batch: Vec<Job>) {
 }
 
 /// One transaction for the whole batch; `Err` when it must be admitted again one by one.
-async fn admit_together(jobs: &[Job]) -> Result<Vec<Result<Instance, CommandError>>, CommandError> {
+async fn admit_together(
+    jobs: &[Job],
+    own: &mut Option<PoolConnection<Postgres>>,
+) -> Result<Vec<Result<Instance, CommandError>>, CommandError> {
     let ctx = &jobs[0].ctx;
-    let mut tx = ctx.pool.begin_with(vps_pg::connect::BEGIN_KEYED).await?;
+    let conn = match own {
+        Some(conn) => conn,
+        None => own.insert(ctx.pool.acquire().await?),
+    };
+    let mut tx = conn.begin_with(vps_pg::connect::BEGIN_KEYED).await?;
     let now = Utc::now();
     let mut known = Known::new(jobs.iter().map(|j| j.id.clone()).collect());
     let mut decided = Vec::with_capacity(jobs.len());
