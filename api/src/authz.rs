@@ -21,6 +21,7 @@ use sqlx::PgPool;
 use vps_domain::authz::{
     ActionDecl, AuthzSchema, Decision, PolicyBook, PolicySource, Principal, Resource,
 };
+use vps_domain::DomainError;
 use vps_events::Notifier;
 
 use crate::error::ApiError;
@@ -164,6 +165,12 @@ pub struct Guard {
 impl Guard {
     /// Decides `action` on `resource`: `ACCESS_DENIED` with `details.policyIds` when refused.
     pub fn decide(&self, action: &str, resource: &Resource) -> Result<(), ApiError> {
+        Ok(self.refusal(action, resource)?)
+    }
+
+    /// [`Guard::decide`] as a domain refusal, for decisions a command makes on facts it reads
+    /// itself (a create's draft in its admission batch).
+    pub fn refusal(&self, action: &str, resource: &Resource) -> Result<(), DomainError> {
         let decision = self.snapshot.book.decide(&self.principal, action, resource);
         let outcome = if decision == Decision::Allow {
             "allow"
@@ -173,8 +180,7 @@ impl Guard {
         metrics::counter!("vps_authz_decisions_total", "decision" => outcome).increment(1);
         match decision {
             Decision::Allow => Ok(()),
-            Decision::Deny { policy_ids } => Err(ApiError {
-                code: "ACCESS_DENIED",
+            Decision::Deny { policy_ids } => Err(DomainError::AccessDenied {
                 message: format!(
                     "{action} on {} {} is not allowed",
                     resource.kind, resource.id

@@ -68,6 +68,15 @@ pub enum DomainError {
         /// What ran out: `vcpu`, `memoryGiB`, `diskGiB`, `gpu` or `ipv4`.
         resource: String,
     },
+    /// A policy refuses the caller this action on this resource (`ACCESS_DENIED`); the
+    /// details name the action and the deciding `policyIds`.
+    #[error("{message}")]
+    AccessDenied {
+        /// What was refused.
+        message: String,
+        /// `{ "action": …, "policyIds": […] }`.
+        details: Value,
+    },
     /// The request is understood but this product cannot do it (`UNSUPPORTED`).
     #[error("{message}")]
     Unsupported {
@@ -86,6 +95,7 @@ impl DomainError {
             DomainError::Conflict { .. } | DomainError::ConflictOn { .. } => "CONFLICT",
             DomainError::QuotaExceeded { .. } => "QUOTA_EXCEEDED",
             DomainError::CapacityUnavailable { .. } => "CAPACITY_UNAVAILABLE",
+            DomainError::AccessDenied { .. } => "ACCESS_DENIED",
             DomainError::Unsupported { .. } => "UNSUPPORTED",
         }
     }
@@ -108,7 +118,8 @@ impl DomainError {
                 "used": used,
             }),
             DomainError::CapacityUnavailable { resource } => json!({ "resource": resource }),
-            DomainError::InvalidState { details, .. } => details.clone(),
+            DomainError::InvalidState { details, .. }
+            | DomainError::AccessDenied { details, .. } => details.clone(),
             DomainError::NotFound { .. } | DomainError::Unsupported { .. } => json!({}),
         }
     }

@@ -29,8 +29,8 @@ use crate::state_table::{DesiredState, InstanceState};
 pub const MAX_ADDRESSES: usize = 16;
 
 pub use admission::{
-    admit, check_user_data, placement, resize, Admission, AdmissionFacts, AdmissionPool,
-    ResizeFacts,
+    admit, authorized_before, check_user_data, placement, resize, Admission, AdmissionFacts,
+    AdmissionPool, Policy, ResizeFacts,
 };
 pub use command::{
     AddressMode, CreateInstance, Failure, InstanceCommand, Observed, PlaceInstance, RecreateCause,

@@ -313,7 +313,13 @@ async fn an_admitted_instance_books_its_view_allocation_lease_and_quota() {
     pool_with_offer(&db).await;
     register_node(&db).await;
     let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
-    let decided = instance::admit(&admission_facts(), create(&id), "alloc_1", Utc::now());
+    let decided = instance::admit(
+        &admission_facts(),
+        create(&id),
+        "alloc_1",
+        Utc::now(),
+        &instance::authorized_before,
+    );
     let Ok(instance::Admission::Admit(events)) = decided else {
         panic!("admitted: {decided:?}");
     };
@@ -376,9 +382,13 @@ async fn one_admitted() -> (PgPool, String, String) {
     pool_with_offer(&db).await;
     let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
     let stream = format!("instance-{id}");
-    let Ok(instance::Admission::Admit(events)) =
-        instance::admit(&admission_facts(), create(&id), "alloc_1", Utc::now())
-    else {
+    let Ok(instance::Admission::Admit(events)) = instance::admit(
+        &admission_facts(),
+        create(&id),
+        "alloc_1",
+        Utc::now(),
+        &instance::authorized_before,
+    ) else {
         panic!("admitted");
     };
     project(&db, &stream, &events).await;

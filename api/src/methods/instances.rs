@@ -1,6 +1,7 @@
 //! `instances.*`: a tenant's instances (operators: any tenant's). Another tenant's instance is
 //! `NOT_FOUND`, never `ACCESS_DENIED`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Datelike, Utc};
@@ -182,10 +183,13 @@ async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
         Some(w) => w.duration()?,
         None => Duration::ZERO,
     };
-    if let Some((id, draft)) = instances::draft(&c.ctx, &q.input).await? {
-        c.authorize(&Resource::instance_draft(&id, &q.input.tenant_id, &draft))?;
-    }
-    let created = c.admitter.create(&c.ctx, q.input).await?;
+    // Decided in the admission batch, on the facts it reads (no read of its own).
+    let (guard, tenant) = (c.guard.clone(), q.input.tenant_id.clone());
+    let gate: instances::Gate = Arc::new(move |id, draft| {
+        let draft = Resource::instance_draft(id, &tenant, draft);
+        guard.refusal(&guard.action, &draft)
+    });
+    let created = c.admitter.create(&c.ctx, q.input, gate).await?;
     if !created.state.is_settling() || wait.is_zero() {
         return Ok(InstanceView::from(&created));
     }

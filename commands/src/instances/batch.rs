@@ -11,12 +11,14 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use chrono::Utc;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, Postgres};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
+use vps_domain::authz::InstanceDraft;
 use vps_domain::instance::{
     self as domain, Admission, AdmissionFacts, AdmissionPool, Instance, InstanceEvent,
 };
@@ -47,8 +49,13 @@ struct Job {
     ctx: Ctx,
     id: String,
     input: CreateInput,
+    gate: Gate,
     reply: oneshot::Sender<Result<Instance, CommandError>>,
 }
+
+/// The caller's policy decision on a create's draft, made in the batch on the facts it read
+/// (see [`domain::Policy`]): one read serves the decision and the admission.
+pub type Gate = Arc<dyn Fn(&str, &InstanceDraft) -> Result<(), DomainError> + Send + Sync>;
 
 impl Admitter {
     /// Starts the admitter task (it ends when every `Admitter` is dropped).
@@ -59,8 +66,13 @@ impl Admitter {
     }
 
     /// Admits an instance (or answers the one this idempotency key already made), in the next
-    /// batch.
-    pub async fn create(&self, ctx: &Ctx, input: CreateInput) -> Result<Instance, CommandError> {
+    /// batch, if `gate` allows its draft.
+    pub async fn create(
+        &self,
+        ctx: &Ctx,
+        input: CreateInput,
+        gate: Gate,
+    ) -> Result<Instance, CommandError> {
         domain::check_user_data(input.user_data.as_deref())?;
         let id = super::instance_id(ctx, &input);
         let (reply, answer) = oneshot::channel();
@@ -68,14 +80,15 @@ impl Admitter {
             ctx: ctx.clone(),
             id,
             input: input.clone(),
+            gate: gate.clone(),
             reply,
         };
         if self.jobs.send(job).await.is_err() {
-            return super::create(ctx, input).await;
+            return super::create(ctx, input, &*gate).await;
         }
         match answer.await {
             Ok(answer) => answer,
-            Err(_) => super::create(ctx, input).await,
+            Err(_) => super::create(ctx, input, &*gate).await,
         }
     }
 }
@@ -120,7 +133,7 @@ async fn admit(batch: Vec<Job>, own: &mut Option<PoolConnection<Postgres>>) {
     };
     for job in alone {
         tokio::spawn(async move {
-            let answer = super::create(&job.ctx, job.input).await;
+            let answer = super::create(&job.ctx, job.input, &*job.gate).await;
             let _ = job.reply.send(answer);
         });
     }
@@ -143,7 +156,8 @@ async fn admit_together(
     for job in jobs {
         let facts = known.facts(&mut tx, &job.id, &job.input).await?;
         let create = create_command(&job.ctx, &job.id, &job.input, &Default::default());
-        decided.push(match domain::admit(&facts, create, &new_id("alloc"), now) {
+        let admitted = domain::admit(&facts, create, &new_id("alloc"), now, &*job.gate);
+        decided.push(match admitted {
             Err(refused) => Decided::Answer(Box::new(Err(refused.into()))),
             Ok(Admission::Replay(existing)) => Decided::Answer(Box::new(Ok(*existing))),
             Ok(Admission::Admit(events)) => {
@@ -269,7 +283,8 @@ pub(super) struct Known {
     unread: Vec<String>,
     pools: HashMap<(String, String), Option<AdmissionPool>>,
     shapes: HashMap<(String, String), Option<Shape>>,
-    images: HashMap<(String, String), bool>,
+    /// Images the tenant may use: whether each is verified.
+    images: HashMap<(String, String), Option<bool>>,
     quotas: HashMap<(String, String), (Amounts, Amounts)>,
     nodes: HashMap<String, Vec<NodeCandidate>>,
     addresses: HashMap<String, VecDeque<Ipv4Addr>>,
@@ -321,7 +336,8 @@ impl Known {
         let (quota_max, quota_used) = self.quotas[&offer].clone();
         let mut facts = AdmissionFacts {
             shape: self.shapes[&key].clone(),
-            image_visible: self.images[&image],
+            image_visible: self.images[&image].is_some(),
+            image_verified: self.images[&image] == Some(true),
             quota_max,
             quota_used,
             ..AdmissionFacts::default()
@@ -378,7 +394,7 @@ impl Known {
             .or_insert(read.shape);
         self.images
             .entry((input.image_id.clone(), input.tenant_id.clone()))
-            .or_insert(read.image_visible);
+            .or_insert(read.image);
         self.quotas.entry(offer).or_insert(read.quota);
         Ok(())
     }

@@ -22,7 +22,8 @@ use crate::error::CommandError;
 pub(crate) struct CreateFacts {
     pub pool: Option<AdmissionPool>,
     pub shape: Option<Shape>,
-    pub image_visible: bool,
+    /// The image, when the tenant may use it: whether it is verified.
+    pub image: Option<bool>,
     pub quota: (Amounts, Amounts),
     pub nodes: Vec<NodeCandidate>,
     pub addresses: Vec<Ipv4Addr>,
@@ -64,7 +65,7 @@ pub(crate) async fn create_facts(
            SELECT p.class, p.runtime, p.provider_account_id IS NOT NULL, p.ip_cidr IS NOT NULL,
                 EXISTS (SELECT 1 FROM quotas q WHERE q.pool_id = $1 AND q.tenant_id = $2 AND q.offered),
                 (SELECT f.shape FROM flavors f WHERE f.pool_id = $1 AND f.name = $3 AND NOT f.archived),
-                EXISTS (SELECT 1 FROM images i WHERE i.id = $4 AND NOT i.deleted
+                (SELECT i.verified FROM images i WHERE i.id = $4 AND NOT i.deleted
                           AND (i.tenant_id = $2 OR i.tenant_id IS NULL)),
                 (SELECT coalesce(jsonb_agg(jsonb_build_array(q.resource, q.max, q.used)), '[]')
                    FROM quotas q WHERE q.pool_id = $1 AND q.tenant_id = $2),
@@ -98,7 +99,7 @@ pub(crate) async fn create_facts(
     Ok(CreateFacts {
         pool,
         shape: row.get::<Option<Json<Shape>>, _>(5).map(|Json(s)| s),
-        image_visible: row.get(6),
+        image: row.get(6),
         quota: amounts(quota_rows),
         nodes: rows
             .iter()

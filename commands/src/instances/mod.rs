@@ -8,9 +8,7 @@ pub mod facts;
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use sqlx::types::Json;
 use sqlx::PgConnection;
-use vps_domain::authz::InstanceDraft;
 use vps_domain::instance::{
     self as domain, Admission, CreateInstance, Instance, InstanceCommand, PoolKind, Requester,
 };
@@ -26,7 +24,7 @@ use crate::pipeline::{commit, record_instance};
 use crate::record::new_id;
 use crate::secrets;
 
-pub use batch::Admitter;
+pub use batch::{Admitter, Gate};
 pub use facts::confirm_placement;
 
 /// `instances.create` (without `wait`, which the API handles).
@@ -65,59 +63,16 @@ pub fn request_hash(key: &secrets::SecretKey, input: &CreateInput) -> String {
     )
 }
 
-/// Admits an instance, or answers the one this idempotency key already made.
-pub async fn create(ctx: &Ctx, input: CreateInput) -> Result<Instance, CommandError> {
+/// Admits an instance if `policy` allows its draft, or answers the one this idempotency key
+/// already made.
+pub async fn create(
+    ctx: &Ctx,
+    input: CreateInput,
+    policy: domain::Policy<'_>,
+) -> Result<Instance, CommandError> {
     domain::check_user_data(input.user_data.as_deref())?;
     let id = instance_id(ctx, &input);
-    retrying(&id, || admit(ctx, &id, &input)).await
-}
-
-/// The draft `compute:instances:create` is decided on (SPEC §3.3 step 3): its id, the
-/// flavor's shape and whether the image is verified. `None` when admission answers without
-/// writing anyway: a replay or conflicting reuse of the key (decided before authorization),
-/// or a pool, flavor or (hosted) image that does not resolve (`NOT_FOUND`).
-pub async fn draft(
-    ctx: &Ctx,
-    input: &CreateInput,
-) -> Result<Option<(String, InstanceDraft)>, CommandError> {
-    let id = instance_id(ctx, input);
-    // One round trip: whether the key already made an instance, and the draft's facts.
-    let (made, class, shape, verified): (bool, Option<String>, Option<Json<Shape>>, Option<bool>) =
-        sqlx::query_as(
-            "SELECT EXISTS (SELECT 1 FROM instances WHERE id = $5),
-                    (SELECT class FROM pools WHERE id = $1),
-                    (SELECT shape FROM flavors WHERE pool_id = $1 AND name = $2 AND NOT archived),
-                    (SELECT verified FROM images WHERE id = $3 AND NOT deleted
-                        AND (tenant_id = $4 OR tenant_id IS NULL))",
-        )
-        .bind(&input.pool_id)
-        .bind(&input.flavor)
-        .bind(&input.image_id)
-        .bind(&input.tenant_id)
-        .bind(&id)
-        .fetch_one(&ctx.pool)
-        .await?;
-    if made {
-        return Ok(None);
-    }
-    let (Some(class), Some(Json(shape))) = (class, shape) else {
-        return Ok(None);
-    };
-    if class == "vps-host" && verified.is_none() {
-        return Ok(None);
-    }
-    Ok(Some((
-        id,
-        InstanceDraft {
-            vcpu: shape.vcpu,
-            memory_gib: shape.memory_gib,
-            gpus: shape.gpus.map_or(0, |g| g.count),
-            image_id: input.image_id.clone(),
-            // A provider pool's image is the provider's: verified only when registered so.
-            image_verified: verified.unwrap_or(false),
-            project_id: input.project_id.clone(),
-        },
-    )))
+    retrying(&id, || admit(ctx, &id, &input, policy)).await
 }
 
 /// The instance id a create derives from (tenant, caller, idempotency key).
@@ -139,9 +94,14 @@ fn user_data(id: &str, input: &CreateInput) -> String {
     })
 }
 
-async fn admit(ctx: &Ctx, id: &str, input: &CreateInput) -> Result<Instance, CommandError> {
+async fn admit(
+    ctx: &Ctx,
+    id: &str,
+    input: &CreateInput,
+    policy: domain::Policy<'_>,
+) -> Result<Instance, CommandError> {
     let mut tx = ctx.pool.begin().await?;
-    let instance = admit_in(ctx, &mut tx, id, input, &Origin::default()).await?;
+    let instance = admit_in(ctx, &mut tx, id, input, &Origin::default(), policy).await?;
     commit(ctx, tx).await?;
     Ok(instance)
 }
@@ -166,21 +126,23 @@ pub struct Origin {
     pub volumes: Vec<vps_domain::volume::Attachment>,
 }
 
-/// Admits an instance in the caller's transaction (a replay answers the existing one): the
-/// path every hosted create takes, sandboxes' and warm pools' included.
+/// Admits an instance in the caller's transaction (a replay answers the existing one) if
+/// `policy` allows its draft: the path every hosted create takes, sandboxes' and warm pools'
+/// included.
 pub async fn admit_in(
     ctx: &Ctx,
     tx: &mut PgConnection,
     id: &str,
     input: &CreateInput,
     origin: &Origin,
+    policy: domain::Policy<'_>,
 ) -> Result<Instance, CommandError> {
     // The batch's facts, for a batch of one.
     let mut known = batch::Known::new(vec![id.to_string()]);
     let facts = known.facts(tx, id, input).await?;
     let now = Utc::now();
     let command = create_command(ctx, id, input, origin);
-    let events = match domain::admit(&facts, command, &new_id("alloc"), now)? {
+    let events = match domain::admit(&facts, command, &new_id("alloc"), now, policy)? {
         Admission::Replay(existing) => return Ok(*existing),
         Admission::Admit(events) => events,
     };

@@ -178,6 +178,7 @@ async fn cold(
         &id,
         &instance_input(t, sandbox_id, DesiredState::Running),
         &origin,
+        &vps_domain::instance::authorized_before,
     )
     .await
 }

@@ -269,7 +269,7 @@ async fn template_facts(
     Ok(TemplateFacts {
         pool: read.pool,
         flavor_exists: read.shape.is_some(),
-        image_exists: read.image_visible,
+        image_exists: read.image.is_some(),
         missing_secrets: secrets::foreign_refs(tx, tenant_id, &refs).await?,
         name_taken,
     })

@@ -141,7 +141,8 @@ async fn refill(ctx: &Ctx, t: &Template) -> Result<(), CommandError> {
             ..super::template_instance::origin(ctx, &mut tx, t).await?
         };
         let input = super::template_instance::instance_input(t, &key, desired);
-        admit_in(ctx, &mut tx, &id, &input, &origin).await?;
+        let policy = &vps_domain::instance::authorized_before;
+        admit_in(ctx, &mut tx, &id, &input, &origin, policy).await?;
         commit(ctx, tx).await
     })
     .await

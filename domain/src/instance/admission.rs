@@ -8,6 +8,7 @@ use std::net::Ipv4Addr;
 
 use chrono::{DateTime, Utc};
 
+use crate::authz::InstanceDraft;
 use crate::error::DomainError;
 use crate::placement::{place, NodeCandidate, PlacementRequest};
 use crate::quota::{charge_of, check, Amounts};
@@ -40,6 +41,8 @@ pub struct AdmissionFacts {
     pub shape: Option<Shape>,
     /// Whether the image exists and the tenant may use it.
     pub image_visible: bool,
+    /// Whether that image is marked verified (policies may require it).
+    pub image_verified: bool,
     /// The tenant's quota maxima in the pool.
     pub quota_max: Amounts,
     /// The tenant's usage in the pool.
@@ -59,13 +62,26 @@ pub enum Admission {
     Admit(Vec<InstanceEvent>),
 }
 
+/// The policy decision on what a create would make (SPEC §3.3 step 3), given the instance's
+/// id and its draft: `Err` refuses it (`ACCESS_DENIED`). Admission asks it once the create is
+/// neither a replay nor names a pool, flavor or image that does not resolve, before the quota
+/// and the nodes are weighed.
+pub type Policy<'a> = &'a (dyn Fn(&str, &InstanceDraft) -> Result<(), DomainError> + Sync);
+
+/// The [`Policy`] of creates whose own request was authorized before (a sandbox's instance, a
+/// template's warm one): it allows every draft.
+pub fn authorized_before(_: &str, _: &InstanceDraft) -> Result<(), DomainError> {
+    Ok(())
+}
+
 /// Decides a create. `create.shape` and `create.pool_kind` are filled in from the facts;
-/// `allocation_id` names the allocation a placement books.
+/// `allocation_id` names the allocation a placement books; `policy` decides the draft.
 pub fn admit(
     facts: &AdmissionFacts,
     mut create: CreateInstance,
     allocation_id: &str,
     now: DateTime<Utc>,
+    policy: Policy<'_>,
 ) -> Result<Admission, DomainError> {
     super::decide::check_create_request(&create)?;
     if let Some(existing) = &facts.existing {
@@ -91,6 +107,17 @@ pub fn admit(
     if !facts.image_visible {
         return Err(not_found(format!("image {}", create.image_id)));
     }
+    policy(
+        &create.id,
+        &InstanceDraft {
+            vcpu: shape.vcpu,
+            memory_gib: shape.memory_gib,
+            gpus: shape.gpu_count(),
+            image_id: create.image_id.clone(),
+            image_verified: facts.image_verified,
+            project_id: create.project_id.clone(),
+        },
+    )?;
     match pool.kind {
         PoolKind::Provider if !pool.has_account => {
             return Err(DomainError::invalid_state(format!(
