@@ -361,18 +361,18 @@ async fn touched(
     ))
 }
 
-/// Brings the entries a batch touched up to date and moves the checkpoint, in one transaction;
-/// answers the generations that moved. A batch that touches no entry only passes over.
+/// Brings the entries a batch touched up to date and moves the checkpoint, in one transaction
+/// on `conn`; answers the generations that moved. A batch that touches no entry only passes
+/// over.
 pub async fn apply_batch(
-    pool: &sqlx::PgPool,
+    conn: &mut PgConnection,
     follower: &mut vps_events::Follower,
     batch: &[vps_events::RecordedEvent],
 ) -> Result<Moved, ProjectionError> {
     let Some(last) = batch.last().map(vps_events::RecordedEvent::cursor) else {
         return Ok(Moved::new());
     };
-    let mut conn = pool.acquire().await?;
-    let (instances, volumes, nodes, commanded) = touched(&mut conn, batch).await?;
+    let (instances, volumes, nodes, commanded) = touched(&mut *conn, batch).await?;
     if instances.is_empty() && volumes.is_empty() && nodes.is_empty() && commanded.is_empty() {
         // No entry to write: no commit, which would hold back every follower's reads.
         follower.pass_over(last).await?;
@@ -408,6 +408,9 @@ pub async fn run(
     let _lease =
         vps_events::lease::Lease::acquire(&pool, FOLLOWER, std::time::Duration::from_secs(2)).await;
     let mut follower = vps_events::Follower::load(pool.clone(), FOLLOWER, &notifier).await?;
+    // Kept for every pass (the pool hands out the connection idle longest, caches cold); a
+    // failed pass ends the task, and the restarted one takes another.
+    let mut conn = pool.acquire().await?;
     loop {
         let batch = follower.next_batch(2000).await?;
         if batch.is_empty() {
@@ -416,7 +419,7 @@ pub async fn run(
             continue;
         }
         let span = tracing::info_span!("node_spec_pass", events = batch.len());
-        let moved = apply_batch(&pool, &mut follower, &batch)
+        let moved = apply_batch(&mut conn, &mut follower, &batch)
             .instrument(span)
             .await?;
         // Hosts long-polling their spec wait on this, each on its own node's.

@@ -411,9 +411,13 @@ async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() 
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let batch = follower.next_batch(100).await.unwrap();
-        vps_projections::node_specs::apply_batch(&db, &mut follower, &batch)
-            .await
-            .unwrap();
+        vps_projections::node_specs::apply_batch(
+            &mut db.acquire().await.unwrap(),
+            &mut follower,
+            &batch,
+        )
+        .await
+        .unwrap();
         let sql = format!("SELECT count(*) FROM node_spec_entries WHERE instance_id = '{id}'");
         if one::<(i64,)>(&db, &sql).await.0 == 1 {
             break;
@@ -453,9 +457,13 @@ async fn a_spec_pass_never_writes_back_an_entry_older_than_one_written_inline() 
     let pass = tokio::spawn({
         let db = db.clone();
         async move {
-            vps_projections::node_specs::apply_batch(&db, &mut follower, &batch)
-                .await
-                .unwrap()
+            vps_projections::node_specs::apply_batch(
+                &mut db.acquire().await.unwrap(),
+                &mut follower,
+                &batch,
+            )
+            .await
+            .unwrap()
         }
     });
     // The pass must be waiting on a lock before the delete commits.

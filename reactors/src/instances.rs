@@ -177,17 +177,21 @@ async fn tenant_runs_on(
     .await?)
 }
 
+/// The most items one take leases.
+const BATCH: i64 = 64;
+
 /// Runs the reconciler: takes due items and reconciles up to `parallel` at once, keeping the
 /// batch's leases alive while it works.
 pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx::Error> {
     let mut wake = work_queue::subscribe(KIND);
     loop {
         wake.borrow_and_update();
-        let items = work_queue::take(&ctx.pool, KIND, 64, LEASE).await?;
+        let items = work_queue::take(&ctx.pool, KIND, BATCH, LEASE).await?;
         if items.is_empty() {
             work_queue::idle(&ctx.pool, KIND, &mut wake).await;
             continue;
         }
+        let short = items.len() < BATCH as usize;
         let looked = look(&ctx, &items).await;
         let batch = futures::stream::iter(&items)
             .map(|item| {
@@ -200,6 +204,12 @@ pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx
         let batch: BoxFuture<'_, Vec<_>> = batch.boxed();
         let passes = work_queue::holding(&ctx.pool, KIND, &items, LEASE, batch).await;
         record_passes(&ctx, passes).await;
+        if short {
+            // The take found every due item: the next is due no sooner than `idle` reads (or
+            // a wake-up came meanwhile, and `idle` returns at once). A take here would find
+            // nothing: one statement per create at one client.
+            work_queue::idle(&ctx.pool, KIND, &mut wake).await;
+        }
     }
 }
 
