@@ -1,7 +1,8 @@
 //! `vps bench api`: `instances.create` (placed, quota charged, address leased) over HTTP on
 //! loopback, one run per client count (`--clients 1,16`: one client alone, then 16 at once),
 //! each against single-event appends by as many writers in the same run (the baseline: what
-//! the log alone sustains, and at one writer, how long one durable append takes).
+//! the log alone sustains, and at one writer, how long one durable append takes). The
+//! baseline appends to a database of its own, so the server under test never reads its events.
 
 use std::time::{Duration, Instant};
 
@@ -38,20 +39,10 @@ pub async fn run(server_url: &str, options: &ApiBench) -> anyhow::Result<()> {
 
 async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<Value> {
     let duration = Duration::from_secs_f64(o.seconds);
-    let notifier = Notifier::start(scratch.pool.clone());
-    let mut baselines = Vec::new();
-    for (i, &writers) in o.clients.iter().enumerate() {
-        // Streams of their own: a count given twice starts on fresh streams again.
-        let prefix = format!("single-{i}");
-        let rate = single_appends(&scratch.pool, &notifier, writers, duration, &prefix).await?;
-        let per_s = rate.per_second();
-        // Each writer waits on one append at a time: its mean latency is writers / rate.
-        let mean_ms = writers as f64 * 1000.0 / per_s;
-        println!(
-            "single-event appends ({writers:>2} writers): {per_s:>8.0} /s  mean {mean_ms:.2} ms"
-        );
-        baselines.push((per_s, mean_ms));
-    }
+    let most = o.most_clients() as u32 + 4;
+    let baselines = scratch
+        .beside(most, async |base| baselines(base, o, duration).await)
+        .await?;
 
     let (config, token) = super::server_config();
     let spec = super::BenchPool {
@@ -113,6 +104,29 @@ async fn phases(scratch: &Scratch, o: &ApiBench) -> anyhow::Result<Value> {
         "ratio_16": ratio_16,
         "seconds_per_run": o.seconds,
     }))
+}
+
+/// Single-event appends by as many writers as each run has clients: `(per second, mean ms)`.
+async fn baselines(
+    base: &Scratch,
+    o: &ApiBench,
+    duration: Duration,
+) -> anyhow::Result<Vec<(f64, f64)>> {
+    let notifier = Notifier::start(base.pool.clone());
+    let mut baselines = Vec::new();
+    for (i, &writers) in o.clients.iter().enumerate() {
+        // Streams of their own: a count given twice starts on fresh streams again.
+        let prefix = format!("single-{i}");
+        let rate = single_appends(&base.pool, &notifier, writers, duration, &prefix).await?;
+        let per_s = rate.per_second();
+        // Each writer waits on one append at a time: its mean latency is writers / rate.
+        let mean_ms = writers as f64 * 1000.0 / per_s;
+        println!(
+            "single-event appends ({writers:>2} writers): {per_s:>8.0} /s  mean {mean_ms:.2} ms"
+        );
+        baselines.push((per_s, mean_ms));
+    }
+    Ok(baselines)
 }
 
 /// What one run measured.

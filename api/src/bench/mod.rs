@@ -57,6 +57,21 @@ impl Scratch {
         })
     }
 
+    /// Runs `work` on a scratch database of its own next to this one, dropped after: for a
+    /// baseline of appends measured before a server starts on this one, whose followers
+    /// would otherwise read (publish, chain, project) every baseline event while the server
+    /// is being measured.
+    pub async fn beside<T>(
+        &self,
+        max_connections: u32,
+        work: impl AsyncFnOnce(&Scratch) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let other = Scratch::create(&self.server_url, max_connections).await?;
+        let done = work(&other).await;
+        other.drop_database().await?;
+        done
+    }
+
     /// Closes the pool and drops the database.
     pub async fn drop_database(self) -> anyhow::Result<()> {
         self.pool.close().await;

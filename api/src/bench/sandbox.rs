@@ -32,15 +32,12 @@ pub async fn run(server_url: &str, options: &SandboxBench) -> anyhow::Result<()>
 }
 
 async fn phases(scratch: &Scratch, o: &SandboxBench) -> anyhow::Result<Value> {
-    let notifier = Notifier::start(scratch.pool.clone());
-    let baseline = single_appends(
-        &scratch.pool,
-        &notifier,
-        1,
-        Duration::from_secs(2),
-        "single",
-    )
-    .await?;
+    let baseline = scratch
+        .beside(4, async |base| {
+            let notifier = Notifier::start(base.pool.clone());
+            single_appends(&base.pool, &notifier, 1, Duration::from_secs(2), "single").await
+        })
+        .await?;
     let append_ms = 1000.0 / baseline.per_second();
     println!("single-event append (1 writer): {append_ms:.2} ms each");
 
