@@ -70,8 +70,9 @@ pub struct Call {
 
 impl Call {
     /// Decides this method's action on `resource`, which carries the attributes the handler
-    /// knows (e.g. [`Resource::instance_draft`]). Call it before writing anything:
-    /// `ACCESS_DENIED` with `details.policyIds` when refused.
+    /// knows (e.g. [`Resource::sandbox_draft`]; an instance's draft is decided in its
+    /// admission batch, through a `Gate`). Call it before writing anything: `ACCESS_DENIED`
+    /// with `details.policyIds` when refused.
     pub fn authorize(&self, resource: &Resource) -> Result<(), ApiError> {
         self.guard.decide(&self.guard.action, resource)
     }
