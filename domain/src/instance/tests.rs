@@ -1,15 +1,18 @@
 //! Given/when/then tests of the instance aggregate.
 
+use std::sync::Mutex;
+
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
+use crate::authz::InstanceDraft;
 use crate::condition::ConditionType;
 use crate::error::DomainError;
 use crate::ids;
 use crate::placement::Unschedulable;
-use crate::resources::{Gpus, Shape};
+use crate::resources::{Gpus, QuotaResource, Shape};
 use crate::state_table::{self, DesiredState, InstanceState};
 
 // ---- harness -------------------------------------------------------------------------------
@@ -1052,4 +1055,95 @@ fn a_report_the_view_calls_unchanged_decides_no_event() {
         }
     }
     assert!(unchanged >= 4, "the cases cover unchanged reports");
+}
+
+// ---- admission asks the caller's policy ----------------------------------------------------
+
+/// A provider pool with room for anything: nothing but the policy refuses a create.
+fn provider_facts() -> AdmissionFacts {
+    AdmissionFacts {
+        pool: Some(AdmissionPool {
+            kind: PoolKind::Provider,
+            runtime: "libvirt-kvm".into(),
+            has_account: true,
+            has_range: false,
+        }),
+        shape: Some(small()),
+        image_visible: true,
+        image_verified: true,
+        quota_max: QuotaResource::ALL.into_iter().map(|r| (r, 100)).collect(),
+        ..AdmissionFacts::default()
+    }
+}
+
+/// A policy that refuses every draft and keeps the drafts it was shown.
+fn refusing(
+    seen: &Mutex<Vec<(String, InstanceDraft)>>,
+) -> impl Fn(&str, &InstanceDraft) -> Result<(), DomainError> + Sync + '_ {
+    move |id, draft| {
+        seen.lock().unwrap().push((id.to_string(), draft.clone()));
+        Err(DomainError::AccessDenied {
+            message: "refused".into(),
+            details: json!({ "policyIds": ["p"] }),
+        })
+    }
+}
+
+#[test]
+fn admission_asks_the_policy_about_the_draft_and_a_refusal_admits_nothing() {
+    let seen = Mutex::new(Vec::new());
+    let mut command = create_in(PoolKind::Provider);
+    command.project_id = Some("proj_1".into());
+    let id = command.id.clone();
+    let err = admit(
+        &provider_facts(),
+        command,
+        "alloc_1",
+        t0(),
+        &refusing(&seen),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), "ACCESS_DENIED");
+    let seen = seen.into_inner().unwrap();
+    let draft = InstanceDraft {
+        vcpu: 2,
+        memory_gib: 4,
+        gpus: 0,
+        image_id: "ubuntu-24.04".into(),
+        image_verified: true,
+        project_id: Some("proj_1".into()),
+    };
+    assert_eq!(seen, vec![(id, draft)]);
+}
+
+#[test]
+fn a_replay_and_a_create_naming_something_missing_are_answered_before_the_policy() {
+    let seen = Mutex::new(Vec::new());
+    let existing = state_of(&after(&[create()])).unwrap();
+    let replay = AdmissionFacts {
+        existing: Some(existing),
+        ..AdmissionFacts::default()
+    };
+    let answer = admit(
+        &replay,
+        create_in(PoolKind::Hosted),
+        "alloc_1",
+        t0(),
+        &refusing(&seen),
+    );
+    assert!(matches!(answer, Ok(Admission::Replay(_))), "got {answer:?}");
+    let missing_image = AdmissionFacts {
+        image_visible: false,
+        ..provider_facts()
+    };
+    let err = admit(
+        &missing_image,
+        create_in(PoolKind::Provider),
+        "alloc_1",
+        t0(),
+        &refusing(&seen),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), "NOT_FOUND");
+    assert!(seen.lock().unwrap().is_empty(), "the policy was not asked");
 }

@@ -53,8 +53,8 @@ const SUBSCRIPTIONS_FRESH: Duration = Duration::from_secs(5);
 
 /// The active subscriptions as last read. Every change to one is an event of its `webhook-…`
 /// stream, projected to the table in that event's transaction, so they are read again only
-/// when a batch holds such an event (and every few seconds, whatever the log shows): most batches hold none, and
-/// reading them for every batch was a statement per create.
+/// when a batch holds such an event (and every few seconds, whatever the log shows): most
+/// batches hold none, and reading them for every batch was a statement per create.
 #[derive(Default)]
 struct Subscriptions {
     read: Option<(Instant, Vec<Subscription>)>,
