@@ -399,6 +399,10 @@ pub async fn apply_batch(
     Ok(moved)
 }
 
+/// The least time between two reads of the log when woken: in a busy moment one pass
+/// refreshes the specs of several commits.
+const PACE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Runs the projector for as long as the task lives (one replica at a time).
 pub async fn run(
     pool: sqlx::PgPool,
@@ -407,7 +411,9 @@ pub async fn run(
 ) -> Result<(), ProjectionError> {
     let _lease =
         vps_events::lease::Lease::acquire(&pool, FOLLOWER, std::time::Duration::from_secs(2)).await;
-    let mut follower = vps_events::Follower::load(pool.clone(), FOLLOWER, &notifier).await?;
+    let mut follower = vps_events::Follower::load(pool.clone(), FOLLOWER, &notifier)
+        .await?
+        .paced(PACE);
     // Kept for every pass (the pool hands out the connection idle longest, caches cold); a
     // failed pass ends the task, and the restarted one takes another.
     let mut conn = pool.acquire().await?;

@@ -20,11 +20,17 @@ const FREES_CAPACITY: &[&str] = &[
     "pool.ip_range.set",
 ];
 
+/// The least time between two reads of the log when woken: in a busy moment one pass wakes
+/// the instances of several commits, so the reconciler takes them in one batch.
+const PACE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Follows the log for as long as the task lives.
 pub async fn run(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
     let _lease =
         vps_events::lease::Lease::acquire(&pool, NAME, std::time::Duration::from_secs(2)).await;
-    let mut follower = Follower::load(pool.clone(), NAME, &notifier).await?;
+    let mut follower = Follower::load(pool.clone(), NAME, &notifier)
+        .await?
+        .paced(PACE);
     loop {
         let batch = follower.next_batch(1000).await?;
         let Some(last) = batch.last().map(RecordedEvent::cursor) else {
