@@ -2,6 +2,8 @@
 //! each append's commit to its arrival at a JetStream consumer (through the server's NATS
 //! publisher) and at a webhook receiver (through the server's fan-out and dispatcher).
 //! Baseline, same run and NATS server: a plain core-NATS publish → subscribe at the same rate.
+//! A second of events at the rate goes first, unmeasured, so the figures are the steady state
+//! and not the server's start; the p99 of each second of the run is printed too.
 //!
 //! The bench starts its own `nats-server -js` on a free 127.0.0.1 port with a temporary store,
 //! and the whole server in-process (every reactor), as `vps serve` runs it.
@@ -40,6 +42,8 @@ const STREAM: &str = "VPS_EVENTS";
 const APPENDERS: usize = 8;
 /// How long to wait for the last deliveries after the last append.
 const DRAIN: Duration = Duration::from_secs(60);
+/// Events appended at the rate for this long before the measured ones (see `phases`).
+const WARM_UP: Duration = Duration::from_secs(1);
 
 /// Knobs.
 #[derive(Debug, Clone)]
@@ -138,8 +142,23 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
         })
     };
 
+    // Warm-up, not measured: the first second after the server starts opens its pool's
+    // connections (a backend each) and fills its caches, and its tail would be the run's p99.
+    let warm = (o.rate * WARM_UP.as_secs_f64()).round().max(1.0) as usize;
+    let warmed = append_at_rate(&scratch.pool, &notifier, "bench-warm", warm, interval).await;
+    if warmed.is_ok() {
+        let arrivals = [&*nats_arrivals, &*receiver.arrivals];
+        wait_for_arrivals(arrivals, warm).await;
+        for a in arrivals {
+            a.lock().expect("not poisoned").clear();
+        }
+    }
+
     let started = Instant::now();
-    let commits = append_at_rate(&scratch.pool, &notifier, n, interval).await;
+    let commits = match warmed {
+        Ok(_) => append_at_rate(&scratch.pool, &notifier, "bench", n, interval).await,
+        Err(e) => Err(e),
+    };
     let appended_seconds = started.elapsed().as_secs_f64();
     let commits = match commits {
         Ok(c) => c,
@@ -154,23 +173,7 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
         n as f64 / appended_seconds
     );
 
-    // Wait for the stragglers.
-    let deadline = Instant::now() + DRAIN;
-    let mut last_print = Instant::now();
-    loop {
-        let at_nats = nats_arrivals.lock().expect("not poisoned").len();
-        let at_hook = receiver.arrivals.lock().expect("not poisoned").len();
-        if (at_nats >= n && at_hook >= n) || Instant::now() > deadline {
-            break;
-        }
-        if last_print.elapsed() >= Duration::from_secs(5) {
-            last_print = Instant::now();
-            eprintln!(
-                "  waiting: {at_nats}/{n} at the JetStream consumer, {at_hook}/{n} at the webhook"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_arrivals([&*nats_arrivals, &*receiver.arrivals], n).await;
     consuming.abort();
     server.shutdown().await;
     // Every attempt that did not deliver: a failed attempt holds the subscription's queue for
@@ -235,6 +238,13 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
             steps.join(" ")
         );
     }
+    // p99 of the events committed in each second: a start-up cost shows in the first alone.
+    for (what, arrivals) in [("JetStream", &nats_arrivals), ("webhook", &hook_arrivals)] {
+        println!(
+            "{what} p99 by second of the run (ms): {}",
+            p99_by_second(&by_commit, arrivals).join(" ")
+        );
+    }
     // Deliveries per second while the webhook queue was never empty tell the dispatcher's
     // service rate (one attempt in flight per subscription).
     let hook_rate = delivery_rate(&hook_arrivals);
@@ -276,6 +286,52 @@ fn delivery_rate(arrivals: &HashMap<String, Instant>) -> f64 {
     }
 }
 
+/// The p99 latency (ms) of the events committed in each second of the run, in order.
+fn p99_by_second(
+    by_commit: &[(&Instant, &String)],
+    arrivals: &HashMap<String, Instant>,
+) -> Vec<String> {
+    let Some(&(start, _)) = by_commit.first() else {
+        return Vec::new();
+    };
+    let mut seconds: Vec<Vec<f64>> = Vec::new();
+    for &(committed, id) in by_commit {
+        let Some(at) = arrivals.get(id) else { continue };
+        let second = committed.saturating_duration_since(*start).as_secs() as usize;
+        if seconds.len() <= second {
+            seconds.resize(second + 1, Vec::new());
+        }
+        seconds[second].push(at.saturating_duration_since(*committed).as_secs_f64() * 1000.0);
+    }
+    seconds
+        .iter_mut()
+        .map(|l| {
+            l.sort_by(f64::total_cmp);
+            format!("{:.1}", percentile(l, 0.99))
+        })
+        .collect()
+}
+
+/// Waits until `n` events arrived at both the JetStream consumer and the webhook receiver, or
+/// for [`DRAIN`] at most, saying every 5 s how many came.
+async fn wait_for_arrivals(arrivals: [&Mutex<HashMap<String, Instant>>; 2], n: usize) {
+    let deadline = Instant::now() + DRAIN;
+    let mut last_print = Instant::now();
+    loop {
+        let [at_nats, at_hook] = arrivals.map(|a| a.lock().expect("not poisoned").len());
+        if (at_nats >= n && at_hook >= n) || Instant::now() > deadline {
+            return;
+        }
+        if last_print.elapsed() >= Duration::from_secs(5) {
+            last_print = Instant::now();
+            eprintln!(
+                "  waiting: {at_nats}/{n} at the JetStream consumer, {at_hook}/{n} at the webhook"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Sorted latencies in ms of every event that arrived.
 fn latencies(commits: &HashMap<String, Instant>, arrivals: &HashMap<String, Instant>) -> Vec<f64> {
     let mut out: Vec<f64> = commits
@@ -289,11 +345,13 @@ fn latencies(commits: &HashMap<String, Instant>, arrivals: &HashMap<String, Inst
     out
 }
 
-/// Appends `n` single-event transactions, event `k` due at `k × interval` from the start,
-/// from [`APPENDERS`] tasks; returns each event's commit time by id.
+/// Appends `n` single-event transactions, event `k` (stream `<streams>-<k>`) due at
+/// `k × interval` from the start, from [`APPENDERS`] tasks; returns each event's commit time
+/// by id.
 async fn append_at_rate(
     pool: &PgPool,
     notifier: &Notifier,
+    streams: &'static str,
     n: usize,
     interval: Duration,
 ) -> anyhow::Result<HashMap<String, Instant>> {
@@ -325,7 +383,7 @@ async fn append_at_rate(
                 let mut tx = pool.begin().await?;
                 append(
                     &mut tx,
-                    &format!("bench-{k}"),
+                    &format!("{streams}-{k}"),
                     ExpectedVersion::NoStream,
                     &[event],
                 )
