@@ -142,21 +142,12 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
         })
     };
 
-    // Warm-up, not measured: the first second after the server starts opens its pool's
-    // connections (a backend each) and fills its caches, and its tail would be the run's p99.
+    let arrivals = [&*nats_arrivals, &*receiver.arrivals];
     let warm = (o.rate * WARM_UP.as_secs_f64()).round().max(1.0) as usize;
-    let warmed = append_at_rate(&scratch.pool, &notifier, "bench-warm", warm, interval).await;
-    if warmed.is_ok() {
-        let arrivals = [&*nats_arrivals, &*receiver.arrivals];
-        wait_for_arrivals(arrivals, warm).await;
-        for a in arrivals {
-            a.lock().expect("not poisoned").clear();
-        }
-    }
-
+    let warmed = warm_up(&scratch.pool, &notifier, warm, interval, arrivals).await;
     let started = Instant::now();
     let commits = match warmed {
-        Ok(_) => append_at_rate(&scratch.pool, &notifier, "bench", n, interval).await,
+        Ok(()) => append_at_rate(&scratch.pool, &notifier, "bench", n, interval).await,
         Err(e) => Err(e),
     };
     let appended_seconds = started.elapsed().as_secs_f64();
@@ -173,7 +164,7 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
         n as f64 / appended_seconds
     );
 
-    wait_for_arrivals([&*nats_arrivals, &*receiver.arrivals], n).await;
+    wait_for_arrivals(arrivals, n).await;
     consuming.abort();
     server.shutdown().await;
     // Every attempt that did not deliver: a failed attempt holds the subscription's queue for
@@ -226,10 +217,7 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
         let steps: Vec<String> = (0..10)
             .map(|d| by_commit[d * (by_commit.len() - 1) / 9])
             .map(|(t, id)| match arrivals.get(id) {
-                Some(at) => format!(
-                    "{:.0}",
-                    at.saturating_duration_since(*t).as_secs_f64() * 1000.0
-                ),
+                Some(at) => format!("{:.0}", latency_ms(t, at)),
                 None => "-".into(),
             })
             .collect();
@@ -237,9 +225,7 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
             "{what} latency over the run (ms, by tenths): {}",
             steps.join(" ")
         );
-    }
-    // p99 of the events committed in each second: a start-up cost shows in the first alone.
-    for (what, arrivals) in [("JetStream", &nats_arrivals), ("webhook", &hook_arrivals)] {
+        // The p99 of each second's events: a start-up cost or a stall shows in its second.
         println!(
             "{what} p99 by second of the run (ms): {}",
             p99_by_second(&by_commit, arrivals).join(" ")
@@ -286,6 +272,30 @@ fn delivery_rate(arrivals: &HashMap<String, Instant>) -> f64 {
     }
 }
 
+/// Milliseconds from `sent` to `arrived` (0 if it arrived first).
+fn latency_ms(sent: &Instant, arrived: &Instant) -> f64 {
+    arrived.saturating_duration_since(*sent).as_secs_f64() * 1000.0
+}
+
+/// Appends `warm` events at the rate before the measured ones (streams `bench-warm-<k>`),
+/// waits for them at both ends and forgets their arrivals. Not measured: the server has just
+/// started, and its first second opens its pool's connections (a backend each) and fills its
+/// caches; that second's tail alone would set the run's p99.
+async fn warm_up(
+    pool: &PgPool,
+    notifier: &Notifier,
+    warm: usize,
+    interval: Duration,
+    arrivals: [&Mutex<HashMap<String, Instant>>; 2],
+) -> anyhow::Result<()> {
+    append_at_rate(pool, notifier, "bench-warm", warm, interval).await?;
+    wait_for_arrivals(arrivals, warm).await;
+    for a in arrivals {
+        a.lock().expect("not poisoned").clear();
+    }
+    Ok(())
+}
+
 /// The p99 latency (ms) of the events committed in each second of the run, in order.
 fn p99_by_second(
     by_commit: &[(&Instant, &String)],
@@ -301,7 +311,7 @@ fn p99_by_second(
         if seconds.len() <= second {
             seconds.resize(second + 1, Vec::new());
         }
-        seconds[second].push(at.saturating_duration_since(*committed).as_secs_f64() * 1000.0);
+        seconds[second].push(latency_ms(committed, at));
     }
     seconds
         .iter_mut()
@@ -338,7 +348,7 @@ fn latencies(commits: &HashMap<String, Instant>, arrivals: &HashMap<String, Inst
         .iter()
         .filter_map(|(id, committed)| {
             let at = arrivals.get(id)?;
-            Some(at.saturating_duration_since(*committed).as_secs_f64() * 1000.0)
+            Some(latency_ms(committed, at))
         })
         .collect();
     out.sort_by(f64::total_cmp);
@@ -448,7 +458,7 @@ async fn core_round_trips(url: &str, n: usize, interval: Duration) -> anyhow::Re
                     .and_then(|s| s.trim().parse().ok())
                     .unwrap_or(usize::MAX);
                 if let Some(Some(t)) = sent.lock().expect("not poisoned").get(k) {
-                    out.push(at.duration_since(*t).as_secs_f64() * 1000.0);
+                    out.push(latency_ms(t, &at));
                 }
             }
             out
