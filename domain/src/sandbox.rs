@@ -97,13 +97,7 @@ pub const TABLE: &[(SandboxState, Verb, SandboxState)] = {
 
 /// Where `verb` takes a sandbox in `from`, or `INVALID_STATE`.
 pub fn transition(from: SandboxState, verb: Verb) -> Result<SandboxState, DomainError> {
-    TABLE
-        .iter()
-        .find(|(f, v, _)| *f == from && *v == verb)
-        .map(|(_, _, to)| *to)
-        .ok_or_else(|| {
-            DomainError::invalid_state(format!("a {} sandbox cannot {verb:?}", from.as_str()))
-        })
+    crate::state_table::step(TABLE, from, verb, || format!("a {} sandbox", from.as_str()))
 }
 
 /// A sandbox as its events leave it.

@@ -93,13 +93,7 @@ pub const TABLE: &[(VolumeState, Verb, VolumeState)] = {
 
 /// Where `verb` takes a volume in `from`, or `INVALID_STATE`.
 pub fn transition(from: VolumeState, verb: Verb) -> Result<VolumeState, DomainError> {
-    TABLE
-        .iter()
-        .find(|(f, v, _)| *f == from && *v == verb)
-        .map(|(_, _, to)| *to)
-        .ok_or_else(|| {
-            DomainError::invalid_state(format!("a {} volume cannot {verb:?}", from.as_str()))
-        })
+    crate::state_table::step(TABLE, from, verb, || format!("a {} volume", from.as_str()))
 }
 
 /// A volume as its events leave it.
