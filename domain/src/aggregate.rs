@@ -15,20 +15,57 @@ pub trait Event: Sized {
     fn from_parts(event_type: &str, data: Value) -> Result<Self, FoldError>;
 }
 
-/// A resource whose state is the fold of its stream.
+/// A resource whose state is the fold of its stream. An aggregate says what its first event
+/// makes ([`Aggregate::create`]) and what a later one changes ([`Aggregate::apply`]); the fold
+/// ([`Aggregate::evolve`]) refuses a stream that is not created exactly once and counts the
+/// version, so each aggregate's version is the number of events in its stream.
 pub trait Aggregate: Sized + Clone + 'static {
     /// Its events.
     type Event: Event;
     /// The stream category: the stream of `id` is `<CATEGORY>-<id>`.
     const CATEGORY: &'static str;
+    /// Whether a creating event may come again on a begun stream, its state replacing the old
+    /// one (a put, as an image registration): otherwise it is [`FoldError::CreatedTwice`].
+    const RECREATABLE: bool = false;
+    /// The state `event`, recorded at `at`, makes as a stream's first event; `None` when it
+    /// cannot start the stream.
+    fn create(event: &Self::Event, at: DateTime<Utc>) -> Option<Self>;
+    /// What a later, non-creating event recorded at `at` changes (the version aside).
+    fn apply(&mut self, event: &Self::Event, at: DateTime<Utc>);
+    /// How many events made it: the stream version the next append expects.
+    fn version(&self) -> u64;
+    /// The version, for the fold to count.
+    fn version_mut(&mut self) -> &mut u64;
+
     /// Applies one event recorded at `at` (`None`: the stream begins).
     fn evolve(
         state: Option<Self>,
         event: &Self::Event,
         at: DateTime<Utc>,
-    ) -> Result<Self, FoldError>;
-    /// How many events made it: the stream version the next append expects.
-    fn version(&self) -> u64;
+    ) -> Result<Self, FoldError> {
+        let version = state.as_ref().map_or(0, Self::version) + 1;
+        let mut next = match (state, Self::create(event, at)) {
+            (None, Some(created)) => created,
+            (Some(_), Some(created)) if Self::RECREATABLE => created,
+            (Some(_), Some(_)) => {
+                return Err(FoldError::CreatedTwice {
+                    category: Self::CATEGORY,
+                })
+            }
+            (None, None) => {
+                return Err(FoldError::NotCreated {
+                    category: Self::CATEGORY,
+                    event_type: event.event_type().to_string(),
+                })
+            }
+            (Some(mut existing), None) => {
+                existing.apply(event, at);
+                existing
+            }
+        };
+        *next.version_mut() = version;
+        Ok(next)
+    }
 
     /// The stream of `id`.
     fn stream(id: &str) -> String {
@@ -136,28 +173,4 @@ macro_rules! event_enum {
             }
         }
     };
-}
-
-/// The state a creating event starts, or [`FoldError`] when the stream is not at its start.
-pub fn created<A>(
-    state: Option<A>,
-    category: &'static str,
-    make: impl FnOnce() -> A,
-) -> Result<A, FoldError> {
-    match state {
-        None => Ok(make()),
-        Some(_) => Err(FoldError::CreatedTwice { category }),
-    }
-}
-
-/// The existing state a later event changes, or [`FoldError`] when the stream has not begun.
-pub fn existing<A>(
-    state: Option<A>,
-    category: &'static str,
-    event_type: &str,
-) -> Result<A, FoldError> {
-    state.ok_or_else(|| FoldError::NotCreated {
-        category,
-        event_type: event_type.to_string(),
-    })
 }

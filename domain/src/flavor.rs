@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
+use crate::aggregate::Aggregate;
 use crate::error::DomainError;
 use crate::operator::{check_name, check_name_free, FlavorArchived, FlavorCreated};
 use crate::resources::Shape;
@@ -32,29 +32,29 @@ impl Aggregate for Flavor {
     type Event = FlavorEvent;
     const CATEGORY: &'static str = "flavor";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &FlavorEvent,
-        _at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let mut flavor = match event {
-            FlavorEvent::Created(c) => created(state, Self::CATEGORY, || Flavor {
-                id: c.flavor_id.clone(),
-                archived: false,
-                version: 0,
-            })?,
-            FlavorEvent::Archived(_) => {
-                let mut f = existing(state, Self::CATEGORY, event.event_type())?;
-                f.archived = true;
-                f
-            }
+    fn create(event: &FlavorEvent, _at: DateTime<Utc>) -> Option<Self> {
+        let FlavorEvent::Created(c) = event else {
+            return None;
         };
-        flavor.version += 1;
-        Ok(flavor)
+        Some(Flavor {
+            id: c.flavor_id.clone(),
+            archived: false,
+            version: 1,
+        })
+    }
+
+    fn apply(&mut self, event: &FlavorEvent, _at: DateTime<Utc>) {
+        if let FlavorEvent::Archived(_) = event {
+            self.archived = true;
+        }
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
+use crate::aggregate::Aggregate;
 use crate::DomainError;
 
 /// `identity.created`: `{ id, tenantId?, operator, name }`.
@@ -78,34 +78,35 @@ impl Aggregate for Identity {
     type Event = IdentityEvent;
     const CATEGORY: &'static str = "identity";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &IdentityEvent,
-        at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let mut identity = match event {
-            IdentityEvent::Created(c) => created(state, Self::CATEGORY, || Identity {
-                id: c.id.clone(),
-                tenant_id: c.tenant_id.clone(),
-                operator: c.operator,
-                name: c.name.clone(),
-                keys: Vec::new(),
-                created_at: at,
-                version: 0,
-            })?,
-            other => existing(state, Self::CATEGORY, other.event_type())?,
+    fn create(event: &IdentityEvent, at: DateTime<Utc>) -> Option<Self> {
+        let IdentityEvent::Created(c) = event else {
+            return None;
         };
+        Some(Identity {
+            id: c.id.clone(),
+            tenant_id: c.tenant_id.clone(),
+            operator: c.operator,
+            name: c.name.clone(),
+            keys: Vec::new(),
+            created_at: at,
+            version: 1,
+        })
+    }
+
+    fn apply(&mut self, event: &IdentityEvent, _at: DateTime<Utc>) {
         match event {
             IdentityEvent::Created(_) => {}
-            IdentityEvent::KeyIssued(k) => identity.keys.push(k.key_id.clone()),
-            IdentityEvent::KeysRevoked(r) => identity.keys.retain(|k| !r.key_ids.contains(k)),
+            IdentityEvent::KeyIssued(k) => self.keys.push(k.key_id.clone()),
+            IdentityEvent::KeysRevoked(r) => self.keys.retain(|k| !r.key_ids.contains(k)),
         }
-        identity.version += 1;
-        Ok(identity)
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::aggregate::{Aggregate, Event, FoldError};
+use crate::aggregate::Aggregate;
 use crate::error::DomainError;
 use crate::operator::{check_name, ImageDeleted, ImageRegistered};
 
@@ -31,32 +31,32 @@ impl Aggregate for Image {
     type Event = ImageEvent;
     const CATEGORY: &'static str = "image";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &ImageEvent,
-        _at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let version = state.as_ref().map_or(0, |i| i.version) + 1;
-        match event {
-            // A registration may come again: it replaces the image.
-            ImageEvent::Registered(r) => Ok(Image {
-                id: r.image_id.clone(),
-                deleted: false,
-                version,
-            }),
-            ImageEvent::Deleted(_) => {
-                let image = crate::aggregate::existing(state, Self::CATEGORY, event.event_type())?;
-                Ok(Image {
-                    deleted: true,
-                    version,
-                    ..image
-                })
-            }
+    // A registration may come again: it replaces the image.
+    const RECREATABLE: bool = true;
+
+    fn create(event: &ImageEvent, _at: DateTime<Utc>) -> Option<Self> {
+        let ImageEvent::Registered(r) = event else {
+            return None;
+        };
+        Some(Image {
+            id: r.image_id.clone(),
+            deleted: false,
+            version: 1,
+        })
+    }
+
+    fn apply(&mut self, event: &ImageEvent, _at: DateTime<Utc>) {
+        if let ImageEvent::Deleted(_) = event {
+            self.deleted = true;
         }
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

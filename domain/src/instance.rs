@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::aggregate::Aggregate;
 use crate::condition::{Condition, ConditionType};
 use crate::error::DomainError;
 use crate::resources::Shape;
@@ -275,32 +276,26 @@ pub fn evolve(
     event: &InstanceEvent,
     at: DateTime<Utc>,
 ) -> Result<Instance, StreamError> {
-    let mut inst = match (state, event) {
-        (None, InstanceEvent::Created(created)) => return Ok(from_created(created, at)),
-        (None, other) => {
-            return Err(StreamError::NotCreated {
-                event_type: other.event_type(),
-            })
-        }
-        (Some(inst), InstanceEvent::Created(_)) => {
-            return Err(StreamError::CreatedTwice {
-                instance_id: inst.id,
-            })
-        }
-        (Some(inst), _) => inst,
-    };
-    apply(&mut inst, event, at);
-    Ok(inst)
+    if let (Some(inst), InstanceEvent::Created(_)) = (&state, event) {
+        return Err(StreamError::CreatedTwice {
+            instance_id: inst.id.clone(),
+        });
+    }
+    // Created twice is ruled out above, and an instance event always parses: the fold can
+    // only find a stream that does not start with `instance.created`.
+    <Instance as Aggregate>::evolve(state, event, at).map_err(|_| StreamError::NotCreated {
+        event_type: event.event_type(),
+    })
 }
 
-/// Applies a non-creating event in place (what `evolve` does once the instance exists).
+/// Applies a non-creating event in place (what `evolve` does once the instance exists, but for
+/// counting the version).
 pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc>) {
     let common = event.common();
     inst.state = common.state;
     inst.desired_state = common.desired_state;
     inst.sandbox_id.clone_from(&common.sandbox_id);
     inst.warm_template_id.clone_from(&common.warm_template_id);
-    inst.version += 1;
     inst.updated_at = at;
     match event {
         // Creation is handled by `evolve`; a created event never reaches here.
@@ -429,27 +424,26 @@ impl crate::aggregate::Event for InstanceEvent {
     }
 }
 
-impl crate::aggregate::Aggregate for Instance {
+impl Aggregate for Instance {
     type Event = InstanceEvent;
     const CATEGORY: &'static str = "instance";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &InstanceEvent,
-        at: DateTime<Utc>,
-    ) -> Result<Self, crate::aggregate::FoldError> {
-        evolve(state, event, at).map_err(|e| match e {
-            StreamError::NotCreated { event_type } => crate::aggregate::FoldError::NotCreated {
-                category: "instance",
-                event_type: event_type.to_string(),
-            },
-            StreamError::CreatedTwice { .. } => crate::aggregate::FoldError::CreatedTwice {
-                category: "instance",
-            },
-        })
+    fn create(event: &InstanceEvent, at: DateTime<Utc>) -> Option<Self> {
+        match event {
+            InstanceEvent::Created(created) => Some(from_created(created, at)),
+            _ => None,
+        }
+    }
+
+    fn apply(&mut self, event: &InstanceEvent, at: DateTime<Utc>) {
+        apply(self, event, at);
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
+use crate::aggregate::Aggregate;
 use crate::error::DomainError;
 use crate::operator::{
     check_name, check_name_free, NodeRegistered, NodeStateChanged, OrphansChanged, RUNTIMES,
@@ -88,36 +88,37 @@ impl Aggregate for Node {
     type Event = NodeEvent;
     const CATEGORY: &'static str = "node";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &NodeEvent,
-        _at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let mut node = match event {
-            NodeEvent::Registered(r) => created(state, Self::CATEGORY, || Node {
-                id: r.node_id.clone(),
-                pool_id: r.pool_id.clone(),
-                liveness: NodeLiveness::Ready,
-                orphans: Vec::new(),
-                version: 0,
-            })?,
-            other => existing(state, Self::CATEGORY, other.event_type())?,
+    fn create(event: &NodeEvent, _at: DateTime<Utc>) -> Option<Self> {
+        let NodeEvent::Registered(r) = event else {
+            return None;
         };
+        Some(Node {
+            id: r.node_id.clone(),
+            pool_id: r.pool_id.clone(),
+            liveness: NodeLiveness::Ready,
+            orphans: Vec::new(),
+            version: 1,
+        })
+    }
+
+    fn apply(&mut self, event: &NodeEvent, _at: DateTime<Utc>) {
         match event {
             NodeEvent::Registered(_) | NodeEvent::TokenRotated(_) => {}
-            NodeEvent::Cordoned(_) => node.liveness = NodeLiveness::Cordoned,
-            NodeEvent::Lost(_) => node.liveness = NodeLiveness::Lost,
+            NodeEvent::Cordoned(_) => self.liveness = NodeLiveness::Cordoned,
+            NodeEvent::Lost(_) => self.liveness = NodeLiveness::Lost,
             NodeEvent::Uncordoned(_) | NodeEvent::Recovered(_) => {
-                node.liveness = NodeLiveness::Ready
+                self.liveness = NodeLiveness::Ready
             }
-            NodeEvent::Orphaned(o) => node.orphans = o.instance_ids.clone(),
+            NodeEvent::Orphaned(o) => self.orphans = o.instance_ids.clone(),
         }
-        node.version += 1;
-        Ok(node)
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

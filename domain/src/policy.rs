@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::{existing, Aggregate, Event, FoldError};
+use crate::aggregate::Aggregate;
 use crate::authz::{check_policy_id, AuthzSchema};
 use crate::DomainError;
 
@@ -59,33 +59,36 @@ impl Aggregate for StoredPolicy {
     type Event = PolicyEvent;
     const CATEGORY: &'static str = "policy";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &PolicyEvent,
-        at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let version = state.as_ref().map_or(0, |s| s.version) + 1;
-        let mut policy = match event {
-            PolicyEvent::Put(p) => StoredPolicy {
-                id: p.id.clone(),
-                tenant_id: p.tenant_id.clone(),
-                text: p.text.clone(),
-                deleted: false,
-                version,
-                updated_at: at,
-            },
-            PolicyEvent::Deleted(_) => existing(state, Self::CATEGORY, event.event_type())?,
+    // A put replaces the whole policy.
+    const RECREATABLE: bool = true;
+
+    fn create(event: &PolicyEvent, at: DateTime<Utc>) -> Option<Self> {
+        let PolicyEvent::Put(p) = event else {
+            return None;
         };
+        Some(StoredPolicy {
+            id: p.id.clone(),
+            tenant_id: p.tenant_id.clone(),
+            text: p.text.clone(),
+            deleted: false,
+            version: 1,
+            updated_at: at,
+        })
+    }
+
+    fn apply(&mut self, event: &PolicyEvent, at: DateTime<Utc>) {
         if let PolicyEvent::Deleted(_) = event {
-            policy.deleted = true;
+            self.deleted = true;
         }
-        policy.version = version;
-        policy.updated_at = at;
-        Ok(policy)
+        self.updated_at = at;
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use chrono::{DateTime, Utc};
 
-use crate::aggregate::{created, existing, Aggregate, FoldError};
+use crate::aggregate::Aggregate;
 use crate::error::DomainError;
 use crate::ipam::Ipv4Cidr;
 use crate::operator::{
@@ -59,41 +59,38 @@ impl Aggregate for Pool {
     type Event = PoolEvent;
     const CATEGORY: &'static str = "pool";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &PoolEvent,
-        _at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let mut pool = match event {
-            PoolEvent::Created(c) => created(state, Self::CATEGORY, || Pool {
-                id: c.pool_id.clone(),
-                name: c.name.clone(),
-                class: c.class.clone(),
-                runtime: c.runtime.clone(),
-                policy: c.policy.clone(),
-                ip_range: None,
-                version: 0,
-            })?,
-            other => existing(
-                state,
-                Self::CATEGORY,
-                crate::aggregate::Event::event_type(other),
-            )?,
+    fn create(event: &PoolEvent, _at: DateTime<Utc>) -> Option<Self> {
+        let PoolEvent::Created(c) = event else {
+            return None;
         };
+        Some(Pool {
+            id: c.pool_id.clone(),
+            name: c.name.clone(),
+            class: c.class.clone(),
+            runtime: c.runtime.clone(),
+            policy: c.policy.clone(),
+            ip_range: None,
+            version: 1,
+        })
+    }
+
+    fn apply(&mut self, event: &PoolEvent, _at: DateTime<Utc>) {
         match event {
             PoolEvent::Updated(u) => {
-                pool.name = u.name.clone();
-                pool.policy = u.policy.clone();
+                self.name = u.name.clone();
+                self.policy = u.policy.clone();
             }
-            PoolEvent::IpRangeSet(r) => pool.ip_range = Some(r.clone()),
+            PoolEvent::IpRangeSet(r) => self.ip_range = Some(r.clone()),
             PoolEvent::Created(_) | PoolEvent::Offered(_) => {}
         }
-        pool.version += 1;
-        Ok(pool)
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

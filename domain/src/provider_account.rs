@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
+use crate::aggregate::Aggregate;
 use crate::error::DomainError;
 use crate::operator::{check_name, check_name_free};
 
@@ -73,34 +73,33 @@ impl Aggregate for ProviderAccount {
     type Event = ProviderAccountEvent;
     const CATEGORY: &'static str = "provider_account";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &ProviderAccountEvent,
-        _at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let mut account = match event {
-            ProviderAccountEvent::Created(c) => {
-                created(state, Self::CATEGORY, || ProviderAccount {
-                    id: c.account_id.clone(),
-                    last_error: None,
-                    version: 0,
-                })?
-            }
-            other => existing(state, Self::CATEGORY, other.event_type())?,
+    fn create(event: &ProviderAccountEvent, _at: DateTime<Utc>) -> Option<Self> {
+        let ProviderAccountEvent::Created(c) = event else {
+            return None;
         };
+        Some(ProviderAccount {
+            id: c.account_id.clone(),
+            last_error: None,
+            version: 1,
+        })
+    }
+
+    fn apply(&mut self, event: &ProviderAccountEvent, _at: DateTime<Utc>) {
         match event {
             ProviderAccountEvent::Created(_) => {}
             ProviderAccountEvent::ErrorRecorded(e) => {
-                account.last_error = Some((e.code.clone(), e.message.clone()))
+                self.last_error = Some((e.code.clone(), e.message.clone()))
             }
-            ProviderAccountEvent::ErrorCleared(_) => account.last_error = None,
+            ProviderAccountEvent::ErrorCleared(_) => self.last_error = None,
         }
-        account.version += 1;
-        Ok(account)
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

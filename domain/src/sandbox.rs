@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
+use crate::aggregate::Aggregate;
 use crate::error::DomainError;
 
 pub use event::{
@@ -97,13 +97,7 @@ pub const TABLE: &[(SandboxState, Verb, SandboxState)] = {
 
 /// Where `verb` takes a sandbox in `from`, or `INVALID_STATE`.
 pub fn transition(from: SandboxState, verb: Verb) -> Result<SandboxState, DomainError> {
-    TABLE
-        .iter()
-        .find(|(f, v, _)| *f == from && *v == verb)
-        .map(|(_, _, to)| *to)
-        .ok_or_else(|| {
-            DomainError::invalid_state(format!("a {} sandbox cannot {verb:?}", from.as_str()))
-        })
+    crate::state_table::step(TABLE, from, verb, || format!("a {} sandbox", from.as_str()))
 }
 
 /// A sandbox as its events leave it.
@@ -194,56 +188,52 @@ impl Aggregate for Sandbox {
     type Event = SandboxEvent;
     const CATEGORY: &'static str = "sandbox";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &SandboxEvent,
-        at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let mut s = match event {
-            SandboxEvent::Created(c) => {
-                return created(state, Self::CATEGORY, || from_created(c, at));
-            }
-            _ => existing(state, Self::CATEGORY, event.event_type())?,
-        };
+    fn create(event: &SandboxEvent, at: DateTime<Utc>) -> Option<Self> {
+        match event {
+            SandboxEvent::Created(c) => Some(from_created(c, at)),
+            _ => None,
+        }
+    }
+
+    fn apply(&mut self, event: &SandboxEvent, at: DateTime<Utc>) {
         match event {
             SandboxEvent::Created(_) => {}
             SandboxEvent::Ready(_) => {
-                s.state = SandboxState::Ready;
-                s.ready_at.get_or_insert(at);
+                self.state = SandboxState::Ready;
+                self.ready_at.get_or_insert(at);
             }
-            SandboxEvent::Failed(_) => s.state = SandboxState::Failed,
+            SandboxEvent::Failed(_) => self.state = SandboxState::Failed,
             SandboxEvent::Extended(e) => {
-                s.expires_at = e.expires_at;
-                s.expiring_sent = false;
+                self.expires_at = e.expires_at;
+                self.expiring_sent = false;
             }
-            SandboxEvent::Expiring(_) => s.expiring_sent = true,
+            SandboxEvent::Expiring(_) => self.expiring_sent = true,
             SandboxEvent::Expired(_) => {
-                s.state = SandboxState::Deleting;
-                s.expired = true;
+                self.state = SandboxState::Deleting;
+                self.expired = true;
             }
-            SandboxEvent::Deleting(_) => s.state = SandboxState::Deleting,
+            SandboxEvent::Deleting(_) => self.state = SandboxState::Deleting,
             SandboxEvent::Deleted(_) => {
-                s.state = SandboxState::Deleted;
-                s.deleted_at = Some(at);
+                self.state = SandboxState::Deleted;
+                self.deleted_at = Some(at);
             }
             SandboxEvent::SnapshotRequested(_)
             | SandboxEvent::SnapshotReady(_)
             | SandboxEvent::SnapshotFailed(_)
             | SandboxEvent::SnapshotDeleted(_)
-            | SandboxEvent::SnapshotPurged(_) => snapshot::evolve(&mut s, event, at),
+            | SandboxEvent::SnapshotPurged(_) => snapshot::evolve(self, event, at),
             // Entering a sandbox changes nothing about it: only the stream moves on.
-            SandboxEvent::ExecIssued(_) => {
-                s.version += 1;
-                return Ok(s);
-            }
+            SandboxEvent::ExecIssued(_) => return,
         }
-        s.version += 1;
-        s.updated_at = at;
-        Ok(s)
+        self.updated_at = at;
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

@@ -3,6 +3,8 @@
 //! The table is data, not code, so it can be rendered (`render_mermaid`), compared with the SPEC
 //! in a test, and searched (`walk`). Every state change a decision makes goes through
 //! [`transition`] or [`transition_to`]; a move that is not a row here is `INVALID_STATE`.
+//! The sandbox's and the volume's smaller tables are `(from, verb, to)` rows, moved along by
+//! [`step`].
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
@@ -235,6 +237,21 @@ pub fn transition_to(
             "cannot {verb} an instance from {from} to {to}"
         )))
     }
+}
+
+/// Where `verb` takes `from` in a table of `(from, verb, to)` rows, or `INVALID_STATE`:
+/// "`what` cannot `verb`", `what` naming the resource in its state (`a ready volume`).
+pub fn step<S: Copy + PartialEq, V: Copy + PartialEq + fmt::Debug>(
+    table: &[(S, V, S)],
+    from: S,
+    verb: V,
+    what: impl FnOnce() -> String,
+) -> Result<S, DomainError> {
+    table
+        .iter()
+        .find(|(f, v, _)| *f == from && *v == verb)
+        .map(|(_, _, to)| *to)
+        .ok_or_else(|| DomainError::invalid_state(format!("{} cannot {verb:?}", what())))
 }
 
 /// Whether some row leads from `from` to `to`.

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
+use crate::aggregate::Aggregate;
 use crate::error::DomainError;
 use crate::instance::{AdmissionPool, PoolKind};
 use crate::operator::{check_name, check_name_free};
@@ -173,45 +173,44 @@ impl Aggregate for Template {
     type Event = TemplateEvent;
     const CATEGORY: &'static str = "template";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &TemplateEvent,
-        at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let mut t = match event {
-            TemplateEvent::Created(c) => {
-                return created(state, Self::CATEGORY, || Template {
-                    id: c.template_id.clone(),
-                    tenant_id: c.tenant_id.clone(),
-                    name: c.name.clone(),
-                    pool_id: c.pool_id.clone(),
-                    runtime: c.runtime.clone(),
-                    owner_identity_id: c.owner_identity_id.clone(),
-                    spec: c.spec.clone(),
-                    version: 1,
-                    instance_version: 1,
-                    deleted: false,
-                    created_at: at,
-                    updated_at: at,
-                })
-            }
-            _ => existing(state, Self::CATEGORY, event.event_type())?,
+    fn create(event: &TemplateEvent, at: DateTime<Utc>) -> Option<Self> {
+        let TemplateEvent::Created(c) = event else {
+            return None;
         };
+        Some(Template {
+            id: c.template_id.clone(),
+            tenant_id: c.tenant_id.clone(),
+            name: c.name.clone(),
+            pool_id: c.pool_id.clone(),
+            runtime: c.runtime.clone(),
+            owner_identity_id: c.owner_identity_id.clone(),
+            spec: c.spec.clone(),
+            version: 1,
+            instance_version: 1,
+            deleted: false,
+            created_at: at,
+            updated_at: at,
+        })
+    }
+
+    fn apply(&mut self, event: &TemplateEvent, at: DateTime<Utc>) {
         match event {
             TemplateEvent::Created(_) => {}
             TemplateEvent::Updated(u) => {
-                t.spec = u.spec.clone();
-                t.instance_version = u.instance_version;
+                self.spec = u.spec.clone();
+                self.instance_version = u.instance_version;
             }
-            TemplateEvent::Deleted(_) => t.deleted = true,
+            TemplateEvent::Deleted(_) => self.deleted = true,
         }
-        t.version += 1;
-        t.updated_at = at;
-        Ok(t)
+        self.updated_at = at;
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::{Aggregate, FoldError};
+use crate::aggregate::Aggregate;
 use crate::DomainError;
 
 /// `tenant.deleting` / `tenant.deleted`: `{ tenantId }`.
@@ -63,24 +63,30 @@ impl Aggregate for Tenant {
     // fold of the tenant must not meet them.
     const CATEGORY: &'static str = "tenancy";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &TenantEvent,
-        _at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let (id, next) = match event {
+    // Each event states the whole tenant, so each one replaces it.
+    const RECREATABLE: bool = true;
+
+    fn create(event: &TenantEvent, _at: DateTime<Utc>) -> Option<Self> {
+        let (id, state) = match event {
             TenantEvent::Deleting(e) => (&e.tenant_id, TenantState::Deleting),
             TenantEvent::Deleted(e) => (&e.tenant_id, TenantState::Deleted),
         };
-        Ok(Tenant {
+        Some(Tenant {
             id: id.clone(),
-            state: next,
-            version: state.map_or(0, |s| s.version) + 1,
+            state,
+            version: 1,
         })
     }
 
+    // Never called: every tenant event creates (and replaces) the tenant.
+    fn apply(&mut self, _event: &TenantEvent, _at: DateTime<Utc>) {}
+
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

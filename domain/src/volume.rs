@@ -18,7 +18,7 @@ mod tests;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::{created, existing, Aggregate, Event, FoldError};
+use crate::aggregate::Aggregate;
 use crate::error::DomainError;
 use crate::instance::{AdmissionPool, PoolKind};
 use crate::placement::{check_resize_in_place, fitting, NodeCandidate, PlacementRequest};
@@ -93,13 +93,7 @@ pub const TABLE: &[(VolumeState, Verb, VolumeState)] = {
 
 /// Where `verb` takes a volume in `from`, or `INVALID_STATE`.
 pub fn transition(from: VolumeState, verb: Verb) -> Result<VolumeState, DomainError> {
-    TABLE
-        .iter()
-        .find(|(f, v, _)| *f == from && *v == verb)
-        .map(|(_, _, to)| *to)
-        .ok_or_else(|| {
-            DomainError::invalid_state(format!("a {} volume cannot {verb:?}", from.as_str()))
-        })
+    crate::state_table::step(TABLE, from, verb, || format!("a {} volume", from.as_str()))
 }
 
 /// A volume as its events leave it.
@@ -179,33 +173,32 @@ impl Aggregate for Volume {
     type Event = VolumeEvent;
     const CATEGORY: &'static str = "volume";
 
-    fn evolve(
-        state: Option<Self>,
-        event: &VolumeEvent,
-        at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        let mut v = match event {
-            VolumeEvent::Created(c) => {
-                return created(state, Self::CATEGORY, || from_created(c, at));
-            }
-            _ => existing(state, Self::CATEGORY, event.event_type())?,
-        };
+    fn create(event: &VolumeEvent, at: DateTime<Utc>) -> Option<Self> {
+        match event {
+            VolumeEvent::Created(c) => Some(from_created(c, at)),
+            _ => None,
+        }
+    }
+
+    fn apply(&mut self, event: &VolumeEvent, at: DateTime<Utc>) {
         match event {
             VolumeEvent::Created(_) => {}
-            VolumeEvent::Resized(r) => v.size_gib = r.size_gib,
-            VolumeEvent::Deleting(_) => v.state = VolumeState::Deleting,
+            VolumeEvent::Resized(r) => self.size_gib = r.size_gib,
+            VolumeEvent::Deleting(_) => self.state = VolumeState::Deleting,
             VolumeEvent::Deleted(_) => {
-                v.state = VolumeState::Deleted;
-                v.deleted_at = Some(at);
+                self.state = VolumeState::Deleted;
+                self.deleted_at = Some(at);
             }
         }
-        v.version += 1;
-        v.updated_at = at;
-        Ok(v)
+        self.updated_at = at;
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 

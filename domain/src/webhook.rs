@@ -159,46 +159,40 @@ impl Aggregate for Webhook {
     type Event = WebhookEvent;
     const CATEGORY: &'static str = CATEGORY;
 
-    fn evolve(
-        state: Option<Self>,
-        event: &WebhookEvent,
-        at: DateTime<Utc>,
-    ) -> Result<Self, FoldError> {
-        match (state, event) {
-            (None, WebhookEvent::Created(c)) => Ok(Webhook {
-                id: c.id.clone(),
-                url: c.url.clone(),
-                types: c.types.clone(),
-                tenant_id: c.tenant_id.clone(),
-                state: WebhookState::Active,
-                created_at: at,
-                version: 1,
-            }),
-            (None, other) => Err(FoldError::NotCreated {
-                category: CATEGORY,
-                event_type: other.event_type().to_string(),
-            }),
-            (Some(_), WebhookEvent::Created(_)) => {
-                Err(FoldError::CreatedTwice { category: CATEGORY })
-            }
-            (Some(mut hook), WebhookEvent::Deleted(_)) => {
-                hook.state = WebhookState::Deleted;
-                hook.version += 1;
-                Ok(hook)
-            }
-            (Some(mut hook), WebhookEvent::Disabled(_)) => {
-                // A deleted subscription stays deleted, as the projection keeps it.
-                if hook.state != WebhookState::Deleted {
-                    hook.state = WebhookState::Disabled;
+    fn create(event: &WebhookEvent, at: DateTime<Utc>) -> Option<Self> {
+        let WebhookEvent::Created(c) = event else {
+            return None;
+        };
+        Some(Webhook {
+            id: c.id.clone(),
+            url: c.url.clone(),
+            types: c.types.clone(),
+            tenant_id: c.tenant_id.clone(),
+            state: WebhookState::Active,
+            created_at: at,
+            version: 1,
+        })
+    }
+
+    fn apply(&mut self, event: &WebhookEvent, _at: DateTime<Utc>) {
+        match event {
+            WebhookEvent::Created(_) => {}
+            WebhookEvent::Deleted(_) => self.state = WebhookState::Deleted,
+            // A deleted subscription stays deleted, as the projection keeps it.
+            WebhookEvent::Disabled(_) => {
+                if self.state != WebhookState::Deleted {
+                    self.state = WebhookState::Disabled;
                 }
-                hook.version += 1;
-                Ok(hook)
             }
         }
     }
 
     fn version(&self) -> u64 {
         self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
     }
 }
 
