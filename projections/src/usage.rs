@@ -10,7 +10,7 @@ use chrono::{DateTime, NaiveDate, Timelike, Utc};
 use rust_decimal::Decimal;
 use serde::Serialize;
 use sqlx::postgres::PgArguments;
-use sqlx::{Arguments, PgConnection, PgExecutor, Row};
+use sqlx::{Arguments, PgConnection, PgExecutor};
 use vps_domain::usage::UsageRecord;
 use vps_events::RecordedEvent;
 
@@ -61,7 +61,7 @@ async fn insert_records(
     records: &[&UsageRecord],
 ) -> Result<HashSet<String>, sqlx::Error> {
     let column = |f: fn(&UsageRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<_>>();
-    sqlx::query(
+    sqlx::query_scalar(
         "INSERT INTO usage_records (id, tenant_id, meter, resource_id, pool_id, identity_id, unit,
                                     quantity, window_start, window_end)
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
@@ -86,10 +86,8 @@ async fn insert_records(
     .bind(records.iter().map(|r| r.window_start).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.window_end).collect::<Vec<_>>())
     .fetch_all(conn)
-    .await?
-    .into_iter()
-    .map(|row| row.try_get(0))
-    .collect()
+    .await
+    .map(HashSet::from_iter)
 }
 
 /// Per (tenant, meter, day): the 24 hourly sums and the daily sum of `records`.
