@@ -119,17 +119,7 @@ async fn side_effects(
 
 /// The stored view of an instance (the projection doubles as the aggregate's snapshot).
 pub async fn load(conn: &mut PgConnection, id: &str) -> Result<Option<Instance>, ProjectionError> {
-    let row = sqlx::query("SELECT doc FROM instances WHERE id = $1")
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
-    match row {
-        None => Ok(None),
-        Some(row) => {
-            let Json(doc): Json<Instance> = row.try_get(0)?;
-            Ok(Some(doc))
-        }
-    }
+    crate::sandboxes::load_doc(conn, "instances", id).await
 }
 
 /// What `instances.list` selects: a tenant's instances (not warm ones), newest first.
@@ -153,7 +143,7 @@ pub async fn page<'e>(
     filter: &InstanceFilter,
     limit: i64,
 ) -> Result<Vec<Instance>, ProjectionError> {
-    let rows = sqlx::query(
+    let rows: Vec<Json<Instance>> = sqlx::query_scalar(
         "SELECT doc FROM instances
           WHERE tenant_id = $1 AND NOT warm
             AND ($2::text IS NULL OR owner_identity_id = $2)
@@ -172,9 +162,7 @@ pub async fn page<'e>(
     .bind(limit)
     .fetch_all(db)
     .await?;
-    rows.iter()
-        .map(|r| Ok(r.try_get::<Json<Instance>, _>(0)?.0))
-        .collect()
+    Ok(rows.into_iter().map(|Json(doc)| doc).collect())
 }
 
 /// The stored views of the instances among `ids` that exist, by id.
@@ -182,16 +170,15 @@ pub async fn load_many(
     conn: &mut PgConnection,
     ids: &[String],
 ) -> Result<std::collections::HashMap<String, Instance>, ProjectionError> {
-    let rows = sqlx::query("SELECT doc FROM instances WHERE id = ANY($1)")
-        .bind(ids)
-        .fetch_all(conn)
-        .await?;
-    rows.iter()
-        .map(|r| {
-            let Json(doc): Json<Instance> = r.try_get(0)?;
-            Ok((doc.id.clone(), doc))
-        })
-        .collect()
+    let rows: Vec<Json<Instance>> =
+        sqlx::query_scalar("SELECT doc FROM instances WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_all(conn)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|Json(doc)| (doc.id.clone(), doc))
+        .collect())
 }
 
 async fn store(conn: &mut PgConnection, i: &Instance) -> Result<(), ProjectionError> {

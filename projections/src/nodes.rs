@@ -39,25 +39,20 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
                 .await?;
             return Ok(());
         }
-        NodeEvent::TokenRotated(d) => {
-            sqlx::query("UPDATE nodes SET updated_at = $2, version = $3 WHERE id = $1")
-                .bind(&d.node_id)
-                .bind(at)
-                .bind(e.version)
-                .execute(conn)
-                .await?;
-            return Ok(());
-        }
-        NodeEvent::Cordoned(d) => (d.node_id, "cordoned"),
-        NodeEvent::Lost(d) => (d.node_id, "lost"),
-        NodeEvent::Uncordoned(d) | NodeEvent::Recovered(d) => (d.node_id, "ready"),
+        NodeEvent::TokenRotated(d) => (d.node_id, None),
+        NodeEvent::Cordoned(d) => (d.node_id, Some("cordoned")),
+        NodeEvent::Lost(d) => (d.node_id, Some("lost")),
+        NodeEvent::Uncordoned(d) | NodeEvent::Recovered(d) => (d.node_id, Some("ready")),
     };
-    sqlx::query("UPDATE nodes SET state = $2, updated_at = $3, version = $4 WHERE id = $1")
-        .bind(&node_id)
-        .bind(state)
-        .bind(at)
-        .bind(e.version)
-        .execute(conn)
-        .await?;
+    // The other events stamp the node; those that move it set its state too.
+    sqlx::query(
+        "UPDATE nodes SET state = coalesce($2, state), updated_at = $3, version = $4 WHERE id = $1",
+    )
+    .bind(&node_id)
+    .bind(state)
+    .bind(at)
+    .bind(e.version)
+    .execute(conn)
+    .await?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::{PgExecutor, Row};
+use sqlx::{FromRow, PgExecutor, Row};
 use vps_domain::operator::PoolPolicy;
 use vps_domain::resources::{Capacity, Shape};
 
@@ -49,37 +49,40 @@ pub struct IpPool {
 
 /// A pool, or `None`.
 pub async fn pool<'e>(db: impl PgExecutor<'e>, id: &str) -> Result<Option<PoolView>, sqlx::Error> {
-    one(db, &format!("{POOL_SELECT} WHERE id = $1"), id, pool_row).await
+    one(db, &format!("{POOL_SELECT} WHERE id = $1"), id).await
 }
 
 /// Every pool, by name.
 pub async fn pools<'e>(db: impl PgExecutor<'e>) -> Result<Vec<PoolView>, sqlx::Error> {
     let sql = format!("{POOL_SELECT} ORDER BY name");
-    all(db, &sql, &[], pool_row).await
+    all(db, &sql, &[]).await
 }
 
 const POOL_SELECT: &str = "SELECT id, name, class, runtime, policy, provider_account_id, ip_cidr, ip_gateway, created_at, updated_at, version FROM pools";
 
-fn pool_row(r: &PgRow) -> Result<PoolView, sqlx::Error> {
-    let cidr: Option<String> = r.try_get(6)?;
-    Ok(PoolView {
-        id: r.try_get(0)?,
-        name: r.try_get(1)?,
-        class: r.try_get(2)?,
-        runtime: r.try_get(3)?,
-        policy: json(r, 4)?,
-        provider_account_id: r.try_get(5)?,
-        ip_pool: match cidr {
-            Some(cidr) => Some(IpPool {
-                cidr,
-                gateway: r.try_get(7)?,
-            }),
-            None => None,
-        },
-        created_at: r.try_get(8)?,
-        updated_at: r.try_get(9)?,
-        version: r.try_get(10)?,
-    })
+/// Its IPv4 range (two columns) makes one field, present once its CIDR is set.
+impl FromRow<'_, PgRow> for PoolView {
+    fn from_row(r: &PgRow) -> Result<Self, sqlx::Error> {
+        let cidr: Option<String> = r.try_get(6)?;
+        Ok(PoolView {
+            id: r.try_get(0)?,
+            name: r.try_get(1)?,
+            class: r.try_get(2)?,
+            runtime: r.try_get(3)?,
+            policy: json(r, 4)?,
+            provider_account_id: r.try_get(5)?,
+            ip_pool: match cidr {
+                Some(cidr) => Some(IpPool {
+                    cidr,
+                    gateway: r.try_get(7)?,
+                }),
+                None => None,
+            },
+            created_at: r.try_get(8)?,
+            updated_at: r.try_get(9)?,
+            version: r.try_get(10)?,
+        })
+    }
 }
 
 /// A node with what is booked on it (SPEC §5.1 `Node`).
@@ -112,7 +115,7 @@ pub struct NodeView {
 
 /// A node with what is allocated on it, or `None`.
 pub async fn node<'e>(db: impl PgExecutor<'e>, id: &str) -> Result<Option<NodeView>, sqlx::Error> {
-    one(db, &format!("{NODE_SELECT} WHERE n.id = $1"), id, node_row).await
+    one(db, &format!("{NODE_SELECT} WHERE n.id = $1"), id).await
 }
 
 /// Nodes, optionally of one pool, by name.
@@ -122,7 +125,7 @@ pub async fn nodes<'e>(
 ) -> Result<Vec<NodeView>, sqlx::Error> {
     let sql =
         format!("{NODE_SELECT} WHERE ($1::text IS NULL OR n.pool_id = $1) ORDER BY n.name, n.id");
-    all(db, &sql, &[pool_id], node_row).await
+    all(db, &sql, &[pool_id]).await
 }
 
 const NODE_SELECT: &str = "SELECT n.id, n.pool_id, n.name, n.state, n.capacity, n.labels, n.runtimes, n.cpu_model, (SELECT h.last_report_at FROM node_heartbeats h WHERE h.node_id = n.id),
@@ -132,32 +135,35 @@ const NODE_SELECT: &str = "SELECT n.id, n.pool_id, n.name, n.state, n.capacity, 
         n.orphans
    FROM nodes n";
 
-fn node_row(r: &PgRow) -> Result<NodeView, sqlx::Error> {
-    let booked = |i: usize| -> Result<u32, sqlx::Error> {
-        Ok(u32::try_from(r.try_get::<i64, _>(i)?).unwrap_or(u32::MAX))
-    };
-    Ok(NodeView {
-        id: r.try_get(0)?,
-        pool_id: r.try_get(1)?,
-        name: r.try_get(2)?,
-        state: r.try_get(3)?,
-        capacity: json(r, 4)?,
-        labels: json(r, 5)?,
-        runtimes: json(r, 6)?,
-        cpu_model: r.try_get(7)?,
-        last_report_at: r.try_get(8)?,
-        allocated: Capacity {
-            vcpu: booked(9)?,
-            memory_gib: booked(10)?,
-            disk_gib: booked(11)?,
-            gpus: json(r, 12)?,
-        },
-        orphans: json(r, 13)?,
-    })
+/// What is allocated on it is made of the booked columns and the GPU models' sums.
+impl FromRow<'_, PgRow> for NodeView {
+    fn from_row(r: &PgRow) -> Result<Self, sqlx::Error> {
+        let booked = |i: usize| -> Result<u32, sqlx::Error> {
+            Ok(u32::try_from(r.try_get::<i64, _>(i)?).unwrap_or(u32::MAX))
+        };
+        Ok(NodeView {
+            id: r.try_get(0)?,
+            pool_id: r.try_get(1)?,
+            name: r.try_get(2)?,
+            state: r.try_get(3)?,
+            capacity: json(r, 4)?,
+            labels: json(r, 5)?,
+            runtimes: json(r, 6)?,
+            cpu_model: r.try_get(7)?,
+            last_report_at: r.try_get(8)?,
+            allocated: Capacity {
+                vcpu: booked(9)?,
+                memory_gib: booked(10)?,
+                disk_gib: booked(11)?,
+                gpus: json(r, 12)?,
+            },
+            orphans: json(r, 13)?,
+        })
+    }
 }
 
 /// A flavor (SPEC §5.1 `Flavor`): its shape's fields beside its own.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, FromRow, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FlavorView {
     /// `flv_…`.
@@ -168,6 +174,7 @@ pub struct FlavorView {
     pub name: String,
     /// What one instance books.
     #[serde(flatten)]
+    #[sqlx(json)]
     pub shape: Shape,
     /// The provider offer it maps to.
     pub offer_id: Option<String>,
@@ -183,7 +190,7 @@ pub async fn flavors<'e>(
     pool_id: &str,
 ) -> Result<Vec<FlavorView>, sqlx::Error> {
     let sql = format!("{FLAVOR_SELECT} WHERE pool_id = $1 ORDER BY name");
-    all(db, &sql, &[Some(pool_id)], flavor_row).await
+    all(db, &sql, &[Some(pool_id)]).await
 }
 
 /// One flavor by id.
@@ -191,32 +198,14 @@ pub async fn flavor<'e>(
     db: impl PgExecutor<'e>,
     id: &str,
 ) -> Result<Option<FlavorView>, sqlx::Error> {
-    one(
-        db,
-        &format!("{FLAVOR_SELECT} WHERE id = $1"),
-        id,
-        flavor_row,
-    )
-    .await
+    one(db, &format!("{FLAVOR_SELECT} WHERE id = $1"), id).await
 }
 
 const FLAVOR_SELECT: &str =
     "SELECT id, pool_id, name, shape, offer_id, archived, created_at FROM flavors";
 
-fn flavor_row(r: &PgRow) -> Result<FlavorView, sqlx::Error> {
-    Ok(FlavorView {
-        id: r.try_get(0)?,
-        pool_id: r.try_get(1)?,
-        name: r.try_get(2)?,
-        shape: json(r, 3)?,
-        offer_id: r.try_get(4)?,
-        archived: r.try_get(5)?,
-        created_at: r.try_get(6)?,
-    })
-}
-
 /// An image (SPEC §5.1 `Image`).
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, FromRow, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageView {
     /// The id it was registered under.
@@ -245,7 +234,7 @@ pub async fn images<'e>(
     let sql = format!(
         "{IMAGE_SELECT} WHERE NOT deleted AND ($1::text IS NULL OR tenant_id = $1 OR tenant_id IS NULL) ORDER BY id"
     );
-    all(db, &sql, &[tenant_id], image_row).await
+    all(db, &sql, &[tenant_id]).await
 }
 
 /// One image by id, deleted or not.
@@ -253,38 +242,21 @@ pub async fn image<'e>(
     db: impl PgExecutor<'e>,
     id: &str,
 ) -> Result<Option<ImageView>, sqlx::Error> {
-    one(db, &format!("{IMAGE_SELECT} WHERE id = $1"), id, image_row).await
+    one(db, &format!("{IMAGE_SELECT} WHERE id = $1"), id).await
 }
 
-const IMAGE_SELECT: &str =
-    "SELECT id, tenant_id, url, sha256, format, verified, created_at FROM images";
-
-fn image_row(r: &PgRow) -> Result<ImageView, sqlx::Error> {
-    let tenant_id: Option<String> = r.try_get(1)?;
-    Ok(ImageView {
-        id: r.try_get(0)?,
-        public: tenant_id.is_none(),
-        tenant_id,
-        url: r.try_get(2)?,
-        sha256: r.try_get(3)?,
-        format: r.try_get(4)?,
-        verified: r.try_get(5)?,
-        created_at: r.try_get(6)?,
-    })
-}
-
-/// Decodes a row into a view.
-pub(crate) type Decode<T> = fn(&PgRow) -> Result<T, sqlx::Error>;
+const IMAGE_SELECT: &str = "SELECT id, tenant_id, tenant_id IS NULL AS public, url, sha256, format, verified, created_at FROM images";
 
 /// The row `sql` selects with `$1` = `id`, decoded; `None` when there is none.
 pub(crate) async fn one<'e, T>(
     db: impl PgExecutor<'e>,
     sql: &str,
     id: &str,
-    decode: Decode<T>,
-) -> Result<Option<T>, sqlx::Error> {
-    let row = sqlx::query(sql).bind(id).fetch_optional(db).await?;
-    row.as_ref().map(decode).transpose()
+) -> Result<Option<T>, sqlx::Error>
+where
+    T: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+{
+    sqlx::query_as(sql).bind(id).fetch_optional(db).await
 }
 
 /// The rows `sql` selects with `params` as `$1`, `$2`, … (texts, possibly null), decoded.
@@ -292,13 +264,14 @@ pub(crate) async fn all<'e, T>(
     db: impl PgExecutor<'e>,
     sql: &str,
     params: &[Option<&str>],
-    decode: Decode<T>,
-) -> Result<Vec<T>, sqlx::Error> {
+) -> Result<Vec<T>, sqlx::Error>
+where
+    T: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+{
     let query = params
         .iter()
-        .fold(sqlx::query(sql), |query, param| query.bind(*param));
-    let rows = query.fetch_all(db).await?;
-    rows.iter().map(decode).collect()
+        .fold(sqlx::query_as(sql), |query, param| query.bind(*param));
+    query.fetch_all(db).await
 }
 
 /// A `jsonb` column decoded into its type.

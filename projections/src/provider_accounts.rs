@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
 use sqlx::types::Json;
-use sqlx::{PgConnection, PgExecutor, Row};
+use sqlx::{PgConnection, PgExecutor};
 use vps_events::RecordedEvent;
 
 use vps_domain::provider_account::ProviderAccountEvent;
@@ -63,7 +63,7 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
 const SELECT: &str = "SELECT id, name, provider, config, secret_ref, last_error, created_at, updated_at, version FROM provider_accounts";
 
 /// A provider account as the API shows it and the reconciler reads it: never a secret.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderAccountView {
     /// `pacct_…`.
@@ -91,25 +91,11 @@ pub async fn load<'e>(
     db: impl PgExecutor<'e>,
     id: &str,
 ) -> Result<Option<ProviderAccountView>, sqlx::Error> {
-    crate::operator_views::one(db, &format!("{SELECT} WHERE id = $1"), id, view_row).await
+    crate::operator_views::one(db, &format!("{SELECT} WHERE id = $1"), id).await
 }
 
 /// Every account, by name.
 pub async fn list<'e>(db: impl PgExecutor<'e>) -> Result<Vec<ProviderAccountView>, sqlx::Error> {
     let sql = format!("{SELECT} ORDER BY name, id");
-    crate::operator_views::all(db, &sql, &[], view_row).await
-}
-
-fn view_row(r: &sqlx::postgres::PgRow) -> Result<ProviderAccountView, sqlx::Error> {
-    Ok(ProviderAccountView {
-        id: r.try_get(0)?,
-        name: r.try_get(1)?,
-        provider: r.try_get(2)?,
-        config: r.try_get(3)?,
-        secret_ref: r.try_get(4)?,
-        last_error: r.try_get(5)?,
-        created_at: r.try_get(6)?,
-        updated_at: r.try_get(7)?,
-        version: r.try_get(8)?,
-    })
+    crate::operator_views::all(db, &sql, &[]).await
 }

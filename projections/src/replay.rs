@@ -1,7 +1,7 @@
 //! Rebuilding every projection from the log into a scratch schema and comparing it, row for
 //! row, with the live tables (`vps replay --verify`).
 
-use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
+use sqlx::{Connection, Executor, PgConnection, PgPool};
 use vps_events::read::{read_filtered, Filter};
 use vps_events::Cursor;
 
@@ -189,17 +189,11 @@ async fn compare(
     let diff = |a: &str, b: &str| {
         format!("SELECT to_jsonb(x)::text FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b}) x LIMIT 20")
     };
-    let only_live = sqlx::query(&diff(live, rebuilt))
+    let only_live = sqlx::query_scalar(&diff(live, rebuilt))
         .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(|r| r.get::<String, _>(0))
-        .collect();
-    let only_rebuilt = sqlx::query(&diff(rebuilt, live))
+        .await?;
+    let only_rebuilt = sqlx::query_scalar(&diff(rebuilt, live))
         .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(|r| r.get::<String, _>(0))
-        .collect();
+        .await?;
     Ok((only_live, only_rebuilt))
 }

@@ -194,6 +194,7 @@ pub(crate) async fn evolve<A: Aggregate + DeserializeOwned + Serialize>(
     })
 }
 
+/// The aggregate stored in row `id` of `table` (its `doc`), if there is one.
 pub(crate) async fn load_doc<A: DeserializeOwned>(
     conn: &mut PgConnection,
     table: &str,
@@ -204,7 +205,10 @@ pub(crate) async fn load_doc<A: DeserializeOwned>(
         .bind(id)
         .fetch_optional(conn)
         .await?;
-    Ok(row.map(|r| r.get::<Json<A>, _>(0).0))
+    match row {
+        Some(row) => Ok(Some(row.try_get::<Json<A>, _>(0)?.0)),
+        None => Ok(None),
+    }
 }
 
 /// A template as stored (deleted ones too).

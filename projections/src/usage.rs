@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use chrono::{DateTime, NaiveDate, Timelike, Utc};
 use rust_decimal::Decimal;
 use serde::Serialize;
-use sqlx::{PgConnection, PgExecutor, Row};
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection, PgExecutor};
 use vps_domain::usage::UsageRecord;
 use vps_events::RecordedEvent;
 
@@ -60,7 +61,7 @@ async fn insert_records(
     records: &[&UsageRecord],
 ) -> Result<HashSet<String>, sqlx::Error> {
     let column = |f: fn(&UsageRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<_>>();
-    sqlx::query(
+    sqlx::query_scalar(
         "INSERT INTO usage_records (id, tenant_id, meter, resource_id, pool_id, identity_id, unit,
                                     quantity, window_start, window_end)
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
@@ -85,10 +86,8 @@ async fn insert_records(
     .bind(records.iter().map(|r| r.window_start).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.window_end).collect::<Vec<_>>())
     .fetch_all(conn)
-    .await?
-    .into_iter()
-    .map(|row| row.try_get(0))
-    .collect()
+    .await
+    .map(HashSet::from_iter)
 }
 
 /// Per (tenant, meter, day): the 24 hourly sums and the daily sum of `records`.
@@ -163,7 +162,7 @@ pub struct UsageQuery {
 }
 
 /// One record as `usage.list` answers it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageItem {
     /// The `usage.recorded` event's id.
@@ -196,6 +195,18 @@ const MATCHING: &str = "WHERE ($1::text IS NULL OR tenant_id = $1)
             AND ($4::text IS NULL OR meter = $4)
             AND ($5::text IS NULL OR resource_id = $5)";
 
+/// The arguments `$1` to `$5` of [`MATCHING`] for `q`, to which a statement adds its own.
+fn matching(q: &UsageQuery) -> Result<PgArguments, sqlx::Error> {
+    let mut args = PgArguments::default();
+    let encode = sqlx::Error::Encode;
+    args.add(&q.tenant_id).map_err(encode)?;
+    args.add(q.from).map_err(encode)?;
+    args.add(q.to).map_err(encode)?;
+    args.add(&q.meter).map_err(encode)?;
+    args.add(&q.resource_id).map_err(encode)?;
+    Ok(args)
+}
+
 /// Records matching `q`, by window start then id.
 pub async fn list<'e>(
     db: impl PgExecutor<'e>,
@@ -210,43 +221,18 @@ pub async fn list<'e>(
           ORDER BY window_start, id
           LIMIT $8"
     );
-    let rows = sqlx::query(&sql)
-        .bind(&q.tenant_id)
-        .bind(q.from)
-        .bind(q.to)
-        .bind(&q.meter)
-        .bind(&q.resource_id)
+    sqlx::query_as_with(&sql, matching(q)?)
         .bind(after_start)
         .bind(after_id)
         .bind(q.limit)
         .fetch_all(db)
-        .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(UsageItem {
-                id: r.try_get(0)?,
-                meter: r.try_get(1)?,
-                quantity: r.try_get(2)?,
-                unit: r.try_get(3)?,
-                window_start: r.try_get(4)?,
-                window_end: r.try_get(5)?,
-                tenant_id: r.try_get(6)?,
-                identity_id: r.try_get(7)?,
-                resource_id: r.try_get(8)?,
-                pool_id: r.try_get(9)?,
-            })
-        })
-        .collect()
+        .await
 }
 
 /// How many records match `q` (its `after` and `limit` aside).
 pub async fn count<'e>(db: impl PgExecutor<'e>, q: &UsageQuery) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM usage_records {MATCHING}"))
-        .bind(&q.tenant_id)
-        .bind(q.from)
-        .bind(q.to)
-        .bind(&q.meter)
-        .bind(&q.resource_id)
+    let sql = format!("SELECT count(*) FROM usage_records {MATCHING}");
+    sqlx::query_scalar_with(&sql, matching(q)?)
         .fetch_one(db)
         .await
 }

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::{PgExecutor, Row};
+use sqlx::PgExecutor;
 use vps_domain::condition::Condition;
 use vps_domain::instance::Instance;
 use vps_domain::state_table::{DesiredState, InstanceState};
@@ -96,7 +96,7 @@ pub fn instance_json(i: &Instance) -> Value {
 }
 
 /// One tenant's quota of one resource in a pool.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QuotaUsage {
     /// The tenant.
@@ -115,27 +115,18 @@ pub async fn quota_usage<'e>(
     pool_id: &str,
     tenant_id: Option<&str>,
 ) -> Result<Vec<QuotaUsage>, sqlx::Error> {
-    let rows = sqlx::query(
+    sqlx::query_as(
         "SELECT tenant_id, resource, max, used FROM quotas
           WHERE pool_id = $1 AND ($2::text IS NULL OR tenant_id = $2) ORDER BY tenant_id, resource",
     )
     .bind(pool_id)
     .bind(tenant_id)
     .fetch_all(db)
-    .await?;
-    Ok(rows
-        .iter()
-        .map(|r| QuotaUsage {
-            tenant_id: r.get(0),
-            resource: r.get(1),
-            max: r.get(2),
-            used: r.get(3),
-        })
-        .collect())
+    .await
 }
 
 /// An address leased to an instance.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Lease {
     /// The IPv4 address.
@@ -146,19 +137,12 @@ pub struct Lease {
 
 /// A pool's leases, by address.
 pub async fn leases<'e>(db: impl PgExecutor<'e>, pool_id: &str) -> Result<Vec<Lease>, sqlx::Error> {
-    let rows = sqlx::query(
+    sqlx::query_as(
         "SELECT address, instance_id FROM ip_leases WHERE pool_id = $1 ORDER BY inet(address)",
     )
     .bind(pool_id)
     .fetch_all(db)
-    .await?;
-    Ok(rows
-        .iter()
-        .map(|r| Lease {
-            address: r.get(0),
-            instance_id: r.get(1),
-        })
-        .collect())
+    .await
 }
 
 /// Whether a pool is offered to a tenant.

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::types::Json;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use vps_domain::volume::{charge, InUse, Volume, VolumeEvent, VolumeState};
 use vps_events::RecordedEvent;
 
@@ -236,7 +236,7 @@ pub async fn list(
     conn: &mut PgConnection,
     f: &VolumeFilter,
 ) -> Result<Vec<VolumeView>, ProjectionError> {
-    let rows = sqlx::query(
+    let rows: Vec<Json<Volume>> = sqlx::query_scalar(
         "SELECT doc FROM sandbox_volumes
           WHERE tenant_id = $1
             AND ($2::text IS NULL OR owner_identity_id = $2)
@@ -252,10 +252,7 @@ pub async fn list(
     .bind(f.limit)
     .fetch_all(&mut *conn)
     .await?;
-    let volumes = rows
-        .iter()
-        .map(|r| Ok(r.try_get::<Json<Volume>, _>(0)?.0))
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let volumes: Vec<Volume> = rows.into_iter().map(|Json(v)| v).collect();
     let ids: Vec<String> = volumes.iter().map(|v| v.id.clone()).collect();
     let attached = attachments(conn, &ids).await?;
     Ok(volumes

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgExecutor, Row};
+use sqlx::{FromRow, PgConnection, PgExecutor, Row};
 use vps_domain::aggregate::Event;
 use vps_domain::webhook::{self as domain, WebhookEvent, WebhookState};
 use vps_events::RecordedEvent;
@@ -99,7 +99,7 @@ impl From<domain::Webhook> for Webhook {
 }
 
 /// One delivery attempt, as `webhooks.deliveries` lists it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, FromRow, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Delivery {
     /// The event delivered (also the `webhook-id` header).
@@ -107,6 +107,7 @@ pub struct Delivery {
     /// 1 for the first attempt of this event.
     pub attempt: i32,
     /// The delivery's state after this attempt.
+    #[sqlx(try_from = "String")]
     pub status: DeliveryStatus,
     /// The HTTP status, when the endpoint answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,9 +140,12 @@ impl DeliveryStatus {
             DeliveryStatus::Failed => "failed",
         }
     }
+}
 
-    fn parse(s: &str) -> DeliveryStatus {
-        match s {
+/// The stored form read back; anything but `delivered` and `pending` reads as failed.
+impl From<String> for DeliveryStatus {
+    fn from(s: String) -> DeliveryStatus {
+        match s.as_str() {
             "delivered" => DeliveryStatus::Delivered,
             "pending" => DeliveryStatus::Pending,
             _ => DeliveryStatus::Failed,
@@ -158,15 +162,14 @@ pub async fn get<'e>(
     id: &str,
     tenant_scope: Option<&str>,
 ) -> Result<Option<Webhook>, sqlx::Error> {
-    let row = sqlx::query(&format!(
+    sqlx::query_as(&format!(
         "{WEBHOOK_SELECT} WHERE id = $1 AND state <> 'deleted'
             AND ($2::text IS NULL OR tenant_id = $2)"
     ))
     .bind(id)
     .bind(tenant_scope)
     .fetch_optional(db)
-    .await?;
-    row.as_ref().map(decode_webhook).transpose()
+    .await
 }
 
 /// The subscriptions visible to `tenant_scope` (`None` = every one), oldest first.
@@ -174,14 +177,13 @@ pub async fn list<'e>(
     db: impl PgExecutor<'e>,
     tenant_scope: Option<&str>,
 ) -> Result<Vec<Webhook>, sqlx::Error> {
-    let rows = sqlx::query(&format!(
+    sqlx::query_as(&format!(
         "{WEBHOOK_SELECT} WHERE state <> 'deleted' AND ($1::text IS NULL OR tenant_id = $1)
           ORDER BY created_transaction_id, created_position"
     ))
     .bind(tenant_scope)
     .fetch_all(db)
-    .await?;
-    rows.iter().map(decode_webhook).collect()
+    .await
 }
 
 /// The latest `limit` attempts (at most [`MAX_DELIVERIES`]) of a subscription, newest first.
@@ -191,35 +193,26 @@ pub async fn deliveries<'e>(
     webhook_id: &str,
     limit: i64,
 ) -> Result<Vec<Delivery>, sqlx::Error> {
-    let rows = sqlx::query(
+    sqlx::query_as(
         "SELECT event_id, attempt, status, response_code, error, at FROM webhook_deliveries
           WHERE webhook_id = $1 ORDER BY id DESC LIMIT $2",
     )
     .bind(webhook_id)
     .bind(limit.clamp(1, MAX_DELIVERIES))
     .fetch_all(db)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(Delivery {
-                event_id: row.try_get(0)?,
-                attempt: row.try_get(1)?,
-                status: DeliveryStatus::parse(row.try_get(2)?),
-                response_code: row.try_get(3)?,
-                error: row.try_get(4)?,
-                at: row.try_get(5)?,
-            })
-        })
-        .collect()
+    .await
 }
 
-fn decode_webhook(row: &PgRow) -> Result<Webhook, sqlx::Error> {
-    Ok(Webhook {
-        id: row.try_get(0)?,
-        url: row.try_get(1)?,
-        types: row.try_get(2)?,
-        tenant_id: row.try_get(3)?,
-        state: WebhookState::parse(row.try_get(4)?),
-        created_at: row.try_get(5)?,
-    })
+/// The subscription's state is stored as text (the domain's form).
+impl FromRow<'_, PgRow> for Webhook {
+    fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Webhook {
+            id: row.try_get("id")?,
+            url: row.try_get("url")?,
+            types: row.try_get("types")?,
+            tenant_id: row.try_get("tenant_id")?,
+            state: WebhookState::parse(row.try_get("state")?),
+            created_at: row.try_get("created_at")?,
+        })
+    }
 }

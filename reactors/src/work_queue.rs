@@ -15,7 +15,7 @@ use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgExecutor, PgPool, Row};
+use sqlx::{PgExecutor, PgPool};
 use tokio::sync::watch;
 use vps_events::Notifier;
 
@@ -112,7 +112,7 @@ impl Next {
 }
 
 /// An item taken for work.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Taken {
     /// The key (e.g. an instance id).
     pub key: String,
@@ -195,7 +195,7 @@ pub async fn take(
     limit: i64,
     lease: Duration,
 ) -> Result<Vec<Taken>, sqlx::Error> {
-    let rows = sqlx::query(
+    sqlx::query_as(
         "UPDATE work_items w
             SET lease_until = now() + make_interval(secs => $3), lease_id = nextval('work_item_leases')
           WHERE (w.kind, w.key) IN (
@@ -208,17 +208,7 @@ pub async fn take(
     .bind(limit)
     .bind(lease.as_secs_f64())
     .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .iter()
-        .map(|r| Taken {
-            key: r.get(0),
-            wakes: r.get(1),
-            attempts: r.get(2),
-            lease_id: r.get(3),
-            retry_at: r.get(4),
-        })
-        .collect())
+    .await
 }
 
 /// Runs `work` while renewing the leases of `items` (still held) every third of `lease`, so a

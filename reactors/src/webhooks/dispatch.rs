@@ -41,6 +41,7 @@ struct Lease {
 }
 
 /// A queued event of a leased subscription.
+#[derive(sqlx::FromRow)]
 struct Queued {
     id: i64,
     event_id: String,
@@ -293,8 +294,8 @@ async fn next_run(
     lease: &mut Lease,
 ) -> Result<Vec<Queued>, Stop> {
     keep_lease(pool, config, lease).await?;
-    let rows = sqlx::query(
-        "SELECT id, event_id, body, attempts, next_attempt_at <= now() FROM webhook_outbox
+    let queued = sqlx::query_as(
+        "SELECT id, event_id, body, attempts, next_attempt_at <= now() AS due FROM webhook_outbox
           WHERE webhook_id = $1
           ORDER BY event_transaction_id, event_position
           LIMIT $2",
@@ -303,18 +304,7 @@ async fn next_run(
     .bind(RUN)
     .fetch_all(pool)
     .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(Queued {
-                id: row.try_get(0)?,
-                event_id: row.try_get(1)?,
-                body: row.try_get(2)?,
-                attempts: row.try_get(3)?,
-                due: row.try_get(4)?,
-            })
-        })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(Stop::from)
+    Ok(queued)
 }
 
 /// Renews the lease when what is left of it might not cover a POST that takes the whole
