@@ -390,7 +390,7 @@ impl Config {
         err: &dyn Fn(&str, String) -> ConfigError,
     ) -> Result<(), ConfigError> {
         let t = &self.timings;
-        for (key, v) in [
+        let timings = [
             ("unschedulable_retry", t.unschedulable_retry),
             ("transitional_look", t.transitional_look),
             ("provider_poll", t.provider_poll),
@@ -404,15 +404,15 @@ impl Config {
             ("sandbox_expiring_min_lead", t.sandbox_expiring_min_lead),
             ("usage_window", t.usage_window),
             ("snapshot_timeout", t.snapshot_timeout),
-        ] {
-            if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
-                return Err(err(
-                    &format!("timings.{key}"),
-                    format!("{v} is not between 0 and 86400 seconds"),
-                ));
-            }
-        }
-        Ok(())
+        ];
+        let a_day_at_most = |v: f64| v.is_finite() && v > 0.0 && v <= 86_400.0;
+        all_within(
+            err,
+            "timings",
+            &timings,
+            a_day_at_most,
+            "0 and 86400 seconds",
+        )
     }
 
     /// `[[identities]]`: unique tokens of a fair length, a name, and a tenant unless operator.
@@ -452,18 +452,12 @@ impl Config {
                 return Err(err(&format!("webhooks.allow_private[{i}]"), e.to_string()));
             }
         }
-        for (key, v) in [
+        let limits = [
             ("sse_streams_per_tenant", self.limits.sse_streams_per_tenant),
             ("long_polls_per_node", self.limits.long_polls_per_node),
-        ] {
-            if !(1..=10_000).contains(&v) {
-                return Err(err(
-                    &format!("limits.{key}"),
-                    format!("{v} is not between 1 and 10000"),
-                ));
-            }
-        }
-        Ok(())
+        ];
+        let fair = |v| (1..=10_000).contains(&v);
+        all_within(err, "limits", &limits, fair, "1 and 10000")
     }
 
     /// `[snapshots]`: an `s3` store names its bucket, endpoint and credentials.
@@ -564,6 +558,24 @@ impl Config {
     }
 }
 
+/// The first of `values` (keys of `section`) that `within` refuses, as an error at
+/// `section.key` saying the value `is not between {between}`.
+fn all_within<T: Copy + std::fmt::Display>(
+    err: &dyn Fn(&str, String) -> ConfigError,
+    section: &str,
+    values: &[(&str, T)],
+    within: impl Fn(T) -> bool,
+    between: &str,
+) -> Result<(), ConfigError> {
+    match values.iter().find(|(_, v)| !within(*v)) {
+        Some((key, v)) => Err(err(
+            &format!("{section}.{key}"),
+            format!("{v} is not between {between}"),
+        )),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -634,6 +646,22 @@ mod tests {
         let text = "[sandbox_exec]\ntunnel_url = \"tcp://{nodeName}.hosts.example:2222\"\n";
         Config::parse(text, "f").unwrap().validate("f").unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_timing_or_limit_out_of_range_names_its_key_and_bounds() {
+        let err = Config::parse("[timings]\nlost_look = 90000.0\n", "f")
+            .unwrap()
+            .validate("f")
+            .unwrap_err();
+        assert_eq!(err.key, "timings.lost_look");
+        assert_eq!(err.problem, "90000 is not between 0 and 86400 seconds");
+        let err = Config::parse("[limits]\nlong_polls_per_node = 0\n", "f")
+            .unwrap()
+            .validate("f")
+            .unwrap_err();
+        assert_eq!(err.key, "limits.long_polls_per_node");
+        assert_eq!(err.problem, "0 is not between 1 and 10000");
     }
 
     #[test]

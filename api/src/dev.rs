@@ -251,13 +251,12 @@ async fn demo_template(ctx: &vps_commands::Ctx, pool_id: &str) -> anyhow::Result
         pool_id: pool_id.into(),
         flavor: "small".into(),
         image_id: "img_demo".into(),
-        user_data: None,
-        env: None,
-        network: None,
-        default_ttl_seconds: Some(900),
-        max_ttl_seconds: Some(3600),
-        warm: Some(vps_domain::template::Warm { min: 2, max: 2 }),
-        volumes: None,
+        settings: vps_commands::sandboxes::templates::TemplateSettings {
+            default_ttl_seconds: Some(900),
+            max_ttl_seconds: Some(3600),
+            warm: Some(vps_domain::template::Warm { min: 2, max: 2 }),
+            ..Default::default()
+        },
     };
     let template = vps_commands::sandboxes::templates::create(&tenant, input).await?;
     Ok(template.id)

@@ -5,8 +5,11 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use sqlx::PgConnection;
 use tokio::sync::watch;
+use vps_commands::{CommandError, Ctx};
 use vps_events::Notifier;
+use vps_projections::ProjectionError;
 
 use crate::error::ApiError;
 
@@ -24,6 +27,31 @@ where
     Fut: Future<Output = Result<(bool, T), ApiError>>,
 {
     woken_by(notifier.subscribe(), RECHECK, deadline, probe).await
+}
+
+/// A create's `wait`: answers `created` at once when `settled` holds for it or `wait` is zero;
+/// otherwise re-reads it (`load` of `id`) until `settled` holds or `wait` passes, and answers
+/// the last copy read (`created` while `load` finds none).
+pub async fn settled<T: Clone>(
+    ctx: &Ctx,
+    wait: Duration,
+    created: T,
+    id: &str,
+    settled: impl Fn(&T) -> bool,
+    load: impl AsyncFn(&mut PgConnection, &str) -> Result<Option<T>, ProjectionError>,
+) -> Result<T, ApiError> {
+    if settled(&created) || wait.is_zero() {
+        return Ok(created);
+    }
+    until(&ctx.notifier, Instant::now() + wait, || async {
+        let mut conn = ctx.pool.acquire().await?;
+        let now = load(&mut conn, id)
+            .await
+            .map_err(CommandError::from)?
+            .unwrap_or_else(|| created.clone());
+        Ok((settled(&now), now))
+    })
+    .await
 }
 
 /// Like [`until`], woken by `wake` (a narrower signal than every commit) and at least every

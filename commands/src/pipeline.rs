@@ -71,6 +71,26 @@ pub async fn commit(ctx: &Ctx, tx: Transaction<'_, Postgres>) -> Result<(), Comm
     Ok(())
 }
 
+/// Takes the transaction's advisory lock on `key` without waiting for it: while another
+/// transaction holds it, a `CONFLICT` (`reason` `reason`) saying another `what` is in flight.
+pub async fn hold_or_conflict(
+    tx: &mut PgConnection,
+    key: &str,
+    what: &str,
+    reason: &str,
+) -> Result<(), CommandError> {
+    let held: bool =
+        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(key)
+            .fetch_one(&mut *tx)
+            .await?;
+    if held {
+        return Ok(());
+    }
+    let message = format!("another {what} is in flight; retry");
+    Err(DomainError::conflict(message, "reason", reason).into())
+}
+
 /// Runs `work` in a transaction that commits when it succeeds and rolls back at once when it
 /// fails: a dropped transaction rolls back only when its connection is next used, and would
 /// keep a hold (an advisory lock) taken inside it until then.

@@ -15,12 +15,11 @@ use tracing::Instrument;
 use vps_domain::volume::{
     self as domain, charge, Admit, CreateVolume, ResizeFacts, Volume, VolumeFacts,
 };
-use vps_domain::DomainError;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
 use crate::instances::facts;
-use crate::pipeline::{atomically, commit, load, record_events};
+use crate::pipeline::{atomically, commit, hold_or_conflict, load, record_events};
 use crate::record::new_id;
 
 pub use mounts::{attach, resolve_mounts};
@@ -191,20 +190,9 @@ async fn resize_in(
     volume_id: &str,
     size_gib: u32,
 ) -> Result<Volume, CommandError> {
-    let held: bool =
-        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1 || $2, 0))")
-            .bind(RESIZE_HOLD)
-            .bind(volume_id)
-            .fetch_one(&mut *tx)
-            .await?;
-    if !held {
-        return Err(DomainError::conflict(
-            format!("another resize of volume {volume_id} is in flight; retry"),
-            "reason",
-            "resize-in-flight",
-        )
-        .into());
-    }
+    let key = format!("{RESIZE_HOLD}{volume_id}");
+    let what = format!("resize of volume {volume_id}");
+    hold_or_conflict(tx, &key, &what, "resize-in-flight").await?;
     let before = load::<Volume>(tx, volume_id).await?;
     let v = domain::visible(before.as_ref(), tenant_id, volume_id)?;
     if !domain::resize_target(v, size_gib)? {

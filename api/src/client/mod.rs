@@ -12,7 +12,7 @@
 
 mod args;
 pub(crate) mod exec;
-mod output;
+pub(crate) mod output;
 
 pub use output::print;
 

@@ -117,7 +117,12 @@ fn cell(v: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     };
-    match text.char_indices().nth(MAX_CELL) {
+    ellipsized(text, MAX_CELL)
+}
+
+/// `text` cut to its first `max_chars` characters, ending in `…` when anything was cut.
+pub(crate) fn ellipsized(text: String, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text,
     }

@@ -2,7 +2,7 @@
 //! `NOT_FOUND`, never `ACCESS_DENIED`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Datelike, Utc};
 use serde::{Deserialize, Serialize};
@@ -179,10 +179,7 @@ pub fn methods() -> Vec<Method> {
 
 async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
     q.input.tenant_id = c.caller.tenant(&q.input.tenant_id)?;
-    let wait = match q.wait {
-        Some(w) => w.duration()?,
-        None => Duration::ZERO,
-    };
+    let wait = q.wait.as_ref().map_or(Ok(Duration::ZERO), Wait::duration)?;
     // Decided in the admission batch, on the facts it reads (no read of its own).
     let (guard, tenant) = (c.guard.clone(), q.input.tenant_id.clone());
     let gate: instances::Gate = Arc::new(move |id, draft| {
@@ -190,18 +187,10 @@ async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
         guard.refusal(&guard.action, &draft)
     });
     let created = c.admitter.create(&c.ctx, q.input, gate).await?;
-    if !created.state.is_settling() || wait.is_zero() {
-        return Ok(InstanceView::from(&created));
-    }
-    let instance = crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
-        let mut conn = c.ctx.pool.acquire().await?;
-        let now = vps_projections::instances::load(&mut conn, &created.id)
-            .await
-            .map_err(vps_commands::CommandError::from)?
-            .unwrap_or_else(|| created.clone());
-        Ok((!now.state.is_settling(), now))
-    })
-    .await?;
+    let id = created.id.clone();
+    let settled = |i: &Instance| !i.state.is_settling();
+    let load = vps_projections::instances::load;
+    let instance = crate::wait::settled(&c.ctx, wait, created, &id, settled, load).await?;
     Ok(InstanceView::from(&instance))
 }
 
@@ -302,4 +291,25 @@ async fn as_of_view(
     folded
         .map(|i| InstanceView::from(&i))
         .ok_or_else(|| ApiError::new("NOT_FOUND", format!("instance {id} did not exist yet")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_create_body_refuses_unknown_keys_beside_its_flattened_input() {
+        let body = serde_json::json!({
+            "tenantId": "acme", "poolId": "pool_1", "flavor": "small", "imageId": "img_1",
+            "idempotencyKey": "k", "wait": { "timeoutMs": 5 },
+        });
+        assert!(serde_json::from_value::<CreateBody>(body.clone()).is_ok());
+        let mut extra = body;
+        extra["bogus"] = 1.into();
+        let refused = serde_json::from_value::<CreateBody>(extra).err().unwrap();
+        assert!(
+            refused.to_string().contains("unknown field `bogus`"),
+            "{refused}"
+        );
+    }
 }

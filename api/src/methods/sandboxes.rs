@@ -1,7 +1,7 @@
 //! `sandboxTemplates.*`, `sandboxes.*` and `secrets.put` (the tenant secrets a template's
 //! `env` names). Another tenant's template or sandbox is `NOT_FOUND`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -14,6 +14,7 @@ use vps_projections::sandboxes::SandboxFilter;
 use vps_projections::views::{SandboxView, TemplateView};
 
 use crate::error::ApiError;
+use crate::methods::instances::Wait;
 use crate::registry::{Access::Tenant, Call, Items, Method};
 
 /// A template by id.
@@ -41,7 +42,7 @@ pub struct CreateBody {
     #[serde(flatten)]
     input: CreateSandboxInput,
     /// Answer once the sandbox leaves `starting`, or after the timeout.
-    wait: Option<crate::methods::instances::Wait>,
+    wait: Option<Wait>,
 }
 
 /// A sandbox by id.
@@ -249,10 +250,7 @@ async fn delete_template(c: Call, q: TemplateRef) -> Result<TemplateView, ApiErr
 
 async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
     q.input.tenant_id = c.caller.tenant(&q.input.tenant_id)?;
-    let wait = match q.wait {
-        Some(w) => w.duration()?,
-        None => Duration::ZERO,
-    };
+    let wait = q.wait.as_ref().map_or(Ok(Duration::ZERO), Wait::duration)?;
     if let Some((id, draft)) = sandboxes::create::draft(&c.ctx, &q.input).await? {
         c.authorize(&Resource::sandbox_draft(&id, &q.input.tenant_id, &draft))?;
     }
@@ -260,20 +258,11 @@ async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
     if created.new && created.sandbox.warm {
         vps_reactors::sandboxes::claimed();
     }
-    let sandbox = created.sandbox;
-    if sandbox.state != SandboxState::Starting || wait.is_zero() {
-        return Ok(SandboxView::from(&sandbox));
-    }
-    let settled = crate::wait::until(&c.ctx.notifier, Instant::now() + wait, || async {
-        let mut conn = c.ctx.pool.acquire().await?;
-        let now = vps_projections::sandboxes::load_sandbox(&mut conn, &sandbox.id)
-            .await
-            .map_err(vps_commands::CommandError::from)?
-            .unwrap_or_else(|| sandbox.clone());
-        Ok((now.state != SandboxState::Starting, now))
-    })
-    .await?;
-    Ok(SandboxView::from(&settled))
+    let id = created.sandbox.id.clone();
+    let settled = |s: &Sandbox| s.state != SandboxState::Starting;
+    let load = vps_projections::sandboxes::load_sandbox;
+    let sandbox = crate::wait::settled(&c.ctx, wait, created.sandbox, &id, settled, load).await?;
+    Ok(SandboxView::from(&sandbox))
 }
 
 async fn get(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {

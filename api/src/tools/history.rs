@@ -87,10 +87,7 @@ pub fn summary(data: &Value) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ");
-    match text.char_indices().nth(SUMMARY_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text,
-    }
+    crate::client::output::ellipsized(text, SUMMARY_CHARS)
 }
 
 #[cfg(test)]

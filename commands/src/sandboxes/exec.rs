@@ -19,7 +19,7 @@ use self::ca::{SandboxCa, UserKey};
 use self::tunnel::{Binding, Ticket};
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
-use crate::pipeline::{commit, record_events};
+use crate::pipeline::{atomically, record_events};
 
 /// What the deployment configures for exec.
 #[derive(Debug, Clone, Copy)]
@@ -78,11 +78,8 @@ pub async fn issue(
     settings: ExecSettings<'_>,
     request: &ExecRequest,
 ) -> Result<ExecGrant, CommandError> {
-    retrying(&request.sandbox_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let grant = issue_in(ctx, &mut tx, settings, request).await?;
-        commit(ctx, tx).await?;
-        Ok(grant)
+    retrying(&request.sandbox_id, || {
+        atomically(ctx, async |tx| issue_in(ctx, tx, settings, request).await)
     })
     .await
 }

@@ -6,13 +6,12 @@ use sqlx::PgConnection;
 use vps_domain::instance::{InstanceCommand, Requester};
 use vps_domain::sandbox::{self as domain, Extension, Sandbox, SandboxEvent};
 use vps_domain::state_table::InstanceState;
-use vps_domain::DomainError;
 
 use super::follow::{instance_changed, Outcome};
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
 use crate::instances::facts::lock_instance;
-use crate::pipeline::{apply_commands, atomically, commit, load, record_events};
+use crate::pipeline::{apply_commands, atomically, commit, hold_or_conflict, load, record_events};
 
 /// Moves a sandbox's expiry (the API passes the absolute expiry it authorized, so a retry
 /// never adds a `by` twice). One extend holds a sandbox at a time: a concurrent one is
@@ -39,20 +38,9 @@ async fn extend_in(
     sandbox_id: &str,
     extension: Extension,
 ) -> Result<Sandbox, CommandError> {
-    let held: bool = sqlx::query_scalar(
-        "SELECT pg_try_advisory_xact_lock(hashtextextended('sandbox-extend:' || $1, 0))",
-    )
-    .bind(sandbox_id)
-    .fetch_one(&mut *tx)
-    .await?;
-    if !held {
-        return Err(DomainError::conflict(
-            format!("another extend of sandbox {sandbox_id} is in flight; retry"),
-            "reason",
-            "extend-in-flight",
-        )
-        .into());
-    }
+    let key = format!("sandbox-extend:{sandbox_id}");
+    let what = format!("extend of sandbox {sandbox_id}");
+    hold_or_conflict(tx, &key, &what, "extend-in-flight").await?;
     let s = super::visible(tx, tenant_id, sandbox_id).await?;
     // A template deleted since still bounds its sandboxes' lifetime.
     let max_ttl = super::template(tx, &s.template_id)

@@ -34,20 +34,9 @@ pub struct TemplateInput {
     pub flavor: String,
     /// The image.
     pub image_id: String,
-    /// User data every sandbox boots with (sealed, never shown again).
-    pub user_data: Option<String>,
-    /// `NAME` → `secret://<tenant>/<name>`: written to `/etc/sandbox/env` in the guest.
-    pub env: Option<BTreeMap<String, String>>,
-    /// `egress` (default), `private` or `none`.
-    pub network: Option<Network>,
-    /// Default 3600.
-    pub default_ttl_seconds: Option<u64>,
-    /// Default 86400.
-    pub max_ttl_seconds: Option<u64>,
-    /// Warm instances kept ready: `{ min, max }` (`max` 0 with volumes).
-    pub warm: Option<Warm>,
-    /// The tenant's volumes its sandboxes attach: at most 8, all on one node.
-    pub volumes: Option<Vec<VolumeMount>>,
+    /// The settings given (the others take their defaults).
+    #[serde(flatten)]
+    pub settings: TemplateSettings,
 }
 
 /// `sandboxTemplates.update`: any of the spec's fields.
@@ -62,20 +51,50 @@ pub struct TemplatePatch {
     pub flavor: Option<String>,
     /// A new image.
     pub image_id: Option<String>,
-    /// New user data.
+    /// The settings given (the others stay as they are).
+    #[serde(flatten)]
+    pub settings: TemplateSettings,
+}
+
+/// A template's optional settings, as a create and an update take them: one that is absent
+/// takes its default on a create and stays as it is on an update.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateSettings {
+    /// User data every sandbox boots with (sealed, never shown again).
     pub user_data: Option<String>,
-    /// A new environment.
+    /// `NAME` → `secret://<tenant>/<name>`: written to `/etc/sandbox/env` in the guest.
     pub env: Option<BTreeMap<String, String>>,
-    /// A new network rule.
+    /// `egress` (default), `private` or `none`.
     pub network: Option<Network>,
-    /// A new default lifetime.
+    /// A sandbox's lifetime when its create names none (default 3600).
     pub default_ttl_seconds: Option<u64>,
-    /// A new longest lifetime.
+    /// The longest lifetime, extensions included (default 86400).
     pub max_ttl_seconds: Option<u64>,
-    /// New warm-pool bounds.
+    /// Warm instances kept ready: `{ min, max }` (`max` 0 with volumes).
     pub warm: Option<Warm>,
-    /// New volumes (the whole list; `[]` for none).
+    /// The tenant's volumes its sandboxes attach: at most 8, all on one node (`[]`: none).
     pub volumes: Option<Vec<VolumeMount>>,
+}
+
+impl TemplateSettings {
+    /// `spec` with the settings given here (user data as `user_data_ref`), the rest as they are;
+    /// the volumes are left to [`mounts`], which resolves them.
+    fn applied(&self, spec: TemplateSpec, user_data_ref: String) -> TemplateSpec {
+        TemplateSpec {
+            user_data_ref: self
+                .user_data
+                .as_ref()
+                .map(|_| user_data_ref)
+                .or(spec.user_data_ref),
+            env: self.env.clone().unwrap_or(spec.env),
+            network: self.network.unwrap_or(spec.network),
+            default_ttl_seconds: self.default_ttl_seconds.unwrap_or(spec.default_ttl_seconds),
+            max_ttl_seconds: self.max_ttl_seconds.unwrap_or(spec.max_ttl_seconds),
+            warm: self.warm.or(spec.warm),
+            ..spec
+        }
+    }
 }
 
 /// The reference a template's user data is sealed under (one per instance version).
@@ -85,24 +104,25 @@ fn user_data_ref(template_id: &str, instance_version: u64) -> String {
 
 /// Creates a template.
 pub async fn create(ctx: &Ctx, input: TemplateInput) -> Result<Template, CommandError> {
-    vps_domain::instance::check_user_data(input.user_data.as_deref())?;
+    vps_domain::instance::check_user_data(input.settings.user_data.as_deref())?;
     let id = new_id("sbxt");
     retrying(&id, || create_once(ctx, &id, &input)).await
 }
 
 async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Template, CommandError> {
     let mut tx = ctx.pool.begin().await?;
-    let spec = TemplateSpec {
+    let defaults = TemplateSpec {
         flavor: input.flavor.clone(),
         image_id: input.image_id.clone(),
-        user_data_ref: input.user_data.as_ref().map(|_| user_data_ref(id, 1)),
-        env: input.env.clone().unwrap_or_default(),
-        network: input.network.unwrap_or_default(),
-        default_ttl_seconds: input.default_ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS),
-        max_ttl_seconds: input.max_ttl_seconds.unwrap_or(DEFAULT_MAX_TTL_SECONDS),
-        warm: input.warm,
+        user_data_ref: None,
+        env: BTreeMap::new(),
+        network: Network::default(),
+        default_ttl_seconds: DEFAULT_TTL_SECONDS,
+        max_ttl_seconds: DEFAULT_MAX_TTL_SECONDS,
+        warm: None,
         volumes: Vec::new(),
     };
+    let spec = input.settings.applied(defaults, user_data_ref(id, 1));
     let facts = template_facts(
         &mut tx,
         &input.tenant_id,
@@ -117,7 +137,7 @@ async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Templ
             &mut tx,
             &input.tenant_id,
             &input.pool_id,
-            &input.volumes,
+            &input.settings.volumes,
             &facts,
         )
         .await?,
@@ -134,7 +154,7 @@ async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Templ
         },
         &facts,
     )?;
-    seal_user_data(ctx, &mut tx, id, 1, input.user_data.as_deref()).await?;
+    seal_user_data(ctx, &mut tx, id, 1, input.settings.user_data.as_deref()).await?;
     let template =
         record_events::<Template>(ctx, &mut tx, id, None, events, Some(&input.tenant_id))
             .await?
@@ -145,7 +165,7 @@ async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Templ
 
 /// Updates a template (its `version` rises; its `instanceVersion` too when the guest changes).
 pub async fn update(ctx: &Ctx, patch: TemplatePatch) -> Result<Template, CommandError> {
-    vps_domain::instance::check_user_data(patch.user_data.as_deref())?;
+    vps_domain::instance::check_user_data(patch.settings.user_data.as_deref())?;
     retrying(&patch.template_id, || update_once(ctx, &patch)).await
 }
 
@@ -153,24 +173,26 @@ async fn update_once(ctx: &Ctx, p: &TemplatePatch) -> Result<Template, CommandEr
     let mut tx = ctx.pool.begin().await?;
     let before = super::template(&mut tx, &p.template_id).await?;
     let t = domain::live(before.as_ref(), &p.tenant_id, &p.template_id)?;
-    let mut spec = t.spec.clone();
     let version = t.instance_version + 1;
-    if p.user_data.is_some() {
-        spec.user_data_ref = Some(user_data_ref(&t.id, version));
-    }
+    let mut spec = p
+        .settings
+        .applied(t.spec.clone(), user_data_ref(&t.id, version));
     spec.flavor = p.flavor.clone().unwrap_or(spec.flavor);
     spec.image_id = p.image_id.clone().unwrap_or(spec.image_id);
-    spec.env = p.env.clone().unwrap_or(spec.env);
-    spec.network = p.network.unwrap_or(spec.network);
-    spec.default_ttl_seconds = p.default_ttl_seconds.unwrap_or(spec.default_ttl_seconds);
-    spec.max_ttl_seconds = p.max_ttl_seconds.unwrap_or(spec.max_ttl_seconds);
-    spec.warm = p.warm.or(spec.warm);
     let facts = template_facts(&mut tx, &t.tenant_id, &t.pool_id, &spec, &t.name, &t.id).await?;
-    if p.volumes.is_some() {
-        spec.volumes = mounts(&mut tx, &t.tenant_id, &t.pool_id, &p.volumes, &facts).await?;
+    let volumes = &p.settings.volumes;
+    if volumes.is_some() {
+        spec.volumes = mounts(&mut tx, &t.tenant_id, &t.pool_id, volumes, &facts).await?;
     }
     let events = domain::update(before.as_ref(), &p.tenant_id, &p.template_id, spec, &facts)?;
-    seal_user_data(ctx, &mut tx, &t.id, version, p.user_data.as_deref()).await?;
+    seal_user_data(
+        ctx,
+        &mut tx,
+        &t.id,
+        version,
+        p.settings.user_data.as_deref(),
+    )
+    .await?;
     let after = record_events(
         ctx,
         &mut tx,
@@ -273,4 +295,43 @@ async fn template_facts(
         missing_secrets: secrets::foreign_refs(tx, tenant_id, &refs).await?,
         name_taken,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> TemplateSpec {
+        TemplateSpec {
+            flavor: "small".into(),
+            image_id: "img_a".into(),
+            user_data_ref: Some("secret://sbxt_a/user-data-1".into()),
+            env: BTreeMap::from([("A".into(), "secret://acme/a".into())]),
+            network: Network::default(),
+            default_ttl_seconds: 60,
+            max_ttl_seconds: 120,
+            warm: None,
+            volumes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn settings_given_replace_the_spec_and_absent_ones_keep_it() {
+        let kept = TemplateSettings::default().applied(spec(), user_data_ref("sbxt_a", 2));
+        assert_eq!(kept, spec());
+        let given = TemplateSettings {
+            user_data: Some("#cloud-config".into()),
+            max_ttl_seconds: Some(600),
+            warm: Some(Warm { min: 1, max: 2 }),
+            ..Default::default()
+        };
+        let changed = given.applied(spec(), user_data_ref("sbxt_a", 2));
+        assert_eq!(
+            changed.user_data_ref.as_deref(),
+            Some("secret://sbxt_a/user-data-2")
+        );
+        assert_eq!(changed.max_ttl_seconds, 600);
+        assert_eq!(changed.warm, Some(Warm { min: 1, max: 2 }));
+        assert_eq!((changed.default_ttl_seconds, changed.env), (60, spec().env));
+    }
 }

@@ -4,7 +4,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::HeaderMap;
-use reqwest::Url;
+use reqwest::{RequestBuilder, StatusCode, Url};
+use serde::de::DeserializeOwned;
 
 use super::error::ProviderError;
 
@@ -51,6 +52,33 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
     // A reset already past still means "not now": wait at least a second.
     Some(Duration::from_secs(reset.saturating_sub(now).max(1)))
+}
+
+/// Sends `request` and decodes a successful answer's JSON body; a failed answer becomes
+/// `api_error(status, body, wait)`, with the wait its rate-limit headers ask for.
+pub(crate) async fn send_json<T, E>(
+    provider: &str,
+    request: RequestBuilder,
+    api_error: impl FnOnce(StatusCode, &str, Option<Duration>) -> E,
+) -> Result<T, E>
+where
+    T: DeserializeOwned,
+    E: From<ProviderError>,
+{
+    let response = request
+        .send()
+        .await
+        .map_err(|e| transport_error(provider, e))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response
+            .json::<T>()
+            .await
+            .map_err(|e| transport_error(provider, e))?);
+    }
+    let wait = retry_after(response.headers());
+    let body = response.text().await.unwrap_or_default();
+    Err(api_error(status, &body, wait))
 }
 
 /// A request that got no usable answer: retryable, since the provider may be back soon.

@@ -20,7 +20,7 @@ use super::config::HetznerConfig;
 use super::error::ProviderError;
 use super::machine::{CreateMachine, Machine, Power};
 use super::naming::machine_name;
-use super::transport::{endpoint, http_client, retry_after, transport_error};
+use super::transport::{endpoint, http_client, send_json};
 use super::Provider;
 use wire::{CreateServer, ErrorEnvelope, ServerEnvelope, ServerList};
 
@@ -88,20 +88,7 @@ impl HetznerProvider {
     }
 
     async fn send<T: DeserializeOwned>(&self, request: RequestBuilder) -> Result<T, Failure> {
-        let response = request
-            .send()
-            .await
-            .map_err(|e| transport_error(PROVIDER, e))?;
-        let status = response.status();
-        if status.is_success() {
-            return response
-                .json::<T>()
-                .await
-                .map_err(|e| transport_error(PROVIDER, e).into());
-        }
-        let wait = retry_after(response.headers());
-        let body = response.text().await.unwrap_or_default();
-        Err(api_failure(status, &body, wait))
+        send_json(PROVIDER, request, api_failure).await
     }
 
     /// Sends a request whose answer body the client does not need (actions, delete).

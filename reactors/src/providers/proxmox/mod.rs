@@ -30,7 +30,7 @@ use super::config::ProxmoxConfig;
 use super::error::ProviderError;
 use super::machine::{CreateMachine, Machine, MachineState, Power};
 use super::naming::machine_name;
-use super::transport::{endpoint, http_client, retry_after, transport_error};
+use super::transport::{endpoint, http_client, send_json};
 use super::Provider;
 use wire::{AgentInterfaces, Envelope, ErrorBody, TaskStatus, VmEntry, VmStatus};
 
@@ -194,21 +194,11 @@ impl ProxmoxProvider {
         if matches!(method, Method::POST | Method::PUT) {
             request = request.form(form);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| transport_error(PROVIDER, e))?;
-        let status = response.status();
-        if status.is_success() {
-            let body: Envelope<T> = response
-                .json()
-                .await
-                .map_err(|e| transport_error(PROVIDER, e))?;
-            return Ok(body.data);
-        }
-        let wait = retry_after(response.headers());
-        let body = response.text().await.unwrap_or_default();
-        Err(api_error(status, &body).with_retry_after(wait))
+        let answer: Envelope<T> = send_json(PROVIDER, request, |status, body, wait| {
+            api_error(status, body).with_retry_after(wait)
+        })
+        .await?;
+        Ok(answer.data)
     }
 
     fn authorization(&self) -> String {
