@@ -14,7 +14,7 @@ use vps_domain::DomainError;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
-use crate::pipeline::{apply_commands, commit, record_events};
+use crate::pipeline::{apply_commands, record_events, transaction};
 
 pub use vps_domain::instance::MAX_ADDRESSES;
 pub use vps_domain::node::MAX_ORPHANS;
@@ -113,25 +113,31 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
         }
         .into());
     }
-    retrying(&report.node_id, || report_once(ctx, &report)).await
+    transaction(ctx, &report.node_id, async |tx| {
+        report_in(ctx, tx, &report).await
+    })
+    .await
 }
 
-async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, CommandError> {
+async fn report_in(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    report: &Report,
+) -> Result<ReportOutcome, CommandError> {
     let now = Utc::now();
     let node_id = &report.node_id;
-    let mut tx = ctx.pool.begin().await?;
-    let node = Some(lock_node(&mut tx, node_id, Some((now, report.applied_generation))).await?);
+    let node = Some(lock_node(tx, node_id, Some((now, report.applied_generation))).await?);
     if let Some(url) = &report.tunnel_url {
-        crate::sandboxes::exec::tunnel::advertise(&mut tx, node_id, url, now).await?;
+        crate::sandboxes::exec::tunnel::advertise(tx, node_id, url, now).await?;
     }
     let recovered = decide(node.as_ref(), &NodeCommand::Recover)?;
-    let node = record_events(ctx, &mut tx, node_id, node.as_ref(), recovered, None).await?;
+    let node = record_events(ctx, tx, node_id, node.as_ref(), recovered, None).await?;
 
     // Sorted first on light views (state, conditions, addresses), unlocked: most entries of a
     // complete report change nothing, and loading every instance of the node made each report
     // cost the node's size, while locking them all would make each claim or change on it wait
     // for the whole report. Only the rest are locked, loaded and decided.
-    let views = report_views(&mut tx, node_id).await?;
+    let views = report_views(tx, node_id).await?;
     let mut candidates = BTreeSet::new();
     let mut orphans = Vec::new();
     for entry in &report.instances {
@@ -161,14 +167,14 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
         .collect();
     let ids: Vec<String> = candidates.into_iter().collect();
     let mut changed = Vec::new();
-    for instance in lock_placed(&mut tx, node_id, &ids).await? {
+    for instance in lock_placed(tx, node_id, &ids).await? {
         let commands = match entries.get(instance.id.as_str()) {
             Some(entry) => commands_for(entry, &instance, node_id),
             // Gone from a complete report while being deleted: the host let it go.
             None if instance.state == InstanceState::Deleting => vec![InstanceCommand::Release],
             None => continue,
         };
-        if apply_commands(ctx, &mut tx, &instance, &commands, now)
+        if apply_commands(ctx, tx, &instance, &commands, now)
             .await?
             .is_some()
         {
@@ -180,9 +186,8 @@ async fn report_once(ctx: &Ctx, report: &Report) -> Result<ReportOutcome, Comman
         complete: report.complete,
     };
     let announced = decide(node.as_ref(), &record)?;
-    record_events(ctx, &mut tx, node_id, node.as_ref(), announced, None).await?;
-    crate::sandboxes::snapshots::settle(ctx, &mut tx, node_id, &report.command_results).await?;
-    commit(ctx, tx).await?;
+    record_events(ctx, tx, node_id, node.as_ref(), announced, None).await?;
+    crate::sandboxes::snapshots::settle(ctx, tx, node_id, &report.command_results).await?;
     orphans.sort();
     orphans.truncate(MAX_ORPHANS);
     Ok(ReportOutcome {

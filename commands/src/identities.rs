@@ -12,8 +12,8 @@ use vps_domain::identity::{self as domain, Identity};
 use vps_domain::DomainError;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{change, commit, record_events};
+use crate::error::CommandError;
+use crate::pipeline::{change, record_events, transaction};
 use crate::record::new_id;
 
 /// The prefix of API keys.
@@ -51,10 +51,9 @@ pub async fn create(ctx: &Ctx, new: NewIdentity) -> Result<(Identity, ApiKey), C
     rand::rngs::OsRng.fill_bytes(&mut secret);
     let secret = hex::encode(secret);
     let events = domain::create(&id, new.tenant_id, new.operator, &new.name, &key_id)?;
-    let identity = retrying(&id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    let identity = transaction(ctx, &id, async |tx| {
         let tenant = new_tenant(&events);
-        let identity = record_events::<Identity>(ctx, &mut tx, &id, None, events.clone(), tenant)
+        let identity = record_events::<Identity>(ctx, tx, &id, None, events.clone(), tenant)
             .await?
             .ok_or_else(|| DomainError::invalid_state("identity.created recorded nothing"))?;
         sqlx::query("INSERT INTO api_keys (key_id, identity_id, hash) VALUES ($1, $2, $3)")
@@ -63,7 +62,6 @@ pub async fn create(ctx: &Ctx, new: NewIdentity) -> Result<(Identity, ApiKey), C
             .bind(Sha256::digest(secret.as_bytes()).to_vec())
             .execute(&mut *tx)
             .await?;
-        commit(ctx, tx).await?;
         Ok(identity)
     })
     .await?;
@@ -79,24 +77,15 @@ fn new_tenant(events: &[domain::IdentityEvent]) -> Option<&str> {
 
 /// Revokes every key of an identity; answers how many were revoked.
 pub async fn revoke_keys(ctx: &Ctx, identity_id: &str) -> Result<usize, CommandError> {
-    retrying(identity_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let before = crate::pipeline::load::<Identity>(&mut tx, identity_id).await?;
+    transaction(ctx, identity_id, async |tx| {
+        let before = crate::pipeline::load::<Identity>(tx, identity_id).await?;
         let revoked = before.as_ref().map_or(0, |i| i.keys.len());
         let tenant = before.as_ref().and_then(|i| i.tenant_id.clone());
-        change::<Identity>(
-            ctx,
-            &mut tx,
-            identity_id,
-            tenant.as_deref(),
-            domain::revoke_keys,
-        )
-        .await?;
+        change::<Identity>(ctx, tx, identity_id, tenant.as_deref(), domain::revoke_keys).await?;
         sqlx::query("DELETE FROM api_keys WHERE identity_id = $1")
             .bind(identity_id)
             .execute(&mut *tx)
             .await?;
-        commit(ctx, tx).await?;
         Ok(revoked)
     })
     .await

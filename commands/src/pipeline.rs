@@ -2,7 +2,8 @@
 //! the reconcilers): facts are read, a pure `vps_domain` decision turns them into events, and
 //! the events are appended with their inline projections here, in the caller's transaction.
 //! The answer is the instance folded once from the recorded events. The caller's attempt runs
-//! inside [`crate::error::retrying`], which decides again on fresh facts after a lost race.
+//! inside [`transaction`] (or [`crate::error::retrying`]), which decides again on fresh facts
+//! after a lost race.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -10,7 +11,7 @@ use vps_domain::instance::{decide_all, Instance, InstanceCommand, InstanceEvent}
 use vps_domain::DomainError;
 
 use crate::context::Ctx;
-use crate::error::CommandError;
+use crate::error::{retrying, CommandError};
 use crate::sandboxes::follow;
 use crate::secrets;
 pub use crate::stream::{change, load, record_events};
@@ -109,4 +110,16 @@ pub async fn atomically<T>(
             Err(e)
         }
     }
+}
+
+/// A command's write: [`retrying`] (keyed `key`) a fresh copy of `work` in a fresh transaction
+/// per attempt, committed on success and rolled back at once on failure ([`atomically`]), so a
+/// lost race decides again on fresh facts. `work` is cloned rather than borrowed per attempt:
+/// a borrowed async closure's future is not provably `Send` (the API and `tokio::spawn` need it).
+pub async fn transaction<T>(
+    ctx: &Ctx,
+    key: &str,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, CommandError> + Clone,
+) -> Result<T, CommandError> {
+    retrying(key, || atomically(ctx, work.clone())).await
 }

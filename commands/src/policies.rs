@@ -6,8 +6,8 @@ use vps_domain::policy::{decide, PolicyCommand, PolicyPut, StoredPolicy};
 use vps_domain::DomainError;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{change, commit};
+use crate::error::CommandError;
+use crate::pipeline::{change, transaction};
 
 /// Creates or replaces a policy; answers it as stored.
 pub async fn put(
@@ -34,16 +34,13 @@ async fn run(
     command: PolicyCommand,
     schema: &AuthzSchema,
 ) -> Result<StoredPolicy, CommandError> {
-    retrying(id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let after = change::<StoredPolicy>(ctx, &mut tx, id, None, |p| {
-            decide(p, command.clone(), schema)
-        })
-        .await?
-        .ok_or_else(|| DomainError::NotFound {
-            what: format!("policy {id}"),
-        })?;
-        commit(ctx, tx).await?;
+    transaction(ctx, id, async |tx| {
+        let after =
+            change::<StoredPolicy>(ctx, tx, id, None, |p| decide(p, command.clone(), schema))
+                .await?
+                .ok_or_else(|| DomainError::NotFound {
+                    what: format!("policy {id}"),
+                })?;
         Ok(after)
     })
     .await

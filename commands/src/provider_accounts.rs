@@ -16,9 +16,9 @@ use vps_domain::DomainError;
 use vps_projections::provider_accounts::{self as accounts, ProviderAccountView};
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
+use crate::error::CommandError;
 use crate::operator::name_taken;
-use crate::pipeline::{change, commit};
+use crate::pipeline::{change, transaction};
 use crate::record::new_id;
 use crate::secrets;
 
@@ -52,24 +52,28 @@ pub async fn create(
     input: CreateProviderAccount,
 ) -> Result<ProviderAccountView, CommandError> {
     let (public, secret) = split(&input.config)?;
-    retrying(&input.name, || create_once(ctx, &input, &public, &secret)).await
+    transaction(ctx, &input.name, async |tx| {
+        create_in(ctx, tx, &input, &public, &secret).await
+    })
+    .await
+    .map(|view| view.expect("just created"))
 }
 
-async fn create_once(
+async fn create_in(
     ctx: &Ctx,
+    tx: &mut PgConnection,
     input: &CreateProviderAccount,
     public: &Value,
     secret: &Map<String, Value>,
-) -> Result<ProviderAccountView, CommandError> {
-    let mut tx = ctx.pool.begin().await?;
-    let name_taken = name_taken(&mut tx, "provider_accounts", None, &input.name, None).await?;
+) -> Result<Option<ProviderAccountView>, CommandError> {
+    let name_taken = name_taken(tx, "provider_accounts", None, &input.name, None).await?;
     let id = new_id("pacct");
     let secret_ref = if secret.is_empty() {
         None
     } else {
         let reference = secret_ref(&id);
         let sealed = serde_json::to_vec(secret).expect("a JSON map serialises");
-        secrets::seal(&mut tx, &ctx.secrets, &reference, &id, &sealed).await?;
+        secrets::seal(tx, &ctx.secrets, &reference, &id, &sealed).await?;
         Some(reference)
     };
     let created = ProviderAccountCreated {
@@ -80,10 +84,8 @@ async fn create_once(
         secret_ref,
     };
     let decided = domain::create(created, name_taken);
-    change::<Account>(ctx, &mut tx, &id, None, |_| decided).await?;
-    let view = accounts::load(&mut *tx, &id).await?;
-    commit(ctx, tx).await?;
-    Ok(view.expect("just created"))
+    change::<Account>(ctx, tx, &id, None, |_| decided).await?;
+    Ok(accounts::load(&mut *tx, &id).await?)
 }
 
 /// An account's whole configuration, its sealed credentials opened and merged back in, for
@@ -132,13 +134,12 @@ async fn note(
     account_id: &str,
     decide: impl Fn(&Account) -> Vec<ProviderAccountEvent>,
 ) -> Result<(), CommandError> {
-    retrying(account_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        change::<Account>(ctx, &mut tx, account_id, None, |a| {
+    transaction(ctx, account_id, async |tx| {
+        change::<Account>(ctx, tx, account_id, None, |a| {
             Ok(a.map(&decide).unwrap_or_default())
         })
         .await?;
-        commit(ctx, tx).await
+        Ok(())
     })
     .await
 }

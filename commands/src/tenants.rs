@@ -17,9 +17,9 @@ use vps_domain::tenant::{begin_teardown, finish_teardown, Tenant};
 use vps_domain::DomainError;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
+use crate::error::CommandError;
 use crate::instances::{self, Change};
-use crate::pipeline::{change, commit};
+use crate::pipeline::{change, transaction};
 
 /// The reason `instance.deleting` carries for a teardown.
 pub const REASON: &str = "tenant deleted";
@@ -64,13 +64,12 @@ pub const STEPS: &[Step] = &[
 
 /// Records `tenant.deleting` (once).
 pub async fn begin(ctx: &Ctx, tenant_id: &str) -> Result<(), CommandError> {
-    retrying(tenant_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        change::<Tenant>(ctx, &mut tx, tenant_id, Some(tenant_id), |t| {
+    transaction(ctx, tenant_id, async |tx| {
+        change::<Tenant>(ctx, tx, tenant_id, Some(tenant_id), |t| {
             begin_teardown(t, tenant_id)
         })
         .await?;
-        commit(ctx, tx).await
+        Ok(())
     })
     .await
 }
@@ -84,13 +83,12 @@ pub async fn teardown_pass(ctx: &Ctx, tenant_id: &str) -> Result<u64, CommandErr
         remaining += left;
     }
     if remaining == 0 {
-        retrying(tenant_id, || async {
-            let mut tx = ctx.pool.begin().await?;
-            change::<Tenant>(ctx, &mut tx, tenant_id, Some(tenant_id), |t| {
+        transaction(ctx, tenant_id, async |tx| {
+            change::<Tenant>(ctx, tx, tenant_id, Some(tenant_id), |t| {
                 Ok(finish_teardown(t, 0))
             })
             .await?;
-            commit(ctx, tx).await
+            Ok(())
         })
         .await?;
     }

@@ -19,7 +19,7 @@ use vps_domain::volume::{
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
 use crate::instances::facts;
-use crate::pipeline::{atomically, commit, hold_or_conflict, load, record_events};
+use crate::pipeline::{commit, hold_or_conflict, load, record_events, transaction};
 use crate::record::new_id;
 
 pub use mounts::{attach, resolve_mounts};
@@ -171,10 +171,8 @@ pub async fn resize(
     volume_id: &str,
     size_gib: u32,
 ) -> Result<Volume, CommandError> {
-    retrying(volume_id, || {
-        atomically(ctx, async |tx| {
-            resize_in(ctx, tx, tenant_id, volume_id, size_gib).await
-        })
+    transaction(ctx, volume_id, async |tx| {
+        resize_in(ctx, tx, tenant_id, volume_id, size_gib).await
     })
     .instrument(tracing::info_span!("volume_resize", volume = %volume_id, size_gib))
     .await
@@ -221,19 +219,17 @@ async fn resize_in(
 /// released by [`release`] once its host let it go. Refused while a live instance attaches it
 /// or a live template names it; a deleting or deleted volume is answered as it is.
 pub async fn delete(ctx: &Ctx, tenant_id: &str, volume_id: &str) -> Result<Volume, CommandError> {
-    retrying(volume_id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    transaction(ctx, volume_id, async |tx| {
         // Sandbox creates and template writes lock the row too: none can start using the
         // volume between the check and the append.
-        lock(&mut tx, volume_id).await?;
-        let before = load::<Volume>(&mut tx, volume_id).await?;
+        lock(tx, volume_id).await?;
+        let before = load::<Volume>(tx, volume_id).await?;
         let v = domain::visible(before.as_ref(), tenant_id, volume_id)?;
-        let in_use = vps_projections::volumes::in_use(&mut tx, volume_id).await?;
+        let in_use = vps_projections::volumes::in_use(tx, volume_id).await?;
         let events = domain::delete(v, &in_use)?;
-        let after = record_events(ctx, &mut tx, volume_id, Some(v), events, Some(tenant_id))
+        let after = record_events(ctx, tx, volume_id, Some(v), events, Some(tenant_id))
             .await?
             .expect("a volume");
-        commit(ctx, tx).await?;
         Ok(after)
     })
     .instrument(tracing::info_span!("volume_delete", volume = %volume_id))

@@ -25,8 +25,8 @@ use vps_domain::DomainError;
 use vps_projections::webhooks::Webhook as WebhookView;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{self, commit};
+use crate::error::CommandError;
+use crate::pipeline;
 use crate::record::new_id;
 use crate::secrets::{self, SecretKey};
 
@@ -98,7 +98,10 @@ pub async fn create(
     }
     let secret = generate_secret();
     let resolved = resolve(&new.url).await;
-    let hook = retrying("webhook", || create_once(ctx, &new, &resolved, &secret)).await?;
+    let hook = pipeline::transaction(ctx, "webhook", async |tx| {
+        create_in(ctx, tx, &new, &resolved, &secret).await
+    })
+    .await?;
     Ok((hook.into(), secret))
 }
 
@@ -121,8 +124,9 @@ async fn resolve(url: &str) -> Vec<IpAddr> {
     }
 }
 
-async fn create_once(
+async fn create_in(
     ctx: &Ctx,
+    tx: &mut PgConnection,
     new: &NewWebhook,
     resolved: &[IpAddr],
     secret: &WebhookSecret,
@@ -130,8 +134,7 @@ async fn create_once(
     let id = new_id("whk");
     // The tenant the subscription would belong to (a tenant naming another is refused below).
     let owner = new.tenant_scope.clone().or_else(|| new.tenant_id.clone());
-    let mut tx = ctx.pool.begin().await?;
-    let existing = count_for_owner(&mut tx, owner.as_deref()).await?;
+    let existing = count_for_owner(tx, owner.as_deref()).await?;
     let facts = CreateFacts {
         resolved: resolved.to_vec(),
         allow_private: new.allow_private.clone(),
@@ -152,18 +155,10 @@ async fn create_once(
         Some(WebhookEvent::Created(created)) => created.tenant_id.clone(),
         _ => None,
     };
-    let hook = pipeline::record_events(ctx, &mut tx, &id, None, events, tenant.as_deref())
+    let hook = pipeline::record_events(ctx, tx, &id, None, events, tenant.as_deref())
         .await?
         .ok_or_else(|| DomainError::invalid_state("webhook.created recorded nothing"))?;
-    secrets::seal(
-        &mut tx,
-        &ctx.secrets,
-        &secret_ref(&id),
-        &id,
-        secret.0.as_bytes(),
-    )
-    .await?;
-    commit(ctx, tx).await?;
+    secrets::seal(tx, &ctx.secrets, &secret_ref(&id), &id, secret.0.as_bytes()).await?;
     Ok(hook)
 }
 
@@ -210,14 +205,13 @@ pub async fn seal_plain_secrets(
 /// Deletes a subscription; its undelivered events are dropped. A tenant may delete only its
 /// own (another's is `NOT_FOUND`); `tenant_scope` is `None` for operators.
 pub async fn delete(ctx: &Ctx, id: &str, tenant_scope: Option<&str>) -> Result<(), CommandError> {
-    retrying(id, || async move {
-        let mut tx = ctx.pool.begin().await?;
+    pipeline::transaction(ctx, id, async |tx| {
         let command = WebhookCommand::Delete {
             id: id.to_string(),
             tenant_scope: tenant_scope.map(str::to_string),
         };
-        change(ctx, &mut tx, id, command).await?;
-        commit(ctx, tx).await
+        change(ctx, tx, id, command).await?;
+        Ok(())
     })
     .await
 }

@@ -19,8 +19,8 @@ use vps_domain::DomainError;
 use vps_projections::instances::load;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{commit, record_instance};
+use crate::error::CommandError;
+use crate::pipeline::{record_instance, transaction};
 use crate::record::new_id;
 use crate::secrets;
 
@@ -72,7 +72,10 @@ pub async fn create(
 ) -> Result<Instance, CommandError> {
     domain::check_user_data(input.user_data.as_deref())?;
     let id = instance_id(ctx, &input);
-    retrying(&id, || admit(ctx, &id, &input, policy)).await
+    transaction(ctx, &id, async |tx| {
+        admit_in(ctx, tx, &id, &input, &Origin::default(), policy).await
+    })
+    .await
 }
 
 /// The instance id a create derives from (tenant, caller, idempotency key).
@@ -92,18 +95,6 @@ fn user_data(id: &str, input: &CreateInput) -> String {
             &input.ssh_keys,
         )
     })
-}
-
-async fn admit(
-    ctx: &Ctx,
-    id: &str,
-    input: &CreateInput,
-    policy: domain::Policy<'_>,
-) -> Result<Instance, CommandError> {
-    let mut tx = ctx.pool.begin().await?;
-    let instance = admit_in(ctx, &mut tx, id, input, &Origin::default(), policy).await?;
-    commit(ctx, tx).await?;
-    Ok(instance)
 }
 
 /// Who an instance is made for beyond a tenant's own create: a sandbox, or a template's warm
@@ -265,26 +256,26 @@ pub async fn change(
     instance_id: &str,
     change: Change,
 ) -> Result<Instance, CommandError> {
-    retrying(instance_id, || {
-        change_once(ctx, tenant_id, instance_id, &change)
+    transaction(ctx, instance_id, async |tx| {
+        change_in(ctx, tx, tenant_id, instance_id, &change).await
     })
     .await
 }
 
-async fn change_once(
+async fn change_in(
     ctx: &Ctx,
+    tx: &mut PgConnection,
     tenant_id: &str,
     instance_id: &str,
     change: &Change,
 ) -> Result<Instance, CommandError> {
-    let mut tx = ctx.pool.begin().await?;
     if matches!(change, Change::Resize(_)) {
         // A resize locks its node: take it before the instance's row, in the common order.
-        let node = visible(&mut tx, tenant_id, instance_id).await?.node_id;
-        facts::lock_nodes(&mut tx, &node.into_iter().collect::<Vec<_>>()).await?;
+        let node = visible(tx, tenant_id, instance_id).await?.node_id;
+        facts::lock_nodes(tx, &node.into_iter().collect::<Vec<_>>()).await?;
     }
     let instance = owned_by(
-        facts::lock_instance(&mut tx, instance_id).await?,
+        facts::lock_instance(tx, instance_id).await?,
         tenant_id,
         instance_id,
     )?;
@@ -310,15 +301,14 @@ async fn change_once(
             domain::decide(Some(&instance), &delete, now)?
         }
         Change::Resize(flavor) => {
-            let facts = facts::resize(&mut tx, &instance, flavor).await?;
+            let facts = facts::resize(tx, &instance, flavor).await?;
             domain::resize(&instance, flavor, &facts, now)?
         }
     };
-    let after = record_instance(ctx, &mut tx, Some(&instance), events).await?;
+    let after = record_instance(ctx, tx, Some(&instance), events).await?;
     if matches!(change, Change::Resize(_)) {
         let growth = resize_delta(&instance.shape, &after.shape);
-        facts::confirm_quota(&mut tx, &after.pool_id, &after.tenant_id, &growth).await?;
+        facts::confirm_quota(tx, &after.pool_id, &after.tenant_id, &growth).await?;
     }
-    commit(ctx, tx).await?;
     Ok(after)
 }

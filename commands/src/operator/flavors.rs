@@ -8,8 +8,8 @@ use vps_projections::operator_views::{self as views, FlavorView};
 
 use super::name_taken;
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{change, commit, load};
+use crate::error::CommandError;
+use crate::pipeline::{change, load, transaction};
 use crate::record::new_id;
 
 /// `flavors.create`.
@@ -37,9 +37,8 @@ pub struct CreateFlavor {
 /// Creates a flavor.
 pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<FlavorView, CommandError> {
     let id = new_id("flv");
-    retrying(&id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let pool = load::<Pool>(&mut tx, &input.pool_id).await?;
+    transaction(ctx, &id, async |tx| {
+        let pool = load::<Pool>(tx, &input.pool_id).await?;
         let create = flavor::CreateFlavor {
             id: id.clone(),
             pool_id: input.pool_id.clone(),
@@ -52,12 +51,10 @@ pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<FlavorView,
             },
             offer_id: input.offer_id.clone(),
             pool_class: pool.map(|p| p.class),
-            name_taken: name_taken(&mut tx, "flavors", Some(&input.pool_id), &input.name, None)
-                .await?,
+            name_taken: name_taken(tx, "flavors", Some(&input.pool_id), &input.name, None).await?,
         };
-        change::<Flavor>(ctx, &mut tx, &id, None, |_| flavor::create(&create)).await?;
-        let answer = view(&mut tx, &id).await?;
-        commit(ctx, tx).await?;
+        change::<Flavor>(ctx, tx, &id, None, |_| flavor::create(&create)).await?;
+        let answer = view(tx, &id).await?;
         Ok(answer)
     })
     .await
@@ -65,14 +62,9 @@ pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<FlavorView,
 
 /// Archives a flavor: no new instances of it.
 pub async fn archive_flavor(ctx: &Ctx, flavor_id: &str) -> Result<FlavorView, CommandError> {
-    retrying(flavor_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        change::<Flavor>(ctx, &mut tx, flavor_id, None, |f| {
-            flavor::archive(f, flavor_id)
-        })
-        .await?;
-        let answer = view(&mut tx, flavor_id).await?;
-        commit(ctx, tx).await?;
+    transaction(ctx, flavor_id, async |tx| {
+        change::<Flavor>(ctx, tx, flavor_id, None, |f| flavor::archive(f, flavor_id)).await?;
+        let answer = view(tx, flavor_id).await?;
         Ok(answer)
     })
     .await

@@ -6,8 +6,8 @@ use vps_domain::operator::ImageRegistered;
 use vps_projections::operator_views::{self as views, ImageView};
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{change, commit};
+use crate::error::CommandError;
+use crate::pipeline::{change, transaction};
 use crate::Deleted;
 
 /// `images.register`.
@@ -41,23 +41,19 @@ pub async fn register_image(ctx: &Ctx, input: RegisterImage) -> Result<ImageView
     };
     let events = image::register(&registered)?;
     let tenant = input.tenant_id.as_deref();
-    retrying(&input.image_id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    transaction(ctx, &input.image_id, async |tx| {
         let decided = Ok(events.clone());
-        change::<Image>(ctx, &mut tx, &input.image_id, tenant, |_| decided).await?;
-        let answer = views::image(&mut *tx, &input.image_id).await?;
-        commit(ctx, tx).await?;
-        Ok(answer.expect("the image exists"))
+        change::<Image>(ctx, tx, &input.image_id, tenant, |_| decided).await?;
+        Ok(views::image(&mut *tx, &input.image_id).await?)
     })
     .await
+    .map(|answer| answer.expect("the image exists"))
 }
 
 /// Deletes an image (instances already created from it keep running).
 pub async fn delete_image(ctx: &Ctx, image_id: &str) -> Result<Deleted, CommandError> {
-    retrying(image_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        change::<Image>(ctx, &mut tx, image_id, None, |i| image::delete(i, image_id)).await?;
-        commit(ctx, tx).await?;
+    transaction(ctx, image_id, async |tx| {
+        change::<Image>(ctx, tx, image_id, None, |i| image::delete(i, image_id)).await?;
         Ok(())
     })
     .await?;

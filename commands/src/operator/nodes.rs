@@ -10,8 +10,8 @@ use vps_projections::operator_views::{self as views, NodeView};
 
 use super::name_taken;
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{change, commit, load};
+use crate::error::CommandError;
+use crate::pipeline::{change, load, transaction};
 use crate::record::new_id;
 
 /// `nodes.register`.
@@ -57,9 +57,8 @@ pub struct RotatedToken {
 pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<RegisteredNode, CommandError> {
     let id = new_id("node");
     let token = new_token();
-    let node = retrying(&id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let pool = load::<Pool>(&mut tx, &input.pool_id).await?;
+    let node = transaction(ctx, &id, async |tx| {
+        let pool = load::<Pool>(tx, &input.pool_id).await?;
         let register = vps_domain::node::RegisterNode {
             id: id.clone(),
             pool_id: input.pool_id.clone(),
@@ -69,17 +68,15 @@ pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<RegisteredN
             runtimes: input.runtimes.clone(),
             cpu_model: input.cpu_model.clone(),
             pool: pool.map(|p| (p.class, p.runtime)),
-            name_taken: name_taken(&mut tx, "nodes", Some(&input.pool_id), &input.name, None)
-                .await?,
+            name_taken: name_taken(tx, "nodes", Some(&input.pool_id), &input.name, None).await?,
         };
         let command = NodeCommand::Register(Box::new(register));
-        change::<Node>(ctx, &mut tx, &id, None, |n| decide(n, &command)).await?;
-        store_token(&mut tx, &id, &token).await?;
-        let answer = views::node(&mut *tx, &id).await?;
-        commit(ctx, tx).await?;
-        Ok(answer.expect("the node exists"))
+        change::<Node>(ctx, tx, &id, None, |n| decide(n, &command)).await?;
+        store_token(tx, &id, &token).await?;
+        Ok(views::node(&mut *tx, &id).await?)
     })
-    .await?;
+    .await?
+    .expect("the node exists");
     Ok(RegisteredNode {
         node,
         node_token: token,
@@ -90,14 +87,13 @@ pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<RegisteredN
 /// once. The old token is refused from the commit on.
 pub async fn rotate_token(ctx: &Ctx, node_id: &str) -> Result<RotatedToken, CommandError> {
     let token = new_token();
-    retrying(node_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        change::<Node>(ctx, &mut tx, node_id, None, |n| {
+    transaction(ctx, node_id, async |tx| {
+        change::<Node>(ctx, tx, node_id, None, |n| {
             decide(n, &NodeCommand::RotateToken)
         })
         .await?;
-        store_token(&mut tx, node_id, &token).await?;
-        commit(ctx, tx).await
+        store_token(tx, node_id, &token).await?;
+        Ok(())
     })
     .await?;
     Ok(RotatedToken {
@@ -139,12 +135,10 @@ pub async fn set_cordon(ctx: &Ctx, node_id: &str, cordon: bool) -> Result<NodeVi
     } else {
         NodeCommand::Uncordon
     };
-    retrying(node_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        change::<Node>(ctx, &mut tx, node_id, None, |n| decide(n, &command)).await?;
+    transaction(ctx, node_id, async |tx| {
+        change::<Node>(ctx, tx, node_id, None, |n| decide(n, &command)).await?;
         let node = views::node(&mut *tx, node_id).await?;
         let answer = node.expect("the node exists");
-        commit(ctx, tx).await?;
         Ok(answer)
     })
     .await

@@ -10,8 +10,8 @@ use vps_projections::operator_views::{self as views, PoolView};
 
 use super::name_taken;
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{change, commit};
+use crate::error::CommandError;
+use crate::pipeline::{change, transaction};
 use crate::record::new_id;
 
 /// `pools.create`.
@@ -83,8 +83,7 @@ pub struct SetIpPool {
 /// Creates a pool.
 pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<PoolView, CommandError> {
     let id = new_id("pool");
-    retrying(&id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    transaction(ctx, &id, async |tx| {
         let command = PoolCommand::Create {
             id: id.clone(),
             name: input.name.clone(),
@@ -92,11 +91,10 @@ pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<PoolView, Comma
             runtime: input.runtime.clone(),
             provider_account_id: input.provider_account_id.clone(),
             policy: input.policy.clone(),
-            name_taken: name_taken(&mut tx, "pools", None, &input.name, None).await?,
+            name_taken: name_taken(tx, "pools", None, &input.name, None).await?,
         };
-        change::<Pool>(ctx, &mut tx, &id, None, |pool| decide(pool, &command)).await?;
-        let answer = view(&mut tx, &id).await?;
-        commit(ctx, tx).await?;
+        change::<Pool>(ctx, tx, &id, None, |pool| decide(pool, &command)).await?;
+        let answer = view(tx, &id).await?;
         Ok(answer)
     })
     .await
@@ -104,10 +102,9 @@ pub async fn create_pool(ctx: &Ctx, input: CreatePool) -> Result<PoolView, Comma
 
 /// Renames a pool or changes its policy.
 pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<PoolView, CommandError> {
-    retrying(&input.pool_id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    transaction(ctx, &input.pool_id, async |tx| {
         let name_taken = match &input.name {
-            Some(name) => name_taken(&mut tx, "pools", None, name, Some(&input.pool_id)).await?,
+            Some(name) => name_taken(tx, "pools", None, name, Some(&input.pool_id)).await?,
             None => false,
         };
         let command = PoolCommand::Update {
@@ -115,9 +112,8 @@ pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<PoolView, Comma
             policy: input.policy.clone(),
             name_taken,
         };
-        change::<Pool>(ctx, &mut tx, &input.pool_id, None, |p| decide(p, &command)).await?;
-        let answer = view(&mut tx, &input.pool_id).await?;
-        commit(ctx, tx).await?;
+        change::<Pool>(ctx, tx, &input.pool_id, None, |p| decide(p, &command)).await?;
+        let answer = view(tx, &input.pool_id).await?;
         Ok(answer)
     })
     .await
@@ -125,18 +121,13 @@ pub async fn update_pool(ctx: &Ctx, input: UpdatePool) -> Result<PoolView, Comma
 
 /// Offers a pool to a tenant with quota maxima.
 pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Offer, CommandError> {
-    retrying(&input.pool_id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    transaction(ctx, &input.pool_id, async |tx| {
         let command = PoolCommand::Offer {
             tenant_id: input.tenant_id.clone(),
             quota: input.quota.clone(),
         };
         let tenant = Some(input.tenant_id.as_str());
-        change::<Pool>(ctx, &mut tx, &input.pool_id, tenant, |p| {
-            decide(p, &command)
-        })
-        .await?;
-        commit(ctx, tx).await?;
+        change::<Pool>(ctx, tx, &input.pool_id, tenant, |p| decide(p, &command)).await?;
         Ok(())
     })
     .await?;
@@ -156,8 +147,7 @@ pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Offer, CommandErr
 
 /// Sets a hosted pool's IPv4 range.
 pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<PoolView, CommandError> {
-    retrying(&input.pool_id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    transaction(ctx, &input.pool_id, async |tx| {
         let leased: i64 = sqlx::query_scalar("SELECT count(*) FROM ip_leases WHERE pool_id = $1")
             .bind(&input.pool_id)
             .fetch_one(&mut *tx)
@@ -167,9 +157,8 @@ pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<PoolView, Comman
             gateway: input.gateway.clone(),
             leased: leased as u64,
         };
-        change::<Pool>(ctx, &mut tx, &input.pool_id, None, |p| decide(p, &command)).await?;
-        let answer = view(&mut tx, &input.pool_id).await?;
-        commit(ctx, tx).await?;
+        change::<Pool>(ctx, tx, &input.pool_id, None, |p| decide(p, &command)).await?;
+        let answer = view(tx, &input.pool_id).await?;
         Ok(answer)
     })
     .await

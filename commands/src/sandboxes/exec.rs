@@ -18,8 +18,8 @@ use vps_domain::state_table::InstanceState;
 use self::ca::{SandboxCa, UserKey};
 use self::tunnel::{Binding, Ticket};
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{atomically, record_events};
+use crate::error::CommandError;
+use crate::pipeline::{record_events, transaction};
 
 /// What the deployment configures for exec.
 #[derive(Debug, Clone, Copy)]
@@ -78,8 +78,8 @@ pub async fn issue(
     settings: ExecSettings<'_>,
     request: &ExecRequest,
 ) -> Result<ExecGrant, CommandError> {
-    retrying(&request.sandbox_id, || {
-        atomically(ctx, async |tx| issue_in(ctx, tx, settings, request).await)
+    transaction(ctx, &request.sandbox_id, async |tx| {
+        issue_in(ctx, tx, settings, request).await
     })
     .await
 }

@@ -11,7 +11,7 @@ use super::follow::{instance_changed, Outcome};
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
 use crate::instances::facts::lock_instance;
-use crate::pipeline::{apply_commands, atomically, commit, hold_or_conflict, load, record_events};
+use crate::pipeline::{apply_commands, commit, hold_or_conflict, load, record_events, transaction};
 
 /// Moves a sandbox's expiry (the API passes the absolute expiry it authorized, so a retry
 /// never adds a `by` twice). One extend holds a sandbox at a time: a concurrent one is
@@ -23,10 +23,8 @@ pub async fn extend(
     sandbox_id: &str,
     extension: Extension,
 ) -> Result<Sandbox, CommandError> {
-    retrying(sandbox_id, || {
-        atomically(ctx, async |tx| {
-            extend_in(ctx, tx, tenant_id, sandbox_id, extension).await
-        })
+    transaction(ctx, sandbox_id, async |tx| {
+        extend_in(ctx, tx, tenant_id, sandbox_id, extension).await
     })
     .await
 }

@@ -15,7 +15,7 @@ use vps_domain::DomainError;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
-use crate::pipeline::commit;
+use crate::pipeline::{commit, transaction};
 use crate::record::new_id;
 use crate::stream::{change, load, record_events};
 
@@ -153,12 +153,11 @@ pub async fn delete(
     tenant_id: &str,
     snapshot_id: &str,
 ) -> Result<Snapshot, CommandError> {
-    retrying(snapshot_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let (s, _) = visible(&mut tx, tenant_id, snapshot_id).await?;
+    transaction(ctx, snapshot_id, async |tx| {
+        let (s, _) = visible(tx, tenant_id, snapshot_id).await?;
         let after = record_events(
             ctx,
-            &mut tx,
+            tx,
             &s.id,
             Some(&s),
             domain::delete(&s, snapshot_id),
@@ -166,10 +165,10 @@ pub async fn delete(
         )
         .await?
         .expect("a sandbox");
-        commit(ctx, tx).await?;
-        Ok(after.snapshots[snapshot_id].clone())
+        Ok(after)
     })
     .await
+    .map(|after| after.snapshots[snapshot_id].clone())
 }
 
 /// Settles the snapshot commands a node reported, in the report's transaction. A result for
@@ -233,13 +232,12 @@ impl Found {
         ctx: &Ctx,
         decide: impl Fn(&Sandbox, &str) -> Vec<vps_domain::sandbox::SandboxEvent>,
     ) -> Result<(), CommandError> {
-        retrying(&self.id, || async {
-            let mut tx = ctx.pool.begin().await?;
-            change::<Sandbox>(ctx, &mut tx, &self.sandbox_id, Some(&self.tenant_id), |s| {
+        transaction(ctx, &self.id, async |tx| {
+            change::<Sandbox>(ctx, tx, &self.sandbox_id, Some(&self.tenant_id), |s| {
                 Ok(s.map(|s| decide(s, &self.id)).unwrap_or_default())
             })
             .await?;
-            commit(ctx, tx).await
+            Ok(())
         })
         .await
     }

@@ -14,9 +14,9 @@ use vps_domain::template::{
 use vps_domain::volume::{TemplateVolume, VolumeMount};
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
+use crate::error::CommandError;
 use crate::instances::{facts, CreateInput};
-use crate::pipeline::{change, commit, record_events};
+use crate::pipeline::{change, record_events, transaction};
 use crate::record::new_id;
 use crate::secrets;
 
@@ -106,11 +106,15 @@ fn user_data_ref(template_id: &str, instance_version: u64) -> String {
 pub async fn create(ctx: &Ctx, input: TemplateInput) -> Result<Template, CommandError> {
     vps_domain::instance::check_user_data(input.settings.user_data.as_deref())?;
     let id = new_id("sbxt");
-    retrying(&id, || create_once(ctx, &id, &input)).await
+    transaction(ctx, &id, async |tx| create_in(ctx, tx, &id, &input).await).await
 }
 
-async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Template, CommandError> {
-    let mut tx = ctx.pool.begin().await?;
+async fn create_in(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    id: &str,
+    input: &TemplateInput,
+) -> Result<Template, CommandError> {
     let defaults = TemplateSpec {
         flavor: input.flavor.clone(),
         image_id: input.image_id.clone(),
@@ -123,18 +127,11 @@ async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Templ
         volumes: Vec::new(),
     };
     let spec = input.settings.applied(defaults, user_data_ref(id, 1));
-    let facts = template_facts(
-        &mut tx,
-        &input.tenant_id,
-        &input.pool_id,
-        &spec,
-        &input.name,
-        id,
-    )
-    .await?;
+    let facts =
+        template_facts(tx, &input.tenant_id, &input.pool_id, &spec, &input.name, id).await?;
     let spec = TemplateSpec {
         volumes: mounts(
-            &mut tx,
+            tx,
             &input.tenant_id,
             &input.pool_id,
             &input.settings.volumes,
@@ -154,24 +151,28 @@ async fn create_once(ctx: &Ctx, id: &str, input: &TemplateInput) -> Result<Templ
         },
         &facts,
     )?;
-    seal_user_data(ctx, &mut tx, id, 1, input.settings.user_data.as_deref()).await?;
-    let template =
-        record_events::<Template>(ctx, &mut tx, id, None, events, Some(&input.tenant_id))
-            .await?
-            .expect("a created template");
-    commit(ctx, tx).await?;
+    seal_user_data(ctx, tx, id, 1, input.settings.user_data.as_deref()).await?;
+    let template = record_events::<Template>(ctx, tx, id, None, events, Some(&input.tenant_id))
+        .await?
+        .expect("a created template");
     Ok(template)
 }
 
 /// Updates a template (its `version` rises; its `instanceVersion` too when the guest changes).
 pub async fn update(ctx: &Ctx, patch: TemplatePatch) -> Result<Template, CommandError> {
     vps_domain::instance::check_user_data(patch.settings.user_data.as_deref())?;
-    retrying(&patch.template_id, || update_once(ctx, &patch)).await
+    transaction(ctx, &patch.template_id, async |tx| {
+        update_in(ctx, tx, &patch).await
+    })
+    .await
 }
 
-async fn update_once(ctx: &Ctx, p: &TemplatePatch) -> Result<Template, CommandError> {
-    let mut tx = ctx.pool.begin().await?;
-    let before = super::template(&mut tx, &p.template_id).await?;
+async fn update_in(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    p: &TemplatePatch,
+) -> Result<Template, CommandError> {
+    let before = super::template(tx, &p.template_id).await?;
     let t = domain::live(before.as_ref(), &p.tenant_id, &p.template_id)?;
     let version = t.instance_version + 1;
     let mut spec = p
@@ -179,23 +180,16 @@ async fn update_once(ctx: &Ctx, p: &TemplatePatch) -> Result<Template, CommandEr
         .applied(t.spec.clone(), user_data_ref(&t.id, version));
     spec.flavor = p.flavor.clone().unwrap_or(spec.flavor);
     spec.image_id = p.image_id.clone().unwrap_or(spec.image_id);
-    let facts = template_facts(&mut tx, &t.tenant_id, &t.pool_id, &spec, &t.name, &t.id).await?;
+    let facts = template_facts(tx, &t.tenant_id, &t.pool_id, &spec, &t.name, &t.id).await?;
     let volumes = &p.settings.volumes;
     if volumes.is_some() {
-        spec.volumes = mounts(&mut tx, &t.tenant_id, &t.pool_id, volumes, &facts).await?;
+        spec.volumes = mounts(tx, &t.tenant_id, &t.pool_id, volumes, &facts).await?;
     }
     let events = domain::update(before.as_ref(), &p.tenant_id, &p.template_id, spec, &facts)?;
-    seal_user_data(
-        ctx,
-        &mut tx,
-        &t.id,
-        version,
-        p.settings.user_data.as_deref(),
-    )
-    .await?;
+    seal_user_data(ctx, tx, &t.id, version, p.settings.user_data.as_deref()).await?;
     let after = record_events(
         ctx,
-        &mut tx,
+        tx,
         &p.template_id,
         before.as_ref(),
         events,
@@ -203,7 +197,6 @@ async fn update_once(ctx: &Ctx, p: &TemplatePatch) -> Result<Template, CommandEr
     )
     .await?
     .expect("an updated template");
-    commit(ctx, tx).await?;
     Ok(after)
 }
 
@@ -213,14 +206,12 @@ pub async fn delete(
     tenant_id: &str,
     template_id: &str,
 ) -> Result<Template, CommandError> {
-    retrying(template_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let after = change::<Template>(ctx, &mut tx, template_id, Some(tenant_id), |t| {
+    transaction(ctx, template_id, async |tx| {
+        let after = change::<Template>(ctx, tx, template_id, Some(tenant_id), |t| {
             domain::delete(t, tenant_id, template_id)
         })
         .await?
         .expect("a deleted template");
-        commit(ctx, tx).await?;
         Ok(after)
     })
     .await
