@@ -209,6 +209,14 @@ async fn a_node_token_rotates_never_enters_the_log_and_reaches_only_its_own_node
             .await
             .unwrap();
     assert_eq!(history, ["node.registered", "node.tokenRotated"]);
+    // A rotation stamps the node's row and leaves its state as it was.
+    let (state, version): (String, i64) =
+        sqlx::query_as("SELECT state, version FROM nodes WHERE id = $1")
+            .bind(&node)
+            .fetch_one(&t.server.state.pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), version), ("ready", 2));
     assert!(t.replay_equal().await);
 }
 
