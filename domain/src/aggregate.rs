@@ -28,7 +28,7 @@ pub trait Aggregate: Sized + Clone + 'static {
     /// one (a put, as an image registration): otherwise it is [`FoldError::CreatedTwice`].
     const RECREATABLE: bool = false;
     /// The state `event`, recorded at `at`, makes as a stream's first event; `None` when it
-    /// cannot start the stream.
+    /// cannot start the stream. Its version is the fold's to set ([`Aggregate::evolve`]).
     fn create(event: &Self::Event, at: DateTime<Utc>) -> Option<Self>;
     /// What a later, non-creating event recorded at `at` changes (the version aside).
     fn apply(&mut self, event: &Self::Event, at: DateTime<Utc>);

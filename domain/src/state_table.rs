@@ -441,6 +441,20 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_small_table_moves_along_its_rows_and_names_a_refused_move() {
+        use crate::volume::{transition, Verb, VolumeState};
+        assert_eq!(
+            transition(VolumeState::Ready, Verb::Delete),
+            Ok(VolumeState::Deleting)
+        );
+        let refused = transition(VolumeState::Deleted, Verb::Resize).unwrap_err();
+        assert_eq!(
+            refused,
+            DomainError::invalid_state("a deleted volume cannot Resize")
+        );
+    }
+
     /// SPEC §3.2's table, written out: `(from states, verb, to states)`.
     fn spec_rows() -> BTreeSet<Row> {
         // Every state but the two of a deletion, and of those, the ones not in error.
