@@ -202,7 +202,8 @@ pub struct SecretsConfig {
 pub struct Timings {
     /// Next look at an instance nothing fits yet.
     pub unschedulable_retry: f64,
-    /// Next look at a transitional instance waiting on a runtime.
+    /// Next look at a provider machine on its way, and at a refusal left standing because the
+    /// tenant runs on that node (a hosted instance on its way waits for its host's report).
     pub transitional_look: f64,
     /// Drift polling of a steady provider instance.
     pub provider_poll: f64,

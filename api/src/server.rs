@@ -214,9 +214,10 @@ pub fn usage_windows(config: &Config) -> vps_domain::usage::Windows {
 fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
     let timings = timings(&state.config);
     let mut tasks = Vec::new();
-    let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
+    let (pool, notifier, waker_timings) =
+        (state.pool.clone(), state.notifier.clone(), timings.clone());
     tasks.push(supervise("instance-waker", move || {
-        vps_reactors::waker::run(pool.clone(), notifier.clone())
+        vps_reactors::waker::run(pool.clone(), notifier.clone(), waker_timings.clone())
     }));
     let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
     let signals = state.spec_signals.clone();

@@ -1,6 +1,6 @@
-//! The instance reconciler (hosted path): one work item per instance, woken by every change
-//! to it; each pass reads the instance, decides what the situation calls for and returns when
-//! to look again (SPEC §3.6).
+//! The instance reconciler (hosted path): one work item per instance, woken by a change to it
+//! that leaves a pass something to do ([`wants_pass`]); each pass reads the instance, decides
+//! what the situation calls for and returns when to look again (SPEC §3.6).
 //!
 //! A pass reads the instance and the facts it needs (`step::HostedFacts`) without locks and lets
 //! the pure `step::step` decide; only when it calls for a command does the pass lock the
@@ -37,6 +37,14 @@ pub const KIND: &str = "instance";
 
 /// How long a taken batch is leased; [`work_queue::holding`] renews it while the batch works.
 const LEASE: Duration = Duration::from_secs(60);
+
+/// Whether a change to `inst` should wake its item: a provider instance's always (its pass
+/// drives the provider's API), a hosted one's only when a pass could do something
+/// ([`step::wants_pass`]). A placed instance on its way or settled has nothing a pass could
+/// do: its next change comes from its host and wakes it then.
+pub fn wants_pass(inst: &Instance, now: DateTime<Utc>, timings: &Timings) -> bool {
+    inst.pool_kind == PoolKind::Provider || step::wants_pass(inst, now, timings)
+}
 
 /// One reconcile pass over an instance (looked at and decided again if another writer got
 /// there first).

@@ -7,7 +7,8 @@ use std::time::Duration;
 pub struct Timings {
     /// Next look at an instance nothing fits yet.
     pub unschedulable_retry: Duration,
-    /// Next look at a transitional instance waiting on a runtime.
+    /// Next look at a provider machine on its way, and at a refusal left standing because the
+    /// tenant runs on that node (a hosted instance on its way waits for its host's report).
     pub transitional_look: Duration,
     /// Drift polling of a steady provider instance.
     pub provider_poll: Duration,

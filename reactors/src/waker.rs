@@ -1,9 +1,16 @@
-//! Turns the log into reconciler work: every instance event wakes its instance; every event
-//! that frees or adds capacity in a pool wakes the pool's unschedulable instances at once.
+//! Turns the log into reconciler work: an instance event wakes its instance when a pass could
+//! do something for it (`instances::wants_pass`, read on the instance as it is now); every
+//! event that frees or adds capacity in a pool wakes the pool's unschedulable instances at once.
+//!
+//! An instance left alone is one whose next change wakes it: the waker reads every later event,
+//! and the instance it reads is at least as new as the event that named it.
 
+use chrono::Utc;
 use sqlx::{PgPool, Row};
 use vps_events::{Cursor, Follower, Notifier, RecordedEvent};
+use vps_projections::ProjectionError;
 
+use crate::timings::Timings;
 use crate::work_queue;
 
 /// The follower's (and lease's) name.
@@ -25,7 +32,11 @@ const FREES_CAPACITY: &[&str] = &[
 const PACE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Follows the log for as long as the task lives.
-pub async fn run(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
+pub async fn run(
+    pool: PgPool,
+    notifier: Notifier,
+    timings: Timings,
+) -> Result<(), ProjectionError> {
     let _lease =
         vps_events::lease::Lease::acquire(&pool, NAME, std::time::Duration::from_secs(2)).await;
     let mut follower = Follower::load(pool.clone(), NAME, &notifier)
@@ -38,7 +49,7 @@ pub async fn run(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
             follower.wait().await;
             continue;
         };
-        wake(&pool, &notifier, &mut follower, &batch, last).await?;
+        wake(&pool, &notifier, &timings, &mut follower, &batch, last).await?;
         follower.wait_unless_full().await;
     }
 }
@@ -48,18 +59,20 @@ pub async fn run(pool: PgPool, notifier: Notifier) -> Result<(), sqlx::Error> {
 async fn wake(
     pool: &PgPool,
     notifier: &Notifier,
+    timings: &Timings,
     follower: &mut Follower,
     batch: &[RecordedEvent],
     last: Cursor,
-) -> Result<(), sqlx::Error> {
-    let mut instances: Vec<String> = batch
+) -> Result<(), ProjectionError> {
+    let named: Vec<String> = batch
         .iter()
         .filter(|e| e.event_type.starts_with("instance.") && e.event_type != "instance.orphaned")
         .filter_map(|e| e.data["instanceId"].as_str().map(str::to_string))
         .collect();
+    let mut instances = wanting_pass(pool, named, timings).await?;
     if instances.is_empty() && !batch.iter().any(frees_capacity) {
         // Nothing to wake: no commit, which would hold back every follower's reads.
-        return follower.pass_over(last).await;
+        return Ok(follower.pass_over(last).await?);
     }
     let mut tx = pool.begin().await?;
     for pool_id in freed_pools(&mut tx, batch).await? {
@@ -84,6 +97,28 @@ async fn wake(
         work_queue::announce(notifier, crate::instances::KIND);
     }
     Ok(())
+}
+
+/// Those of `ids` whose instance, as it is now, wants a pass.
+async fn wanting_pass(
+    pool: &PgPool,
+    mut ids: Vec<String>,
+    timings: &Timings,
+) -> Result<Vec<String>, ProjectionError> {
+    if ids.is_empty() {
+        return Ok(ids);
+    }
+    ids.sort();
+    ids.dedup();
+    let mut conn = pool.acquire().await?;
+    let looked = vps_projections::instances::load_many(&mut conn, &ids).await?;
+    let now = Utc::now();
+    ids.retain(|id| {
+        looked
+            .get(id)
+            .is_some_and(|inst| crate::instances::wants_pass(inst, now, timings))
+    });
+    Ok(ids)
 }
 
 fn frees_capacity(event: &RecordedEvent) -> bool {

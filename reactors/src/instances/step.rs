@@ -13,7 +13,7 @@ use crate::timings::Timings;
 use crate::work_queue::Next;
 
 /// What a hosted pass read before deciding.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostedFacts {
     /// The pool's `recreateOnHostLoss` policy (read only for a lost instance).
     pub recreate_on_host_loss: bool,
@@ -108,11 +108,22 @@ fn exhausted_or_settled(
             Next::After(Duration::ZERO),
         );
     }
-    if inst.state == inst.desired_state.as_state() {
+    // Settled, or on its way: what comes next is the host's to report, and its report wakes
+    // the item. A look in between could only find the same.
+    (None, Next::WhenWoken)
+}
+
+/// Whether a pass over `inst` could do anything: record a command, or look again at a time
+/// (capacity to wait for, a lost instance, a refusal that will come to stand). Otherwise only
+/// a change to the instance can give a pass something to do, and that change wakes it again.
+///
+/// No facts are read for this: they are read only for a scheduling or lost instance or a
+/// standing refusal, and there every answer does something, so they never make a pass idle.
+pub fn wants_pass(inst: &Instance, now: DateTime<Utc>, timings: &Timings) -> bool {
+    !matches!(
+        step(inst, HostedFacts::default(), now, timings),
         (None, Next::WhenWoken)
-    } else {
-        (None, Next::After(timings.transitional_look))
-    }
+    )
 }
 
 #[cfg(test)]

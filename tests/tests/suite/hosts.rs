@@ -520,6 +520,56 @@ async fn a_report_waits_only_on_the_instances_it_changes() {
     holder.rollback().await.unwrap();
 }
 
+/// The work items of `id` once the server is quiescent.
+async fn items_after_quiet(t: &TestServer, id: &str) -> i64 {
+    t.quiescent().await;
+    sqlx::query_scalar("SELECT count(*) FROM work_items WHERE key = $1")
+        .bind(id)
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap()
+}
+
+/// The waker wakes an instance only when a pass could act: a placed instance on its way to
+/// running, and then running, never gets a work item; one that nothing fits gets one (its
+/// retry). The looks are far apart, so an item made by a wake-up would still be there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_instance_a_pass_could_act_on_is_woken() {
+    let t = TestServer::start_with(|c| {
+        c.timings.transitional_look = 600.0;
+        c.timings.unschedulable_retry = 600.0;
+    })
+    .await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let placed = create(&t, &pool, "placed").await;
+    assert_eq!(items_after_quiet(&t, &placed).await, 0, "a provisioning instance woke a pass");
+    let report = json!({ "nodeId": node, "complete": true,
+                         "instances": [{ "id": placed, "state": "RUNNING" }] });
+    t.ok(&token, "nodes.report", report).await;
+    t.until(ALICE, "acme", &placed, WAIT, state("running")).await;
+    assert_eq!(items_after_quiet(&t, &placed).await, 0, "a running instance woke a pass");
+
+    // Bigger than the node: nothing fits, so the reconciler must look again.
+    t.ok(
+        OPERATOR,
+        "flavors.create",
+        json!({ "poolId": pool, "name": "huge", "vcpu": 32, "memoryGiB": 64, "diskGiB": 20 }),
+    )
+    .await;
+    let huge = t
+        .ok(
+            ALICE,
+            "instances.create",
+            json!({ "tenantId": "acme", "poolId": pool, "flavor": "huge",
+            "imageId": "img_ubuntu", "sshKeys": [SSH_KEY], "idempotencyKey": "huge" }),
+        )
+        .await;
+    assert_eq!(huge["state"], "scheduling", "{huge}");
+    let huge = huge["id"].as_str().unwrap().to_string();
+    assert_eq!(items_after_quiet(&t, &huge).await, 1, "a scheduling instance has no retry");
+}
+
 /// A reconcile pass over an instance that needs nothing takes no lock: it reads and decides
 /// without one (a row lock is written to the WAL, so each such pass used to commit with a
 /// flush), so a transaction holding the row does not hold the pass up.

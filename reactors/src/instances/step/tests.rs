@@ -9,7 +9,7 @@ use vps_domain::instance::{Instance, InstanceCommand, PlaceInstance, PoolKind, R
 use vps_domain::placement::Unschedulable;
 use vps_domain::state_table::{DesiredState, InstanceState};
 
-use super::{step, HostedFacts, Placement};
+use super::{step, wants_pass, HostedFacts, Placement};
 use crate::fixtures::{now, with_condition};
 use crate::timings::Timings;
 use crate::work_queue::Next;
@@ -155,7 +155,7 @@ fn refused_by_its_host(t: &Timings) -> Vec<Row> {
     ]
 }
 
-fn placed(t: &Timings) -> Vec<Row> {
+fn placed() -> Vec<Row> {
     vec![
         Row {
             name: "settled: only when woken",
@@ -165,11 +165,11 @@ fn placed(t: &Timings) -> Vec<Row> {
             next: Next::WhenWoken,
         },
         Row {
-            name: "on its way: look again soon",
+            name: "on its way: the host's report wakes it",
             inst: instance(InstanceState::Starting, DesiredState::Running),
             facts: facts(),
             command: None,
-            next: Next::After(t.transitional_look),
+            next: Next::WhenWoken,
         },
         Row {
             name: "deleted: only when woken",
@@ -191,15 +191,36 @@ fn placed(t: &Timings) -> Vec<Row> {
 #[test]
 fn every_hosted_situation_comes_to_its_command_and_next_look() {
     let timings = Timings::default();
-    let rows = [
-        scheduling(&timings),
-        lost(&timings),
-        refused_by_its_host(&timings),
-        placed(&timings),
-    ];
-    for row in rows.into_iter().flatten() {
+    for row in rows(&timings) {
         let (command, next) = step(&row.inst, row.facts, now(), &timings);
         assert_eq!(command, row.command, "{}", row.name);
         assert_eq!(next, row.next, "{}", row.name);
+    }
+}
+
+fn rows(timings: &Timings) -> impl Iterator<Item = Row> {
+    [
+        scheduling(timings),
+        lost(timings),
+        refused_by_its_host(timings),
+        placed(),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// The waker leaves an instance alone exactly when, whatever a pass read, it would record
+/// nothing and only wait to be woken.
+#[test]
+fn a_pass_is_wanted_exactly_when_it_could_do_something() {
+    let timings = Timings::default();
+    for row in rows(&timings) {
+        let idle = row.command.is_none() && row.next == Next::WhenWoken;
+        assert_eq!(
+            wants_pass(&row.inst, now(), &timings),
+            !idle,
+            "{}",
+            row.name
+        );
     }
 }
