@@ -8,10 +8,20 @@
 //! and `COMMIT`. Each caller gets its own answer: a refused create never
 //! fails the others. If the batch as a whole fails (a race with another replica, a database
 //! error), every create in it is admitted again on its own.
+//!
+//! The admitter keeps the node rows it read, with its own bookings on them, for the next
+//! batches (up to [`NODES_KEPT`]): a pool's 64 nodes were most of a lone create's read. Other
+//! writers change nodes meanwhile, so what the kept rows decide is checked on the locked rows
+//! before the writes (a node no longer as it was, or fuller than the batch thinks, fails the
+//! batch), and a create they leave unplaced (room freed elsewhere may not be in them) sends the
+//! batch back to be decided on rows read afresh; so does any failure of a batch decided on
+//! kept rows.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
+
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use sqlx::pool::PoolConnection;
@@ -38,6 +48,41 @@ use crate::secrets;
 
 /// The most creates one batch admits.
 pub const MAX_BATCH: usize = 128;
+
+/// How long the admitter decides on node rows it read before: new nodes and other writers'
+/// bookings reach its placements within this.
+pub const NODES_KEPT: Duration = Duration::from_secs(1);
+
+/// The node rows of each pool the admitter read, when, with its own bookings since.
+#[derive(Default)]
+struct KeptNodes(HashMap<String, (Instant, Vec<NodeCandidate>)>);
+
+impl KeptNodes {
+    /// The pools' rows read less than [`NODES_KEPT`] ago.
+    fn fresh(&self) -> HashMap<String, Vec<NodeCandidate>> {
+        self.0
+            .iter()
+            .filter(|(_, (read, _))| read.elapsed() < NODES_KEPT)
+            .map(|(pool, (_, nodes))| (pool.clone(), nodes.clone()))
+            .collect()
+    }
+
+    /// Keeps a committed batch's rows: those it read now, those it was given with their age.
+    fn keep(
+        &mut self,
+        read_at: Instant,
+        nodes: HashMap<String, Vec<NodeCandidate>>,
+        given: &HashSet<String>,
+    ) {
+        for (pool, nodes) in nodes {
+            let read = match self.0.get(&pool) {
+                Some((read, _)) if given.contains(&pool) => *read,
+                _ => read_at,
+            };
+            self.0.insert(pool, (read, nodes));
+        }
+    }
+}
 
 /// Hands creates to the admitter task. Cheap to clone.
 #[derive(Clone)]
@@ -95,6 +140,7 @@ impl Admitter {
 
 async fn run(mut queue: mpsc::Receiver<Job>) {
     let mut own = None;
+    let mut kept = KeptNodes::default();
     while let Some(first) = queue.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -105,19 +151,29 @@ async fn run(mut queue: mpsc::Receiver<Job>) {
         }
         let span = tracing::info_span!("admit_batch", creates = batch.len());
         metrics::histogram!("vps_admission_batch_size").record(batch.len() as f64);
-        admit(batch, &mut own).instrument(span).await;
+        admit(batch, &mut own, &mut kept).instrument(span).await;
     }
 }
 
 /// Admits a batch; creates that share an id with an earlier one of the batch, and every create
-/// of a batch that failed as a whole, are admitted on their own.
-async fn admit(batch: Vec<Job>, own: &mut Option<PoolConnection<Postgres>>) {
+/// of a batch that failed as a whole, are admitted on their own. A batch decided on kept node
+/// rows that failed is decided once more on rows read afresh first.
+async fn admit(batch: Vec<Job>, own: &mut Option<PoolConnection<Postgres>>, kept: &mut KeptNodes) {
     let mut seen = HashSet::new();
     let (first, again): (Vec<Job>, Vec<Job>) = batch
         .into_iter()
         .partition(|job| seen.insert(job.id.clone()));
-    let alone = match admit_together(&first, own).await {
-        Ok(answers) => {
+    let given = kept.fresh();
+    let started = Instant::now();
+    let mut outcome = admit_together(&first, own, given.clone()).await;
+    if outcome.is_err() && !given.is_empty() {
+        kept.0.clear();
+        outcome = admit_together(&first, own, HashMap::new()).await;
+    }
+    let given: HashSet<String> = given.into_keys().collect();
+    let alone = match outcome {
+        Ok((answers, nodes)) => {
+            kept.keep(started, nodes, &given);
             for (job, answer) in first.into_iter().zip(answers) {
                 let _ = job.reply.send(answer);
             }
@@ -127,6 +183,7 @@ async fn admit(batch: Vec<Job>, own: &mut Option<PoolConnection<Postgres>>) {
             // The connection may be the cause (the database restarted): the next batch takes
             // another.
             *own = None;
+            kept.0.clear();
             tracing::debug!(error = %e, "batch admission failed; admitting one by one");
             first.into_iter().chain(again).collect()
         }
@@ -139,11 +196,19 @@ async fn admit(batch: Vec<Job>, own: &mut Option<PoolConnection<Postgres>>) {
     }
 }
 
-/// One transaction for the whole batch; `Err` when it must be admitted again one by one.
+/// Every create's answer, and the batch's node rows with its bookings on them.
+type Admitted = (
+    Vec<Result<Instance, CommandError>>,
+    HashMap<String, Vec<NodeCandidate>>,
+);
+
+/// One transaction for the whole batch, placing on `nodes` (rows read before, per pool) where
+/// given; `Err` when it must be admitted again.
 async fn admit_together(
     jobs: &[Job],
     own: &mut Option<PoolConnection<Postgres>>,
-) -> Result<Vec<Result<Instance, CommandError>>, CommandError> {
+    nodes: HashMap<String, Vec<NodeCandidate>>,
+) -> Result<Admitted, CommandError> {
     let ctx = &jobs[0].ctx;
     let conn = match own {
         Some(conn) => conn,
@@ -151,7 +216,9 @@ async fn admit_together(
     };
     let mut tx = conn.begin_with(vps_pg::connect::BEGIN_KEYED).await?;
     let now = Utc::now();
+    let given = nodes.clone();
     let mut known = Known::new(jobs.iter().map(|j| j.id.clone()).collect());
+    known.nodes = nodes;
     let mut decided = Vec::with_capacity(jobs.len());
     for job in jobs {
         let facts = known.facts(&mut tx, &job.id, &job.input).await?;
@@ -167,11 +234,13 @@ async fn admit_together(
             }
         });
     }
-    facts::confirm_bookings(&mut tx, &known.bookings()).await?;
+    known.placed_on_kept(&given)?;
+    let seen: Vec<NodeCandidate> = given.into_values().flatten().collect();
+    facts::confirm_bookings_seen(&mut tx, &known.bookings(), &seen).await?;
     let (answers, charged) = record(&mut tx, jobs, decided).await?;
     known.confirm_quotas(&mut tx, &charged).await?;
     commit(ctx, tx).await?;
-    Ok(answers)
+    Ok((answers, known.nodes))
 }
 
 /// What the batch decided for one create.
@@ -444,6 +513,26 @@ impl Known {
             }
         }
         self.admitted.push(instance.clone());
+    }
+
+    /// `Err` when a hosted create in a pool placed on kept rows (`given`) found no node: room
+    /// freed since they were read is not in them, so the batch is decided again afresh.
+    fn placed_on_kept(
+        &self,
+        given: &HashMap<String, Vec<NodeCandidate>>,
+    ) -> Result<(), CommandError> {
+        let unplaced = self.admitted.iter().find(|i| {
+            i.pool_kind == domain::PoolKind::Hosted
+                && i.node_id.is_none()
+                && given.contains_key(&i.pool_id)
+        });
+        match unplaced {
+            Some(i) => Err(CommandError::Raced(format!(
+                "no kept node of pool {} fits; reading them afresh",
+                i.pool_id
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The shapes the batch booked on each node.

@@ -317,16 +317,40 @@ pub async fn confirm_bookings(
     tx: &mut PgConnection,
     bookings: &BTreeMap<String, Vec<&Shape>>,
 ) -> Result<(), CommandError> {
+    confirm_bookings_seen(tx, bookings, &[]).await
+}
+
+/// [`confirm_bookings`] for placements decided on `seen`, node rows read before this
+/// transaction (the admitter keeps them between batches): each locked node must also still be
+/// what placement saw of it (state, runtimes, labels, capacity), or the batch raced a change.
+pub(crate) async fn confirm_bookings_seen(
+    tx: &mut PgConnection,
+    bookings: &BTreeMap<String, Vec<&Shape>>,
+    seen: &[NodeCandidate],
+) -> Result<(), CommandError> {
     if bookings.is_empty() {
         return Ok(());
     }
     let ids: Vec<&String> = bookings.keys().collect();
     let nodes = "SELECT * FROM nodes WHERE id = ANY($1) ORDER BY id FOR UPDATE";
     let rows = sqlx::query(&booked(nodes))
-        .bind(ids)
+        .bind(&ids)
         .fetch_all(&mut *tx)
         .await?;
+    if rows.len() < ids.len() {
+        return Err(CommandError::Raced("a booked node is gone".into()));
+    }
     for node in rows.iter().map(|r| candidate(r, 0)) {
+        if let Some(was) = seen.iter().find(|n| n.id == node.id) {
+            let same = (&was.state, &was.runtimes, &was.labels, &was.capacity)
+                == (&node.state, &node.runtimes, &node.labels, &node.capacity);
+            if !same {
+                return Err(CommandError::Raced(format!(
+                    "node {} changed since it was read",
+                    node.id
+                )));
+            }
+        }
         let shapes = bookings.get(&node.id).map(Vec::as_slice).unwrap_or(&[]);
         let after = shapes.iter().fold(node.allocated.clone(), |a, s| a.plus(s));
         if !node.capacity.holds(&after) {

@@ -543,12 +543,21 @@ async fn only_an_instance_a_pass_could_act_on_is_woken() {
     let pool = pool(&t).await;
     let (node, token) = t.register_node(&pool, "host-a").await;
     let placed = create(&t, &pool, "placed").await;
-    assert_eq!(items_after_quiet(&t, &placed).await, 0, "a provisioning instance woke a pass");
+    assert_eq!(
+        items_after_quiet(&t, &placed).await,
+        0,
+        "a provisioning instance woke a pass"
+    );
     let report = json!({ "nodeId": node, "complete": true,
                          "instances": [{ "id": placed, "state": "RUNNING" }] });
     t.ok(&token, "nodes.report", report).await;
-    t.until(ALICE, "acme", &placed, WAIT, state("running")).await;
-    assert_eq!(items_after_quiet(&t, &placed).await, 0, "a running instance woke a pass");
+    t.until(ALICE, "acme", &placed, WAIT, state("running"))
+        .await;
+    assert_eq!(
+        items_after_quiet(&t, &placed).await,
+        0,
+        "a running instance woke a pass"
+    );
 
     // Bigger than the node: nothing fits, so the reconciler must look again.
     t.ok(
@@ -567,7 +576,11 @@ async fn only_an_instance_a_pass_could_act_on_is_woken() {
         .await;
     assert_eq!(huge["state"], "scheduling", "{huge}");
     let huge = huge["id"].as_str().unwrap().to_string();
-    assert_eq!(items_after_quiet(&t, &huge).await, 1, "a scheduling instance has no retry");
+    assert_eq!(
+        items_after_quiet(&t, &huge).await,
+        1,
+        "a scheduling instance has no retry"
+    );
 }
 
 /// A reconcile pass over an instance that needs nothing takes no lock: it reads and decides

@@ -668,3 +668,78 @@ async fn gpus_of_one_model_are_summed_on_their_node() {
     assert_eq!(third["state"], "scheduling", "{third}");
     assert_eq!(third["nodeId"], serde_json::Value::Null, "{third}");
 }
+
+/// The admitter places on node rows it read for an earlier batch (for up to a second). A node
+/// cordoned since is not used: the locked row no longer matches what placement saw, and the
+/// batch is decided again on rows read afresh, which also see a node registered since.
+#[tokio::test]
+async fn a_node_cordoned_since_its_row_was_kept_is_not_used() {
+    let t = TestServer::start().await;
+    let quota = json!({ "vcpu": 1000, "memoryGiB": 1000, "diskGiB": 10000 });
+    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
+    let (a, _) = t.register_node(&pool, "host-a").await;
+    let first = t
+        .ok(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "first", "small"),
+        )
+        .await;
+    assert_eq!(first["nodeId"], a.as_str(), "{first}");
+    t.ok(OPERATOR, "nodes.cordon", json!({ "nodeId": a })).await;
+    let (b, _) = t.register_node(&pool, "host-b").await;
+    let second = t
+        .ok(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "second", "small"),
+        )
+        .await;
+    assert_eq!(second["nodeId"], b.as_str(), "{second}");
+}
+
+/// Room freed since the admitter kept a node's row (a deleted instance's allocation) is used at
+/// once: a create the kept rows leave unplaced is decided again on rows read afresh.
+#[tokio::test]
+async fn room_freed_since_a_nodes_row_was_kept_is_used_at_once() {
+    let t = TestServer::start().await;
+    let quota = json!({ "vcpu": 1000, "memoryGiB": 1000, "diskGiB": 10000 });
+    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let mut ids = Vec::new();
+    // Two 8-vCPU instances fill the 16-vCPU node.
+    for key in ["one", "two"] {
+        let i = t
+            .ok(ALICE, "instances.create", create_body(&pool, key, "large"))
+            .await;
+        assert_eq!(i["nodeId"], node.as_str(), "{i}");
+        ids.push(i["id"].as_str().unwrap().to_string());
+    }
+    t.ok(
+        ALICE,
+        "instances.delete",
+        json!({ "tenantId": "acme", "instanceId": ids[0] }),
+    )
+    .await;
+    // The host no longer holds the first: it is deleted and its room released.
+    let report = json!({ "nodeId": node, "complete": true,
+                         "instances": [{ "id": ids[1], "state": "RUNNING" }] });
+    t.ok(&token, "nodes.report", report).await;
+    let gone = t
+        .ok(
+            ALICE,
+            "instances.get",
+            json!({ "tenantId": "acme", "instanceId": ids[0] }),
+        )
+        .await;
+    assert_eq!(gone["state"], "deleted", "{gone}");
+    let third = t
+        .ok(
+            ALICE,
+            "instances.create",
+            create_body(&pool, "three", "large"),
+        )
+        .await;
+    assert_eq!(third["nodeId"], node.as_str(), "{third}");
+    assert_eq!(third["state"], "provisioning", "{third}");
+}
