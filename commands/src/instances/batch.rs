@@ -67,13 +67,15 @@ impl KeptNodes {
             .collect()
     }
 
-    /// Keeps a committed batch's rows: those it read now, those it was given with their age.
+    /// Keeps a committed batch's rows (those it read now, those it was given with their age)
+    /// and forgets the expired ones.
     fn keep(
         &mut self,
         read_at: Instant,
         nodes: HashMap<String, Vec<NodeCandidate>>,
         given: &HashSet<String>,
     ) {
+        self.0.retain(|_, (read, _)| read.elapsed() < NODES_KEPT);
         for (pool, nodes) in nodes {
             let read = match self.0.get(&pool) {
                 Some((read, _)) if given.contains(&pool) => *read,
@@ -240,7 +242,7 @@ async fn admit_together(
     let (answers, charged) = record(&mut tx, jobs, decided).await?;
     known.confirm_quotas(&mut tx, &charged).await?;
     commit(ctx, tx).await?;
-    Ok((answers, known.nodes))
+    Ok((answers, known.rows_to_keep()))
 }
 
 /// What the batch decided for one create.
@@ -533,6 +535,19 @@ impl Known {
             ))),
             None => Ok(()),
         }
+    }
+
+    /// The node rows worth keeping for the next batches: not those of a pool where a create
+    /// found no node (on fresh rows), so a full pool's next creates read fresh rows at once
+    /// instead of failing on kept ones first.
+    fn rows_to_keep(self) -> HashMap<String, Vec<NodeCandidate>> {
+        let mut nodes = self.nodes;
+        for i in &self.admitted {
+            if i.pool_kind == domain::PoolKind::Hosted && i.node_id.is_none() {
+                nodes.remove(&i.pool_id);
+            }
+        }
+        nodes
     }
 
     /// The shapes the batch booked on each node.
