@@ -20,7 +20,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -53,36 +52,40 @@ pub const MAX_BATCH: usize = 128;
 /// bookings reach its placements within this.
 pub const NODES_KEPT: Duration = Duration::from_secs(1);
 
-/// The node rows of each pool the admitter read, when, with its own bookings since.
+/// The node rows of each pool the admitter read (with its own bookings on them since), and
+/// when it read them.
 #[derive(Default)]
-struct KeptNodes(HashMap<String, (Instant, Vec<NodeCandidate>)>);
+struct KeptNodes {
+    read: HashMap<String, Instant>,
+    rows: HashMap<String, Vec<NodeCandidate>>,
+}
 
 impl KeptNodes {
-    /// The pools' rows read less than [`NODES_KEPT`] ago.
-    fn fresh(&self) -> HashMap<String, Vec<NodeCandidate>> {
-        self.0
-            .iter()
-            .filter(|(_, (read, _))| read.elapsed() < NODES_KEPT)
-            .map(|(pool, (_, nodes))| (pool.clone(), nodes.clone()))
+    /// Hands a batch the rows read less than [`NODES_KEPT`] ago. They are the batch's now: it
+    /// gives them back, with its bookings, through [`KeptNodes::keep`] once it committed.
+    fn take(&mut self) -> HashMap<String, Vec<NodeCandidate>> {
+        self.read.retain(|_, at| at.elapsed() < NODES_KEPT);
+        let read = &self.read;
+        std::mem::take(&mut self.rows)
+            .into_iter()
+            .filter(|(pool, _)| read.contains_key(pool))
             .collect()
     }
 
-    /// Keeps a committed batch's rows (those it read now, those it was given with their age)
-    /// and forgets the expired ones.
-    fn keep(
-        &mut self,
-        read_at: Instant,
-        nodes: HashMap<String, Vec<NodeCandidate>>,
-        given: &HashSet<String>,
-    ) {
-        self.0.retain(|_, (read, _)| read.elapsed() < NODES_KEPT);
-        for (pool, nodes) in nodes {
-            let read = match self.0.get(&pool) {
-                Some((read, _)) if given.contains(&pool) => *read,
-                _ => read_at,
-            };
-            self.0.insert(pool, (read, nodes));
+    /// Keeps a committed batch's rows. A pool's read time stays that of its rows: the batch
+    /// that started at `started` read those it was not handed.
+    fn keep(&mut self, started: Instant, rows: HashMap<String, Vec<NodeCandidate>>) {
+        self.read.retain(|pool, _| rows.contains_key(pool));
+        for pool in rows.keys() {
+            self.read.entry(pool.clone()).or_insert(started);
         }
+        self.rows = rows;
+    }
+
+    /// Forgets every row (a batch failed on them, or failed outright).
+    fn forget(&mut self) {
+        self.read.clear();
+        self.rows.clear();
     }
 }
 
@@ -165,17 +168,17 @@ async fn admit(batch: Vec<Job>, own: &mut Option<PoolConnection<Postgres>>, kept
     let (first, again): (Vec<Job>, Vec<Job>) = batch
         .into_iter()
         .partition(|job| seen.insert(job.id.clone()));
-    let given = kept.fresh();
+    let given = kept.take();
     let started = Instant::now();
-    let mut outcome = admit_together(&first, own, given.clone()).await;
-    if outcome.is_err() && !given.is_empty() {
-        kept.0.clear();
+    let decided_on_kept = !given.is_empty();
+    let mut outcome = admit_together(&first, own, given).await;
+    if outcome.is_err() && decided_on_kept {
+        kept.forget();
         outcome = admit_together(&first, own, HashMap::new()).await;
     }
-    let given: HashSet<String> = given.into_keys().collect();
     let alone = match outcome {
         Ok((answers, nodes)) => {
-            kept.keep(started, nodes, &given);
+            kept.keep(started, nodes);
             for (job, answer) in first.into_iter().zip(answers) {
                 let _ = job.reply.send(answer);
             }
@@ -185,7 +188,7 @@ async fn admit(batch: Vec<Job>, own: &mut Option<PoolConnection<Postgres>>, kept
             // The connection may be the cause (the database restarted): the next batch takes
             // another.
             *own = None;
-            kept.0.clear();
+            kept.forget();
             tracing::debug!(error = %e, "batch admission failed; admitting one by one");
             first.into_iter().chain(again).collect()
         }
@@ -218,7 +221,7 @@ async fn admit_together(
     };
     let mut tx = conn.begin_with(vps_pg::connect::BEGIN_KEYED).await?;
     let now = Utc::now();
-    let given = nodes.clone();
+    let kept_pools: HashSet<String> = nodes.keys().cloned().collect();
     let mut known = Known::new(jobs.iter().map(|j| j.id.clone()).collect());
     known.nodes = nodes;
     let mut decided = Vec::with_capacity(jobs.len());
@@ -236,8 +239,13 @@ async fn admit_together(
             }
         });
     }
-    known.placed_on_kept(&given)?;
-    let seen: Vec<NodeCandidate> = given.into_values().flatten().collect();
+    known.placed_on_kept(&kept_pools)?;
+    // Placement changes only the kept rows' bookings, which the check reads afresh.
+    let seen: Vec<&NodeCandidate> = kept_pools
+        .iter()
+        .filter_map(|pool| known.nodes.get(pool))
+        .flatten()
+        .collect();
     facts::confirm_bookings_seen(&mut tx, &known.bookings(), &seen).await?;
     let (answers, charged) = record(&mut tx, jobs, decided).await?;
     known.confirm_quotas(&mut tx, &charged).await?;
@@ -517,18 +525,17 @@ impl Known {
         self.admitted.push(instance.clone());
     }
 
-    /// `Err` when a hosted create in a pool placed on kept rows (`given`) found no node: room
+    /// The hosted creates the batch admitted without a node: nothing fit.
+    fn unplaced(&self) -> impl Iterator<Item = &Instance> {
+        self.admitted
+            .iter()
+            .filter(|i| i.pool_kind == domain::PoolKind::Hosted && i.node_id.is_none())
+    }
+
+    /// `Err` when a create in a pool placed on kept rows (`kept_pools`) found no node: room
     /// freed since they were read is not in them, so the batch is decided again afresh.
-    fn placed_on_kept(
-        &self,
-        given: &HashMap<String, Vec<NodeCandidate>>,
-    ) -> Result<(), CommandError> {
-        let unplaced = self.admitted.iter().find(|i| {
-            i.pool_kind == domain::PoolKind::Hosted
-                && i.node_id.is_none()
-                && given.contains_key(&i.pool_id)
-        });
-        match unplaced {
+    fn placed_on_kept(&self, kept_pools: &HashSet<String>) -> Result<(), CommandError> {
+        match self.unplaced().find(|i| kept_pools.contains(&i.pool_id)) {
             Some(i) => Err(CommandError::Raced(format!(
                 "no kept node of pool {} fits; reading them afresh",
                 i.pool_id
@@ -541,12 +548,9 @@ impl Known {
     /// found no node (on fresh rows), so a full pool's next creates read fresh rows at once
     /// instead of failing on kept ones first.
     fn rows_to_keep(self) -> HashMap<String, Vec<NodeCandidate>> {
+        let full: HashSet<String> = self.unplaced().map(|i| i.pool_id.clone()).collect();
         let mut nodes = self.nodes;
-        for i in &self.admitted {
-            if i.pool_kind == domain::PoolKind::Hosted && i.node_id.is_none() {
-                nodes.remove(&i.pool_id);
-            }
-        }
+        nodes.retain(|pool, _| !full.contains(pool));
         nodes
     }
 
@@ -588,5 +592,59 @@ impl Known {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(pool: &str) -> HashMap<String, Vec<NodeCandidate>> {
+        let node = NodeCandidate {
+            id: format!("{pool}-node"),
+            state: vps_domain::placement::NodeState::Ready,
+            runtimes: vec!["libvirt-kvm".into()],
+            labels: BTreeMap::new(),
+            capacity: Default::default(),
+            allocated: Default::default(),
+        };
+        HashMap::from([(pool.to_string(), vec![node])])
+    }
+
+    /// Rows handed to a batch and given back keep the time they were read, so a pool's rows
+    /// expire [`NODES_KEPT`] after their read however many batches used them; rows a batch
+    /// read itself are dated at its start.
+    #[test]
+    fn kept_rows_expire_a_while_after_their_read_not_after_their_last_use() {
+        let mut kept = KeptNodes::default();
+        let long_ago = Instant::now() - NODES_KEPT;
+        kept.keep(long_ago, rows("old"));
+        assert!(
+            kept.take().is_empty(),
+            "rows read too long ago are handed out"
+        );
+
+        let read = Instant::now();
+        kept.keep(read, rows("p"));
+        let handed = kept.take();
+        assert!(handed.contains_key("p"));
+        assert!(
+            kept.take().is_empty(),
+            "handed rows stay with the kept ones"
+        );
+        // The batch that used them gives them back along with rows it read itself.
+        let mut back = handed;
+        back.extend(rows("q"));
+        kept.keep(read + Duration::from_millis(500), back);
+        assert_eq!(kept.read["p"], read, "using rows makes them no younger");
+        assert_eq!(kept.read["q"], read + Duration::from_millis(500));
+    }
+
+    #[test]
+    fn forgotten_rows_are_not_handed_out() {
+        let mut kept = KeptNodes::default();
+        kept.keep(Instant::now(), rows("p"));
+        kept.forget();
+        assert!(kept.take().is_empty());
     }
 }

@@ -326,7 +326,7 @@ pub async fn confirm_bookings(
 pub(crate) async fn confirm_bookings_seen(
     tx: &mut PgConnection,
     bookings: &BTreeMap<String, Vec<&Shape>>,
-    seen: &[NodeCandidate],
+    seen: &[&NodeCandidate],
 ) -> Result<(), CommandError> {
     if bookings.is_empty() {
         return Ok(());
