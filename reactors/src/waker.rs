@@ -108,8 +108,6 @@ async fn wanting_pass(
     if ids.is_empty() {
         return Ok(ids);
     }
-    ids.sort();
-    ids.dedup();
     let mut conn = pool.acquire().await?;
     let looked = vps_projections::instances::load_many(&mut conn, &ids).await?;
     let now = Utc::now();

@@ -18,6 +18,7 @@
 //! kept rows.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::mem::take;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -230,8 +231,14 @@ async fn admit_together(
         let create = create_command(&job.ctx, &job.id, &job.input, &Default::default());
         let admitted = domain::admit(&facts, create, &new_id("alloc"), now, &*job.gate);
         decided.push(match admitted {
-            Err(refused) => Decided::Answer(Box::new(Err(refused.into()))),
-            Ok(Admission::Replay(existing)) => Decided::Answer(Box::new(Ok(*existing))),
+            Err(refused) => {
+                known.give_back(&job.input, facts);
+                Decided::Answer(Box::new(Err(refused.into())))
+            }
+            Ok(Admission::Replay(existing)) => {
+                known.give_back(&job.input, facts);
+                Decided::Answer(Box::new(Ok(*existing)))
+            }
             Ok(Admission::Admit(events)) => {
                 let instance = domain::fold_now(&events, now)?;
                 known.keep(&job.input, &instance, facts);
@@ -478,16 +485,28 @@ impl Known {
         Ok(())
     }
 
+    /// The pool's node rows, lent to one create's facts: [`Known::keep`] or
+    /// [`Known::give_back`] returns them before the next create's facts are read.
     async fn nodes(
         &mut self,
         tx: &mut PgConnection,
         pool_id: &str,
     ) -> Result<Vec<NodeCandidate>, CommandError> {
-        if !self.nodes.contains_key(pool_id) {
-            let read = facts::candidates(tx, pool_id, None).await?;
-            self.nodes.insert(pool_id.to_string(), read);
+        match self.nodes.remove(pool_id) {
+            Some(rows) => Ok(rows),
+            None => Ok(facts::candidates(tx, pool_id, None).await?),
         }
-        Ok(self.nodes[pool_id].clone())
+    }
+
+    /// Returns the node rows a create's facts borrowed (a hosted pool's), as they are.
+    fn give_back(&mut self, input: &CreateInput, facts: AdmissionFacts) {
+        if facts
+            .pool
+            .as_ref()
+            .is_some_and(|p| p.kind == domain::PoolKind::Hosted)
+        {
+            self.nodes.insert(input.pool_id.clone(), facts.nodes);
+        }
     }
 
     /// A free address of the pool: claimed in runs (a run per batch, usually), each locked to
@@ -512,17 +531,17 @@ impl Known {
     fn keep(&mut self, input: &CreateInput, instance: &Instance, mut facts: AdmissionFacts) {
         facts.book(instance);
         let quota = (input.pool_id.clone(), input.tenant_id.clone());
-        self.quotas
-            .insert(quota, (facts.quota_max, facts.quota_used));
-        if !facts.nodes.is_empty() {
-            self.nodes.insert(input.pool_id.clone(), facts.nodes);
-        }
+        self.quotas.insert(
+            quota,
+            (take(&mut facts.quota_max), take(&mut facts.quota_used)),
+        );
         if facts.free_address.is_none() {
             if let Some(claimed) = self.addresses.get_mut(&input.pool_id) {
                 claimed.pop_front();
             }
         }
         self.admitted.push(instance.clone());
+        self.give_back(input, facts);
     }
 
     /// The hosted creates the batch admitted without a node: nothing fit.

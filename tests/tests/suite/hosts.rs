@@ -31,15 +31,19 @@ async fn pool(t: &TestServer) -> String {
 }
 
 async fn create(t: &TestServer, pool: &str, key: &str) -> String {
-    let inst = t
-        .ok(
-            ALICE,
-            "instances.create",
-            json!({ "tenantId": "acme", "poolId": pool, "flavor": "small",
-            "imageId": "img_ubuntu", "sshKeys": [SSH_KEY], "idempotencyKey": key }),
-        )
-        .await;
+    let inst = create_of(t, pool, "small", key).await;
     inst["id"].as_str().unwrap().to_string()
+}
+
+/// Alice's create of `flavor` in `pool`, answered as it is.
+async fn create_of(t: &TestServer, pool: &str, flavor: &str, key: &str) -> Value {
+    t.ok(
+        ALICE,
+        "instances.create",
+        json!({ "tenantId": "acme", "poolId": pool, "flavor": flavor,
+        "imageId": "img_ubuntu", "sshKeys": [SSH_KEY], "idempotencyKey": key }),
+    )
+    .await
 }
 
 fn state(s: &'static str) -> impl Fn(&Value) -> bool {
@@ -566,14 +570,7 @@ async fn only_an_instance_a_pass_could_act_on_is_woken() {
         json!({ "poolId": pool, "name": "huge", "vcpu": 32, "memoryGiB": 64, "diskGiB": 20 }),
     )
     .await;
-    let huge = t
-        .ok(
-            ALICE,
-            "instances.create",
-            json!({ "tenantId": "acme", "poolId": pool, "flavor": "huge",
-            "imageId": "img_ubuntu", "sshKeys": [SSH_KEY], "idempotencyKey": "huge" }),
-        )
-        .await;
+    let huge = create_of(&t, &pool, "huge", "huge").await;
     assert_eq!(huge["state"], "scheduling", "{huge}");
     let huge = huge["id"].as_str().unwrap().to_string();
     assert_eq!(
