@@ -1,0 +1,112 @@
+//! The runtime seam: what the agent asks of whatever runs guests. `qemu` is the one runtime
+//! today; cloud-hypervisor or Firecracker would be a second implementation of [`Runtime`].
+//!
+//! The agent owns the loop (spec in, report out) and decides *what* should happen; a runtime
+//! only does it and tells what it sees. Every method is idempotent: asking for a state the
+//! guest is already in succeeds and changes nothing.
+
+use std::future::Future;
+use std::net::IpAddr;
+
+pub mod qemu;
+
+/// What a guest must be, as the agent reads it from an `InstanceSpec`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestSpec {
+    /// `inst_…`: also the guest's directory name under the state directory.
+    pub id: String,
+    pub hostname: String,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub disk_gib: u64,
+    pub image: ImageRef,
+    pub nics: Vec<NicSpec>,
+    /// The user data, already unsealed (`nodes.secret`).
+    pub user_data: Option<Vec<u8>>,
+    /// Who `sshd` admits: the sandbox CA and the instance's principal.
+    pub ssh_ca: Option<SshCa>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageRef {
+    pub url: String,
+    /// Hex SHA-256 of the downloaded file; checked before anything boots from it.
+    pub sha256: String,
+    /// `bundle` or `qcow2`.
+    pub format: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NicSpec {
+    pub bridge: String,
+    pub mac: String,
+    /// The leased address, CIDR form (`10.0.0.2/24`).
+    pub address: String,
+    /// The pool's gateway: the bridge's own address when the agent creates the bridge.
+    pub gateway: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SshCa {
+    /// OpenSSH public key line of the sandbox CA.
+    pub public_key: String,
+    /// The one principal the guest's `sshd` admits (`inst_…`).
+    pub principal: String,
+}
+
+/// A guest as the runtime sees it right now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GuestState {
+    Running,
+    Paused,
+    /// Shut down cleanly (by the agent, or by the guest itself): no process left.
+    Stopped,
+    /// The process died or never came up; the message says why (exit status, console tail).
+    Error(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub id: String,
+    pub state: GuestState,
+    /// The guest's addresses (CIDR form), as the spec leased them.
+    pub addresses: Vec<String>,
+}
+
+/// Why a runtime call failed: the agent reports the guest `ERROR` with this message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RuntimeError(pub String);
+
+/// Runs guests. Calls for one guest are never made concurrently by the agent; calls for
+/// different guests may be.
+pub trait Runtime: Send + Sync + 'static {
+    /// `qemu`, as pools and nodes name it.
+    fn name(&self) -> &'static str;
+
+    /// The CPU model guests run with (reported with memory snapshots).
+    fn cpu_model(&self) -> String;
+
+    /// The guests already in the state directory, re-adopted without touching them (after an
+    /// agent restart a running guest keeps running).
+    fn adopt(&self) -> impl Future<Output = Vec<Observed>> + Send;
+
+    /// Makes the guest run: creates its disk, config drive and tap on first use (fetching and
+    /// checking the image), boots it, or `cont`s it when paused. Never reboots a running guest.
+    fn run(&self, spec: &GuestSpec) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Clean shutdown (ACPI power-down, then quit after a timeout); the disk stays.
+    fn stop(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Freezes the guest with its memory kept (QMP `stop`), booting it first if needed.
+    fn pause(&self, spec: &GuestSpec) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Kills the guest and removes everything it had: process, overlay, tap, config drive.
+    fn delete(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Every guest the runtime holds, with its state now.
+    fn observe(&self) -> impl Future<Output = Vec<Observed>> + Send;
+
+    /// Where the guest's `sshd` listens, for the tunnel endpoint.
+    fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)>;
+}

@@ -1,0 +1,1 @@
+//! The `qemu` runtime: one QEMU process per guest, driven over QMP.
