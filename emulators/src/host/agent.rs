@@ -16,8 +16,8 @@ use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
 use super::snapshots;
-use super::wire::{CallError, CommandResult, HostCommand, NodeApi, NodeSpec, ReportEntry};
 use super::{HostConfig, Shared};
+use vps_seam::{CallError, CommandResult, HostCommand, NodeApi, NodeSpec, ReportEntry};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::wire::{DesiredState, InstanceSpec, NodeSpec, ReportEntry, RestoreFrom};
 use super::{Domain, DomainState};
+use vps_seam::{DesiredState, InstanceSpec, NodeSpec, ReportEntry, ReportState, RestoreFrom};
 
 /// Runtimes whose `RuntimeTraits.pause` is false in the reference.
 const RUNTIMES_WITHOUT_PAUSE: &[&str] = &["containerd"];
@@ -115,7 +115,7 @@ impl Domains {
     }
 
     /// The volumes the spec followed asks the host to keep.
-    pub fn volumes(&self) -> Vec<super::wire::VolumeSpec> {
+    pub fn volumes(&self) -> Vec<vps_seam::VolumeSpec> {
         self.spec
             .as_ref()
             .map(|spec| spec.volumes.clone())
@@ -319,11 +319,11 @@ impl Domains {
             .map(|(id, record)| ReportEntry {
                 id: id.clone(),
                 state: match record.state() {
-                    DomainState::Booting => "UNSPECIFIED",
-                    DomainState::Running => "RUNNING",
-                    DomainState::Stopped => "STOPPED",
-                    DomainState::Paused => "PAUSED",
-                    DomainState::Error => "ERROR",
+                    DomainState::Booting => ReportState::Unspecified,
+                    DomainState::Running => ReportState::Running,
+                    DomainState::Stopped => ReportState::Stopped,
+                    DomainState::Paused => ReportState::Paused,
+                    DomainState::Error => ReportState::Error,
                 },
                 message: record.message(),
                 addresses: record.reported_addresses(),
@@ -423,7 +423,7 @@ mod tests {
 
         domains.converge(now, delay);
         assert_eq!(state(&domains, "inst_a"), Some(DomainState::Booting));
-        assert_eq!(domains.report()[0].state, "UNSPECIFIED");
+        assert_eq!(domains.report()[0].state, ReportState::Unspecified);
         assert!(domains.report()[0].addresses.is_empty());
 
         domains.converge(now + delay, delay);

@@ -23,7 +23,6 @@ mod agent;
 mod domains;
 mod snapshots;
 pub mod tunnel;
-mod wire;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,7 +33,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use domains::Domains;
-pub use wire::VolumeSpec;
+pub use vps_seam::VolumeSpec;
 
 /// Where an emulated host finds its server and how fast it behaves.
 #[derive(Clone, Debug)]
@@ -134,7 +133,13 @@ impl EmulatedHost {
             .as_ref()
             .and_then(|l| l.local_addr().ok())
             .map(|addr| format!("tcp://{addr}"));
-        let api = wire::NodeApi::new(&config, tunnel_url.clone());
+        let api = vps_seam::NodeApi::new(vps_seam::NodeApiOptions {
+            base_url: config.base_url.clone(),
+            node_id: config.node_id.clone(),
+            token: config.token.clone(),
+            tunnel_url: tunnel_url.clone(),
+            idle_timeout: config.report_interval * 2,
+        });
         let tunnel = listener.map(|l| tokio::spawn(tunnel::serve(l, shared.clone(), api.clone())));
         let task = tokio::spawn(agent::run(shared.clone(), config, api));
         HostHandle {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 
-use super::wire::{CommandResult, HostCommand, NodeSpec};
+use vps_seam::{CommandResult, HostCommand, NodeSpec};
 
 /// The commands in flight and finished.
 #[derive(Default)]

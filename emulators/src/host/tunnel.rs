@@ -25,15 +25,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use super::wire::{NodeApi, Redeemed};
 use super::{DomainState, Shared};
+use vps_seam::{NodeApi, Redeemed};
 
 /// The one account a guest admits (the reference's `sandboxExec.account` default).
 pub const ACCOUNT: &str = "sandbox";
-/// The longest first line (the ticket) accepted.
-const MAX_TICKET_LINE: usize = 512;
-/// How long a client may take to send its ticket.
-const TICKET_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest chunk of a command's output sent at once.
 const CHUNK: usize = 32 * 1024;
 
@@ -83,10 +79,7 @@ async fn connection(
         Ok(guest) => guest,
         Err(refusal) => {
             tracing::info!(%refusal, "tunnel refused");
-            // Lines before the SSH version are allowed (RFC 4253 §4.2); clients show or skip it.
-            let line = format!("vps: tunnel refused: {refusal}\r\n");
-            let _ = stream.write_all(line.as_bytes()).await;
-            let _ = stream.shutdown().await;
+            vps_seam::tunnel::refuse(&mut stream, &refusal).await;
             return;
         }
     };
@@ -102,9 +95,7 @@ async fn connection(
 
 /// Reads and redeems the ticket, and checks that the instance it names runs here.
 async fn admit(stream: &mut TcpStream, shared: &Shared, api: &NodeApi) -> Result<Guest, String> {
-    let ticket = tokio::time::timeout(TICKET_TIMEOUT, first_line(stream))
-        .await
-        .map_err(|_| "no ticket line in time".to_string())??;
+    let ticket = vps_seam::tunnel::read_ticket(stream).await?;
     let redeemed = api
         .redeem_ticket(&ticket)
         .await
@@ -121,24 +112,6 @@ async fn admit(stream: &mut TcpStream, shared: &Shared, api: &NodeApi) -> Result
         ));
     }
     Guest::new(redeemed)
-}
-
-/// The first line, read a byte at a time so nothing of the SSH stream behind it is consumed.
-async fn first_line<R: AsyncRead + Unpin>(stream: &mut R) -> Result<String, String> {
-    let mut line = Vec::new();
-    loop {
-        let byte = stream
-            .read_u8()
-            .await
-            .map_err(|_| "the connection ended before the ticket line".to_string())?;
-        match byte {
-            b'\n' => break,
-            _ if line.len() >= MAX_TICKET_LINE => return Err("the ticket line is too long".into()),
-            _ => line.push(byte),
-        }
-    }
-    let text = String::from_utf8(line).map_err(|_| "the ticket line is not text".to_string())?;
-    Ok(text.trim_end_matches('\r').to_string())
 }
 
 /// One SSH session with an instance's guest.

@@ -1,138 +1,43 @@
-//! The node calls (`nodes.spec`, `nodes.report`, `nodes.secret`, `nodes.redeemTicket`) and
-//! their payloads (SPEC §5.1), as a real host agent sends and reads them.
+//! The node calls (`nodes.spec`, `nodes.report`, `nodes.secret`, `nodes.redeemTicket`) as a
+//! host agent makes them, authenticated with its node token.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::HostConfig;
+use crate::spec::{CommandResult, NodeSpec, ReportEntry};
 
 /// How long the server may take beyond a long poll's `waitMs`, and to answer any other call.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a snapshot object's transfer may take.
+/// How long an object's transfer (a snapshot, an image) may take.
 const OBJECT_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The node's spec. Unknown fields are ignored, so the server may add some.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct NodeSpec {
-    pub generation: u64,
-    #[serde(default)]
-    pub instances: Vec<InstanceSpec>,
-    /// Host commands (snapshots) to run until their outcome is reported.
-    #[serde(default)]
-    pub commands: Vec<HostCommand>,
-    /// The sandbox volumes the node keeps: the emulated host only records them.
-    #[serde(default)]
-    pub volumes: Vec<VolumeSpec>,
+/// Who the client calls as, and where.
+#[derive(Clone, Debug)]
+pub struct NodeApiOptions {
+    /// The server's root, e.g. `http://127.0.0.1:8080` (calls go to `/api/compute/nodes/*`).
+    pub base_url: String,
+    /// `node_…`.
+    pub node_id: String,
+    /// The node token, sent as a bearer token.
+    pub token: String,
+    /// Where this host accepts exec tunnels (`tcp://HOST:PORT`), stated in every report.
+    pub tunnel_url: Option<String>,
+    /// How long an idle pooled connection is kept: twice the report interval (see
+    /// [`NodeApi::new`]).
+    pub idle_timeout: Duration,
 }
 
-/// A host command of the spec (SPEC §3.7). Kinds the host does not know are ignored.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct HostCommand {
-    pub id: String,
-    pub kind: String,
-    #[serde(default)]
-    pub instance_id: String,
-    #[serde(default)]
-    pub include_memory: bool,
-    #[serde(default)]
-    pub upload_url: Option<String>,
-    #[serde(default)]
-    pub upload_headers: std::collections::BTreeMap<String, String>,
-}
-
-/// What a host command ended with (`nodes.report.commandResults`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct CommandResult {
-    pub id: String,
-    pub ok: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sha256: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub size_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu_model: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// `InstanceSpec.restoreFrom`: boot from this snapshot, once its digest checks out.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct RestoreFrom {
-    pub snapshot_id: String,
-    #[serde(default)]
-    pub url: String,
-    #[serde(default)]
-    pub sha256: String,
-}
-
-/// A volume the node keeps.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSpec {
-    /// `vol_…`.
-    pub id: String,
-    /// Its size.
-    #[serde(rename = "sizeGiB")]
-    pub size_gib: u64,
-}
-
-/// The fields of an `InstanceSpec` the emulated host acts on.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct InstanceSpec {
-    pub id: String,
-    pub desired_state: DesiredState,
-    #[serde(default)]
-    pub runtime: String,
-    #[serde(default)]
-    pub user_data_ref: Option<String>,
-    #[serde(default)]
-    pub nics: Vec<Nic>,
-    #[serde(default)]
-    pub restore_from: Option<RestoreFrom>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum DesiredState {
-    Running,
-    Stopped,
-    Paused,
-    Deleted,
-    /// A state a newer server may send: the host leaves such an instance as it is.
-    #[serde(other)]
-    Unknown,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-pub(super) struct Nic {
-    /// CIDR form, e.g. `10.0.0.2/24`.
-    #[serde(default)]
-    pub address: Option<String>,
-}
-
-/// One line of a status report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub(super) struct ReportEntry {
-    pub id: String,
-    pub state: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub addresses: Vec<String>,
-}
-
+/// What `nodes.report` answers.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-pub(super) struct ReportAnswer {
+pub struct ReportAnswer {
+    /// Instances the host holds that no live row places there.
     pub orphans: Vec<String>,
 }
 
@@ -144,9 +49,15 @@ struct SecretAnswer {
 /// What `nodes.redeemTicket` answers: what the tunnel opens, and the CA to check with.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct Redeemed {
+pub struct Redeemed {
+    /// The instance the tunnel reaches.
     pub instance_id: String,
+    /// The principal the client's certificate names.
     pub principal: String,
+    /// When the client's certificate ends: a tunnel is refused after it.
+    #[serde(default)]
+    pub valid_before: Option<DateTime<Utc>>,
+    /// The CA the certificate must be signed by.
     #[serde(default)]
     pub ca_public_key: Option<String>,
 }
@@ -161,13 +72,16 @@ struct ErrorBody {
 
 /// Why a node call failed.
 #[derive(Debug)]
-pub(super) enum CallError {
+pub enum CallError {
     /// No answer, or one that is not the expected JSON.
     Transport(reqwest::Error),
     /// A non-200 answer.
     Api {
+        /// The HTTP status.
         status: u16,
+        /// The SPEC's error code (`NOT_FOUND`, …).
         code: String,
+        /// The server's message.
         message: String,
     },
 }
@@ -194,7 +108,7 @@ impl fmt::Display for CallError {
 
 /// A client of the node calls, authenticated as one node. Cheap to clone.
 #[derive(Clone)]
-pub(super) struct NodeApi {
+pub struct NodeApi {
     http: reqwest::Client,
     base_url: String,
     node_id: String,
@@ -204,7 +118,8 @@ pub(super) struct NodeApi {
 }
 
 impl NodeApi {
-    pub fn new(config: &HostConfig, tunnel_url: Option<String>) -> Self {
+    /// A client for `options`.
+    pub fn new(options: NodeApiOptions) -> Self {
         let http = reqwest::Client::builder()
             // The server is local: an HTTP(S)_PROXY in the environment must not capture it.
             .no_proxy()
@@ -215,15 +130,15 @@ impl NodeApi {
             // (about 15 a host over a busy minute, a third of the server's peak memory with
             // 100 hosts), so they close once idle for two report intervals; the connections in
             // use carry a report at least once an interval.
-            .pool_idle_timeout(config.report_interval * 2)
+            .pool_idle_timeout(options.idle_timeout)
             .build()
             .expect("a plain HTTP client builds");
         Self {
             http,
-            base_url: config.base_url.trim_end_matches('/').to_owned(),
-            node_id: config.node_id.clone(),
-            token: config.token.clone(),
-            tunnel_url,
+            base_url: options.base_url.trim_end_matches('/').to_owned(),
+            node_id: options.node_id,
+            token: options.token,
+            tunnel_url: options.tunnel_url,
         }
     }
 
@@ -280,7 +195,7 @@ impl NodeApi {
     pub async fn upload(
         &self,
         url: &str,
-        headers: &std::collections::BTreeMap<String, String>,
+        headers: &BTreeMap<String, String>,
         sha256: &str,
         body: Vec<u8>,
     ) -> Result<(), String> {

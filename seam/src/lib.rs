@@ -1,0 +1,21 @@
+//! The host seam (SPEC §3.7) as a host agent speaks it. The emulated hosts (`vps-emulators`)
+//! and the real host (`vps-host`) both use this crate, so the two cannot drift apart.
+//!
+//! Modules:
+//! - [`spec`]: the payloads (NodeSpec in, status report and command results out);
+//! - [`client`]: [`NodeApi`], the node calls (`nodes.spec`, `nodes.report`, `nodes.secret`,
+//!   `nodes.redeemTicket`) authenticated with a node token;
+//! - [`tunnel`]: the first line of an exec tunnel (the ticket) and how a refusal is answered.
+//!
+//! This crate knows nothing of the server's internals: only the JSON a host reads and sends.
+//! Unknown fields are ignored, so a newer server may add some.
+
+pub mod client;
+pub mod spec;
+pub mod tunnel;
+
+pub use client::{CallError, NodeApi, NodeApiOptions, Redeemed, ReportAnswer};
+pub use spec::{
+    CommandResult, DesiredState, HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, ReportEntry,
+    ReportState, RestoreFrom, Shape, SshCa, VolumeSpec,
+};
