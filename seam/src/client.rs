@@ -153,17 +153,19 @@ impl NodeApi {
         self.call("spec", body, wait + ANSWER_TIMEOUT).await
     }
 
-    /// `nodes.report`: a complete inventory, with the host commands that finished.
+    /// `nodes.report`: the inventory (`complete`: all of it; an incomplete one touches only
+    /// the instances it lists), with the host commands that finished.
     pub async fn report(
         &self,
         instances: &[ReportEntry],
         applied_generation: Option<u64>,
         command_results: &[CommandResult],
+        complete: bool,
     ) -> Result<ReportAnswer, CallError> {
         let mut body = json!({
             "nodeId": self.node_id,
             "instances": instances,
-            "complete": true,
+            "complete": complete,
         });
         if !command_results.is_empty() {
             body["commandResults"] = json!(command_results);

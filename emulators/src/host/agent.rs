@@ -249,7 +249,7 @@ impl Agent {
         if !changed && !due {
             return;
         }
-        match self.api.report(&entries, applied, &results).await {
+        match self.api.report(&entries, applied, &results, true).await {
             Ok(answer) => {
                 self.succeeded();
                 tracing::debug!(
