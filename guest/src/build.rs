@@ -18,18 +18,23 @@ const PACKAGES: &[&str] = &[
     "openssh-client",
     "e2fsprogs",
     "iproute2",
+    "dash",
     "libwrap0",
     "libnsl2",
     "libtirpc3",
 ];
 
 /// The dynamically linked programs the guest runs: (path in the packages, path in the guest).
+/// Each is where busybox would link its applet of the same name, so that busybox leaves it be.
 const PROGRAMS: &[(&str, &str)] = &[
     ("usr/sbin/sshd", "/usr/sbin/sshd"),
     ("usr/bin/ssh-keygen", "/usr/bin/ssh-keygen"),
     ("sbin/mke2fs", "/sbin/mke2fs"),
     // iproute2's, not busybox's: `ip -br addr` and the rest of what people type.
     ("bin/ip", "/sbin/ip"),
+    // busybox-static's own shell runs its applets before anything on PATH (so `ip` would be
+    // busybox's); dash looks commands up on PATH like any shell.
+    ("bin/dash", "/bin/dash"),
 ];
 
 /// Where libraries are looked up, under the unpacked packages and then on this machine.
@@ -118,9 +123,9 @@ pub fn build_minimal(out: &Path, work_dir: &Path, progress: impl Fn(&str)) -> Re
         tree.dir(path, mode);
     }
     tree.file("/bin/busybox", 0o755, read(&root.join("bin/busybox"))?);
-    // `/bin/sh` is every script's interpreter and the accounts' shell; `/init` links the
-    // other applets at boot (`busybox --install -s`).
-    tree.symlink("/bin/sh", "busybox");
+    // `/bin/sh` (dash) is every script's interpreter and the accounts' shell; `/init` links
+    // busybox's applets at boot (`busybox --install -s`), where no real program is.
+    tree.symlink("/bin/sh", "dash");
     tree.file(
         "/etc/mke2fs.conf",
         0o644,

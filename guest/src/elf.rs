@@ -31,7 +31,7 @@ pub fn needs(what: &str, data: &[u8]) -> Result<Needs, Error> {
     }
     let dynamic = file.elf_dynamic_table().map_err(bad)?;
     for entry in dynamic.iter() {
-        if entry.tag == i64::from(elf::DT_NEEDED) {
+        if entry.tag == elf::DT_NEEDED {
             let name = dynamic.string(entry).map_err(bad)?;
             needs
                 .libraries
