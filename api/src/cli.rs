@@ -64,15 +64,19 @@ enum Command {
     /// Usage records: export them for billing, or prove them against the log.
     #[command(subcommand)]
     Usage(UsageCommand),
-    /// Open a sandboxes.exec tunnel and pipe it to standard input and output (OpenSSH's
-    /// ProxyCommand: `-o ProxyCommand='vps tunnel --url <tunnel.url> --ticket <tunnel.ticket>'`).
+    /// Open a sandboxes.exec tunnel and pipe it to standard input and output, for OpenSSH's
+    /// ProxyCommand (`vps sandboxes exec` passes `--ticket-file`, so no server data reaches
+    /// the shell that runs it).
     Tunnel {
+        /// A file holding the answer's `tunnel` object (`{"url", "ticket"}`).
+        #[arg(long, conflicts_with_all = ["url", "ticket"], required_unless_present_all = ["url", "ticket"])]
+        ticket_file: Option<std::path::PathBuf>,
         /// `tunnel.url` of the sandboxes.exec answer (`tcp://host:port`).
-        #[arg(long)]
-        url: String,
+        #[arg(long, requires = "ticket")]
+        url: Option<String>,
         /// `tunnel.ticket` of the same answer (single use).
-        #[arg(long)]
-        ticket: String,
+        #[arg(long, requires = "url")]
+        ticket: Option<String>,
     },
     /// Print a shell completion script: `vps completions bash > /etc/bash_completion.d/vps`.
     Completions {
@@ -341,8 +345,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Bench(cmd) => bench(&config, cmd).await,
         Command::Usage(cmd) => usage(&config, cmd).await,
-        Command::Tunnel { url, ticket } => {
-            crate::tools::tunnel::run(&url, &ticket).await?;
+        Command::Tunnel {
+            ticket_file,
+            url,
+            ticket,
+        } => {
+            use crate::tools::tunnel::TicketFile;
+            let tunnel = match (ticket_file, url, ticket) {
+                (Some(path), _, _) => TicketFile::read(&path)?,
+                (None, Some(url), Some(ticket)) => TicketFile { url, ticket },
+                _ => anyhow::bail!("give --ticket-file, or --url and --ticket"),
+            };
+            crate::tools::tunnel::run(&tunnel).await?;
             Ok(0)
         }
         Command::Completions { shell } => {

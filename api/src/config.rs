@@ -374,7 +374,7 @@ impl Config {
             .map_err(|e| err("sandbox_exec.ca_key", e))?;
         if let Some(template) = &self.sandbox_exec.tunnel_url {
             let sample = vps_commands::sandboxes::exec::tunnel::render(template, "node_x", "x");
-            vps_commands::sandboxes::exec::tunnel::check_url("tunnel_url", &sample).map_err(|_| {
+            vps_domain::tunnel_url::parse("tunnel_url", &sample).map_err(|_| {
                 err(
                     "sandbox_exec.tunnel_url",
                     format!("`{template}` is not a tcp://host:port URL (with {{nodeId}} or {{nodeName}})"),

@@ -103,7 +103,7 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
         }
     }
     if let Some(url) = &report.tunnel_url {
-        crate::sandboxes::exec::tunnel::check_url("tunnelUrl", url)?;
+        vps_domain::tunnel_url::parse("tunnelUrl", url)?;
     }
     let ids: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
     if ids.len() != report.instances.len() {

@@ -75,8 +75,8 @@ pub fn register(r: &ImageRegistered) -> Result<Vec<ImageEvent>, DomainError> {
     if r.sha256.len() != 64 || !r.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(DomainError::invalid_input("sha256", "64 hex characters"));
     }
-    if !["raw", "qcow2", "iso"].contains(&r.format.as_str()) {
-        return Err(DomainError::invalid_input("format", "raw, qcow2 or iso"));
+    if !["raw", "qcow2", "iso", "bundle"].contains(&r.format.as_str()) {
+        return Err(DomainError::invalid_input("format", "raw, qcow2, iso or bundle"));
     }
     Ok(vec![ImageEvent::Registered(ImageRegistered {
         sha256: r.sha256.to_lowercase(),

@@ -60,6 +60,7 @@ pub mod state_table;
 pub mod template;
 pub mod tenant;
 pub mod usage;
+pub mod tunnel_url;
 pub mod volume;
 pub mod webhook;
 

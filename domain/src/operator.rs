@@ -14,6 +14,7 @@ pub const RUNTIMES: &[&str] = &[
     "cloud-hypervisor",
     "firecracker",
     "containerd",
+    "qemu",
 ];
 
 /// The runtimes that take snapshots (and restore them); any other is `UNSUPPORTED`.

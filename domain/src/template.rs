@@ -26,7 +26,7 @@ pub const MAX_TTL_LIMIT: u64 = 30 * 86_400;
 pub const MAX_WARM: u32 = 100;
 /// Runtimes that can pause a booted guest: their warm instances wait `paused`, the others
 /// `stopped`.
-pub const PAUSING_RUNTIMES: &[&str] = &["libvirt-kvm", "cloud-hypervisor", "firecracker"];
+pub const PAUSING_RUNTIMES: &[&str] = &["libvirt-kvm", "cloud-hypervisor", "firecracker", "qemu"];
 /// Most `env` entries.
 pub const MAX_ENV: usize = 64;
 

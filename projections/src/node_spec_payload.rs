@@ -60,6 +60,21 @@ pub struct InstanceSpec {
     /// The volumes it attaches.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeAttachment>,
+    /// Served specs only, for sandbox and warm instances of a deployment with a sandbox CA:
+    /// whom the guest's `sshd` admits (SPEC §3.11).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_ca: Option<SshCa>,
+}
+
+/// `InstanceSpec.sshCa`: the guest's `sshd` trusts `publicKey` (`TrustedUserCAKeys`) and
+/// admits only `principal`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SshCa {
+    /// The deployment's sandbox CA, an OpenSSH public key line.
+    pub public_key: String,
+    /// The one principal exec certificates for this instance name (its id).
+    pub principal: String,
 }
 
 /// The image an instance boots.
@@ -82,6 +97,9 @@ pub struct Nic {
     pub mac: String,
     /// The leased address in CIDR form (`10.0.0.2/24`).
     pub address: String,
+    /// The pool's gateway: the guest's default route, and the bridge's own address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
 }
 
 /// `InstanceSpec.restoreFrom`.

@@ -41,7 +41,7 @@ async fn desired(
 ) -> Result<Vec<Entry>, ProjectionError> {
     let which = ids_or_node("i.id", "i.node_id", node);
     let rows = sqlx::query(&format!(
-        "SELECT i.doc, p.runtime, p.ip_cidr, im.url, im.sha256, im.format
+        "SELECT i.doc, p.runtime, p.ip_cidr, im.url, im.sha256, im.format, p.ip_gateway
            FROM instances i
            JOIN pools p ON p.id = i.pool_id
            LEFT JOIN images im ON im.id = (i.doc->>'imageId')
@@ -60,7 +60,11 @@ async fn desired(
                 .get::<Option<String>, _>(2)
                 .and_then(|c| c.split_once('/').map(|(_, p)| p.to_string()))
                 .unwrap_or_else(|| "32".into());
-            let value = entry(&inst, r.get(1), &prefix, (r.get(3), r.get(4), r.get(5)));
+            let network = Network {
+                prefix,
+                gateway: r.get(6),
+            };
+            let value = entry(&inst, r.get(1), &network, (r.get(3), r.get(4), r.get(5)));
             Some(((node, inst.id.clone()), value))
         })
         .collect())
@@ -122,10 +126,17 @@ pub async fn refresh(conn: &mut PgConnection, node_id: &str) -> Result<Moved, Pr
     Ok(moved)
 }
 
+/// What an instance's NIC takes from its pool's range.
+struct Network {
+    /// The range's prefix length (`24`).
+    prefix: String,
+    gateway: Option<String>,
+}
+
 fn entry(
     inst: &Instance,
     runtime: Option<String>,
-    prefix: &str,
+    network: &Network,
     image: (Option<String>, Option<String>, Option<String>),
 ) -> Value {
     let sandboxed = inst.sandbox_id.is_some() || inst.warm_template_id.is_some();
@@ -148,7 +159,8 @@ fn entry(
             .map(|a| Nic {
                 bridge: BRIDGE.into(),
                 mac: vps_domain::ids::mac_for(&inst.id),
-                address: format!("{a}/{prefix}"),
+                address: format!("{a}/{}", network.prefix),
+                gateway: network.gateway.clone(),
             })
             .into_iter()
             .collect(),
@@ -164,6 +176,7 @@ fn entry(
             url: None,
         }),
         volumes: crate::node_spec_volumes::attachments(&inst.volumes),
+        ssh_ca: None,
     };
     serde_json::to_value(spec).expect("a spec entry serialises")
 }
@@ -477,6 +490,7 @@ mod tests {
                     ssh_from_host_only: None,
                     restore_from: None,
                     volumes: vec![],
+                    ssh_ca: None,
                 };
                 let key = ("node_a".to_string(), id.to_string());
                 (key, serde_json::to_value(spec).unwrap())

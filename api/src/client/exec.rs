@@ -3,12 +3,14 @@
 //! certificate and a tunnel ticket, runs `ssh` with the certificate and `vps tunnel` as its
 //! proxy, and removes the key afterwards.
 
+use std::path::Path;
 use std::process::Stdio;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use serde_json::json;
 
 use super::Client;
+use crate::tools::tunnel::TicketFile;
 
 /// The command's arguments.
 pub fn command() -> Command {
@@ -77,21 +79,45 @@ pub async fn session(
         .request("sandboxes.exec", &body)
         .await
         .map_err(SessionError::Api)?;
-    let certificate = dir.path().join("id_ed25519-cert.pub");
-    std::fs::write(&certificate, grant["certificate"].as_str().unwrap_or(""))
-        .map_err(|_| local("cannot write the certificate"))?;
     let me = std::env::current_exe().unwrap_or_else(|_| "vps".into());
-    let proxy = format!(
-        "{} tunnel --url {} --ticket {}",
-        me.display(),
-        grant["tunnel"]["url"].as_str().unwrap_or(""),
-        grant["tunnel"]["ticket"].as_str().unwrap_or("")
-    );
+    let ssh = ssh_command(&grant, dir.path(), &key, &me).map_err(SessionError::Local)?;
+    Ok((dir, ssh))
+}
+
+/// The `ssh` command for a `sandboxes.exec` grant. Nothing the server answered reaches a shell:
+/// the tunnel's URL and ticket are checked, then written to a file in `dir` that
+/// `vps tunnel --ticket-file` reads, so OpenSSH's `ProxyCommand` (run by `/bin/sh -c`) holds
+/// only this binary's path and that file's, both quoted.
+fn ssh_command(
+    grant: &serde_json::Value,
+    dir: &Path,
+    key: &Path,
+    me: &Path,
+) -> Result<std::process::Command, String> {
+    let tunnel = TicketFile::from_grant(grant)?;
+    let instance = grant["instanceId"].as_str().unwrap_or("");
+    if !vps_domain::ids::is_valid_id("inst", instance) {
+        return Err(format!("the server answered a bad instanceId {instance:?}"));
+    }
     let account = grant["account"].as_str().unwrap_or("sandbox");
-    let target = format!("{account}@{}", grant["instanceId"].as_str().unwrap_or(""));
+    let plain_account = !account.is_empty()
+        && account.len() <= 32
+        && account
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && !account.starts_with('-');
+    if !plain_account {
+        return Err(format!("the server answered a bad account {account:?}"));
+    }
+    let certificate = dir.join("id_ed25519-cert.pub");
+    std::fs::write(&certificate, grant["certificate"].as_str().unwrap_or(""))
+        .map_err(|e| format!("cannot write the certificate: {e}"))?;
+    let ticket_file = dir.join("tunnel.json");
+    tunnel.write(&ticket_file)?;
+    let proxy = proxy_command(me, &ticket_file)?;
     let mut ssh = std::process::Command::new("ssh");
     ssh.arg("-i")
-        .arg(&key)
+        .arg(key)
         .arg("-o")
         .arg(format!("CertificateFile={}", certificate.display()))
         .args([
@@ -103,8 +129,24 @@ pub async fn session(
         .args(["-o", "LogLevel=ERROR", "-o", "IdentitiesOnly=yes"])
         .arg("-o")
         .arg(format!("ProxyCommand={proxy}"))
-        .arg(target);
-    Ok((dir, ssh))
+        .arg(format!("{account}@{instance}"));
+    Ok(ssh)
+}
+
+/// `'<me>' tunnel --ticket-file '<file>'`: each path quoted for `/bin/sh`, and `%` doubled
+/// because OpenSSH expands `%` tokens in a `ProxyCommand` before the shell sees it.
+fn proxy_command(me: &Path, ticket_file: &Path) -> Result<String, String> {
+    let quote = |p: &Path| {
+        let text = p.to_str().ok_or_else(|| format!("{} is not UTF-8", p.display()))?;
+        shlex::try_quote(text)
+            .map(|q| q.replace('%', "%%"))
+            .map_err(|_| format!("{text:?} cannot be quoted for a shell"))
+    };
+    Ok(format!(
+        "{} tunnel --ticket-file {}",
+        quote(me)?,
+        quote(ticket_file)?
+    ))
 }
 
 /// Runs it; answers ssh's exit code (2 for a usage error, 1 for an API error).
@@ -148,5 +190,80 @@ pub async fn run(client: &Client, m: &ArgMatches) -> i32 {
             eprintln!("error: cannot run ssh: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(url: &str) -> serde_json::Value {
+        json!({
+            "instanceId": format!("inst_{}", "a".repeat(vps_domain::ids::DERIVED_ID_LEN)),
+            "account": "sandbox",
+            "certificate": "ssh-ed25519-cert-v01@openssh.com AAAA",
+            "tunnel": { "url": url, "ticket": format!("xt_{}", "0f".repeat(32)) },
+        })
+    }
+
+    fn proxy_of(ssh: &std::process::Command) -> String {
+        ssh.get_args()
+            .filter_map(|a| a.to_str())
+            .find_map(|a| a.strip_prefix("ProxyCommand="))
+            .expect("a ProxyCommand")
+            .to_string()
+    }
+
+    #[test]
+    fn a_hostile_tunnel_url_is_refused_and_runs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("pwned");
+        let me = Path::new("/usr/bin/vps");
+        for url in [
+            format!("tcp://$(touch {}):22", marker.display()),
+            format!("tcp://`touch {}`:22", marker.display()),
+            format!("tcp://x;touch {};:22", marker.display()),
+        ] {
+            let err = ssh_command(&grant(&url), dir.path(), &dir.path().join("k"), me)
+                .expect_err(&url);
+            assert!(err.contains("tunnel.url"), "{err}");
+        }
+        assert!(!marker.exists());
+        // Nothing was written for the refused grants.
+        assert!(!dir.path().join("tunnel.json").exists());
+    }
+
+    #[test]
+    fn the_proxy_command_holds_no_server_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = Path::new("/opt/my tools/vps");
+        let g = grant("tcp://node-1.example:2222");
+        let ssh = ssh_command(&g, dir.path(), &dir.path().join("k"), me).unwrap();
+        let proxy = proxy_of(&ssh);
+        assert!(!proxy.contains("node-1.example"), "{proxy}");
+        assert!(!proxy.contains("xt_"), "{proxy}");
+        let words = shlex::split(&proxy).unwrap();
+        let file = dir.path().join("tunnel.json");
+        assert_eq!(
+            words,
+            ["/opt/my tools/vps", "tunnel", "--ticket-file", file.to_str().unwrap()]
+        );
+        assert_eq!(
+            TicketFile::read(&file).unwrap().url,
+            "tcp://node-1.example:2222"
+        );
+    }
+
+    #[test]
+    fn a_bad_instance_or_account_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("k");
+        let me = Path::new("vps");
+        let mut g = grant("tcp://127.0.0.1:22");
+        g["instanceId"] = "-oProxyCommand=id".into();
+        assert!(ssh_command(&g, dir.path(), &key, me).is_err());
+        let mut g = grant("tcp://127.0.0.1:22");
+        g["account"] = "root;id".into();
+        assert!(ssh_command(&g, dir.path(), &key, me).is_err());
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use vps_commands::hosts::{self, Report};
 use vps_commands::operator::{self as ops, RegisterNode};
-use vps_projections::node_spec_payload::NodeSpec;
+use vps_projections::node_spec_payload::{NodeSpec, SshCa};
 use vps_projections::operator_views::{self, NodeView};
 use vps_projections::views;
 
@@ -182,7 +182,29 @@ async fn spec(c: Call, q: SpecQuery) -> Result<NodeSpec, ApiError> {
     let mut conn = c.ctx.pool.acquire().await?;
     let spec = vps_projections::node_specs::load(&mut conn, &c.specs, &q.node_id).await?;
     let ttl = Duration::from_secs_f64(c.config.timings.snapshot_timeout);
-    sign_objects(&c.snapshots, spec, ttl).await
+    let spec = sign_objects(&c.snapshots, spec, ttl).await?;
+    Ok(with_ssh_ca(spec, c.sandbox_ca.as_deref()))
+}
+
+/// Tells each sandbox and warm instance whom its guest's `sshd` admits: the deployment's
+/// sandbox CA, for the principal exec certificates name (the instance id). Added when served,
+/// as the CA is configuration, not part of the log.
+fn with_ssh_ca(
+    mut spec: NodeSpec,
+    ca: Option<&vps_commands::sandboxes::exec::ca::SandboxCa>,
+) -> NodeSpec {
+    let Some(ca) = ca else {
+        return spec;
+    };
+    for instance in &mut spec.instances {
+        if instance.ssh_from_host_only == Some(true) {
+            instance.ssh_ca = Some(SshCa {
+                public_key: ca.public_key().to_string(),
+                principal: instance.id.clone(),
+            });
+        }
+    }
+    spec
 }
 
 /// How long a poll trusts its node's signals before reading the generation again (a lost

@@ -121,11 +121,13 @@ struct Ssh {
 
 /// Runs the system's `ssh` through `vps tunnel` with the grant's tunnel.
 async fn ssh(key: &Path, certificate: &Path, grant: &Value, command: &str) -> Ssh {
+    // As `vps sandboxes exec` does it: the tunnel goes in a file, never into the shell command.
+    let ticket_file = key.with_extension("tunnel.json");
+    std::fs::write(&ticket_file, grant["tunnel"].to_string()).unwrap();
     let proxy = format!(
-        "{} tunnel --url {} --ticket {}",
+        "{} tunnel --ticket-file {}",
         env!("CARGO_BIN_EXE_vps-cli"),
-        grant["tunnel"]["url"].as_str().unwrap(),
-        grant["tunnel"]["ticket"].as_str().unwrap()
+        ticket_file.display()
     );
     let out = tokio::process::Command::new("ssh")
         .arg("-F")
@@ -544,16 +546,26 @@ async fn exec_refuses_what_it_cannot_certify() {
     );
     assert_eq!(code, "INVALID_STATE", "{body}");
 
-    // A node's tunnelUrl must be one.
+    // A node's tunnelUrl must be tcp://HOST:PORT, HOST an IP literal or an RFC 1123 name:
+    // shell syntax in the host, which the url crate lets through, is refused naming the field.
     let (node, token) = t.register_node(&pool, "stating").await;
-    let bad = t
-        .call(
-            &token,
-            "nodes.report",
-            json!({ "nodeId": node, "instances": [], "tunnelUrl": "http://x:1/path" }),
-        )
-        .await;
-    assert_eq!(refusal(bad).0, "INVALID_INPUT");
+    for url in [
+        "http://x:1/path",
+        "tcp://$(touch${IFS}/tmp/pwned):22",
+        "tcp://`id`:22",
+        "tcp://a;id:22",
+    ] {
+        let bad = t
+            .call(
+                &token,
+                "nodes.report",
+                json!({ "nodeId": node, "instances": [], "tunnelUrl": url }),
+            )
+            .await;
+        let (code, body) = refusal(bad);
+        assert_eq!(code, "INVALID_INPUT", "{url}: {body}");
+        assert_eq!(body["details"]["field"], "tunnelUrl", "{url}: {body}");
+    }
 
     // Nothing was recorded for any refusal.
     t.settle().await;
@@ -592,4 +604,37 @@ async fn a_configured_tunnel_url_overrides_what_nodes_state() {
     let s = sandbox(&t, &template, "a", 3600).await;
     let grant = exec(&t, &s, vps_tests::SSH_KEY, None).await;
     assert_eq!(grant["tunnel"]["url"], "tcp://host-0.hosts.example:2222");
+}
+
+/// `vps tunnel --ticket-file`, run through `/bin/sh -c` as OpenSSH runs a ProxyCommand, with a
+/// file whose URL carries shell syntax: the URL is refused before any connect and no command
+/// in it runs.
+#[test]
+fn a_hostile_ticket_file_runs_no_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("pwned");
+    let file = dir.path().join("tunnel.json");
+    let tunnel = json!({
+        "url": format!("tcp://$(touch {}):22", marker.display()),
+        "ticket": format!("xt_{}", "ab".repeat(32)),
+    });
+    std::fs::write(&file, tunnel.to_string()).unwrap();
+    let proxy = format!(
+        "{} tunnel --ticket-file {}",
+        env!("CARGO_BIN_EXE_vps-cli"),
+        file.display()
+    );
+    let out = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(&proxy)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("tunnel.url"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!marker.exists(), "a command in the URL ran");
 }

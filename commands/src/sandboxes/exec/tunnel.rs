@@ -17,8 +17,6 @@ use crate::error::CommandError;
 
 /// How long a ticket may wait for its redeem.
 pub const TICKET_TTL: TimeDelta = TimeDelta::seconds(60);
-/// The longest tunnel URL.
-pub const MAX_URL_LEN: usize = 256;
 
 /// What a redeemed ticket was bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,31 +54,6 @@ impl Default for Ticket {
 
 fn hash(ticket: &str) -> String {
     hex::encode(Sha256::digest(ticket.as_bytes()))
-}
-
-/// Checks a tunnel URL: `tcp://host:port`, nothing else, at most [`MAX_URL_LEN`] characters.
-pub fn check_url(field: &str, text: &str) -> Result<(), DomainError> {
-    let bad = || DomainError::invalid_input(field, "a tcp://host:port URL");
-    if text.len() > MAX_URL_LEN {
-        return Err(DomainError::invalid_input(
-            field,
-            format!("at most {MAX_URL_LEN} characters"),
-        ));
-    }
-    let url = url::Url::parse(text).map_err(|_| bad())?;
-    let bare = url.scheme() == "tcp"
-        && url.host_str().is_some_and(|h| !h.is_empty())
-        && url.port().is_some()
-        && url.username().is_empty()
-        && url.password().is_none()
-        && matches!(url.path(), "" | "/")
-        && url.query().is_none()
-        && url.fragment().is_none();
-    if bare {
-        Ok(())
-    } else {
-        Err(bad())
-    }
 }
 
 /// `[sandbox_exec] tunnel_url` for one node: `{nodeId}` and `{nodeName}` replaced.
