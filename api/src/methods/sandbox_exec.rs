@@ -31,7 +31,7 @@ pub struct ExecBody {
 #[serde(rename_all = "camelCase")]
 pub struct TunnelGrant {
     /// The node's tunnel endpoint (`tcp://host:port`): connect, send the ticket and a newline,
-    /// then speak SSH (`vps tunnel --url … --ticket …` as OpenSSH's ProxyCommand does it).
+    /// then speak SSH (`vps tunnel --ticket-file …` as OpenSSH's ProxyCommand does it).
     url: String,
     /// Single use.
     ticket: String,
