@@ -1,1 +1,0 @@
-//! The `qemu` runtime: one QEMU process per guest, driven over QMP.

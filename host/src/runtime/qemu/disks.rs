@@ -1,0 +1,92 @@
+//! Guest disks with `qemu-img`: a qcow2 overlay on a cached base, or a blank qcow2.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use tokio::process::Command;
+
+use crate::runtime::RuntimeError;
+
+const GIB: u64 = 1 << 30;
+
+#[derive(Deserialize)]
+struct Info {
+    format: String,
+    #[serde(rename = "virtual-size")]
+    virtual_size: u64,
+    #[serde(rename = "backing-filename")]
+    backing_filename: Option<String>,
+}
+
+/// Creates `disk` as a qcow2 overlay on `base` (a checked cached image), at least `disk_gib`
+/// large. A base that itself names a backing file is refused: an image from a URL must never
+/// make QEMU open a host path.
+pub async fn overlay(base: &Path, disk: &Path, disk_gib: u64) -> Result<(), RuntimeError> {
+    let info = info(base).await?;
+    if info.format != "qcow2" {
+        return Err(RuntimeError(format!(
+            "image {} is {}, not qcow2",
+            base.display(),
+            info.format
+        )));
+    }
+    if let Some(backing) = info.backing_filename {
+        return Err(RuntimeError(format!(
+            "image {} refers to a backing file ({backing})",
+            base.display()
+        )));
+    }
+    let size = info.virtual_size.max(disk_gib.saturating_mul(GIB));
+    let mut command = Command::new("qemu-img");
+    command
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(base)
+        .arg(disk)
+        .arg(size.to_string());
+    qemu_img(command, disk).await
+}
+
+/// Creates `disk` as an empty qcow2 of `disk_gib` GiB (at least 1).
+pub async fn blank(disk: &Path, disk_gib: u64) -> Result<(), RuntimeError> {
+    let size = disk_gib.max(1).saturating_mul(GIB);
+    let mut command = Command::new("qemu-img");
+    command
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(disk)
+        .arg(size.to_string());
+    qemu_img(command, disk).await
+}
+
+async fn info(image: &Path) -> Result<Info, RuntimeError> {
+    let output = Command::new("qemu-img")
+        .args(["info", "--output=json"])
+        .arg(image)
+        .output()
+        .await
+        .map_err(|e| RuntimeError(format!("cannot run qemu-img: {e}")))?;
+    if !output.status.success() {
+        return Err(RuntimeError(format!(
+            "qemu-img info {}: {}",
+            image.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    serde_json::from_slice(&output.stdout)
+        .map_err(|e| RuntimeError(format!("qemu-img info {}: {e}", image.display())))
+}
+
+async fn qemu_img(mut command: Command, disk: &Path) -> Result<(), RuntimeError> {
+    let output = command
+        .output()
+        .await
+        .map_err(|e| RuntimeError(format!("cannot run qemu-img: {e}")))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let _ = tokio::fs::remove_file(disk).await;
+    Err(RuntimeError(format!(
+        "creating disk {}: {}",
+        disk.display(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    )))
+}

@@ -1,0 +1,830 @@
+//! The `qemu` runtime: one QEMU process per guest, driven over QMP, with no daemon between.
+//!
+//! Each guest lives in `<state_dir>/guests/<id>/`: its record (`spec.json`), QMP socket,
+//! console log, pid file, overlay disk, config drive and the exit records of `process`. That
+//! directory is the whole truth, so a new [`Qemu`] (after an agent restart, even a `kill -9`)
+//! re-adopts running guests by pid file and QMP socket without touching them.
+//!
+//! Layout: `qmp` (the QMP client), `process` (start, find, end a QEMU; how it ended),
+//! `images` (the image cache), `disks` (qemu-img), `net` (bridge and taps), `accel` (the KVM
+//! probe), `config_drive` (the NoCloud drive, written by `vps-guest-image`).
+
+pub mod accel;
+mod config_drive;
+mod disks;
+mod images;
+mod net;
+mod process;
+mod qmp;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tracing::Instrument;
+
+pub use accel::{Accel, Chosen};
+use images::{Cached, ImageCache};
+use process::GuestDir;
+use qmp::Qmp;
+
+use super::{GuestSpec, GuestState, Observed, Runtime, RuntimeError};
+
+/// The `qemu` runtime. Cheap to share behind an `Arc`; calls for different guests run
+/// concurrently, calls for one guest are serialised.
+pub struct Qemu {
+    state_dir: PathBuf,
+    image_dir: PathBuf,
+    images: ImageCache,
+    accel: Accel,
+    chosen: tokio::sync::OnceCell<Chosen>,
+    guests: Mutex<HashMap<String, Arc<Slot>>>,
+    /// The QEMU binary (`qemu-system-x86_64`).
+    pub qemu_binary: PathBuf,
+    /// How long `stop` waits for the guest to power off before it `quit`s QEMU.
+    pub stop_timeout: Duration,
+    /// How long a boot may show nothing on its console before it is killed and reported.
+    pub boot_deadline: Duration,
+    /// How long a new QEMU may take to answer on its QMP socket.
+    pub start_timeout: Duration,
+    /// How long `accel = "auto"` waits for its KVM probe boot.
+    pub kvm_probe_timeout: Duration,
+}
+
+/// One guest: its directory, the lock that serialises operations on it, and what is known
+/// without taking that lock.
+struct Slot {
+    dir: GuestDir,
+    live: tokio::sync::Mutex<Live>,
+    record: Mutex<Option<GuestRecord>>,
+    last: Mutex<GuestState>,
+}
+
+/// The guest's running process, when there is one.
+#[derive(Default)]
+struct Live {
+    qmp: Option<Qmp>,
+    pid: Option<i32>,
+}
+
+/// What the runtime keeps of a guest's spec in `spec.json`: enough to report it, to find its
+/// taps and to answer `ssh_address` after a restart. User data is not kept here.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct GuestRecord {
+    id: String,
+    hostname: String,
+    vcpus: u32,
+    memory_mib: u64,
+    disk_gib: u64,
+    image_sha256: String,
+    image_format: String,
+    nics: Vec<NicRecord>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct NicRecord {
+    bridge: String,
+    mac: String,
+    address: String,
+    tap: String,
+}
+
+/// The longest path a unix socket can have (`sun_path`, with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+impl Qemu {
+    /// A runtime keeping guests under `state_dir/guests` and images under `image_dir`. Nothing
+    /// is probed or adopted yet: see [`Qemu::chosen_accel`] and [`Runtime::adopt`].
+    pub fn new(
+        state_dir: impl Into<PathBuf>,
+        image_dir: impl Into<PathBuf>,
+        accel: Accel,
+    ) -> Result<Qemu, RuntimeError> {
+        let state_dir = state_dir.into();
+        let image_dir = image_dir.into();
+        for dir in [state_dir.join("guests"), image_dir.clone()] {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| RuntimeError(format!("cannot make {}: {e}", dir.display())))?;
+        }
+        let chosen = match accel {
+            Accel::Kvm => tokio::sync::OnceCell::new_with(Some(Chosen::Kvm)),
+            Accel::Tcg => tokio::sync::OnceCell::new_with(Some(Chosen::Tcg)),
+            // A probe made since the host booted still holds.
+            Accel::Auto => tokio::sync::OnceCell::new_with(remembered_accel(&state_dir)),
+        };
+        Ok(Qemu {
+            images: ImageCache::new(image_dir.clone()),
+            state_dir,
+            image_dir,
+            accel,
+            chosen,
+            guests: Mutex::default(),
+            qemu_binary: PathBuf::from("qemu-system-x86_64"),
+            stop_timeout: Duration::from_secs(5),
+            boot_deadline: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(10),
+            kvm_probe_timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// The acceleration guests run with, if already decided.
+    pub fn accel(&self) -> Option<Chosen> {
+        self.chosen.get().copied()
+    }
+
+    /// The acceleration guests run with, deciding it now if needed (`auto`: a probe boot of
+    /// at most `kvm_probe_timeout`; the answer is remembered until the host reboots).
+    pub async fn chosen_accel(&self) -> Chosen {
+        *self
+            .chosen
+            .get_or_init(|| async {
+                let kernels = accel::probe_kernels(&self.image_dir);
+                let chosen = accel::choose(
+                    &self.qemu_binary,
+                    self.accel,
+                    &kernels,
+                    self.kvm_probe_timeout,
+                )
+                .await;
+                remember_accel(&self.state_dir, chosen);
+                chosen
+            })
+            .await
+    }
+
+    fn slot(&self, id: &str) -> Arc<Slot> {
+        let mut guests = lock(&self.guests);
+        guests
+            .entry(id.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    dir: GuestDir(self.state_dir.join("guests").join(id)),
+                    live: tokio::sync::Mutex::default(),
+                    record: Mutex::new(None),
+                    last: Mutex::new(GuestState::Stopped),
+                })
+            })
+            .clone()
+    }
+
+    fn existing_slot(&self, id: &str) -> Option<Arc<Slot>> {
+        lock(&self.guests).get(id).cloned()
+    }
+
+    /// Boots the guest: image, disk, config drive, taps, then QEMU. Any failure is also
+    /// written to the guest's `error` file, so `observe` reports the same message.
+    async fn boot(
+        &self,
+        spec: &GuestSpec,
+        slot: &Slot,
+        live: &mut Live,
+    ) -> Result<(), RuntimeError> {
+        let result = self.boot_inner(spec, slot, live).await;
+        if let Err(error) = &result {
+            if slot.dir.0.exists() {
+                let _ = std::fs::write(slot.dir.error(), &error.0);
+            }
+            *lock(&slot.last) = GuestState::Error(error.0.clone());
+        }
+        result
+    }
+
+    async fn boot_inner(
+        &self,
+        spec: &GuestSpec,
+        slot: &Slot,
+        live: &mut Live,
+    ) -> Result<(), RuntimeError> {
+        validate_id(&spec.id)?;
+        let dir = &slot.dir;
+        std::fs::create_dir_all(&dir.0)
+            .map_err(|e| RuntimeError(format!("cannot make {}: {e}", dir.0.display())))?;
+        check_fits_host(spec)?;
+        if dir.qmp().as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(RuntimeError(format!(
+                "state directory path too long for a QMP socket: {}",
+                dir.qmp().display()
+            )));
+        }
+        let record = GuestRecord {
+            id: spec.id.clone(),
+            hostname: spec.hostname.clone(),
+            vcpus: spec.vcpus,
+            memory_mib: spec.memory_mib,
+            disk_gib: spec.disk_gib,
+            image_sha256: spec.image.sha256.clone(),
+            image_format: spec.image.format.clone(),
+            nics: spec
+                .nics
+                .iter()
+                .enumerate()
+                .map(|(i, nic)| NicRecord {
+                    bridge: nic.bridge.clone(),
+                    mac: nic.mac.clone(),
+                    address: nic.address.clone(),
+                    tap: net::tap_name(&spec.id, i),
+                })
+                .collect(),
+        };
+        let json = serde_json::to_vec_pretty(&record)
+            .map_err(|e| RuntimeError(format!("guest record: {e}")))?;
+        std::fs::write(dir.record(), json)
+            .map_err(|e| RuntimeError(format!("writing {}: {e}", dir.record().display())))?;
+        *lock(&slot.record) = Some(record.clone());
+
+        let image = self.images.get(&spec.image).await?;
+        let chosen = self.chosen_accel().await;
+        if chosen == Chosen::Kvm {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/kvm")
+                .map_err(|e| RuntimeError(format!("accel kvm: /dev/kvm: {e}")))?;
+        }
+
+        if !dir.disk().exists() {
+            let made = match &image {
+                Cached::Bundle {
+                    rootfs: Some(base), ..
+                }
+                | Cached::Qcow2 { disk: base } => {
+                    disks::overlay(base, &dir.disk(), spec.disk_gib).await
+                }
+                Cached::Bundle { rootfs: None, .. } => {
+                    disks::blank(&dir.disk(), spec.disk_gib).await
+                }
+            };
+            made?;
+        }
+        let drive = dir.config_drive();
+        let spec_copy = spec.clone();
+        tokio::task::spawn_blocking(move || config_drive::write(&spec_copy, &drive))
+            .await
+            .map_err(|e| RuntimeError(format!("config drive: {e}")))??;
+        for (nic, nic_record) in spec.nics.iter().zip(&record.nics) {
+            net::ensure_tap(&nic_record.tap, nic).await?;
+        }
+
+        let args = qemu_args(spec, &record, &image, chosen, dir);
+        let started = Instant::now();
+        let (qmp, pid) = process::spawn(&self.qemu_binary, &args, dir, self.start_timeout).await?;
+        tracing::info!(pid, accel = %chosen, "guest started");
+        live.qmp = Some(qmp);
+        live.pid = Some(pid);
+        *lock(&slot.last) = GuestState::Running;
+        tokio::spawn(watch_boot(dir.clone(), pid, started, self.boot_deadline));
+        Ok(())
+    }
+
+    /// The guest's state now, reconnecting to a live QEMU if needed. Takes the guest's lock.
+    async fn refresh(&self, slot: &Slot, live: &mut Live) -> GuestState {
+        let state = self.refresh_inner(slot, live).await;
+        *lock(&slot.last) = state.clone();
+        state
+    }
+
+    async fn refresh_inner(&self, slot: &Slot, live: &mut Live) -> GuestState {
+        let dir = &slot.dir;
+        let pid = live
+            .pid
+            .filter(|&pid| process::is_alive(pid, dir))
+            .or_else(|| process::live_pid(dir));
+        let Some(pid) = pid else {
+            live.qmp = None;
+            live.pid = None;
+            return process::ended(dir).await;
+        };
+        live.pid = Some(pid);
+        if live.qmp.as_ref().is_none_or(Qmp::is_closed) {
+            match Qmp::connect(&dir.qmp(), dir.shutdown_event()).await {
+                Ok(qmp) => live.qmp = Some(qmp),
+                Err(error) => {
+                    metrics::counter!("vps_host_qmp_errors_total").increment(1);
+                    live.qmp = None;
+                    // It may have exited in between.
+                    if !process::is_alive(pid, dir) {
+                        return process::ended(dir).await;
+                    }
+                    return GuestState::Error(format!(
+                        "QEMU (pid {pid}) runs but its QMP socket fails: {error}"
+                    ));
+                }
+            }
+        }
+        let Some(qmp) = live.qmp.as_ref() else {
+            return GuestState::Error("no QMP connection".into());
+        };
+        match qmp.query_status().await {
+            Ok(status) => match status.status.as_str() {
+                "running" => GuestState::Running,
+                "paused" | "prelaunch" | "suspended" => GuestState::Paused,
+                other if status.running => {
+                    tracing::debug!(status = other, "QEMU reports a running state");
+                    GuestState::Running
+                }
+                other => {
+                    let console = std::fs::read_to_string(dir.console()).unwrap_or_default();
+                    GuestState::Error(process::with_console(
+                        format!("QEMU reports the VM {other}"),
+                        &console,
+                    ))
+                }
+            },
+            Err(error) => {
+                if process::wait_gone(pid, dir, Duration::from_millis(500)).await {
+                    live.qmp = None;
+                    live.pid = None;
+                    return process::ended(dir).await;
+                }
+                GuestState::Error(format!("QEMU (pid {pid}) does not answer on QMP: {error}"))
+            }
+        }
+    }
+
+    fn observed(&self, id: &str, slot: &Slot, state: GuestState) -> Observed {
+        let addresses = lock(&slot.record)
+            .as_ref()
+            .map(|r| r.nics.iter().map(|n| n.address.clone()).collect())
+            .unwrap_or_default();
+        Observed {
+            id: id.to_owned(),
+            state,
+            addresses,
+        }
+    }
+
+    /// Waits until the guest shows a sign of life on its console (or `boot_deadline`).
+    async fn wait_for_life(&self, slot: &Slot, pid: i32) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + self.boot_deadline;
+        loop {
+            if has_life(&slot.dir) {
+                return Ok(());
+            }
+            if !process::is_alive(pid, &slot.dir) {
+                let why = match process::exit_state(&slot.dir) {
+                    GuestState::Error(message) => message,
+                    _ => "the guest ended while booting".to_owned(),
+                };
+                return Err(RuntimeError(why));
+            }
+            if Instant::now() > deadline {
+                return Err(RuntimeError(format!(
+                    "the guest showed no sign of life within {:?}",
+                    self.boot_deadline
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn run_inner(&self, spec: &GuestSpec) -> Result<(), RuntimeError> {
+        let slot = self.slot(&spec.id);
+        let mut live = slot.live.lock().await;
+        match self.refresh(&slot, &mut live).await {
+            GuestState::Running => Ok(()),
+            GuestState::Paused => {
+                execute(&live, "cont").await?;
+                *lock(&slot.last) = GuestState::Running;
+                Ok(())
+            }
+            GuestState::Stopped | GuestState::Error(_) => {
+                // A QEMU that is alive but unusable is ended before a fresh boot.
+                if let Some(pid) = live.pid.take() {
+                    live.qmp = None;
+                    process::kill(pid, &slot.dir).await;
+                }
+                self.boot(spec, &slot, &mut live).await
+            }
+        }
+    }
+
+    async fn pause_inner(&self, spec: &GuestSpec) -> Result<(), RuntimeError> {
+        let slot = self.slot(&spec.id);
+        let mut live = slot.live.lock().await;
+        match self.refresh(&slot, &mut live).await {
+            GuestState::Paused => return Ok(()),
+            GuestState::Running => {}
+            GuestState::Stopped | GuestState::Error(_) => {
+                if let Some(pid) = live.pid.take() {
+                    live.qmp = None;
+                    process::kill(pid, &slot.dir).await;
+                }
+                self.boot(spec, &slot, &mut live).await?;
+                // Freeze a guest that is booting, not one that has not begun.
+                let pid = live
+                    .pid
+                    .ok_or_else(|| RuntimeError("the guest has no process".into()))?;
+                self.wait_for_life(&slot, pid).await?;
+            }
+        }
+        execute(&live, "stop").await?;
+        *lock(&slot.last) = GuestState::Paused;
+        Ok(())
+    }
+
+    async fn stop_inner(&self, id: &str) -> Result<(), RuntimeError> {
+        let Some(slot) = self.existing_slot(id) else {
+            return Ok(());
+        };
+        let mut live = slot.live.lock().await;
+        let dir = slot.dir.clone();
+        let state = self.refresh(&slot, &mut live).await;
+        if dir.0.exists() {
+            let _ = std::fs::write(dir.stop_requested(), b"");
+            let _ = std::fs::remove_file(dir.error());
+        }
+        let Some(pid) = live.pid else {
+            *lock(&slot.last) = GuestState::Stopped;
+            return Ok(());
+        };
+        // A paused guest cannot see the power button.
+        if state == GuestState::Paused {
+            let _ = execute(&live, "cont").await;
+        }
+        let mut gone = false;
+        if execute(&live, "system_powerdown").await.is_ok() {
+            gone = process::wait_gone(pid, &dir, self.stop_timeout).await;
+        }
+        if !gone {
+            tracing::info!(timeout = ?self.stop_timeout, "no power-off in time; quitting QEMU");
+            let _ = execute(&live, "quit").await;
+            gone = process::wait_gone(pid, &dir, Duration::from_secs(3)).await;
+        }
+        if !gone {
+            process::kill(pid, &dir).await;
+        }
+        live.qmp = None;
+        live.pid = None;
+        if process::is_alive(pid, &dir) {
+            return Err(RuntimeError(format!("QEMU (pid {pid}) does not end")));
+        }
+        *lock(&slot.last) = GuestState::Stopped;
+        Ok(())
+    }
+
+    async fn delete_inner(&self, id: &str) -> Result<(), RuntimeError> {
+        validate_id(id)?;
+        let slot = self.slot(id);
+        let mut live = slot.live.lock().await;
+        let dir = slot.dir.clone();
+        if dir.0.exists() {
+            let _ = std::fs::write(dir.stop_requested(), b"");
+        }
+        live.qmp = None;
+        let pid = live.pid.take().or_else(|| process::live_pid(&dir));
+        if let Some(pid) = pid {
+            process::kill(pid, &dir).await;
+            if process::is_alive(pid, &dir) {
+                return Err(RuntimeError(format!("QEMU (pid {pid}) does not end")));
+            }
+        }
+        let record = lock(&slot.record).clone().or_else(|| read_record(&dir));
+        let taps: Vec<String> = match record {
+            Some(record) => record.nics.into_iter().map(|n| n.tap).collect(),
+            // Tap names are derived from the id: without a record, try the first few.
+            None => (0..4).map(|i| net::tap_name(id, i)).collect(),
+        };
+        for tap in taps {
+            net::remove_tap(&tap).await?;
+        }
+        match tokio::fs::remove_dir_all(&dir.0).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(RuntimeError(format!("removing {}: {e}", dir.0.display()))),
+        }
+        drop(live);
+        lock(&self.guests).remove(id);
+        Ok(())
+    }
+}
+
+impl Runtime for Qemu {
+    fn name(&self) -> &'static str {
+        "qemu"
+    }
+
+    fn cpu_model(&self) -> String {
+        match self.accel() {
+            Some(Chosen::Kvm) => format!("kvm:{}", host_cpu_model()),
+            Some(Chosen::Tcg) => "tcg:max".to_owned(),
+            None => "unknown".to_owned(),
+        }
+    }
+
+    async fn adopt(&self) -> Vec<Observed> {
+        let guests_dir = self.state_dir.join("guests");
+        let mut ids: Vec<String> = std::fs::read_dir(&guests_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .collect();
+        ids.sort();
+        let mut observed = Vec::new();
+        for id in ids {
+            let dir = GuestDir(guests_dir.join(&id));
+            let Some(record) = read_record(&dir) else {
+                // A directory with no record never got past its first step: nothing runs there.
+                tracing::warn!(dir = %dir.0.display(), "removing a guest directory with no record");
+                let _ = self.delete_inner(&id).await;
+                continue;
+            };
+            let slot = self.slot(&id);
+            *lock(&slot.record) = Some(record);
+            let mut live = slot.live.lock().await;
+            let state = self.refresh(&slot, &mut live).await;
+            if let Some(pid) = live.pid {
+                tracing::info!(guest = %id, pid, ?state, "adopted a running guest");
+                if !has_life(&dir) {
+                    let started = started_at(&dir);
+                    tokio::spawn(watch_boot(dir.clone(), pid, started, self.boot_deadline));
+                }
+            }
+            drop(live);
+            observed.push(self.observed(&id, &slot, state));
+        }
+        observed
+    }
+
+    async fn run(&self, spec: &GuestSpec) -> Result<(), RuntimeError> {
+        let span = tracing::info_span!("guest.run", guest = %spec.id);
+        self.run_inner(spec).instrument(span).await
+    }
+
+    async fn stop(&self, id: &str) -> Result<(), RuntimeError> {
+        let span = tracing::info_span!("guest.stop", guest = %id);
+        self.stop_inner(id).instrument(span).await
+    }
+
+    async fn pause(&self, spec: &GuestSpec) -> Result<(), RuntimeError> {
+        let span = tracing::info_span!("guest.pause", guest = %spec.id);
+        self.pause_inner(spec).instrument(span).await
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), RuntimeError> {
+        let span = tracing::info_span!("guest.delete", guest = %id);
+        self.delete_inner(id).instrument(span).await
+    }
+
+    async fn observe(&self) -> Vec<Observed> {
+        let slots: Vec<(String, Arc<Slot>)> = lock(&self.guests)
+            .iter()
+            .map(|(id, slot)| (id.clone(), slot.clone()))
+            .collect();
+        let mut observed = Vec::with_capacity(slots.len());
+        for (id, slot) in slots {
+            // A guest busy with an operation (a download, a stop) reports what it last was.
+            let state = match slot.live.try_lock() {
+                Ok(mut live) => self.refresh(&slot, &mut live).await,
+                Err(_) => lock(&slot.last).clone(),
+            };
+            observed.push(self.observed(&id, &slot, state));
+        }
+        observed.sort_by(|a, b| a.id.cmp(&b.id));
+        observed
+    }
+
+    fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)> {
+        let slot = self.existing_slot(id)?;
+        let record = lock(&slot.record);
+        let address = &record.as_ref()?.nics.first()?.address;
+        let ip = address.split('/').next()?.parse().ok()?;
+        Some((ip, 22))
+    }
+}
+
+/// The QEMU command line (after the binary) for one boot.
+fn qemu_args(
+    spec: &GuestSpec,
+    record: &GuestRecord,
+    image: &Cached,
+    accel: Chosen,
+    dir: &GuestDir,
+) -> Vec<String> {
+    let path = |p: PathBuf| p.to_string_lossy().into_owned();
+    // Bundles boot directly on microvm (virtio-mmio); a disk image needs firmware and PCI.
+    let (machine, blk, nic) = match image {
+        Cached::Bundle { .. } => ("microvm", "virtio-blk-device", "virtio-net-device"),
+        Cached::Qcow2 { .. } => ("q35", "virtio-blk-pci", "virtio-net-pci"),
+    };
+    let mut args: Vec<String> = vec![
+        "-name".into(),
+        format!("guest={}", spec.id),
+        "-M".into(),
+        machine.into(),
+    ];
+    args.extend(accel.args().map(String::from));
+    args.extend([
+        "-smp".into(),
+        spec.vcpus.max(1).to_string(),
+        "-m".into(),
+        format!("{}M", spec.memory_mib),
+        "-nodefaults".into(),
+        "-no-user-config".into(),
+        "-nographic".into(),
+        "-no-reboot".into(),
+        "-chardev".into(),
+        format!("file,id=console,path={}", path(dir.console())),
+        "-serial".into(),
+        "chardev:console".into(),
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", path(dir.qmp())),
+        "-pidfile".into(),
+        path(dir.pid()),
+    ]);
+    if let Cached::Bundle { kernel, initrd, .. } = image {
+        args.extend([
+            "-kernel".into(),
+            path(kernel.clone()),
+            "-initrd".into(),
+            path(initrd.clone()),
+            "-append".into(),
+            config_drive::KERNEL_CMDLINE.into(),
+        ]);
+    }
+    args.extend([
+        "-drive".into(),
+        format!(
+            "file={},if=none,id=root,format=qcow2,discard=unmap",
+            path(dir.disk())
+        ),
+        "-device".into(),
+        format!("{blk},drive=root,serial=vps-root"),
+        "-drive".into(),
+        format!(
+            "file={},if=none,id=config,format=raw,readonly=on",
+            path(dir.config_drive())
+        ),
+        "-device".into(),
+        format!("{blk},drive=config,serial=vps-config"),
+    ]);
+    for (i, nic_record) in record.nics.iter().enumerate() {
+        args.extend([
+            "-netdev".into(),
+            format!(
+                "tap,id=net{i},ifname={},script=no,downscript=no",
+                nic_record.tap
+            ),
+            "-device".into(),
+            format!("{nic},netdev=net{i},mac={}", nic_record.mac),
+        ]);
+    }
+    args
+}
+
+/// Kills a boot that shows no sign of life by `deadline` after `started`, writing why first;
+/// records the boot time of one that does.
+async fn watch_boot(dir: GuestDir, pid: i32, started: Instant, deadline: Duration) {
+    loop {
+        if !process::is_alive(pid, &dir) || dir.stop_requested().exists() {
+            return;
+        }
+        if has_life(&dir) {
+            metrics::histogram!("vps_host_boot_seconds").record(started.elapsed().as_secs_f64());
+            return;
+        }
+        if started.elapsed() > deadline {
+            let console = std::fs::read_to_string(dir.console()).unwrap_or_default();
+            let why =
+                format!("the guest showed no sign of life within {deadline:?} and was killed");
+            let _ = std::fs::write(dir.error(), process::with_console(why, &console));
+            process::kill(pid, &dir).await;
+            tracing::warn!(dir = %dir.0.display(), "killed a boot with no sign of life");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether the console shows more than the firmware's or boot loader's first words.
+fn has_life(dir: &GuestDir) -> bool {
+    let Ok(console) = std::fs::read(dir.console()) else {
+        return false;
+    };
+    // A kernel stuck right after its real-mode setup prints only this (seen under nested KVM).
+    String::from_utf8_lossy(&console)
+        .lines()
+        .any(|line| !line.trim().is_empty() && !line.starts_with("Probing EDD"))
+}
+
+/// When the guest's QEMU was last started, as an `Instant` (now, if unknown).
+fn started_at(dir: &GuestDir) -> Instant {
+    let started_ms: Option<u64> = std::fs::read_to_string(dir.started_at())
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    let age = started_ms.map(|ms| Duration::from_millis(process::unix_ms().saturating_sub(ms)));
+    age.and_then(|age| Instant::now().checked_sub(age))
+        .unwrap_or_else(Instant::now)
+}
+
+async fn execute(live: &Live, command: &str) -> Result<(), RuntimeError> {
+    let qmp = live
+        .qmp
+        .as_ref()
+        .ok_or_else(|| RuntimeError(format!("QMP {command}: not connected")))?;
+    qmp.execute(command, None)
+        .await
+        .map(|_| ())
+        .map_err(|e| RuntimeError(e.to_string()))
+}
+
+fn read_record(dir: &GuestDir) -> Option<GuestRecord> {
+    serde_json::from_slice(&std::fs::read(dir.record()).ok()?).ok()
+}
+
+/// An id names a directory: it must not climb out of the state directory.
+fn validate_id(id: &str) -> Result<(), RuntimeError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError(format!(
+            "guest id {id:?} is not a valid instance id"
+        )))
+    }
+}
+
+/// A flavor larger than the whole host can never boot: say so instead of letting QEMU fail.
+fn check_fits_host(spec: &GuestSpec) -> Result<(), RuntimeError> {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    let memory_mib = host_memory_mib();
+    if spec.vcpus > cpus || memory_mib.is_some_and(|m| spec.memory_mib > m) {
+        return Err(RuntimeError(format!(
+            "flavor of {} vCPUs and {} MiB is larger than this host ({} CPUs, {} MiB)",
+            spec.vcpus,
+            spec.memory_mib,
+            cpus,
+            memory_mib
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "?".into())
+        )));
+    }
+    if spec.memory_mib == 0 {
+        return Err(RuntimeError("flavor has no memory".into()));
+    }
+    Ok(())
+}
+
+fn host_memory_mib() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
+fn host_cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, model)| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The probe's answer, kept in `<state_dir>/accel` with the host's boot id.
+fn remembered_accel(state_dir: &Path) -> Option<Chosen> {
+    let saved = std::fs::read_to_string(state_dir.join("accel")).ok()?;
+    let (boot_id, chosen) = saved.trim().split_once(' ')?;
+    if boot_id != host_boot_id()? {
+        return None;
+    }
+    match chosen {
+        "kvm" => Some(Chosen::Kvm),
+        "tcg" => Some(Chosen::Tcg),
+        _ => None,
+    }
+}
+
+fn remember_accel(state_dir: &Path, chosen: Chosen) {
+    if let Some(boot_id) = host_boot_id() {
+        let _ = std::fs::write(state_dir.join("accel"), format!("{boot_id} {chosen}\n"));
+    }
+}
+
+fn host_boot_id() -> Option<String> {
+    Some(
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()?
+            .trim()
+            .to_owned(),
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

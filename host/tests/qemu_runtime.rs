@@ -1,0 +1,626 @@
+//! The `qemu` runtime against real QEMU processes under TCG, booting a real Debian cloud kernel
+//! with a tiny busybox initramfs built here (see `guest_bundle`).
+//!
+//! Every test runs inside a network namespace of its own (`in_netns`): a thread that
+//! `unshare(CLONE_NEWNET)`s itself, brings `lo` up and runs a tokio runtime; every `ip` and QEMU
+//! it starts inherits that namespace, so bridges, taps and addresses never touch the machine's.
+//! After each test no QEMU of the test's state directory and no tap may remain.
+//!
+//! Needs `qemu-system-x86_64`, `qemu-img`, `ip`, `setsid`, a kernel (`VPS_TEST_KERNEL`, else the
+//! newest `/boot/vmlinuz-*`) and `busybox` (`VPS_TEST_BUSYBOX`, else `/bin/busybox`; Debian's
+//! `busybox-static`).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use vps_host::runtime::qemu::{Accel, Qemu};
+use vps_host::runtime::{GuestSpec, GuestState, ImageRef, NicSpec, Observed, Runtime};
+
+/// A guest that prints its boot id, then a tick a second, for ever.
+const TICKER: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+echo "vps-test boot-id $(cat /proc/sys/kernel/random/boot_id)"
+i=0
+while true; do i=$((i+1)); echo "tick $i"; sleep 1; done
+"#;
+
+/// A guest that powers itself off once it has said hello.
+const POWEROFF: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+echo "vps-test powering off"
+poweroff -f
+"#;
+
+/// A guest that never prints anything itself (its kernel may still warn on the console).
+const SILENT: &str = r#"#!/bin/busybox sh
+while true; do /bin/busybox sleep 60; done
+"#;
+
+#[test]
+fn a_guest_boots_pauses_resumes_without_reboot_stops_and_runs_again_on_the_same_disk() {
+    in_netns(|| async {
+        let env = TestEnv::new("life");
+        let runtime = env.runtime();
+        let mut spec = env.spec("inst_lifecycle0000000000000000", TICKER);
+        spec.nics = vec![NicSpec {
+            bridge: "vpsbr0".into(),
+            mac: "02:00:00:00:00:01".into(),
+            address: "10.77.0.2/24".into(),
+            gateway: Some("10.77.0.1".into()),
+        }];
+
+        let booted = Instant::now();
+        runtime.run(&spec).await.expect("run boots");
+        assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Running);
+        let console = env.wait_console(&spec.id, "tick 1").await;
+        println!("boot to init: {:?}", booted.elapsed());
+        let first_boot = boot_id(&console);
+        let pid = env.pid(&spec.id);
+
+        // The bridge was made with the gateway; the tap hangs on it.
+        let bridge = ip(&["-br", "addr", "show", "dev", "vpsbr0"]);
+        assert!(bridge.contains("10.77.0.1/24"), "{bridge}");
+        let taps = env.taps();
+        assert_eq!(taps.len(), 1, "{taps:?}");
+        assert!(ip(&["-d", "link", "show", "dev", &taps[0]]).contains("master vpsbr0"));
+        let observed = runtime.observe().await;
+        assert_eq!(observed[0].addresses, vec!["10.77.0.2/24".to_owned()]);
+        assert_eq!(
+            runtime.ssh_address(&spec.id),
+            Some(("10.77.0.2".parse().unwrap(), 22))
+        );
+
+        // Pause: QMP says paused, and the guest's clock of ticks stands still.
+        runtime.pause(&spec).await.expect("pause");
+        assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Paused);
+        let ticks = env.ticks(&spec.id);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(env.ticks(&spec.id), ticks, "a paused guest must not run");
+        runtime.pause(&spec).await.expect("pause is idempotent");
+
+        // Resume: the same process and the same boot, ticking on.
+        runtime.run(&spec).await.expect("resume");
+        assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Running);
+        env.wait_console(&spec.id, &format!("tick {}", ticks + 2))
+            .await;
+        assert_eq!(env.pid(&spec.id), pid, "resume must not start a new QEMU");
+        let console = env.console(&spec.id);
+        assert_eq!(
+            console.matches("boot-id").count(),
+            1,
+            "resume must not reboot:\n{console}"
+        );
+        runtime
+            .run(&spec)
+            .await
+            .expect("run on a running guest changes nothing");
+        assert_eq!(env.pid(&spec.id), pid);
+
+        // Stop: no QEMU remains; the disk stays.
+        let disk = env.guest_dir(&spec.id).join("disk.qcow2");
+        let disk_inode = inode(&disk);
+        runtime.stop(&spec.id).await.expect("stop");
+        assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Stopped);
+        assert!(env.qemu_pids().is_empty(), "no QEMU may remain after stop");
+        runtime.stop(&spec.id).await.expect("stop is idempotent");
+
+        // Run again: a new boot on the same overlay.
+        runtime.run(&spec).await.expect("run after stop");
+        let console = env.wait_console(&spec.id, "tick 1").await;
+        assert_ne!(
+            boot_id(&console),
+            first_boot,
+            "a stopped guest boots afresh"
+        );
+        assert_eq!(inode(&disk), disk_inode, "the guest keeps its disk");
+        assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Running);
+
+        // Delete: process, tap and directory are gone.
+        runtime.delete(&spec.id).await.expect("delete");
+        assert!(!env.guest_dir(&spec.id).exists());
+        assert!(runtime.observe().await.is_empty());
+        runtime
+            .delete(&spec.id)
+            .await
+            .expect("delete is idempotent");
+        env.assert_clean();
+    });
+}
+
+#[test]
+fn a_restarted_agent_adopts_the_running_guest_without_rebooting_it() {
+    in_netns(|| async {
+        let env = TestEnv::new("adopt");
+        let spec = env.spec("inst_adopt0000000000000000000", TICKER);
+        {
+            let runtime = env.runtime();
+            runtime.run(&spec).await.expect("run");
+            env.wait_console(&spec.id, "tick 1").await;
+        }
+        // The first runtime is gone, as after a `kill -9` of the agent: QEMU runs on.
+        let pid = env.pid(&spec.id);
+        assert_eq!(env.qemu_pids(), vec![pid]);
+
+        let runtime = env.runtime();
+        let adopted = runtime.adopt().await;
+        assert_eq!(adopted.len(), 1, "{adopted:?}");
+        assert_eq!(adopted[0].state, GuestState::Running);
+        assert_eq!(env.qemu_pids(), vec![pid], "adopting starts no QEMU");
+
+        // The adopted guest is fully driven: pause and resume over its QMP socket.
+        runtime.pause(&spec).await.expect("pause an adopted guest");
+        assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Paused);
+        runtime.run(&spec).await.expect("resume an adopted guest");
+        assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Running);
+        assert_eq!(env.pid(&spec.id), pid);
+        assert_eq!(env.console(&spec.id).matches("boot-id").count(), 1);
+
+        runtime.delete(&spec.id).await.expect("delete");
+        env.assert_clean();
+    });
+}
+
+#[test]
+fn a_qemu_killed_from_outside_is_an_error_with_its_exit_and_console() {
+    in_netns(|| async {
+        let env = TestEnv::new("kill");
+        let runtime = env.runtime();
+        let spec = env.spec("inst_killed000000000000000000", TICKER);
+        runtime.run(&spec).await.expect("run");
+        env.wait_console(&spec.id, "tick 1").await;
+        let pid = env.pid(&spec.id);
+        // SAFETY: kill(2) on the QEMU this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+
+        let state = wait_state(&runtime, &spec.id, |s| matches!(s, GuestState::Error(_))).await;
+        let GuestState::Error(message) = state else {
+            unreachable!()
+        };
+        assert!(message.contains("killed by signal 9"), "{message}");
+        assert!(
+            message.contains("tick"),
+            "the console tail is in the message: {message}"
+        );
+
+        // The same message after an agent restart.
+        drop(runtime);
+        let runtime = env.runtime();
+        let adopted = runtime.adopt().await;
+        assert_eq!(adopted[0].state, GuestState::Error(message.clone()));
+        runtime.delete(&spec.id).await.expect("delete");
+        env.assert_clean();
+    });
+}
+
+#[test]
+fn a_guest_that_powers_itself_off_is_stopped() {
+    in_netns(|| async {
+        let env = TestEnv::new("poff");
+        let runtime = env.runtime();
+        let spec = env.spec("inst_poweroff00000000000000000", POWEROFF);
+        runtime.run(&spec).await.expect("run");
+        let state = wait_state(&runtime, &spec.id, |s| *s != GuestState::Running).await;
+        assert_eq!(
+            state,
+            GuestState::Stopped,
+            "console: {}",
+            env.console(&spec.id)
+        );
+        assert!(env.console(&spec.id).contains("powering off"));
+        assert!(env.qemu_pids().is_empty());
+        runtime.delete(&spec.id).await.expect("delete");
+        env.assert_clean();
+    });
+}
+
+#[test]
+fn a_boot_with_no_sign_of_life_is_killed_and_reported() {
+    in_netns(|| async {
+        let env = TestEnv::new("mute");
+        let mut runtime = env.runtime();
+        // Under TCG the kernel's first console line comes seconds after QEMU starts.
+        runtime.boot_deadline = Duration::from_millis(300);
+        let spec = env.spec("inst_silent000000000000000000", SILENT);
+        runtime.run(&spec).await.expect("run starts QEMU");
+        let state = wait_state(&runtime, &spec.id, |s| matches!(s, GuestState::Error(_))).await;
+        let GuestState::Error(message) = state else {
+            unreachable!()
+        };
+        assert!(message.contains("no sign of life"), "{message}");
+        assert!(env.qemu_pids().is_empty());
+        runtime.delete(&spec.id).await.expect("delete");
+        env.assert_clean();
+    });
+}
+
+#[test]
+fn a_wrong_digest_is_an_error_naming_both_digests_and_nothing_boots() {
+    in_netns(|| async {
+        let env = TestEnv::new("digest");
+        let runtime = env.runtime();
+        let mut spec = env.spec("inst_digest000000000000000000", TICKER);
+        let actual = spec.image.sha256.clone();
+        spec.image.sha256 = "ab".repeat(32);
+        let error = runtime
+            .run(&spec)
+            .await
+            .expect_err("a wrong digest must not boot");
+        assert!(
+            error.0.contains(&actual) && error.0.contains(&spec.image.sha256),
+            "{error}"
+        );
+        let state = state_of(&runtime, &spec.id).await;
+        assert_eq!(state, GuestState::Error(error.0.clone()));
+        assert!(env.qemu_pids().is_empty());
+        assert!(!env.guest_dir(&spec.id).join("disk.qcow2").exists());
+        assert!(
+            !env.images.join(&spec.image.sha256).exists(),
+            "nothing is cached"
+        );
+        runtime.delete(&spec.id).await.expect("delete");
+        env.assert_clean();
+    });
+}
+
+#[test]
+fn bad_input_is_an_error_with_a_message_and_never_a_panic() {
+    in_netns(|| async {
+        let env = TestEnv::new("bad");
+        let runtime = env.runtime();
+
+        let mut huge = env.spec("inst_huge00000000000000000000", TICKER);
+        huge.vcpus = 4096;
+        let error = runtime.run(&huge).await.expect_err("too large");
+        assert!(error.0.contains("larger than this host"), "{error}");
+
+        let mut unreachable = env.spec("inst_nourl00000000000000000000", TICKER);
+        unreachable.image.url = "http://127.0.0.1:9/bundle.tar".into();
+        unreachable.image.sha256 = "cd".repeat(32);
+        let error = runtime.run(&unreachable).await.expect_err("no image");
+        assert!(error.0.contains("does not answer"), "{error}");
+
+        let mut bridge = env.spec("inst_bridge0000000000000000000", TICKER);
+        bridge.nics = vec![NicSpec {
+            bridge: "a-bridge-name-far-too-long".into(),
+            mac: "02:00:00:00:00:02".into(),
+            address: "10.78.0.2/24".into(),
+            gateway: Some("10.78.0.1".into()),
+        }];
+        let error = runtime.run(&bridge).await.expect_err("no bridge");
+        assert!(error.0.contains("bridge"), "{error}");
+
+        for spec in [&huge, &unreachable, &bridge] {
+            assert!(matches!(
+                state_of(&runtime, &spec.id).await,
+                GuestState::Error(_)
+            ));
+            runtime.delete(&spec.id).await.expect("delete");
+        }
+        env.assert_clean();
+    });
+}
+
+// ---- harness ----------------------------------------------------------------------------
+
+/// Runs `test` on a thread of its own inside a fresh network namespace, on a current-thread
+/// tokio runtime, so every process it starts inherits the namespace.
+fn in_netns<F, Fut>(test: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let thread = std::thread::spawn(move || {
+        // SAFETY: unshare(2) changes only this thread's network namespace.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
+        ip(&["link", "set", "lo", "up"]);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(test());
+    });
+    if let Err(panic) = thread.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+struct TestEnv {
+    root: PathBuf,
+    state: PathBuf,
+    images: PathBuf,
+}
+
+impl TestEnv {
+    fn new(name: &str) -> TestEnv {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let root = std::env::temp_dir().join(format!("vq-{}-{n}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let env = TestEnv {
+            state: root.join("s"),
+            images: root.join("i"),
+            root,
+        };
+        std::fs::create_dir_all(&env.root).unwrap();
+        env
+    }
+
+    fn runtime(&self) -> Qemu {
+        let mut runtime = Qemu::new(&self.state, &self.images, Accel::Tcg).expect("runtime");
+        // The test guests ignore the ACPI power button: do not wait long for it.
+        runtime.stop_timeout = Duration::from_secs(1);
+        runtime
+    }
+
+    /// A spec booting a bundle whose `/init` is `init`.
+    fn spec(&self, id: &str, init: &str) -> GuestSpec {
+        let bundle = guest_bundle(&self.root, init);
+        GuestSpec {
+            id: id.into(),
+            hostname: "test".into(),
+            vcpus: 1,
+            memory_mib: 256,
+            disk_gib: 1,
+            image: ImageRef {
+                url: format!("file://{}", bundle.display()),
+                sha256: sha256_file(&bundle),
+                format: "bundle".into(),
+            },
+            nics: vec![],
+            user_data: Some(b"#!/bin/sh\necho hello\n".to_vec()),
+            ssh_ca: None,
+        }
+    }
+
+    fn guest_dir(&self, id: &str) -> PathBuf {
+        self.state.join("guests").join(id)
+    }
+
+    fn console(&self, id: &str) -> String {
+        std::fs::read_to_string(self.guest_dir(id).join("console.log")).unwrap_or_default()
+    }
+
+    async fn wait_console(&self, id: &str, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let console = self.console(id);
+            if console.contains(needle) {
+                return console;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} on the console:\n{console}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn ticks(&self, id: &str) -> u64 {
+        self.console(id)
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("tick ")?.parse().ok())
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn pid(&self, id: &str) -> i32 {
+        let pid = std::fs::read_to_string(self.guest_dir(id).join("qemu.pid")).expect("pid file");
+        pid.trim().parse().expect("a pid")
+    }
+
+    /// The live QEMU processes of this test's state directory.
+    fn qemu_pids(&self) -> Vec<i32> {
+        let needle = self.state.to_string_lossy().into_owned();
+        let mut pids: Vec<i32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .filter(|pid: &i32| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmdline = String::from_utf8_lossy(&cmdline);
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let zombie = stat
+                    .rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+                cmdline.starts_with("qemu-system") && cmdline.contains(&needle) && !zombie
+            })
+            .collect();
+        pids.sort();
+        pids
+    }
+
+    /// The taps in this namespace (the runtime names them `vps…`; the bridges are `vpsbr…`).
+    fn taps(&self) -> Vec<String> {
+        ip(&["-o", "link", "show"])
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|name| name.split('@').next().unwrap_or(name).to_owned())
+            .filter(|name| name.starts_with("vps") && !name.starts_with("vpsbr"))
+            .collect()
+    }
+
+    fn assert_clean(&self) {
+        assert!(
+            self.qemu_pids().is_empty(),
+            "stray QEMU: {:?}",
+            self.qemu_pids()
+        );
+        assert!(self.taps().is_empty(), "stray taps: {:?}", self.taps());
+        let left: Vec<_> = std::fs::read_dir(self.state.join("guests"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert!(left.is_empty(), "stray guest directories: {left:?}");
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        // A failed test must not leave QEMUs behind either.
+        for pid in self.qemu_pids() {
+            // SAFETY: kill(2) on a QEMU of this test's own state directory.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+async fn state_of(runtime: &Qemu, id: &str) -> GuestState {
+    let observed: Vec<Observed> = runtime.observe().await;
+    observed
+        .into_iter()
+        .find(|o| o.id == id)
+        .map(|o| o.state)
+        .expect("the guest is observed")
+}
+
+async fn wait_state(runtime: &Qemu, id: &str, done: impl Fn(&GuestState) -> bool) -> GuestState {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let state = state_of(runtime, id).await;
+        if done(&state) {
+            return state;
+        }
+        assert!(Instant::now() < deadline, "still {state:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn boot_id(console: &str) -> String {
+    console
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("vps-test boot-id "))
+        .expect("a boot id on the console")
+        .to_owned()
+}
+
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).expect("disk").ino()
+}
+
+fn ip(args: &[&str]) -> String {
+    let output = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("ip");
+    assert!(
+        output.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn sha256_file(path: &Path) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+/// A bundle (`vmlinuz`, `initrd`) with the machine's kernel and a busybox initramfs whose
+/// `/init` is `init`, written under `dir`.
+fn guest_bundle(dir: &Path, init: &str) -> PathBuf {
+    let name = format!("bundle-{}.tar", &sha256_bytes(init.as_bytes())[..12]);
+    let path = dir.join(name);
+    if path.exists() {
+        return path;
+    }
+    let kernel = std::env::var_os("VPS_TEST_KERNEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
+                .expect("/boot")
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with("vmlinuz-")
+                })
+                .collect();
+            kernels.sort();
+            kernels
+                .pop()
+                .expect("a kernel in /boot (apt-get install linux-image-cloud-amd64)")
+        });
+    let busybox = std::env::var_os("VPS_TEST_BUSYBOX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/bin/busybox".into());
+    let busybox = std::fs::read(&busybox).expect("busybox (apt-get install busybox-static)");
+
+    let mut cpio = Vec::new();
+    for d in ["bin", "dev", "proc", "sys"] {
+        newc(&mut cpio, d, 0o040755, b"", (0, 0));
+    }
+    newc(&mut cpio, "dev/console", 0o020600, b"", (5, 1));
+    newc(&mut cpio, "bin/busybox", 0o100755, &busybox, (0, 0));
+    newc(&mut cpio, "init", 0o100755, init.as_bytes(), (0, 0));
+    newc(&mut cpio, "TRAILER!!!", 0, b"", (0, 0));
+
+    let tmp = path.with_extension("tmp");
+    let mut tar = tar::Builder::new(std::fs::File::create(&tmp).unwrap());
+    tar.append_path_with_name(&kernel, "vmlinuz")
+        .expect("kernel readable");
+    let mut header = tar::Header::new_gnu();
+    header.set_size(cpio.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    tar.append_data(&mut header, "initrd", cpio.as_slice())
+        .unwrap();
+    tar.finish().unwrap();
+    drop(tar);
+    std::fs::rename(&tmp, &path).unwrap();
+    path
+}
+
+/// One entry of an uncompressed newc cpio archive (the kernel unpacks these as initramfs).
+fn newc(out: &mut Vec<u8>, name: &str, mode: u32, data: &[u8], rdev: (u32, u32)) {
+    static INO: AtomicUsize = AtomicUsize::new(1);
+    let ino = INO.fetch_add(1, Ordering::SeqCst) as u32;
+    let fields = [
+        ino,
+        mode,
+        0,
+        0,
+        1,
+        0,
+        data.len() as u32,
+        0,
+        0,
+        rdev.0,
+        rdev.1,
+        name.len() as u32 + 1,
+        0,
+    ];
+    out.extend_from_slice(b"070701");
+    for field in fields {
+        out.extend_from_slice(format!("{field:08x}").as_bytes());
+    }
+    out.extend_from_slice(name.as_bytes());
+    out.push(0);
+    pad4(out);
+    out.extend_from_slice(data);
+    pad4(out);
+}
+
+fn pad4(out: &mut Vec<u8>) {
+    while !out.len().is_multiple_of(4) {
+        out.push(0);
+    }
+}
+
+fn sha256_bytes(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
