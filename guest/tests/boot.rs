@@ -42,7 +42,7 @@ fn a_minimal_guest_boots_its_own_kernel_leases_its_address_and_runs_its_user_dat
         "boot to first ssh login: {:.1} s",
         booted.elapsed().as_secs_f64()
     );
-    eprintln!("console:\n{}", guest.console());
+    eprintln!("{out}\nconsole:\n{}", guest.console());
 
     let lines: Vec<&str> = out.lines().collect();
     let host_release = String::from_utf8(cmd("uname", &["-r"]).stdout).unwrap();
@@ -431,6 +431,10 @@ impl Guest {
                     let _ = pipe.read_to_string(&mut stderr);
                 }
                 assert!(status.success(), "QEMU exited {status}: {stderr}");
+                eprintln!(
+                    "QEMU exited {:.1} s after the power-off request",
+                    (Instant::now() + within - deadline).as_secs_f64()
+                );
                 return;
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -467,10 +471,13 @@ fn bundle() -> &'static Path {
         if !out.exists() {
             fs::create_dir_all(&cache).unwrap();
             let started = Instant::now();
-            vps_guest_image::build_minimal(&out, &cache.join("work"), |step| {
+            // A work directory of this process's own: another test binary may build too.
+            let work = cache.join(format!("work-{}", std::process::id()));
+            let built = vps_guest_image::build_minimal(&out, &work, |step| {
                 eprintln!("build_minimal: {step}")
-            })
-            .unwrap_or_else(|err| panic!("building the minimal guest: {err}"));
+            });
+            let _ = fs::remove_dir_all(&work);
+            built.unwrap_or_else(|err| panic!("building the minimal guest: {err}"));
             eprintln!(
                 "built {} in {:.1} s",
                 out.display(),
