@@ -36,7 +36,7 @@ fn a_minimal_guest_boots_its_own_kernel_leases_its_address_and_runs_its_user_dat
     let booted = guest.started;
     let out = lab.ssh_until_up(
         &guest,
-        "uname -r; cat /data/marker; cat /proc/cmdline; ip -br addr",
+        "uname -r; cat /data/marker; cat /proc/cmdline; hostname; ip route show default; ip -br addr",
     );
     eprintln!(
         "boot to first ssh login: {:.1} s",
@@ -54,6 +54,11 @@ fn a_minimal_guest_boots_its_own_kernel_leases_its_address_and_runs_its_user_dat
     );
     assert_eq!(lines[1], "user-data ran as 0", "{out}");
     assert!(lines[2].starts_with(KERNEL_CMDLINE), "{out}");
+    assert_eq!(lines[3], "boot-test", "{out}");
+    assert!(
+        lines[4].starts_with(&format!("default via {GATEWAY} dev eth0")),
+        "{out}"
+    );
     let nic = lines
         .iter()
         .find(|l| l.starts_with("eth0"))
@@ -470,6 +475,13 @@ fn bundle() -> &'static Path {
         let out = cache.join(format!("minimal-{:016x}.tar", sources_fingerprint()));
         if !out.exists() {
             fs::create_dir_all(&cache).unwrap();
+            // Bundles of older sources are of no further use; each is some 20 MB.
+            for old in fs::read_dir(&cache).unwrap().flatten() {
+                let name = old.file_name().to_string_lossy().into_owned();
+                if name.starts_with("minimal-") && name.ends_with(".tar") {
+                    let _ = fs::remove_file(old.path());
+                }
+            }
             let started = Instant::now();
             // A work directory of this process's own: another test binary may build too.
             let work = cache.join(format!("work-{}", std::process::id()));
