@@ -60,16 +60,32 @@ impl Aggregate for Image {
     }
 }
 
+/// The scheme of an image kept in the deployment's object store (`vps images import`): hosts
+/// get a download URL signed when their spec is served.
+pub const STORE_SCHEME: &str = "store://";
+
+/// The object key an imported image is kept under: one per content digest.
+pub fn store_key(sha256: &str) -> String {
+    format!("images/{}", sha256.to_lowercase())
+}
+
+fn is_store_key(key: &str) -> bool {
+    key.strip_prefix("images/")
+        .is_some_and(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Decides a registration (a first one, or one that replaces the image).
 pub fn register(r: &ImageRegistered) -> Result<Vec<ImageEvent>, DomainError> {
     check_name("imageId", &r.image_id)?;
-    if !["http://", "https://", "file://"]
-        .iter()
-        .any(|s| r.url.starts_with(s))
+    let stored = r.url.strip_prefix(STORE_SCHEME).is_some_and(is_store_key);
+    if !stored
+        && !["http://", "https://", "file://"]
+            .iter()
+            .any(|s| r.url.starts_with(s))
     {
         return Err(DomainError::invalid_input(
             "url",
-            "an http(s):// or file:// URL",
+            "an http(s)://, file:// or store://images/<sha256> URL",
         ));
     }
     if r.sha256.len() != 64 || !r.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
@@ -94,5 +110,48 @@ pub fn delete(state: Option<&Image>, id: &str) -> Result<Vec<ImageEvent>, Domain
         Some(i) => Ok(vec![ImageEvent::Deleted(ImageDeleted {
             image_id: i.id.clone(),
         })]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(url: &str, format: &str) -> ImageRegistered {
+        ImageRegistered {
+            image_id: "img_minimal".into(),
+            tenant_id: None,
+            url: url.into(),
+            sha256: "AB".repeat(32),
+            format: format.into(),
+            verified: true,
+        }
+    }
+
+    #[test]
+    fn an_imported_bundle_names_its_object_by_digest() {
+        let url = format!("{STORE_SCHEME}{}", store_key(&"ab".repeat(32)));
+        let events = register(&image(&url, "bundle")).unwrap();
+        let [ImageEvent::Registered(r)] = events.as_slice() else {
+            panic!("{events:?}");
+        };
+        assert_eq!(r.sha256, "ab".repeat(32));
+        assert_eq!(r.url, format!("store://images/{}", "ab".repeat(32)));
+    }
+
+    #[test]
+    fn other_urls_and_formats_are_refused_naming_the_field() {
+        for (url, format, field) in [
+            ("store://other/key", "bundle", "url"),
+            ("store://images/../../etc", "bundle", "url"),
+            ("ftp://x/y", "qcow2", "url"),
+            ("https://x/y", "vmdk", "format"),
+        ] {
+            let err = register(&image(url, format)).unwrap_err();
+            assert!(
+                matches!(&err, DomainError::InvalidInput { field: f, .. } if f == field),
+                "{url} {format}: {err:?}"
+            );
+        }
     }
 }

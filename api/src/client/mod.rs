@@ -12,6 +12,7 @@
 
 mod args;
 pub(crate) mod exec;
+mod images;
 pub(crate) mod output;
 
 pub use output::print;
@@ -91,13 +92,22 @@ pub fn commands() -> Vec<Command> {
         .map(|(name, methods)| {
             let about = format!("The {} methods of the API.", methods[0].group);
             let subcommands = methods.iter().map(|m| method_command(m));
-            Command::new(name)
+            Command::new(name.clone())
                 .about(about)
                 .subcommand_required(true)
                 .arg_required_else_help(true)
                 .subcommands(subcommands)
+                .subcommands(local_commands(&name))
         })
         .collect()
+}
+
+/// A group's commands that are more than one call: `images import`.
+fn local_commands(group: &str) -> Vec<Command> {
+    match group {
+        "images" => vec![images::import_command().args(connection_args())],
+        _ => Vec::new(),
+    }
 }
 
 fn method_command(m: &Method) -> Command {
@@ -141,6 +151,12 @@ pub async fn run(group: &str, matches: &ArgMatches) -> i32 {
     let Some((name, sub)) = matches.subcommand() else {
         return 2;
     };
+    if (group, name) == ("images", "import") {
+        return match Client::from(sub) {
+            Ok(client) => images::run_import(&client, sub).await,
+            Err(UsageError(e)) => usage(&e),
+        };
+    }
     let Some(method) = groups()
         .into_iter()
         .find(|(g, _)| g == group)

@@ -1,7 +1,11 @@
 //! `images.*`: operators register and delete images; tenants list their own and public ones.
 
-use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 use vps_commands::operator::{self as ops, RegisterImage};
+use vps_domain::image::{store_key, STORE_SCHEME};
 use vps_projections::operator_views::{self as views, ImageView};
 
 use crate::error::ApiError;
@@ -42,7 +46,55 @@ pub fn methods() -> Vec<Method> {
             |c: Call, q: ImageRef| async move { Ok(ops::delete_image(&c.ctx, &q.image_id).await?) },
         ),
         Method::new("images", "list", Tenant, "Images the caller can use.", list),
+        Method::new(
+            "images",
+            "upload",
+            Operator,
+            "Where to PUT an image's bytes in the deployment's object store (vps images import).",
+            upload,
+        ),
     ]
+}
+
+/// `images.upload`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageUpload {
+    /// The SHA-256 (hex) of the bytes to be uploaded: the object is kept under it.
+    pub sha256: String,
+}
+
+/// Where to upload, and the URL to register the image with once uploaded.
+#[derive(Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UploadTarget {
+    /// A presigned URL to `PUT` the bytes to, for an hour.
+    pub upload_url: String,
+    /// The headers the `PUT` must carry.
+    pub upload_headers: BTreeMap<String, String>,
+    /// `store://images/<sha256>`: the `url` for `images.register`. Hosts are given a download
+    /// URL signed when their spec is served.
+    pub url: String,
+}
+
+/// How long an image upload URL lives: a bundle is a few megabytes, a disk image gigabytes.
+const UPLOAD_TTL: Duration = Duration::from_secs(3600);
+
+async fn upload(c: Call, q: ImageUpload) -> Result<UploadTarget, ApiError> {
+    if q.sha256.len() != 64 || !q.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::invalid("sha256", "64 hex characters"));
+    }
+    let key = store_key(&q.sha256);
+    let target = c
+        .snapshots
+        .upload(&key, UPLOAD_TTL)
+        .await
+        .map_err(|e| crate::error::internal(&e))?;
+    Ok(UploadTarget {
+        upload_url: target.url,
+        upload_headers: target.headers,
+        url: format!("{STORE_SCHEME}{key}"),
+    })
 }
 
 async fn list(c: Call, q: ImageList) -> Result<Items<ImageView>, ApiError> {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use vps_commands::hosts::{self, Report};
 use vps_commands::operator::{self as ops, RegisterNode};
+use vps_domain::image::STORE_SCHEME;
 use vps_projections::node_spec_payload::{NodeSpec, SshCa};
 use vps_projections::operator_views::{self, NodeView};
 use vps_projections::views;
@@ -212,7 +213,8 @@ fn with_ssh_ca(
 const RECHECK: Duration = Duration::from_secs(1);
 
 /// Replaces every `objectKey` the stored spec names with a URL signed now: an upload URL
-/// (and its headers) on each snapshot command, a download URL on each `restoreFrom`. Signed
+/// (and its headers) on each snapshot command, a download URL on each `restoreFrom` and on
+/// each image kept in the store (`store://…`). Signed
 /// when served, so a URL never outlives its use by much and never sits in a table.
 async fn sign_objects(
     store: &vps_store::SnapshotStore,
@@ -229,6 +231,11 @@ async fn sign_objects(
         command.upload_headers = Some(upload.headers);
     }
     for instance in &mut spec.instances {
+        // An imported image: its object, for as long as a restore's.
+        let stored = instance.image.url.as_deref().and_then(|u| u.strip_prefix(STORE_SCHEME));
+        if let Some(key) = stored {
+            instance.image.url = Some(store.download(key, ttl).await.map_err(unsigned)?);
+        }
         let Some(restore) = instance.restore_from.as_mut() else {
             continue;
         };

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use vps_tests::{TestServer, ALICE};
+use vps_tests::{TestServer, ALICE, OPERATOR};
 
 /// What a run of the CLI ended with.
 struct Run {
@@ -15,10 +15,14 @@ struct Run {
 }
 
 async fn vps(t: &TestServer, args: &[&str]) -> Run {
+    vps_as(t, ALICE, args).await
+}
+
+async fn vps_as(t: &TestServer, token: &str, args: &[&str]) -> Run {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli"))
         .args(args)
         .env("VPS_URL", t.server.url())
-        .env("VPS_TOKEN", ALICE)
+        .env("VPS_TOKEN", token)
         .env("VPS_TENANT", "acme")
         .env("RUST_LOG", "off")
         .output()
@@ -270,4 +274,64 @@ async fn sandboxes_from_the_command_line_with_a_shell_inside() {
     let completions = vps(&t, &["completions", "bash"]).await;
     assert_eq!(completions.code, 0);
     assert!(completions.stdout.contains("sandboxes"));
+}
+
+/// `vps images import`: the file lands in the object store under its digest, the image is
+/// registered as `store://images/<sha256>`, and a host's spec carries a signed URL that serves
+/// exactly those bytes.
+#[tokio::test]
+async fn an_imported_image_reaches_hosts_through_a_signed_url() {
+    use sha2::Digest;
+    let t = TestServer::start_with(|c| c.timings.transitional_look = 0.1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("guest.tar");
+    let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &bytes).unwrap();
+    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+
+    // A tenant may not import.
+    let file_arg = file.to_str().unwrap();
+    let refused = vps(&t, &["images", "import", file_arg, "--image-id", "img_min"]).await;
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    let run = vps_as(
+        &t,
+        OPERATOR,
+        &["images", "import", file_arg, "--image", "img_min", "--format", "bundle"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let images = t.ok(OPERATOR, "images.list", json!({})).await;
+    let image = images["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == "img_min")
+        .cloned()
+        .expect("registered");
+    assert_eq!(image["url"], format!("store://images/{digest}"), "{image}");
+    assert_eq!(image["format"], "bundle");
+
+    let pool = t
+        .hosted_pool("10.0.0.0/24", 0, json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }))
+        .await;
+    let (node, token) = t.register_node(&pool, "host").await;
+    let _host = t.host(&node, &token, Duration::from_millis(20));
+    t.ok(
+        ALICE,
+        "instances.create",
+        json!({ "tenantId": "acme", "poolId": pool, "flavor": "small", "imageId": "img_min",
+                "idempotencyKey": "imported", "wait": { "timeoutMs": 10000 } }),
+    )
+    .await;
+    let spec = t.ok(&token, "nodes.spec", json!({ "nodeId": node })).await;
+    let url = spec["instances"][0]["image"]["url"].as_str().unwrap().to_string();
+    assert!(url.starts_with("http"), "{spec}");
+    assert_eq!(spec["instances"][0]["image"]["sha256"], digest);
+    let served = reqwest::get(&url).await.unwrap();
+    assert!(served.status().is_success(), "{}", served.status());
+    assert_eq!(served.bytes().await.unwrap().as_ref(), bytes.as_slice());
+
+    // A file that is not there is a usage error, and nothing is registered.
+    let run = vps_as(&t, OPERATOR, &["images", "import", "/nonexistent", "--image-id", "img_x"]).await;
+    assert_eq!(run.code, 2, "{}", run.stderr);
 }
