@@ -225,9 +225,9 @@ fn read(path: &Path) -> Result<Vec<u8>, Error> {
 }
 
 /// An uncompressed tar of `files`, root-owned, dated 0, written next to `out` and renamed, so a
-/// reader never sees half a bundle.
+/// reader never sees half a bundle (nor two builders one file).
 fn write_bundle(out: &Path, files: &[(&str, &[u8])]) -> Result<(), Error> {
-    let partial = out.with_extension("partial");
+    let partial = out.with_extension(format!("partial-{}", std::process::id()));
     let context = || format!("writing {}", partial.display());
     let file = fs::File::create(&partial).map_err(Error::io(context()))?;
     let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
