@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use vps_host::runtime::qemu::{Accel, Qemu};
+use vps_host::runtime::qemu::{accel, Accel, Chosen, Qemu};
 use vps_host::runtime::{GuestSpec, GuestState, ImageRef, NicSpec, Observed, Runtime};
 
 /// A guest that prints its boot id, then a tick a second, for ever.
@@ -300,6 +300,96 @@ fn bad_input_is_an_error_with_a_message_and_never_a_panic() {
             runtime.delete(&spec.id).await.expect("delete");
         }
         env.assert_clean();
+    });
+}
+
+#[test]
+fn the_minimal_guest_takes_its_address_answers_on_ssh_and_powers_off_on_stop() {
+    let bundle = minimal_bundle();
+    in_netns(move || async move {
+        let env = TestEnv::new("minimal");
+        let mut runtime = env.runtime();
+        // The minimal guest handles the power button: stop must not need `quit`.
+        runtime.stop_timeout = Duration::from_secs(120);
+        let mut spec = env.spec("inst_minimal0000000000000000", TICKER);
+        spec.image = ImageRef {
+            url: format!("file://{}", bundle.display()),
+            sha256: sha256_file(&bundle),
+            format: "bundle".into(),
+        };
+        spec.nics = vec![NicSpec {
+            bridge: "vpsbr0".into(),
+            mac: "52:54:00:77:00:02".into(),
+            address: "10.77.0.2/24".into(),
+            gateway: Some("10.77.0.1".into()),
+        }];
+        let started = Instant::now();
+        runtime.run(&spec).await.expect("run");
+        let ssh = runtime.ssh_address(&spec.id).expect("an ssh address");
+        let banner = wait_ssh_banner(ssh, Duration::from_secs(240)).await;
+        println!("boot to sshd: {:?}", started.elapsed());
+        assert!(banner.starts_with("SSH-2.0-"), "{banner}");
+
+        // Paused, the guest answers nothing; resumed, the same sshd answers again.
+        let pid = env.pid(&spec.id);
+        runtime.pause(&spec).await.expect("pause");
+        let connect = tokio::net::TcpStream::connect(ssh);
+        let paused = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut stream = connect.await.ok()?;
+            read_line(&mut stream).await
+        });
+        assert!(
+            matches!(paused.await, Err(_) | Ok(None)),
+            "a paused guest answered"
+        );
+        runtime.run(&spec).await.expect("resume");
+        wait_ssh_banner(ssh, Duration::from_secs(30)).await;
+        assert_eq!(env.pid(&spec.id), pid, "resume must not start a new QEMU");
+
+        let stopping = Instant::now();
+        runtime.stop(&spec.id).await.expect("stop");
+        println!("clean power-off: {:?}", stopping.elapsed());
+        let shutdown = std::fs::read_to_string(env.guest_dir(&spec.id).join("shutdown.json"))
+            .expect("QEMU's SHUTDOWN event was recorded");
+        assert!(
+            shutdown.contains("guest-shutdown"),
+            "not a guest power-off: {shutdown}"
+        );
+        assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Stopped);
+        runtime.delete(&spec.id).await.expect("delete");
+        env.assert_clean();
+    });
+}
+
+#[test]
+fn auto_acceleration_trusts_kvm_only_when_a_probe_boot_proves_it() {
+    in_netns(|| async {
+        let env = TestEnv::new("accel");
+        let mut runtime = Qemu::new(&env.state, &env.images, Accel::Auto).expect("runtime");
+        runtime.kvm_probe_timeout = Duration::from_secs(10);
+        let kernels = accel::probe_kernels(&env.images);
+        let kernel = kernels.first().expect("a kernel to probe with").clone();
+        let probe = accel::probe_kvm(
+            Path::new("qemu-system-x86_64"),
+            &kernel,
+            Duration::from_secs(10),
+        )
+        .await;
+        println!("KVM probe: {probe:?}");
+
+        let started = Instant::now();
+        let chosen = runtime.chosen_accel().await;
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the probe is bounded"
+        );
+        assert_eq!(chosen == Chosen::Kvm, probe.is_ok(), "{probe:?}");
+        assert_eq!(runtime.accel(), Some(chosen));
+        assert!(runtime.cpu_model().starts_with(chosen.as_str()));
+        // Remembered until the host reboots: a restarted agent does not probe again.
+        let again = Qemu::new(&env.state, &env.images, Accel::Auto).expect("runtime");
+        assert_eq!(again.accel(), Some(chosen));
+        assert!(env.qemu_pids().is_empty());
     });
 }
 
@@ -623,4 +713,77 @@ fn pad4(out: &mut Vec<u8>) {
 fn sha256_bytes(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// The minimal guest of `vps-guest-image`: `VPS_GUEST_IMAGE`, or the bundle that crate's own
+/// boot test caches under the target directory (same name, same fingerprint), built if absent.
+fn minimal_bundle() -> PathBuf {
+    if let Some(path) = std::env::var_os("VPS_GUEST_IMAGE") {
+        return PathBuf::from(path);
+    }
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("vps-guest-image");
+    let out = cache.join(format!("minimal-{:016x}.tar", guest_sources_fingerprint()));
+    if !out.exists() {
+        std::fs::create_dir_all(&cache).unwrap();
+        let work = cache.join(format!("work-{}", std::process::id()));
+        let built =
+            vps_guest_image::build_minimal(&out, &work, |step| eprintln!("build_minimal: {step}"));
+        let _ = std::fs::remove_dir_all(&work);
+        built.unwrap_or_else(|err| panic!("building the minimal guest: {err}"));
+    }
+    out
+}
+
+/// FNV-1a over the guest crate's `src/` and `assets/`, as its boot test names its cache.
+fn guest_sources_fingerprint() -> u64 {
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest");
+    let root = root.canonicalize().unwrap();
+    let mut files = Vec::new();
+    walk(&root.join("src"), &mut files);
+    walk(&root.join("assets"), &mut files);
+    files.sort();
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for file in files {
+        let name = file.strip_prefix(&root).unwrap().display().to_string();
+        for byte in name.bytes().chain(std::fs::read(&file).unwrap()) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+/// Waits until `sshd` at `address` sends its version line.
+async fn wait_ssh_banner(address: (std::net::IpAddr, u16), within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let attempt = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+            read_line(&mut stream).await
+        });
+        if let Ok(Some(line)) = attempt.await {
+            return line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no sshd at {address:?} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn read_line(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 256];
+    let n = stream.read(&mut buf).await.ok()?;
+    (n > 0).then(|| String::from_utf8_lossy(&buf[..n]).trim().to_owned())
 }

@@ -339,6 +339,7 @@ impl Qemu {
                     live.pid = None;
                     return process::ended(dir).await;
                 }
+                live.qmp = None;
                 GuestState::Error(format!("QEMU (pid {pid}) does not answer on QMP: {error}"))
             }
         }
@@ -391,11 +392,7 @@ impl Qemu {
                 Ok(())
             }
             GuestState::Stopped | GuestState::Error(_) => {
-                // A QEMU that is alive but unusable is ended before a fresh boot.
-                if let Some(pid) = live.pid.take() {
-                    live.qmp = None;
-                    process::kill(pid, &slot.dir).await;
-                }
+                end_broken(&slot.dir, &mut live).await?;
                 self.boot(spec, &slot, &mut live).await
             }
         }
@@ -408,10 +405,7 @@ impl Qemu {
             GuestState::Paused => return Ok(()),
             GuestState::Running => {}
             GuestState::Stopped | GuestState::Error(_) => {
-                if let Some(pid) = live.pid.take() {
-                    live.qmp = None;
-                    process::kill(pid, &slot.dir).await;
-                }
+                end_broken(&slot.dir, &mut live).await?;
                 self.boot(spec, &slot, &mut live).await?;
                 // Freeze a guest that is booting, not one that has not begun.
                 let pid = live
@@ -719,6 +713,23 @@ fn started_at(dir: &GuestDir) -> Instant {
     let age = started_ms.map(|ms| Duration::from_millis(process::unix_ms().saturating_sub(ms)));
     age.and_then(|age| Instant::now().checked_sub(age))
         .unwrap_or_else(Instant::now)
+}
+
+/// Before a fresh boot: ends a QEMU whose VM QMP reports broken (panicked, internal error).
+/// One that runs but cannot be reached over QMP is left alone, never rebooted blindly.
+async fn end_broken(dir: &GuestDir, live: &mut Live) -> Result<(), RuntimeError> {
+    let Some(pid) = live.pid else {
+        return Ok(());
+    };
+    if live.qmp.is_none() {
+        return Err(RuntimeError(format!(
+            "QEMU (pid {pid}) runs but does not answer on QMP; it is left running"
+        )));
+    }
+    live.qmp = None;
+    live.pid = None;
+    process::kill(pid, dir).await;
+    Ok(())
 }
 
 async fn execute(live: &Live, command: &str) -> Result<(), RuntimeError> {
