@@ -300,7 +300,17 @@ enum BenchCommand {
 /// The whole command line: the server's and tools' commands, and one command per API group
 /// (built from the method registry).
 pub fn command() -> clap::Command {
-    Cli::command().subcommands(crate::client::commands())
+    Cli::command()
+        .subcommand(host_command())
+        .subcommands(crate::client::commands())
+}
+
+/// `vps host`: a command of its own, as it reads its own configuration, not the server's.
+fn host_command() -> clap::Command {
+    clap::Command::new("host").about(
+        "Run the host agent: this node's instances as QEMU virtual machines, converged from \
+         its NodeSpec (--config host.toml with a [host] table; also VPS_CONFIG).",
+    )
 }
 
 /// Runs what `matches` asks for; the exit code comes back as `Ok(code)`.
@@ -308,6 +318,10 @@ pub async fn run_matches(matches: ArgMatches) -> anyhow::Result<i32> {
     if let Some((name, sub)) = matches.subcommand() {
         if crate::client::is_group(name) {
             return Ok(crate::client::run(name, sub).await);
+        }
+        if name == "host" {
+            crate::telemetry::init_logging();
+            return host(sub.get_one::<PathBuf>("config").cloned()).await;
         }
     }
     run(Cli::from_arg_matches(&matches)?).await
@@ -366,6 +380,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Doctor { json } => crate::doctor::report::command(&config, json).await,
         Command::Mcp(args) => crate::mcp::run(args).await,
     }
+}
+
+/// `vps host`: its own configuration file, not the server's.
+async fn host(path: Option<PathBuf>) -> anyhow::Result<i32> {
+    let path = path
+        .or_else(|| std::env::var_os("VPS_CONFIG").map(PathBuf::from))
+        .ok_or_else(|| anyhow::anyhow!("vps host needs --config host.toml (or VPS_CONFIG)"))?;
+    let config = vps_host::load_config(&path)?;
+    vps_host::run(config).await?;
+    Ok(0)
 }
 
 /// 0 when the check passed, 1 when it did not.

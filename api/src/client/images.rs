@@ -1,6 +1,9 @@
-//! `vps images import FILE --image-id ID`: keeps an image (a guest bundle from `vps images
-//! build minimal`, or a qcow2 disk) in the deployment's object store and registers it, so
-//! hosts fetch it through a URL signed when their spec is served.
+//! `vps images build minimal --out FILE`: a small guest bundle made from Debian's packages
+//! (cloud kernel, busybox, OpenSSH's sshd; see docs/guest-contract.md).
+//!
+//! `vps images import FILE --image-id ID`: keeps an image (such a bundle, or a qcow2 disk) in
+//! the deployment's object store and registers it, so hosts fetch it through a URL signed when
+//! their spec is served.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +12,52 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::Client;
+
+/// `images build`: local, no server.
+pub fn build_command() -> Command {
+    Command::new("build")
+        .about("Builds a guest image from Debian's packages (needs apt-get and dpkg-deb).")
+        .arg(
+            Arg::new("kind")
+                .required(true)
+                .value_parser(["minimal"])
+                .help("minimal: cloud kernel, busybox and sshd in an initramfs"),
+        )
+        .arg(
+            Arg::new("out")
+                .long("out")
+                .required(true)
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("The bundle to write (a tar)"),
+        )
+        .arg(
+            Arg::new("workDir")
+                .long("work-dir")
+                .default_value(".vps/guest-build")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("Where downloaded packages are kept between builds"),
+        )
+}
+
+/// Runs `images build`: 0 once the bundle is written, 1 if the build failed.
+pub fn run_build(m: &ArgMatches) -> i32 {
+    let (Some(out), Some(work)) = (
+        m.get_one::<PathBuf>("out"),
+        m.get_one::<PathBuf>("workDir"),
+    ) else {
+        return 2;
+    };
+    match vps_guest_image::build_minimal(out, work, |step| eprintln!("{step}")) {
+        Ok(()) => {
+            println!("{}", out.display());
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
 
 /// The command's arguments (the connection ones are added by the caller).
 pub fn import_command() -> Command {

@@ -102,10 +102,13 @@ pub fn commands() -> Vec<Command> {
         .collect()
 }
 
-/// A group's commands that are more than one call: `images import`.
+/// A group's commands that are more (or less) than one call: `images build`, `images import`.
 fn local_commands(group: &str) -> Vec<Command> {
     match group {
-        "images" => vec![images::import_command().args(connection_args())],
+        "images" => vec![
+            images::build_command(),
+            images::import_command().args(connection_args()),
+        ],
         _ => Vec::new(),
     }
 }
@@ -151,6 +154,9 @@ pub async fn run(group: &str, matches: &ArgMatches) -> i32 {
     let Some((name, sub)) = matches.subcommand() else {
         return 2;
     };
+    if (group, name) == ("images", "build") {
+        return images::run_build(sub);
+    }
     if (group, name) == ("images", "import") {
         return match Client::from(sub) {
             Ok(client) => images::run_import(&client, sub).await,
