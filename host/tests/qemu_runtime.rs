@@ -393,6 +393,137 @@ fn auto_acceleration_trusts_kvm_only_when_a_probe_boot_proves_it() {
     });
 }
 
+#[test]
+fn an_image_over_http_is_fetched_once_for_two_guests() {
+    in_netns(|| async {
+        let env = TestEnv::new("http");
+        let runtime = env.runtime();
+        let local = env.spec("inst_http0000000000000000000a", TICKER);
+        let bundle = std::fs::read(local.image.url.trim_start_matches("file://")).unwrap();
+        let (url, requests) = serve_once_per_request(bundle).await;
+        let mut specs = Vec::new();
+        for id in [
+            "inst_http0000000000000000000a",
+            "inst_http0000000000000000000b",
+        ] {
+            let mut spec = env.spec(id, TICKER);
+            spec.image.url = url.clone();
+            specs.push(spec);
+        }
+        let (a, b) = tokio::join!(runtime.run(&specs[0]), runtime.run(&specs[1]));
+        a.expect("first guest");
+        b.expect("second guest");
+        assert_eq!(
+            requests.load(Ordering::SeqCst),
+            1,
+            "one download per digest"
+        );
+        for spec in &specs {
+            assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Running);
+            runtime.delete(&spec.id).await.expect("delete");
+        }
+        env.assert_clean();
+    });
+}
+
+#[test]
+fn a_bundle_root_disk_is_layered_under_the_guest_and_a_backing_file_is_refused() {
+    in_netns(|| async {
+        let env = TestEnv::new("rootfs");
+        let runtime = env.runtime();
+        let rootfs = env.root.join("rootfs.qcow2");
+        run(&[
+            "qemu-img",
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            rootfs.to_str().unwrap(),
+            "64M",
+        ]);
+        let mut spec = env.spec("inst_rootfs00000000000000000", TICKER);
+        spec.image = bundle_with_rootfs(&env, &spec, &rootfs);
+        runtime.run(&spec).await.expect("run");
+        let disk = env.guest_dir(&spec.id).join("disk.qcow2");
+        let info = run(&[
+            "qemu-img",
+            "info",
+            "-U",
+            "--output=json",
+            disk.to_str().unwrap(),
+        ]);
+        let cached = env.images.join(&spec.image.sha256).join("rootfs.qcow2");
+        assert!(
+            info.contains(cached.to_str().unwrap()),
+            "the overlay's backing file: {info}"
+        );
+        assert!(
+            info.contains(&format!("{}", 1u64 << 30)),
+            "the flavor's disk size: {info}"
+        );
+        runtime.delete(&spec.id).await.expect("delete");
+
+        // A root disk that names a backing file would make QEMU open a host path.
+        let hostile = env.root.join("hostile.qcow2");
+        run(&[
+            "qemu-img",
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            rootfs.to_str().unwrap(),
+            hostile.to_str().unwrap(),
+        ]);
+        let mut spec = env.spec("inst_hostile0000000000000000", TICKER);
+        spec.image = bundle_with_rootfs(&env, &spec, &hostile);
+        let error = runtime
+            .run(&spec)
+            .await
+            .expect_err("a backing file is refused");
+        assert!(error.0.contains("backing file"), "{error}");
+        assert!(env.qemu_pids().is_empty());
+        runtime.delete(&spec.id).await.expect("delete");
+        env.assert_clean();
+    });
+}
+
+#[test]
+fn a_qcow2_image_runs_on_q35_with_pci_devices() {
+    in_netns(|| async {
+        let env = TestEnv::new("q35");
+        let runtime = env.runtime();
+        // An empty disk: the firmware finds nothing to boot, but QEMU and its devices run.
+        let image = env.root.join("image.qcow2");
+        run(&[
+            "qemu-img",
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            image.to_str().unwrap(),
+            "64M",
+        ]);
+        let mut spec = env.spec("inst_qcow2000000000000000000", TICKER);
+        spec.image = ImageRef {
+            url: format!("file://{}", image.display()),
+            sha256: sha256_file(&image),
+            format: "qcow2".into(),
+        };
+        runtime.run(&spec).await.expect("run");
+        assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Running);
+        let cmdline = std::fs::read_to_string(env.guest_dir(&spec.id).join("run.sh")).unwrap();
+        assert!(
+            cmdline.contains("'q35'") && cmdline.contains("virtio-blk-pci"),
+            "{cmdline}"
+        );
+        runtime.delete(&spec.id).await.expect("delete");
+        env.assert_clean();
+    });
+}
+
 // ---- harness ----------------------------------------------------------------------------
 
 /// Runs `test` on a thread of its own inside a fresh network namespace, on a current-thread
@@ -786,4 +917,69 @@ async fn read_line(stream: &mut tokio::net::TcpStream) -> Option<String> {
     let mut buf = vec![0u8; 256];
     let n = stream.read(&mut buf).await.ok()?;
     (n > 0).then(|| String::from_utf8_lossy(&buf[..n]).trim().to_owned())
+}
+
+/// A bundle of the test kernel and init plus `rootfs` as its `rootfs.qcow2`.
+fn bundle_with_rootfs(env: &TestEnv, spec: &GuestSpec, rootfs: &Path) -> ImageRef {
+    let base = PathBuf::from(spec.image.url.trim_start_matches("file://"));
+    let out = env.root.join(format!(
+        "with-{}.tar",
+        rootfs.file_stem().unwrap().to_string_lossy()
+    ));
+    let mut tar = tar::Builder::new(std::fs::File::create(&out).unwrap());
+    let mut archive = tar::Archive::new(std::fs::File::open(&base).unwrap());
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let mut header = entry.header().clone();
+        let path = entry.path().unwrap().into_owned();
+        tar.append_data(&mut header, path, &mut entry).unwrap();
+    }
+    tar.append_path_with_name(rootfs, "rootfs.qcow2").unwrap();
+    tar.finish().unwrap();
+    drop(tar);
+    ImageRef {
+        url: format!("file://{}", out.display()),
+        sha256: sha256_file(&out),
+        format: "bundle".into(),
+    }
+}
+
+/// Serves `body` over HTTP on the namespace's loopback; counts the requests.
+async fn serve_once_per_request(body: Vec<u8>) -> (String, std::sync::Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let requests = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = requests.clone();
+    let body = std::sync::Arc::new(body);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 4096];
+                let _ = stream.read(&mut request).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(&body).await;
+            });
+        }
+    });
+    (format!("http://{address}/bundle.tar"), requests)
+}
+
+fn run(args: &[&str]) -> String {
+    let output = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect(args[0]);
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
