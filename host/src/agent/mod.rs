@@ -1,0 +1,568 @@
+//! The agent's loop: long-poll the NodeSpec, converge every guest through the runtime, report.
+//!
+//! On start the agent re-adopts the guests of its state directory and reports them (an
+//! incomplete report: it has not read its spec yet) before it converges anything, so a restart
+//! never reboots a running guest. Then each pass waits for whichever comes first (a spec
+//! answer, an operation finishing, the next look at the guests, a report falling due, the end
+//! of a back-off), looks at the guests, starts the operations [`converge::decide`] asks for,
+//! and reports when the inventory changed or the interval passed.
+//!
+//! Guests are converged concurrently, one operation at a time per guest: each operation is a
+//! task of its own that tells the loop when it ends. A guest the spec cannot run here, or whose
+//! operation failed, is reported `ERROR` with why; the loop itself never fails, and backs off
+//! while the server does.
+
+pub mod converge;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+use tracing::Instrument;
+use vps_seam::{
+    CallError, CommandResult, DesiredState, InstanceSpec, NodeApi, NodeSpec, ReportEntry,
+    ReportState,
+};
+
+use crate::config::Timings;
+use crate::runtime::{GuestSpec, GuestState, ImageRef, NicSpec, Observed, Runtime, SshCa};
+use crate::tunnel::Targets;
+use converge::{Action, Decision, HostLimits, Memory};
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// The longest wait before a failed operation is tried again.
+const MAX_RETRY: Duration = Duration::from_secs(300);
+
+type SpecPoll = Pin<Box<dyn Future<Output = Result<NodeSpec, CallError>> + Send>>;
+
+/// What the loop needs besides the runtime.
+pub struct AgentParts {
+    /// The node calls.
+    pub api: NodeApi,
+    /// How the loop is paced.
+    pub timings: Timings,
+    /// What one guest may have.
+    pub limits: HostLimits,
+    /// The bridge every tap attaches to, overriding the spec's.
+    pub bridge: Option<String>,
+    /// The running guests the tunnel may reach, kept up to date by the loop.
+    pub targets: Arc<Targets>,
+}
+
+/// Runs the loop until its task is aborted. Guests outlive it: the runtime runs them apart.
+pub async fn run<R: Runtime>(runtime: Arc<R>, parts: AgentParts) {
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let mut agent = Agent {
+        runtime,
+        api: parts.api,
+        timings: parts.timings,
+        limits: parts.limits,
+        bridge: parts.bridge,
+        targets: parts.targets,
+        specs: None,
+        commands: Vec::new(),
+        generation: None,
+        observed: BTreeMap::new(),
+        guests: HashMap::new(),
+        refusals: BTreeMap::new(),
+        user_data: Arc::default(),
+        done_tx,
+        done_rx,
+        spec_poll: None,
+        retry_at: None,
+        backoff: FIRST_BACKOFF,
+        last_sent: None,
+        last_report_at: None,
+        next_look: Instant::now(),
+    };
+    agent.adopt().await;
+    for pass in 0u64.. {
+        let span = tracing::debug_span!("host_pass", pass);
+        agent.pass().instrument(span).await;
+    }
+}
+
+/// An operation that ended.
+struct Done {
+    id: String,
+    action: Action,
+    /// The spec entry it acted on.
+    spec: Option<InstanceSpec>,
+    result: Result<(), String>,
+}
+
+/// What the agent keeps of one guest.
+#[derive(Default)]
+struct Guest {
+    memory: Memory,
+    /// The spec entry `memory`'s hold or failure belongs to: a new entry clears them.
+    pinned: Option<InstanceSpec>,
+    /// When a failed operation may be tried again, and the wait after the next failure.
+    retry_at: Option<Instant>,
+    retry_after: Option<Duration>,
+    /// The agent brought it up (or found it up): if it is found down, it went down on its own.
+    up_expected: bool,
+}
+
+struct Agent<R> {
+    runtime: Arc<R>,
+    api: NodeApi,
+    timings: Timings,
+    limits: HostLimits,
+    bridge: Option<String>,
+    targets: Arc<Targets>,
+    /// The spec's instances by id; `None` until the first spec.
+    specs: Option<BTreeMap<String, InstanceSpec>>,
+    /// The spec's host commands, answered as failed (no snapshots on this runtime yet).
+    commands: Vec<CommandResult>,
+    generation: Option<u64>,
+    observed: BTreeMap<String, (GuestState, Vec<String>)>,
+    guests: HashMap<String, Guest>,
+    /// Spec entries this host cannot run, and why.
+    refusals: BTreeMap<String, String>,
+    /// Unsealed user data by instance, fetched once per agent life.
+    user_data: Arc<Mutex<HashMap<String, Option<Vec<u8>>>>>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+    spec_poll: Option<SpecPoll>,
+    /// While the server fails, nothing is sent before this.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// The last report the server accepted, so an unchanged one waits for the interval.
+    last_sent: Option<(Vec<ReportEntry>, Option<u64>, Vec<CommandResult>)>,
+    last_report_at: Option<Instant>,
+    next_look: Instant,
+}
+
+impl<R: Runtime> Agent<R> {
+    /// Re-adopts the guests of the state directory and reports them before anything else.
+    async fn adopt(&mut self) {
+        let adopted = self.runtime.adopt().await;
+        tracing::info!(guests = adopted.len(), "guests re-adopted");
+        self.take_observed(adopted);
+        for (id, (state, _)) in &self.observed {
+            let guest = self.guests.entry(id.clone()).or_default();
+            guest.up_expected = matches!(state, GuestState::Running | GuestState::Paused);
+        }
+        self.publish_targets();
+        if self.observed.is_empty() {
+            return;
+        }
+        // Incomplete: an instance placed here that the agent has not made yet is not absent.
+        let entries: Vec<ReportEntry> = self
+            .observed
+            .iter()
+            .filter_map(|(id, observed)| {
+                converge::report(id, None, Some(observed), &Memory::default(), None)
+            })
+            .collect();
+        match self.api.report(&entries, None, &[], false).await {
+            Ok(_) => crate::metrics::reported(),
+            Err(error) => self.failed("nodes.report", &error),
+        }
+    }
+
+    async fn pass(&mut self) {
+        let now = Instant::now();
+        let backing_off = self.retry_at.is_some_and(|at| at > now);
+        if !backing_off && self.spec_poll.is_none() {
+            self.spec_poll = Some(self.poll_spec());
+        }
+        let wake = self.next_wake(backing_off);
+        tokio::select! {
+            answer = outstanding(&mut self.spec_poll) => {
+                self.spec_poll = None;
+                match answer {
+                    Ok(spec) => {
+                        self.succeeded();
+                        self.take_spec(spec);
+                    }
+                    Err(error) => self.failed("nodes.spec", &error),
+                }
+            }
+            Some(done) = self.done_rx.recv() => self.take_done(done),
+            _ = sleep_until(wake) => {}
+        }
+        while let Ok(done) = self.done_rx.try_recv() {
+            self.take_done(done);
+        }
+        self.look().await;
+        self.converge();
+        self.report_if_needed().await;
+    }
+
+    fn poll_spec(&self) -> SpecPoll {
+        let api = self.api.clone();
+        let after = self.generation;
+        let wait = self.timings.poll_wait;
+        Box::pin(async move { api.spec(after, wait).await })
+    }
+
+    /// The earliest of: the next look at the guests, a report falling due, a retry coming due,
+    /// the back-off ending.
+    fn next_wake(&self, backing_off: bool) -> Instant {
+        let report = match backing_off {
+            // While backing off a due report must not wake the loop: it would spin.
+            true => self.retry_at,
+            false => self
+                .last_report_at
+                .map(|at| at + self.timings.report_interval),
+        };
+        let retries = self.guests.values().filter_map(|g| g.retry_at);
+        [self.next_look]
+            .into_iter()
+            .chain(report)
+            .chain(retries)
+            .min()
+            .unwrap_or(self.next_look)
+    }
+
+    fn take_spec(&mut self, spec: NodeSpec) {
+        tracing::debug!(generation = spec.generation, "spec received");
+        let specs: BTreeMap<String, InstanceSpec> = spec
+            .instances
+            .into_iter()
+            .map(|i| (i.id.clone(), i))
+            .collect();
+        // A changed entry is a new request: what was held or failed under the old one is over.
+        for (id, guest) in &mut self.guests {
+            let entry = specs.get(id);
+            if guest.pinned.is_some() && guest.pinned.as_ref() != entry {
+                guest.memory.ended_on_its_own = false;
+                guest.memory.failed = None;
+                guest.pinned = None;
+                guest.retry_at = None;
+                guest.retry_after = None;
+            }
+        }
+        self.commands = spec
+            .commands
+            .iter()
+            .map(|c| {
+                CommandResult::failed(
+                    &c.id,
+                    format!(
+                        "{} is not supported by the {} runtime yet",
+                        c.kind, self.limits.runtime
+                    ),
+                )
+            })
+            .collect();
+        self.specs = Some(specs);
+        self.generation = Some(spec.generation);
+    }
+
+    fn take_done(&mut self, done: Done) {
+        let guest = self.guests.entry(done.id.clone()).or_default();
+        guest.memory.busy = None;
+        match done.result {
+            Ok(()) => {
+                tracing::info!(guest = %done.id, operation = done.action.as_str(), "done");
+                guest.memory.failed = None;
+                guest.pinned = None;
+                guest.retry_at = None;
+                guest.retry_after = None;
+                guest.up_expected = matches!(done.action, Action::Run | Action::Pause);
+                if done.action == Action::Delete {
+                    self.guests.remove(&done.id);
+                    lock(&self.user_data).remove(&done.id);
+                }
+            }
+            Err(message) => {
+                let wait = guest.retry_after.unwrap_or(self.timings.retry_after);
+                tracing::warn!(guest = %done.id, operation = done.action.as_str(), %message,
+                    retry_in_s = wait.as_secs_f64(), "operation failed");
+                guest.memory.failed = Some(message);
+                guest.pinned = done.spec;
+                guest.retry_at = Some(Instant::now() + wait);
+                guest.retry_after = Some((wait * 2).min(MAX_RETRY));
+            }
+        }
+    }
+
+    /// Looks at every guest, and notes those that went down on their own.
+    async fn look(&mut self) {
+        let observed = self.runtime.observe().await;
+        self.take_observed(observed);
+        self.next_look = Instant::now() + self.timings.observe_interval;
+        let now = Instant::now();
+        for (id, guest) in &mut self.guests {
+            guest.memory.retry_due = guest.retry_at.is_some_and(|at| at <= now);
+            if guest.memory.busy.is_some() || !guest.up_expected {
+                continue;
+            }
+            let down = matches!(
+                self.observed.get(id),
+                Some((GuestState::Stopped | GuestState::Error(_), _))
+            );
+            if !down {
+                continue;
+            }
+            guest.up_expected = false;
+            let entry = self.specs.as_ref().and_then(|s| s.get(id));
+            let wanted_up = entry.is_some_and(|s| {
+                matches!(
+                    s.desired_state,
+                    DesiredState::Running | DesiredState::Paused
+                )
+            });
+            if wanted_up {
+                let state = &self.observed[id].0;
+                tracing::warn!(guest = %id, ?state, "guest went down on its own");
+                guest.memory.ended_on_its_own = true;
+                guest.pinned = entry.cloned();
+            }
+        }
+        self.publish_targets();
+    }
+
+    fn take_observed(&mut self, observed: Vec<Observed>) {
+        self.observed = observed
+            .into_iter()
+            .map(|o| (o.id, (o.state, o.addresses)))
+            .collect();
+    }
+
+    /// Tells the tunnel which guests run and whom each admits.
+    fn publish_targets(&self) {
+        let specs = self.specs.as_ref();
+        let targets = self
+            .observed
+            .iter()
+            .filter(|(_, (state, _))| *state == GuestState::Running)
+            .map(|(id, _)| {
+                let principal = specs
+                    .and_then(|s| s.get(id))
+                    .and_then(|s| s.ssh_ca.as_ref())
+                    .map_or_else(|| id.clone(), |ca| ca.principal.clone());
+                (id.clone(), principal)
+            })
+            .collect();
+        self.targets.set(targets);
+    }
+
+    /// Starts the operations the guests need. Nothing happens before the first spec.
+    fn converge(&mut self) {
+        let Some(specs) = &self.specs else { return };
+        let ids: BTreeSet<String> = specs.keys().chain(self.observed.keys()).cloned().collect();
+        self.refusals.clear();
+        let mut start = Vec::new();
+        for id in ids {
+            let spec = specs.get(&id);
+            let observed = self.observed.get(&id).map(|(state, _)| state);
+            let guest = self.guests.entry(id.clone()).or_default();
+            match converge::decide(spec, observed, &guest.memory, &self.limits) {
+                Decision::Nothing => {}
+                Decision::Refuse(why) => {
+                    self.refusals.insert(id, why);
+                }
+                Decision::Act(action) => {
+                    guest.memory.busy = Some(action);
+                    guest.memory.retry_due = false;
+                    if action == Action::Stop || action == Action::Delete {
+                        guest.up_expected = false;
+                    }
+                    start.push((id, action, spec.cloned()));
+                }
+            }
+        }
+        // Forget guests that are gone and that no spec names.
+        let observed = &self.observed;
+        self.guests.retain(|id, g| {
+            g.memory.busy.is_some() || observed.contains_key(id) || specs.contains_key(id)
+        });
+        for (id, action, spec) in start {
+            self.start(id, action, spec);
+        }
+    }
+
+    /// Runs one operation in a task of its own; its end wakes the loop.
+    fn start(&self, id: String, action: Action, spec: Option<InstanceSpec>) {
+        let runtime = self.runtime.clone();
+        let api = self.api.clone();
+        let bridge = self.bridge.clone();
+        let user_data = self.user_data.clone();
+        let done = self.done_tx.clone();
+        let span = tracing::info_span!("operation", guest = %id, operation = action.as_str());
+        tokio::spawn(
+            async move {
+                let started = std::time::Instant::now();
+                let result = match (action, &spec) {
+                    (Action::Stop, _) => runtime.stop(&id).await.map_err(|e| e.0),
+                    (Action::Delete, _) => runtime.delete(&id).await.map_err(|e| e.0),
+                    (Action::Run | Action::Pause, Some(spec)) => {
+                        match guest_spec(spec, bridge.as_deref(), &api, &user_data).await {
+                            Ok(guest) if action == Action::Run => {
+                                runtime.run(&guest).await.map_err(|e| e.0)
+                            }
+                            Ok(guest) => runtime.pause(&guest).await.map_err(|e| e.0),
+                            Err(message) => Err(message),
+                        }
+                    }
+                    (Action::Run | Action::Pause, None) => {
+                        Err("no spec entry to boot from".to_string())
+                    }
+                };
+                let seconds = started.elapsed().as_secs_f64();
+                crate::metrics::operation(action.as_str(), result.is_ok(), seconds);
+                // The loop outlives its operations; if it is gone, no one is left to tell.
+                let _ = done.send(Done {
+                    id,
+                    action,
+                    spec,
+                    result,
+                });
+            }
+            .instrument(span),
+        );
+    }
+
+    /// The complete inventory: every guest of the spec or the runtime, in id order.
+    fn entries(&self) -> Vec<ReportEntry> {
+        let empty = BTreeMap::new();
+        let specs = self.specs.as_ref().unwrap_or(&empty);
+        let ids: BTreeSet<&String> = specs.keys().chain(self.observed.keys()).collect();
+        let idle = Guest::default();
+        ids.into_iter()
+            .filter_map(|id| {
+                let guest = self.guests.get(id).unwrap_or(&idle);
+                converge::report(
+                    id,
+                    specs.get(id),
+                    self.observed.get(id),
+                    &guest.memory,
+                    self.refusals.get(id).map(String::as_str),
+                )
+            })
+            .collect()
+    }
+
+    /// Reports when the inventory changed or the interval passed. Nothing complete is reported
+    /// before the first spec: it would tell the server that every placed instance is gone.
+    async fn report_if_needed(&mut self) {
+        let now = Instant::now();
+        if self.retry_at.is_some_and(|at| at > now) || self.specs.is_none() {
+            return;
+        }
+        let entries = self.entries();
+        crate::metrics::guests_by_state(&entries);
+        let applied = self.generation;
+        let changed = self
+            .last_sent
+            .as_ref()
+            .is_none_or(|(sent, generation, results)| {
+                *sent != entries || *generation != applied || *results != self.commands
+            });
+        let due = self
+            .last_report_at
+            .is_none_or(|at| now >= at + self.timings.report_interval);
+        if !changed && !due {
+            return;
+        }
+        match self
+            .api
+            .report(&entries, applied, &self.commands, true)
+            .await
+        {
+            Ok(answer) => {
+                self.succeeded();
+                crate::metrics::reported();
+                if changed {
+                    let states: Vec<(&str, ReportState)> =
+                        entries.iter().map(|e| (e.id.as_str(), e.state)).collect();
+                    tracing::debug!(?states, orphans = answer.orphans.len(), "reported");
+                }
+                self.last_sent = Some((entries, applied, self.commands.clone()));
+                self.last_report_at = Some(now);
+            }
+            Err(error) => self.failed("nodes.report", &error),
+        }
+    }
+
+    fn succeeded(&mut self) {
+        self.retry_at = None;
+        self.backoff = FIRST_BACKOFF;
+    }
+
+    /// Backs off, doubling up to [`MAX_BACKOFF`]; the agent keeps going whatever the server
+    /// says.
+    fn failed(&mut self, call: &'static str, error: &CallError) {
+        tracing::warn!(call, %error, backoff_ms = self.backoff.as_millis() as u64, "server call failed");
+        crate::metrics::server_call_failed(call);
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// What the runtime needs to run `spec`: its user data unsealed (fetched once), its NICs on
+/// `bridge` when the host names one.
+async fn guest_spec(
+    spec: &InstanceSpec,
+    bridge: Option<&str>,
+    api: &NodeApi,
+    cache: &Mutex<HashMap<String, Option<Vec<u8>>>>,
+) -> Result<GuestSpec, String> {
+    // `converge::check` passed before any boot: these are present.
+    let shape = spec.shape.ok_or("the spec names no shape")?;
+    let image = spec.image.clone().unwrap_or_default();
+    let cached = lock(cache).get(&spec.id).cloned();
+    let user_data = match (cached, &spec.user_data_ref) {
+        (Some(data), _) => data,
+        (None, None) => None,
+        (None, Some(reference)) => {
+            let value = api
+                .secret(reference)
+                .await
+                .map_err(|e| format!("user data unavailable: {e}"))?;
+            let data = Some(value.into_bytes());
+            lock(cache).insert(spec.id.clone(), data.clone());
+            data
+        }
+    };
+    let nics = spec
+        .nics
+        .iter()
+        .map(|nic| NicSpec {
+            bridge: bridge.map_or_else(|| nic.bridge.clone(), str::to_owned),
+            mac: nic.mac.clone(),
+            address: nic.address.clone().unwrap_or_default(),
+            gateway: nic.gateway.clone(),
+        })
+        .collect();
+    Ok(GuestSpec {
+        id: spec.id.clone(),
+        hostname: spec.id.replace('_', "-"),
+        vcpus: shape.vcpu,
+        memory_mib: u64::from(shape.memory_gib) * 1024,
+        disk_gib: u64::from(shape.disk_gib),
+        image: ImageRef {
+            url: image.url.unwrap_or_default(),
+            sha256: image.sha256.unwrap_or_default(),
+            format: image.format.unwrap_or_default(),
+        },
+        nics,
+        user_data,
+        ssh_ca: spec.ssh_ca.as_ref().map(|ca| SshCa {
+            public_key: ca.public_key.clone(),
+            principal: ca.principal.clone(),
+        }),
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The data is whole between statements: a panic elsewhere cannot leave it half-written.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The outstanding poll's answer, or never when there is none.
+async fn outstanding(poll: &mut Option<SpecPoll>) -> Result<NodeSpec, CallError> {
+    match poll {
+        Some(poll) => poll.await,
+        None => std::future::pending().await,
+    }
+}
