@@ -190,15 +190,22 @@ impl Guard {
         }
     }
 
-    /// `INVALID_STATE` when a create would add work to a tenant being deleted.
+    /// `INVALID_STATE` (`details.reason: tenant-deleted`) when a call would change anything
+    /// of a tenant being deleted: every action but reads. Not only creates: a template
+    /// written after teardown began would keep a warm pool booting, an update or an exec
+    /// would act for a tenant that no longer is. Teardown itself runs as a reactor, not
+    /// through this edge.
     pub fn refuse_closed_tenant(&self, resource: &Resource) -> Result<(), ApiError> {
         match &resource.tenant {
-            Some(t)
-                if self.action.ends_with(":create") && self.snapshot.closed_tenants.contains(t) =>
-            {
+            Some(t) if mutates(&self.action) && self.snapshot.closed_tenants.contains(t) => {
                 Err(vps_domain::tenant::refuse_new_work(t).into())
             }
             _ => Ok(()),
         }
     }
+}
+
+/// Whether an action can change anything: every verb but `read`.
+fn mutates(action: &str) -> bool {
+    !action.ends_with(":read")
 }

@@ -127,6 +127,11 @@ pub struct LimitsConfig {
     pub sse_streams_per_tenant: usize,
     /// `nodes.spec` long-polls that may wait at once for one node.
     pub long_polls_per_node: usize,
+    /// Create and claim `wait`s that may be waiting at once on this replica; past it a call
+    /// answers at once, as a wait that timed out does.
+    pub waits: usize,
+    /// Live sandbox templates one tenant may have.
+    pub templates_per_tenant: usize,
 }
 
 impl Default for LimitsConfig {
@@ -134,6 +139,8 @@ impl Default for LimitsConfig {
         LimitsConfig {
             sse_streams_per_tenant: 16,
             long_polls_per_node: 4,
+            waits: 1024,
+            templates_per_tenant: 200,
         }
     }
 }
@@ -456,6 +463,8 @@ impl Config {
         let limits = [
             ("sse_streams_per_tenant", self.limits.sse_streams_per_tenant),
             ("long_polls_per_node", self.limits.long_polls_per_node),
+            ("waits", self.limits.waits),
+            ("templates_per_tenant", self.limits.templates_per_tenant),
         ];
         let fair = |v| (1..=10_000).contains(&v);
         all_within(err, "limits", &limits, fair, "1 and 10000")

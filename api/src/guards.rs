@@ -1,7 +1,9 @@
 //! Bounds on what one caller can hold open in this process: server-sent event streams per
 //! tenant and `nodes.spec` long-polls per node. Past a bound the answer is `RATE_LIMITED`, so
-//! no tenant or host can pin the server's tasks and connections. A held slot is a value
-//! ([`Slot`]) that gives itself back when dropped, however its holder ends.
+//! no tenant or host can pin the server's tasks and connections. Create and claim waits are
+//! bounded per replica; past that bound a call answers at once, as a wait that timed out does.
+//! A held slot is a value ([`Slot`]) that gives itself back when dropped, however its holder
+//! ends.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,6 +16,9 @@ use crate::error::ApiError;
 pub struct Guards {
     streams: Counter,
     long_polls: Counter,
+    waits: Counter,
+    /// The rows create waits watch, read once per commit for all of them.
+    pub watched: Arc<crate::wait::Watched>,
 }
 
 /// Open holders per key, up to a bound.
@@ -47,7 +52,14 @@ impl Guards {
                 limits.long_polls_per_node,
                 None,
             ),
+            waits: Counter::new("waits on this replica", limits.waits, Some("vps_waits")),
+            watched: Arc::default(),
         }
+    }
+
+    /// A place for one more create or claim `wait` on this replica; none past `[limits] waits`.
+    pub fn wait(&self) -> Option<Slot> {
+        self.waits.take("replica").ok()
     }
 
     /// A place for one more event stream of `tenant` (operators: their identity).
@@ -124,6 +136,8 @@ mod tests {
         let guards = Guards::new(&LimitsConfig {
             sse_streams_per_tenant: 2,
             long_polls_per_node: 1,
+            waits: 1,
+            ..LimitsConfig::default()
         });
         let a = guards.stream("acme").unwrap();
         let _b = guards.stream("acme").unwrap();
@@ -133,5 +147,9 @@ mod tests {
         assert!(guards.stream("acme").is_ok());
         let _poll = guards.long_poll("node_1").unwrap();
         assert!(guards.long_poll("node_1").is_err());
+        let wait = guards.wait().unwrap();
+        assert!(guards.wait().is_none());
+        drop(wait);
+        assert!(guards.wait().is_some());
     }
 }

@@ -1,10 +1,20 @@
 //! `/healthz`, `/readyz` and `/metrics`.
+//!
+//! `/readyz` answers anyone, so it says only whether the replica is ready, from a result kept
+//! for [`READINESS_TTL`]: a flood of probes costs the database one check a second. The doctor's
+//! findings name other tenants' resources and the fleet's internals, so they need an operator
+//! token (`/readyz?verbose`, or `vps doctor`).
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
+use sqlx::PgPool;
+use tokio::sync::Mutex;
 
 use crate::state::AppState;
 
@@ -13,17 +23,70 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready when the database answers and every migration is applied; the body carries every
-/// `vps doctor` finding as `checks` (those after the database's bounded by a second, so a slow
-/// check never holds readiness up).
-pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+/// How long an anonymous readiness answer is reused.
+pub const READINESS_TTL: Duration = Duration::from_secs(1);
+
+/// The last readiness result and when it was taken. One check runs at a time: probes that
+/// arrive meanwhile wait for it and share its answer.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    last: Mutex<Option<(Instant, bool)>>,
+}
+
+impl Readiness {
+    /// Whether the database answers and every migration is applied, as of at most
+    /// [`READINESS_TTL`] ago.
+    pub async fn ready(&self, pool: &PgPool) -> bool {
+        let mut last = self.last.lock().await;
+        if let Some((at, ready)) = *last {
+            if at.elapsed() < READINESS_TTL {
+                return ready;
+            }
+        }
+        let ready = crate::doctor::ready(pool).await;
+        *last = Some((Instant::now(), ready));
+        ready
+    }
+}
+
+/// Anonymous: 200 `{"ready": true}` or 503 `{"ready": false}`, nothing else. With `?verbose`
+/// and an operator's token: every `vps doctor` finding as `checks` (those after the
+/// database's bounded by a second, so a slow check never holds the answer up).
+pub async fn readyz(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if query.contains_key("verbose") {
+        return match verbose(&state, &headers).await {
+            Ok(answer) => answer,
+            Err(e) => e.into_response(),
+        };
+    }
+    let ready = state.readiness.ready(&state.pool).await;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(json!({ "ready": ready }))).into_response()
+}
+
+/// The findings, for operators only.
+async fn verbose(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Response, crate::error::ApiError> {
+    crate::request::authenticate(state, headers)
+        .await?
+        .operator()?;
     let checks = crate::doctor::run(crate::doctor::Ctx {
         pool: Ok(&state.pool),
         config: &state.config,
         budget: READYZ_BUDGET,
     })
     .await;
-    match crate::doctor::readiness(&checks) {
+    Ok(match crate::doctor::readiness(&checks) {
         Ok(()) => (
             StatusCode::OK,
             Json(json!({ "ready": true, "checks": checks })),
@@ -33,10 +96,11 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
             Json(json!({ "ready": false, "reason": reason, "checks": checks })),
         ),
     }
+    .into_response())
 }
 
-/// What the checks after the database's may take in `/readyz`.
-const READYZ_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
+/// What the checks after the database's may take in `/readyz?verbose`.
+const READYZ_BUDGET: Duration = Duration::from_secs(1);
 
 /// Prometheus text exposition.
 pub async fn metrics() -> impl IntoResponse {

@@ -121,12 +121,21 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 
 fn refusal<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> ApiError {
     let path = e.path().to_string();
+    let message = e.inner().to_string();
+    // A bounded field of a flattened struct names itself (its path is lost on the way).
+    if let Some((field, message)) = vps_domain::bounds::field_of(&message) {
+        let field = match path.as_str() {
+            "." => field.to_string(),
+            _ => format!("{path}.{field}"),
+        };
+        return ApiError::invalid(&field, message);
+    }
     let field = if path == "." {
         "body".to_string()
     } else {
         path
     };
-    ApiError::invalid(&field, e.inner().to_string())
+    ApiError::invalid(&field, message)
 }
 
 /// The path of the first string (or key) holding a NUL character.

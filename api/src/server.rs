@@ -99,6 +99,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         sandbox_ca,
         specs: Arc::default(),
         spec_signals: Arc::default(),
+        readiness: Arc::default(),
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();

@@ -33,4 +33,6 @@ pub struct AppState {
     pub specs: Arc<vps_projections::node_specs::SpecCache>,
     /// The spec generations this replica has heard of, per node (long-polls wait on them).
     pub spec_signals: Arc<vps_projections::spec_signals::SpecSignals>,
+    /// Anonymous `/readyz`'s cached answer.
+    pub readiness: Arc<crate::health::Readiness>,
 }

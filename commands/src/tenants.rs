@@ -4,7 +4,8 @@
 //! bills.
 //!
 //! Each step does a bounded share of work per pass and answers what remains, so a pass is
-//! short and safe to repeat (every step is idempotent). Templates are deleted, open sandboxes
+//! short and safe to repeat (every step is idempotent). Its identities' API keys are revoked
+//! first (each revoke in the log), templates are deleted, open sandboxes
 //! marked deleting (their instances with them), every snapshot deleted (kept ones too; the
 //! sandbox reconciler purges their objects), volumes deleted once no instance attaches them
 //! (after the instances).
@@ -36,6 +37,10 @@ pub struct Step {
 
 /// Every step, in order.
 pub const STEPS: &[Step] = &[
+    Step {
+        name: "keys",
+        run: revoke_keys,
+    },
     Step {
         name: "templates",
         run: delete_templates,
@@ -93,6 +98,17 @@ pub async fn teardown_pass(ctx: &Ctx, tenant_id: &str) -> Result<u64, CommandErr
         .await?;
     }
     Ok(remaining)
+}
+
+/// Revokes every API key of the tenant's identities, each revoke an `identity.keys.revoked`
+/// in the log (configured `[[identities]]` have no keys to revoke: the edge refuses them every
+/// change of a deleted tenant).
+fn revoke_keys<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
+    let due = "SELECT id FROM identities WHERE tenant_id = $1 AND keys > 0 ORDER BY id LIMIT $2";
+    let left = "SELECT count(*) FROM identities WHERE tenant_id = $1 AND keys > 0";
+    sweep(ctx, tenant_id, due, left, move |id| async move {
+        ignore_gone(crate::identities::revoke_keys(ctx, &id).await.map(|_| ()))
+    })
 }
 
 /// Deletes the tenant's webhooks.

@@ -91,6 +91,8 @@ pub async fn create(
     ctx: &Ctx,
     new: NewWebhook,
 ) -> Result<(WebhookView, WebhookSecret), CommandError> {
+    // The bound first: nothing below walks more than it.
+    vps_domain::webhook::check_types(&new.types)?;
     for pattern in &new.types {
         // The form subscribers are matched with is defined once, in `vps_events::pattern`.
         vps_events::pattern::validate(pattern)

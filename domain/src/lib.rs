@@ -35,6 +35,7 @@
 pub mod aggregate;
 pub mod attachment;
 pub mod authz;
+pub mod bounds;
 pub mod cloud_config;
 pub mod condition;
 pub mod error;

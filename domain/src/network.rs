@@ -94,8 +94,10 @@ fn is_nat64(v6: &Ipv6Addr) -> bool {
 }
 
 /// Whether `ip` is on a network internal to wherever the control plane runs: unspecified,
-/// loopback, link-local, private (RFC 1918), shared (100.64.0.0/10), unique-local, broadcast
-/// or multicast.
+/// loopback, link-local, private (RFC 1918), shared (100.64.0.0/10), benchmarking
+/// (198.18.0.0/15), reserved (240.0.0.0/4, broadcast included), unique-local or multicast;
+/// and the IPv6 forms that carry an IPv4 address a gateway may turn into an internal one:
+/// local-use NAT64 (64:ff9b:1::/48), 6to4 (2002::/16) and IPv4-compatible (`::a.b.c.d`).
 pub fn is_internal(ip: IpAddr) -> bool {
     match canonical(ip) {
         IpAddr::V4(v4) => {
@@ -105,16 +107,21 @@ pub fn is_internal(ip: IpAddr) -> bool {
                 || v4.is_private()
                 || v4.is_link_local()
                 || (o[0] == 100 && (o[1] & 0xc0) == 64)
-                || v4.is_broadcast()
+                || (o[0] == 198 && (o[1] & 0xfe) == 18)
+                || (o[0] & 0xf0) == 240
                 || v4.is_multicast()
         }
         IpAddr::V6(v6) => {
-            let first = v6.segments()[0];
+            let s = v6.segments();
             v6.is_unspecified()
                 || v6.is_loopback()
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
                 || v6.is_multicast()
+                || (s[0], s[1], s[2]) == (0x64, 0xff9b, 1)
+                || s[0] == 0x2002
+                // IPv4-compatible (::/96, deprecated): no public host has one.
+                || s[..6] == [0; 6]
         }
     }
 }
@@ -182,6 +189,16 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
             "64:ff9b::a9fe:a9fe",
+            "198.18.0.1",
+            "198.19.255.255",
+            "240.0.0.1",
+            "255.255.255.255",
+            "64:ff9b:1::a00:1",
+            "64:ff9b:1:ffff::1",
+            "2002:a00:1::1",
+            "2002:808:808::1",
+            "::a00:1",
+            "::808:808",
         ] {
             assert!(is_internal(ip(internal)), "{internal}");
         }
@@ -191,6 +208,11 @@ mod tests {
             "1.1.1.1",
             "2606:4700::1111",
             "::ffff:8.8.8.8",
+            "198.17.255.255",
+            "198.20.0.1",
+            "223.0.0.1",
+            "64:ff9b:2::1",
+            "2003::1",
         ] {
             assert!(!is_internal(ip(public)), "{public}");
         }

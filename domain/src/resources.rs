@@ -47,8 +47,9 @@ pub struct Capacity {
     /// Disk in GiB.
     #[serde(rename = "diskGiB")]
     pub disk_gib: u32,
-    /// GPUs per model; a model appears at most once.
-    #[serde(default)]
+    /// GPUs per model; a model appears at most once (at most 16 models).
+    #[serde(default, deserialize_with = "crate::bounds::list::<_, Gpus, 16>")]
+    #[schemars(length(max = 16))]
     pub gpus: Vec<Gpus>,
 }
 

@@ -123,7 +123,11 @@ pub fn finish_teardown(state: Option<&Tenant>, remaining: u64) -> Vec<TenantEven
 
 /// The refusal of new work for a tenant being deleted.
 pub fn refuse_new_work(tenant_id: &str) -> DomainError {
-    DomainError::invalid_state(format!(
-        "tenant {tenant_id} is being deleted; no new work is accepted"
-    ))
+    DomainError::invalid_state_because(
+        format!("tenant {tenant_id} is deleted; it can change nothing any more"),
+        REFUSED,
+    )
 }
+
+/// `details.reason` of every call refused for a deleted tenant.
+pub const REFUSED: &str = "tenant-deleted";

@@ -23,6 +23,10 @@ pub const MAX_URL_LEN: usize = 2048;
 /// The most subscriptions (not deleted) one tenant may have; operators' all-tenant ones count
 /// as one more group. Every subscription costs a match per event and a delivery queue.
 pub const MAX_PER_TENANT: usize = 50;
+/// The most type patterns one subscription has.
+pub const MAX_TYPES: usize = 64;
+/// The longest type pattern.
+pub const MAX_PATTERN_LEN: usize = 128;
 /// Why the delivery worker disables a subscription.
 pub const GONE_REASON: &str = "the endpoint answered 410 Gone";
 
@@ -360,32 +364,31 @@ pub fn literal_address(url: &url::Url) -> Option<IpAddr> {
 /// Refuses a URL whose host is, or resolves into, a network internal to the control plane
 /// that the operator did not allow.
 fn check_target(url: &url::Url, facts: &CreateFacts) -> Result<(), DomainError> {
-    let refuse = |what: String| {
+    // The refusal names neither the address nor the network: naming what a name resolved
+    // to would map the control plane's split-horizon DNS for whoever asks.
+    let refuse = || {
         DomainError::invalid_input(
             "url",
-            format!("{what} is on an internal network; webhooks may not target it"),
+            "resolves to an address that is not allowed; webhooks may not target it",
         )
     };
     let loopback = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     let local_name = url.host_str().is_some_and(is_local_name);
     if local_name && !reachable(loopback, &facts.allow_private) {
-        return Err(refuse(format!(
-            "host {}",
-            url.host_str().unwrap_or_default()
-        )));
+        return Err(refuse());
     }
     let addresses = literal_address(url)
         .into_iter()
         .chain(facts.resolved.iter().copied());
     for address in addresses {
         if !reachable(address, &facts.allow_private) {
-            return Err(refuse(format!("address {address}")));
+            return Err(refuse());
         }
     }
     Ok(())
 }
 
-/// At least one pattern; duplicates removed, order kept.
+/// At least one pattern, at most [`MAX_TYPES`]; duplicates removed (O(n log n)), order kept.
 fn dedup_types(types: Vec<String>) -> Result<Vec<String>, DomainError> {
     if types.is_empty() {
         return Err(DomainError::invalid_input(
@@ -393,13 +396,34 @@ fn dedup_types(types: Vec<String>) -> Result<Vec<String>, DomainError> {
             "at least one event type pattern is required (e.g. `instance.*`)",
         ));
     }
-    let mut kept: Vec<String> = Vec::with_capacity(types.len());
-    for t in types {
-        if !kept.contains(&t) {
-            kept.push(t);
-        }
+    check_types(&types)?;
+    let mut seen = std::collections::BTreeSet::new();
+    Ok(types
+        .into_iter()
+        .filter(|t| seen.insert(t.clone()))
+        .collect())
+}
+
+/// The bound on a subscription's patterns: at most [`MAX_TYPES`], each at most
+/// [`MAX_PATTERN_LEN`] characters. The API refuses more while parsing; this holds every
+/// other caller to it too.
+pub fn check_types(types: &[String]) -> Result<(), DomainError> {
+    if types.len() > MAX_TYPES {
+        return Err(DomainError::invalid_input(
+            "types",
+            format!("at most {MAX_TYPES} patterns"),
+        ));
     }
-    Ok(kept)
+    match types
+        .iter()
+        .position(|t| t.chars().count() > MAX_PATTERN_LEN)
+    {
+        Some(i) => Err(DomainError::invalid_input(
+            format!("types[{i}]"),
+            format!("longer than {MAX_PATTERN_LEN} characters"),
+        )),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -159,7 +159,7 @@ pub async fn snapshot_page(
             AND ($2::text IS NULL OR owner_identity_id = $2)
             AND ($3::text IS NULL OR sandbox_id = $3)
             AND ($4::text IS NULL OR (created_at, id) <
-                 (SELECT created_at, id FROM sandbox_snapshots WHERE id = $4))
+                 (SELECT created_at, id FROM sandbox_snapshots WHERE id = $4 AND tenant_id = $1))
           ORDER BY created_at DESC, id DESC
           LIMIT $5",
     )
@@ -270,7 +270,7 @@ pub async fn page(
             AND ($3 OR state <> 'deleted')
             AND ($4::text IS NULL OR template_id = $4)
             AND ($5::text IS NULL OR (created_at, id) <
-                 (SELECT created_at, id FROM sandboxes WHERE id = $5))
+                 (SELECT created_at, id FROM sandboxes WHERE id = $5 AND tenant_id = $1))
           ORDER BY created_at DESC, id DESC
           LIMIT $6",
     )

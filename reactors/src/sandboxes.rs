@@ -183,7 +183,9 @@ async fn fallbacks(ctx: &Ctx) -> Result<(), CommandError> {
 }
 
 /// Every template with a warm pool, and every template (deleted ones too) that still has warm
-/// instances to drain. Answers whether any pool was refilled or drained.
+/// instances to drain. Answers whether any pool was refilled or drained. A template of a
+/// tenant being deleted counts as deleted: its pool is drained, never refilled, even if one
+/// slipped past teardown's template step.
 async fn warm_pools(ctx: &Ctx) -> Result<bool, CommandError> {
     let templates: Vec<(String, Option<Json<Template>>)> = sqlx::query_as(
         "SELECT w.id, t.doc FROM (
@@ -191,35 +193,59 @@ async fn warm_pools(ctx: &Ctx) -> Result<bool, CommandError> {
              UNION
              SELECT DISTINCT warm_template_id FROM instances
               WHERE warm_template_id IS NOT NULL AND desired_state <> 'deleted'
-         ) w LEFT JOIN sandbox_templates t ON t.id = w.id",
+         ) w LEFT JOIN sandbox_templates t ON t.id = w.id
+               AND NOT EXISTS (SELECT 1 FROM tenants d WHERE d.id = t.tenant_id)",
     )
     .fetch_all(&ctx.pool)
     .await?;
     let mut changed = false;
+    let (mut drained, mut refilled) = (0, 0);
     for (id, template) in templates {
         let template = template.map(|Json(t)| t);
         let plan = warm::upkeep(ctx, &id, template.as_ref()).await?;
         changed |= plan.create > 0 || !plan.drain.is_empty();
-        metrics::gauge!("vps_sandbox_warm_drained", "template" => id.clone())
-            .set(plan.drain.len() as f64);
-        metrics::gauge!("vps_sandbox_warm_refilled", "template" => id.clone())
-            .set(plan.create as f64);
+        drained += plan.drain.len();
+        refilled += plan.create;
     }
+    // Totals, never per template: a label must not carry a tenant's resource id.
+    metrics::gauge!("vps_sandbox_warm_drained").set(drained as f64);
+    metrics::gauge!("vps_sandbox_warm_refilled").set(refilled as f64);
     warm_gauges(ctx).await?;
     Ok(changed)
 }
 
-/// `vps_sandbox_warm_instances{template, state}`: how many warm instances each pool holds.
+/// `vps_sandbox_warm_instances{pool, state}`: how many warm instances each hosted pool holds,
+/// summed over its templates. Pools are the operator's, so the series are bounded by the
+/// fleet (pools × instance states), not by what tenants create; a series that empties is set
+/// to 0 rather than left at its last value.
 async fn warm_gauges(ctx: &Ctx) -> Result<(), CommandError> {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    static SEEN: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
     let counts: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT warm_template_id, state, count(*) FROM instances
+        "SELECT pool_id, state, count(*) FROM instances
           WHERE warm_template_id IS NOT NULL AND state <> 'deleted'
           GROUP BY 1, 2",
     )
     .fetch_all(&ctx.pool)
     .await?;
-    for (template, state, n) in counts {
-        metrics::gauge!("vps_sandbox_warm_instances", "template" => template, "state" => state)
+    let now: BTreeSet<(String, String)> = counts
+        .iter()
+        .map(|(p, s, _)| (p.clone(), s.clone()))
+        .collect();
+    let gone: Vec<(String, String)> = match SEEN.lock() {
+        Ok(mut seen) => {
+            let gone = seen.difference(&now).cloned().collect();
+            *seen = now;
+            gone
+        }
+        Err(_) => Vec::new(),
+    };
+    for (pool, state) in gone {
+        metrics::gauge!("vps_sandbox_warm_instances", "pool" => pool, "state" => state).set(0.0);
+    }
+    for (pool, state, n) in counts {
+        metrics::gauge!("vps_sandbox_warm_instances", "pool" => pool, "state" => state)
             .set(n as f64);
     }
     Ok(())

@@ -161,6 +161,12 @@ pub fn readiness(findings: &[Finding]) -> Result<(), String> {
     }
 }
 
+/// Readiness alone (the database answers, every migration applied): what anonymous `/readyz`
+/// runs, two reads and nothing else.
+pub async fn ready(pool: &PgPool) -> bool {
+    readiness(&database::check(Ok(pool)).await).is_ok()
+}
+
 /// Wraps a check answering one finding.
 async fn one<F, E>(check: F) -> anyhow::Result<Vec<Finding>>
 where

@@ -24,14 +24,23 @@ use crate::state::AppState;
 pub struct ListEvents {
     /// Start after this cursor.
     after: Option<String>,
-    /// Type patterns (`instance.*`).
-    #[serde(default)]
+    /// Type patterns (`instance.*`): at most 64, each at most 128 characters.
+    #[serde(
+        default,
+        deserialize_with = "vps_domain::bounds::strings::<_, MAX_TYPES, MAX_PATTERN>"
+    )]
+    #[schemars(length(max = 64), inner(length(max = 128)))]
     types: Vec<String>,
     /// Only this subject (`instance/inst_…`).
     subject: Option<String>,
     /// 1 to 1000 (default 100).
     limit: Option<i64>,
 }
+
+/// The most type patterns a list or a stream filters on.
+const MAX_TYPES: usize = 64;
+/// The longest type pattern.
+const MAX_PATTERN: usize = 128;
 
 /// A page of the log.
 #[derive(Serialize, schemars::JsonSchema)]
@@ -132,10 +141,27 @@ pub async fn stream(
         action: list.action.clone(),
     };
     list.admit(&guard, &caller, b"{}")?;
-    let types = q
+    let types: Vec<String> = q
         .types
-        .map(|t| t.split(',').map(str::to_string).collect())
+        .map(|t| {
+            t.split(',')
+                .take(MAX_TYPES + 1)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default();
+    if types.len() > MAX_TYPES {
+        return Err(ApiError::invalid(
+            "types",
+            format!("at most {MAX_TYPES} patterns"),
+        ));
+    }
+    if let Some(i) = types.iter().position(|t| t.chars().count() > MAX_PATTERN) {
+        return Err(ApiError::invalid(
+            &format!("types[{i}]"),
+            format!("longer than {MAX_PATTERN} characters"),
+        ));
+    }
     let filter = filter(&caller, types, q.subject)?;
     let resume = headers
         .get("last-event-id")

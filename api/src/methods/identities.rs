@@ -1,5 +1,10 @@
 //! `identities.*` and `apiKeys.revoke`: identities an operator creates at run time, besides
 //! the `[[identities]]` of the configuration (the bootstrap), and their API keys.
+//!
+//! `apiKeys.revoke` on one's own identity is "sign out", on purpose: any run-time key may
+//! revoke its own identity's keys (the answer says `signedOut: true`, and the key is refused
+//! from the commit on). Operators revoke any run-time identity's keys; a tenant's key names
+//! only its own identity (any other is `NOT_FOUND`, as if it did not exist).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -8,7 +13,7 @@ use vps_commands::identities::{self as commands, NewIdentity};
 use crate::config::IdentityConfig;
 
 use crate::error::ApiError;
-use crate::registry::{Access::Operator, Call, Items, Method, NoParams};
+use crate::registry::{Access::Operator, Access::Tenant, Call, Items, Method, NoParams};
 
 /// `apiKeys.revoke`.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -50,6 +55,8 @@ pub struct Revoked {
     identity_id: String,
     /// How many keys were revoked.
     revoked: usize,
+    /// The caller revoked its own identity's keys: its key no longer works.
+    signed_out: bool,
 }
 
 /// Where an identity comes from.
@@ -116,8 +123,8 @@ pub fn methods() -> Vec<Method> {
         Method::new(
             "apiKeys",
             "revoke",
-            Operator,
-            "Revokes every API key of an identity.",
+            Tenant,
+            "Revokes every API key of an identity: operators any, a key its own (sign out).",
             revoke,
         ),
     ]
@@ -152,6 +159,13 @@ async fn list(c: Call, _: NoParams) -> Result<Items<ListedIdentity>, ApiError> {
 }
 
 async fn revoke(c: Call, q: RevokeKeys) -> Result<Revoked, ApiError> {
+    let own = q.identity_id == c.caller.actor.identity;
+    if !c.caller.actor.operator && !own {
+        return Err(ApiError::new(
+            "NOT_FOUND",
+            format!("identity {} not found", q.identity_id),
+        ));
+    }
     if c.config
         .identities
         .iter()
@@ -169,5 +183,6 @@ async fn revoke(c: Call, q: RevokeKeys) -> Result<Revoked, ApiError> {
     Ok(Revoked {
         identity_id: q.identity_id,
         revoked,
+        signed_out: own,
     })
 }

@@ -190,7 +190,9 @@ async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
     let id = created.id.clone();
     let settled = |i: &Instance| !i.state.is_settling();
     let load = vps_projections::instances::load;
-    let instance = crate::wait::settled(&c.ctx, wait, created, &id, settled, load).await?;
+    let row = (crate::wait::Table::Instances, id.as_str());
+    let instance =
+        crate::wait::settled(&c.ctx, &c.guards, wait, created, row, settled, load).await?;
     Ok(InstanceView::from(&instance))
 }
 

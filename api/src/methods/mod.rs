@@ -21,7 +21,7 @@ pub mod webhooks;
 use crate::error::ApiError;
 use std::sync::LazyLock;
 
-use crate::registry::{Method, Registry};
+use crate::registry::{Call, Method, Registry};
 
 /// Every method of the API, group by group.
 pub fn all() -> Vec<Method> {
@@ -65,7 +65,7 @@ pub enum Scope {
 
 /// The owner a list filters on: `scope` `mine` (the caller) or `all` (none).
 pub fn scope_owner(
-    c: &crate::registry::Call,
+    c: &Call,
     scope: Option<&str>,
     default: Scope,
 ) -> Result<Option<String>, ApiError> {
@@ -99,6 +99,40 @@ pub fn split_page<T>(
     let cursor = more.then(|| items.last().map(cursor)).flatten();
     (items, cursor)
 }
+
+/// An opaque page cursor: the last item's id, bound to the list and the tenant it was read
+/// for and signed with a key derived from the sealing key. Another tenant's ids, another
+/// list's cursor or an edited one are refused alike, so a cursor tells nothing about what
+/// exists outside the caller's own list.
+pub fn sign_cursor(c: &Call, list: &str, tenant: &str, id: &str) -> String {
+    let payload = serde_json::json!([list, tenant, id]).to_string();
+    let mac = c.ctx.secrets.digest(CURSOR_PURPOSE, payload.as_bytes());
+    format!("{}.{}", hex::encode(payload), mac.get(..32).unwrap_or(&mac))
+}
+
+/// The id a cursor of [`sign_cursor`] names, when it was made for this `list` and `tenant`;
+/// `INVALID_INPUT` on `cursor` otherwise.
+pub fn open_cursor(c: &Call, list: &str, tenant: &str, cursor: &str) -> Result<String, ApiError> {
+    let bad = || ApiError::invalid("cursor", "not a cursor from a previous page of this list");
+    let (payload, mac) = cursor.split_once('.').ok_or_else(bad)?;
+    let payload = hex::decode(payload).map_err(|_| bad())?;
+    let expected = c.ctx.secrets.digest(CURSOR_PURPOSE, &payload);
+    let expected = expected.get(..32).unwrap_or(&expected);
+    if !bool::from(subtle::ConstantTimeEq::ct_eq(
+        expected.as_bytes(),
+        mac.as_bytes(),
+    )) {
+        return Err(bad());
+    }
+    let (l, t, id): (String, String, String) =
+        serde_json::from_slice(&payload).map_err(|_| bad())?;
+    if l != list || t != tenant {
+        return Err(bad());
+    }
+    Ok(id)
+}
+
+const CURSOR_PURPOSE: &str = "vps list cursor v1";
 
 /// `NOT_FOUND` for a named resource.
 pub fn missing(what: &str, id: &str) -> ApiError {

@@ -93,7 +93,7 @@ pub struct ListBody {
     template_id: Option<String>,
     /// 1 to 200 (default 50).
     limit: Option<i64>,
-    /// The previous page's cursor (its last sandbox id).
+    /// The previous page's cursor (opaque).
     cursor: Option<String>,
 }
 
@@ -207,7 +207,8 @@ pub fn methods() -> Vec<Method> {
 
 async fn create_template(c: Call, mut q: TemplateInput) -> Result<TemplateView, ApiError> {
     q.tenant_id = c.caller.tenant(&q.tenant_id)?;
-    let t = sandboxes::templates::create(&c.ctx, q).await?;
+    let max = c.config.limits.templates_per_tenant;
+    let t = sandboxes::templates::create_bounded(&c.ctx, q, max).await?;
     vps_reactors::sandboxes::wake();
     Ok(TemplateView::from(&t))
 }
@@ -261,7 +262,9 @@ async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
     let id = created.sandbox.id.clone();
     let settled = |s: &Sandbox| s.state != SandboxState::Starting;
     let load = vps_projections::sandboxes::load_sandbox;
-    let sandbox = crate::wait::settled(&c.ctx, wait, created.sandbox, &id, settled, load).await?;
+    let row = (crate::wait::Table::Sandboxes, id.as_str());
+    let sandbox =
+        crate::wait::settled(&c.ctx, &c.guards, wait, created.sandbox, row, settled, load).await?;
     Ok(SandboxView::from(&sandbox))
 }
 
@@ -291,18 +294,24 @@ async fn list(c: Call, q: ListBody) -> Result<SandboxPage, ApiError> {
     let limit = super::page_limit(q.limit)?;
     let owner = super::scope_owner(&c, q.scope.as_deref(), super::Scope::Mine)?;
     let filter = SandboxFilter {
-        tenant_id,
         owner,
         deleted: q.deleted.unwrap_or(false),
         template_id: q.template_id,
         limit: limit + 1,
-        cursor: q.cursor,
+        cursor: q
+            .cursor
+            .as_deref()
+            .map(|cursor| super::open_cursor(&c, "sandboxes", &tenant_id, cursor))
+            .transpose()?,
+        tenant_id,
     };
     let mut conn = c.ctx.pool.acquire().await?;
     let items = vps_projections::sandboxes::page(&mut conn, &filter)
         .await
         .map_err(vps_commands::CommandError::from)?;
-    let (items, cursor) = super::split_page(items, limit, |s| s.id.clone());
+    let (items, cursor) = super::split_page(items, limit, |s| {
+        super::sign_cursor(&c, "sandboxes", &filter.tenant_id, &s.id)
+    });
     Ok(SandboxPage {
         items: items.iter().map(SandboxView::from).collect(),
         cursor,

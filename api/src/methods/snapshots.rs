@@ -31,7 +31,7 @@ pub struct ListBody {
     scope: Option<String>,
     /// 1 to 200 (default 50).
     limit: Option<i64>,
-    /// The previous page's cursor (its last snapshot id).
+    /// The previous page's cursor (opaque).
     cursor: Option<String>,
 }
 
@@ -83,17 +83,23 @@ async fn list(c: Call, q: ListBody) -> Result<SnapshotPage, ApiError> {
     let limit = super::page_limit(q.limit)?;
     let owner = super::scope_owner(&c, q.scope.as_deref(), super::Scope::Mine)?;
     let filter = SnapshotFilter {
-        tenant_id,
         owner,
         sandbox_id: q.sandbox_id,
         limit: limit + 1,
-        cursor: q.cursor,
+        cursor: q
+            .cursor
+            .as_deref()
+            .map(|cursor| super::open_cursor(&c, "sandboxSnapshots", &tenant_id, cursor))
+            .transpose()?,
+        tenant_id,
     };
     let mut conn = c.ctx.pool.acquire().await?;
     let items = vps_projections::sandboxes::snapshot_page(&mut conn, &filter)
         .await
         .map_err(vps_commands::CommandError::from)?;
-    let (items, cursor) = super::split_page(items, limit, |s| s.id.clone());
+    let (items, cursor) = super::split_page(items, limit, |s| {
+        super::sign_cursor(&c, "sandboxSnapshots", &filter.tenant_id, &s.id)
+    });
     Ok(SnapshotPage {
         items: items.iter().map(SnapshotView::from).collect(),
         cursor,

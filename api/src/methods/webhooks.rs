@@ -17,7 +17,9 @@ use crate::registry::{Access::Tenant, Call, Items, Method, NoParams};
 pub struct CreateWebhook {
     /// Where deliveries are POSTed (http or https).
     url: String,
-    /// Type patterns (`instance.*`).
+    /// Type patterns (`instance.*`): at most 64, each at most 128 characters.
+    #[serde(deserialize_with = "vps_domain::bounds::strings::<_, 64, 128>")]
+    #[schemars(length(max = 64), inner(length(max = 128)))]
     types: Vec<String>,
     /// Operators: one tenant's events only; tenants: their own (the default).
     tenant_id: Option<String>,

@@ -27,6 +27,15 @@ use crate::secrets;
 pub use batch::{Admitter, Gate};
 pub use facts::confirm_placement;
 
+/// The most SSH keys a create names.
+pub const MAX_SSH_KEYS: usize = 32;
+
+/// `sshKeys`: at most [`MAX_SSH_KEYS`].
+fn ssh_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    vps_domain::bounds::list::<D, String, MAX_SSH_KEYS>(d)
+        .map_err(|e| vps_domain::bounds::in_field("sshKeys", e))
+}
+
 /// `instances.create` (without `wait`, which the API handles).
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -39,8 +48,9 @@ pub struct CreateInput {
     pub flavor: String,
     /// The image (hosted pools).
     pub image_id: String,
-    /// OpenSSH public keys.
-    #[serde(default)]
+    /// OpenSSH public keys: at most 32.
+    #[serde(default, deserialize_with = "ssh_keys")]
+    #[schemars(length(max = 32))]
     pub ssh_keys: Vec<String>,
     /// Cloud-init user data; default: rendered from the id and keys.
     pub user_data: Option<String>,

@@ -24,10 +24,16 @@ pub struct RegisterNode {
     pub name: String,
     /// What it offers.
     pub capacity: Capacity,
-    /// Placement labels.
-    #[serde(default)]
+    /// Placement labels: at most 64.
+    #[serde(default, deserialize_with = "vps_domain::bounds::map::<_, String, 64>")]
+    #[schemars(extend("maxProperties" = 64))]
     pub labels: BTreeMap<String, String>,
-    /// Runtimes it advertises (default: the pool's).
+    /// Runtimes it advertises (default: the pool's): at most 16.
+    #[serde(
+        default,
+        deserialize_with = "vps_domain::bounds::optional_list::<_, String, 16>"
+    )]
+    #[schemars(length(max = 16))]
     pub runtimes: Option<Vec<String>>,
     /// CPU model.
     pub cpu_model: Option<String>,

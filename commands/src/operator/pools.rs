@@ -51,8 +51,9 @@ pub struct OfferPool {
     pub pool_id: String,
     /// The tenant it becomes visible to.
     pub tenant_id: String,
-    /// Maxima per resource; a missing one is 0.
-    #[serde(default)]
+    /// Maxima per resource; a missing one is 0 (at most 16 entries).
+    #[serde(default, deserialize_with = "vps_domain::bounds::map::<_, u64, 16>")]
+    #[schemars(extend("maxProperties" = 16))]
     pub quota: BTreeMap<String, u64>,
 }
 

@@ -63,7 +63,10 @@ pub struct TemplatePatch {
 pub struct TemplateSettings {
     /// User data every sandbox boots with (sealed, never shown again).
     pub user_data: Option<String>,
-    /// `NAME` → `secret://<tenant>/<name>`: written to `/etc/sandbox/env` in the guest.
+    /// `NAME` → `secret://<tenant>/<name>`: written to `/etc/sandbox/env` in the guest (at
+    /// most 64).
+    #[serde(default, deserialize_with = "bounded_env")]
+    #[schemars(extend("maxProperties" = 64))]
     pub env: Option<BTreeMap<String, String>>,
     /// `egress` (default), `private` or `none`.
     pub network: Option<Network>,
@@ -74,7 +77,25 @@ pub struct TemplateSettings {
     /// Warm instances kept ready: `{ min, max }` (`max` 0 with volumes).
     pub warm: Option<Warm>,
     /// The tenant's volumes its sandboxes attach: at most 8, all on one node (`[]`: none).
+    #[serde(default, deserialize_with = "bounded_volumes")]
+    #[schemars(length(max = 8))]
     pub volumes: Option<Vec<VolumeMount>>,
+}
+
+/// `env`: at most [`domain::MAX_ENV`] entries.
+fn bounded_env<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    vps_domain::bounds::optional_map::<D, String, { domain::MAX_ENV }>(d)
+        .map_err(|e| vps_domain::bounds::in_field("env", e))
+}
+
+/// `volumes`: at most [`vps_domain::volume::MAX_MOUNTS`].
+fn bounded_volumes<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<VolumeMount>>, D::Error> {
+    vps_domain::bounds::optional_list::<D, VolumeMount, { vps_domain::volume::MAX_MOUNTS }>(d)
+        .map_err(|e| vps_domain::bounds::in_field("volumes", e))
 }
 
 impl TemplateSettings {
@@ -102,11 +123,28 @@ fn user_data_ref(template_id: &str, instance_version: u64) -> String {
     format!("secret://{template_id}/user-data-{instance_version}")
 }
 
-/// Creates a template.
+/// The default of `[limits] templates_per_tenant`.
+pub const DEFAULT_TEMPLATES_PER_TENANT: usize = 200;
+
+/// Creates a template, at most [`DEFAULT_TEMPLATES_PER_TENANT`] live ones per tenant.
 pub async fn create(ctx: &Ctx, input: TemplateInput) -> Result<Template, CommandError> {
+    create_bounded(ctx, input, DEFAULT_TEMPLATES_PER_TENANT).await
+}
+
+/// Creates a template unless the tenant already has `max` live ones (`INVALID_STATE`,
+/// `details.reason: templates-per-tenant`): each template is a row every sandbox pass reads
+/// and, with a warm pool, instances kept booted.
+pub async fn create_bounded(
+    ctx: &Ctx,
+    input: TemplateInput,
+    max: usize,
+) -> Result<Template, CommandError> {
     vps_domain::instance::check_user_data(input.settings.user_data.as_deref())?;
     let id = new_id("sbxt");
-    transaction(ctx, &id, async |tx| create_in(ctx, tx, &id, &input).await).await
+    transaction(ctx, &id, async |tx| {
+        create_in(ctx, tx, &id, &input, max).await
+    })
+    .await
 }
 
 async fn create_in(
@@ -114,7 +152,30 @@ async fn create_in(
     tx: &mut PgConnection,
     id: &str,
     input: &TemplateInput,
+    max: usize,
 ) -> Result<Template, CommandError> {
+    // Concurrent creates of one tenant queue here, so the count below is exact.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('sandbox-templates:' || $1, 0))")
+        .bind(&input.tenant_id)
+        .execute(&mut *tx)
+        .await?;
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted",
+    )
+    .bind(&input.tenant_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    if usize::try_from(live).unwrap_or(usize::MAX) >= max {
+        return Err(vps_domain::DomainError::InvalidState {
+            message: format!(
+                "tenant {} already has {live} templates, the most it may have ([limits] \
+                 templates_per_tenant = {max}); delete one first",
+                input.tenant_id
+            ),
+            details: serde_json::json!({ "reason": "templates-per-tenant", "max": max }),
+        }
+        .into());
+    }
     let defaults = TemplateSpec {
         flavor: input.flavor.clone(),
         image_id: input.image_id.clone(),

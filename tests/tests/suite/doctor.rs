@@ -1,4 +1,4 @@
-//! `vps doctor`, the `checks` of `/readyz` and the `vps_doctor_findings` gauges, against a
+//! `vps doctor`, the `checks` of `/readyz?verbose` and the `vps_doctor_findings` gauges, against a
 //! real server: healthy first, then with findings induced the way they happen in production
 //! (a host that stops reporting, a reconciler whose lease another session holds, an endpoint
 //! that answers 410, a transaction left open).
@@ -11,11 +11,12 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use vps_tests::{eventually, TestServer, ALICE, OPERATOR, PATIENCE, SSH_KEY};
 
-/// `/readyz`: its status and body.
+/// `/readyz?verbose` as the operator: its status and body.
 async fn readyz(t: &TestServer) -> (u16, Value) {
     let response = t
         .http
-        .get(format!("{}/readyz", t.server.url()))
+        .get(format!("{}/readyz?verbose", t.server.url()))
+        .bearer_auth(OPERATOR)
         .send()
         .await
         .expect("readyz answers");

@@ -82,7 +82,10 @@ async fn an_api_key_acts_for_its_tenant_and_a_revoked_one_is_refused_on_every_re
     let revoked = t
         .ok(OPERATOR, "apiKeys.revoke", json!({ "identityId": id }))
         .await;
-    assert_eq!(revoked, json!({ "identityId": id, "revoked": 1 }));
+    assert_eq!(
+        revoked,
+        json!({ "identityId": id, "revoked": 1, "signedOut": false })
+    );
     let at = Instant::now();
     for url in [t.server.url(), replica.url()] {
         eventually("the key refused", PATIENCE, || async {

@@ -231,6 +231,8 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
             json!({ "tenantId": "globex", "name": "x", "value": "v" }),
         ]),
         "events.list" => OwnOnly(json!({ "subject": format!("instance/{}", g.instance) })),
+        // A key signs out only its own identity: globex's is not found.
+        "apiKeys.revoke" => NotFound(vec![json!({ "identityId": "id_eve" })]),
         _ => return None,
     })
 }

@@ -20,6 +20,7 @@ mod provider_pools;
 mod replay_property;
 mod sandbox_property;
 mod sandboxes;
+mod security;
 mod snapshots;
 mod teardown;
 mod usage;
