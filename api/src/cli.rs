@@ -152,9 +152,13 @@ enum UsageCommand {
 
 #[derive(Debug, Args)]
 struct DevArgs {
-    /// How many emulated hosts to run.
-    #[arg(long, default_value_t = 3)]
-    sim: usize,
+    /// How many emulated hosts to run (default 3, or 0 with --qemu).
+    #[arg(long)]
+    sim: Option<usize>,
+    /// How many real hosts to run, guests as QEMU virtual machines (needs root and
+    /// qemu-system-x86; builds the minimal guest image on first use).
+    #[arg(long, default_value_t = 0)]
+    qemu: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -333,7 +337,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let config = Config::load(cli.config.as_deref())?;
     match cli.command {
         Command::Serve => serve(config).await,
-        Command::Dev(args) => crate::dev::run(config, args.sim).await,
+        Command::Dev(args) => {
+            let sim = args.sim.unwrap_or(if args.qemu > 0 { 0 } else { 3 });
+            crate::dev::run(config, sim, args.qemu).await
+        }
         Command::Events(cmd) => events(&config, cmd).await,
         Command::Audit(AuditCommand::Verify) => {
             let db = Database::open(&config, 4).await?;

@@ -1,5 +1,8 @@
 //! `vps dev --sim N`: the server on the embedded database with N emulated hosts and a demo
-//! pool, so a newcomer can create an instance and watch it run within seconds.
+//! pool, so a newcomer can create an instance and watch it run within seconds; `--qemu N`
+//! adds N real hosts that run guests as QEMU virtual machines ([`qemu`]).
+
+mod qemu;
 
 use std::path::Path;
 use std::time::Duration;
@@ -23,7 +26,7 @@ const KEY_FILE: &str = ".vps/secrets.key";
 const CA_FILE: &str = ".vps/sandbox-ca";
 
 /// Runs the dev server until interrupted.
-pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
+pub async fn run(mut config: Config, hosts: usize, real_hosts: usize) -> anyhow::Result<i32> {
     if config.identities.is_empty() {
         config.identities = vec![
             identity("op", "id_operator", None),
@@ -52,8 +55,8 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
     let server = crate::server::start(config.clone(), db.pool.clone()).await?;
     let ctx = crate::server::reactor_ctx(&server.state, "dev");
     let pool_id = demo_pool(&ctx).await?;
-    let template_id = demo_template(&ctx, &pool_id).await?;
-    let nodes = demo_nodes(&ctx, &pool_id, hosts).await?;
+    let template_id = template(&ctx, &pool_id, "demo-py", "small", "img_demo", 2).await?;
+    let nodes = nodes(&ctx, &pool_id, hosts, NODES_FILE, "sim", None).await?;
     let _hosts: Vec<HostHandle> = nodes
         .iter()
         .map(|(node, token)| {
@@ -63,6 +66,10 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
             EmulatedHost::start(host)
         })
         .collect();
+    let real = match real_hosts {
+        0 => None,
+        n => Some(qemu::start(&ctx, &server.url(), n).await?),
+    };
 
     print_guide(
         &config,
@@ -72,6 +79,9 @@ pub async fn run(mut config: Config, hosts: usize) -> anyhow::Result<i32> {
         &pool_id,
         &template_id,
     );
+    if let Some(real) = &real {
+        print_qemu_guide(&server.url(), real);
+    }
     println!("press Ctrl-C to stop");
     crate::server::shutdown_signal().await;
     server.shutdown().await;
@@ -119,9 +129,28 @@ fn print_guide(
     );
     println!("  vps sandboxes create --template-id {template_id} --ttl-seconds 15m --wait");
     println!("  vps sandboxes exec <sbx_…> -- echo hi");
-    println!("watch the log:   cargo run -p vps -- events tail");
+    let me = std::env::current_exe().unwrap_or_else(|_| "vps".into());
+    println!("watch the log:   {} events tail", me.display());
     println!("the console:     {url}/console (sign in with the tenant token, tenant acme)");
     println!("delete it:       curl -s -X POST {url}/api/compute/instances/delete -H 'Authorization: Bearer {tenant_token}' -d '{{\"tenantId\":\"acme\",\"instanceId\":\"<id>\"}}'");
+}
+
+/// What `vps dev --qemu` adds to the guide.
+fn print_qemu_guide(url: &str, real: &qemu::QemuDemo) {
+    println!(
+        "\n{} real host(s) run guests as QEMU virtual machines (pool {}, template {}):",
+        real.hosts.len(),
+        real.pool_id,
+        qemu::TEMPLATE
+    );
+    let me = std::env::current_exe().unwrap_or_else(|_| "vps".into());
+    println!("  export VPS_URL={url}");
+    println!(
+        "  {} sandboxes create --template {} --ttl-seconds 15m --wait",
+        me.display(),
+        real.template_id
+    );
+    println!("  {} sandboxes exec <sbx_…> -- uname -r", me.display());
 }
 
 /// The key in `.vps/secrets.key`, generated (32 random bytes, base64, readable by the owner
@@ -231,12 +260,20 @@ async fn demo_pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
     Ok(id)
 }
 
-/// The demo sandbox template `demo-py` of tenant `acme` (kept across restarts), owned by the
+/// The demo sandbox template `name` of tenant `acme` (kept across restarts), owned by the
 /// tenant's identity so its warm instances are the tenant's.
-async fn demo_template(ctx: &vps_commands::Ctx, pool_id: &str) -> anyhow::Result<String> {
+async fn template(
+    ctx: &vps_commands::Ctx,
+    pool_id: &str,
+    name: &str,
+    flavor: &str,
+    image_id: &str,
+    warm: u32,
+) -> anyhow::Result<String> {
     let existing: Option<String> = sqlx::query_scalar(
-        "SELECT id FROM sandbox_templates WHERE tenant_id = 'acme' AND name = 'demo-py' AND NOT deleted",
+        "SELECT id FROM sandbox_templates WHERE tenant_id = 'acme' AND name = $1 AND NOT deleted",
     )
+    .bind(name)
     .fetch_optional(&ctx.pool)
     .await?;
     if let Some(id) = existing {
@@ -247,14 +284,17 @@ async fn demo_template(ctx: &vps_commands::Ctx, pool_id: &str) -> anyhow::Result
     tenant.actor.tenant = Some("acme".into());
     let input = vps_commands::sandboxes::templates::TemplateInput {
         tenant_id: "acme".into(),
-        name: "demo-py".into(),
+        name: name.into(),
         pool_id: pool_id.into(),
-        flavor: "small".into(),
-        image_id: "img_demo".into(),
+        flavor: flavor.into(),
+        image_id: image_id.into(),
         settings: vps_commands::sandboxes::templates::TemplateSettings {
             default_ttl_seconds: Some(900),
             max_ttl_seconds: Some(3600),
-            warm: Some(vps_domain::template::Warm { min: 2, max: 2 }),
+            warm: Some(vps_domain::template::Warm {
+                min: warm,
+                max: warm,
+            }),
             ..Default::default()
         },
     };
@@ -262,14 +302,17 @@ async fn demo_template(ctx: &vps_commands::Ctx, pool_id: &str) -> anyhow::Result
     Ok(template.id)
 }
 
-/// `hosts` nodes with their tokens: reused from `.vps/dev-nodes.json` when still registered,
+/// `hosts` nodes of `pool_id` with their tokens: reused from `file` when still registered,
 /// registered anew otherwise (a token is shown only once).
-async fn demo_nodes(
+async fn nodes(
     ctx: &vps_commands::Ctx,
     pool_id: &str,
     hosts: usize,
+    file: &str,
+    prefix: &str,
+    runtimes: Option<Vec<String>>,
 ) -> anyhow::Result<Vec<(String, String)>> {
-    let saved: Vec<(String, String)> = std::fs::read_to_string(NODES_FILE)
+    let saved: Vec<(String, String)> = std::fs::read_to_string(file)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
@@ -287,7 +330,10 @@ async fn demo_nodes(
         }
     }
     while nodes.len() < hosts {
-        let name = format!("sim-{}", ulid::Ulid::generate().to_string().to_lowercase());
+        let name = format!(
+            "{prefix}-{}",
+            ulid::Ulid::generate().to_string().to_lowercase()
+        );
         let registered = ops::register_node(
             ctx,
             RegisterNode {
@@ -300,16 +346,16 @@ async fn demo_nodes(
                     gpus: vec![],
                 },
                 labels: Default::default(),
-                runtimes: None,
-                cpu_model: Some("emulated".into()),
+                cpu_model: runtimes.is_none().then(|| "emulated".into()),
+                runtimes: runtimes.clone(),
             },
         )
         .await?;
         nodes.push((registered.node.id, registered.node_token));
     }
-    if let Some(dir) = Path::new(NODES_FILE).parent() {
+    if let Some(dir) = Path::new(file).parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(NODES_FILE, serde_json::to_string(&json!(nodes))?)?;
+    std::fs::write(file, serde_json::to_string(&json!(nodes))?)?;
     Ok(nodes)
 }

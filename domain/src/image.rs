@@ -92,7 +92,10 @@ pub fn register(r: &ImageRegistered) -> Result<Vec<ImageEvent>, DomainError> {
         return Err(DomainError::invalid_input("sha256", "64 hex characters"));
     }
     if !["raw", "qcow2", "iso", "bundle"].contains(&r.format.as_str()) {
-        return Err(DomainError::invalid_input("format", "raw, qcow2, iso or bundle"));
+        return Err(DomainError::invalid_input(
+            "format",
+            "raw, qcow2, iso or bundle",
+        ));
     }
     Ok(vec![ImageEvent::Registered(ImageRegistered {
         sha256: r.sha256.to_lowercase(),

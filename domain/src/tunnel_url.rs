@@ -27,7 +27,12 @@ impl fmt::Display for TunnelAddress {
 
 /// Parses a tunnel URL; anything but `tcp://HOST:PORT` is `INVALID_INPUT` naming `field`.
 pub fn parse(field: &str, text: &str) -> Result<TunnelAddress, DomainError> {
-    let bad = || DomainError::invalid_input(field, "a tcp://HOST:PORT URL, HOST an IP address or host name");
+    let bad = || {
+        DomainError::invalid_input(
+            field,
+            "a tcp://HOST:PORT URL, HOST an IP address or host name",
+        )
+    };
     if text.len() > MAX_URL_LEN {
         return Err(DomainError::invalid_input(
             field,
@@ -61,7 +66,9 @@ fn is_host_name(name: &str) -> bool {
         && name.len() <= 253
         && name.split('.').all(|label| {
             (1..=63).contains(&label.len())
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -76,7 +83,10 @@ mod tests {
         let ok = |t: &str| parse("tunnelUrl", t).map(|a| a.to_string());
         assert_eq!(ok("tcp://127.0.0.1:2222").unwrap(), "127.0.0.1:2222");
         assert_eq!(ok("tcp://[::1]:22").unwrap(), "[::1]:22");
-        assert_eq!(ok("tcp://host-0.hosts.example:2222").unwrap(), "host-0.hosts.example:2222");
+        assert_eq!(
+            ok("tcp://host-0.hosts.example:2222").unwrap(),
+            "host-0.hosts.example:2222"
+        );
         assert_eq!(ok("tcp://node7:22/").unwrap(), "node7:22");
     }
 

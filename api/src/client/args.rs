@@ -145,6 +145,17 @@ fn flag(p: &Property) -> String {
     }
 }
 
+/// The reference product's spelling of an id flag (`--pool` for `--pool-id`, …), accepted too.
+fn reference_alias(name: &str) -> Option<&'static str> {
+    match name {
+        "poolId" => Some("pool"),
+        "imageId" => Some("image"),
+        "templateId" => Some("template"),
+        "volumeId" => Some("volume"),
+        _ => None,
+    }
+}
+
 /// The method's arguments.
 pub fn for_method(m: &Method) -> Vec<Arg> {
     let props = properties(m);
@@ -157,6 +168,9 @@ pub fn for_method(m: &Method) -> Vec<Arg> {
             continue;
         }
         let mut arg = Arg::new(p.name.clone()).long(flag(p)).help(about);
+        if let Some(alias) = reference_alias(&p.name) {
+            arg = arg.visible_alias(alias);
+        }
         arg = match (p.name.as_str(), p.kind) {
             ("tenantId", _) => arg.env("VPS_TENANT").required(p.required),
             // A fresh key is sent unless one is given.

@@ -137,7 +137,9 @@ fn ssh_command(
 /// because OpenSSH expands `%` tokens in a `ProxyCommand` before the shell sees it.
 fn proxy_command(me: &Path, ticket_file: &Path) -> Result<String, String> {
     let quote = |p: &Path| {
-        let text = p.to_str().ok_or_else(|| format!("{} is not UTF-8", p.display()))?;
+        let text = p
+            .to_str()
+            .ok_or_else(|| format!("{} is not UTF-8", p.display()))?;
         shlex::try_quote(text)
             .map(|q| q.replace('%', "%%"))
             .map_err(|_| format!("{text:?} cannot be quoted for a shell"))
@@ -224,8 +226,8 @@ mod tests {
             format!("tcp://`touch {}`:22", marker.display()),
             format!("tcp://x;touch {};:22", marker.display()),
         ] {
-            let err = ssh_command(&grant(&url), dir.path(), &dir.path().join("k"), me)
-                .expect_err(&url);
+            let err =
+                ssh_command(&grant(&url), dir.path(), &dir.path().join("k"), me).expect_err(&url);
             assert!(err.contains("tunnel.url"), "{err}");
         }
         assert!(!marker.exists());
@@ -246,7 +248,12 @@ mod tests {
         let file = dir.path().join("tunnel.json");
         assert_eq!(
             words,
-            ["/opt/my tools/vps", "tunnel", "--ticket-file", file.to_str().unwrap()]
+            [
+                "/opt/my tools/vps",
+                "tunnel",
+                "--ticket-file",
+                file.to_str().unwrap()
+            ]
         );
         assert_eq!(
             TicketFile::read(&file).unwrap().url,

@@ -41,10 +41,8 @@ pub fn build_command() -> Command {
 
 /// Runs `images build`: 0 once the bundle is written, 1 if the build failed.
 pub fn run_build(m: &ArgMatches) -> i32 {
-    let (Some(out), Some(work)) = (
-        m.get_one::<PathBuf>("out"),
-        m.get_one::<PathBuf>("workDir"),
-    ) else {
+    let (Some(out), Some(work)) = (m.get_one::<PathBuf>("out"), m.get_one::<PathBuf>("workDir"))
+    else {
         return 2;
     };
     match vps_guest_image::build_minimal(out, work, |step| eprintln!("{step}")) {
@@ -62,7 +60,9 @@ pub fn run_build(m: &ArgMatches) -> i32 {
 /// The command's arguments (the connection ones are added by the caller).
 pub fn import_command() -> Command {
     Command::new("import")
-        .about("Uploads an image file to the deployment's object store and registers it (operator).")
+        .about(
+            "Uploads an image file to the deployment's object store and registers it (operator).",
+        )
         .arg(
             Arg::new("file")
                 .required(true)
@@ -109,7 +109,10 @@ pub async fn run_import(client: &Client, m: &ArgMatches) -> i32 {
     else {
         return 1;
     };
-    eprintln!("uploading {} ({size} bytes, sha256 {sha256})", file.display());
+    eprintln!(
+        "uploading {} ({size} bytes, sha256 {sha256})",
+        file.display()
+    );
     if let Err(e) = put(file, &target, &sha256, size).await {
         eprintln!("error: upload failed: {e}");
         return 1;
@@ -153,14 +156,21 @@ async fn digest(file: &Path) -> std::io::Result<(String, u64)> {
 
 /// `PUT`s the file to the presigned URL with exactly the headers given, plus its digest (the
 /// built-in store checks it as it writes).
-async fn put(file: &Path, target: &serde_json::Value, sha256: &str, size: u64) -> anyhow::Result<()> {
+async fn put(
+    file: &Path,
+    target: &serde_json::Value,
+    sha256: &str,
+    size: u64,
+) -> anyhow::Result<()> {
     let url = target["uploadUrl"].as_str().unwrap_or_default();
     let body = tokio::fs::File::open(file).await?;
     let mut request = reqwest::Client::new()
         .put(url)
         .header(reqwest::header::CONTENT_LENGTH, size)
         .header(vps_store::SHA256_HEADER, sha256)
-        .body(reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(body)));
+        .body(reqwest::Body::wrap_stream(
+            tokio_util::io::ReaderStream::new(body),
+        ));
     if let Some(headers) = target["uploadHeaders"].as_object() {
         for (name, value) in headers {
             request = request.header(name, value.as_str().unwrap_or_default());

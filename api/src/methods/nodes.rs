@@ -232,7 +232,11 @@ async fn sign_objects(
     }
     for instance in &mut spec.instances {
         // An imported image: its object, for as long as a restore's.
-        let stored = instance.image.url.as_deref().and_then(|u| u.strip_prefix(STORE_SCHEME));
+        let stored = instance
+            .image
+            .url
+            .as_deref()
+            .and_then(|u| u.strip_prefix(STORE_SCHEME));
         if let Some(key) = stored {
             instance.image.url = Some(store.download(key, ttl).await.map_err(unsigned)?);
         }

@@ -30,7 +30,8 @@ impl TicketFile {
             url: grant["tunnel"]["url"].as_str().unwrap_or("").to_string(),
             ticket: grant["tunnel"]["ticket"].as_str().unwrap_or("").to_string(),
         };
-        file.check().map_err(|e| format!("the server answered a bad tunnel: {e}"))?;
+        file.check()
+            .map_err(|e| format!("the server answered a bad tunnel: {e}"))?;
         Ok(file)
     }
 
@@ -40,7 +41,8 @@ impl TicketFile {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let file: TicketFile = serde_json::from_str(&text)
             .with_context(|| format!("{}: not a ticket file", path.display()))?;
-        file.check().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        file.check()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Ok(file)
     }
 

@@ -92,9 +92,6 @@ struct NicRecord {
     tap: String,
 }
 
-/// The longest path a unix socket can have (`sun_path`, with its NUL).
-const MAX_SOCKET_PATH: usize = 107;
-
 impl Qemu {
     /// A runtime keeping guests under `state_dir/guests` and images under `image_dir`. Nothing
     /// is probed or adopted yet: see [`Qemu::chosen_accel`] and [`Runtime::adopt`].
@@ -203,11 +200,9 @@ impl Qemu {
         std::fs::create_dir_all(&dir.0)
             .map_err(|e| RuntimeError(format!("cannot make {}: {e}", dir.0.display())))?;
         check_fits_host(spec)?;
-        if dir.qmp().as_os_str().len() > MAX_SOCKET_PATH {
-            return Err(RuntimeError(format!(
-                "state directory path too long for a QMP socket: {}",
-                dir.qmp().display()
-            )));
+        if let Some(sockets) = dir.qmp().parent().filter(|p| *p != dir.0) {
+            std::fs::create_dir_all(sockets)
+                .map_err(|e| RuntimeError(format!("cannot make {}: {e}", sockets.display())))?;
         }
         let record = GuestRecord {
             id: spec.id.clone(),
@@ -381,6 +376,34 @@ impl Qemu {
         }
     }
 
+    /// Waits until the guest accepts a connection on `address` (its sshd), or `boot_deadline`
+    /// passes: then it goes on with a warning, as an image may run no sshd at all.
+    async fn wait_for_service(
+        &self,
+        slot: &Slot,
+        pid: i32,
+        address: (IpAddr, u16),
+    ) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + self.boot_deadline;
+        let target = std::net::SocketAddr::from(address);
+        loop {
+            let attempt = Duration::from_millis(500);
+            if let Ok(Ok(_)) =
+                tokio::time::timeout(attempt, tokio::net::TcpStream::connect(target)).await
+            {
+                return Ok(());
+            }
+            if !process::is_alive(pid, &slot.dir) {
+                return Err(RuntimeError("the guest ended while booting".into()));
+            }
+            if Instant::now() > deadline {
+                tracing::warn!(%target, "the guest's sshd did not answer while booting; pausing it anyway");
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn run_inner(&self, spec: &GuestSpec) -> Result<(), RuntimeError> {
         let slot = self.slot(&spec.id);
         let mut live = slot.live.lock().await;
@@ -412,6 +435,11 @@ impl Qemu {
                     .pid
                     .ok_or_else(|| RuntimeError("the guest has no process".into()))?;
                 self.wait_for_life(&slot, pid).await?;
+                // A guest paused before its sshd listens would make a warm claim wait for the
+                // rest of its boot: freeze it once it serves.
+                if let Some(address) = self.ssh_address(&spec.id) {
+                    self.wait_for_service(&slot, pid, address).await?;
+                }
             }
         }
         execute(&live, "stop").await?;
@@ -484,6 +512,8 @@ impl Qemu {
         for tap in taps {
             net::remove_tap(&tap).await?;
         }
+        // A socket kept outside the directory (a deep state directory) goes too.
+        let _ = tokio::fs::remove_file(dir.qmp()).await;
         match tokio::fs::remove_dir_all(&dir.0).await {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

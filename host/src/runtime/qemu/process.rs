@@ -16,6 +16,11 @@ use super::accel::last_lines;
 use super::qmp::Qmp;
 use crate::runtime::{GuestState, RuntimeError};
 
+/// The longest path a unix socket can have (`sun_path`, with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+/// Where QMP sockets go when the guest's directory is too deep for one.
+pub const SHORT_SOCKET_DIR: &str = "/run/vps-host";
+
 /// A guest's files under `<state_dir>/guests/<id>/`.
 #[derive(Clone, Debug)]
 pub struct GuestDir(pub PathBuf);
@@ -24,8 +29,18 @@ impl GuestDir {
     pub fn record(&self) -> PathBuf {
         self.0.join("spec.json")
     }
+    /// The QMP socket: beside the guest's other files, unless that path is too long for a
+    /// unix socket (a deep state directory); then under [`SHORT_SOCKET_DIR`], named by the
+    /// digest of the guest's directory, so a restarted agent finds it the same way.
     pub fn qmp(&self) -> PathBuf {
-        self.0.join("qmp.sock")
+        use sha2::{Digest, Sha256};
+        use std::os::unix::ffi::OsStrExt;
+        let beside = self.0.join("qmp.sock");
+        if beside.as_os_str().len() <= MAX_SOCKET_PATH {
+            return beside;
+        }
+        let digest = Sha256::digest(self.0.as_os_str().as_bytes());
+        Path::new(SHORT_SOCKET_DIR).join(format!("{}.sock", hex::encode(&digest[..12])))
     }
     pub fn console(&self) -> PathBuf {
         self.0.join("console.log")

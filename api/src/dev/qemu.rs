@@ -1,0 +1,180 @@
+//! `vps dev --qemu N`: N real host agents in this process, each running its guests as QEMU
+//! virtual machines (under TCG where KVM does not work), with the minimal guest image built
+//! and registered, a `qemu` pool and a template whose warm pool is kept as paused guests. A
+//! newcomer sees a real VM answer `vps sandboxes exec`.
+//!
+//! Guests get taps on a bridge in the machine's network namespace, so this needs root (or
+//! CAP_NET_ADMIN) and an address range free on the machine: `10.43.0.0/24`.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use vps_commands::operator::{
+    self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, SetIpPool,
+};
+use vps_domain::operator::PoolPolicy;
+use vps_host::runtime::qemu::{Accel, Qemu};
+use vps_host::{HostConfig, HostHandle, RuntimeKind};
+
+const POOL: &str = "demo-qemu";
+const CIDR: &str = "10.43.0.0/24";
+const GATEWAY: &str = "10.43.0.1";
+const BRIDGE: &str = "vpsbr0";
+const IMAGE_ID: &str = "img_minimal";
+const BUNDLE: &str = ".vps/guest/minimal.tar";
+const BUILD_DIR: &str = ".vps/guest-build";
+const NODES_FILE: &str = ".vps/dev-qemu-nodes.json";
+/// The flavor guests get: small enough for TCG on a laptop.
+const FLAVOR: &str = "micro";
+pub const TEMPLATE: &str = "demo-minimal";
+
+/// The real hosts, their pool and template; the agents stop when this is dropped (their
+/// guests keep running, and the next `vps dev --qemu` re-adopts them).
+pub struct QemuDemo {
+    pub pool_id: String,
+    pub template_id: String,
+    pub hosts: Vec<HostHandle>,
+}
+
+/// Builds (once) and registers the minimal image, makes the pool and template, and starts `n`
+/// host agents talking to `server_url`.
+pub async fn start(
+    ctx: &vps_commands::Ctx,
+    server_url: &str,
+    n: usize,
+) -> anyhow::Result<QemuDemo> {
+    let bundle = minimal_bundle().await?;
+    register_image(ctx, &bundle).await?;
+    let pool_id = pool(ctx).await?;
+    let template_id = super::template(ctx, &pool_id, TEMPLATE, FLAVOR, IMAGE_ID, 1).await?;
+    let nodes = super::nodes(
+        ctx,
+        &pool_id,
+        n,
+        NODES_FILE,
+        "qemu",
+        Some(vec!["qemu".into()]),
+    )
+    .await?;
+    let mut hosts = Vec::new();
+    for (node_id, token) in nodes {
+        let state = PathBuf::from(".vps/hosts").join(&node_id);
+        let config = HostConfig {
+            server_url: server_url.to_string(),
+            node_id,
+            node_token: token,
+            state_dir: absolute(&state.join("state"))?,
+            image_dir: absolute(Path::new(".vps/images"))?,
+            bridge: Some(BRIDGE.into()),
+            tunnel_listen: "127.0.0.1:0".into(),
+            runtime: RuntimeKind::Qemu,
+            accel: Accel::Auto,
+            timings: Default::default(),
+        };
+        let runtime = Qemu::new(&config.state_dir, &config.image_dir, config.accel)?;
+        hosts.push(vps_host::start(config, runtime).await?);
+    }
+    Ok(QemuDemo {
+        pool_id,
+        template_id,
+        hosts,
+    })
+}
+
+/// `.vps/guest/minimal.tar`, built from Debian's packages on first use (about 20 s).
+async fn minimal_bundle() -> anyhow::Result<PathBuf> {
+    let bundle = absolute(Path::new(BUNDLE))?;
+    if !bundle.exists() {
+        println!("building the minimal guest image (once) into {BUNDLE} …");
+        let out = bundle.clone();
+        tokio::task::spawn_blocking(move || {
+            vps_guest_image::build_minimal(&out, Path::new(BUILD_DIR), |s| println!("  {s}"))
+        })
+        .await??;
+    }
+    Ok(bundle)
+}
+
+/// Registers the bundle by its `file://` path and digest (again on each start: a rebuilt
+/// bundle gets its new digest).
+async fn register_image(ctx: &vps_commands::Ctx, bundle: &Path) -> anyhow::Result<()> {
+    let bytes = tokio::fs::read(bundle).await?;
+    let image = RegisterImage {
+        image_id: IMAGE_ID.into(),
+        tenant_id: None,
+        url: format!("file://{}", bundle.display()),
+        sha256: hex::encode(Sha256::digest(&bytes)),
+        format: "bundle".into(),
+        verified: true,
+    };
+    ops::register_image(ctx, image).await?;
+    Ok(())
+}
+
+/// The `qemu` pool, offered to `acme`, with one small flavor.
+async fn pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
+    let existing: Option<String> = sqlx::query_scalar("SELECT id FROM pools WHERE name = $1")
+        .bind(POOL)
+        .fetch_optional(&ctx.pool)
+        .await?;
+    if let Some(id) = existing {
+        return Ok(id);
+    }
+    let pool = ops::create_pool(
+        ctx,
+        CreatePool {
+            name: POOL.into(),
+            class: "vps-host".into(),
+            runtime: Some("qemu".into()),
+            provider_account_id: None,
+            policy: PoolPolicy {
+                recreate_on_host_loss: false,
+                lost_after_seconds: Some(60),
+            },
+        },
+    )
+    .await?;
+    let id = pool.id;
+    ops::set_ip_pool(
+        ctx,
+        SetIpPool {
+            pool_id: id.clone(),
+            cidr: CIDR.into(),
+            gateway: Some(GATEWAY.into()),
+        },
+    )
+    .await?;
+    let quota = [
+        ("vcpu", 16),
+        ("memoryGiB", 32),
+        ("diskGiB", 200),
+        ("gpu", 0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    ops::offer_pool(
+        ctx,
+        OfferPool {
+            pool_id: id.clone(),
+            tenant_id: "acme".into(),
+            quota,
+        },
+    )
+    .await?;
+    let flavor = CreateFlavor {
+        pool_id: id.clone(),
+        name: FLAVOR.into(),
+        vcpu: 1,
+        memory_gib: 1,
+        disk_gib: 2,
+        gpus: None,
+        offer_id: None,
+    };
+    ops::create_flavor(ctx, flavor).await?;
+    Ok(id)
+}
+
+fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+    Ok(std::env::current_dir()?.join(path))
+}
