@@ -33,12 +33,12 @@ entity Identity = { operator: Bool, tenant?: String };
 entity Node;
 entity Tenant = { tenant?: String };
 entity Instance = {
-  tenant?: String, vcpu: Long, memoryGiB: Long, gpus: Long,
+  tenant?: String, vcpu: Long, memoryGiB: Long, gpus: Long, diskGiB: Long,
   imageId: String, imageVerified: Bool, projectId?: String
 };
 entity Sandbox = {
   tenant?: String, templateId: String, ttlSeconds: Long, warm: Bool,
-  vcpu: Long, memoryGiB: Long, gpus: Long, fromSnapshot?: String
+  vcpu: Long, memoryGiB: Long, gpus: Long, diskGiB: Long, fromSnapshot?: String
 };
 entity Template = { tenant?: String };
 entity Snapshot = { tenant?: String };
@@ -293,6 +293,8 @@ pub struct InstanceDraft {
     pub memory_gib: u32,
     /// The flavor's GPU count.
     pub gpus: u32,
+    /// The flavor's disk.
+    pub disk_gib: u32,
     /// The image asked for.
     pub image_id: String,
     /// Whether the image resolved is marked verified.
@@ -316,6 +318,8 @@ pub struct SandboxDraft {
     pub memory_gib: u32,
     /// The template flavor's GPU count.
     pub gpus: u32,
+    /// The template flavor's disk.
+    pub disk_gib: u32,
     /// The snapshot it restores, when any.
     pub from_snapshot: Option<String>,
 }
@@ -337,12 +341,13 @@ impl Resource {
         self
     }
 
-    /// The `Instance` an `instances.create` would make.
+    /// The `Instance` an `instances.create` would make, or an `instances.resize` would leave.
     pub fn instance_draft(id: &str, tenant: &str, d: &InstanceDraft) -> Resource {
         let r = Resource::new("Instance", id, Some(tenant.to_string()))
             .with("vcpu", Attr::Long(d.vcpu.into()))
             .with("memoryGiB", Attr::Long(d.memory_gib.into()))
             .with("gpus", Attr::Long(d.gpus.into()))
+            .with("diskGiB", Attr::Long(d.disk_gib.into()))
             .with("imageId", Attr::Text(d.image_id.clone()))
             .with("imageVerified", Attr::Bool(d.image_verified));
         match &d.project_id {
@@ -359,7 +364,8 @@ impl Resource {
             .with("warm", Attr::Bool(d.warm))
             .with("vcpu", Attr::Long(d.vcpu.into()))
             .with("memoryGiB", Attr::Long(d.memory_gib.into()))
-            .with("gpus", Attr::Long(d.gpus.into()));
+            .with("gpus", Attr::Long(d.gpus.into()))
+            .with("diskGiB", Attr::Long(d.disk_gib.into()));
         match &d.from_snapshot {
             Some(s) => r.with("fromSnapshot", Attr::Text(s.clone())),
             None => r,

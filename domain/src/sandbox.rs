@@ -174,6 +174,7 @@ impl Sandbox {
             vcpu: shape.map_or(0, |x| x.vcpu),
             memory_gib: shape.map_or(0, |x| x.memory_gib),
             gpus: shape.and_then(|x| x.gpus.as_ref()).map_or(0, |g| g.count),
+            disk_gib: shape.map_or(0, |x| x.disk_gib),
             from_snapshot: None,
         }
     }

@@ -134,6 +134,7 @@ fn decisions_per_second(book: &PolicyBook, action: &str, phase: Duration) -> f64
         vcpu: 4,
         memory_gib: 8,
         gpus: 0,
+        disk_gib: 20,
         image_id: "img_ubuntu".into(),
         image_verified: true,
         project_id: None,

@@ -208,7 +208,13 @@ async fn get(c: Call, q: GetBody) -> Result<InstanceView, ApiError> {
 
 async fn change(c: Call, q: InstanceRef, change: Change) -> Result<InstanceView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
-    let instance = instances::change(&c.ctx, &tenant, &q.instance_id, change).await?;
+    // A resize is decided on the shape it leaves, read in its own transaction.
+    let guard = &c.guard;
+    let policy = |id: &str, draft: &vps_domain::authz::InstanceDraft| {
+        guard.refusal(&guard.action, &Resource::instance_draft(id, &tenant, draft))
+    };
+    let instance =
+        instances::change_deciding(&c.ctx, &tenant, &q.instance_id, change, &policy).await?;
     Ok(InstanceView::from(&instance))
 }
 

@@ -252,10 +252,15 @@ async fn delete_template(c: Call, q: TemplateRef) -> Result<TemplateView, ApiErr
 async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
     q.input.tenant_id = c.caller.tenant(&q.input.tenant_id)?;
     let wait = q.wait.as_ref().map_or(Ok(Duration::ZERO), Wait::duration)?;
-    if let Some((id, draft)) = sandboxes::create::draft(&c.ctx, &q.input).await? {
-        c.authorize(&Resource::sandbox_draft(&id, &q.input.tenant_id, &draft))?;
-    }
-    let created = sandboxes::create::create(&c.ctx, q.input).await?;
+    // Decided inside the create's transaction, on the template and flavor it reads.
+    let tenant = q.input.tenant_id.clone();
+    let policy = |id: &str, draft: &vps_domain::authz::SandboxDraft| {
+        c.guard.refusal(
+            &c.guard.action,
+            &Resource::sandbox_draft(id, &tenant, draft),
+        )
+    };
+    let created = sandboxes::create::create(&c.ctx, q.input, &policy).await?;
     if created.new && created.sandbox.warm {
         vps_reactors::sandboxes::claimed();
     }

@@ -259,15 +259,36 @@ pub enum Change {
     Resize(String),
 }
 
-/// Applies a tenant's change to an instance and returns it.
+/// Applies a tenant's change to an instance and returns it. A resize is decided by no
+/// policy here: the API's goes through [`change_deciding`].
 pub async fn change(
     ctx: &Ctx,
     tenant_id: &str,
     instance_id: &str,
     change: Change,
 ) -> Result<Instance, CommandError> {
+    change_deciding(
+        ctx,
+        tenant_id,
+        instance_id,
+        change,
+        &domain::authorized_before,
+    )
+    .await
+}
+
+/// Like [`change`], with a resize decided by `policy` on the instance as the target flavor
+/// would leave it (`vcpu`, `memoryGiB`, `gpus`, `diskGiB`), read in the transaction that
+/// records it. An archived or missing flavor is `NOT_FOUND`, never decided without its shape.
+pub async fn change_deciding(
+    ctx: &Ctx,
+    tenant_id: &str,
+    instance_id: &str,
+    change: Change,
+    policy: domain::Policy<'_>,
+) -> Result<Instance, CommandError> {
     transaction(ctx, instance_id, async |tx| {
-        change_in(ctx, tx, tenant_id, instance_id, &change).await
+        change_in(ctx, tx, tenant_id, instance_id, &change, policy).await
     })
     .await
 }
@@ -278,6 +299,7 @@ async fn change_in(
     tenant_id: &str,
     instance_id: &str,
     change: &Change,
+    policy: domain::Policy<'_>,
 ) -> Result<Instance, CommandError> {
     if matches!(change, Change::Resize(_)) {
         // A resize locks its node: take it before the instance's row, in the common order.
@@ -312,6 +334,25 @@ async fn change_in(
         }
         Change::Resize(flavor) => {
             let facts = facts::resize(tx, &instance, flavor).await?;
+            // A missing or archived flavor is refused by `resize` below, never decided
+            // without its shape.
+            if let Some(shape) = &facts.shape {
+                let image_verified: Option<bool> =
+                    sqlx::query_scalar("SELECT verified FROM images WHERE id = $1")
+                        .bind(&instance.image_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let draft = vps_domain::authz::InstanceDraft {
+                    vcpu: shape.vcpu,
+                    memory_gib: shape.memory_gib,
+                    gpus: shape.gpu_count(),
+                    disk_gib: shape.disk_gib,
+                    image_id: instance.image_id.clone(),
+                    image_verified: image_verified.unwrap_or(false),
+                    project_id: instance.project_id.clone(),
+                };
+                policy(&instance.id, &draft)?;
+            }
             domain::resize(&instance, flavor, &facts, now)?
         }
     };

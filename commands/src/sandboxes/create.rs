@@ -10,6 +10,7 @@ use vps_domain::instance::Instance;
 use vps_domain::sandbox::{self as domain, Admit, CreateSandbox, Lifecycle, Sandbox};
 use vps_domain::state_table::DesiredState;
 use vps_domain::template::{self, Template};
+use vps_domain::DomainError;
 
 use crate::context::Ctx;
 use crate::error::{retrying, CommandError};
@@ -44,45 +45,24 @@ pub struct Created {
     pub new: bool,
 }
 
-/// What `sandboxes.create` is authorized on, read before anything is written: the sandbox id
-/// and its draft. `None` when the key already made a sandbox (a replay or a conflict, answered
-/// by the create itself) or the template does not resolve (the create refuses it).
-#[tracing::instrument(name = "sandbox_draft", skip_all)]
-pub async fn draft(
-    ctx: &Ctx,
-    input: &CreateSandboxInput,
-) -> Result<Option<(String, SandboxDraft)>, CommandError> {
-    let id = vps_domain::ids::sandbox_id(
-        &input.tenant_id,
-        &ctx.actor.identity,
-        &input.idempotency_key,
-    );
-    let mut conn = ctx.pool.acquire().await?;
-    if load::<Sandbox>(&mut conn, &id).await?.is_some() {
-        return Ok(None);
-    }
-    let stored = super::template(&mut conn, &input.template_id).await?;
-    let Ok(t) = template::live(stored.as_ref(), &input.tenant_id, &input.template_id) else {
-        return Ok(None);
-    };
-    let shape =
-        crate::instances::facts::flavor_shape(&mut conn, &t.pool_id, &t.spec.flavor).await?;
-    let Some(shape) = shape else { return Ok(None) };
-    let draft = SandboxDraft {
-        template_id: t.id.clone(),
-        ttl_seconds: input.ttl_seconds.unwrap_or(t.spec.default_ttl_seconds) as i64,
-        warm: t.spec.warm.is_some_and(|w| w.max > 0),
-        vcpu: shape.vcpu,
-        memory_gib: shape.memory_gib,
-        gpus: shape.gpus.as_ref().map_or(0, |g| g.count),
-        from_snapshot: input.from_snapshot.clone(),
-    };
-    Ok(Some((id, draft)))
+/// The decision on what a `sandboxes.create` would make: the sandbox id and its draft (the
+/// template's flavor shape, lifetime, warm, snapshot), asked inside the transaction that
+/// admits it, on what that transaction read, so a racing template update cannot change the
+/// shape after the decision.
+pub type Policy<'a> = &'a (dyn Fn(&str, &SandboxDraft) -> Result<(), DomainError> + Sync);
+
+/// The [`Policy`] of creates authorized before (tests, internal callers).
+pub fn authorized_before(_: &str, _: &SandboxDraft) -> Result<(), DomainError> {
+    Ok(())
 }
 
 /// Creates a sandbox, or answers the one this idempotency key already made.
 #[tracing::instrument(name = "sandbox_create", skip_all)]
-pub async fn create(ctx: &Ctx, input: CreateSandboxInput) -> Result<Created, CommandError> {
+pub async fn create(
+    ctx: &Ctx,
+    input: CreateSandboxInput,
+    policy: Policy<'_>,
+) -> Result<Created, CommandError> {
     let id = vps_domain::ids::sandbox_id(
         &input.tenant_id,
         &ctx.actor.identity,
@@ -98,10 +78,14 @@ pub async fn create(ctx: &Ctx, input: CreateSandboxInput) -> Result<Created, Com
         owner_identity_id: ctx.actor.identity.clone(),
         from_snapshot: input.from_snapshot.clone(),
     };
-    retrying(&id, || create_once(ctx, &request)).await
+    retrying(&id, || create_once(ctx, &request, policy)).await
 }
 
-async fn create_once(ctx: &Ctx, c: &CreateSandbox) -> Result<Created, CommandError> {
+async fn create_once(
+    ctx: &Ctx,
+    c: &CreateSandbox,
+    policy: Policy<'_>,
+) -> Result<Created, CommandError> {
     let mut tx = ctx.pool.begin().await?;
     let existing = load::<Sandbox>(&mut tx, &c.id).await?;
     if existing.is_some() {
@@ -120,6 +104,24 @@ async fn create_once(ctx: &Ctx, c: &CreateSandbox) -> Result<Created, CommandErr
     else {
         unreachable!("no sandbox exists under this id");
     };
+    // The flavor as this transaction reads it: an archived or missing one is refused, never
+    // decided without its shape.
+    let shape = crate::instances::facts::flavor_shape(&mut tx, &t.pool_id, &t.spec.flavor)
+        .await?
+        .ok_or_else(|| DomainError::NotFound {
+            what: format!("flavor {}", t.spec.flavor),
+        })?;
+    let draft = SandboxDraft {
+        template_id: t.id.clone(),
+        ttl_seconds: i64::try_from(ttl_seconds).unwrap_or(i64::MAX),
+        warm: t.spec.warm.is_some_and(|w| w.max > 0),
+        vcpu: shape.vcpu,
+        memory_gib: shape.memory_gib,
+        gpus: shape.gpu_count(),
+        disk_gib: shape.disk_gib,
+        from_snapshot: c.from_snapshot.clone(),
+    };
+    policy(&c.id, &draft)?;
     // A restore boots its snapshot: it never claims a warm instance.
     let restore = match &c.from_snapshot {
         Some(snap) => Some(

@@ -68,6 +68,7 @@ fn sandbox(ttl_seconds: i64, gpus: u32) -> Resource {
             vcpu: 2,
             memory_gib: 4,
             gpus,
+            disk_gib: 20,
             from_snapshot: None,
         },
     )
@@ -318,7 +319,7 @@ proptest! {
         let book = book(&refs);
         for (vcpu, memory_gib, gpus, image, verified, project, tenant, operator) in requests {
             let draft = InstanceDraft {
-                vcpu, memory_gib, gpus, image_id: image.into(), image_verified: verified,
+                vcpu, memory_gib, gpus, disk_gib: 20, image_id: image.into(), image_verified: verified,
                 project_id: project,
             };
             let principal = Principal::Identity {
@@ -332,6 +333,53 @@ proptest! {
                 book.decide(&principal, action, &resource),
                 plain_cedar(&policies, &principal, action, &resource)
             );
+        }
+    }
+}
+
+/// The shape attributes every draft carries, with their value in a draft of `shape`.
+fn shape_attributes(shape: (u32, u32, u32, u32)) -> [(&'static str, u32); 4] {
+    let (vcpu, memory_gib, gpus, disk_gib) = shape;
+    [
+        ("vcpu", vcpu),
+        ("memoryGiB", memory_gib),
+        ("gpus", gpus),
+        ("diskGiB", disk_gib),
+    ]
+}
+
+proptest! {
+    /// For every method that makes or changes a shape (an instance's create and resize are
+    /// decided on `instance_draft`, a sandbox's create and extend on `sandbox_draft`), a forbid
+    /// on any shape attribute refuses exactly the shapes it names: none fails open.
+    #[test]
+    fn a_forbid_on_each_shape_attribute_refuses_every_shape_it_names(
+        shape in (0u32..64, 0u32..512, 0u32..8, 0u32..4096),
+        attribute in 0usize..4,
+        bound in 0u32..4096,
+    ) {
+        let (name, value) = shape_attributes(shape)[attribute];
+        let (vcpu, memory_gib, gpus, disk_gib) = shape;
+        let instance = Resource::instance_draft("inst_1", "acme", &InstanceDraft {
+            vcpu, memory_gib, gpus, disk_gib, image_id: "img_a".into(), image_verified: true,
+            project_id: None,
+        });
+        let sandbox = Resource::sandbox_draft("sbx_1", "acme", &SandboxDraft {
+            template_id: "sbxt_1".into(), ttl_seconds: 60, warm: false,
+            vcpu, memory_gib, gpus, disk_gib, from_snapshot: None,
+        });
+        for (action, resource) in [
+            ("compute:instances:create", &instance),
+            ("compute:sandboxes:create", &sandbox),
+            ("compute:sandboxes:update", &sandbox),
+        ] {
+            let text = format!(
+                "forbid (principal, action == Action::\"{action}\", resource) \
+                 when {{ resource.{name} > {bound} }};"
+            );
+            let book = book(&[("shape", None, &text)]);
+            let refused = matches!(book.decide(&alice(), action, resource), Decision::Deny { .. });
+            prop_assert_eq!(refused, value > bound, "{} {} > {}", action, name, bound);
         }
     }
 }

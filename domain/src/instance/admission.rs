@@ -113,6 +113,7 @@ pub fn admit(
             vcpu: shape.vcpu,
             memory_gib: shape.memory_gib,
             gpus: shape.gpu_count(),
+            disk_gib: shape.disk_gib,
             image_id: create.image_id.clone(),
             image_verified: facts.image_verified,
             project_id: create.project_id.clone(),

@@ -1109,6 +1109,7 @@ fn admission_asks_the_policy_about_the_draft_and_a_refusal_admits_nothing() {
         vcpu: 2,
         memory_gib: 4,
         gpus: 0,
+        disk_gib: 20,
         image_id: "ubuntu-24.04".into(),
         image_verified: true,
         project_id: Some("proj_1".into()),

@@ -409,7 +409,8 @@ async fn a_warm_claim_wakes_its_own_replicas_spec_polls_without_a_notification()
         idempotency_key: "local".into(),
         from_snapshot: None,
     };
-    let created = vps_commands::sandboxes::create::create(&ctx, input)
+    let allow = vps_commands::sandboxes::create::authorized_before;
+    let created = vps_commands::sandboxes::create::create(&ctx, input, &allow)
         .await
         .unwrap();
     assert!(created.sandbox.warm, "a claim, not a cold create");

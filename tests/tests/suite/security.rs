@@ -727,3 +727,148 @@ async fn a_list_cursor_is_bound_to_its_tenant_and_list() {
         assert_eq!(body, &bodies[3], "every refusal is the same");
     }
 }
+
+/// Every method that makes or changes a shape, the action it is decided as, and the shape it
+/// would leave: `(method, action, vcpu, memoryGiB, gpus, diskGiB)`.
+const SHAPE_METHODS: [(&str, &str, i64, i64, i64, i64); 3] = [
+    ("instances.create", "compute:instances:create", 2, 4, 0, 20),
+    ("instances.resize", "compute:instances:update", 8, 16, 0, 20),
+    ("sandboxes.create", "compute:sandboxes:create", 2, 4, 0, 20),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forbid_on_any_shape_attribute_refuses_every_method_that_makes_that_shape() {
+    let t = TestServer::start().await;
+    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
+    let pool = t.hosted_pool("10.0.0.0/24", 1, quota).await;
+    let template = t
+        .ok(
+            ALICE,
+            "sandboxTemplates.create",
+            json!({ "tenantId": "acme", "name": "t", "poolId": pool, "flavor": "small",
+                    "imageId": "img_ubuntu" }),
+        )
+        .await;
+    let instance = t
+        .ok(
+            ALICE,
+            "instances.create",
+            json!({ "tenantId": "acme", "poolId": pool, "flavor": "small",
+                    "imageId": "img_ubuntu", "idempotencyKey": "resized",
+                    "desiredState": "stopped" }),
+        )
+        .await;
+    let mut n = 0;
+    for (method, action, vcpu, memory, gpus, disk) in SHAPE_METHODS {
+        for (attribute, value) in [
+            ("vcpu", vcpu),
+            ("memoryGiB", memory),
+            ("gpus", gpus),
+            ("diskGiB", disk),
+        ] {
+            // At the shape's own value the forbid holds; one above it, it does not.
+            for (bound, refused) in [(value, true), (value + 1, false)] {
+                n += 1;
+                let text = format!(
+                    "forbid (principal, action == Action::\"{action}\", resource) \
+                     when {{ resource.{attribute} >= {bound} }};"
+                );
+                t.ok(
+                    OPERATOR,
+                    "policies.put",
+                    json!({ "id": "shape", "text": text }),
+                )
+                .await;
+                let body = match method {
+                    "instances.create" => json!({ "tenantId": "acme", "poolId": pool,
+                        "flavor": "small", "imageId": "img_ubuntu",
+                        "idempotencyKey": format!("k{n}") }),
+                    "instances.resize" => json!({ "tenantId": "acme",
+                        "instanceId": instance["id"], "flavor": "large" }),
+                    _ => json!({ "tenantId": "acme", "templateId": template["id"],
+                        "idempotencyKey": format!("k{n}") }),
+                };
+                let answer = t.call(ALICE, method, body).await;
+                let denied = matches!(&answer, Err(a) if code(a) == "ACCESS_DENIED");
+                assert_eq!(
+                    denied, refused,
+                    "{method}: forbid when {attribute} >= {bound}: {answer:?}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_of_a_template_whose_flavor_is_archived_is_refused() {
+    let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
+    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
+    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
+    let _hosts = t.hosts(&pool, 1, BOOT).await;
+    // A warm pool: a claim admits no instance, so only the create's own check can refuse it.
+    let template = t
+        .ok(
+            ALICE,
+            "sandboxTemplates.create",
+            json!({ "tenantId": "acme", "name": "t", "poolId": pool, "flavor": "small",
+                    "imageId": "img_ubuntu", "warm": { "min": 1, "max": 1 } }),
+        )
+        .await;
+    eventually("a settled warm instance", PATIENCE, || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM instances WHERE warm_template_id = $1 AND state = 'paused'",
+        )
+        .bind(template["id"].as_str().unwrap())
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(n)
+        }
+    })
+    .await;
+    // A forbid on every shape: a create decided without its shape would pass it.
+    let forbid = r#"forbid (principal, action == Action::"compute:sandboxes:create", resource)
+                    when { resource.vcpu >= 0 };"#;
+    t.ok(
+        OPERATOR,
+        "policies.put",
+        json!({ "id": "no-sandboxes", "text": forbid }),
+    )
+    .await;
+    let flavors = t.ok(ALICE, "flavors.list", json!({ "poolId": pool })).await;
+    let small = flavors["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "small")
+        .unwrap()["id"]
+        .clone();
+    t.ok(OPERATOR, "flavors.archive", json!({ "flavorId": small }))
+        .await;
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+    let refused = t
+        .call(
+            ALICE,
+            "sandboxes.create",
+            json!({ "tenantId": "acme", "templateId": template["id"], "idempotencyKey": "k" }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (code(&refused), refused.body["message"].as_str()),
+        ("NOT_FOUND", Some("flavor small not found")),
+        "{}",
+        refused.body
+    );
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+    assert_eq!(before, after, "nothing written");
+}
