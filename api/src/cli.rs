@@ -323,6 +323,15 @@ pub async fn run_matches(matches: ArgMatches) -> anyhow::Result<i32> {
         if crate::client::is_group(name) {
             return Ok(crate::client::run(name, sub).await);
         }
+        if name == "doctor" {
+            if let Some(path) = sub
+                .get_one::<PathBuf>("config")
+                .filter(|p| is_host_config(p))
+            {
+                crate::telemetry::init_logging();
+                return host_doctor(path, sub.get_flag("json")).await;
+            }
+        }
         if name == "host" {
             crate::telemetry::init_logging();
             return host(sub.get_one::<PathBuf>("config").cloned()).await;
@@ -387,6 +396,40 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Doctor { json } => crate::doctor::report::command(&config, json).await,
         Command::Mcp(args) => crate::mcp::run(args).await,
     }
+}
+
+/// Whether a configuration file is a host agent's (it has a `[host]` table).
+fn is_host_config(path: &std::path::Path) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .is_some_and(|table| table.contains_key("host"))
+}
+
+/// `vps doctor --config host.toml`: the host's checks, printed as the server's are.
+async fn host_doctor(path: &std::path::Path, json: bool) -> anyhow::Result<i32> {
+    use crate::doctor::{Finding, Severity};
+    let config = vps_host::load_config(path)?;
+    let findings: Vec<Finding> = vps_host::doctor::run(&config)
+        .await
+        .into_iter()
+        .map(|f| {
+            let severity = match f.severity {
+                vps_host::doctor::Severity::Ok => Severity::Ok,
+                vps_host::doctor::Severity::Warning => Severity::Warning,
+                vps_host::doctor::Severity::Error => Severity::Error,
+            };
+            match f.fix {
+                None => Finding::ok(f.check, f.message),
+                Some(fix) => Finding::bad(f.check, severity, f.message, fix),
+            }
+        })
+        .collect();
+    Ok(crate::doctor::report::print(
+        &findings,
+        json,
+        &mut std::io::stdout().lock(),
+    )?)
 }
 
 /// `vps host`: its own configuration file, not the server's.

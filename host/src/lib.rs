@@ -15,6 +15,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod doctor;
 pub mod metrics;
 pub mod runtime;
 pub mod tunnel;
