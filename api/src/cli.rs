@@ -299,6 +299,45 @@ enum BenchCommand {
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
     },
+    /// Real guests on the qemu runtime: cold create to running and warm claim to ready, each
+    /// beside QEMU alone doing the same, in a network namespace of its own (needs root).
+    Host(HostBenchArgs),
+    /// `bench host`'s measurement, inside the network namespace it made (internal).
+    #[command(hide = true)]
+    HostInNamespace {
+        #[command(flatten)]
+        args: HostBenchArgs,
+        /// The bench's directory (guests' state, images, baselines).
+        #[arg(long)]
+        root: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+struct HostBenchArgs {
+    /// The guest bundle (`vps images build minimal --out FILE`).
+    #[arg(long)]
+    image: PathBuf,
+    /// Cold creates measured, each beside one boot of QEMU alone.
+    #[arg(long, default_value_t = 5)]
+    cold: usize,
+    /// Warm claims measured, each beside one `cont` of QEMU alone.
+    #[arg(long, default_value_t = 5)]
+    warm: usize,
+    /// kvm, tcg, or auto (KVM once a probe boot proves it works).
+    #[arg(long, default_value = "auto")]
+    accel: vps_host::runtime::qemu::Accel,
+}
+
+impl HostBenchArgs {
+    fn options(self) -> crate::bench::host::HostBench {
+        crate::bench::host::HostBench {
+            image: self.image,
+            cold: self.cold.clamp(1, 100),
+            warm: self.warm.clamp(1, 100),
+            accel: self.accel,
+        }
+    }
 }
 
 /// The whole command line: the server's and tools' commands, and one command per API group
@@ -546,6 +585,10 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
                 .await?;
             Ok(0)
         }
+        BenchCommand::HostInNamespace { args, root } => {
+            crate::bench::host::in_namespace(&args.options(), &root).await?;
+            Ok(0)
+        }
         cmd => {
             let (url, _cluster) = crate::database::server_url(config).await?;
             bench_on_server(&url, cmd).await
@@ -627,7 +670,14 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
             };
             crate::bench::delivery::run(url, &options).await?;
         }
-        BenchCommand::Authz { .. } | BenchCommand::ConvergeHosts { .. } => {
+        BenchCommand::Host(args) => {
+            return Ok(exit_code(
+                crate::bench::host::run(url, &args.options()).await?,
+            ));
+        }
+        BenchCommand::Authz { .. }
+        | BenchCommand::ConvergeHosts { .. }
+        | BenchCommand::HostInNamespace { .. } => {
             anyhow::bail!("this benchmark runs without a database")
         }
     }

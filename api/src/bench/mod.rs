@@ -6,6 +6,7 @@ pub mod api;
 pub mod authz;
 pub mod converge;
 pub mod delivery;
+pub mod host;
 pub mod log;
 pub mod sandbox;
 pub mod snapshot;
