@@ -1,8 +1,10 @@
 //! `PUT`/`GET /snapshots/<key>?exp=…&sig=…`: the `file` snapshot store's objects, served by
 //! vps itself. Hosts reach them only through URLs the server signed (upload URLs in a node's
 //! spec commands, download URLs in a restore's `restoreFrom`); a bad or expired signature is
-//! 403. An upload declares its SHA-256 in `X-Content-SHA256`, and a body that does not match
-//! it is refused (400) and stored nowhere.
+//! 403. An upload is a plain `PUT` with exactly the presigned headers (SPEC §3.11): the store
+//! hashes the body as it arrives and keeps the digest for settlement to compare with the
+//! host's report. An uploader that declares its SHA-256 in `X-Content-SHA256` has it checked
+//! first: a body that does not match is refused (400) and stored nowhere.
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
@@ -65,7 +67,7 @@ fn store<'a>(
     }
 }
 
-/// `PUT /snapshots/<key>`: stores an upload whose digest matches the declared one.
+/// `PUT /snapshots/<key>`: stores an upload (whose digest matches the declared one, if any).
 pub async fn put(
     State(state): State<AppState>,
     Path(key): Path<String>,
@@ -77,11 +79,12 @@ pub async fn put(
     let declared = headers.get(SHA256_HEADER).and_then(|v| v.to_str().ok());
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     match store.write(&key, declared, Box::pin(stream)).await {
-        Ok(size) => {
-            metrics::counter!("vps_snapshot_store_bytes_in_total").increment(size);
-            Ok((StatusCode::OK, axum::Json(json!({ "sizeBytes": size }))).into_response())
+        Ok(written) => {
+            metrics::counter!("vps_snapshot_store_bytes_in_total").increment(written.size_bytes);
+            let body = json!({ "sizeBytes": written.size_bytes, "sha256": written.sha256 });
+            Ok((StatusCode::OK, axum::Json(body)).into_response())
         }
-        Err(e @ (WriteError::Undeclared | WriteError::Mismatch { .. })) => Err(refuse(
+        Err(e @ (WriteError::Malformed | WriteError::Mismatch { .. })) => Err(refuse(
             StatusCode::BAD_REQUEST,
             "INVALID_INPUT",
             e.to_string(),

@@ -38,6 +38,13 @@ pub struct Report {
     pub command_results: Vec<vps_domain::sandbox::snapshot::CommandResult>,
     /// Where the node accepts sandbox exec tunnels (`tcp://host:port`); absent: unchanged.
     pub tunnel_url: Option<String>,
+    /// What the snapshot store holds for the objects of this report's successful snapshot
+    /// results, by command id (see [`uploaded_objects`]). Filled by the server, which holds
+    /// the store, before [`report`]; never read from the wire. A result with no entry is
+    /// settled on the host's word.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub stored: BTreeMap<String, crate::sandboxes::snapshots::StoredObject>,
 }
 
 /// One instance as the host sees it.
@@ -83,6 +90,40 @@ pub struct ReportOutcome {
 
 /// The prefix of a host's refusal to start an instance for lack of resources.
 pub const RESOURCES_EXHAUSTED: &str = "ResourcesExhausted:";
+
+/// The store objects the successful snapshot results of `report` name, as (command id, object
+/// key): only this node's pending snapshots. Read before [`report`]'s transaction, so the
+/// server can look at the store (plan, call, apply) and fill [`Report::stored`].
+pub async fn uploaded_objects(
+    ctx: &Ctx,
+    report: &Report,
+) -> Result<Vec<(String, String)>, CommandError> {
+    let ids: Vec<&str> = report
+        .command_results
+        .iter()
+        .filter(|r| r.ok)
+        .take(1_000)
+        .map(|r| r.id.as_str())
+        .collect();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let owned: Vec<(String, String)> = sqlx::query_as(
+        "SELECT id, tenant_id FROM sandbox_snapshots
+          WHERE id = ANY($1) AND node_id = $2 AND state = 'pending' ORDER BY id",
+    )
+    .bind(&ids)
+    .bind(&report.node_id)
+    .fetch_all(&ctx.pool)
+    .await?;
+    Ok(owned
+        .into_iter()
+        .map(|(id, tenant)| {
+            let key = vps_domain::sandbox::snapshot::object_key(&tenant, &id);
+            (id, key)
+        })
+        .collect())
+}
 
 /// Applies a node's report. Only instances placed on that node are touched.
 pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandError> {
@@ -187,7 +228,8 @@ async fn report_in(
     };
     let announced = decide(node.as_ref(), &record)?;
     record_events(ctx, tx, node_id, node.as_ref(), announced, None).await?;
-    crate::sandboxes::snapshots::settle(ctx, tx, node_id, &report.command_results).await?;
+    crate::sandboxes::snapshots::settle(ctx, tx, node_id, &report.command_results, &report.stored)
+        .await?;
     orphans.sort();
     orphans.truncate(MAX_ORPHANS);
     Ok(ReportOutcome {

@@ -1,6 +1,11 @@
 //! The `file` backend: objects under a directory, served by vps at URLs that carry their
-//! expiry and an HMAC-SHA256 over (method, key, expiry). An upload declares its body's
-//! SHA-256 in [`SHA256_HEADER`]; a body that does not match is refused and left nowhere.
+//! expiry and an HMAC-SHA256 over (method, key, expiry).
+//!
+//! An upload is a plain `PUT` (SPEC §3.11: a host sends exactly the presigned headers, which
+//! name no digest). The store hashes the body as it arrives and keeps that SHA-256 beside the
+//! object (`<name>@sha256`, a name no key can take), so settlement can compare it with the
+//! digest the host reports. An uploader that does declare one in [`SHA256_HEADER`] has it
+//! checked before anything is stored: a body that does not match is refused and left nowhere.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -38,9 +43,9 @@ impl std::fmt::Debug for FileStore {
 /// Why an upload was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
-    /// No SHA-256 was declared, or not as 64 hex digits.
-    #[error("declare the body's SHA-256 (64 hex digits) in the {SHA256_HEADER} header")]
-    Undeclared,
+    /// A SHA-256 was declared, but not as 64 hex digits.
+    #[error("the {SHA256_HEADER} header must be 64 hex digits")]
+    Malformed,
     /// The body's digest is not the declared one.
     #[error("the body's SHA-256 is {actual}, not the declared {declared}")]
     Mismatch {
@@ -108,22 +113,24 @@ impl FileStore {
         Ok(self.root.join(key))
     }
 
-    /// Stores `body` as `key` if it hashes to `declared`: written beside its final place and
-    /// renamed there, so a reader never sees half an object. Answers the size.
+    /// Stores `body` as `key`, with the SHA-256 it hashed to beside it: written beside its
+    /// final place and renamed there, so a reader never sees half an object. A `declared`
+    /// digest, when given, must match or nothing is stored. Answers the size and the digest.
     pub async fn write<S, E>(
         &self,
         key: &str,
         declared: Option<&str>,
         body: S,
-    ) -> Result<u64, WriteError>
+    ) -> Result<Written, WriteError>
     where
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let declared = declared
-            .map(str::to_ascii_lowercase)
-            .filter(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or(WriteError::Undeclared)?;
+        let declared = match declared.map(str::to_ascii_lowercase) {
+            Some(d) if d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()) => Some(d),
+            Some(_) => return Err(WriteError::Malformed),
+            None => None,
+        };
         let path = self.path(key)?;
         if let Some(dir) = path.parent() {
             tokio::fs::create_dir_all(dir)
@@ -139,26 +146,108 @@ impl FileStore {
                 return Err(e.into());
             }
         };
-        if actual != declared {
+        if let Some(declared) = declared.filter(|d| *d != actual) {
             let _ = tokio::fs::remove_file(&partial).await;
             return Err(WriteError::Mismatch { declared, actual });
         }
         tokio::fs::rename(&partial, &path)
             .await
             .map_err(StoreError::from)?;
-        Ok(size)
+        // Written after the object: a digest never names bytes older than it (see `sha256`).
+        write_digest(&path, &actual).await?;
+        Ok(Written {
+            size_bytes: size,
+            sha256: actual,
+        })
+    }
+
+    /// The SHA-256 of the stored object `key`, as the store computed it when the bytes
+    /// arrived; `None` when there is no such object. An object older than its digest file
+    /// (one stored before digests were kept, or whose digest write was cut short) is hashed
+    /// now and its digest kept.
+    pub async fn sha256(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let path = self.path(key)?;
+        let object = match tokio::fs::metadata(&path).await {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let sidecar = digest_path(&path);
+        if let Ok(meta) = tokio::fs::metadata(&sidecar).await {
+            let fresh = match (meta.modified(), object.modified()) {
+                (Ok(digest), Ok(bytes)) => digest >= bytes,
+                _ => false,
+            };
+            let kept = tokio::fs::read_to_string(&sidecar)
+                .await
+                .unwrap_or_default();
+            let kept = kept.trim();
+            if fresh && kept.len() == 64 && kept.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Ok(Some(kept.to_string()));
+            }
+        }
+        let actual = hash_file(&path).await?;
+        write_digest(&path, &actual).await?;
+        Ok(Some(actual))
     }
 
     pub(crate) async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        match tokio::fs::remove_file(self.path(key)?).await {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-            _ => Ok(()),
+        let path = self.path(key)?;
+        for file in [digest_path(&path), path] {
+            match tokio::fs::remove_file(file).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
         }
+        Ok(())
     }
 
     pub(crate) async fn exists(&self, key: &str) -> Result<bool, StoreError> {
         Ok(tokio::fs::try_exists(self.path(key)?).await?)
     }
+}
+
+/// What an upload stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The body's length.
+    pub size_bytes: u64,
+    /// The body's SHA-256 (hex), computed as it arrived.
+    pub sha256: String,
+}
+
+/// Where the digest of the object at `path` is kept: `<name>@sha256`. `@` is in no key, so
+/// no object can be stored, read or deleted under that name.
+fn digest_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push("@sha256");
+    path.with_file_name(name)
+}
+
+async fn write_digest(path: &Path, sha256: &str) -> Result<(), StoreError> {
+    let sidecar = digest_path(path);
+    let partial = sidecar.with_extension(format!("partial-{:016x}", rand_suffix()));
+    tokio::fs::write(&partial, format!("{sha256}\n")).await?;
+    if let Err(e) = tokio::fs::rename(&partial, &sidecar).await {
+        let _ = tokio::fs::remove_file(&partial).await;
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+async fn hash_file(path: &Path) -> Result<String, StoreError> {
+    use tokio::io::AsyncReadExt;
+    let mut file = tokio::fs::File::open(path).await?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = file.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// A suffix that keeps concurrent uploads of one key apart.
@@ -220,29 +309,52 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = FileStore::new(dir.path(), "http://h", b"k");
         let good = hex::encode(Sha256::digest(b"hello"));
-        assert_eq!(
-            store
-                .write("t/s", Some(&good), body(b"hello"))
-                .await
-                .unwrap(),
-            5
-        );
+        let written = store
+            .write("t/s", Some(&good), body(b"hello"))
+            .await
+            .unwrap();
+        assert_eq!(written.size_bytes, 5);
+        assert_eq!(written.sha256, good);
         assert!(store.exists("t/s").await.unwrap());
         let wrong = store.write("t/w", Some(&good), body(b"other")).await;
         assert!(matches!(wrong, Err(WriteError::Mismatch { .. })));
         assert!(!store.exists("t/w").await.unwrap());
         assert!(matches!(
-            store.write("t/u", None, body(b"x")).await,
-            Err(WriteError::Undeclared)
+            store.write("t/u", Some("abc"), body(b"x")).await,
+            Err(WriteError::Malformed)
         ));
-        // Nothing half-written is left beside the objects.
-        let names: Vec<_> = std::fs::read_dir(dir.path().join("t"))
+        assert!(!store.exists("t/u").await.unwrap());
+        // Nothing half-written is left beside the objects; each has its digest.
+        let mut names: Vec<_> = std::fs::read_dir(dir.path().join("t"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(names, vec!["s".to_string()]);
+        names.sort();
+        assert_eq!(names, vec!["s".to_string(), "s@sha256".to_string()]);
         store.delete("t/s").await.unwrap();
         store.delete("t/s").await.unwrap();
         assert!(!store.exists("t/s").await.unwrap());
+        assert_eq!(store.sha256("t/s").await.unwrap(), None);
+        assert!(std::fs::read_dir(dir.path().join("t"))
+            .unwrap()
+            .next()
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn a_plain_upload_is_stored_with_the_digest_of_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path(), "http://h", b"k");
+        let written = store.write("t/p", None, body(b"plain")).await.unwrap();
+        let digest = hex::encode(Sha256::digest(b"plain"));
+        assert_eq!(written.sha256, digest);
+        assert_eq!(store.sha256("t/p").await.unwrap(), Some(digest));
+        // Bytes changed behind the store's back, after its digest: hashed again.
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(dir.path().join("t/p"), b"tampered").unwrap();
+        let tampered = hex::encode(Sha256::digest(b"tampered"));
+        assert_eq!(store.sha256("t/p").await.unwrap(), Some(tampered));
+        // The digest's name is no key: it can be neither read nor written as an object.
+        assert!(store.path("t/p@sha256").is_err());
     }
 }

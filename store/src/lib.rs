@@ -14,7 +14,7 @@ mod s3;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use file::{FileStore, WriteError, SHA256_HEADER};
+pub use file::{FileStore, WriteError, Written, SHA256_HEADER};
 pub use s3::{S3Config, S3Store};
 
 /// A presigned request: where to send it, and the headers to send with it.
@@ -24,6 +24,17 @@ pub struct Presigned {
     pub url: String,
     /// Headers the request must carry.
     pub headers: BTreeMap<String, String>,
+}
+
+/// What the store knows of an object's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// The SHA-256 (hex) of the stored bytes, computed by the store.
+    Sha256(String),
+    /// No such object.
+    Absent,
+    /// The backend keeps no digest it computed itself.
+    Unchecked,
 }
 
 /// The store failed.
@@ -82,6 +93,22 @@ impl SnapshotStore {
         match self {
             SnapshotStore::File(f) => f.delete(key).await,
             SnapshotStore::S3(s) => s.delete(key).await,
+        }
+    }
+
+    /// The SHA-256 the store itself computed for the object `key`: `Stored::Sha256` from the
+    /// `file` store (which hashes every upload as it arrives), `Stored::Absent` when it holds
+    /// no such object. S3 answers `Stored::Unchecked`: a presigned PUT there carries no
+    /// SHA-256 the bucket would record, so settlement trusts the host's digest, and a
+    /// restoring host checks the bytes against it before use.
+    pub async fn stored_sha256(&self, key: &str) -> Result<Stored, StoreError> {
+        check_key(key)?;
+        match self {
+            SnapshotStore::File(f) => Ok(match f.sha256(key).await? {
+                Some(digest) => Stored::Sha256(digest),
+                None => Stored::Absent,
+            }),
+            SnapshotStore::S3(_) => Ok(Stored::Unchecked),
         }
     }
 

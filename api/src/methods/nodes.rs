@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use vps_commands::hosts::{self, Report};
 use vps_commands::operator::{self as ops, RegisterNode};
+use vps_commands::sandboxes::snapshots::StoredObject;
 use vps_domain::image::STORE_SCHEME;
 use vps_projections::node_spec_payload::{NodeSpec, SshCa};
 use vps_projections::operator_views::{self, NodeView};
@@ -251,7 +252,22 @@ async fn sign_objects(
     Ok(spec)
 }
 
-async fn report(c: Call, report: Report) -> Result<ReportAnswer, ApiError> {
+async fn report(c: Call, mut report: Report) -> Result<ReportAnswer, ApiError> {
+    // The store's own digest of each upload, read before the report's transaction: settlement
+    // fails a snapshot whose reported digest is not the stored bytes' (`digest-mismatch`).
+    for (id, key) in hosts::uploaded_objects(&c.ctx, &report).await? {
+        let stored = c
+            .snapshots
+            .stored_sha256(&key)
+            .await
+            .map_err(|e| crate::error::internal(&e))?;
+        let stored = match stored {
+            vps_store::Stored::Sha256(digest) => StoredObject::Sha256(digest),
+            vps_store::Stored::Absent => StoredObject::Absent,
+            vps_store::Stored::Unchecked => continue,
+        };
+        report.stored.insert(id, stored);
+    }
     let outcome = hosts::report(&c.ctx, report).await?;
     Ok(ReportAnswer {
         updated: outcome.updated,

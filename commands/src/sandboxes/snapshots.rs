@@ -171,13 +171,47 @@ pub async fn delete(
     .map(|after| after.snapshots[snapshot_id].clone())
 }
 
+/// What the snapshot store holds for an uploaded object, as the server read it before the
+/// report's transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredObject {
+    /// The SHA-256 (hex) the store computed from the bytes it received.
+    Sha256(String),
+    /// The store holds no such object.
+    Absent,
+}
+
+/// A success whose stored object disagrees with it becomes a failure: `digest-mismatch`
+/// when the store hashed other bytes than the host reports, `upload-missing` when the
+/// store holds nothing.
+fn checked(result: &CommandResult, stored: Option<&StoredObject>) -> CommandResult {
+    let reported = result.sha256.as_deref().map(str::to_ascii_lowercase);
+    let reason = match (result.ok, stored) {
+        (true, Some(StoredObject::Sha256(actual))) if reported.as_deref() != Some(actual) => {
+            tracing::warn!(snapshot = %result.id, reported = ?result.sha256, stored = %actual,
+                "a host reported a digest that is not the stored object's");
+            "digest-mismatch"
+        }
+        (true, Some(StoredObject::Absent)) => "upload-missing",
+        _ => return result.clone(),
+    };
+    CommandResult {
+        id: result.id.clone(),
+        ok: false,
+        reason: Some(reason.to_string()),
+        ..CommandResult::default()
+    }
+}
+
 /// Settles the snapshot commands a node reported, in the report's transaction. A result for
-/// a command that is not this node's, or not pending, changes nothing.
+/// a command that is not this node's, or not pending, changes nothing. `stored` holds what
+/// the store computed for the uploaded objects, by command id (see [`checked`]).
 pub async fn settle(
     ctx: &Ctx,
     tx: &mut PgConnection,
     node_id: &str,
     results: &[CommandResult],
+    stored: &std::collections::BTreeMap<String, StoredObject>,
 ) -> Result<(), CommandError> {
     if results.is_empty() {
         return Ok(());
@@ -200,8 +234,9 @@ pub async fn settle(
         let Some(result) = results.iter().find(|r| r.id == snapshot_id) else {
             continue;
         };
+        let result = checked(result, stored.get(&snapshot_id));
         change::<Sandbox>(ctx, tx, &sandbox_id, Some(&tenant), |s| {
-            Ok(s.map(|s| domain::settle(s, result, cpu_model.as_deref()))
+            Ok(s.map(|s| domain::settle(s, &result, cpu_model.as_deref()))
                 .unwrap_or_default())
         })
         .await?;

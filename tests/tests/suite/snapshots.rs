@@ -529,9 +529,11 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     let (_, host, tpl) = one_node(&t, "10.0.4.0/24").await;
     let s = sandbox(&t, &tpl, "src").await;
     let sbx = s["id"].as_str().unwrap();
+    // One snapshot of a sandbox is in flight at a time: each settles before the next.
     let kept = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
         .await
         .unwrap();
+    settled(&t, kept["id"].as_str().unwrap()).await;
     let unkept = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
         .await
         .unwrap();
@@ -539,7 +541,6 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
         kept["id"].as_str().unwrap().to_string(),
         unkept["id"].as_str().unwrap().to_string(),
     );
-    settled(&t, &kept).await;
     settled(&t, &unkept).await;
     assert!(object(&t, &kept).exists() && object(&t, &unkept).exists());
 
@@ -656,6 +657,86 @@ async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_res
     assert_eq!(restored["state"], "failed", "{restored}");
     let inst = instance(&t, restored["instanceId"].as_str().unwrap()).await;
     assert!(inst["conditions"].to_string().contains("SHA-256"), "{inst}");
+}
+
+/// A host written to the SPEC uploads with a plain PUT carrying exactly `uploadHeaders`. The
+/// `file` store takes it, hashing what arrives; settlement compares that digest with the one
+/// the host reports, so a report naming other bytes settles the snapshot `failed`.
+#[tokio::test]
+async fn a_plain_put_uploads_and_a_reported_digest_that_is_not_the_stored_bytes_fails_the_snapshot()
+{
+    let t = server().await;
+    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
+    let pool = t.hosted_pool("10.0.9.0/24", 0, quota).await;
+    let body = json!({ "poolId": pool, "name": "plain", "cpuModel": "epyc",
+                       "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } });
+    let answer = t.ok(OPERATOR, "nodes.register", body).await;
+    let node_id = answer["node"]["id"].as_str().unwrap().to_string();
+    let token = answer["nodeToken"].as_str().unwrap().to_string();
+    let mut config = vps_emulators::host::HostConfig::new(t.server.url(), node_id.clone(), &token);
+    config.boot_delay = BOOT;
+    config.report_interval = Duration::from_millis(200);
+    config.poll_wait = Duration::from_millis(1000);
+    let host = vps_emulators::host::EmulatedHost::start(config);
+    // The emulated host boots the sandbox; this test plays its snapshot part by hand.
+    host.hold_commands(true);
+    let tpl = template(&t, &pool, "py").await;
+    let s = sandbox(&t, &tpl, "plain").await;
+    let sbx = s["id"].as_str().unwrap();
+
+    // Uploads `bytes` for snapshot `id` as a SPEC host does, and reports `reported` as its
+    // digest; answers the upload's HTTP status.
+    let upload_and_report = |id: String, bytes: &'static [u8], reported: String| {
+        let (t, token, node_id) = (&t, token.clone(), node_id.clone());
+        async move {
+            let spec = t
+                .ok(&token, "nodes.spec", json!({ "nodeId": node_id }))
+                .await;
+            let command = spec["commands"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["id"] == id.as_str())
+                .cloned()
+                .unwrap_or_else(|| panic!("no command {id} in {spec}"));
+            let mut put = t.http.put(command["uploadUrl"].as_str().unwrap());
+            for (name, value) in command["uploadHeaders"].as_object().unwrap() {
+                put = put.header(name, value.as_str().unwrap());
+            }
+            let status = put.body(bytes).send().await.unwrap().status().as_u16();
+            let result = json!({ "id": id, "ok": true, "sha256": reported,
+                                 "sizeBytes": bytes.len() });
+            t.ok(
+                &token,
+                "nodes.report",
+                json!({ "nodeId": node_id, "instances": [], "complete": false,
+                        "commandResults": [result] }),
+            )
+            .await;
+            status
+        }
+    };
+    let digest = |bytes: &[u8]| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
+
+    // A plain PUT, no digest header: stored, and the honest report makes it ready.
+    let good = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let good = good["id"].as_str().unwrap().to_string();
+    let status = upload_and_report(good.clone(), b"plain bytes", digest(b"plain bytes")).await;
+    assert_eq!(status, 200, "a plain PUT is accepted");
+    let ready = settled(&t, &good).await;
+    assert_eq!(ready["state"], "ready", "{ready}");
+    assert_eq!(ready["sha256"], digest(b"plain bytes"));
+    assert_eq!(std::fs::read(object(&t, &good)).unwrap(), b"plain bytes");
+
+    // The host reports the digest of other bytes than it uploaded: failed, digest-mismatch.
+    let bad = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let bad = bad["id"].as_str().unwrap().to_string();
+    let status = upload_and_report(bad.clone(), b"these bytes", digest(b"other bytes")).await;
+    assert_eq!(status, 200);
+    let failed = settled(&t, &bad).await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["reason"], "digest-mismatch", "{failed}");
+    drop(host);
 }
 
 #[tokio::test]
@@ -910,6 +991,8 @@ async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_t
     )
     .await
     .unwrap();
+    // One snapshot of a sandbox is in flight at a time.
+    settled(&t, memory["id"].as_str().unwrap()).await;
     let disk = snapshot(
         &t,
         ALICE,
