@@ -132,6 +132,10 @@ pub struct LimitsConfig {
     pub waits: usize,
     /// Live sandbox templates one tenant may have.
     pub templates_per_tenant: usize,
+    /// Kept snapshots (`keep: true`, not deleted) one tenant may have.
+    pub snapshots_per_tenant: usize,
+    /// GiB of kept snapshots one tenant may store.
+    pub snapshot_gib_per_tenant: u64,
 }
 
 impl Default for LimitsConfig {
@@ -141,6 +145,8 @@ impl Default for LimitsConfig {
             long_polls_per_node: 4,
             waits: 1024,
             templates_per_tenant: 200,
+            snapshots_per_tenant: 100,
+            snapshot_gib_per_tenant: 1000,
         }
     }
 }
@@ -465,9 +471,21 @@ impl Config {
             ("long_polls_per_node", self.limits.long_polls_per_node),
             ("waits", self.limits.waits),
             ("templates_per_tenant", self.limits.templates_per_tenant),
+            ("snapshots_per_tenant", self.limits.snapshots_per_tenant),
         ];
         let fair = |v| (1..=10_000).contains(&v);
-        all_within(err, "limits", &limits, fair, "1 and 10000")
+        all_within(err, "limits", &limits, fair, "1 and 10000")?;
+        let gib = [(
+            "snapshot_gib_per_tenant",
+            self.limits.snapshot_gib_per_tenant,
+        )];
+        all_within(
+            err,
+            "limits",
+            &gib,
+            |v| (1..=10_000_000).contains(&v),
+            "1 and 10000000",
+        )
     }
 
     /// `[snapshots]`: an `s3` store names its bucket, endpoint and credentials.

@@ -62,6 +62,19 @@ pub enum DomainError {
         /// What the tenant already uses.
         used: u64,
     },
+    /// A tenant-wide allowance (not a pool's quota row) would be exceeded (`QUOTA_EXCEEDED`):
+    /// kept snapshots, their GiB.
+    #[error("quota exceeded for {resource}: requested {requested}, max {max}, used {used}")]
+    TenantQuotaExceeded {
+        /// `snapshots`, `snapshotGiB`.
+        resource: &'static str,
+        /// How much the request asks for.
+        requested: u64,
+        /// The allowance.
+        max: u64,
+        /// What the tenant already uses.
+        used: u64,
+    },
     /// A node, or the pool's IP range, has no room (`CAPACITY_UNAVAILABLE`).
     #[error("capacity unavailable: {resource}")]
     CapacityUnavailable {
@@ -93,7 +106,9 @@ impl DomainError {
             DomainError::NotFound { .. } => "NOT_FOUND",
             DomainError::InvalidState { .. } => "INVALID_STATE",
             DomainError::Conflict { .. } | DomainError::ConflictOn { .. } => "CONFLICT",
-            DomainError::QuotaExceeded { .. } => "QUOTA_EXCEEDED",
+            DomainError::QuotaExceeded { .. } | DomainError::TenantQuotaExceeded { .. } => {
+                "QUOTA_EXCEEDED"
+            }
             DomainError::CapacityUnavailable { .. } => "CAPACITY_UNAVAILABLE",
             DomainError::AccessDenied { .. } => "ACCESS_DENIED",
             DomainError::Unsupported { .. } => "UNSUPPORTED",
@@ -113,6 +128,17 @@ impl DomainError {
                 used,
             } => json!({
                 "resource": resource.as_str(),
+                "requested": requested,
+                "max": max,
+                "used": used,
+            }),
+            DomainError::TenantQuotaExceeded {
+                resource,
+                requested,
+                max,
+                used,
+            } => json!({
+                "resource": resource,
                 "requested": requested,
                 "max": max,
                 "used": used,

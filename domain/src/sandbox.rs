@@ -143,8 +143,9 @@ pub struct Sandbox {
     /// A restore: the snapshot it was made from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
-    /// Its snapshots, by id (deleted ones too, until the log is compacted: never).
-    #[serde(default)]
+    /// Its snapshots, by id (deleted ones too, until the log is compacted: never). The fold
+    /// holds them; the `sandboxes` projection's document does not (they have their own rows).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub snapshots: BTreeMap<String, Snapshot>,
 }
 

@@ -59,7 +59,33 @@ pub async fn apply_sandbox(
     prior: Option<&Sandbox>,
 ) -> Result<(), ProjectionError> {
     let event = crate::typed::<SandboxEvent>(e)?;
-    let s = evolve(conn, "sandboxes", e, &event, prior, |s: &Sandbox| &s.id).await?;
+    // The stored document holds no snapshots (they have their own rows, so a sandbox's row
+    // does not grow with its snapshot history): a snapshot event's fold takes the snapshot it
+    // is about from `sandbox_snapshots`.
+    let before = match crate::known_before(e, prior, |s: &Sandbox| &s.id) {
+        Ok(known) => known,
+        Err(()) => load_doc::<Sandbox>(conn, "sandboxes", sandbox_id(e)).await?,
+    };
+    let before = match (before, snapshot_of(&event)) {
+        (Some(mut b), Some(id)) if !b.snapshots.contains_key(id) => {
+            if let Some(snap) = load_doc::<Snapshot>(conn, "sandbox_snapshots", id).await? {
+                b.snapshots.insert(id.to_string(), snap);
+            }
+            Some(b)
+        }
+        (before, _) => before,
+    };
+    let s = Sandbox::evolve(before, &event, e.recorded_at).map_err(|err| {
+        ProjectionError::Malformed {
+            event_id: e.id.clone(),
+            event_type: e.event_type.clone(),
+            message: err.to_string(),
+        }
+    })?;
+    let document = Sandbox {
+        snapshots: Default::default(),
+        ..s.clone()
+    };
     sqlx::query(
         "INSERT INTO sandboxes (id, tenant_id, template_id, instance_id, owner_identity_id, state,
                                 expires_at, doc, created_at, updated_at, version)
@@ -74,7 +100,7 @@ pub async fn apply_sandbox(
     .bind(&s.owner_identity_id)
     .bind(s.state.as_str())
     .bind(s.expires_at)
-    .bind(Json(&s))
+    .bind(Json(&document))
     .bind(s.created_at)
     .bind(s.updated_at)
     .bind(s.version as i64)
@@ -84,6 +110,26 @@ pub async fn apply_sandbox(
         upsert_snapshot(conn, snap).await?;
     }
     Ok(())
+}
+
+/// The sandbox a sandbox event's stream names.
+fn sandbox_id(e: &RecordedEvent) -> &str {
+    e.stream.split_once('-').map_or("", |(_, id)| id)
+}
+
+/// A sandbox's live snapshots, oldest first, from their own rows.
+pub async fn snapshots_of(
+    conn: &mut PgConnection,
+    sandbox_id: &str,
+) -> Result<Vec<Snapshot>, ProjectionError> {
+    let rows: Vec<Json<Snapshot>> = sqlx::query_scalar(
+        "SELECT doc FROM sandbox_snapshots WHERE sandbox_id = $1 AND NOT deleted
+          ORDER BY created_at, id",
+    )
+    .bind(sandbox_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|j| j.0).collect())
 }
 
 /// The snapshot a sandbox event is about.

@@ -426,11 +426,15 @@ impl Batch {
     }
 }
 
-/// The events that move a meter: instances' and sandbox volumes'. The rest of the log (the
-/// records this reactor appends among it) is skipped by the read.
+/// The events that move a meter: instances', sandbox volumes' and snapshots'. The rest of the
+/// log (the records this reactor appends among it) is skipped by the read.
 fn metered() -> Filter {
     Filter {
-        types: vec!["instance.*".into(), "sandbox.volume.*".into()],
+        types: vec![
+            "instance.*".into(),
+            "sandbox.volume.*".into(),
+            "sandbox.snapshot.*".into(),
+        ],
         ..Filter::default()
     }
 }

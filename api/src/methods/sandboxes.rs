@@ -276,9 +276,13 @@ async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
 async fn get(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let mut conn = c.ctx.pool.acquire().await?;
-    Ok(SandboxView::with_snapshots(
-        &visible(&mut conn, &tenant, &q.sandbox_id).await?,
-    ))
+    let mut sandbox = visible(&mut conn, &tenant, &q.sandbox_id).await?;
+    // Its snapshots live in their own projection, not in the sandbox's document.
+    let snapshots = vps_projections::sandboxes::snapshots_of(&mut conn, &sandbox.id)
+        .await
+        .map_err(vps_commands::CommandError::from)?;
+    sandbox.snapshots = snapshots.into_iter().map(|s| (s.id.clone(), s)).collect();
+    Ok(SandboxView::with_snapshots(&sandbox))
 }
 
 /// The stored sandbox the tenant may see.

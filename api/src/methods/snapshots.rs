@@ -74,7 +74,11 @@ pub fn methods() -> Vec<Method> {
 
 async fn take(c: Call, mut q: SnapshotInput) -> Result<SnapshotView, ApiError> {
     q.tenant_id = c.caller.tenant(&q.tenant_id)?;
-    let snap = snapshots::take(&c.ctx, q).await?;
+    let limits = snapshots::KeptLimits {
+        count: c.config.limits.snapshots_per_tenant as u64,
+        gib: c.config.limits.snapshot_gib_per_tenant,
+    };
+    let snap = snapshots::take_within(&c.ctx, q, limits).await?;
     Ok(SnapshotView::from(&snap))
 }
 

@@ -35,8 +35,79 @@ pub struct SnapshotInput {
     pub idempotency_key: Option<String>,
 }
 
-/// Takes a snapshot of a sandbox (or answers the one its key already took).
+/// What one tenant may keep: snapshots taken with `keep` and not deleted, and the GiB of
+/// those stored (`[limits] snapshots_per_tenant`, `snapshot_gib_per_tenant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeptLimits {
+    /// Kept snapshots.
+    pub count: u64,
+    /// GiB of kept snapshots (their stored size, rounded up).
+    pub gib: u64,
+}
+
+impl Default for KeptLimits {
+    fn default() -> Self {
+        KeptLimits {
+            count: 100,
+            gib: 1000,
+        }
+    }
+}
+
+/// Takes a snapshot of a sandbox (or answers the one its key already took), within the
+/// default [`KeptLimits`].
 pub async fn take(ctx: &Ctx, input: SnapshotInput) -> Result<Snapshot, CommandError> {
+    take_within(ctx, input, KeptLimits::default()).await
+}
+
+/// Refuses a kept snapshot past the tenant's allowance (`QUOTA_EXCEEDED`, as for instances):
+/// counted under a per-tenant lock, so concurrent takes cannot both pass.
+async fn check_kept(
+    tx: &mut PgConnection,
+    tenant_id: &str,
+    limits: KeptLimits,
+) -> Result<(), CommandError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('kept-snapshots:' || $1, 0))")
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?;
+    let (count, bytes): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), coalesce(sum((doc->>'sizeBytes')::bigint), 0)::bigint
+           FROM sandbox_snapshots
+          WHERE tenant_id = $1 AND keep AND NOT deleted AND state <> 'failed'",
+    )
+    .bind(tenant_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    let count = u64::try_from(count).unwrap_or(0);
+    let gib = u64::try_from(bytes).unwrap_or(0).div_ceil(1 << 30);
+    if count + 1 > limits.count {
+        return Err(DomainError::TenantQuotaExceeded {
+            resource: "snapshots",
+            requested: 1,
+            max: limits.count,
+            used: count,
+        }
+        .into());
+    }
+    if gib >= limits.gib {
+        return Err(DomainError::TenantQuotaExceeded {
+            resource: "snapshotGiB",
+            requested: 0,
+            max: limits.gib,
+            used: gib,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// [`take`] within `limits`.
+pub async fn take_within(
+    ctx: &Ctx,
+    input: SnapshotInput,
+    limits: KeptLimits,
+) -> Result<Snapshot, CommandError> {
     let key = input.idempotency_key.as_deref();
     if key.is_some_and(|k| k.trim().is_empty() || k.len() > 256) {
         return Err(DomainError::invalid_input("idempotencyKey", "1 to 256 characters").into());
@@ -74,6 +145,9 @@ pub async fn take(ctx: &Ctx, input: SnapshotInput) -> Result<Snapshot, CommandEr
             Take::Replay(snap) => return Ok(*snap),
             Take::New(events) => events,
         };
+        if request.keep {
+            check_kept(&mut tx, &s.tenant_id, limits).await?;
+        }
         let after = record_events(ctx, &mut tx, &s.id, Some(&s), events, Some(&s.tenant_id))
             .await?
             .expect("a sandbox");

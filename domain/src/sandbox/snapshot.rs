@@ -208,6 +208,22 @@ pub fn take(s: &Sandbox, i: &InstanceFacts, t: &TakeSnapshot) -> Result<Take, Do
             s.state.as_str()
         )));
     }
+    // One in flight per sandbox: a host takes one at a time, and each request costs a store
+    // upload; a second waits for the first to settle.
+    if let Some(pending) = s
+        .snapshots
+        .values()
+        .find(|x| x.state == SnapshotState::Pending && !x.is_deleted())
+    {
+        return Err(DomainError::conflict(
+            format!(
+                "snapshot {} of sandbox {} is still pending; take another once it settles",
+                pending.id, s.id
+            ),
+            "snapshotId",
+            pending.id.clone(),
+        ));
+    }
     let node_id = match (&i.node_id, i.state) {
         (Some(node), InstanceState::Running | InstanceState::Paused) => node.clone(),
         _ => {

@@ -14,6 +14,10 @@
 //! `sandbox.volume.created` (which books it) to `sandbox.volume.deleted` (which releases it),
 //! its size changed by `sandbox.volume.resized`, billed to its tenant and creator.
 //!
+//! A stored snapshot accrues `vps.snapshot.gib.hours` from its sandbox's stream: from
+//! `sandbox.snapshot.ready` (its size, rounded up to whole GiB) to `sandbox.snapshot.deleted`
+//! (or `.purged`), billed to its tenant, `resourceId` the snapshot.
+//!
 //! Quantities are rounded on the running total of each (resource, meter): a record's quantity
 //! is `round(total after it) − round(total before it)`, so any run of records of a resource sums
 //! to its exact accrual rounded once, to the last decimal digit.
@@ -23,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::meter::{hours, lines, volume_lines, Line};
+use super::meter::{hours, lines, snapshot_lines, volume_lines, Line};
 use super::record::UsageRecord;
 use super::window::{at, micros, Micros, Windows};
 use crate::resources::Shape;
@@ -81,6 +85,9 @@ pub struct InstanceMeter {
     /// A sandbox volume (its shape is its disk), not an instance.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub volume: bool,
+    /// A stored snapshot (its shape's disk is its size in GiB), not an instance.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot: bool,
     /// The tenant.
     pub tenant_id: String,
     /// The pool.
@@ -169,11 +176,37 @@ impl Facts {
     }
 }
 
+impl Facts {
+    /// A snapshot event's facts: its stored size, in whole GiB rounded up, is its shape.
+    fn read_snapshot(event_type: &str, data: &Value) -> Facts {
+        let text = |field: &str| data.get(field).and_then(Value::as_str).map(str::to_string);
+        let gib = data
+            .get("sizeBytes")
+            .and_then(Value::as_u64)
+            .map(|b| b.div_ceil(1 << 30));
+        Facts {
+            change: match event_type {
+                "sandbox.snapshot.ready" => Some(Change::Book),
+                "sandbox.snapshot.deleted" | "sandbox.snapshot.purged" => Some(Change::End),
+                _ => None,
+            },
+            tenant_id: text("tenantId"),
+            pool_id: text("poolId"),
+            warm: false,
+            owner: None,
+            shape: gib
+                .and_then(|g| u32::try_from(g).ok())
+                .map(crate::volume::disk),
+        }
+    }
+}
+
 impl InstanceMeter {
     /// What a hosted instance's `instance.created` starts (not yet allocated).
     fn created(facts: &Facts, at: Micros) -> Option<InstanceMeter> {
         Some(InstanceMeter {
             volume: false,
+            snapshot: false,
             tenant_id: facts.tenant_id.clone()?,
             pool_id: facts.pool_id.clone()?,
             owner_identity_id: facts.owner.clone(),
@@ -192,9 +225,10 @@ impl InstanceMeter {
         if !self.allocated || self.deleted {
             return None;
         }
-        let lines = match self.volume {
-            true => volume_lines(self.shape.disk_gib),
-            false => lines(&self.shape, self.warm),
+        let lines = match (self.volume, self.snapshot) {
+            (_, true) => snapshot_lines(self.shape.disk_gib),
+            (true, false) => volume_lines(self.shape.disk_gib),
+            (false, false) => lines(&self.shape, self.warm),
         };
         let payer = Payer {
             tenant_id: self.tenant_id.clone(),
@@ -368,6 +402,12 @@ impl Ledger {
             self.apply_volume(id, event_type, data, micros(recorded_at));
             return;
         }
+        if stream.starts_with("sandbox-") && event_type.starts_with("sandbox.snapshot.") {
+            if let Some(id) = data.get("snapshotId").and_then(Value::as_str) {
+                self.apply_snapshot(id, event_type, data, micros(recorded_at));
+            }
+            return;
+        }
         if !stream.starts_with("instance-") {
             return;
         }
@@ -395,6 +435,24 @@ impl Ledger {
         if facts.change == Some(Change::Book) {
             if let Some(mut meter) = InstanceMeter::created(&facts, t) {
                 meter.volume = true;
+                meter.apply(facts, t);
+                self.start(id, meter);
+            }
+            return;
+        }
+        self.follow(id, facts, t);
+    }
+
+    /// A snapshot's event: `ready` starts its meter already booked (once: a second `ready`
+    /// of the same snapshot changes nothing).
+    fn apply_snapshot(&mut self, id: &str, event_type: &str, data: &Value, t: Micros) {
+        let facts = Facts::read_snapshot(event_type, data);
+        if facts.change == Some(Change::Book) {
+            if self.instances.contains_key(id) {
+                return;
+            }
+            if let Some(mut meter) = InstanceMeter::created(&facts, t) {
+                meter.snapshot = true;
                 meter.apply(facts, t);
                 self.start(id, meter);
             }

@@ -15,6 +15,10 @@ pub const SANDBOX_WARM: &str = "vps.sandbox.warm";
 /// resizes to its release (`sandbox.volume.deleted`).
 pub const VOLUME_GIB_HOURS: &str = "vps.volume.gib.hours";
 
+/// GiB hours of a stored snapshot (its size rounded up to whole GiB), from
+/// `sandbox.snapshot.ready` (stored) to `sandbox.snapshot.deleted` or `.purged`.
+pub const SNAPSHOT_GIB_HOURS: &str = "vps.snapshot.gib.hours";
+
 /// Decimal places of every quantity. The log's times are whole microseconds and an hour is
 /// 3.6·10⁹ of them, so a quantity has no finite decimal form in general; it is rounded here,
 /// once, on the running total (see [`hours`] and the ledger).
@@ -68,6 +72,13 @@ pub fn lines(shape: &Shape, warm: bool) -> Vec<Line> {
 /// The line a volume of `size_gib` accrues.
 pub fn volume_lines(size_gib: u32) -> Vec<Line> {
     let mut lines = vec![Line::new(VOLUME_GIB_HOURS, "gib-hour", size_gib)];
+    lines.retain(|l| l.rate > 0);
+    lines
+}
+
+/// The line a stored snapshot of `size_gib` accrues.
+pub fn snapshot_lines(size_gib: u32) -> Vec<Line> {
+    let mut lines = vec![Line::new(SNAPSHOT_GIB_HOURS, "gib-hour", size_gib)];
     lines.retain(|l| l.rate > 0);
     lines
 }

@@ -872,3 +872,156 @@ async fn a_sandbox_of_a_template_whose_flavor_is_archived_is_refused() {
         .unwrap();
     assert_eq!(before, after, "nothing written");
 }
+
+/// A snapshot's state, read until it leaves `pending`.
+async fn snapshot_settled(t: &TestServer, id: &str) -> Value {
+    eventually(&format!("snapshot {id} settled"), PATIENCE, || async {
+        let s = t
+            .ok(
+                ALICE,
+                "sandboxSnapshots.get",
+                json!({ "tenantId": "acme", "snapshotId": id }),
+            )
+            .await;
+        if s["state"] == "pending" {
+            Err(s)
+        } else {
+            Ok(s)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_one_at_a_time_within_the_kept_quota_and_metered() {
+    let t = TestServer::start_with(|c| {
+        vps_tests::fast_sandboxes(c);
+        c.timings.snapshot_timeout = 60.0;
+        c.timings.usage_window = 0.5;
+        c.limits.snapshots_per_tenant = 2;
+    })
+    .await;
+    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
+    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
+    let hosts = t.hosts(&pool, 1, BOOT).await;
+    let template = t
+        .ok(
+            ALICE,
+            "sandboxTemplates.create",
+            json!({ "tenantId": "acme", "name": "t", "poolId": pool, "flavor": "small",
+                    "imageId": "img_ubuntu" }),
+        )
+        .await;
+    let sandbox = t
+        .ok(
+            ALICE,
+            "sandboxes.create",
+            json!({ "tenantId": "acme", "templateId": template["id"], "idempotencyKey": "s",
+                    "wait": { "timeoutMs": 20000 } }),
+        )
+        .await;
+    assert_eq!(sandbox["state"], "ready", "{sandbox}");
+    let take = |keep: bool| {
+        t.call(
+            ALICE,
+            "sandboxes.snapshot",
+            json!({ "tenantId": "acme", "sandboxId": sandbox["id"], "keep": keep,
+                    "includeMemory": false }),
+        )
+    };
+
+    // One in flight: while the host has not reported the first, a second is a conflict
+    // naming it.
+    hosts[0].set_reporting(false);
+    let first = take(true).await.unwrap();
+    let refused = take(true).await.unwrap_err();
+    assert_eq!(
+        (
+            refused.status,
+            code(&refused),
+            &refused.body["details"]["snapshotId"]
+        ),
+        (409, "CONFLICT", &first["id"]),
+        "{}",
+        refused.body
+    );
+    hosts[0].set_reporting(true);
+    assert_eq!(
+        snapshot_settled(&t, first["id"].as_str().unwrap()).await["state"],
+        "ready"
+    );
+
+    // Kept snapshots are counted: the second fits, the third is over the allowance.
+    let second = take(true).await.unwrap();
+    snapshot_settled(&t, second["id"].as_str().unwrap()).await;
+    let over = take(true).await.unwrap_err();
+    assert_eq!(
+        (code(&over), &over.body["details"]),
+        (
+            "QUOTA_EXCEEDED",
+            &json!({ "resource": "snapshots", "requested": 1, "max": 2, "used": 2 })
+        ),
+        "{}",
+        over.body
+    );
+    // One that goes with its sandbox is not a kept one.
+    let unkept = take(false).await.unwrap();
+    snapshot_settled(&t, unkept["id"].as_str().unwrap()).await;
+
+    // The sandbox's row does not grow with its snapshot history; `sandboxes.get` still
+    // answers its live snapshots, from their own projection.
+    let holds: bool = sqlx::query_scalar("SELECT doc ? 'snapshots' FROM sandboxes WHERE id = $1")
+        .bind(sandbox["id"].as_str().unwrap())
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap();
+    assert!(!holds, "the sandbox document holds no snapshots");
+    let got = t
+        .ok(
+            ALICE,
+            "sandboxes.get",
+            json!({ "tenantId": "acme", "sandboxId": sandbox["id"] }),
+        )
+        .await;
+    let listed: Vec<&str> = got["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        [&first["id"], &second["id"], &unkept["id"]].map(|v| v.as_str().unwrap())
+    );
+    assert!(t.replay_equal().await);
+
+    // Stored bytes are metered from the log, and `usage verify` recomputes the same.
+    let first_id = first["id"].as_str().unwrap().to_string();
+    eventually("the first snapshot's GiB hours", PATIENCE, || async {
+        let page = t
+            .ok(
+                ALICE,
+                "usage.list",
+                json!({ "tenantId": "acme", "from": "2000-01-01T00:00:00Z",
+                        "to": "2100-01-01T00:00:00Z", "resourceId": first_id,
+                        "meter": "vps.snapshot.gib.hours" }),
+            )
+            .await;
+        match page["items"].as_array() {
+            Some(items) if !items.is_empty() => Ok(items.clone()),
+            _ => Err(page),
+        }
+    })
+    .await;
+    let windows = vps::server::usage_windows(&t.server.state.config);
+    let report = vps_reactors::usage::verify::verify(
+        &t.server.state.pool,
+        windows,
+        chrono::DateTime::<chrono::Utc>::MIN_UTC,
+        chrono::Utc::now() + chrono::Duration::days(1),
+    )
+    .await
+    .expect("verify runs");
+    assert_eq!(report.first_difference, None);
+    assert!(report.compared > 0);
+}

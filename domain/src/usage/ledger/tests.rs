@@ -311,3 +311,68 @@ fn a_volume_accrues_its_size_from_created_through_resizes_to_deleted() {
         "a deleted volume is forgotten"
     );
 }
+
+#[test]
+fn a_stored_snapshot_accrues_its_gib_from_ready_to_deleted() {
+    use crate::usage::meter::SNAPSHOT_GIB_HOURS;
+    let mut ledger = Ledger::new(Windows::new(W).unwrap());
+    let snapshot = |size_bytes: Option<u64>| {
+        let mut data = json!({
+            "sandboxId": "sbx_a", "tenantId": "acme", "templateId": "sbxt_a",
+            "instanceId": "inst_a", "poolId": "pool_h", "snapshotId": "snap_a",
+            "includeMemory": false,
+        });
+        if let Some(b) = size_bytes {
+            data["sizeBytes"] = json!(b);
+            data["sha256"] = json!("0".repeat(64));
+        }
+        data
+    };
+    // Requested: nothing stored yet, nothing accrues.
+    ledger.apply(
+        "sandbox-sbx_a",
+        "sandbox.snapshot.requested",
+        &snapshot(None),
+        time(T0),
+    );
+    // 2.5 GiB stored: billed as 3 GiB for the whole window it is kept.
+    let size = 5 * (1u64 << 30) / 2;
+    ledger.apply(
+        "sandbox-sbx_a",
+        "sandbox.snapshot.ready",
+        &snapshot(Some(size)),
+        time(T0),
+    );
+    ledger.apply(
+        "sandbox-sbx_a",
+        "sandbox.snapshot.deleted",
+        &snapshot(None),
+        time(T0 + W),
+    );
+    // Deleted ends it; the purge after changes nothing.
+    ledger.apply(
+        "sandbox-sbx_a",
+        "sandbox.snapshot.purged",
+        &snapshot(None),
+        time(T0 + 2 * W),
+    );
+    let records = ledger.settle(Micros::MIN, T0 + 4 * W);
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let r = &records[0];
+    assert_eq!(
+        (
+            r.meter.as_str(),
+            r.unit.as_str(),
+            r.resource_id.as_str(),
+            r.tenant_id.as_str()
+        ),
+        (SNAPSHOT_GIB_HOURS, "gib-hour", "snap_a", "acme")
+    );
+    // 3 GiB for one five-minute window: a quarter of a GiB-hour.
+    assert_eq!(W, 300_000_000);
+    assert_eq!(r.quantity, Decimal::new(25, 2));
+    assert!(
+        ledger.instance("snap_a").is_none(),
+        "a settled, deleted snapshot is forgotten"
+    );
+}
