@@ -1,7 +1,8 @@
 //! The tenant isolation matrix, generated from the registry: every method a tenant can call is
 //! called by tenant `acme` with tenant `globex`'s ids, and answers `NOT_FOUND` (or, for a
 //! method that takes no id, shows none of globex's) without changing the log. A node token
-//! calling any method but its own node's is `ACCESS_DENIED`.
+//! calling any method but its own node's is `ACCESS_DENIED`, and so is a tenant calling any
+//! operator method.
 //!
 //! Methods added later are picked up from `vps::methods::all()`: a tenant-callable method
 //! without an entry in [`fixture`] fails the test, naming it. Add its entry there, using the
@@ -290,6 +291,25 @@ async fn no_tenant_method_reaches_another_tenants_resources() {
         missing.is_empty(),
         "no isolation fixture for {missing:?}: add them to `fixture`"
     );
+    // Every operator method (pools, nodes, flavors, images, identities, policies, tenants, …)
+    // is ACCESS_DENIED to a tenant, whatever it names.
+    for method in vps::methods::all()
+        .iter()
+        .filter(|m| m.access == Access::Operator)
+    {
+        let name = method.full_name();
+        for body in [json!({}), json!({ "tenantId": "globex", "poolId": g.pool, "id": "x" })] {
+            let refused = t
+                .call(ALICE, &name, body.clone())
+                .await
+                .expect_err(&format!("{name} {body} answered"));
+            assert_eq!(
+                refused.body["code"], "ACCESS_DENIED",
+                "{name} {body}: {}",
+                refused.body
+            );
+        }
+    }
     t.settle().await;
     assert_eq!(log_head(&t).await, before, "the log is unchanged");
 }
