@@ -298,7 +298,10 @@ async fn no_tenant_method_reaches_another_tenants_resources() {
         .filter(|m| m.access == Access::Operator)
     {
         let name = method.full_name();
-        for body in [json!({}), json!({ "tenantId": "globex", "poolId": g.pool, "id": "x" })] {
+        for body in [
+            json!({}),
+            json!({ "tenantId": "globex", "poolId": g.pool, "id": "x" }),
+        ] {
             let refused = t
                 .call(ALICE, &name, body.clone())
                 .await
