@@ -195,6 +195,10 @@ mod tests {
         assert!(parse(r#"{"types": [], "keys": [1, 2, 3]}"#).is_err());
         assert!(parse(r#"{"types": [], "labels": {"a": 1, "b": 2}}"#).is_err());
         let one = parse(r#"{"types": [], "labels": {"a": 1, "a": 2}}"#).unwrap();
-        assert_eq!(one.labels.get("a"), Some(&2), "a key given twice counts once");
+        assert_eq!(
+            one.labels.get("a"),
+            Some(&2),
+            "a key given twice counts once"
+        );
     }
 }
