@@ -70,6 +70,16 @@ const ASSETS: &[(&str, u32, &str)] = &[
         0o755,
         include_str!("../assets/shutdown"),
     ),
+    (
+        "/etc/vps-restore-watch",
+        0o755,
+        include_str!("../assets/restore-watch"),
+    ),
+    (
+        "/etc/vps-reidentify",
+        0o755,
+        include_str!("../assets/reidentify"),
+    ),
 ];
 
 /// Builds the minimal guest bundle at `out`: an uncompressed tar holding `vmlinuz` and

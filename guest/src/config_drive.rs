@@ -36,6 +36,23 @@ pub struct ConfigDrive {
     /// Bumped whenever the guest must take a new identity (a restore or a fork): a new machine
     /// id, new SSH host keys, a reseeded random pool.
     pub identity_generation: u64,
+    /// The new identity itself, made by the host when it bumps the generation for a restore.
+    /// A guest resumed from a memory snapshot runs with its source's random state, so what it
+    /// generated itself right away could equal what its siblings generate: the host's CSPRNG
+    /// is the one source each clone surely gets apart.
+    pub fresh_identity: Option<FreshIdentity>,
+}
+
+/// A guest identity made by the host (`vps/machine-id`, `vps/seed`, `vps/ssh_host_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FreshIdentity {
+    /// 32 lower-case hex digits (`/etc/machine-id`).
+    pub machine_id: String,
+    /// Hex bytes the guest mixes into its random pool and keeps as its random seed.
+    pub seed: String,
+    /// SSH host keys as (type, OpenSSH private key, public key line), type `ed25519` or
+    /// `ecdsa`.
+    pub ssh_host_keys: Vec<(String, String, String)>,
 }
 
 /// Writes `drive` as a config drive image at `path`, replacing any file there.
@@ -134,6 +151,35 @@ fn files(drive: &ConfigDrive) -> Result<Vec<(&'static str, Vec<u8>)>, Error> {
         "vps/identity",
         format!("{}\n", drive.identity_generation).into_bytes(),
     ));
+    if let Some(fresh) = &drive.fresh_identity {
+        check_hex("fresh_identity.machine_id", &fresh.machine_id, 32, 32)?;
+        check_hex("fresh_identity.seed", &fresh.seed, 32, 1024)?;
+        files.push((
+            "vps/machine-id",
+            format!("{}\n", fresh.machine_id).into_bytes(),
+        ));
+        files.push(("vps/seed", format!("{}\n", fresh.seed).into_bytes()));
+        for (kind, private, public) in &fresh.ssh_host_keys {
+            let (private_name, public_name) = match kind.as_str() {
+                "ed25519" => ("vps/ssh_host_ed25519_key", "vps/ssh_host_ed25519_key.pub"),
+                "ecdsa" => ("vps/ssh_host_ecdsa_key", "vps/ssh_host_ecdsa_key.pub"),
+                other => {
+                    return Err(invalid(
+                        "fresh_identity.ssh_host_keys",
+                        format!("{other:?} is not ed25519 or ecdsa"),
+                    ))
+                }
+            };
+            if !private.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----") {
+                return Err(invalid(
+                    "fresh_identity.ssh_host_keys",
+                    "not an OpenSSH private key",
+                ));
+            }
+            files.push((private_name, private.clone().into_bytes()));
+            files.push((public_name, format!("{}\n", public.trim()).into_bytes()));
+        }
+    }
     Ok(files)
 }
 
@@ -174,6 +220,21 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
     Error::InvalidConfig {
         field,
         reason: reason.into(),
+    }
+}
+
+fn check_hex(field: &'static str, value: &str, min: usize, max: usize) -> Result<(), Error> {
+    let ok = (min..=max).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("not {min} to {max} lower-case hex digits"),
+        ))
     }
 }
 

@@ -249,6 +249,7 @@ impl Lab {
                 principal: Some(PRINCIPAL.into()),
                 ssh_ca_public_key: Some(ca),
                 identity_generation,
+                fresh_identity: None,
             },
         )
         .unwrap();

@@ -19,6 +19,7 @@ fn drive() -> ConfigDrive {
         principal: Some("inst_01JTEST".into()),
         ssh_ca_public_key: Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample ca@vps\n".into()),
         identity_generation: 3,
+        fresh_identity: None,
     }
 }
 

@@ -7,8 +7,12 @@
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 
 pub mod qemu;
+mod upload;
+
+pub use upload::upload;
 
 /// What a guest must be, as the agent reads it from an `InstanceSpec`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +56,38 @@ pub struct SshCa {
     pub public_key: String,
     /// The one principal the guest's `sshd` admits (`inst_…`).
     pub principal: String,
+}
+
+/// A snapshot to make a new guest from (`InstanceSpec.restoreFrom`): an archive that
+/// [`Runtime::snapshot`] made on some host and the agent uploaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoreSource {
+    /// `snap_…`, for messages.
+    pub snapshot_id: String,
+    /// Where the archive is: a presigned `https://`/`http://` GET, or `file://`.
+    pub url: String,
+    /// Hex SHA-256 of the archive; checked before anything in it is used.
+    pub sha256: String,
+}
+
+/// What [`Runtime::snapshot`] made: one archive, ready to upload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotFiles {
+    /// The archive (an uncompressed tar), under the `out_dir` the caller gave. The caller
+    /// removes it once uploaded.
+    pub archive: PathBuf,
+    /// Hex SHA-256 of the archive: the `sha256` of the command's result.
+    pub sha256: String,
+    /// The archive's length: the `sizeBytes` of the command's result.
+    pub size_bytes: u64,
+    /// Whether it holds the guest's memory and device state.
+    pub include_memory: bool,
+    /// The CPU model the guest ran with (memory snapshots only): the `cpuModel` of the result.
+    pub cpu_model: Option<String>,
+    /// How long the guest was frozen for it (also `vps_host_snapshot_pause_seconds`).
+    pub paused_ms: u64,
+    /// QEMU's own time to save the memory and device state (memory snapshots only).
+    pub qemu_save_ms: Option<u64>,
 }
 
 /// A guest as the runtime sees it right now.
@@ -109,4 +145,24 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Where the guest's `sshd` listens, for the tunnel endpoint.
     fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)>;
+
+    /// Takes a snapshot of the guest into one archive under `out_dir` (the `snapshot` host
+    /// command). The guest keeps the state it had (running or paused); it is frozen only
+    /// while its state is saved. Disk-only snapshots also work on a stopped guest. Upload the
+    /// archive with [`upload`], then remove it.
+    fn snapshot(
+        &self,
+        id: &str,
+        include_memory: bool,
+        out_dir: &Path,
+    ) -> impl Future<Output = Result<SnapshotFiles, RuntimeError>> + Send;
+
+    /// [`Runtime::run`] for a spec with `restoreFrom`: a guest that does not exist yet is
+    /// made from the snapshot (downloaded once per digest and checked), with an identity of
+    /// its own; from then on it is an ordinary guest, and this is `run`.
+    fn restore(
+        &self,
+        spec: &GuestSpec,
+        from: &RestoreSource,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 }

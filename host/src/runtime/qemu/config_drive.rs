@@ -3,10 +3,19 @@
 
 use std::path::Path;
 
+pub use vps_guest_image::config_drive::FreshIdentity;
+
 use crate::runtime::{GuestSpec, RuntimeError};
 
 /// Writes the config drive of `spec` at `path`. The first NIC carries the address and gateway.
-pub fn write(spec: &GuestSpec, path: &Path) -> Result<(), RuntimeError> {
+/// `generation` is the guest's identity generation; `fresh` the identity the host made for a
+/// restore (see `snapshots::fresh_identity`).
+pub fn write(
+    spec: &GuestSpec,
+    path: &Path,
+    generation: u64,
+    fresh: Option<FreshIdentity>,
+) -> Result<(), RuntimeError> {
     let nic = spec.nics.first();
     let drive = vps_guest_image::config_drive::ConfigDrive {
         instance_id: spec.id.clone(),
@@ -20,7 +29,8 @@ pub fn write(spec: &GuestSpec, path: &Path) -> Result<(), RuntimeError> {
         mac: nic.map(|n| n.mac.clone()),
         principal: spec.ssh_ca.as_ref().map(|c| c.principal.clone()),
         ssh_ca_public_key: spec.ssh_ca.as_ref().map(|c| c.public_key.clone()),
-        identity_generation: 0,
+        identity_generation: generation,
+        fresh_identity: fresh,
     };
     vps_guest_image::config_drive::write(path, &drive)
         .map_err(|e| RuntimeError(format!("config drive: {e}")))

@@ -2,6 +2,9 @@
 //! hashed while it streams to a temporary file, and moved into place only when its digest
 //! matches. A bundle (an uncompressed tar) is unpacked there once; a qcow2 image is kept as
 //! `image.qcow2`. Anything in a digest's directory has therefore been checked.
+//!
+//! Snapshot archives (restores) are kept the same way under `<image_dir>/snapshots/<sha256>/`,
+//! unpacked: each restore of one snapshot layers its disk on the same checked copy.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -11,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use sha2::{Digest, Sha256};
 use tracing::Instrument;
 
-use crate::runtime::{ImageRef, RuntimeError};
+use crate::runtime::{ImageRef, RestoreSource, RuntimeError};
 
 /// A checked image in the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +37,9 @@ pub struct ImageCache {
 }
 
 const BUNDLE_FILES: [&str; 3] = ["vmlinuz", "initrd", "rootfs.qcow2"];
+
+/// What a snapshot archive may hold (`snapshots::MANIFEST` and the files it names).
+pub const SNAPSHOT_FILES: [&str; 4] = ["manifest.json", "disk.qcow2", "config.img", "memory.state"];
 
 impl ImageCache {
     pub fn new(dir: PathBuf) -> ImageCache {
@@ -91,6 +97,63 @@ impl ImageCache {
                 "image {digest}: the cache entry is incomplete after download"
             ))
         })
+    }
+
+    /// The checked, unpacked snapshot archive of `from`, downloading it first if needed.
+    pub async fn snapshot(&self, from: &RestoreSource) -> Result<PathBuf, RuntimeError> {
+        let digest = from.sha256.to_ascii_lowercase();
+        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(RuntimeError(format!(
+                "snapshot {} digest {:?} is not a hex SHA-256",
+                from.snapshot_id, from.sha256
+            )));
+        }
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks
+                .entry(format!("snapshot:{digest}"))
+                .or_default()
+                .clone()
+        };
+        let _guard = lock.lock().await;
+        let root = self.dir.join("snapshots");
+        let dir = root.join(&digest);
+        if snapshot_complete(&dir) {
+            return Ok(dir);
+        }
+        tokio::fs::create_dir_all(&root)
+            .await
+            .map_err(|e| RuntimeError(format!("snapshot cache {}: {e}", root.display())))?;
+        let staging = root.join(format!(".{digest}.{}", std::process::id()));
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+        tokio::fs::create_dir_all(&staging)
+            .await
+            .map_err(|e| RuntimeError(format!("snapshot cache {}: {e}", staging.display())))?;
+        let span =
+            tracing::info_span!("snapshot.fetch", snapshot = %from.snapshot_id, sha256 = %digest);
+        let result = async {
+            let download = staging.join("download");
+            let actual = self.download(&from.url, &download).await?;
+            if actual != digest {
+                return Err(RuntimeError(format!(
+                    "snapshot {} digest mismatch: expected sha256 {digest}, got {actual}",
+                    from.snapshot_id
+                )));
+            }
+            let (tar, out) = (download.clone(), staging.clone());
+            tokio::task::spawn_blocking(move || unpack_snapshot(&tar, &out))
+                .await
+                .map_err(|e| RuntimeError(format!("unpacking snapshot: {e}")))??;
+            let _ = tokio::fs::remove_file(&download).await;
+            tokio::fs::rename(&staging, &dir)
+                .await
+                .map_err(|e| RuntimeError(format!("snapshot cache {}: {e}", dir.display())))
+        }
+        .instrument(span)
+        .await;
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+        result?;
+        Ok(dir)
     }
 
     async fn fill(
@@ -189,6 +252,48 @@ impl ImageCache {
             ))),
         }
     }
+}
+
+/// Whether an unpacked snapshot has what every snapshot has.
+fn snapshot_complete(dir: &Path) -> bool {
+    ["manifest.json", "disk.qcow2", "config.img"]
+        .iter()
+        .all(|f| dir.join(f).is_file())
+}
+
+/// Unpacks the snapshot archive's known regular files into `out`, like [`unpack_bundle`].
+fn unpack_snapshot(tar: &Path, out: &Path) -> Result<(), RuntimeError> {
+    let bad =
+        |e: std::io::Error| RuntimeError(format!("snapshot archive is not a readable tar: {e}"));
+    let file = std::fs::File::open(tar).map_err(bad)?;
+    let mut archive = tar::Archive::new(file);
+    let mut found = Vec::new();
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        // The tar crate writes files with holes as GNU sparse entries.
+        let kind = entry.header().entry_type();
+        if !kind.is_file() && !kind.is_gnu_sparse() {
+            continue;
+        }
+        let path = entry.path().map_err(bad)?.into_owned();
+        let name = path.to_string_lossy().into_owned();
+        if !SNAPSHOT_FILES.contains(&name.as_str()) || found.contains(&name) {
+            continue;
+        }
+        let target = out.join(&name);
+        let mut dst = std::fs::File::create(&target)
+            .map_err(|e| RuntimeError(format!("writing {}: {e}", target.display())))?;
+        std::io::copy(&mut entry, &mut dst)
+            .and_then(|_| dst.sync_all())
+            .map_err(|e| RuntimeError(format!("writing {}: {e}", target.display())))?;
+        found.push(name);
+    }
+    for required in ["manifest.json", "disk.qcow2", "config.img"] {
+        if !found.iter().any(|f| f == required) {
+            return Err(RuntimeError(format!("snapshot archive has no {required}")));
+        }
+    }
+    Ok(())
 }
 
 /// What a complete cache directory holds, if it is complete.

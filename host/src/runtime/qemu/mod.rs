@@ -6,8 +6,9 @@
 //! re-adopts running guests by pid file and QMP socket without touching them.
 //!
 //! Layout: `qmp` (the QMP client), `process` (start, find, end a QEMU; how it ended),
-//! `images` (the image cache), `disks` (qemu-img), `net` (bridge and taps), `accel` (the KVM
-//! probe), `config_drive` (the NoCloud drive, written by `vps-guest-image`).
+//! `images` (the image and snapshot cache), `disks` (qemu-img), `net` (bridge and taps),
+//! `accel` (the KVM probe), `config_drive` (the NoCloud drive, written by `vps-guest-image`),
+//! `snapshots` (snapshot archives and restores: read its docs for the design).
 
 pub mod accel;
 mod config_drive;
@@ -16,6 +17,7 @@ mod images;
 mod net;
 mod process;
 mod qmp;
+mod snapshots;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -31,7 +33,8 @@ use images::{Cached, ImageCache};
 use process::GuestDir;
 use qmp::Qmp;
 
-use super::{GuestSpec, GuestState, Observed, Runtime, RuntimeError};
+use super::{GuestSpec, GuestState, Observed, RestoreSource, Runtime, RuntimeError, SnapshotFiles};
+use snapshots::Manifest;
 
 /// The `qemu` runtime. Cheap to share behind an `Arc`; calls for different guests run
 /// concurrently, calls for one guest are serialised.
@@ -52,6 +55,11 @@ pub struct Qemu {
     pub start_timeout: Duration,
     /// How long `accel = "auto"` waits for its KVM probe boot.
     pub kvm_probe_timeout: Duration,
+    /// How long saving or loading a memory snapshot may take.
+    pub migration_timeout: Duration,
+    /// How long a memory-restored guest has to take its new identity (`restored: identity N`
+    /// on its console) before its links come up anyway.
+    pub identity_timeout: Duration,
 }
 
 /// One guest: its directory, the lock that serialises operations on it, and what is known
@@ -82,6 +90,19 @@ struct GuestRecord {
     image_sha256: String,
     image_format: String,
     nics: Vec<NicRecord>,
+    /// The identity generation its config drive carries (0 until a restore bumps it).
+    #[serde(default)]
+    identity_generation: u64,
+    /// The digest of the snapshot archive it was restored from.
+    #[serde(default)]
+    restored_from: Option<String>,
+}
+
+/// A restore in progress: the unpacked, checked snapshot and its manifest.
+struct Restoring {
+    dir: PathBuf,
+    manifest: Manifest,
+    sha256: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -124,6 +145,8 @@ impl Qemu {
             boot_deadline: Duration::from_secs(60),
             start_timeout: Duration::from_secs(10),
             kvm_probe_timeout: Duration::from_secs(10),
+            migration_timeout: Duration::from_secs(300),
+            identity_timeout: Duration::from_secs(60),
         })
     }
 
@@ -178,8 +201,9 @@ impl Qemu {
         spec: &GuestSpec,
         slot: &Slot,
         live: &mut Live,
+        restore: Option<&Restoring>,
     ) -> Result<(), RuntimeError> {
-        let result = self.boot_inner(spec, slot, live).await;
+        let result = self.boot_inner(spec, slot, live, restore).await;
         if let Err(error) = &result {
             if slot.dir.0.exists() {
                 let _ = std::fs::write(slot.dir.error(), &error.0);
@@ -194,6 +218,7 @@ impl Qemu {
         spec: &GuestSpec,
         slot: &Slot,
         live: &mut Live,
+        restore: Option<&Restoring>,
     ) -> Result<(), RuntimeError> {
         validate_id(&spec.id)?;
         let dir = &slot.dir;
@@ -204,7 +229,17 @@ impl Qemu {
             std::fs::create_dir_all(sockets)
                 .map_err(|e| RuntimeError(format!("cannot make {}: {e}", sockets.display())))?;
         }
+        let previous = lock(&slot.record).clone().or_else(|| read_record(dir));
+        let memory = restore.filter(|r| r.manifest.include_memory);
         let record = GuestRecord {
+            identity_generation: match restore {
+                Some(r) => r.manifest.identity_generation + 1,
+                None => previous.as_ref().map_or(0, |p| p.identity_generation),
+            },
+            restored_from: match restore {
+                Some(r) => Some(r.sha256.clone()),
+                None => previous.and_then(|p| p.restored_from),
+            },
             id: spec.id.clone(),
             hostname: spec.hostname.clone(),
             vcpus: spec.vcpus,
@@ -240,7 +275,14 @@ impl Qemu {
                 .map_err(|e| RuntimeError(format!("accel kvm: /dev/kvm: {e}")))?;
         }
 
-        if !dir.disk().exists() {
+        if let Some(memory) = memory {
+            check_loadable(spec, &image, &memory.manifest, &self.cpu_model())?;
+        }
+        if let Some(restore) = restore {
+            // A restore always starts from the snapshot's disk; a failed one leaves no disk.
+            let _ = std::fs::remove_file(dir.disk());
+            disks::overlay(&restore.dir.join("disk.qcow2"), &dir.disk(), spec.disk_gib).await?;
+        } else if !dir.disk().exists() {
             let made = match &image {
                 Cached::Bundle {
                     rootfs: Some(base), ..
@@ -256,22 +298,297 @@ impl Qemu {
         }
         let drive = dir.config_drive();
         let spec_copy = spec.clone();
-        tokio::task::spawn_blocking(move || config_drive::write(&spec_copy, &drive))
-            .await
-            .map_err(|e| RuntimeError(format!("config drive: {e}")))??;
+        let generation = record.identity_generation;
+        let fresh = match restore {
+            Some(_) => Some(snapshots::fresh_identity(&spec.hostname)?),
+            None => None,
+        };
+        let source_drive = restore.map(|r| r.dir.join("config.img"));
+        tokio::task::spawn_blocking(move || {
+            config_drive::write(&spec_copy, &drive, generation, fresh)?;
+            match source_drive.and_then(|d| std::fs::metadata(d).ok()) {
+                Some(source) => snapshots::pad_to(&drive, source.len()),
+                None => Ok(()),
+            }
+        })
+        .await
+        .map_err(|e| RuntimeError(format!("config drive: {e}")))??;
         for (nic, nic_record) in spec.nics.iter().zip(&record.nics) {
             net::ensure_tap(&nic_record.tap, nic).await?;
         }
 
-        let args = qemu_args(spec, &record, &image, chosen, dir);
+        let mut args = qemu_args(spec, &record, &image, chosen, dir);
+        if memory.is_some() {
+            args.extend(["-incoming".into(), "defer".into()]);
+        }
+        let _ = std::fs::remove_file(dir.memory_restored());
         let started = Instant::now();
-        let (qmp, pid) = process::spawn(&self.qemu_binary, &args, dir, self.start_timeout).await?;
-        tracing::info!(pid, accel = %chosen, "guest started");
+        let spawned = process::spawn(&self.qemu_binary, &args, dir, self.start_timeout).await;
+        let (qmp, pid) = match spawned {
+            Ok(spawned) => spawned,
+            Err(error) => {
+                if restore.is_some() {
+                    let _ = std::fs::remove_file(dir.disk());
+                }
+                return Err(error);
+            }
+        };
+        tracing::info!(pid, accel = %chosen, restore = restore.is_some(), "guest started");
+        if let Some(memory) = memory {
+            if let Err(error) = self.resume_restored(&qmp, &record, memory, dir).await {
+                drop(qmp);
+                process::kill(pid, dir).await;
+                let _ = std::fs::remove_file(dir.disk());
+                return Err(error);
+            }
+        }
         live.qmp = Some(qmp);
         live.pid = Some(pid);
         *lock(&slot.last) = GuestState::Running;
-        tokio::spawn(watch_boot(dir.clone(), pid, started, self.boot_deadline));
+        if memory.is_none() {
+            tokio::spawn(watch_boot(dir.clone(), pid, started, self.boot_deadline));
+        }
         Ok(())
+    }
+
+    /// Loads a memory snapshot into a QEMU started with `-incoming defer`, and resumes it
+    /// with its links down until it has taken its new identity (see `snapshots`).
+    async fn resume_restored(
+        &self,
+        qmp: &Qmp,
+        record: &GuestRecord,
+        restore: &Restoring,
+        dir: &GuestDir,
+    ) -> Result<(), RuntimeError> {
+        let loaded = snapshots::load_memory(
+            qmp,
+            &restore.dir.join("memory.state"),
+            self.migration_timeout,
+        )
+        .await?;
+        metrics::histogram!("vps_host_restore_load_seconds").record(loaded.as_secs_f64());
+        // The guest was saved paused, so it stays paused once loaded.
+        let qmp_error = |e: qmp::QmpError| RuntimeError(format!("resuming the restore: {e}"));
+        let links: Vec<String> = (0..record.nics.len()).map(|i| format!("net{i}")).collect();
+        for link in &links {
+            qmp.execute(
+                "set_link",
+                Some(serde_json::json!({ "name": link, "up": false })),
+            )
+            .await
+            .map_err(qmp_error)?;
+        }
+        // From here the guest lives: never kill a boot that merely prints nothing.
+        let _ = std::fs::write(dir.memory_restored(), restore.sha256.as_bytes());
+        qmp.execute("cont", None).await.map_err(qmp_error)?;
+        if links.is_empty() {
+            return Ok(());
+        }
+        let generation = record.identity_generation;
+        if !snapshots::wait_reidentified(&dir.console(), generation, self.identity_timeout).await {
+            tracing::warn!(generation, timeout = ?self.identity_timeout,
+                "the restored guest did not take its new identity; its links come up anyway");
+        }
+        for link in &links {
+            qmp.execute(
+                "set_link",
+                Some(serde_json::json!({ "name": link, "up": true })),
+            )
+            .await
+            .map_err(qmp_error)?;
+        }
+        Ok(())
+    }
+
+    async fn snapshot_inner(
+        &self,
+        id: &str,
+        include_memory: bool,
+        out_dir: &Path,
+    ) -> Result<SnapshotFiles, RuntimeError> {
+        validate_id(id)?;
+        let slot = self
+            .existing_slot(id)
+            .ok_or_else(|| RuntimeError(format!("no guest {id} on this host")))?;
+        std::fs::create_dir_all(out_dir)
+            .map_err(|e| RuntimeError(format!("cannot make {}: {e}", out_dir.display())))?;
+        let work = snapshots::work_dir(out_dir, id);
+        std::fs::create_dir_all(&work)
+            .map_err(|e| RuntimeError(format!("cannot make {}: {e}", work.display())))?;
+        let result = self
+            .snapshot_into(&slot, include_memory, out_dir, &work)
+            .await;
+        let _ = tokio::fs::remove_dir_all(&work).await;
+        result
+    }
+
+    async fn snapshot_into(
+        &self,
+        slot: &Slot,
+        include_memory: bool,
+        out_dir: &Path,
+        work: &Path,
+    ) -> Result<SnapshotFiles, RuntimeError> {
+        let dir = &slot.dir;
+        let overlay = work.join("overlay.qcow2");
+        let (record, paused, qemu_save) = {
+            let mut live = slot.live.lock().await;
+            let state = self.refresh(slot, &mut live).await;
+            let record = lock(&slot.record)
+                .clone()
+                .or_else(|| read_record(dir))
+                .ok_or_else(|| RuntimeError("the guest has no record".into()))?;
+            let running = match (&state, include_memory) {
+                (GuestState::Running, _) => true,
+                (GuestState::Paused, _) => false,
+                // Nothing writes the disk of a stopped guest: copy it as it is.
+                (GuestState::Stopped, false) => false,
+                (GuestState::Stopped, true) => {
+                    return Err(RuntimeError(
+                        "a stopped guest has no memory to snapshot".into(),
+                    ))
+                }
+                (GuestState::Error(why), _) => {
+                    return Err(RuntimeError(format!("the guest is in error: {why}")))
+                }
+            };
+            let frozen_at = Instant::now();
+            if running {
+                execute(&live, "stop").await?;
+            }
+            let frozen = async {
+                let mut qemu_save = None;
+                if include_memory {
+                    let qmp = live
+                        .qmp
+                        .as_ref()
+                        .ok_or_else(|| RuntimeError("QMP: not connected".into()))?;
+                    let memory = work.join("memory.state");
+                    qemu_save =
+                        Some(snapshots::save_memory(qmp, &memory, self.migration_timeout).await?);
+                }
+                snapshots::copy_sparse(&dir.disk(), &overlay).await?;
+                snapshots::copy_sparse(&dir.config_drive(), &work.join("config.img")).await?;
+                Ok::<_, RuntimeError>(qemu_save)
+            }
+            .await;
+            // What ran before runs again, even when the save failed.
+            let resumed = match running {
+                true => execute(&live, "cont").await,
+                false => Ok(()),
+            };
+            let paused = frozen_at.elapsed();
+            if running {
+                metrics::histogram!("vps_host_snapshot_pause_seconds").record(paused.as_secs_f64());
+            }
+            let qemu_save = match (frozen, resumed) {
+                (Ok(save), Ok(())) => save,
+                (Err(error), _) => {
+                    // A guest that died mid-save is an error of the snapshot and the guest.
+                    self.refresh(slot, &mut live).await;
+                    return Err(error);
+                }
+                (Ok(_), Err(error)) => {
+                    return Err(RuntimeError(format!(
+                        "the snapshot was taken but the guest did not resume: {error}"
+                    )))
+                }
+            };
+            (
+                record,
+                if running { paused } else { Duration::ZERO },
+                qemu_save,
+            )
+        };
+        snapshots::flatten(&overlay, &work.join("disk.qcow2")).await?;
+        let _ = tokio::fs::remove_file(&overlay).await;
+        let cpu_model = self.cpu_model();
+        let manifest = Manifest {
+            format: 1,
+            source: record.id.clone(),
+            include_memory,
+            cpu_model: cpu_model.clone(),
+            machine: machine_of(&record.image_format).to_owned(),
+            vcpus: record.vcpus,
+            memory_mib: record.memory_mib,
+            disk_gib: record.disk_gib,
+            image_sha256: record.image_sha256.clone(),
+            image_format: record.image_format.clone(),
+            identity_generation: record.identity_generation,
+            qemu_version: snapshots::qemu_version(&self.qemu_binary).await,
+        };
+        let archive = out_dir.join(format!("{}-{}.tar", record.id, process::unix_ms()));
+        let (work_owned, archive_owned) = (work.to_owned(), archive.clone());
+        let written = tokio::task::spawn_blocking(move || {
+            snapshots::write_archive(&work_owned, &manifest, &archive_owned)
+        })
+        .await
+        .map_err(|e| RuntimeError(format!("writing the archive: {e}")))?;
+        let (sha256, size_bytes) = match written {
+            Ok(done) => done,
+            Err(error) => {
+                let _ = tokio::fs::remove_file(&archive).await;
+                return Err(error);
+            }
+        };
+        Ok(SnapshotFiles {
+            archive,
+            sha256,
+            size_bytes,
+            include_memory,
+            cpu_model: include_memory.then_some(cpu_model),
+            paused_ms: paused.as_millis() as u64,
+            qemu_save_ms: qemu_save.map(|d| d.as_millis() as u64),
+        })
+    }
+
+    async fn restore_inner(
+        &self,
+        spec: &GuestSpec,
+        from: &RestoreSource,
+    ) -> Result<(), RuntimeError> {
+        validate_id(&spec.id)?;
+        let slot = self.slot(&spec.id);
+        let mut live = slot.live.lock().await;
+        // Made already (restored before, then stopped or paused): an ordinary guest now.
+        if slot.dir.disk().exists() {
+            return self.run_locked(spec, &slot, &mut live).await;
+        }
+        let fetched = async {
+            let dir = self.images.snapshot(from).await?;
+            let manifest = Manifest::read(&dir)?;
+            if manifest.include_memory {
+                // Before anything boots: a state saved under another CPU model cannot load.
+                let here = {
+                    self.chosen_accel().await;
+                    self.cpu_model()
+                };
+                if manifest.cpu_model != here {
+                    return Err(RuntimeError(format!(
+                        "memory snapshot {} was taken on CPU model {:?}; this host runs {here:?}",
+                        from.snapshot_id, manifest.cpu_model
+                    )));
+                }
+            }
+            Ok(Restoring {
+                dir,
+                manifest,
+                sha256: from.sha256.to_ascii_lowercase(),
+            })
+        }
+        .await;
+        let restoring = match fetched {
+            Ok(restoring) => restoring,
+            Err(error) => {
+                if slot.dir.0.exists() || std::fs::create_dir_all(&slot.dir.0).is_ok() {
+                    let _ = std::fs::write(slot.dir.error(), &error.0);
+                }
+                *lock(&slot.last) = GuestState::Error(error.0.clone());
+                return Err(error);
+            }
+        };
+        end_broken(&slot.dir, &mut live).await?;
+        self.boot(spec, &slot, &mut live, Some(&restoring)).await
     }
 
     /// The guest's state now, reconnecting to a live QEMU if needed. Takes the guest's lock.
@@ -315,7 +632,10 @@ impl Qemu {
         match qmp.query_status().await {
             Ok(status) => match status.status.as_str() {
                 "running" => GuestState::Running,
-                "paused" | "prelaunch" | "suspended" => GuestState::Paused,
+                // `postmigrate`: a paused guest whose memory snapshot was taken.
+                "paused" | "prelaunch" | "suspended" | "postmigrate" | "inmigrate" => {
+                    GuestState::Paused
+                }
                 other if status.running => {
                     tracing::debug!(status = other, "QEMU reports a running state");
                     GuestState::Running
@@ -407,16 +727,25 @@ impl Qemu {
     async fn run_inner(&self, spec: &GuestSpec) -> Result<(), RuntimeError> {
         let slot = self.slot(&spec.id);
         let mut live = slot.live.lock().await;
-        match self.refresh(&slot, &mut live).await {
+        self.run_locked(spec, &slot, &mut live).await
+    }
+
+    async fn run_locked(
+        &self,
+        spec: &GuestSpec,
+        slot: &Slot,
+        live: &mut Live,
+    ) -> Result<(), RuntimeError> {
+        match self.refresh(slot, live).await {
             GuestState::Running => Ok(()),
             GuestState::Paused => {
-                execute(&live, "cont").await?;
+                execute(live, "cont").await?;
                 *lock(&slot.last) = GuestState::Running;
                 Ok(())
             }
             GuestState::Stopped | GuestState::Error(_) => {
-                end_broken(&slot.dir, &mut live).await?;
-                self.boot(spec, &slot, &mut live).await
+                end_broken(&slot.dir, live).await?;
+                self.boot(spec, slot, live, None).await
             }
         }
     }
@@ -429,7 +758,7 @@ impl Qemu {
             GuestState::Running => {}
             GuestState::Stopped | GuestState::Error(_) => {
                 end_broken(&slot.dir, &mut live).await?;
-                self.boot(spec, &slot, &mut live).await?;
+                self.boot(spec, &slot, &mut live, None).await?;
                 // Freeze a guest that is booting, not one that has not begun.
                 let pid = live
                     .pid
@@ -619,6 +948,77 @@ impl Runtime for Qemu {
         let ip = address.split('/').next()?.parse().ok()?;
         Some((ip, 22))
     }
+
+    async fn snapshot(
+        &self,
+        id: &str,
+        include_memory: bool,
+        out_dir: &Path,
+    ) -> Result<SnapshotFiles, RuntimeError> {
+        let span = tracing::info_span!("guest.snapshot", guest = %id, include_memory);
+        self.snapshot_inner(id, include_memory, out_dir)
+            .instrument(span)
+            .await
+    }
+
+    async fn restore(&self, spec: &GuestSpec, from: &RestoreSource) -> Result<(), RuntimeError> {
+        let span =
+            tracing::info_span!("guest.restore", guest = %spec.id, snapshot = %from.snapshot_id);
+        self.restore_inner(spec, from).instrument(span).await
+    }
+}
+
+/// The machine a guest of `image_format` runs on (see [`qemu_args`]).
+fn machine_of(image_format: &str) -> &'static str {
+    match image_format {
+        "bundle" => "microvm",
+        _ => "q35",
+    }
+}
+
+/// Whether a memory snapshot can load into a guest of `spec` here: QEMU needs the same
+/// machine, memory and vCPUs (the CPU model is checked before the download is used).
+fn check_loadable(
+    spec: &GuestSpec,
+    image: &Cached,
+    manifest: &Manifest,
+    cpu_model: &str,
+) -> Result<(), RuntimeError> {
+    let machine = match image {
+        Cached::Bundle { .. } => "microvm",
+        Cached::Qcow2 { .. } => "q35",
+    };
+    let mut differences = Vec::new();
+    if manifest.cpu_model != cpu_model {
+        differences.push(format!(
+            "CPU model {:?}, not {cpu_model:?}",
+            manifest.cpu_model
+        ));
+    }
+    if manifest.machine != machine {
+        differences.push(format!("machine {}, not {machine}", manifest.machine));
+    }
+    if manifest.memory_mib != spec.memory_mib {
+        differences.push(format!(
+            "{} MiB, not {}",
+            manifest.memory_mib, spec.memory_mib
+        ));
+    }
+    if manifest.vcpus.max(1) != spec.vcpus.max(1) {
+        differences.push(format!(
+            "{} vCPUs, not {}",
+            manifest.vcpus,
+            spec.vcpus.max(1)
+        ));
+    }
+    if differences.is_empty() {
+        return Ok(());
+    }
+    Err(RuntimeError(format!(
+        "memory snapshot of {} cannot load here: it has {}",
+        manifest.source,
+        differences.join(", ")
+    )))
 }
 
 /// The QEMU command line (after the binary) for one boot.
@@ -724,8 +1124,12 @@ async fn watch_boot(dir: GuestDir, pid: i32, started: Instant, deadline: Duratio
     }
 }
 
-/// Whether the console shows more than the firmware's or boot loader's first words.
+/// Whether the console shows more than the firmware's or boot loader's first words. A guest
+/// resumed from a memory snapshot lives already, whatever its console says.
 fn has_life(dir: &GuestDir) -> bool {
+    if dir.memory_restored().exists() {
+        return true;
+    }
     let Ok(console) = std::fs::read(dir.console()) else {
         return false;
     };

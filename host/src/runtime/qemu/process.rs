@@ -81,6 +81,10 @@ impl GuestDir {
     pub fn wrapper_pid(&self) -> PathBuf {
         self.0.join("wrapper.pid")
     }
+    /// Present while the QEMU runs a guest resumed from a memory snapshot (no boot to watch).
+    pub fn memory_restored(&self) -> PathBuf {
+        self.0.join("memory-restored")
+    }
     /// Unix milliseconds of the last start, for the boot deadline across agent restarts.
     pub fn started_at(&self) -> PathBuf {
         self.0.join("started-at")

@@ -1,0 +1,634 @@
+//! Snapshots and restores of the `qemu` runtime against real QEMU under TCG, with the minimal
+//! guest (`vps-guest-image`): a disk-only snapshot keeps a file, a memory snapshot keeps the
+//! running processes and boot, and every restore has an identity of its own. Each test runs in
+//! a network namespace of its own (`in_netns`, as in `qemu_runtime.rs`); guests are reached over
+//! SSH with certificates from a CA made here.
+//!
+//! Needs `qemu-system-x86_64`, `qemu-img`, `ip`, `setsid`, `ssh`, `ssh-keygen`, and the minimal
+//! guest (`VPS_GUEST_IMAGE`, else built once under the target directory with `apt-get
+//! download`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use vps_host::runtime::qemu::{Accel, Qemu};
+use vps_host::runtime::{
+    GuestSpec, GuestState, ImageRef, NicSpec, RestoreSource, Runtime, SnapshotFiles, SshCa,
+};
+
+const SOURCE: &str = "inst_snapsource000000000000";
+const CLONE: &str = "inst_snapclone0000000000000";
+
+#[test]
+fn a_disk_snapshot_of_a_running_guest_restores_its_files_under_a_new_identity() {
+    let bundle = minimal_bundle();
+    in_netns(move || async move {
+        let env = Env::new("disk", &bundle);
+        let runtime = env.runtime();
+        let source = env.spec(SOURCE, 2);
+        runtime.run(&source).await.expect("run");
+        let before = env.ssh_until_up(
+            SOURCE,
+            "echo kept > /data/file && sync && cat /etc/ssh/ssh_host_ed25519_key.pub /etc/machine-id",
+        );
+
+        let files = runtime
+            .snapshot(SOURCE, false, &env.out)
+            .await
+            .expect("snapshot");
+        assert!(!files.include_memory && files.cpu_model.is_none());
+        check_archive(&files);
+        assert_eq!(
+            state_of(&runtime, SOURCE).await,
+            GuestState::Running,
+            "the source runs on"
+        );
+
+        let clone = env.spec(CLONE, 3);
+        runtime
+            .restore(&clone, &env.source(&files))
+            .await
+            .expect("restore");
+        let after = env.ssh_until_up(
+            CLONE,
+            "cat /data/file /etc/ssh/ssh_host_ed25519_key.pub /etc/machine-id; hostname",
+        );
+        let after: Vec<&str> = after.lines().collect();
+        let before: Vec<&str> = before.lines().collect();
+        assert_eq!(after[0], "kept", "the file survives: {after:?}");
+        assert_ne!(after[1], before[0], "the clone has its own SSH host key");
+        assert_ne!(after[2], before[1], "the clone has its own machine id");
+        assert_eq!(after[3], clone.hostname);
+        // Both answer, each at its own address.
+        env.ssh(SOURCE, "true").expect("the source still answers");
+
+        for id in [SOURCE, CLONE] {
+            runtime.delete(id).await.expect("delete");
+        }
+        env.assert_no_qemu();
+    });
+}
+
+#[test]
+fn a_memory_snapshot_restores_a_guest_that_goes_on_without_a_reboot_under_a_new_identity() {
+    let bundle = minimal_bundle();
+    let pauses = pause_histogram();
+    in_netns(move || async move {
+        let env = Env::new("memory", &bundle);
+        let runtime = env.runtime();
+        let source = env.spec(SOURCE, 2);
+        runtime.run(&source).await.expect("run");
+        // A counter kept by a shell loop: it lives only in the guest's memory and processes.
+        let before = env.ssh_until_up(
+            SOURCE,
+            "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /run/counter; sleep 1; done' \
+               </dev/null >/dev/null 2>&1 & echo $!; \
+             cat /proc/sys/kernel/random/boot_id /etc/ssh/ssh_host_ed25519_key.pub /etc/machine-id",
+        );
+        let before: Vec<String> = before.lines().map(str::to_owned).collect();
+        let counter_pid = before[0].trim().to_owned();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let counted = env.ssh(SOURCE, "cat /run/counter").expect("counter");
+        let counted: u64 = counted.trim().parse().expect("a count");
+
+        let recorded = lock(&pauses).len();
+        let files = runtime
+            .snapshot(SOURCE, true, &env.out)
+            .await
+            .expect("snapshot");
+        println!(
+            "memory snapshot: {} bytes, paused {} ms, QEMU's save {:?} ms",
+            files.size_bytes, files.paused_ms, files.qemu_save_ms
+        );
+        check_archive(&files);
+        assert_eq!(files.cpu_model.as_deref(), Some("tcg:max"));
+        assert!(files.qemu_save_ms.is_some());
+        assert!(files.paused_ms >= files.qemu_save_ms.unwrap_or(0));
+        let pauses_now = lock(&pauses).clone();
+        assert_eq!(pauses_now.len(), recorded + 1, "one pause recorded");
+        let pause = pauses_now[recorded];
+        assert!(
+            (pause * 1000.0 - files.paused_ms as f64).abs() < 2.0,
+            "{pause} s recorded, {} ms reported",
+            files.paused_ms
+        );
+        // The source was frozen only while saving: it runs on, its counter too.
+        assert_eq!(state_of(&runtime, SOURCE).await, GuestState::Running);
+        let alive = env
+            .ssh(SOURCE, &format!("kill -0 {counter_pid} && echo alive"))
+            .expect("the source answers after the snapshot");
+        assert_eq!(alive.trim(), "alive");
+
+        let clone = env.spec(CLONE, 3);
+        runtime
+            .restore(&clone, &env.source(&files))
+            .await
+            .expect("restore");
+        let after = env.ssh_until_up(
+            CLONE,
+            &format!(
+                "kill -0 {counter_pid} && echo alive; cat /run/counter \
+                 /proc/sys/kernel/random/boot_id /etc/ssh/ssh_host_ed25519_key.pub /etc/machine-id; \
+                 hostname; ip -br addr show"
+            ),
+        );
+        let after: Vec<&str> = after.lines().collect();
+        assert_eq!(
+            after[0], "alive",
+            "the process started before goes on: {after:?}"
+        );
+        let count: u64 = after[1].trim().parse().expect("a count");
+        assert!(
+            count >= counted,
+            "the counter goes on from {counted}, not from zero: {count}"
+        );
+        assert_eq!(after[2], before[1], "the same boot: no reboot");
+        assert_ne!(after[3], before[2], "the clone has its own SSH host key");
+        assert_ne!(after[4], before[3], "the clone has its own machine id");
+        assert_eq!(after[5], clone.hostname);
+        assert!(after[6..].join("\n").contains("10.79.0.3/24"), "{after:?}");
+        let console = env.console(CLONE);
+        assert!(
+            !console.contains("vps-init: [") || !console.contains("] started"),
+            "a memory restore does not boot:\n{console}"
+        );
+        assert!(console.contains("restored: identity 1,"), "{console}");
+        env.ssh(SOURCE, "true")
+            .expect("the source still answers at its own address");
+
+        for id in [SOURCE, CLONE] {
+            runtime.delete(id).await.expect("delete");
+        }
+        env.assert_no_qemu();
+    });
+}
+
+#[test]
+fn a_restore_whose_archive_is_not_its_digest_is_an_error_naming_both_and_nothing_boots() {
+    let bundle = minimal_bundle();
+    in_netns(move || async move {
+        let env = Env::new("digest", &bundle);
+        let runtime = env.runtime();
+        let archive = env.root.join("not-a-snapshot.tar");
+        std::fs::write(&archive, b"some other bytes").unwrap();
+        let actual = sha256_file(&archive);
+        let claimed = "ab".repeat(32);
+        let from = RestoreSource {
+            snapshot_id: "snap_x".into(),
+            url: format!("file://{}", archive.display()),
+            sha256: claimed.clone(),
+        };
+        let error = runtime
+            .restore(&env.spec(CLONE, 3), &from)
+            .await
+            .expect_err("a wrong digest must not restore");
+        assert!(
+            error.0.contains(&actual) && error.0.contains(&claimed),
+            "{error}"
+        );
+        assert!(matches!(
+            state_of(&runtime, CLONE).await,
+            GuestState::Error(_)
+        ));
+        env.assert_no_qemu();
+        runtime.delete(CLONE).await.expect("delete");
+    });
+}
+
+#[test]
+fn a_memory_snapshot_from_another_cpu_model_is_refused_before_boot() {
+    let bundle = minimal_bundle();
+    in_netns(move || async move {
+        let env = Env::new("cpu", &bundle);
+        let runtime = env.runtime();
+        let manifest = serde_json::json!({
+            "format": 1, "source": SOURCE, "include_memory": true, "cpu_model": "kvm:Other CPU",
+            "machine": "microvm", "vcpus": 1, "memory_mib": 256, "disk_gib": 1,
+            "image_sha256": "00", "image_format": "bundle", "identity_generation": 0,
+            "qemu_version": "QEMU"
+        });
+        let archive = env.root.join("other-cpu.tar");
+        let mut tar = tar::Builder::new(std::fs::File::create(&archive).unwrap());
+        for (name, data) in [
+            ("manifest.json", manifest.to_string().into_bytes()),
+            ("disk.qcow2", vec![0; 512]),
+            ("config.img", vec![0; 512]),
+            ("memory.state", vec![0; 512]),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            tar.append_data(&mut header, name, data.as_slice()).unwrap();
+        }
+        tar.finish().unwrap();
+        drop(tar);
+        let from = RestoreSource {
+            snapshot_id: "snap_cpu".into(),
+            url: format!("file://{}", archive.display()),
+            sha256: sha256_file(&archive),
+        };
+        let error = runtime
+            .restore(&env.spec(CLONE, 3), &from)
+            .await
+            .expect_err("another CPU model");
+        assert!(
+            error.0.contains("kvm:Other CPU") && error.0.contains("tcg:max"),
+            "{error}"
+        );
+        env.assert_no_qemu();
+        runtime.delete(CLONE).await.expect("delete");
+    });
+}
+
+// ---- harness ----------------------------------------------------------------------------
+
+fn check_archive(files: &SnapshotFiles) {
+    assert!(files.archive.is_file(), "{files:?}");
+    assert_eq!(sha256_file(&files.archive), files.sha256);
+    assert_eq!(
+        std::fs::metadata(&files.archive).unwrap().len(),
+        files.size_bytes
+    );
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+struct Env {
+    root: PathBuf,
+    state: PathBuf,
+    images: PathBuf,
+    out: PathBuf,
+    bundle: PathBuf,
+    ca_public: String,
+}
+
+impl Env {
+    fn new(name: &str, bundle: &Path) -> Env {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let root = std::env::temp_dir().join(format!("vqs-{}-{n}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let key = |file: &str, comment: &str| {
+            run(&[
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                comment,
+                "-f",
+                root.join(file).to_str().unwrap(),
+            ]);
+        };
+        key("ca", "ca");
+        key("user", "user");
+        for principal in [SOURCE, CLONE] {
+            run(&[
+                "ssh-keygen",
+                "-q",
+                "-s",
+                root.join("ca").to_str().unwrap(),
+                "-I",
+                principal,
+                "-n",
+                principal,
+                "-V",
+                "-5m:+1h",
+                root.join("user.pub").to_str().unwrap(),
+            ]);
+            std::fs::rename(
+                root.join("user-cert.pub"),
+                root.join(format!("{principal}-cert.pub")),
+            )
+            .unwrap();
+        }
+        let ca_public = std::fs::read_to_string(root.join("ca.pub")).unwrap();
+        Env {
+            state: root.join("s"),
+            images: root.join("i"),
+            out: root.join("out"),
+            bundle: bundle.to_owned(),
+            ca_public,
+            root,
+        }
+    }
+
+    fn runtime(&self) -> Qemu {
+        let mut runtime = Qemu::new(&self.state, &self.images, Accel::Tcg).expect("runtime");
+        runtime.stop_timeout = Duration::from_secs(30);
+        runtime.boot_deadline = Duration::from_secs(120);
+        runtime
+    }
+
+    /// The minimal guest `id` at `10.79.0.<host>`, admitting its own principal.
+    fn spec(&self, id: &str, host: u8) -> GuestSpec {
+        GuestSpec {
+            id: id.into(),
+            hostname: id.replace('_', "-"),
+            vcpus: 1,
+            memory_mib: 256,
+            disk_gib: 1,
+            image: ImageRef {
+                url: format!("file://{}", self.bundle.display()),
+                sha256: bundle_digest(&self.bundle),
+                format: "bundle".into(),
+            },
+            nics: vec![NicSpec {
+                bridge: "vpsbr0".into(),
+                mac: format!("52:54:00:79:00:{host:02x}"),
+                address: format!("10.79.0.{host}/24"),
+                gateway: Some("10.79.0.1".into()),
+            }],
+            user_data: None,
+            ssh_ca: Some(SshCa {
+                public_key: self.ca_public.trim().to_owned(),
+                principal: id.into(),
+            }),
+        }
+    }
+
+    fn source(&self, files: &SnapshotFiles) -> RestoreSource {
+        RestoreSource {
+            snapshot_id: "snap_test".into(),
+            url: format!("file://{}", files.archive.display()),
+            sha256: files.sha256.clone(),
+        }
+    }
+
+    fn console(&self, id: &str) -> String {
+        std::fs::read_to_string(self.state.join("guests").join(id).join("console.log"))
+            .unwrap_or_default()
+    }
+
+    /// Runs `command` in guest `id` over SSH (its certificate names `id`).
+    fn ssh(&self, id: &str, command: &str) -> Result<String, String> {
+        let address = if id == SOURCE {
+            "10.79.0.2"
+        } else {
+            "10.79.0.3"
+        };
+        let output = Command::new("ssh")
+            .args(["-F", "/dev/null", "-i"])
+            .arg(self.root.join("user"))
+            .arg("-o")
+            .arg(format!(
+                "CertificateFile={}",
+                self.root.join(format!("{id}-cert.pub")).display()
+            ))
+            .args(["-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes"])
+            .args(["-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=2"])
+            .args([
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+            ])
+            .args([
+                "-o",
+                "LogLevel=ERROR",
+                &format!("sandbox@{address}"),
+                command,
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("ssh runs");
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ))
+        }
+    }
+
+    fn ssh_until_up(&self, id: &str, command: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            match self.ssh(id, command) {
+                Ok(out) => return out,
+                Err(error) if Instant::now() > deadline => {
+                    panic!("ssh {id}: {error}\nconsole:\n{}", self.console(id))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    }
+
+    fn assert_no_qemu(&self) {
+        assert!(qemu_pids(&self.state).is_empty(), "stray QEMU");
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for pid in qemu_pids(&self.state) {
+            // SAFETY: kill(2) on a QEMU of this test's own state directory.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn qemu_pids(state: &Path) -> Vec<i32> {
+    let needle = state.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|pid: &i32| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+            cmdline.starts_with("qemu-system") && cmdline.contains(&needle) && !zombie
+        })
+        .collect()
+}
+
+async fn state_of(runtime: &Qemu, id: &str) -> GuestState {
+    runtime
+        .observe()
+        .await
+        .into_iter()
+        .find(|o| o.id == id)
+        .map(|o| o.state)
+        .expect("the guest is observed")
+}
+
+/// Runs `test` on a thread of its own inside a fresh network namespace (see qemu_runtime.rs).
+fn in_netns<F, Fut>(test: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let thread = std::thread::spawn(move || {
+        // SAFETY: unshare(2) changes only this thread's network namespace.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
+        run(&["ip", "link", "set", "lo", "up"]);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(test());
+    });
+    if let Err(panic) = thread.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn run(args: &[&str]) -> String {
+    let output = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect(args[0]);
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn sha256_file(path: &Path) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+fn bundle_digest(bundle: &Path) -> String {
+    static DIGEST: OnceLock<String> = OnceLock::new();
+    DIGEST.get_or_init(|| sha256_file(bundle)).clone()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The values recorded in `vps_host_snapshot_pause_seconds`, through a recorder installed
+/// for this test process.
+fn pause_histogram() -> Arc<Mutex<Vec<f64>>> {
+    static VALUES: OnceLock<Arc<Mutex<Vec<f64>>>> = OnceLock::new();
+    VALUES
+        .get_or_init(|| {
+            let values = Arc::new(Mutex::new(Vec::new()));
+            let recorder = Pauses(values.clone());
+            metrics::set_global_recorder(recorder).expect("no other recorder");
+            values
+        })
+        .clone()
+}
+
+struct Pauses(Arc<Mutex<Vec<f64>>>);
+struct PauseFn(Arc<Mutex<Vec<f64>>>);
+
+impl metrics::HistogramFn for PauseFn {
+    fn record(&self, value: f64) {
+        lock(&self.0).push(value);
+    }
+}
+
+impl metrics::Recorder for Pauses {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        if key.name() == "vps_host_snapshot_pause_seconds" {
+            metrics::Histogram::from_arc(Arc::new(PauseFn(self.0.clone())))
+        } else {
+            metrics::Histogram::noop()
+        }
+    }
+}
+
+/// The minimal guest: `VPS_GUEST_IMAGE`, or the bundle `vps-guest-image`'s boot test caches
+/// under the target directory for the current guest sources, built if absent.
+fn minimal_bundle() -> PathBuf {
+    static BUNDLE: OnceLock<PathBuf> = OnceLock::new();
+    BUNDLE
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("VPS_GUEST_IMAGE") {
+                return PathBuf::from(path);
+            }
+            let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("vps-guest-image");
+            let out = cache.join(format!("minimal-{:016x}.tar", guest_sources_fingerprint()));
+            if !out.exists() {
+                std::fs::create_dir_all(&cache).unwrap();
+                let work = cache.join(format!("work-snap-{}", std::process::id()));
+                let built = vps_guest_image::build_minimal(&out, &work, |step| {
+                    eprintln!("build_minimal: {step}")
+                });
+                let _ = std::fs::remove_dir_all(&work);
+                built.unwrap_or_else(|err| panic!("building the minimal guest: {err}"));
+            }
+            out
+        })
+        .clone()
+}
+
+/// FNV-1a over the guest crate's `src/` and `assets/`, as its boot test names its cache.
+fn guest_sources_fingerprint() -> u64 {
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../guest")
+        .canonicalize()
+        .unwrap();
+    let mut files = Vec::new();
+    walk(&root.join("src"), &mut files);
+    walk(&root.join("assets"), &mut files);
+    files.sort();
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for file in files {
+        let name = file.strip_prefix(&root).unwrap().display().to_string();
+        for byte in name.bytes().chain(std::fs::read(&file).unwrap()) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    hash
+}
