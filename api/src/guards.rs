@@ -17,8 +17,6 @@ pub struct Guards {
     streams: Counter,
     long_polls: Counter,
     waits: Counter,
-    /// The rows create waits watch, read once per commit for all of them.
-    pub watched: Arc<crate::wait::Watched>,
 }
 
 /// Open holders per key, up to a bound.
@@ -53,7 +51,6 @@ impl Guards {
                 None,
             ),
             waits: Counter::new("waits on this replica", limits.waits, Some("vps_waits")),
-            watched: Arc::default(),
         }
     }
 

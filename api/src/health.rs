@@ -1,52 +1,24 @@
 //! `/healthz`, `/readyz` and `/metrics`.
 //!
 //! `/readyz` answers anyone, so it says only whether the replica is ready, from a result kept
-//! for [`READINESS_TTL`]: a flood of probes costs the database one check a second. The doctor's
+//! for [`READINESS_TTL`](crate::doctor::readiness::READINESS_TTL): a flood of probes costs the database one check a second. The doctor's
 //! findings name other tenants' resources and the fleet's internals, so they need an operator
 //! token (`/readyz?verbose`, or `vps doctor`).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
-use sqlx::PgPool;
-use tokio::sync::Mutex;
 
 use crate::state::AppState;
 
 /// The process is up.
 pub async fn healthz() -> &'static str {
     "ok"
-}
-
-/// How long an anonymous readiness answer is reused.
-pub const READINESS_TTL: Duration = Duration::from_secs(1);
-
-/// The last readiness result and when it was taken. One check runs at a time: probes that
-/// arrive meanwhile wait for it and share its answer.
-#[derive(Debug, Default)]
-pub struct Readiness {
-    last: Mutex<Option<(Instant, bool)>>,
-}
-
-impl Readiness {
-    /// Whether the database answers and every migration is applied, as of at most
-    /// [`READINESS_TTL`] ago.
-    pub async fn ready(&self, pool: &PgPool) -> bool {
-        let mut last = self.last.lock().await;
-        if let Some((at, ready)) = *last {
-            if at.elapsed() < READINESS_TTL {
-                return ready;
-            }
-        }
-        let ready = crate::doctor::ready(pool).await;
-        *last = Some((Instant::now(), ready));
-        ready
-    }
 }
 
 /// Anonymous: 200 `{"ready": true}` or 503 `{"ready": false}`, nothing else. With `?verbose`

@@ -52,6 +52,8 @@ pub struct Call {
     pub admitter: vps_commands::instances::Admitter,
     /// Bounds on open streams and long-polls.
     pub guards: crate::guards::Guards,
+    /// The rows create waits watch on this replica.
+    pub watched: Arc<crate::wait::Watched>,
     /// The configuration in force.
     pub config: std::sync::Arc<crate::config::Config>,
     /// The policies in force, the principal and the method's action.

@@ -55,6 +55,7 @@ pub async fn dispatch(
         caller,
         admitter: state.admitter.clone(),
         guards: state.guards.clone(),
+        watched: state.watched.clone(),
         config: state.config.clone(),
         guard,
         authz: state.authz.clone(),

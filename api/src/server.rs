@@ -92,6 +92,7 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         notifier: notifier.clone(),
         secrets: secret_key(&config)?,
         guards: crate::guards::Guards::new(&config.limits),
+        watched: Default::default(),
         config: Arc::new(config.clone()),
         admitter: vps_commands::instances::Admitter::start(),
         authz: authz.clone(),

@@ -23,6 +23,8 @@ pub struct AppState {
     pub admitter: vps_commands::instances::Admitter,
     /// Bounds on open streams and long-polls.
     pub guards: crate::guards::Guards,
+    /// The rows create waits watch, read once per commit for all of them.
+    pub watched: Arc<crate::wait::Watched>,
     /// The Cedar policies in force on this replica.
     pub authz: Arc<crate::authz::Authorizer>,
     /// Where snapshots are kept.
@@ -34,5 +36,5 @@ pub struct AppState {
     /// The spec generations this replica has heard of, per node (long-polls wait on them).
     pub spec_signals: Arc<vps_projections::spec_signals::SpecSignals>,
     /// Anonymous `/readyz`'s cached answer.
-    pub readiness: Arc<crate::health::Readiness>,
+    pub readiness: Arc<crate::doctor::readiness::Readiness>,
 }

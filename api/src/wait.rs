@@ -148,6 +148,7 @@ impl Drop for Watch {
 pub async fn settled<T: Clone>(
     ctx: &Ctx,
     guards: &crate::guards::Guards,
+    watched: &Arc<Watched>,
     wait: Duration,
     created: T,
     (table, id): (Table, &str),
@@ -161,15 +162,14 @@ pub async fn settled<T: Clone>(
     let Some(_slot) = guards.wait() else {
         return Ok(created);
     };
-    let _watch = guards.watched.watch(table, id);
+    let _watch = watched.watch(table, id);
     let deadline = Instant::now() + wait;
     let mut wake = ctx.notifier.subscribe();
     let mut seen: Option<i64> = None;
     let mut current = created;
     loop {
         let generation = *wake.borrow_and_update();
-        let versions = guards
-            .watched
+        let versions = watched
             .versions(&ctx.pool, &ctx.notifier, generation)
             .await?;
         let version = versions.get(&(table, id.to_string())).copied();

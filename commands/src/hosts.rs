@@ -27,6 +27,7 @@ pub struct Report {
     pub node_id: String,
     /// What its runtime holds.
     #[serde(default)]
+    #[schemars(length(max = 10000))]
     pub instances: Vec<ReportedInstance>,
     /// The list is the node's whole inventory.
     #[serde(default)]
@@ -35,6 +36,7 @@ pub struct Report {
     pub applied_generation: Option<i64>,
     /// The outcomes of the spec's host commands (snapshots) the host finished.
     #[serde(default)]
+    #[schemars(length(max = 1000))]
     pub command_results: Vec<vps_domain::sandbox::snapshot::CommandResult>,
     /// Where the node accepts sandbox exec tunnels (`tcp://host:port`); absent: unchanged.
     pub tunnel_url: Option<String>,
@@ -58,6 +60,7 @@ pub struct ReportedInstance {
     /// Why (errors, refusals).
     pub message: Option<String>,
     /// Addresses the guest has.
+    #[schemars(length(max = 16))]
     pub addresses: Option<Vec<String>>,
 }
 

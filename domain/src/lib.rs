@@ -60,8 +60,8 @@ pub mod ssh_keys;
 pub mod state_table;
 pub mod template;
 pub mod tenant;
-pub mod usage;
 pub mod tunnel_url;
+pub mod usage;
 pub mod volume;
 pub mod webhook;
 

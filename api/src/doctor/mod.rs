@@ -16,6 +16,7 @@ mod instances;
 mod nats;
 mod nodes;
 mod reactors;
+pub mod readiness;
 pub mod report;
 mod sandboxes;
 mod secrets;

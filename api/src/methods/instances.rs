@@ -191,8 +191,10 @@ async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
     let settled = |i: &Instance| !i.state.is_settling();
     let load = vps_projections::instances::load;
     let row = (crate::wait::Table::Instances, id.as_str());
-    let instance =
-        crate::wait::settled(&c.ctx, &c.guards, wait, created, row, settled, load).await?;
+    let instance = crate::wait::settled(
+        &c.ctx, &c.guards, &c.watched, wait, created, row, settled, load,
+    )
+    .await?;
     Ok(InstanceView::from(&instance))
 }
 

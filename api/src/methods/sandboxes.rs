@@ -268,8 +268,17 @@ async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
     let settled = |s: &Sandbox| s.state != SandboxState::Starting;
     let load = vps_projections::sandboxes::load_sandbox;
     let row = (crate::wait::Table::Sandboxes, id.as_str());
-    let sandbox =
-        crate::wait::settled(&c.ctx, &c.guards, wait, created.sandbox, row, settled, load).await?;
+    let sandbox = crate::wait::settled(
+        &c.ctx,
+        &c.guards,
+        &c.watched,
+        wait,
+        created.sandbox,
+        row,
+        settled,
+        load,
+    )
+    .await?;
     Ok(SandboxView::from(&sandbox))
 }
 

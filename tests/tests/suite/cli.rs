@@ -296,7 +296,9 @@ async fn an_imported_image_reaches_hosts_through_a_signed_url() {
     let run = vps_as(
         &t,
         OPERATOR,
-        &["images", "import", file_arg, "--image", "img_min", "--format", "bundle"],
+        &[
+            "images", "import", file_arg, "--image", "img_min", "--format", "bundle",
+        ],
     )
     .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -312,7 +314,11 @@ async fn an_imported_image_reaches_hosts_through_a_signed_url() {
     assert_eq!(image["format"], "bundle");
 
     let pool = t
-        .hosted_pool("10.0.0.0/24", 0, json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }))
+        .hosted_pool(
+            "10.0.0.0/24",
+            0,
+            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
+        )
         .await;
     let (node, token) = t.register_node(&pool, "host").await;
     let _host = t.host(&node, &token, Duration::from_millis(20));
@@ -324,7 +330,10 @@ async fn an_imported_image_reaches_hosts_through_a_signed_url() {
     )
     .await;
     let spec = t.ok(&token, "nodes.spec", json!({ "nodeId": node })).await;
-    let url = spec["instances"][0]["image"]["url"].as_str().unwrap().to_string();
+    let url = spec["instances"][0]["image"]["url"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(url.starts_with("http"), "{spec}");
     assert_eq!(spec["instances"][0]["image"]["sha256"], digest);
     let served = reqwest::get(&url).await.unwrap();
@@ -332,6 +341,11 @@ async fn an_imported_image_reaches_hosts_through_a_signed_url() {
     assert_eq!(served.bytes().await.unwrap().as_ref(), bytes.as_slice());
 
     // A file that is not there is a usage error, and nothing is registered.
-    let run = vps_as(&t, OPERATOR, &["images", "import", "/nonexistent", "--image-id", "img_x"]).await;
+    let run = vps_as(
+        &t,
+        OPERATOR,
+        &["images", "import", "/nonexistent", "--image-id", "img_x"],
+    )
+    .await;
     assert_eq!(run.code, 2, "{}", run.stderr);
 }
