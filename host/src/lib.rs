@@ -95,6 +95,7 @@ pub async fn start<R: Runtime>(config: HostConfig, runtime: R) -> anyhow::Result
         limits,
         bridge: config.bridge.clone(),
         targets,
+        snapshot_dir: config.state_dir.join("snapshots"),
     };
     let task = tokio::spawn(agent::run(runtime, parts));
     Ok(HostHandle {

@@ -16,6 +16,7 @@ pub mod converge;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,12 +25,14 @@ use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 use vps_seam::{
-    CallError, CommandResult, DesiredState, InstanceSpec, NodeApi, NodeSpec, ReportEntry,
-    ReportState,
+    CallError, CommandResult, DesiredState, HostCommand, InstanceSpec, NodeApi, NodeSpec,
+    ReportEntry, ReportState,
 };
 
 use crate::config::Timings;
-use crate::runtime::{GuestSpec, GuestState, ImageRef, NicSpec, Observed, Runtime, SshCa};
+use crate::runtime::{
+    GuestSpec, GuestState, ImageRef, NicSpec, Observed, RestoreSource, Runtime, SshCa,
+};
 use crate::tunnel::Targets;
 use converge::{Action, Decision, HostLimits, Memory};
 
@@ -52,11 +55,14 @@ pub struct AgentParts {
     pub bridge: Option<String>,
     /// The running guests the tunnel may reach, kept up to date by the loop.
     pub targets: Arc<Targets>,
+    /// Where snapshot archives wait for their upload.
+    pub snapshot_dir: PathBuf,
 }
 
 /// Runs the loop until its task is aborted. Guests outlive it: the runtime runs them apart.
 pub async fn run<R: Runtime>(runtime: Arc<R>, parts: AgentParts) {
     let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let (results_tx, results_rx) = mpsc::unbounded_channel();
     let mut agent = Agent {
         runtime,
         api: parts.api,
@@ -65,7 +71,10 @@ pub async fn run<R: Runtime>(runtime: Arc<R>, parts: AgentParts) {
         bridge: parts.bridge,
         targets: parts.targets,
         specs: None,
-        commands: Vec::new(),
+        snapshot_dir: parts.snapshot_dir,
+        commands: BTreeMap::new(),
+        results_tx,
+        results_rx,
         generation: None,
         observed: BTreeMap::new(),
         guests: HashMap::new(),
@@ -118,8 +127,12 @@ struct Agent<R> {
     targets: Arc<Targets>,
     /// The spec's instances by id; `None` until the first spec.
     specs: Option<BTreeMap<String, InstanceSpec>>,
-    /// The spec's host commands, answered as failed (no snapshots on this runtime yet).
-    commands: Vec<CommandResult>,
+    snapshot_dir: PathBuf,
+    /// The spec's host commands: `None` while one runs, then its outcome, reported until the
+    /// spec drops the command.
+    commands: BTreeMap<String, Option<CommandResult>>,
+    results_tx: mpsc::UnboundedSender<CommandResult>,
+    results_rx: mpsc::UnboundedReceiver<CommandResult>,
     generation: Option<u64>,
     observed: BTreeMap<String, (GuestState, Vec<String>)>,
     guests: HashMap<String, Guest>,
@@ -186,10 +199,14 @@ impl<R: Runtime> Agent<R> {
                 }
             }
             Some(done) = self.done_rx.recv() => self.take_done(done),
+            Some(result) = self.results_rx.recv() => self.take_result(result),
             _ = sleep_until(wake) => {}
         }
         while let Ok(done) = self.done_rx.try_recv() {
             self.take_done(done);
+        }
+        while let Ok(result) = self.results_rx.try_recv() {
+            self.take_result(result);
         }
         self.look().await;
         self.converge();
@@ -240,21 +257,50 @@ impl<R: Runtime> Agent<R> {
                 guest.retry_after = None;
             }
         }
-        self.commands = spec
-            .commands
-            .iter()
-            .map(|c| {
-                CommandResult::failed(
-                    &c.id,
-                    format!(
-                        "{} is not supported by the {} runtime yet",
-                        c.kind, self.limits.runtime
-                    ),
-                )
-            })
-            .collect();
+        // Commands the spec no longer names are settled; new ones start.
+        let named: BTreeSet<&str> = spec.commands.iter().map(|c| c.id.as_str()).collect();
+        self.commands.retain(|id, _| named.contains(id.as_str()));
+        for command in &spec.commands {
+            if !self.commands.contains_key(&command.id) {
+                self.commands.insert(command.id.clone(), None);
+                self.run_command(command.clone());
+            }
+        }
         self.specs = Some(specs);
         self.generation = Some(spec.generation);
+    }
+
+    fn take_result(&mut self, result: CommandResult) {
+        tracing::info!(command = %result.id, ok = result.ok, reason = ?result.reason, "host command finished");
+        if let Some(slot) = self.commands.get_mut(&result.id) {
+            *slot = Some(result);
+        }
+    }
+
+    /// Runs a host command in a task of its own: a snapshot is taken into one archive,
+    /// uploaded to the command's URL with exactly its headers, and removed.
+    fn run_command(&self, command: HostCommand) {
+        let runtime = self.runtime.clone();
+        let results = self.results_tx.clone();
+        let dir = self.snapshot_dir.join(&command.id);
+        let span = tracing::info_span!("host_command", command = %command.id, kind = %command.kind);
+        tokio::spawn(
+            async move {
+                let result = match snapshot(runtime.as_ref(), &command, &dir).await {
+                    Ok(result) => result,
+                    Err(reason) => CommandResult::failed(&command.id, reason),
+                };
+                let _ = std::fs::remove_dir_all(&dir);
+                // The loop outlives its commands; if it is gone, no one is left to tell.
+                let _ = results.send(result);
+            }
+            .instrument(span),
+        );
+    }
+
+    /// The outcomes of the spec's finished commands.
+    fn command_results(&self) -> Vec<CommandResult> {
+        self.commands.values().flatten().cloned().collect()
     }
 
     fn take_done(&mut self, done: Done) {
@@ -397,10 +443,7 @@ impl<R: Runtime> Agent<R> {
                     (Action::Delete, _) => runtime.delete(&id).await.map_err(|e| e.0),
                     (Action::Run | Action::Pause, Some(spec)) => {
                         match guest_spec(spec, bridge.as_deref(), &api, &user_data).await {
-                            Ok(guest) if action == Action::Run => {
-                                runtime.run(&guest).await.map_err(|e| e.0)
-                            }
-                            Ok(guest) => runtime.pause(&guest).await.map_err(|e| e.0),
+                            Ok(guest) => bring_up(runtime.as_ref(), spec, &guest, action).await,
                             Err(message) => Err(message),
                         }
                     }
@@ -452,11 +495,12 @@ impl<R: Runtime> Agent<R> {
         let entries = self.entries();
         crate::metrics::guests_by_state(&entries);
         let applied = self.generation;
+        let results = self.command_results();
         let changed = self
             .last_sent
             .as_ref()
-            .is_none_or(|(sent, generation, results)| {
-                *sent != entries || *generation != applied || *results != self.commands
+            .is_none_or(|(sent, generation, sent_results)| {
+                *sent != entries || *generation != applied || *sent_results != results
             });
         let due = self
             .last_report_at
@@ -464,11 +508,7 @@ impl<R: Runtime> Agent<R> {
         if !changed && !due {
             return;
         }
-        match self
-            .api
-            .report(&entries, applied, &self.commands, true)
-            .await
-        {
+        match self.api.report(&entries, applied, &results, true).await {
             Ok(answer) => {
                 self.succeeded();
                 crate::metrics::reported();
@@ -477,7 +517,7 @@ impl<R: Runtime> Agent<R> {
                         entries.iter().map(|e| (e.id.as_str(), e.state)).collect();
                     tracing::debug!(?states, orphans = answer.orphans.len(), "reported");
                 }
-                self.last_sent = Some((entries, applied, self.commands.clone()));
+                self.last_sent = Some((entries, applied, results));
                 self.last_report_at = Some(now);
             }
             Err(error) => self.failed("nodes.report", &error),
@@ -497,6 +537,66 @@ impl<R: Runtime> Agent<R> {
         self.retry_at = Some(Instant::now() + self.backoff);
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// Runs or pauses a guest; one to be made from a snapshot is restored first (for a guest that
+/// exists, a restore is a run).
+async fn bring_up<R: Runtime>(
+    runtime: &R,
+    spec: &InstanceSpec,
+    guest: &GuestSpec,
+    action: Action,
+) -> Result<(), String> {
+    match &spec.restore_from {
+        Some(from) => {
+            let source = RestoreSource {
+                snapshot_id: from.snapshot_id.clone(),
+                url: from.url.clone(),
+                sha256: from.sha256.clone(),
+            };
+            runtime.restore(guest, &source).await.map_err(|e| e.0)?;
+            if action == Action::Pause {
+                runtime.pause(guest).await.map_err(|e| e.0)?;
+            }
+            Ok(())
+        }
+        None if action == Action::Run => runtime.run(guest).await.map_err(|e| e.0),
+        None => runtime.pause(guest).await.map_err(|e| e.0),
+    }
+}
+
+/// Takes and uploads one snapshot: the command's result, or why it failed.
+async fn snapshot<R: Runtime>(
+    runtime: &R,
+    command: &HostCommand,
+    dir: &std::path::Path,
+) -> Result<CommandResult, String> {
+    if command.kind != "snapshot" {
+        return Err(format!(
+            "host command kind {:?} is not supported",
+            command.kind
+        ));
+    }
+    let url = command
+        .upload_url
+        .as_deref()
+        .ok_or("the command has no upload URL")?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let files = runtime
+        .snapshot(&command.instance_id, command.include_memory, dir)
+        .await
+        .map_err(|e| e.0)?;
+    crate::runtime::upload(&files.archive, url, &command.upload_headers)
+        .await
+        .map_err(|e| e.0)?;
+    Ok(CommandResult {
+        id: command.id.clone(),
+        ok: true,
+        sha256: Some(files.sha256),
+        size_bytes: Some(files.size_bytes),
+        cpu_model: files.cpu_model,
+        reason: None,
+    })
 }
 
 /// What the runtime needs to run `spec`: its user data unsealed (fetched once), its NICs on
