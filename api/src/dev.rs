@@ -184,79 +184,103 @@ fn identity(prefix: &str, identity: &str, tenant: Option<&str>) -> IdentityConfi
     }
 }
 
-/// The demo pool, created on first run: a hosted pool with an IP range, offered to `acme`,
-/// two flavors and a public image.
-async fn demo_pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
+/// A demo pool: hosted, with an IP range, offered to `acme`, with its flavors.
+struct PoolPlan {
+    name: &'static str,
+    runtime: &'static str,
+    cidr: &'static str,
+    gateway: Option<&'static str>,
+    policy: PoolPolicy,
+    /// `acme`'s quota: vCPUs, memory GiB, disk GiB.
+    quota: (u64, u64, u64),
+    /// Name, vCPUs, memory GiB, disk GiB.
+    flavors: &'static [(&'static str, u32, u32, u32)],
+}
+
+/// The pool `plan` names, created on first run (answers its id, and whether it is new).
+async fn ensure_pool(ctx: &vps_commands::Ctx, plan: PoolPlan) -> anyhow::Result<(String, bool)> {
     let existing: Option<String> = sqlx::query_scalar("SELECT id FROM pools WHERE name = $1")
-        .bind(DEMO_POOL)
+        .bind(plan.name)
         .fetch_optional(&ctx.pool)
         .await?;
     if let Some(id) = existing {
-        return Ok(id);
+        return Ok((id, false));
     }
     let pool = ops::create_pool(
         ctx,
         CreatePool {
-            name: DEMO_POOL.into(),
+            name: plan.name.into(),
             class: "vps-host".into(),
-            runtime: Some("libvirt-kvm".into()),
+            runtime: Some(plan.runtime.into()),
             provider_account_id: None,
-            policy: PoolPolicy {
-                recreate_on_host_loss: true,
-                lost_after_seconds: Some(30),
-            },
+            policy: plan.policy,
         },
     )
     .await?;
     let id = pool.id;
-    ops::set_ip_pool(
-        ctx,
-        SetIpPool {
-            pool_id: id.clone(),
-            cidr: "10.42.0.0/24".into(),
-            gateway: None,
-        },
-    )
-    .await?;
+    let range = SetIpPool {
+        pool_id: id.clone(),
+        cidr: plan.cidr.into(),
+        gateway: plan.gateway.map(Into::into),
+    };
+    ops::set_ip_pool(ctx, range).await?;
+    let (vcpu, memory, disk) = plan.quota;
     let quota = [
-        ("vcpu", 64),
-        ("memoryGiB", 256),
-        ("diskGiB", 2000),
+        ("vcpu", vcpu),
+        ("memoryGiB", memory),
+        ("diskGiB", disk),
         ("gpu", 0),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    ops::offer_pool(
-        ctx,
-        OfferPool {
-            pool_id: id.clone(),
-            tenant_id: "acme".into(),
-            quota,
-        },
-    )
-    .await?;
-    for (name, vcpu, memory) in [("small", 1, 2), ("medium", 4, 8)] {
+    let offer = OfferPool {
+        pool_id: id.clone(),
+        tenant_id: "acme".into(),
+        quota,
+    };
+    ops::offer_pool(ctx, offer).await?;
+    for &(name, vcpu, memory_gib, disk_gib) in plan.flavors {
         let flavor = CreateFlavor {
             pool_id: id.clone(),
             name: name.into(),
             vcpu,
-            memory_gib: memory,
-            disk_gib: 20,
+            memory_gib,
+            disk_gib,
             gpus: None,
             offer_id: None,
         };
         ops::create_flavor(ctx, flavor).await?;
     }
-    let image = RegisterImage {
-        image_id: "img_demo".into(),
-        tenant_id: None,
-        url: "https://cloud-images.example/demo.qcow2".into(),
-        sha256: "0".repeat(64),
-        format: "qcow2".into(),
-        verified: true,
+    Ok((id, true))
+}
+
+/// The demo pool (`demo`, emulated hosts): two flavors and a public image.
+async fn demo_pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
+    let plan = PoolPlan {
+        name: DEMO_POOL,
+        runtime: "libvirt-kvm",
+        cidr: "10.42.0.0/24",
+        gateway: None,
+        policy: PoolPolicy {
+            recreate_on_host_loss: true,
+            lost_after_seconds: Some(30),
+        },
+        quota: (64, 256, 2000),
+        flavors: &[("small", 1, 2, 20), ("medium", 4, 8, 20)],
     };
-    ops::register_image(ctx, image).await?;
+    let (id, created) = ensure_pool(ctx, plan).await?;
+    if created {
+        let image = RegisterImage {
+            image_id: "img_demo".into(),
+            tenant_id: None,
+            url: "https://cloud-images.example/demo.qcow2".into(),
+            sha256: "0".repeat(64),
+            format: "qcow2".into(),
+            verified: true,
+        };
+        ops::register_image(ctx, image).await?;
+    }
     Ok(id)
 }
 

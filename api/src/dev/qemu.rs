@@ -9,9 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
-use vps_commands::operator::{
-    self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, SetIpPool,
-};
+use vps_commands::operator::{self as ops, RegisterImage};
 use vps_domain::operator::PoolPolicy;
 use vps_host::runtime::qemu::{Accel, Qemu};
 use vps_host::{HostConfig, HostHandle, RuntimeKind};
@@ -113,66 +111,19 @@ async fn register_image(ctx: &vps_commands::Ctx, bundle: &Path) -> anyhow::Resul
 
 /// The `qemu` pool, offered to `acme`, with one small flavor.
 async fn pool(ctx: &vps_commands::Ctx) -> anyhow::Result<String> {
-    let existing: Option<String> = sqlx::query_scalar("SELECT id FROM pools WHERE name = $1")
-        .bind(POOL)
-        .fetch_optional(&ctx.pool)
-        .await?;
-    if let Some(id) = existing {
-        return Ok(id);
-    }
-    let pool = ops::create_pool(
-        ctx,
-        CreatePool {
-            name: POOL.into(),
-            class: "vps-host".into(),
-            runtime: Some("qemu".into()),
-            provider_account_id: None,
-            policy: PoolPolicy {
-                recreate_on_host_loss: false,
-                lost_after_seconds: Some(60),
-            },
+    let plan = super::PoolPlan {
+        name: POOL,
+        runtime: "qemu",
+        cidr: CIDR,
+        gateway: Some(GATEWAY),
+        policy: PoolPolicy {
+            recreate_on_host_loss: false,
+            lost_after_seconds: Some(60),
         },
-    )
-    .await?;
-    let id = pool.id;
-    ops::set_ip_pool(
-        ctx,
-        SetIpPool {
-            pool_id: id.clone(),
-            cidr: CIDR.into(),
-            gateway: Some(GATEWAY.into()),
-        },
-    )
-    .await?;
-    let quota = [
-        ("vcpu", 16),
-        ("memoryGiB", 32),
-        ("diskGiB", 200),
-        ("gpu", 0),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    ops::offer_pool(
-        ctx,
-        OfferPool {
-            pool_id: id.clone(),
-            tenant_id: "acme".into(),
-            quota,
-        },
-    )
-    .await?;
-    let flavor = CreateFlavor {
-        pool_id: id.clone(),
-        name: FLAVOR.into(),
-        vcpu: 1,
-        memory_gib: 1,
-        disk_gib: 2,
-        gpus: None,
-        offer_id: None,
+        quota: (16, 32, 200),
+        flavors: &[(FLAVOR, 1, 1, 2)],
     };
-    ops::create_flavor(ctx, flavor).await?;
-    Ok(id)
+    Ok(super::ensure_pool(ctx, plan).await?.0)
 }
 
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
