@@ -41,6 +41,18 @@ pub struct ConfigDrive {
     /// generated itself right away could equal what its siblings generate: the host's CSPRNG
     /// is the one source each clone surely gets apart.
     pub fresh_identity: Option<FreshIdentity>,
+    /// The volumes to mount (`vps/volumes`), each found by its disk's virtio serial.
+    pub volumes: Vec<DriveVolume>,
+}
+
+/// A volume the guest mounts: one `SERIAL MOUNT_PATH ro|rw` line of `vps/volumes`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriveVolume {
+    /// The disk's virtio serial (`/sys/block/vd*/serial`).
+    pub serial: String,
+    /// An absolute path ([`check_mount_path`]).
+    pub mount_path: String,
+    pub read_only: bool,
 }
 
 /// A guest identity made by the host (`vps/machine-id`, `vps/seed`, `vps/ssh_host_*`).
@@ -147,6 +159,16 @@ fn files(drive: &ConfigDrive) -> Result<Vec<(&'static str, Vec<u8>)>, Error> {
     if let Some(ca) = ca {
         files.push(("vps/ssh-ca.pub", format!("{ca}\n").into_bytes()));
     }
+    if !drive.volumes.is_empty() {
+        let mut lines = String::new();
+        for volume in &drive.volumes {
+            check_serial(&volume.serial)?;
+            check_mount_path(&volume.mount_path)?;
+            let mode = if volume.read_only { "ro" } else { "rw" };
+            let _ = writeln!(lines, "{} {} {mode}", volume.serial, volume.mount_path);
+        }
+        files.push(("vps/volumes", lines.into_bytes()));
+    }
     files.push((
         "vps/identity",
         format!("{}\n", drive.identity_generation).into_bytes(),
@@ -220,6 +242,51 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
     Error::InvalidConfig {
         field,
         reason: reason.into(),
+    }
+}
+
+/// A volume's mount path as the guest's `/init` takes it unquoted: absolute, at most 200 bytes
+/// of letters, digits, `_ . - /`, no `.` or `..` component, and not a directory the guest
+/// itself needs (`/`, `/data` itself, `/proc`, `/sys`, `/dev`, `/run`, `/etc`, the binaries).
+pub fn check_mount_path(path: &str) -> Result<(), Error> {
+    let bad = |why: &str| invalid("volumes.mount_path", format!("{path:?} {why}"));
+    if !path.starts_with('/') || path.len() > 200 {
+        return Err(bad("is not an absolute path of at most 200 bytes"));
+    }
+    let plain = path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"_.-/".contains(&b));
+    if !plain {
+        return Err(bad("holds a byte other than A-Z a-z 0-9 _ . - /"));
+    }
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    if parts.iter().any(|p| *p == "." || *p == "..") {
+        return Err(bad("has a . or .. component"));
+    }
+    const RESERVED: &[&str] = &[
+        "proc", "sys", "dev", "run", "etc", "bin", "sbin", "lib", "usr", "mnt",
+    ];
+    match parts.first() {
+        None => Err(bad("is the root")),
+        Some(first) if RESERVED.contains(first) => Err(bad("is in a directory the guest needs")),
+        Some(&"data") if parts.len() == 1 => Err(bad("is the root disk's mount")),
+        Some(_) => Ok(()),
+    }
+}
+
+fn check_serial(serial: &str) -> Result<(), Error> {
+    let ok = !serial.is_empty()
+        && serial.len() <= 20
+        && serial
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "volumes.serial",
+            format!("{serial:?} is not 1–20 letters, digits, '_' or '-'"),
+        ))
     }
 }
 

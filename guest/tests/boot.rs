@@ -250,6 +250,7 @@ impl Lab {
                 ssh_ca_public_key: Some(ca),
                 identity_generation,
                 fresh_identity: None,
+                volumes: Vec::new(),
             },
         )
         .unwrap();

@@ -20,6 +20,7 @@ fn drive() -> ConfigDrive {
         ssh_ca_public_key: Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample ca@vps\n".into()),
         identity_generation: 3,
         fresh_identity: None,
+        volumes: Vec::new(),
     }
 }
 
@@ -213,5 +214,51 @@ fn values_that_would_break_the_guests_shell_or_yaml_are_refused() {
             Err(Error::InvalidConfig { field: got, .. }) => assert_eq!(got, field, "{bad:?}"),
             other => panic!("{bad:?} gave {other:?}"),
         }
+    }
+}
+
+#[test]
+fn volumes_are_listed_one_line_each_and_bad_ones_refused() {
+    use vps_guest_image::config_drive::DriveVolume;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("config.img");
+    let volume = |serial: &str, path: &str, read_only| DriveVolume {
+        serial: serial.into(),
+        mount_path: path.into(),
+        read_only,
+    };
+    let with = ConfigDrive {
+        volumes: vec![
+            volume("vol-0123456789abcdef", "/data/work", false),
+            volume("vol-2", "/srv/ref", true),
+        ],
+        ..drive()
+    };
+    config_drive::write(&image, &with).unwrap();
+    assert_eq!(
+        read(&image, "vps/volumes").unwrap(),
+        "vol-0123456789abcdef /data/work rw\nvol-2 /srv/ref ro\n"
+    );
+    config_drive::write(&image, &drive()).unwrap();
+    assert_eq!(read(&image, "vps/volumes"), None);
+    for (serial, path) in [
+        ("vol-1", "relative"),
+        ("vol-1", "/srv/a b"),
+        ("vol-1", "/srv/$(id)"),
+        ("vol-1", "/srv/../etc"),
+        ("vol-1", "/proc/x"),
+        ("vol-1", "/data"),
+        ("vol-1", "/"),
+        ("vol 1", "/srv/a"),
+        ("vol-0123456789abcdef0", "/srv/a"),
+    ] {
+        let bad = ConfigDrive {
+            volumes: vec![volume(serial, path, false)],
+            ..drive()
+        };
+        assert!(
+            config_drive::write(&image, &bad).is_err(),
+            "{serial:?} {path:?} must be refused"
+        );
     }
 }

@@ -600,6 +600,7 @@ impl TestEnv {
             nics: vec![],
             user_data: Some(b"#!/bin/sh\necho hello\n".to_vec()),
             ssh_ca: None,
+            ..Default::default()
         }
     }
 

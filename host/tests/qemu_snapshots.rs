@@ -350,6 +350,7 @@ impl Env {
                 public_key: self.ca_public.trim().to_owned(),
                 principal: id.into(),
             }),
+            ..Default::default()
         }
     }
 

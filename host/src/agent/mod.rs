@@ -651,6 +651,7 @@ async fn guest_spec(
             public_key: ca.public_key.clone(),
             principal: ca.principal.clone(),
         }),
+        ..Default::default()
     })
 }
 

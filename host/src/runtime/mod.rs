@@ -15,7 +15,7 @@ mod upload;
 pub use upload::upload;
 
 /// What a guest must be, as the agent reads it from an `InstanceSpec`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GuestSpec {
     /// `inst_…`: also the guest's directory name under the state directory.
     pub id: String,
@@ -29,9 +29,106 @@ pub struct GuestSpec {
     pub user_data: Option<Vec<u8>>,
     /// Who `sshd` admits: the sandbox CA and the instance's principal.
     pub ssh_ca: Option<SshCa>,
+    /// What the guest may reach (`InstanceSpec.networkPolicy`); `None`: no rules of the
+    /// runtime's own (a hosted instance: the pool's network decides).
+    pub network: Option<NetworkPolicy>,
+    /// The node volumes it attaches (`InstanceSpec.volumes`), each made first with
+    /// [`Runtime::ensure_volume`].
+    pub volumes: Vec<VolumeAttachment>,
 }
 
+/// `InstanceSpec.networkPolicy` and its bounds, enforced on the host on each of the guest's
+/// taps (see `qemu::policy`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NetworkPolicy {
+    pub mode: NetworkMode,
+    /// Narrows [`NetworkMode::Egress`] to these destinations (`10.1.2.0/24`, `203.0.113.7`),
+    /// the pool's own range aside. Empty: everything but private and reserved ranges.
+    pub allow: Vec<String>,
+    /// The most the guest may send, and the most it is sent, in Mbit/s each way.
+    pub bandwidth_mbit: u32,
+    /// The most connections (tracked flows) the guest may have open through the host.
+    pub max_connections: u32,
+}
+
+/// The bandwidth bound of a policy that names none: Mbit/s each way.
+pub const DEFAULT_BANDWIDTH_MBIT: u32 = 100;
+/// The connection bound of a policy that names none.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 512;
+
+impl NetworkPolicy {
+    /// `mode` with no allow-list and the default bounds.
+    pub fn new(mode: NetworkMode) -> NetworkPolicy {
+        NetworkPolicy {
+            mode,
+            allow: Vec::new(),
+            bandwidth_mbit: DEFAULT_BANDWIDTH_MBIT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// `egress | private | none` (`vps_domain::network_policy::Network`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// The pool's range, and the outside world through the host (NAT) but for private and
+    /// reserved ranges (unless allowed).
+    Egress,
+    /// Only the pool's own range (the other guests and the gateway).
+    Private,
+    /// Nothing, but the host's own SSH connections to the guest's `sshd` (exec).
+    None,
+}
+
+impl NetworkMode {
+    /// `egress`, `private` or `none`.
+    pub fn parse(mode: &str) -> Option<NetworkMode> {
+        match mode {
+            "egress" => Some(NetworkMode::Egress),
+            "private" => Some(NetworkMode::Private),
+            "none" => Some(NetworkMode::None),
+            _ => None,
+        }
+    }
+}
+
+/// A node volume (`NodeSpec.volumes[]`): the host keeps it, whether or not a guest attaches it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeSpec {
+    /// `vol_…`: also its file's name in the volume store.
+    pub id: String,
+    /// Its size: a volume only grows.
+    pub size_gib: u64,
+    /// The disk's virtio serial (at most 20 bytes).
+    pub serial: String,
+}
+
+/// A volume as a guest attaches it (`InstanceSpec.volumes[]`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeAttachment {
+    /// `vol_…`.
+    pub volume_id: String,
+    /// The disk's virtio serial: the guest finds the disk by it.
+    pub serial: String,
+    /// Where the guest mounts it (an absolute path).
+    pub mount_path: String,
+    pub read_only: bool,
+}
+
+/// A volume as the runtime holds it (for the node's report of volume storage).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeObserved {
+    pub id: String,
+    /// Its virtual size.
+    pub size_gib: u64,
+    /// What its file takes on the host's disk.
+    pub allocated_bytes: u64,
+    /// The guests attaching it now.
+    pub attached_to: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImageRef {
     pub url: String,
     /// Hex SHA-256 of the downloaded file; checked before anything boots from it.
@@ -165,4 +262,20 @@ pub trait Runtime: Send + Sync + 'static {
         spec: &GuestSpec,
         from: &RestoreSource,
     ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Makes node volume `volume` exist at least `size_gib` large: a new one is blank (the
+    /// guest that first mounts it formats it), a smaller one grows (and a running guest
+    /// attaching it is told, QMP `block_resize`); a volume never shrinks. Call it for every
+    /// `NodeSpec.volumes[]` entry before running a guest that attaches it.
+    fn ensure_volume(
+        &self,
+        volume: &VolumeSpec,
+    ) -> impl Future<Output = Result<VolumeObserved, RuntimeError>> + Send;
+
+    /// Removes a volume no `NodeSpec.volumes[]` lists any more. A volume a guest attaches is
+    /// refused; one that does not exist is not an error.
+    fn delete_volume(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Every volume in the volume store.
+    fn volumes(&self) -> impl Future<Output = Vec<VolumeObserved>> + Send;
 }

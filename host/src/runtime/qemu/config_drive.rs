@@ -31,6 +31,15 @@ pub fn write(
         ssh_ca_public_key: spec.ssh_ca.as_ref().map(|c| c.public_key.clone()),
         identity_generation: generation,
         fresh_identity: fresh,
+        volumes: spec
+            .volumes
+            .iter()
+            .map(|v| vps_guest_image::config_drive::DriveVolume {
+                serial: v.serial.clone(),
+                mount_path: v.mount_path.clone(),
+                read_only: v.read_only,
+            })
+            .collect(),
     };
     vps_guest_image::config_drive::write(path, &drive)
         .map_err(|e| RuntimeError(format!("config drive: {e}")))

@@ -8,16 +8,19 @@
 //! Layout: `qmp` (the QMP client), `process` (start, find, end a QEMU; how it ended),
 //! `images` (the image and snapshot cache), `disks` (qemu-img), `net` (bridge and taps),
 //! `accel` (the KVM probe), `config_drive` (the NoCloud drive, written by `vps-guest-image`),
-//! `snapshots` (snapshot archives and restores: read its docs for the design).
+//! `snapshots` (snapshot archives and restores: read its docs for the design), `policy` (a
+//! guest's network policy in nftables and tc), `volumes` (the volume store).
 
 pub mod accel;
 mod config_drive;
 mod disks;
 mod images;
 mod net;
+pub mod policy;
 mod process;
 mod qmp;
 mod snapshots;
+mod volumes;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -33,8 +36,12 @@ use images::{Cached, ImageCache};
 use process::GuestDir;
 use qmp::Qmp;
 
-use super::{GuestSpec, GuestState, Observed, RestoreSource, Runtime, RuntimeError, SnapshotFiles};
+use super::{
+    GuestSpec, GuestState, NetworkPolicy, Observed, RestoreSource, Runtime, RuntimeError,
+    SnapshotFiles, VolumeAttachment, VolumeObserved, VolumeSpec,
+};
 use snapshots::Manifest;
+use volumes::VolumeStore;
 
 /// The `qemu` runtime. Cheap to share behind an `Arc`; calls for different guests run
 /// concurrently, calls for one guest are serialised.
@@ -45,6 +52,9 @@ pub struct Qemu {
     accel: Accel,
     chosen: tokio::sync::OnceCell<Chosen>,
     guests: Mutex<HashMap<String, Arc<Slot>>>,
+    volume_store: VolumeStore,
+    /// Serialises volume creation, growth and removal.
+    volume_lock: tokio::sync::Mutex<()>,
     /// The QEMU binary (`qemu-system-x86_64`).
     pub qemu_binary: PathBuf,
     /// How long `stop` waits for the guest to power off before it `quit`s QEMU.
@@ -96,6 +106,12 @@ struct GuestRecord {
     /// The digest of the snapshot archive it was restored from.
     #[serde(default)]
     restored_from: Option<String>,
+    /// The network policy its taps carry.
+    #[serde(default)]
+    network: Option<NetworkPolicy>,
+    /// The volumes it attaches.
+    #[serde(default)]
+    volumes: Vec<VolumeAttachment>,
 }
 
 /// A restore in progress: the unpacked, checked snapshot and its manifest.
@@ -134,6 +150,8 @@ impl Qemu {
             Accel::Auto => tokio::sync::OnceCell::new_with(remembered_accel(&state_dir)),
         };
         Ok(Qemu {
+            volume_store: VolumeStore(state_dir.join("volumes")),
+            volume_lock: tokio::sync::Mutex::new(()),
             images: ImageCache::new(image_dir.clone()),
             state_dir,
             image_dir,
@@ -194,6 +212,160 @@ impl Qemu {
         lock(&self.guests).get(id).cloned()
     }
 
+    /// Every volume `volumes` names is in the store, and none is written by one guest while
+    /// another runs with it (one writer, or any number of readers).
+    fn check_volumes(&self, id: &str, volumes: &[VolumeAttachment]) -> Result<(), RuntimeError> {
+        for v in volumes {
+            if !self.volume_store.path(&v.volume_id).is_file() {
+                return Err(RuntimeError(format!(
+                    "volume {} is not on this host (ensure_volume makes it)",
+                    v.volume_id
+                )));
+            }
+            for (other, other_volume) in self.attachers(&v.volume_id) {
+                if other == id
+                    || !matches!(other_volume.1, GuestState::Running | GuestState::Paused)
+                {
+                    continue;
+                }
+                if !v.read_only || !other_volume.0 {
+                    return Err(RuntimeError(format!(
+                        "volume {} is attached to {other}, which runs with it{}: one writer at a time",
+                        v.volume_id,
+                        if other_volume.0 { " read-only" } else { " read-write" }
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The guests whose record attaches volume `volume_id`: (id, (read-only, last state)).
+    fn attachers(&self, volume_id: &str) -> Vec<(String, (bool, GuestState))> {
+        let slots: Vec<(String, Arc<Slot>)> = lock(&self.guests)
+            .iter()
+            .map(|(id, slot)| (id.clone(), slot.clone()))
+            .collect();
+        slots
+            .into_iter()
+            .filter_map(|(id, slot)| {
+                let read_only = lock(&slot.record)
+                    .as_ref()?
+                    .volumes
+                    .iter()
+                    .find(|a| a.volume_id == volume_id)?
+                    .read_only;
+                let state = lock(&slot.last).clone();
+                Some((id, (read_only, state)))
+            })
+            .collect()
+    }
+
+    /// A running or paused guest whose spec names another network policy takes it at once.
+    async fn update_network(&self, spec: &GuestSpec, slot: &Slot) -> Result<(), RuntimeError> {
+        let Some(mut record) = lock(&slot.record).clone() else {
+            return Ok(());
+        };
+        if record.network == spec.network {
+            return Ok(());
+        }
+        record.network = spec.network.clone();
+        apply_network(&record).await?;
+        let json = serde_json::to_vec_pretty(&record)
+            .map_err(|e| RuntimeError(format!("guest record: {e}")))?;
+        std::fs::write(slot.dir.record(), json)
+            .map_err(|e| RuntimeError(format!("writing {}: {e}", slot.dir.record().display())))?;
+        *lock(&slot.record) = Some(record);
+        Ok(())
+    }
+
+    async fn ensure_volume_inner(
+        &self,
+        volume: &VolumeSpec,
+    ) -> Result<VolumeObserved, RuntimeError> {
+        volumes::validate_id(&volume.id)?;
+        volumes::validate_serial(&volume.serial)?;
+        let _held = self.volume_lock.lock().await;
+        let path = self.volume_store.path(&volume.id);
+        if !volumes::create_if_missing(&self.volume_store, volume).await? {
+            let wanted = volume.size_gib.max(1).saturating_mul(volumes::GIB);
+            let size = volumes::virtual_size(&path).await?;
+            if size < wanted {
+                self.grow(&volume.id, &path, wanted).await?;
+            }
+        }
+        self.volume_observed(&volume.id).await
+    }
+
+    /// Grows a volume: through the QEMU of each guest running with it (QMP `block_resize`),
+    /// else with `qemu-img resize`.
+    async fn grow(&self, id: &str, path: &Path, bytes: u64) -> Result<(), RuntimeError> {
+        let mut resized = false;
+        for (guest, _) in self.attachers(id) {
+            let Some(slot) = self.existing_slot(&guest) else {
+                continue;
+            };
+            let mut live = slot.live.lock().await;
+            if !matches!(
+                self.refresh(&slot, &mut live).await,
+                GuestState::Running | GuestState::Paused
+            ) {
+                continue;
+            }
+            let Some(qmp) = live.qmp.as_ref() else {
+                continue;
+            };
+            qmp.execute(
+                "block_resize",
+                Some(serde_json::json!({ "device": id, "size": bytes })),
+            )
+            .await
+            .map_err(|e| RuntimeError(format!("growing volume {id} in {guest}: {e}")))?;
+            tracing::info!(volume = %id, %guest, bytes, "volume grown in a running guest");
+            resized = true;
+            // One QEMU writes it; a reader sees the new size at its next boot.
+            break;
+        }
+        if !resized {
+            volumes::resize_offline(path, bytes).await?;
+            tracing::info!(volume = %id, bytes, "volume grown");
+        }
+        Ok(())
+    }
+
+    async fn volume_observed(&self, id: &str) -> Result<VolumeObserved, RuntimeError> {
+        let path = self.volume_store.path(id);
+        let size = volumes::virtual_size(&path).await?;
+        Ok(VolumeObserved {
+            id: id.to_owned(),
+            size_gib: size.div_ceil(volumes::GIB),
+            allocated_bytes: volumes::allocated_bytes(&path),
+            attached_to: self
+                .attachers(id)
+                .into_iter()
+                .map(|(guest, _)| guest)
+                .collect(),
+        })
+    }
+
+    async fn delete_volume_inner(&self, id: &str) -> Result<(), RuntimeError> {
+        volumes::validate_id(id)?;
+        let _held = self.volume_lock.lock().await;
+        let attachers = self.attachers(id);
+        if !attachers.is_empty() {
+            let names: Vec<String> = attachers.into_iter().map(|(g, _)| g).collect();
+            return Err(RuntimeError(format!(
+                "volume {id} is attached to {}: delete those guests first",
+                names.join(", ")
+            )));
+        }
+        match tokio::fs::remove_file(self.volume_store.path(id)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(RuntimeError(format!("removing volume {id}: {e}"))),
+        }
+    }
+
     /// Boots the guest: image, disk, config drive, taps, then QEMU. Any failure is also
     /// written to the guest's `error` file, so `observe` reports the same message.
     async fn boot(
@@ -221,6 +393,8 @@ impl Qemu {
         restore: Option<&Restoring>,
     ) -> Result<(), RuntimeError> {
         validate_id(&spec.id)?;
+        volumes::validate_attachments(&spec.volumes)?;
+        self.check_volumes(&spec.id, &spec.volumes)?;
         let dir = &slot.dir;
         std::fs::create_dir_all(&dir.0)
             .map_err(|e| RuntimeError(format!("cannot make {}: {e}", dir.0.display())))?;
@@ -258,6 +432,8 @@ impl Qemu {
                     tap: net::tap_name(&spec.id, i),
                 })
                 .collect(),
+            network: spec.network.clone(),
+            volumes: spec.volumes.clone(),
         };
         let json = serde_json::to_vec_pretty(&record)
             .map_err(|e| RuntimeError(format!("guest record: {e}")))?;
@@ -316,8 +492,10 @@ impl Qemu {
         for (nic, nic_record) in spec.nics.iter().zip(&record.nics) {
             net::ensure_tap(&nic_record.tap, nic).await?;
         }
+        // Before QEMU opens the taps: no packet leaves the guest unfiltered.
+        apply_network(&record).await?;
 
-        let mut args = qemu_args(spec, &record, &image, chosen, dir);
+        let mut args = qemu_args(spec, &record, &image, chosen, dir, &self.volume_store);
         if memory.is_some() {
             args.extend(["-incoming".into(), "defer".into()]);
         }
@@ -737,8 +915,9 @@ impl Qemu {
         live: &mut Live,
     ) -> Result<(), RuntimeError> {
         match self.refresh(slot, live).await {
-            GuestState::Running => Ok(()),
+            GuestState::Running => self.update_network(spec, slot).await,
             GuestState::Paused => {
+                self.update_network(spec, slot).await?;
                 execute(live, "cont").await?;
                 *lock(&slot.last) = GuestState::Running;
                 Ok(())
@@ -841,6 +1020,7 @@ impl Qemu {
         for tap in taps {
             net::remove_tap(&tap).await?;
         }
+        policy::remove(id).await?;
         // A socket kept outside the directory (a deep state directory) goes too.
         let _ = tokio::fs::remove_file(dir.qmp()).await;
         match tokio::fs::remove_dir_all(&dir.0).await {
@@ -941,6 +1121,27 @@ impl Runtime for Qemu {
         observed
     }
 
+    async fn ensure_volume(&self, volume: &VolumeSpec) -> Result<VolumeObserved, RuntimeError> {
+        let span = tracing::info_span!("volume.ensure", volume = %volume.id);
+        self.ensure_volume_inner(volume).instrument(span).await
+    }
+
+    async fn delete_volume(&self, id: &str) -> Result<(), RuntimeError> {
+        let span = tracing::info_span!("volume.delete", volume = %id);
+        self.delete_volume_inner(id).instrument(span).await
+    }
+
+    async fn volumes(&self) -> Vec<VolumeObserved> {
+        let mut observed = Vec::new();
+        for id in self.volume_store.ids() {
+            match self.volume_observed(&id).await {
+                Ok(volume) => observed.push(volume),
+                Err(error) => tracing::warn!(volume = %id, %error, "cannot read a volume"),
+            }
+        }
+        observed
+    }
+
     fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)> {
         let slot = self.existing_slot(id)?;
         let record = lock(&slot.record);
@@ -966,6 +1167,20 @@ impl Runtime for Qemu {
             tracing::info_span!("guest.restore", guest = %spec.id, snapshot = %from.snapshot_id);
         self.restore_inner(spec, from).instrument(span).await
     }
+}
+
+/// Applies the record's network policy to its taps; a guest with none has no tables (one
+/// that had a policy before loses it).
+async fn apply_network(record: &GuestRecord) -> Result<(), RuntimeError> {
+    let Some(network) = &record.network else {
+        return policy::remove(&record.id).await;
+    };
+    let nics = record
+        .nics
+        .iter()
+        .map(|n| policy::PolicyNic::new(&n.tap, &n.mac, &n.address))
+        .collect::<Result<Vec<_>, _>>()?;
+    policy::apply(&record.id, &nics, network).await
 }
 
 /// The machine a guest of `image_format` runs on (see [`qemu_args`]).
@@ -1028,6 +1243,7 @@ fn qemu_args(
     image: &Cached,
     accel: Chosen,
     dir: &GuestDir,
+    volume_store: &VolumeStore,
 ) -> Vec<String> {
     let path = |p: PathBuf| p.to_string_lossy().into_owned();
     // Bundles boot directly on microvm (virtio-mmio); a disk image needs firmware and PCI.
@@ -1035,6 +1251,7 @@ fn qemu_args(
         Cached::Bundle { .. } => ("microvm", "virtio-blk-device", "virtio-net-device"),
         Cached::Qcow2 { .. } => ("q35", "virtio-blk-pci", "virtio-net-pci"),
     };
+    let volume_args = volumes::qemu_args(volume_store, &record.volumes, blk);
     let mut args: Vec<String> = vec![
         "-name".into(),
         format!("guest={}", spec.id),
@@ -1086,6 +1303,7 @@ fn qemu_args(
         "-device".into(),
         format!("{blk},drive=config,serial=vps-config"),
     ]);
+    args.extend(volume_args);
     for (i, nic_record) in record.nics.iter().enumerate() {
         args.extend([
             "-netdev".into(),
