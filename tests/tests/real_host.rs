@@ -253,7 +253,10 @@ fn an_instance_stops_starts_on_the_same_disk_crashes_to_error_and_leaves_nothing
             .wait_instance(&id, CHANGE, |i| i["state"] == "error")
             .await;
         assert_eq!(failed["state"], "error", "{failed}");
-        assert!(!failed.to_string().is_empty());
+        let why = failed["conditions"][0]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(why.contains("QEMU") && why.contains("signal 9"), "{failed}");
 
         // Delete → deleted, with no QEMU, tap, overlay or config drive left.
         lab.ok(
@@ -581,7 +584,11 @@ impl Lab {
                 retry_after: Duration::from_secs(2),
             },
         };
-        let runtime = Qemu::new(&self.state, &self.images, Accel::Tcg).expect("the qemu runtime");
+        let mut runtime =
+            Qemu::new(&self.state, &self.images, Accel::Tcg).expect("the qemu runtime");
+        // A clean power-off under TCG on a loaded two-core machine can take longer than the
+        // default wait before QEMU is quit, and a quit guest may lose its last writes.
+        runtime.stop_timeout = Duration::from_secs(60);
         vps_host::start(config, runtime)
             .await
             .expect("the agent starts")
