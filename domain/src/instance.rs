@@ -350,6 +350,7 @@ pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc
             .retain(|c| c.condition_type != d.condition_type),
         InstanceEvent::AddressesChanged(d) => inst.addresses.clone_from(&d.addresses),
         InstanceEvent::Stopping(_)
+        | InstanceEvent::Pausing(_)
         | InstanceEvent::Deleting(_)
         | InstanceEvent::Running(_)
         | InstanceEvent::Stopped(_)

@@ -17,8 +17,9 @@ use crate::aggregate::Aggregate;
 use crate::error::DomainError;
 
 pub use event::{
-    Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExecIssued, SandboxExpiry,
-    SandboxFailed, SandboxReady, SnapshotFailed, SnapshotReady, SnapshotRef, SnapshotRequested,
+    ExpiryAction, Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExecIssued,
+    SandboxExpiry, SandboxFailed, SandboxReady, SnapshotFailed, SnapshotReady, SnapshotRef,
+    SnapshotRequested,
 };
 pub use snapshot::{Snapshot, SnapshotState};
 
@@ -41,6 +42,12 @@ pub enum SandboxState {
     Deleting,
     /// Its instance is gone.
     Deleted,
+    /// Its instance is asked to pause (memory kept); its lifetime clock has stopped.
+    Pausing,
+    /// Its instance is paused; it ends at `expiresAt` (`pausedTtlSeconds`) unless resumed.
+    Paused,
+    /// Its instance is asked to run again, with a fresh lifetime.
+    Resuming,
 }
 
 impl SandboxState {
@@ -52,15 +59,66 @@ impl SandboxState {
             SandboxState::Failed => "failed",
             SandboxState::Deleting => "deleting",
             SandboxState::Deleted => "deleted",
+            SandboxState::Pausing => "pausing",
+            SandboxState::Paused => "paused",
+            SandboxState::Resuming => "resuming",
         }
     }
 
+    /// Every state, in table order.
+    pub const ALL: [SandboxState; 8] = [
+        SandboxState::Starting,
+        SandboxState::Ready,
+        SandboxState::Failed,
+        SandboxState::Pausing,
+        SandboxState::Paused,
+        SandboxState::Resuming,
+        SandboxState::Deleting,
+        SandboxState::Deleted,
+    ];
+
     /// Not deleting or deleted.
     pub fn is_open(self) -> bool {
-        matches!(
-            self,
-            SandboxState::Starting | SandboxState::Ready | SandboxState::Failed
-        )
+        !matches!(self, SandboxState::Deleting | SandboxState::Deleted)
+    }
+
+    /// Pausing or paused: its lifetime clock is stopped.
+    pub fn is_paused(self) -> bool {
+        matches!(self, SandboxState::Pausing | SandboxState::Paused)
+    }
+}
+
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a sandbox's lifetime ending does (`onTimeout`).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    /// Delete it (the default).
+    #[default]
+    Delete,
+    /// Pause it (memory kept); `sandboxes.resume` brings it back.
+    Pause,
+}
+
+/// An optional `onTimeout` field of a request, its errors naming the field (a flattened
+/// struct's errors reach the parser without their path).
+pub fn on_timeout_field<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<OnTimeout>, D::Error> {
+    Option::<OnTimeout>::deserialize(d).map_err(|e| crate::bounds::in_field("onTimeout", e))
+}
+
+impl OnTimeout {
+    /// Whether it is the default (left out of events and documents).
+    pub fn is_delete(&self) -> bool {
+        *self == OnTimeout::Delete
     }
 }
 
@@ -75,6 +133,30 @@ pub enum Verb {
     Delete,
     /// Its instance is gone.
     Release,
+    /// `sandboxes.pause`, or an expiry with `onTimeout: pause`.
+    Pause,
+    /// Its instance paused.
+    Paused,
+    /// `sandboxes.resume`.
+    Resume,
+    /// Its instance runs again.
+    Resumed,
+}
+
+impl Verb {
+    /// The name the state table's rendering uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Ready => "ready",
+            Verb::Fail => "fail",
+            Verb::Delete => "delete",
+            Verb::Release => "release",
+            Verb::Pause => "pause",
+            Verb::Paused => "paused",
+            Verb::Resume => "resume",
+            Verb::Resumed => "resumed",
+        }
+    }
 }
 
 /// Every legal move: (from, verb, to).
@@ -83,17 +165,43 @@ pub const TABLE: &[(SandboxState, Verb, SandboxState)] = {
     &[
         (Starting, Verb::Ready, Ready),
         (Failed, Verb::Ready, Ready),
+        (Starting, Verb::Pause, Pausing),
+        (Ready, Verb::Pause, Pausing),
+        (Resuming, Verb::Pause, Pausing),
+        (Pausing, Verb::Paused, Paused),
+        (Pausing, Verb::Resume, Resuming),
+        (Paused, Verb::Resume, Resuming),
+        (Resuming, Verb::Resumed, Ready),
         (Starting, Verb::Fail, Failed),
         (Ready, Verb::Fail, Failed),
+        (Pausing, Verb::Fail, Failed),
+        (Paused, Verb::Fail, Failed),
+        (Resuming, Verb::Fail, Failed),
         (Starting, Verb::Delete, Deleting),
         (Ready, Verb::Delete, Deleting),
         (Failed, Verb::Delete, Deleting),
+        (Pausing, Verb::Delete, Deleting),
+        (Paused, Verb::Delete, Deleting),
+        (Resuming, Verb::Delete, Deleting),
         (Starting, Verb::Release, Deleted),
         (Ready, Verb::Release, Deleted),
         (Failed, Verb::Release, Deleted),
+        (Pausing, Verb::Release, Deleted),
+        (Paused, Verb::Release, Deleted),
+        (Resuming, Verb::Release, Deleted),
         (Deleting, Verb::Release, Deleted),
     ]
 };
+
+/// The sandbox table as a Mermaid `stateDiagram-v2`, one edge per row labelled with its verb.
+pub fn render_mermaid() -> String {
+    let mut out = String::from("stateDiagram-v2\n    [*] --> starting\n");
+    for (from, verb, to) in TABLE {
+        out.push_str(&format!("    {from} --> {to}: {}\n", verb.as_str()));
+    }
+    out.push_str("    deleted --> [*]\n");
+    out
+}
 
 /// Where `verb` takes a sandbox in `from`, or `INVALID_STATE`.
 pub fn transition(from: SandboxState, verb: Verb) -> Result<SandboxState, DomainError> {
@@ -143,6 +251,18 @@ pub struct Sandbox {
     /// A restore: the snapshot it was made from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// What the end of its lifetime does.
+    #[serde(default, skip_serializing_if = "OnTimeout::is_delete")]
+    pub on_timeout: OnTimeout,
+    /// When its current lifetime began: admission, or the last resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifetime_from: Option<DateTime<Utc>>,
+    /// When it was last asked to pause (while pausing or paused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<DateTime<Utc>>,
+    /// Why it ended, when not a plain delete (`ttl`, `paused-ttl`, `deadline:<state>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// Its snapshots, by id (deleted ones too, until the log is compacted: never). The fold
     /// holds them; the `sandboxes` projection's document does not (they have their own rows).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -180,9 +300,18 @@ impl Sandbox {
         }
     }
 
-    /// Its whole lifetime so far, from admission to `expiresAt`.
+    /// When the running clock began: the pause (while paused), else the current lifetime's
+    /// start (admission, or the last resume).
+    pub fn clock_from(&self) -> DateTime<Utc> {
+        match self.paused_at {
+            Some(p) if self.state.is_paused() => p,
+            _ => self.lifetime_from.unwrap_or(self.created_at),
+        }
+    }
+
+    /// Its whole lifetime so far, from [`Sandbox::clock_from`] to `expiresAt`.
     pub fn lifetime(&self) -> TimeDelta {
-        self.expires_at - self.created_at
+        self.expires_at - self.clock_from()
     }
 }
 
@@ -210,10 +339,28 @@ impl Aggregate for Sandbox {
                 self.expiring_sent = false;
             }
             SandboxEvent::Expiring(_) => self.expiring_sent = true,
-            SandboxEvent::Expired(_) => {
-                self.state = SandboxState::Deleting;
-                self.expired = true;
+            SandboxEvent::Expired(e) => {
+                if e.action != Some(ExpiryAction::Paused) {
+                    self.state = SandboxState::Deleting;
+                    self.expired = true;
+                    self.reason.clone_from(&e.reason);
+                }
             }
+            SandboxEvent::Pausing(e) => {
+                self.state = SandboxState::Pausing;
+                self.expires_at = e.expires_at;
+                self.paused_at = Some(at);
+                self.expiring_sent = false;
+            }
+            SandboxEvent::Paused(_) => self.state = SandboxState::Paused,
+            SandboxEvent::Resuming(e) => {
+                self.state = SandboxState::Resuming;
+                self.expires_at = e.expires_at;
+                self.lifetime_from = Some(at);
+                self.paused_at = None;
+                self.expiring_sent = false;
+            }
+            SandboxEvent::Resumed(_) => self.state = SandboxState::Ready,
             SandboxEvent::Deleting(_) => self.state = SandboxState::Deleting,
             SandboxEvent::Deleted(_) => {
                 self.state = SandboxState::Deleted;
@@ -260,6 +407,10 @@ fn from_created(c: &SandboxCreated, at: DateTime<Utc>) -> Sandbox {
         updated_at: at,
         version: 1,
         from_snapshot: c.from_snapshot.clone(),
+        on_timeout: c.on_timeout,
+        lifetime_from: None,
+        paused_at: None,
+        reason: None,
         snapshots: BTreeMap::new(),
     }
 }
@@ -283,6 +434,8 @@ pub struct CreateSandbox {
     pub owner_identity_id: String,
     /// A restore: the snapshot to boot from.
     pub from_snapshot: Option<String>,
+    /// What the end of its lifetime does (`None`: the template's).
+    pub on_timeout: Option<OnTimeout>,
 }
 
 /// What a create finds before it admits anything.
@@ -351,6 +504,7 @@ pub fn created_event(
         idempotency_key: c.idempotency_key.clone(),
         request_hash: c.request_hash.clone(),
         from_snapshot: c.from_snapshot.clone(),
+        on_timeout: c.on_timeout.unwrap_or_default(),
     })
 }
 
@@ -377,6 +531,9 @@ pub fn extended_expiry(
             s.state.as_str()
         )));
     }
+    if s.state.is_paused() {
+        return Err(paused_refusal(s, "extend"));
+    }
     let (field, until) = match extension {
         Extension::Until(t) if t <= s.expires_at => return Ok(None),
         Extension::Until(t) => ("until", t),
@@ -397,7 +554,7 @@ pub fn extended_expiry(
             "at most 30 days per extend",
         ));
     }
-    if until - s.created_at > TimeDelta::seconds(max_ttl as i64) {
+    if until - s.clock_from() > TimeDelta::seconds(max_ttl as i64) {
         return Err(DomainError::invalid_input(
             field,
             format!("the lifetime would exceed the template's maxTtlSeconds ({max_ttl})"),
@@ -408,14 +565,105 @@ pub fn extended_expiry(
 
 /// Decides an extend to `until` (already checked by [`extended_expiry`]).
 pub fn extend(s: &Sandbox, until: DateTime<Utc>) -> Vec<SandboxEvent> {
-    vec![SandboxEvent::Extended(SandboxExpiry {
-        ids: s.lifecycle(),
-        expires_at: until,
-    })]
+    vec![SandboxEvent::Extended(SandboxExpiry::new(
+        s.lifecycle(),
+        until,
+    ))]
 }
 
-/// Decides `sandbox.ready` once its instance runs (nothing when it already is or is ending).
+/// `INVALID_STATE` for a call a paused sandbox cannot take (`details.state`: its state).
+pub fn paused_refusal(s: &Sandbox, call: &str) -> DomainError {
+    DomainError::InvalidState {
+        message: format!(
+            "sandbox {} is {}; resume it before {call} (sandboxes.resume), or set the \
+             template's autoResume",
+            s.id,
+            s.state.as_str()
+        ),
+        details: serde_json::json!({ "state": s.state.as_str(), "sandboxId": s.id }),
+    }
+}
+
+/// Default `pausedTtlSeconds`: 7 days.
+pub const DEFAULT_PAUSED_TTL_SECONDS: u64 = 7 * 86_400;
+/// The longest `pausedTtlSeconds`: 30 days.
+pub const MAX_PAUSED_TTL_SECONDS: u64 = 30 * 86_400;
+
+/// Decides `sandboxes.pause` at `now`: the sandbox becomes `pausing` and its lifetime clock
+/// stops; it ends `paused_ttl` later unless resumed. Idempotent: a pausing or paused sandbox
+/// decides nothing. `UNSUPPORTED` when its runtime cannot pause.
+pub fn pause(
+    s: &Sandbox,
+    can_pause: bool,
+    paused_ttl: u64,
+    now: DateTime<Utc>,
+) -> Result<Vec<SandboxEvent>, DomainError> {
+    if s.state.is_paused() {
+        return Ok(Vec::new());
+    }
+    transition(s.state, Verb::Pause)?;
+    if !can_pause {
+        return Err(DomainError::unsupported(format!(
+            "sandbox {}'s runtime cannot pause a guest",
+            s.id
+        )));
+    }
+    Ok(vec![SandboxEvent::Pausing(SandboxExpiry::new(
+        s.lifecycle(),
+        now + TimeDelta::seconds(paused_ttl as i64),
+    ))])
+}
+
+/// The lifetime a resume gives: `ttl_seconds`, else the template's default, within
+/// 1..=`max_ttl`.
+pub fn resume_ttl(
+    ttl_seconds: Option<u64>,
+    default_ttl: u64,
+    max_ttl: u64,
+) -> Result<u64, DomainError> {
+    let ttl = ttl_seconds.unwrap_or(default_ttl.min(max_ttl));
+    if ttl == 0 || ttl > max_ttl {
+        return Err(DomainError::invalid_input(
+            "ttlSeconds",
+            format!("1 to the template's maxTtlSeconds ({max_ttl})"),
+        ));
+    }
+    Ok(ttl)
+}
+
+/// Decides `sandboxes.resume` at `now` with a fresh lifetime of `ttl` seconds. Idempotent: a
+/// ready or resuming sandbox decides nothing; a deleted one is `INVALID_STATE`.
+pub fn resume(s: &Sandbox, ttl: u64, now: DateTime<Utc>) -> Result<Vec<SandboxEvent>, DomainError> {
+    if matches!(s.state, SandboxState::Ready | SandboxState::Resuming) {
+        return Ok(Vec::new());
+    }
+    transition(s.state, Verb::Resume)?;
+    Ok(vec![SandboxEvent::Resuming(SandboxExpiry::new(
+        s.lifecycle(),
+        now + TimeDelta::seconds(ttl as i64),
+    ))])
+}
+
+/// Decides `sandbox.paused` once its instance paused (nothing unless it is pausing).
+pub fn paused(s: &Sandbox) -> Vec<SandboxEvent> {
+    if s.state != SandboxState::Pausing {
+        return Vec::new();
+    }
+    vec![SandboxEvent::Paused(SandboxExpiry::new(
+        s.lifecycle(),
+        s.expires_at,
+    ))]
+}
+
+/// Decides `sandbox.ready` once its instance runs (nothing when it already is or is ending);
+/// a resuming sandbox is `sandbox.resumed` instead.
 pub fn ready(s: &Sandbox) -> Vec<SandboxEvent> {
+    if s.state == SandboxState::Resuming {
+        return vec![SandboxEvent::Resumed(SandboxExpiry::new(
+            s.lifecycle(),
+            s.expires_at,
+        ))];
+    }
     match transition(s.state, Verb::Ready) {
         Ok(_) if s.state != SandboxState::Ready => vec![SandboxEvent::Ready(SandboxReady {
             ids: s.lifecycle(),
@@ -451,6 +699,7 @@ pub fn deleted(s: &Sandbox) -> Vec<SandboxEvent> {
             let mut events = vec![SandboxEvent::Deleted(SandboxDeleted {
                 ids: s.lifecycle(),
                 expired: s.expired,
+                reason: s.reason.clone(),
             })];
             events.extend(snapshot::delete_unkept(s));
             events
@@ -466,22 +715,48 @@ pub fn expiring_lead(lifetime: TimeDelta, lead: TimeDelta, min_lead: TimeDelta) 
 }
 
 /// Decides the expiry work due at `now`: `sandbox.expiring` once per expiry, `sandbox.expired`
-/// once it has passed.
+/// once it has passed. A paused sandbox's end is its `pausedTtlSeconds` running out (deleted,
+/// `reason: paused-ttl`); a running one's is its lifetime: deleted, or with `onTimeout: pause`
+/// (and a runtime that can pause) paused for `paused_ttl` (`data.action: paused`).
 pub fn expiry(
     s: &Sandbox,
     now: DateTime<Utc>,
     lead: TimeDelta,
     min_lead: TimeDelta,
+    paused_ttl: Option<TimeDelta>,
 ) -> Vec<SandboxEvent> {
     if !s.state.is_open() {
         return Vec::new();
     }
-    let at = SandboxExpiry {
-        ids: s.lifecycle(),
-        expires_at: s.expires_at,
-    };
+    let at = SandboxExpiry::new(s.lifecycle(), s.expires_at);
     if now >= s.expires_at {
-        return vec![SandboxEvent::Expired(at)];
+        let pause_for = paused_ttl.filter(|_| {
+            s.on_timeout == OnTimeout::Pause
+                && matches!(
+                    s.state,
+                    SandboxState::Starting | SandboxState::Ready | SandboxState::Resuming
+                )
+        });
+        if let Some(ttl) = pause_for {
+            return vec![
+                SandboxEvent::Expired(SandboxExpiry {
+                    action: Some(ExpiryAction::Paused),
+                    reason: Some("ttl".into()),
+                    ..at
+                }),
+                SandboxEvent::Pausing(SandboxExpiry::new(s.lifecycle(), now + ttl)),
+            ];
+        }
+        let reason = if s.state.is_paused() {
+            "paused-ttl"
+        } else {
+            "ttl"
+        };
+        return vec![SandboxEvent::Expired(SandboxExpiry {
+            action: Some(ExpiryAction::Deleted),
+            reason: Some(reason.into()),
+            ..at
+        })];
     }
     let warn_from = s.expires_at - expiring_lead(s.lifetime(), lead, min_lead);
     if !s.expiring_sent && now >= warn_from {

@@ -631,6 +631,18 @@ mod tests {
         for r in TABLE {
             doc.push_str(&format!("| {} | {} | {} |\n", r.from, r.verb, r.to));
         }
+        doc.push_str(
+            "\n# Sandbox state table\n\n\
+             Generated from `domain/src/sandbox.rs` (`TABLE`) by the same test. A sandbox's \
+             state moves only along these rows; its instance moves along the instance table \
+             (a pause sets the instance's `desiredState: paused`, a resume `running`).\n\n\
+             ```mermaid\n",
+        );
+        doc.push_str(&crate::sandbox::render_mermaid());
+        doc.push_str("```\n\n| from | verb | to |\n| --- | --- | --- |\n");
+        for (from, verb, to) in crate::sandbox::TABLE {
+            doc.push_str(&format!("| {from} | {} | {to} |\n", verb.as_str()));
+        }
         doc
     }
 

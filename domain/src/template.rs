@@ -15,6 +15,7 @@ use crate::instance::{AdmissionPool, PoolKind};
 use crate::operator::{check_name, check_name_free};
 
 pub use crate::network_policy::Network;
+pub use crate::sandbox::OnTimeout;
 
 /// Default `defaultTtlSeconds`.
 pub const DEFAULT_TTL_SECONDS: u64 = 3600;
@@ -66,6 +67,24 @@ pub struct TemplateSpec {
     /// The volumes its sandboxes attach, resolved when the template was written.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::volume::TemplateVolume>,
+    /// How long a paused sandbox is kept before it is deleted (`reason: paused-ttl`).
+    #[serde(default = "default_paused_ttl")]
+    pub paused_ttl_seconds: u64,
+    /// What the end of a sandbox's lifetime does when its create names nothing.
+    #[serde(default, skip_serializing_if = "OnTimeout::is_delete")]
+    pub on_timeout: OnTimeout,
+    /// `exec` and `snapshot` on a paused sandbox resume it first instead of refusing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_resume: bool,
+}
+
+fn default_paused_ttl() -> u64 {
+    crate::sandbox::DEFAULT_PAUSED_TTL_SECONDS
+}
+
+/// Whether `runtime` can pause a booted guest.
+pub fn can_pause(runtime: &str) -> bool {
+    PAUSING_RUNTIMES.contains(&runtime)
 }
 
 impl TemplateSpec {
@@ -338,6 +357,15 @@ fn check_spec<'a>(
             format!("{missing} names no secret of the tenant"),
         ));
     }
+    if spec.on_timeout == OnTimeout::Pause && !can_pause(&pool.runtime) {
+        return Err(DomainError::invalid_input(
+            "onTimeout",
+            format!(
+                "the pool's runtime {} cannot pause a guest; use delete",
+                pool.runtime
+            ),
+        ));
+    }
     if spec.network.needs_ip_range() && !pool.has_range {
         return Err(DomainError::invalid_state(format!(
             "network {:?} needs the pool's IP range (pools.setIpPool)",
@@ -359,6 +387,13 @@ pub fn check_bounds(spec: &TemplateSpec) -> Result<(), DomainError> {
         return Err(DomainError::invalid_input(
             "defaultTtlSeconds",
             "1 to maxTtlSeconds",
+        ));
+    }
+    let max_paused = crate::sandbox::MAX_PAUSED_TTL_SECONDS;
+    if spec.paused_ttl_seconds == 0 || spec.paused_ttl_seconds > max_paused {
+        return Err(DomainError::invalid_input(
+            "pausedTtlSeconds",
+            format!("1 to {max_paused}"),
         ));
     }
     if let Some(w) = spec.warm {
@@ -479,6 +514,9 @@ mod tests {
                 max_ttl_seconds: 600,
                 warm: Some(Warm { min, max }),
                 volumes: Vec::new(),
+                paused_ttl_seconds: crate::sandbox::DEFAULT_PAUSED_TTL_SECONDS,
+                on_timeout: OnTimeout::Delete,
+                auto_resume: false,
             },
             version: 1,
             instance_version,

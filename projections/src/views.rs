@@ -211,6 +211,12 @@ pub struct TemplateView {
     pub warm: Option<vps_domain::template::Warm>,
     /// The volumes its sandboxes attach.
     pub volumes: Vec<vps_domain::volume::TemplateVolume>,
+    /// How long a paused sandbox is kept.
+    pub paused_ttl_seconds: u64,
+    /// What the end of a sandbox's lifetime does: `delete` or `pause`.
+    pub on_timeout: vps_domain::sandbox::OnTimeout,
+    /// `exec` and `snapshot` on a paused sandbox resume it first.
+    pub auto_resume: bool,
     /// Rises with every update.
     pub version: u64,
     /// When it was made.
@@ -236,6 +242,9 @@ impl From<&vps_domain::template::Template> for TemplateView {
             max_ttl_seconds: t.spec.max_ttl_seconds,
             warm: t.spec.warm,
             volumes: t.spec.volumes.clone(),
+            paused_ttl_seconds: t.spec.paused_ttl_seconds,
+            on_timeout: t.spec.on_timeout,
+            auto_resume: t.spec.auto_resume,
             version: t.version,
             created_at: t.created_at,
             updated_at: t.updated_at,
@@ -255,7 +264,8 @@ pub struct SandboxView {
     pub template_id: String,
     /// The instance it drives.
     pub instance_id: String,
-    /// `starting`, `ready`, `failed`, `deleting` or `deleted`.
+    /// `starting`, `ready`, `failed`, `pausing`, `paused`, `resuming`, `deleting` or
+    /// `deleted`.
     pub state: vps_domain::sandbox::SandboxState,
     /// Whether a warm instance was claimed for it.
     pub warm: bool,
@@ -271,6 +281,15 @@ pub struct SandboxView {
     pub deleted_at: Option<DateTime<Utc>>,
     /// Whether its lifetime ended it.
     pub expired: bool,
+    /// What the end of its lifetime does: `delete` or `pause`.
+    pub on_timeout: vps_domain::sandbox::OnTimeout,
+    /// While pausing or paused: when the pause was asked for (`expiresAt` is then when the
+    /// paused sandbox is deleted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<DateTime<Utc>>,
+    /// Why it ended, when not a plain delete (`ttl`, `paused-ttl`, `deadline:<state>`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// A restore: the snapshot it was made from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
@@ -371,6 +390,9 @@ impl From<&vps_domain::sandbox::Sandbox> for SandboxView {
             expires_at: s.expires_at,
             deleted_at: s.deleted_at,
             expired: s.expired,
+            on_timeout: s.on_timeout,
+            paused_at: s.paused_at.filter(|_| s.state.is_paused()),
+            reason: s.reason.clone(),
             from_snapshot: s.from_snapshot.clone(),
             snapshots: None,
             version: s.version,

@@ -144,10 +144,10 @@ async fn expiries(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
     let horizon = now + expiry.lead.max(expiry.min_lead);
     // The expired first (at most a pass's worth), then those to warn.
     let due: Vec<String> = sqlx::query_scalar(
-        "(SELECT id FROM sandboxes WHERE state IN ('starting', 'ready', 'failed') AND expires_at <= $1
+        "(SELECT id FROM sandboxes WHERE state IN ('starting', 'ready', 'failed', 'pausing', 'paused', 'resuming') AND expires_at <= $1
            ORDER BY expires_at LIMIT $3)
          UNION ALL
-         (SELECT id FROM sandboxes WHERE state IN ('starting', 'ready', 'failed')
+         (SELECT id FROM sandboxes WHERE state IN ('starting', 'ready', 'failed', 'pausing', 'paused', 'resuming')
              AND expires_at > $1 AND expires_at <= $2 AND NOT (doc->>'expiringSent')::boolean
            ORDER BY expires_at LIMIT $3)",
     )
@@ -166,11 +166,13 @@ async fn expiries(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// Sandboxes whose instance runs but that are not `ready`, or whose instance is gone.
+/// Sandboxes whose instance runs but that are not `ready`, pausing ones whose instance is
+/// paused, or whose instance is gone.
 async fn fallbacks(ctx: &Ctx) -> Result<(), CommandError> {
     let stale: Vec<String> = sqlx::query_scalar(
         "SELECT s.id FROM sandboxes s LEFT JOIN instances i ON i.id = s.instance_id
-          WHERE (s.state = 'starting' AND i.state = 'running')
+          WHERE (s.state IN ('starting', 'resuming') AND i.state = 'running')
+             OR (s.state = 'pausing' AND i.state = 'paused')
              OR (s.state <> 'deleted' AND (i.id IS NULL OR i.state = 'deleted'))
           LIMIT 100",
     )

@@ -24,6 +24,8 @@ pub struct ExecBody {
     /// The certificate's lifetime: 1 to 900 seconds (default 300), never past the sandbox's
     /// expiry.
     ttl_seconds: Option<u64>,
+    /// With a template's `autoResume`: how long to wait for a paused sandbox to resume.
+    wait: Option<crate::methods::instances::Wait>,
 }
 
 /// Where to open the tunnel, and the ticket that opens it once.
@@ -120,6 +122,11 @@ async fn exec(c: Call, q: ExecBody) -> Result<ExecAnswer, ApiError> {
         ));
     };
     let public_key = UserKey::parse(&q.public_key).map_err(vps_commands::CommandError::from)?;
+    let wait = q
+        .wait
+        .as_ref()
+        .map_or(Ok(std::time::Duration::ZERO), |w| w.duration())?;
+    super::sandboxes::unpaused(&c, &tenant, &q.sandbox_id, "exec", wait).await?;
     let (s, _, shape) =
         vps_commands::sandboxes::decision_facts(&c.ctx, &tenant, &q.sandbox_id).await?;
     let draft = s.draft(shape.as_ref(), s.lifetime().num_seconds());

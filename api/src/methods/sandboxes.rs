@@ -55,6 +55,19 @@ pub struct SandboxRef {
     sandbox_id: String,
 }
 
+/// `sandboxes.resume`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResumeBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `sbx_…`.
+    sandbox_id: String,
+    /// The fresh lifetime: 1 to the template's `maxTtlSeconds` (default: its
+    /// `defaultTtlSeconds`).
+    ttl_seconds: Option<u64>,
+}
+
 /// `by`: `"30m"`, `"8h"`, `"7d"`, or milliseconds.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
@@ -194,6 +207,20 @@ pub fn methods() -> Vec<Method> {
             Tenant,
             "Deletes a sandbox and its instance.",
             delete,
+        ),
+        Method::new(
+            "sandboxes",
+            "pause",
+            Tenant,
+            "Pauses a sandbox (memory kept, lifetime clock stopped).",
+            pause,
+        ),
+        Method::new(
+            "sandboxes",
+            "resume",
+            Tenant,
+            "Resumes a paused sandbox with a fresh lifetime.",
+            resume,
         ),
         Method::new(
             "secrets",
@@ -373,6 +400,82 @@ async fn delete(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {
     let s = lifecycle::delete(&c.ctx, &tenant, &q.sandbox_id).await?;
     vps_reactors::sandboxes::wake();
     Ok(SandboxView::from(&s))
+}
+
+async fn pause(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let s = lifecycle::pause(&c.ctx, &tenant, &q.sandbox_id).await?;
+    vps_reactors::sandboxes::wake();
+    Ok(SandboxView::from(&s))
+}
+
+async fn resume(c: Call, q: ResumeBody) -> Result<SandboxView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    // Decided on the fresh lifetime, as an extend is: a cap on `ttlSeconds` holds here too.
+    let (s, _, shape) = sandboxes::decision_facts(&c.ctx, &tenant, &q.sandbox_id).await?;
+    let ttl = q.ttl_seconds.map_or(s.lifetime().num_seconds(), |t| {
+        i64::try_from(t).unwrap_or(i64::MAX)
+    });
+    let draft = s.draft(shape.as_ref(), ttl);
+    c.authorize(&Resource::sandbox_draft(&s.id, &tenant, &draft))?;
+    let s = lifecycle::resume(&c.ctx, &tenant, &q.sandbox_id, q.ttl_seconds).await?;
+    vps_reactors::sandboxes::wake();
+    Ok(SandboxView::from(&s))
+}
+
+/// Before `call` (exec, snapshot) on a sandbox: a pausing or paused one is `INVALID_STATE`
+/// (`details.state`) unless its template sets `autoResume`; then it is resumed first and
+/// waited for, up to `wait`. Anything else (another tenant's, a missing one) is left to the
+/// call itself.
+pub(crate) async fn unpaused(
+    c: &Call,
+    tenant: &str,
+    sandbox_id: &str,
+    call: &str,
+    wait: Duration,
+) -> Result<(), ApiError> {
+    let mut conn = c.ctx.pool.acquire().await?;
+    let Ok(s) = visible(&mut conn, tenant, sandbox_id).await else {
+        return Ok(());
+    };
+    if !(s.state.is_paused() || s.state == SandboxState::Resuming) {
+        return Ok(());
+    }
+    let auto = sandboxes::template(&mut conn, &s.template_id)
+        .await?
+        .is_some_and(|t| t.spec.auto_resume);
+    drop(conn);
+    if !auto {
+        return match s.state {
+            SandboxState::Resuming => Ok(()),
+            _ => Err(
+                vps_commands::CommandError::from(vps_domain::sandbox::paused_refusal(&s, call))
+                    .into(),
+            ),
+        };
+    }
+    let resumed = lifecycle::resume(&c.ctx, tenant, sandbox_id, None).await?;
+    let settled = |s: &Sandbox| s.state != SandboxState::Resuming;
+    let load = vps_projections::sandboxes::load_sandbox;
+    let row = (crate::wait::Table::Sandboxes, sandbox_id);
+    let s = crate::wait::settled(
+        &c.ctx, &c.guards, &c.watched, wait, resumed, row, settled, load,
+    )
+    .await?;
+    if s.state != SandboxState::Ready {
+        return Err(
+            vps_commands::CommandError::from(vps_domain::DomainError::InvalidState {
+                message: format!(
+                "sandbox {sandbox_id} is {} after waiting for its resume; call again (or with a \
+                 longer wait.timeoutMs)",
+                s.state
+            ),
+                details: serde_json::json!({ "state": s.state.as_str(), "sandboxId": sandbox_id }),
+            })
+            .into(),
+        );
+    }
+    Ok(())
 }
 
 async fn put_secret(c: Call, q: PutSecretBody) -> Result<SecretRef, ApiError> {

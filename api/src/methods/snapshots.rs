@@ -9,6 +9,16 @@ use vps_projections::views::SnapshotView;
 use crate::error::ApiError;
 use crate::registry::{Access::Tenant, Call, Method};
 
+/// `sandboxes.snapshot`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TakeBody {
+    #[serde(flatten)]
+    input: SnapshotInput,
+    /// With a template's `autoResume`: how long to wait for a paused sandbox to resume.
+    wait: Option<crate::methods::instances::Wait>,
+}
+
 /// A snapshot by id.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -72,8 +82,14 @@ pub fn methods() -> Vec<Method> {
     ]
 }
 
-async fn take(c: Call, mut q: SnapshotInput) -> Result<SnapshotView, ApiError> {
+async fn take(c: Call, body: TakeBody) -> Result<SnapshotView, ApiError> {
+    let mut q = body.input;
     q.tenant_id = c.caller.tenant(&q.tenant_id)?;
+    let wait = body
+        .wait
+        .as_ref()
+        .map_or(Ok(std::time::Duration::ZERO), |w| w.duration())?;
+    super::sandboxes::unpaused(&c, &q.tenant_id, &q.sandbox_id, "a snapshot", wait).await?;
     let limits = snapshots::KeptLimits {
         count: c.config.limits.snapshots_per_tenant as u64,
         gib: c.config.limits.snapshot_gib_per_tenant,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use vps_domain::authz::SandboxDraft;
 use vps_domain::instance::Instance;
-use vps_domain::sandbox::{self as domain, Admit, CreateSandbox, Lifecycle, Sandbox};
+use vps_domain::sandbox::{self as domain, Admit, CreateSandbox, Lifecycle, OnTimeout, Sandbox};
 use vps_domain::state_table::DesiredState;
 use vps_domain::template::{self, Template};
 use vps_domain::DomainError;
@@ -34,6 +34,13 @@ pub struct CreateSandboxInput {
     /// Restores this snapshot (`snap_…`) of the caller's: never a warm claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// What the end of its lifetime does: `delete` or `pause` (default: the template's).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "vps_domain::sandbox::on_timeout_field"
+    )]
+    pub on_timeout: Option<vps_domain::sandbox::OnTimeout>,
 }
 
 /// What a create decided, for the caller's metrics and authorization.
@@ -77,6 +84,7 @@ pub async fn create(
         request_hash: crate::record::request_hash(&input),
         owner_identity_id: ctx.actor.identity.clone(),
         from_snapshot: input.from_snapshot.clone(),
+        on_timeout: input.on_timeout,
     };
     retrying(&id, || create_once(ctx, &request, policy)).await
 }
@@ -99,6 +107,21 @@ async fn create_once(
     }
     let stored = super::template(&mut tx, &c.template_id).await?;
     let t = template::live(stored.as_ref(), &c.tenant_id, &c.template_id)?;
+    let on_timeout = c.on_timeout.unwrap_or(t.spec.on_timeout);
+    if on_timeout == OnTimeout::Pause && !template::can_pause(&t.runtime) {
+        return Err(DomainError::invalid_input(
+            "onTimeout",
+            format!(
+                "the template's runtime {} cannot pause a guest; use delete",
+                t.runtime
+            ),
+        )
+        .into());
+    }
+    let c = &CreateSandbox {
+        on_timeout: Some(on_timeout),
+        ..c.clone()
+    };
     let Admit::New { ttl_seconds } =
         domain::admit(None, c, t.spec.default_ttl_seconds, t.spec.max_ttl_seconds)?
     else {

@@ -15,6 +15,8 @@ use crate::stream::change;
 pub enum Outcome {
     /// It ran.
     Ran,
+    /// It paused.
+    Paused,
     /// It failed.
     Failed,
     /// It is gone.
@@ -25,6 +27,7 @@ pub enum Outcome {
 pub fn outcome(events: &[InstanceEvent]) -> Option<Outcome> {
     events.iter().rev().find_map(|e| match e {
         InstanceEvent::Running(_) => Some(Outcome::Ran),
+        InstanceEvent::Paused(_) => Some(Outcome::Paused),
         InstanceEvent::Failed(_) => Some(Outcome::Failed),
         InstanceEvent::Deleted(_) => Some(Outcome::Gone),
         _ => None,
@@ -50,6 +53,7 @@ pub async fn instance_changed(
         let Some(s) = s else { return Ok(Vec::new()) };
         decided = match outcome {
             Outcome::Ran => domain::ready(s),
+            Outcome::Paused => domain::paused(s),
             Outcome::Failed => domain::fail(s, &reason),
             Outcome::Gone => domain::deleted(s),
         };

@@ -1,10 +1,11 @@
-//! `sandboxes.extend` and `sandboxes.delete`, and the reconciler's per-sandbox work: the
-//! expiry warning, the expiry itself, and the fallbacks for `ready` and `deleted`.
+//! `sandboxes.extend`, `sandboxes.delete`, `sandboxes.pause` and `sandboxes.resume`, and the
+//! reconciler's per-sandbox work: the expiry warning, the expiry itself (a delete, or a pause
+//! with `onTimeout: pause`), and the fallbacks for `ready`, `paused`, `resumed` and `deleted`.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::PgConnection;
 use vps_domain::instance::{InstanceCommand, Requester};
-use vps_domain::sandbox::{self as domain, Extension, Sandbox, SandboxEvent};
+use vps_domain::sandbox::{self as domain, Extension, Sandbox, SandboxEvent, SandboxState};
 use vps_domain::state_table::InstanceState;
 
 use super::follow::{instance_changed, Outcome};
@@ -90,6 +91,110 @@ async fn end(
     Ok(())
 }
 
+/// Pauses a sandbox: it becomes `pausing`, its lifetime clock stops, and its instance is
+/// wanted `paused` (the host keeps its memory); `paused` once the host reports it. A pausing
+/// or paused sandbox changes nothing; a runtime that cannot pause is `UNSUPPORTED`.
+pub async fn pause(ctx: &Ctx, tenant_id: &str, sandbox_id: &str) -> Result<Sandbox, CommandError> {
+    retrying(sandbox_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let s = super::visible(&mut tx, tenant_id, sandbox_id).await?;
+        let t = super::template(&mut tx, &s.template_id).await?;
+        let (can_pause, paused_ttl) = pause_terms(t.as_ref());
+        let events = domain::pause(&s, can_pause, paused_ttl, Utc::now())?;
+        if events.is_empty() {
+            return Ok(s);
+        }
+        let pause = InstanceCommand::Pause {
+            requester: Requester::System,
+        };
+        drive(ctx, &mut tx, &s, events, pause).await?;
+        let after = load::<Sandbox>(&mut tx, sandbox_id).await?.expect("exists");
+        commit(ctx, tx).await?;
+        Ok(after)
+    })
+    .await
+}
+
+/// Resumes a paused (or pausing) sandbox with a fresh lifetime: `ttl_seconds`, else the
+/// template's default, within its `maxTtlSeconds`. It is `resuming` until its instance runs
+/// again, then `ready`. A ready or resuming sandbox changes nothing; a deleted one is
+/// `INVALID_STATE`.
+pub async fn resume(
+    ctx: &Ctx,
+    tenant_id: &str,
+    sandbox_id: &str,
+    ttl_seconds: Option<u64>,
+) -> Result<Sandbox, CommandError> {
+    retrying(sandbox_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let s = super::visible(&mut tx, tenant_id, sandbox_id).await?;
+        let t = super::template(&mut tx, &s.template_id).await?;
+        let (default_ttl, max_ttl) = t.as_ref().map_or(
+            (
+                vps_domain::template::DEFAULT_TTL_SECONDS,
+                vps_domain::template::DEFAULT_MAX_TTL_SECONDS,
+            ),
+            |t| (t.spec.default_ttl_seconds, t.spec.max_ttl_seconds),
+        );
+        let ttl = domain::resume_ttl(ttl_seconds, default_ttl, max_ttl)?;
+        let events = domain::resume(&s, ttl, Utc::now())?;
+        if events.is_empty() {
+            return Ok(s);
+        }
+        let start = InstanceCommand::Start {
+            requester: Requester::System,
+        };
+        drive(ctx, &mut tx, &s, events, start).await?;
+        let after = load::<Sandbox>(&mut tx, sandbox_id).await?.expect("exists");
+        commit(ctx, tx).await?;
+        Ok(after)
+    })
+    .await
+}
+
+/// Whether a template's runtime can pause, and its `pausedTtlSeconds` (a template gone from
+/// the log entirely: the defaults).
+fn pause_terms(t: Option<&vps_domain::template::Template>) -> (bool, u64) {
+    t.map_or((true, domain::DEFAULT_PAUSED_TTL_SECONDS), |t| {
+        (
+            vps_domain::template::can_pause(&t.runtime),
+            t.spec.paused_ttl_seconds,
+        )
+    })
+}
+
+/// Records a pause's or resume's `events` and asks its instance for `command`. When the
+/// instance already is where the sandbox is going (a pause that never reached the host, say),
+/// the sandbox settles at once: nobody would report a change.
+async fn drive(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    s: &Sandbox,
+    events: Vec<SandboxEvent>,
+    command: InstanceCommand,
+) -> Result<(), CommandError> {
+    // The instance's row first: a host report holds it while it appends to the sandbox.
+    let instance = lock_instance(tx, &s.instance_id).await?;
+    let after = record_events(ctx, tx, &s.id, Some(s), events, Some(&s.tenant_id))
+        .await?
+        .expect("a recorded sandbox");
+    let Some(inst) = instance else {
+        return Ok(());
+    };
+    let inst = apply_commands(ctx, tx, &inst, &[command], Utc::now())
+        .await?
+        .unwrap_or(inst);
+    let outcome = match (after.state, inst.state) {
+        (SandboxState::Pausing, InstanceState::Paused) => Some(Outcome::Paused),
+        (SandboxState::Resuming, InstanceState::Running) => Some(Outcome::Ran),
+        _ => None,
+    };
+    if let Some(outcome) = outcome {
+        instance_changed(ctx, tx, &inst, outcome).await?;
+    }
+    Ok(())
+}
+
 /// The expiry timings: the warning's lead and its floor.
 #[derive(Debug, Clone, Copy)]
 pub struct ExpiryTimings {
@@ -118,9 +223,18 @@ pub async fn expire(
         let Some(s) = free.and(load::<Sandbox>(&mut tx, sandbox_id).await?) else {
             return Ok(None);
         };
-        let events = domain::expiry(&s, now, timings.lead, timings.min_lead);
+        let t = super::template(&mut tx, &s.template_id).await?;
+        let (can_pause, paused_ttl) = pause_terms(t.as_ref());
+        let paused_ttl = can_pause.then(|| TimeDelta::seconds(paused_ttl as i64));
+        let events = domain::expiry(&s, now, timings.lead, timings.min_lead, paused_ttl);
         let expired = events.iter().any(|e| matches!(e, SandboxEvent::Expired(_)));
-        if expired {
+        let pauses = events.iter().any(|e| matches!(e, SandboxEvent::Pausing(_)));
+        if pauses {
+            let pause = InstanceCommand::Pause {
+                requester: Requester::System,
+            };
+            drive(ctx, &mut tx, &s, events, pause).await?;
+        } else if expired {
             end(ctx, &mut tx, &s, events).await?;
         } else {
             record_events(
@@ -151,6 +265,7 @@ pub async fn settle(ctx: &Ctx, sandbox_id: &str) -> Result<(), CommandError> {
         let outcome = match inst.as_ref().map(|i| i.state) {
             None | Some(InstanceState::Deleted) => Outcome::Gone,
             Some(InstanceState::Running) => Outcome::Ran,
+            Some(InstanceState::Paused) if s.state == SandboxState::Pausing => Outcome::Paused,
             Some(_) => return Ok(()),
         };
         match inst {

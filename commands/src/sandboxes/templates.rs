@@ -80,6 +80,14 @@ pub struct TemplateSettings {
     #[serde(default, deserialize_with = "bounded_volumes")]
     #[schemars(length(max = 8))]
     pub volumes: Option<Vec<VolumeMount>>,
+    /// How long a paused sandbox is kept before it is deleted (default 604800, 7 days; at
+    /// most 30 days).
+    pub paused_ttl_seconds: Option<u64>,
+    /// What the end of a sandbox's lifetime does: `delete` (default) or `pause`.
+    #[serde(default, deserialize_with = "vps_domain::sandbox::on_timeout_field")]
+    pub on_timeout: Option<vps_domain::sandbox::OnTimeout>,
+    /// `exec` and `snapshot` on a paused sandbox resume it first (default false).
+    pub auto_resume: Option<bool>,
 }
 
 /// `env`: at most [`domain::MAX_ENV`] entries.
@@ -113,6 +121,9 @@ impl TemplateSettings {
             default_ttl_seconds: self.default_ttl_seconds.unwrap_or(spec.default_ttl_seconds),
             max_ttl_seconds: self.max_ttl_seconds.unwrap_or(spec.max_ttl_seconds),
             warm: self.warm.or(spec.warm),
+            paused_ttl_seconds: self.paused_ttl_seconds.unwrap_or(spec.paused_ttl_seconds),
+            on_timeout: self.on_timeout.unwrap_or(spec.on_timeout),
+            auto_resume: self.auto_resume.unwrap_or(spec.auto_resume),
             ..spec
         }
     }
@@ -186,6 +197,9 @@ async fn create_in(
         max_ttl_seconds: DEFAULT_MAX_TTL_SECONDS,
         warm: None,
         volumes: Vec::new(),
+        paused_ttl_seconds: vps_domain::sandbox::DEFAULT_PAUSED_TTL_SECONDS,
+        on_timeout: Default::default(),
+        auto_resume: false,
     };
     let spec = input.settings.applied(defaults, user_data_ref(id, 1));
     let facts =
@@ -364,6 +378,9 @@ mod tests {
             max_ttl_seconds: 120,
             warm: None,
             volumes: Vec::new(),
+            paused_ttl_seconds: 3600,
+            on_timeout: Default::default(),
+            auto_resume: false,
         }
     }
 

@@ -39,6 +39,11 @@ pub enum InstanceCommand {
         /// Who asks.
         requester: Requester,
     },
+    /// A sandbox's pause: want it paused (memory kept). Only its sandbox asks.
+    Pause {
+        /// Who asks.
+        requester: Requester,
+    },
     /// `instances.delete`, a sandbox delete, a tenant teardown: want it deleted.
     Delete {
         /// Who asks.

@@ -58,6 +58,7 @@ pub fn decide(
         } => provisioned(&mut d, external_id, addresses)?,
         InstanceCommand::Start { requester } => start(&mut d, *requester)?,
         InstanceCommand::Stop { requester } => stop(&mut d, *requester)?,
+        InstanceCommand::Pause { requester } => pause(&mut d, *requester)?,
         InstanceCommand::Delete { requester, reason } => delete(&mut d, *requester, reason)?,
         InstanceCommand::Resize(r) => resize(&mut d, r)?,
         InstanceCommand::Claim {
@@ -418,6 +419,22 @@ fn stop(d: &mut Draft, requester: Requester) -> Result<(), DomainError> {
     }
     let state = d.inst.state;
     d.emit(state, DesiredState::Stopped, InstanceEvent::Stopping)
+}
+
+fn pause(d: &mut Draft, requester: Requester) -> Result<(), DomainError> {
+    d.refuse_if_owned(requester)?;
+    if requester == Requester::Api {
+        // Only a sandbox pauses its instance (SPEC §3.12); `instances.*` has no pause.
+        return Err(DomainError::unsupported(
+            "instances are not paused through the API",
+        ));
+    }
+    d.refuse_if_being_deleted()?;
+    if d.inst.desired_state == DesiredState::Paused {
+        return Ok(());
+    }
+    let state = d.inst.state;
+    d.emit(state, DesiredState::Paused, InstanceEvent::Pausing)
 }
 
 fn delete(d: &mut Draft, requester: Requester, reason: &Option<String>) -> Result<(), DomainError> {

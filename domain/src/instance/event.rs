@@ -269,6 +269,9 @@ pub enum InstanceEvent {
     /// `instance.stopping`: `stop` was called.
     #[serde(rename = "instance.stopping")]
     Stopping(Common),
+    /// `instance.pausing`: its sandbox asked for a pause.
+    #[serde(rename = "instance.pausing")]
+    Pausing(Common),
     /// `instance.deleting` (`reason?`).
     #[serde(rename = "instance.deleting")]
     Deleting(Deleting),
@@ -317,6 +320,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "instance.provisioning",
     "instance.starting",
     "instance.stopping",
+    "instance.pausing",
     "instance.deleting",
     "instance.running",
     "instance.stopped",
@@ -341,6 +345,7 @@ impl InstanceEvent {
             InstanceEvent::Provisioning(_) => "instance.provisioning",
             InstanceEvent::Starting(_) => "instance.starting",
             InstanceEvent::Stopping(_) => "instance.stopping",
+            InstanceEvent::Pausing(_) => "instance.pausing",
             InstanceEvent::Deleting(_) => "instance.deleting",
             InstanceEvent::Running(_) => "instance.running",
             InstanceEvent::Stopped(_) => "instance.stopped",
@@ -373,6 +378,7 @@ impl InstanceEvent {
             InstanceEvent::ConditionCleared(d) => &d.common,
             InstanceEvent::AddressesChanged(d) => &d.common,
             InstanceEvent::Stopping(c)
+            | InstanceEvent::Pausing(c)
             | InstanceEvent::Running(c)
             | InstanceEvent::Stopped(c)
             | InstanceEvent::Paused(c)

@@ -42,6 +42,9 @@ pub struct SandboxCreated {
     /// A restore: the snapshot it was made from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// What the end of its lifetime does.
+    #[serde(default, skip_serializing_if = "super::OnTimeout::is_delete")]
+    pub on_timeout: super::OnTimeout,
 }
 
 /// `sandbox.ready`.
@@ -66,7 +69,9 @@ pub struct SandboxFailed {
     pub reason: String,
 }
 
-/// `sandbox.extended`, `sandbox.expiring`, `sandbox.expired`.
+/// `sandbox.extended`, `sandbox.expiring`, `sandbox.expired`, and the pause and resume
+/// events (`sandbox.pausing`, `.paused`: `expiresAt` is when the paused sandbox ends;
+/// `sandbox.resuming`, `.resumed`: the fresh lifetime's end).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxExpiry {
@@ -75,6 +80,35 @@ pub struct SandboxExpiry {
     pub ids: Lifecycle,
     /// The expiry (after an extend: the new one).
     pub expires_at: DateTime<Utc>,
+    /// `sandbox.expired`: what the expiry does (`deleted`, or `paused` with `onTimeout:
+    /// pause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<ExpiryAction>,
+    /// `sandbox.expired`: which clock ran out (`ttl`, `paused-ttl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl SandboxExpiry {
+    /// The plain form: ids and a time.
+    pub fn new(ids: Lifecycle, expires_at: DateTime<Utc>) -> Self {
+        SandboxExpiry {
+            ids,
+            expires_at,
+            action: None,
+            reason: None,
+        }
+    }
+}
+
+/// What an expiry does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpiryAction {
+    /// Deletion began.
+    Deleted,
+    /// The sandbox is being paused (`onTimeout: pause`).
+    Paused,
 }
 
 /// `sandbox.deleted`.
@@ -86,6 +120,9 @@ pub struct SandboxDeleted {
     pub ids: Lifecycle,
     /// Its lifetime ended it.
     pub expired: bool,
+    /// Why, when not a plain delete (`ttl`, `paused-ttl`, `deadline:<state>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `sandbox.snapshot.requested`: a snapshot was asked for; its host command is in the node's
@@ -195,8 +232,17 @@ crate::event_enum! {
         Extended(SandboxExpiry) = "sandbox.extended",
         /// `sandbox.expiring`.
         Expiring(SandboxExpiry) = "sandbox.expiring",
-        /// `sandbox.expired`: deletion began because the lifetime ended.
+        /// `sandbox.expired`: the lifetime ended (deletion began, or with `action: paused`
+        /// a pause).
         Expired(SandboxExpiry) = "sandbox.expired",
+        /// `sandbox.pausing`: a pause was asked for.
+        Pausing(SandboxExpiry) = "sandbox.pausing",
+        /// `sandbox.paused`: its instance paused.
+        Paused(SandboxExpiry) = "sandbox.paused",
+        /// `sandbox.resuming`: a resume was asked for.
+        Resuming(SandboxExpiry) = "sandbox.resuming",
+        /// `sandbox.resumed`: its instance runs again.
+        Resumed(SandboxExpiry) = "sandbox.resumed",
         /// `sandbox.deleting`: a delete began.
         Deleting(Lifecycle) = "sandbox.deleting",
         /// `sandbox.deleted`.

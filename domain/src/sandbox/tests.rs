@@ -17,6 +17,7 @@ fn request(ttl: Option<u64>) -> CreateSandbox {
         request_hash: "h".into(),
         owner_identity_id: "id_alice".into(),
         from_snapshot: None,
+        on_timeout: None,
     }
 }
 
@@ -83,17 +84,20 @@ fn expiring_is_sent_once_per_expiry_then_expired_starts_deletion() {
     let (lead, min) = (TimeDelta::seconds(300), TimeDelta::seconds(30));
     let mut s = sandbox(600);
     assert!(
-        expiry(&s, at(400), lead, min).is_empty(),
+        expiry(&s, at(400), lead, min, None).is_empty(),
         "lead is a quarter: 150 s"
     );
-    let warned = expiry(&s, at(460), lead, min);
+    let warned = expiry(&s, at(460), lead, min, None);
     assert!(matches!(warned[..], [SandboxEvent::Expiring(_)]));
     s = Sandbox::evolve(Some(s), &warned[0], at(460)).unwrap();
-    assert!(expiry(&s, at(470), lead, min).is_empty(), "once per expiry");
+    assert!(
+        expiry(&s, at(470), lead, min, None).is_empty(),
+        "once per expiry"
+    );
     let extended = extend(&s, at(1200));
     s = Sandbox::evolve(Some(s), &extended[0], at(470)).unwrap();
     assert!(!s.expiring_sent, "an extend re-arms the warning");
-    let expired = expiry(&s, at(1200), lead, min);
+    let expired = expiry(&s, at(1200), lead, min, None);
     s = Sandbox::evolve(Some(s), &expired[0], at(1200)).unwrap();
     assert_eq!((s.state, s.expired), (SandboxState::Deleting, true));
     let done = deleted(&s);
@@ -149,4 +153,98 @@ fn durations_parse_in_the_units_people_write() {
     );
     assert!(parse_duration("soon").is_err());
     assert!(parse_duration("5y").is_err());
+}
+
+fn step(s: Sandbox, events: &[SandboxEvent], t: i64) -> Sandbox {
+    events
+        .iter()
+        .fold(s, |s, e| Sandbox::evolve(Some(s), e, at(t)).unwrap())
+}
+
+#[test]
+fn pause_stops_the_clock_and_resume_gives_a_fresh_lifetime() {
+    let s = sandbox(600);
+    let s = step(s.clone(), &ready(&s), 1);
+    let pausing = pause(&s, true, 7200, at(100)).unwrap();
+    assert!(matches!(pausing[..], [SandboxEvent::Pausing(_)]));
+    let s = step(s, &pausing, 100);
+    assert_eq!((s.state, s.expires_at), (SandboxState::Pausing, at(7300)));
+    assert!(
+        pause(&s, true, 7200, at(101)).unwrap().is_empty(),
+        "idempotent"
+    );
+    let s = step(s.clone(), &paused(&s), 102);
+    assert_eq!(s.state, SandboxState::Paused);
+    // The paused sandbox's own lifetime ends it, with its reason.
+    let (lead, min) = (TimeDelta::seconds(300), TimeDelta::seconds(30));
+    assert!(
+        expiry(&s, at(700), lead, min, None).is_empty(),
+        "the TTL clock stopped"
+    );
+    let extend = extended_expiry(&s, Extension::By(TimeDelta::seconds(60)), 3600);
+    assert_eq!(extend.unwrap_err().details()["state"], "paused");
+    let resuming = resume(&s, 900, at(200)).unwrap();
+    let s = step(s, &resuming, 200);
+    assert_eq!((s.state, s.expires_at), (SandboxState::Resuming, at(1100)));
+    assert!(resume(&s, 900, at(201)).unwrap().is_empty(), "idempotent");
+    let resumed = ready(&s);
+    assert!(matches!(resumed[..], [SandboxEvent::Resumed(_)]));
+    let s = step(s, &resumed, 202);
+    assert_eq!(s.state, SandboxState::Ready);
+    // The lifetime bound counts from the resume.
+    assert!(extended_expiry(&s, Extension::Until(at(200 + 3600)), 3600)
+        .unwrap()
+        .is_some());
+}
+
+#[test]
+fn a_paused_sandbox_ends_with_its_paused_ttl_and_a_deleted_one_cannot_resume() {
+    let s = sandbox(600);
+    let s = step(s.clone(), &pause(&s, true, 60, at(10)).unwrap(), 10);
+    let s = step(s.clone(), &paused(&s), 11);
+    let (lead, min) = (TimeDelta::seconds(300), TimeDelta::seconds(30));
+    let ended = expiry(&s, at(70), lead, min, Some(TimeDelta::seconds(60)));
+    let SandboxEvent::Expired(e) = &ended[0] else {
+        panic!("{ended:?}")
+    };
+    assert_eq!(
+        (e.action, e.reason.as_deref()),
+        (Some(ExpiryAction::Deleted), Some("paused-ttl"))
+    );
+    let s = step(s, &ended, 70);
+    assert_eq!(s.state, SandboxState::Deleting);
+    let s = step(s.clone(), &deleted(&s), 71);
+    let SandboxEvent::Deleted(d) = &deleted(&sandbox(1))[0] else {
+        unreachable!()
+    };
+    assert_eq!(d.reason, None);
+    assert_eq!(s.reason.as_deref(), Some("paused-ttl"));
+    assert_eq!(resume(&s, 60, at(72)).unwrap_err().code(), "INVALID_STATE");
+}
+
+#[test]
+fn a_runtime_that_cannot_pause_is_unsupported_and_on_timeout_pause_pauses() {
+    let s = sandbox(60);
+    assert_eq!(
+        pause(&s, false, 60, at(1)).unwrap_err().code(),
+        "UNSUPPORTED"
+    );
+    let mut s = step(s.clone(), &ready(&s), 1);
+    s.on_timeout = OnTimeout::Pause;
+    let (lead, min) = (TimeDelta::seconds(300), TimeDelta::seconds(30));
+    let ended = expiry(&s, at(60), lead, min, Some(TimeDelta::seconds(600)));
+    let [SandboxEvent::Expired(e), SandboxEvent::Pausing(p)] = &ended[..] else {
+        panic!("{ended:?}")
+    };
+    assert_eq!(e.action, Some(ExpiryAction::Paused));
+    assert_eq!(p.expires_at, at(660));
+    let s = step(s, &ended, 60);
+    assert_eq!((s.state, s.expired), (SandboxState::Pausing, false));
+    // Without a pausing runtime (no paused TTL given) the expiry deletes.
+    let mut r = sandbox(60);
+    r.on_timeout = OnTimeout::Pause;
+    let ended = expiry(&r, at(60), lead, min, None);
+    assert!(
+        matches!(&ended[..], [SandboxEvent::Expired(e)] if e.action == Some(ExpiryAction::Deleted))
+    );
 }

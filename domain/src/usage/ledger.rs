@@ -6,7 +6,10 @@
 //! `instance.deleted`), at the events' recorded times. While its events carry
 //! `warmTemplateId` it accrues only `vps.sandbox.warm`, billed to its tenant with no identity;
 //! from the first event with `sandboxId` and no `warmTemplateId` (the claim) it accrues the
-//! ordinary lines for `ownerIdentityId`. `instance.resized` changes the shape. Every such change
+//! ordinary lines for `ownerIdentityId`. `instance.resized` changes the shape. While an
+//! instance that is not warm is `paused` (its events' `state`) it accrues only
+//! `vps.sandbox.paused.gib.hours` (the memory it holds); while it is `error` it accrues
+//! nothing, from the event that failed it. Every such change
 //! closes the running [`Segment`] and opens another, so a window is cut where it happened.
 //! Provider-pool instances are not metered.
 //!
@@ -27,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::meter::{hours, lines, snapshot_lines, volume_lines, Line};
+use super::meter::{hours, lines, paused_lines, snapshot_lines, volume_lines, Line};
 use super::record::UsageRecord;
 use super::window::{at, micros, Micros, Windows};
 use crate::resources::Shape;
@@ -102,6 +105,12 @@ pub struct InstanceMeter {
     pub allocated: bool,
     /// Whether it is deleted (nothing more will accrue).
     pub deleted: bool,
+    /// Whether its instance is paused (it accrues the paused line only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// Whether its instance is in error (it accrues nothing).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub errored: bool,
     /// The latest time a change applied at: an event recorded earlier (its transaction started
     /// before, committed after) counts as happening now, so segments never run backwards.
     pub changed_at: Micros,
@@ -133,6 +142,8 @@ struct Facts {
     warm: bool,
     owner: Option<String>,
     shape: Option<Shape>,
+    /// An instance event's `state`.
+    state: Option<String>,
 }
 
 impl Facts {
@@ -151,6 +162,7 @@ impl Facts {
             warm: data.get("warmTemplateId").is_some_and(|v| !v.is_null()),
             owner: text("ownerIdentityId"),
             shape: data.get("shape").and_then(|s| Shape::deserialize(s).ok()),
+            state: text("state"),
         }
     }
 
@@ -172,6 +184,7 @@ impl Facts {
             shape: size
                 .and_then(|s| u32::try_from(s).ok())
                 .map(crate::volume::disk),
+            state: None,
         }
     }
 }
@@ -197,6 +210,7 @@ impl Facts {
             shape: gib
                 .and_then(|g| u32::try_from(g).ok())
                 .map(crate::volume::disk),
+            state: None,
         }
     }
 }
@@ -214,6 +228,8 @@ impl InstanceMeter {
             warm: facts.warm,
             allocated: false,
             deleted: false,
+            paused: false,
+            errored: false,
             changed_at: at,
             segments: Vec::new(),
             accrued: BTreeMap::new(),
@@ -222,12 +238,13 @@ impl InstanceMeter {
 
     /// Who pays and what accrues right now, if anything does.
     fn billing(&self) -> Option<(Payer, Vec<Line>)> {
-        if !self.allocated || self.deleted {
+        if !self.allocated || self.deleted || self.errored {
             return None;
         }
         let lines = match (self.volume, self.snapshot) {
             (_, true) => snapshot_lines(self.shape.disk_gib),
             (true, false) => volume_lines(self.shape.disk_gib),
+            (false, false) if self.paused && !self.warm => paused_lines(&self.shape),
             (false, false) => lines(&self.shape, self.warm),
         };
         let payer = Payer {
@@ -258,6 +275,10 @@ impl InstanceMeter {
         // A claim's event names the sandbox's owner; so may later events.
         self.owner_identity_id = facts.owner.or(self.owner_identity_id.take());
         self.warm = facts.warm;
+        if let Some(state) = facts.state.as_deref() {
+            self.paused = state == "paused";
+            self.errored = state == "error";
+        }
         let after = self.billing();
         let now = at.max(self.changed_at);
         self.changed_at = now;

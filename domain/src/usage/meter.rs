@@ -11,6 +11,9 @@ pub const VCPU_HOURS: &str = "vps.vcpu.hours";
 pub const MEMORY_GIB_HOURS: &str = "vps.memory.gib.hours";
 /// vCPU hours of an unclaimed warm instance, billed to its template's tenant.
 pub const SANDBOX_WARM: &str = "vps.sandbox.warm";
+/// GiB hours of memory a paused sandbox's instance holds (instead of its vCPU, memory and GPU
+/// lines), from `instance.paused` until it runs again.
+pub const SANDBOX_PAUSED_GIB_HOURS: &str = "vps.sandbox.paused.gib.hours";
 /// GiB hours of a sandbox volume, from its booking (`sandbox.volume.created`) through its
 /// resizes to its release (`sandbox.volume.deleted`).
 pub const VOLUME_GIB_HOURS: &str = "vps.volume.gib.hours";
@@ -65,6 +68,17 @@ pub fn lines(shape: &Shape, warm: bool) -> Vec<Line> {
         }
         ordinary
     };
+    lines.retain(|l| l.rate > 0);
+    lines
+}
+
+/// The line a paused instance of `shape` accrues: the memory it holds.
+pub fn paused_lines(shape: &Shape) -> Vec<Line> {
+    let mut lines = vec![Line::new(
+        SANDBOX_PAUSED_GIB_HOURS,
+        "gib-hour",
+        shape.memory_gib,
+    )];
     lines.retain(|l| l.rate > 0);
     lines
 }

@@ -14,6 +14,7 @@ mod identities;
 mod instances;
 mod isolation;
 mod lease_property;
+mod lifecycle;
 mod mcp;
 mod policies;
 mod provider_pools;

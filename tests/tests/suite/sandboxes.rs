@@ -408,6 +408,7 @@ async fn a_warm_claim_wakes_its_own_replicas_spec_polls_without_a_notification()
         ttl_seconds: Some(600),
         idempotency_key: "local".into(),
         from_snapshot: None,
+        on_timeout: None,
     };
     let allow = vps_commands::sandboxes::create::authorized_before;
     let created = vps_commands::sandboxes::create::create(&ctx, input, &allow)
