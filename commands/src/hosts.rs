@@ -40,6 +40,11 @@ pub struct Report {
     pub command_results: Vec<vps_domain::sandbox::snapshot::CommandResult>,
     /// Where the node accepts sandbox exec tunnels (`tcp://host:port`); absent: unchanged.
     pub tunnel_url: Option<String>,
+    /// The CPU model the host's guests run with, as it states it (SPEC §3.11).
+    pub cpu_model: Option<String>,
+    /// The runtimes the host can run, as it states them.
+    #[schemars(length(max = 16))]
+    pub runtimes: Option<Vec<String>>,
     /// What the snapshot store holds for the objects of this report's successful snapshot
     /// results, by command id (see [`uploaded_objects`]). Filled by the server, which holds
     /// the store, before [`report`]; never read from the wire. A result with no entry is
@@ -62,6 +67,8 @@ pub struct ReportedInstance {
     /// Addresses the guest has.
     #[schemars(length(max = 16))]
     pub addresses: Option<Vec<String>>,
+    /// CPU seconds the guest has used since it started (SPEC §3.11).
+    pub cpu_seconds: Option<f64>,
 }
 
 /// A host-side instance state.
@@ -128,6 +135,44 @@ pub async fn uploaded_objects(
         .collect())
 }
 
+/// The host's statement of itself and its guests' CPU use: shapes only. What a node may run
+/// is what it registered; a differing statement is logged for the operator.
+fn check_facts(report: &Report) -> Result<(), DomainError> {
+    if let Some(model) = &report.cpu_model {
+        if model.is_empty() || model.len() > 128 || model.chars().any(char::is_control) {
+            return Err(DomainError::invalid_input(
+                "cpuModel",
+                "1 to 128 printable characters",
+            ));
+        }
+    }
+    if let Some(runtimes) = &report.runtimes {
+        if runtimes.len() > 16 {
+            return Err(DomainError::invalid_input("runtimes", "at most 16"));
+        }
+        if let Some(bad) = runtimes
+            .iter()
+            .find(|r| !vps_domain::operator::RUNTIMES.contains(&r.as_str()))
+        {
+            return Err(DomainError::invalid_input(
+                "runtimes",
+                format!("unknown runtime {bad:?}"),
+            ));
+        }
+    }
+    let bad_cpu = report
+        .instances
+        .iter()
+        .position(|i| i.cpu_seconds.is_some_and(|s| !s.is_finite() || s < 0.0));
+    if let Some(i) = bad_cpu {
+        return Err(DomainError::invalid_input(
+            &format!("instances[{i}].cpuSeconds"),
+            "a non-negative number",
+        ));
+    }
+    Ok(())
+}
+
 /// Applies a node's report. Only instances placed on that node are touched.
 pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandError> {
     if report.command_results.len() > 1_000 {
@@ -149,6 +194,7 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
     if let Some(url) = &report.tunnel_url {
         vps_domain::tunnel_url::parse("tunnelUrl", url)?;
     }
+    check_facts(&report)?;
     let ids: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
     if ids.len() != report.instances.len() {
         return Err(DomainError::InvalidInput {

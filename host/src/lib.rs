@@ -66,6 +66,10 @@ pub async fn start<R: Runtime>(config: HostConfig, runtime: R) -> anyhow::Result
         token: config.node_token.clone(),
         tunnel_url: Some(tunnel_url.clone()),
         idle_timeout: config.timings.report_interval * 2,
+        facts: Some(vps_seam::HostFacts {
+            cpu_model: runtime.cpu_model(),
+            runtimes: vec![runtime.name().to_string()],
+        }),
     });
     let limits = HostLimits {
         runtime: runtime.name(),

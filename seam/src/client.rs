@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::spec::{CommandResult, NodeSpec, ReportEntry};
@@ -31,6 +31,17 @@ pub struct NodeApiOptions {
     /// How long an idle pooled connection is kept: twice the report interval (see
     /// [`NodeApi::new`]).
     pub idle_timeout: Duration,
+    /// What the host runs on, stated in every report.
+    pub facts: Option<HostFacts>,
+}
+
+/// A report's statement of the host itself: the CPU model guests run with (memory snapshots
+/// restore only on the same one) and the runtimes it can run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostFacts {
+    pub cpu_model: String,
+    pub runtimes: Vec<String>,
 }
 
 /// What `nodes.report` answers.
@@ -115,6 +126,7 @@ pub struct NodeApi {
     token: String,
     /// Where this host accepts exec tunnels, stated in every report.
     tunnel_url: Option<String>,
+    facts: Option<HostFacts>,
 }
 
 impl NodeApi {
@@ -139,6 +151,7 @@ impl NodeApi {
             node_id: options.node_id,
             token: options.token,
             tunnel_url: options.tunnel_url,
+            facts: options.facts,
         }
     }
 
@@ -175,6 +188,10 @@ impl NodeApi {
         }
         if let Some(url) = &self.tunnel_url {
             body["tunnelUrl"] = url.as_str().into();
+        }
+        if let Some(facts) = &self.facts {
+            body["cpuModel"] = facts.cpu_model.as_str().into();
+            body["runtimes"] = json!(facts.runtimes);
         }
         self.call("report", body, ANSWER_TIMEOUT).await
     }

@@ -14,7 +14,7 @@ pub mod client;
 pub mod spec;
 pub mod tunnel;
 
-pub use client::{CallError, NodeApi, NodeApiOptions, Redeemed, ReportAnswer};
+pub use client::{CallError, HostFacts, NodeApi, NodeApiOptions, Redeemed, ReportAnswer};
 pub use spec::{
     CommandResult, DesiredState, HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, ReportEntry,
     ReportState, RestoreFrom, Shape, SshCa, VolumeSpec,

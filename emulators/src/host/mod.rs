@@ -139,6 +139,7 @@ impl EmulatedHost {
             token: config.token.clone(),
             tunnel_url: tunnel_url.clone(),
             idle_timeout: config.report_interval * 2,
+            facts: None,
         });
         let tunnel = listener.map(|l| tokio::spawn(tunnel::serve(l, shared.clone(), api.clone())));
         let task = tokio::spawn(agent::run(shared.clone(), config, api));

@@ -638,3 +638,41 @@ async fn another_replica_hears_which_nodes_spec_moved() {
         .unwrap();
     replica.shutdown().await;
 }
+
+/// A report may state the host's CPU model and runtimes and each guest's CPU seconds
+/// (SPEC §3.11); each has its shape checked, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_states_the_hosts_cpu_model_runtimes_and_guests_cpu_seconds() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "stating").await;
+    let report = |extra: Value| {
+        let mut body = json!({ "nodeId": node, "instances": [], "complete": false });
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        body
+    };
+    t.call(
+        &token,
+        "nodes.report",
+        report(json!({ "cpuModel": "tcg:max", "runtimes": ["qemu"] })),
+    )
+    .await
+    .expect("accepted");
+    for (extra, field) in [
+        (json!({ "runtimes": ["hyperv"] }), "runtimes"),
+        (json!({ "cpuModel": "" }), "cpuModel"),
+        (
+            json!({ "instances": [{ "id": "inst_x", "state": "RUNNING", "cpuSeconds": -1.0 }] }),
+            "instances[0].cpuSeconds",
+        ),
+    ] {
+        let refused = t
+            .call(&token, "nodes.report", report(extra.clone()))
+            .await
+            .expect_err("refused");
+        assert_eq!(refused.body["code"], "INVALID_INPUT", "{extra}");
+        assert_eq!(refused.body["details"]["field"], field, "{extra}");
+    }
+}

@@ -159,7 +159,7 @@ impl Qemu {
             chosen,
             guests: Mutex::default(),
             qemu_binary: PathBuf::from("qemu-system-x86_64"),
-            stop_timeout: Duration::from_secs(5),
+            stop_timeout: Duration::from_secs(30),
             boot_deadline: Duration::from_secs(60),
             start_timeout: Duration::from_secs(10),
             kvm_probe_timeout: Duration::from_secs(10),
