@@ -310,6 +310,9 @@ enum BenchCommand {
         /// The bench's directory (guests' state, images, baselines).
         #[arg(long)]
         root: PathBuf,
+        /// One commit's latency, measured by the parent.
+        #[arg(long)]
+        append_ms: f64,
     },
 }
 
@@ -585,8 +588,12 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
                 .await?;
             Ok(0)
         }
-        BenchCommand::HostInNamespace { args, root } => {
-            crate::bench::host::in_namespace(&args.options(), &root).await?;
+        BenchCommand::HostInNamespace {
+            args,
+            root,
+            append_ms,
+        } => {
+            crate::bench::host::in_namespace(&args.options(), &root, append_ms).await?;
             Ok(0)
         }
         cmd => {

@@ -31,10 +31,11 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use vps_events::Notifier;
 use vps_host::runtime::qemu::{Accel, Qemu};
 
 use super::sandbox::Client;
-use super::{median, round, Scratch, FLAVOR, IMAGE, TENANT};
+use super::{median, round, single_appends, Scratch, FLAVOR, IMAGE, TENANT};
 use crate::server::RunningServer;
 
 /// Knobs.
@@ -81,8 +82,19 @@ pub async fn run(server_url: &str, o: &HostBench) -> anyhow::Result<bool> {
         .context("the bench's directory under /tmp")?;
     let scratch = Scratch::create(server_url, 4).await?;
     let result = async {
+        // What one commit costs on this server, for reading the figures: both paths commit
+        // twice (the create or claim, the host's report) before they answer.
+        let append_ms = scratch
+            .beside(4, async |base| {
+                let notifier = Notifier::start(base.pool.clone());
+                let rate =
+                    single_appends(&base.pool, &notifier, 1, Duration::from_secs(2), "single")
+                        .await?;
+                Ok(1000.0 / rate.per_second())
+            })
+            .await?;
         let (database, forward) = database_from_a_namespace(&scratch, root.path()).await?;
-        let outcome = run_child(&database, &image, root.path(), o).await;
+        let outcome = run_child(&database, &image, root.path(), append_ms, o).await;
         if let Some(forward) = forward {
             forward.abort();
         }
@@ -101,6 +113,7 @@ async fn run_child(
     database: &str,
     image: &Path,
     root: &Path,
+    append_ms: f64,
     o: &HostBench,
 ) -> anyhow::Result<bool> {
     let exe = std::env::current_exe().context("the vps binary's path")?;
@@ -114,6 +127,7 @@ async fn run_child(
         .arg(root)
         .args(["--cold", &o.cold.to_string(), "--warm", &o.warm.to_string()])
         .args(["--accel", accel_name(o.accel)])
+        .args(["--append-ms", &format!("{append_ms:.3}")])
         .env(DATABASE_ENV, database)
         .env(PARENT_NETNS_ENV, netns)
         .stdin(Stdio::null())
@@ -215,7 +229,7 @@ fn with_socket(url: &url::Url, dir: &str, port: &str) -> String {
 
 /// The child, in its own network namespace: brings `lo` up, starts the server, the pool and
 /// the agent, measures, prints the figures (JSON line last) and removes everything it made.
-pub async fn in_namespace(o: &HostBench, root: &Path) -> anyhow::Result<()> {
+pub async fn in_namespace(o: &HostBench, root: &Path, append_ms: f64) -> anyhow::Result<()> {
     ensure_own_namespace().await?;
     command("ip", &["link", "set", "lo", "up"]).await?;
     let database = std::env::var(DATABASE_ENV)
@@ -237,7 +251,7 @@ pub async fn in_namespace(o: &HostBench, root: &Path) -> anyhow::Result<()> {
         }
     };
     let outcome = tokio::select! {
-        figures = measure(&lab, o) => figures,
+        figures = measure(&lab, o, append_ms) => figures,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     lab.teardown().await;
@@ -629,7 +643,7 @@ async fn setup_qemu_pool(
 type Milestones = BTreeMap<String, f64>;
 
 /// Every phase, then the figures (printed) and the JSON line's value.
-async fn measure(lab: &Lab, o: &HostBench) -> anyhow::Result<Value> {
+async fn measure(lab: &Lab, o: &HostBench, append_ms: f64) -> anyhow::Result<Value> {
     println!(
         "accel: {} (configured {}); node {}, state under {}",
         lab.accel,
@@ -763,6 +777,9 @@ async fn measure(lab: &Lab, o: &HostBench) -> anyhow::Result<Value> {
     );
     println!("  where a warm claim's time goes (p50 of each milestone, ms after the request):");
     print_steps(&warm_steps);
+    println!(
+        "one commit on this database (single-event append, 1 writer): {append_ms:.2} ms; a cold create and a warm claim each commit twice before they answer"
+    );
     let t = &lab.timings;
     println!(
         "agent timings: report interval {:?}, spec long poll {:?}, look every {:?}",
@@ -785,6 +802,7 @@ async fn measure(lab: &Lab, o: &HostBench) -> anyhow::Result<Value> {
         "cold_init_p50_ms": round(median(&cold_init), 0),
         "qemu_init_p50_ms": round(median(&qemu_init), 0),
         "first_create_ms": round(first.total_ms, 1),
+        "append_ms": round(append_ms, 3),
         "cold_steps_p50_ms": steps_p50(&cold_steps),
         "warm_steps_p50_ms": steps_p50(&warm_steps),
         "cold_target_ms": COLD_TARGET_MS,
@@ -828,14 +846,21 @@ async fn cold_create(lab: &Lab, key: &str) -> anyhow::Result<ColdSample> {
         steps.insert("spec served to the node".into(), ms(at - started));
     }
     let dir = lab.guest_dir(&instance);
-    // The runtime writes the guest's record first when it begins a boot, `started-at` just
-    // before it spawns QEMU.
+    // The runtime writes the guest's record first when it begins a boot, then makes the disk
+    // (`qemu-img create`, which creates the file once it has started), then the config drive,
+    // then the taps, and writes `started-at` just before it spawns QEMU.
     let boot_began = modified_after(&dir.join("spec.json"), wall);
     if let Some(at) = boot_began {
         steps.insert("agent begins the boot".into(), at);
     }
+    if let Some(at) = created_after(&dir.join("disk.qcow2"), wall) {
+        steps.insert("disk file created by qemu-img".into(), at);
+    }
+    if let Some(at) = created_after(&dir.join("config.img"), wall) {
+        steps.insert("config drive begun".into(), at);
+    }
     if let Some(at) = modified_after(&dir.join("config.img"), wall) {
-        steps.insert("config drive written".into(), at);
+        steps.insert("config drive written (before its fsync)".into(), at);
     }
     if let Some(at) = started_at_after(&dir, wall) {
         steps.insert("QEMU spawned".into(), at);
@@ -1263,6 +1288,12 @@ fn delta(before: Option<(f64, f64)>, after: Option<(f64, f64)>) -> Option<f64> {
 /// Milliseconds from `since` to the file's last modification, when it was modified after.
 fn modified_after(file: &Path, since: SystemTime) -> Option<f64> {
     let at = std::fs::metadata(file).ok()?.modified().ok()?;
+    at.duration_since(since).ok().map(ms)
+}
+
+/// Milliseconds from `since` to the file's creation (its birth time), when it was made after.
+fn created_after(file: &Path, since: SystemTime) -> Option<f64> {
+    let at = std::fs::metadata(file).ok()?.created().ok()?;
     at.duration_since(since).ok().map(ms)
 }
 
