@@ -312,6 +312,7 @@ async fn template(
         pool_id: pool_id.into(),
         flavor: flavor.into(),
         image_id: image_id.into(),
+        labels: None,
         settings: vps_commands::sandboxes::templates::TemplateSettings {
             default_ttl_seconds: Some(900),
             max_ttl_seconds: Some(3600),

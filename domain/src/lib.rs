@@ -45,6 +45,7 @@ pub mod ids;
 pub mod image;
 pub mod instance;
 pub mod ipam;
+pub mod labels;
 pub mod network;
 pub mod network_policy;
 pub mod node;

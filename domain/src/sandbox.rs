@@ -15,11 +15,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::aggregate::Aggregate;
 use crate::error::DomainError;
+use crate::labels::Labels;
 
 pub use event::{
     ExpiryAction, Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExecIssued,
-    SandboxExpiry, SandboxFailed, SandboxReady, SnapshotFailed, SnapshotReady, SnapshotRef,
-    SnapshotRequested,
+    SandboxExpiry, SandboxFailed, SandboxLabeled, SandboxReady, SnapshotFailed, SnapshotReady,
+    SnapshotRef, SnapshotRequested,
 };
 pub use snapshot::{Snapshot, SnapshotState};
 
@@ -263,6 +264,9 @@ pub struct Sandbox {
     /// Why it ended, when not a plain delete (`ttl`, `paused-ttl`, `deadline:<state>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
     /// Its snapshots, by id (deleted ones too, until the log is compacted: never). The fold
     /// holds them; the `sandboxes` projection's document does not (they have their own rows).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -361,6 +365,7 @@ impl Aggregate for Sandbox {
                 self.expiring_sent = false;
             }
             SandboxEvent::Resumed(_) => self.state = SandboxState::Ready,
+            SandboxEvent::Labeled(e) => self.labels.clone_from(&e.labels),
             SandboxEvent::Deleting(_) => self.state = SandboxState::Deleting,
             SandboxEvent::Deleted(_) => {
                 self.state = SandboxState::Deleted;
@@ -411,6 +416,7 @@ fn from_created(c: &SandboxCreated, at: DateTime<Utc>) -> Sandbox {
         lifetime_from: None,
         paused_at: None,
         reason: None,
+        labels: c.labels.clone(),
         snapshots: BTreeMap::new(),
     }
 }
@@ -436,6 +442,8 @@ pub struct CreateSandbox {
     pub from_snapshot: Option<String>,
     /// What the end of its lifetime does (`None`: the template's).
     pub on_timeout: Option<OnTimeout>,
+    /// Its labels (checked by [`admit`]).
+    pub labels: Labels,
 }
 
 /// What a create finds before it admits anything.
@@ -477,6 +485,7 @@ pub fn admit(
             s.id.clone(),
         ));
     }
+    crate::labels::check("labels", &c.labels)?;
     let ttl_seconds = c.ttl_seconds.unwrap_or(default_ttl);
     if ttl_seconds == 0 || ttl_seconds > max_ttl {
         return Err(DomainError::invalid_input(
@@ -505,7 +514,27 @@ pub fn created_event(
         request_hash: c.request_hash.clone(),
         from_snapshot: c.from_snapshot.clone(),
         on_timeout: c.on_timeout.unwrap_or_default(),
+        labels: c.labels.clone(),
     })
+}
+
+/// Decides `sandboxes.setLabels`: the labels replace the sandbox's (`sandbox.labeled`); the
+/// same labels decide nothing. A deleted sandbox is `INVALID_STATE`.
+pub fn set_labels(s: &Sandbox, labels: Labels) -> Result<Vec<SandboxEvent>, DomainError> {
+    crate::labels::check("labels", &labels)?;
+    if s.state == SandboxState::Deleted {
+        return Err(DomainError::invalid_state(format!(
+            "sandbox {} is deleted",
+            s.id
+        )));
+    }
+    if s.labels == labels {
+        return Ok(Vec::new());
+    }
+    Ok(vec![SandboxEvent::Labeled(event::SandboxLabeled {
+        ids: s.lifecycle(),
+        labels,
+    })])
 }
 
 /// How an extend moves the expiry.

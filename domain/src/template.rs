@@ -14,6 +14,7 @@ use crate::error::DomainError;
 use crate::instance::{AdmissionPool, PoolKind};
 use crate::operator::{check_name, check_name_free};
 
+use crate::labels::Labels;
 pub use crate::network_policy::Network;
 pub use crate::sandbox::OnTimeout;
 
@@ -118,6 +119,21 @@ pub struct TemplateCreated {
     /// What it makes.
     #[serde(flatten)]
     pub spec: TemplateSpec,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
+}
+
+/// `template.labeled`: the template's labels now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateLabeled {
+    /// `sbxt_…`.
+    pub template_id: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The labels (they replace the earlier ones).
+    pub labels: Labels,
 }
 
 /// `template.updated`: the spec after the update.
@@ -154,6 +170,8 @@ crate::event_enum! {
         Updated(TemplateUpdated) = "template.updated",
         /// `template.deleted`.
         Deleted(TemplateDeleted) = "template.deleted",
+        /// `template.labeled`.
+        Labeled(TemplateLabeled) = "template.labeled",
     }
 }
 
@@ -182,6 +200,9 @@ pub struct Template {
     pub instance_version: u64,
     /// Hidden, its name free.
     pub deleted: bool,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
     /// When it was made.
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -207,6 +228,7 @@ impl Aggregate for Template {
             version: 1,
             instance_version: 1,
             deleted: false,
+            labels: c.labels.clone(),
             created_at: at,
             updated_at: at,
         })
@@ -220,6 +242,7 @@ impl Aggregate for Template {
                 self.instance_version = u.instance_version;
             }
             TemplateEvent::Deleted(_) => self.deleted = true,
+            TemplateEvent::Labeled(l) => self.labels.clone_from(&l.labels),
         }
         self.updated_at = at;
     }
@@ -263,11 +286,14 @@ pub struct CreateTemplate {
     pub owner_identity_id: String,
     /// What it makes.
     pub spec: TemplateSpec,
+    /// Its labels.
+    pub labels: Labels,
 }
 
 /// Decides a create.
 pub fn create(c: CreateTemplate, facts: &TemplateFacts) -> Result<Vec<TemplateEvent>, DomainError> {
     check_name("name", &c.name)?;
+    crate::labels::check("labels", &c.labels)?;
     let pool = check_spec(&c.pool_id, &c.spec, facts)?;
     check_name_free(facts.name_taken, "template", &c.name, "")?;
     Ok(vec![TemplateEvent::Created(TemplateCreated {
@@ -278,6 +304,27 @@ pub fn create(c: CreateTemplate, facts: &TemplateFacts) -> Result<Vec<TemplateEv
         runtime: pool.runtime.clone(),
         owner_identity_id: c.owner_identity_id,
         spec: c.spec,
+        labels: c.labels,
+    })])
+}
+
+/// Decides `sandboxTemplates.setLabels`: the labels replace the template's; the same labels
+/// decide nothing.
+pub fn set_labels(
+    state: Option<&Template>,
+    tenant_id: &str,
+    id: &str,
+    labels: Labels,
+) -> Result<Vec<TemplateEvent>, DomainError> {
+    let t = live(state, tenant_id, id)?;
+    crate::labels::check("labels", &labels)?;
+    if t.labels == labels {
+        return Ok(Vec::new());
+    }
+    Ok(vec![TemplateEvent::Labeled(TemplateLabeled {
+        template_id: t.id.clone(),
+        tenant_id: t.tenant_id.clone(),
+        labels,
     })])
 }
 
@@ -521,6 +568,7 @@ mod tests {
             version: 1,
             instance_version,
             deleted: false,
+            labels: Labels::new(),
             created_at: at,
             updated_at: at,
         }

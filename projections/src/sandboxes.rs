@@ -31,11 +31,12 @@ pub async fn apply_template(
     .await?;
     sqlx::query(
         "INSERT INTO sandbox_templates (id, tenant_id, name, pool_id, deleted, instance_version,
-                                        doc, created_at, updated_at, version)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                        doc, created_at, updated_at, version, labels)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
          ON CONFLICT (id) DO UPDATE SET deleted = excluded.deleted,
             instance_version = excluded.instance_version, doc = excluded.doc,
-            updated_at = excluded.updated_at, version = excluded.version",
+            updated_at = excluded.updated_at, version = excluded.version,
+            labels = excluded.labels",
     )
     .bind(&t.id)
     .bind(&t.tenant_id)
@@ -47,6 +48,7 @@ pub async fn apply_template(
     .bind(t.created_at)
     .bind(t.updated_at)
     .bind(t.version as i64)
+    .bind(Json(&t.labels))
     .execute(conn)
     .await?;
     Ok(())
@@ -88,10 +90,11 @@ pub async fn apply_sandbox(
     };
     sqlx::query(
         "INSERT INTO sandboxes (id, tenant_id, template_id, instance_id, owner_identity_id, state,
-                                expires_at, doc, created_at, updated_at, version)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                expires_at, doc, created_at, updated_at, version, labels)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          ON CONFLICT (id) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at,
-            doc = excluded.doc, updated_at = excluded.updated_at, version = excluded.version",
+            doc = excluded.doc, updated_at = excluded.updated_at, version = excluded.version,
+            labels = excluded.labels",
     )
     .bind(&s.id)
     .bind(&s.tenant_id)
@@ -104,6 +107,7 @@ pub async fn apply_sandbox(
     .bind(s.created_at)
     .bind(s.updated_at)
     .bind(s.version as i64)
+    .bind(Json(&s.labels))
     .execute(&mut *conn)
     .await?;
     if let Some(snap) = snapshot_of(&event).and_then(|id| s.snapshots.get(id)) {
@@ -302,6 +306,8 @@ pub struct SandboxFilter {
     pub limit: i64,
     /// After this sandbox id (the previous page's last).
     pub cursor: Option<String>,
+    /// Only those carrying every one of these labels.
+    pub labels: vps_domain::labels::Labels,
 }
 
 /// A page of sandboxes, newest first.
@@ -317,6 +323,7 @@ pub async fn page(
             AND ($4::text IS NULL OR template_id = $4)
             AND ($5::text IS NULL OR (created_at, id) <
                  (SELECT created_at, id FROM sandboxes WHERE id = $5 AND tenant_id = $1))
+            AND labels @> $7
           ORDER BY created_at DESC, id DESC
           LIMIT $6",
     )
@@ -326,6 +333,7 @@ pub async fn page(
     .bind(&f.template_id)
     .bind(&f.cursor)
     .bind(f.limit)
+    .bind(Json(&f.labels))
     .fetch_all(conn)
     .await?;
     Ok(rows.into_iter().map(|j| j.0).collect())

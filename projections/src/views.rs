@@ -211,6 +211,8 @@ pub struct TemplateView {
     pub warm: Option<vps_domain::template::Warm>,
     /// The volumes its sandboxes attach.
     pub volumes: Vec<vps_domain::volume::TemplateVolume>,
+    /// Its labels.
+    pub labels: vps_domain::labels::Labels,
     /// How long a paused sandbox is kept.
     pub paused_ttl_seconds: u64,
     /// What the end of a sandbox's lifetime does: `delete` or `pause`.
@@ -242,6 +244,7 @@ impl From<&vps_domain::template::Template> for TemplateView {
             max_ttl_seconds: t.spec.max_ttl_seconds,
             warm: t.spec.warm,
             volumes: t.spec.volumes.clone(),
+            labels: t.labels.clone(),
             paused_ttl_seconds: t.spec.paused_ttl_seconds,
             on_timeout: t.spec.on_timeout,
             auto_resume: t.spec.auto_resume,
@@ -283,6 +286,8 @@ pub struct SandboxView {
     pub expired: bool,
     /// What the end of its lifetime does: `delete` or `pause`.
     pub on_timeout: vps_domain::sandbox::OnTimeout,
+    /// Its labels.
+    pub labels: vps_domain::labels::Labels,
     /// While pausing or paused: when the pause was asked for (`expiresAt` is then when the
     /// paused sandbox is deleted).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -391,6 +396,7 @@ impl From<&vps_domain::sandbox::Sandbox> for SandboxView {
             deleted_at: s.deleted_at,
             expired: s.expired,
             on_timeout: s.on_timeout,
+            labels: s.labels.clone(),
             paused_at: s.paused_at.filter(|_| s.state.is_paused()),
             reason: s.reason.clone(),
             from_snapshot: s.from_snapshot.clone(),

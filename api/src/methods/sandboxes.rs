@@ -27,14 +27,6 @@ pub struct TemplateRef {
     template_id: String,
 }
 
-/// A tenant.
-#[derive(Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TenantRef {
-    /// The tenant.
-    tenant_id: String,
-}
-
 /// `sandboxes.create`.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -53,6 +45,40 @@ pub struct SandboxRef {
     tenant_id: String,
     /// `sbx_…`.
     sandbox_id: String,
+}
+
+/// `sandboxes.setLabels`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetSandboxLabels {
+    /// The tenant.
+    tenant_id: String,
+    /// `sbx_…`.
+    sandbox_id: String,
+    /// The labels (they replace the sandbox's): at most 32, Kubernetes label syntax.
+    labels: vps_domain::labels::Labels,
+}
+
+/// `sandboxTemplates.setLabels`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetTemplateLabels {
+    /// The tenant.
+    tenant_id: String,
+    /// `sbxt_…`.
+    template_id: String,
+    /// The labels (they replace the template's): at most 32, Kubernetes label syntax.
+    labels: vps_domain::labels::Labels,
+}
+
+/// `sandboxTemplates.list`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListTemplatesBody {
+    /// The tenant.
+    tenant_id: String,
+    /// Only templates carrying every one of these labels (at most 32 pairs).
+    labels: Option<vps_domain::labels::Labels>,
 }
 
 /// `sandboxes.resume`.
@@ -104,6 +130,8 @@ pub struct ListBody {
     deleted: Option<bool>,
     /// Only this template's.
     template_id: Option<String>,
+    /// Only sandboxes carrying every one of these labels (at most 32 pairs).
+    labels: Option<vps_domain::labels::Labels>,
     /// 1 to 200 (default 50).
     limit: Option<i64>,
     /// The previous page's cursor (opaque).
@@ -174,6 +202,13 @@ pub fn methods() -> Vec<Method> {
         ),
         Method::new(
             "sandboxTemplates",
+            "setLabels",
+            Tenant,
+            "Replaces a template's labels.",
+            set_template_labels,
+        ),
+        Method::new(
+            "sandboxTemplates",
             "delete",
             Tenant,
             "Hides a template and frees its name.",
@@ -207,6 +242,13 @@ pub fn methods() -> Vec<Method> {
             Tenant,
             "Deletes a sandbox and its instance.",
             delete,
+        ),
+        Method::new(
+            "sandboxes",
+            "setLabels",
+            Tenant,
+            "Replaces a sandbox's labels.",
+            set_labels,
         ),
         Method::new(
             "sandboxes",
@@ -249,14 +291,16 @@ async fn get_template(c: Call, q: TemplateRef) -> Result<TemplateView, ApiError>
     Ok(TemplateView::from(t))
 }
 
-async fn list_templates(c: Call, q: TenantRef) -> Result<Items<TemplateView>, ApiError> {
+async fn list_templates(c: Call, q: ListTemplatesBody) -> Result<Items<TemplateView>, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
+    let filter = label_filter(q.labels)?;
     let mut conn = c.ctx.pool.acquire().await?;
     let templates = vps_projections::sandboxes::templates_of(&mut conn, &tenant)
         .await
         .map_err(vps_commands::CommandError::from)?;
     Ok(templates
         .iter()
+        .filter(|t| vps_domain::labels::matches(&t.labels, &filter))
         .map(TemplateView::from)
         .collect::<Vec<_>>()
         .into())
@@ -267,6 +311,27 @@ async fn update_template(c: Call, mut q: TemplatePatch) -> Result<TemplateView, 
     let t = sandboxes::templates::update(&c.ctx, q).await?;
     vps_reactors::sandboxes::wake();
     Ok(TemplateView::from(&t))
+}
+
+async fn set_template_labels(c: Call, q: SetTemplateLabels) -> Result<TemplateView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let t = sandboxes::templates::set_labels(&c.ctx, &tenant, &q.template_id, q.labels).await?;
+    Ok(TemplateView::from(&t))
+}
+
+async fn set_labels(c: Call, q: SetSandboxLabels) -> Result<SandboxView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let s = lifecycle::set_labels(&c.ctx, &tenant, &q.sandbox_id, q.labels).await?;
+    Ok(SandboxView::from(&s))
+}
+
+/// A `list` call's label filter, checked like labels (at most 32 pairs).
+pub(crate) fn label_filter(
+    labels: Option<vps_domain::labels::Labels>,
+) -> Result<vps_domain::labels::Labels, ApiError> {
+    let labels = labels.unwrap_or_default();
+    vps_domain::labels::check("labels", &labels).map_err(vps_commands::CommandError::from)?;
+    Ok(labels)
 }
 
 async fn delete_template(c: Call, q: TemplateRef) -> Result<TemplateView, ApiError> {
@@ -342,6 +407,7 @@ async fn list(c: Call, q: ListBody) -> Result<SandboxPage, ApiError> {
         owner,
         deleted: q.deleted.unwrap_or(false),
         template_id: q.template_id,
+        labels: label_filter(q.labels)?,
         limit: limit + 1,
         cursor: q
             .cursor

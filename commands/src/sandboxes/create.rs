@@ -41,6 +41,9 @@ pub struct CreateSandboxInput {
         deserialize_with = "vps_domain::sandbox::on_timeout_field"
     )]
     pub on_timeout: Option<vps_domain::sandbox::OnTimeout>,
+    /// Its labels: at most 32, Kubernetes label syntax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<vps_domain::labels::Labels>,
 }
 
 /// What a create decided, for the caller's metrics and authorization.
@@ -85,6 +88,7 @@ pub async fn create(
         owner_identity_id: ctx.actor.identity.clone(),
         from_snapshot: input.from_snapshot.clone(),
         on_timeout: input.on_timeout,
+        labels: input.labels.clone().unwrap_or_default(),
     };
     retrying(&id, || create_once(ctx, &request, policy)).await
 }

@@ -152,6 +152,22 @@ pub async fn resume(
     .await
 }
 
+/// Replaces a sandbox's labels (`sandbox.labeled`); the same labels change nothing.
+pub async fn set_labels(
+    ctx: &Ctx,
+    tenant_id: &str,
+    sandbox_id: &str,
+    labels: vps_domain::labels::Labels,
+) -> Result<Sandbox, CommandError> {
+    transaction(ctx, sandbox_id, async |tx| {
+        let s = super::visible(tx, tenant_id, sandbox_id).await?;
+        let events = domain::set_labels(&s, labels.clone())?;
+        let after = record_events(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await?;
+        Ok(after.unwrap_or(s))
+    })
+    .await
+}
+
 /// Whether a template's runtime can pause, and its `pausedTtlSeconds` (a template gone from
 /// the log entirely: the defaults).
 fn pause_terms(t: Option<&vps_domain::template::Template>) -> (bool, u64) {

@@ -34,6 +34,9 @@ pub struct TemplateInput {
     pub flavor: String,
     /// The image.
     pub image_id: String,
+    /// Its labels: at most 32, Kubernetes label syntax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<vps_domain::labels::Labels>,
     /// The settings given (the others take their defaults).
     #[serde(flatten)]
     pub settings: TemplateSettings,
@@ -223,6 +226,7 @@ async fn create_in(
             pool_id: input.pool_id.clone(),
             owner_identity_id: ctx.actor.identity.clone(),
             spec,
+            labels: input.labels.clone().unwrap_or_default(),
         },
         &facts,
     )?;
@@ -273,6 +277,31 @@ async fn update_in(
     .await?
     .expect("an updated template");
     Ok(after)
+}
+
+/// Replaces a template's labels (`template.labeled`).
+pub async fn set_labels(
+    ctx: &Ctx,
+    tenant_id: &str,
+    template_id: &str,
+    labels: vps_domain::labels::Labels,
+) -> Result<Template, CommandError> {
+    transaction(ctx, template_id, async |tx| {
+        let before = super::template(tx, template_id).await?;
+        let events = domain::set_labels(before.as_ref(), tenant_id, template_id, labels.clone())?;
+        let after = record_events(
+            ctx,
+            tx,
+            template_id,
+            before.as_ref(),
+            events,
+            Some(tenant_id),
+        )
+        .await?
+        .expect("a labeled template");
+        Ok(after)
+    })
+    .await
 }
 
 /// Deletes a template: hidden, its name free; the reconciler drains its warm instances.

@@ -45,6 +45,20 @@ pub struct SandboxCreated {
     /// What the end of its lifetime does.
     #[serde(default, skip_serializing_if = "super::OnTimeout::is_delete")]
     pub on_timeout: super::OnTimeout,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
+}
+
+/// `sandbox.labeled`: the sandbox's labels now (they replace the earlier ones).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxLabeled {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// The labels.
+    pub labels: crate::labels::Labels,
 }
 
 /// `sandbox.ready`.
@@ -243,6 +257,8 @@ crate::event_enum! {
         Resuming(SandboxExpiry) = "sandbox.resuming",
         /// `sandbox.resumed`: its instance runs again.
         Resumed(SandboxExpiry) = "sandbox.resumed",
+        /// `sandbox.labeled`: its labels were replaced.
+        Labeled(SandboxLabeled) = "sandbox.labeled",
         /// `sandbox.deleting`: a delete began.
         Deleting(Lifecycle) = "sandbox.deleting",
         /// `sandbox.deleted`.

@@ -18,6 +18,7 @@ fn request(ttl: Option<u64>) -> CreateSandbox {
         owner_identity_id: "id_alice".into(),
         from_snapshot: None,
         on_timeout: None,
+        labels: Default::default(),
     }
 }
 

@@ -494,3 +494,123 @@ async fn a_paused_sandbox_is_billed_the_memory_it_holds_and_usage_verify_agrees(
     assert_eq!(report.first_difference, None);
     assert!(t.replay_equal().await);
 }
+
+#[tokio::test]
+async fn labels_on_sandboxes_and_templates_are_set_listed_filtered_and_announced() {
+    let t = server().await;
+    let (pool, _hosts) = pool_with_host(&t).await;
+    let tpl = template(&t, &pool, "lab", json!({ "labels": { "team": "ml" } })).await;
+    template(&t, &pool, "other", json!({ "labels": { "team": "web" } })).await;
+    let listed = t
+        .ok(
+            ALICE,
+            "sandboxTemplates.list",
+            json!({ "tenantId": "acme", "labels": { "team": "ml" } }),
+        )
+        .await;
+    let names: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["lab"]);
+    let relabeled = t
+        .ok(
+            ALICE,
+            "sandboxTemplates.setLabels",
+            json!({ "tenantId": "acme", "templateId": tpl, "labels": { "team": "infra" } }),
+        )
+        .await;
+    assert_eq!(relabeled["labels"], json!({ "team": "infra" }));
+
+    let a = create(
+        &t,
+        &tpl,
+        "a",
+        json!({ "labels": { "team": "ml", "app.example.com/tier": "gpu" } }),
+    )
+    .await;
+    let b = create(&t, &tpl, "b", json!({ "labels": { "team": "web" } })).await;
+    assert_eq!(a["labels"]["team"], "ml");
+    let filter = |labels: Value| {
+        t.ok(
+            ALICE,
+            "sandboxes.list",
+            json!({ "tenantId": "acme", "labels": labels }),
+        )
+    };
+    let ids = |page: Value| -> Vec<String> {
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        ids(filter(json!({ "team": "ml" })).await),
+        [a["id"].as_str().unwrap()]
+    );
+    assert!(ids(filter(json!({ "team": "ml", "app.example.com/tier": "cpu" })).await).is_empty());
+    assert_eq!(ids(filter(json!({})).await).len(), 2);
+
+    // setLabels replaces them, and the change is an event.
+    let b_id = b["id"].as_str().unwrap();
+    let body = json!({ "tenantId": "acme", "sandboxId": b_id, "labels": { "team": "ml" } });
+    let b2 = t.ok(ALICE, "sandboxes.setLabels", body.clone()).await;
+    assert_eq!(b2["labels"], json!({ "team": "ml" }));
+    let again = t.ok(ALICE, "sandboxes.setLabels", body).await;
+    assert_eq!(
+        again["version"], b2["version"],
+        "the same labels change nothing"
+    );
+    assert_eq!(
+        filter(json!({ "team": "ml" })).await["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let events = sandbox_events(&t, b_id).await;
+    let labeled = events.last().unwrap();
+    assert_eq!(labeled["type"], "sandbox.labeled");
+    assert_eq!(labeled["data"]["labels"], json!({ "team": "ml" }));
+
+    // Bad labels name the key; more than 32 (labels or filter pairs) are refused.
+    for labels in [json!({ "-bad": "x" }), json!({ "team": "has space" })] {
+        let body = json!({ "tenantId": "acme", "sandboxId": b_id, "labels": labels });
+        let answer = refusal(t.call(ALICE, "sandboxes.setLabels", body).await);
+        assert_eq!(answer["code"], "INVALID_INPUT", "{answer}");
+        let key = labels.as_object().unwrap().keys().next().unwrap().clone();
+        assert_eq!(
+            answer["details"]["field"],
+            format!("labels.{key}"),
+            "{answer}"
+        );
+    }
+    let many: serde_json::Map<String, Value> =
+        (0..33).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let answer = refusal(
+        t.call(
+            ALICE,
+            "sandboxes.list",
+            json!({ "tenantId": "acme", "labels": many.clone() }),
+        )
+        .await,
+    );
+    assert_eq!(answer["code"], "INVALID_INPUT");
+    let body = json!({ "tenantId": "acme", "templateId": tpl, "idempotencyKey": "many",
+                       "labels": many });
+    assert_eq!(
+        refusal(t.call(ALICE, "sandboxes.create", body).await)["code"],
+        "INVALID_INPUT"
+    );
+    // Another tenant's sandbox does not exist for it.
+    let body = json!({ "tenantId": "globex", "sandboxId": b_id, "labels": {} });
+    assert_eq!(
+        refusal(t.call(EVE, "sandboxes.setLabels", body).await)["code"],
+        "NOT_FOUND"
+    );
+    assert!(t.replay_equal().await);
+}

@@ -409,6 +409,7 @@ async fn a_warm_claim_wakes_its_own_replicas_spec_polls_without_a_notification()
         idempotency_key: "local".into(),
         from_snapshot: None,
         on_timeout: None,
+        labels: None,
     };
     let allow = vps_commands::sandboxes::create::authorized_before;
     let created = vps_commands::sandboxes::create::create(&ctx, input, &allow)
