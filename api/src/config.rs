@@ -240,6 +240,12 @@ pub struct Timings {
     pub usage_window: f64,
     /// How long a snapshot's host command may take before the snapshot fails (`timeout`).
     pub snapshot_timeout: f64,
+    /// How long a sandbox may stay `starting` before it fails (`reason: deadline:starting`).
+    pub deadline_sandbox_starting: f64,
+    /// How long a sandbox may stay `pausing`.
+    pub deadline_sandbox_pausing: f64,
+    /// How long a sandbox may stay `resuming`.
+    pub deadline_sandbox_resuming: f64,
 }
 
 impl Default for Timings {
@@ -258,6 +264,9 @@ impl Default for Timings {
             sandbox_expiring_min_lead: 30.0,
             usage_window: 300.0,
             snapshot_timeout: 3600.0,
+            deadline_sandbox_starting: 600.0,
+            deadline_sandbox_pausing: 300.0,
+            deadline_sandbox_resuming: 300.0,
         }
     }
 }
@@ -418,6 +427,9 @@ impl Config {
             ("sandbox_expiring_min_lead", t.sandbox_expiring_min_lead),
             ("usage_window", t.usage_window),
             ("snapshot_timeout", t.snapshot_timeout),
+            ("deadline_sandbox_starting", t.deadline_sandbox_starting),
+            ("deadline_sandbox_pausing", t.deadline_sandbox_pausing),
+            ("deadline_sandbox_resuming", t.deadline_sandbox_resuming),
         ];
         let a_day_at_most = |v: f64| v.is_finite() && v > 0.0 && v <= 86_400.0;
         all_within(

@@ -202,6 +202,9 @@ pub fn timings(config: &Config) -> vps_reactors::timings::Timings {
         sandbox_expiring_lead: s(t.sandbox_expiring_lead),
         sandbox_expiring_min_lead: s(t.sandbox_expiring_min_lead),
         snapshot_timeout: s(t.snapshot_timeout),
+        deadline_sandbox_starting: s(t.deadline_sandbox_starting),
+        deadline_sandbox_pausing: s(t.deadline_sandbox_pausing),
+        deadline_sandbox_resuming: s(t.deadline_sandbox_resuming),
     }
 }
 

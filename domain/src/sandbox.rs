@@ -267,6 +267,9 @@ pub struct Sandbox {
     /// Its labels.
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
+    /// When it entered its current state (`None`: at creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_since: Option<DateTime<Utc>>,
     /// Its snapshots, by id (deleted ones too, until the log is compacted: never). The fold
     /// holds them; the `sandboxes` projection's document does not (they have their own rows).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -331,13 +334,34 @@ impl Aggregate for Sandbox {
     }
 
     fn apply(&mut self, event: &SandboxEvent, at: DateTime<Utc>) {
+        let before = self.state;
+        self.apply_event(event, at);
+        if self.state != before {
+            self.state_since = Some(at);
+        }
+    }
+
+    fn version(&self) -> u64 {
+        self.version
+    }
+
+    fn version_mut(&mut self) -> &mut u64 {
+        &mut self.version
+    }
+}
+
+impl Sandbox {
+    fn apply_event(&mut self, event: &SandboxEvent, at: DateTime<Utc>) {
         match event {
             SandboxEvent::Created(_) => {}
             SandboxEvent::Ready(_) => {
                 self.state = SandboxState::Ready;
                 self.ready_at.get_or_insert(at);
             }
-            SandboxEvent::Failed(_) => self.state = SandboxState::Failed,
+            SandboxEvent::Failed(f) => {
+                self.state = SandboxState::Failed;
+                self.reason = Some(f.reason.clone());
+            }
             SandboxEvent::Extended(e) => {
                 self.expires_at = e.expires_at;
                 self.expiring_sent = false;
@@ -382,13 +406,47 @@ impl Aggregate for Sandbox {
         self.updated_at = at;
     }
 
-    fn version(&self) -> u64 {
-        self.version
+    /// When it entered its current state.
+    pub fn in_state_since(&self) -> DateTime<Utc> {
+        self.state_since.unwrap_or(self.created_at)
     }
 
-    fn version_mut(&mut self) -> &mut u64 {
-        &mut self.version
+    /// Whether a deadline failed it (it stays `failed`, its instance released).
+    pub fn failed_by_deadline(&self) -> bool {
+        self.state == SandboxState::Failed
+            && self
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("deadline:"))
     }
+}
+
+/// How long a sandbox may stay in each transitional state (`[timings]
+/// deadline_sandbox_<state>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// `starting`.
+    pub starting: TimeDelta,
+    /// `pausing`.
+    pub pausing: TimeDelta,
+    /// `resuming`.
+    pub resuming: TimeDelta,
+}
+
+/// Decides a passed deadline at `now`: a sandbox that has stood in `starting`, `pausing` or
+/// `resuming` longer than its deadline fails (`sandbox.failed`, `reason: deadline:<state>`);
+/// the caller releases its instance.
+pub fn deadline(s: &Sandbox, now: DateTime<Utc>, d: &Deadlines) -> Vec<SandboxEvent> {
+    let limit = match s.state {
+        SandboxState::Starting => d.starting,
+        SandboxState::Pausing => d.pausing,
+        SandboxState::Resuming => d.resuming,
+        _ => return Vec::new(),
+    };
+    if now - s.in_state_since() < limit {
+        return Vec::new();
+    }
+    fail(s, &format!("deadline:{}", s.state))
 }
 
 fn from_created(c: &SandboxCreated, at: DateTime<Utc>) -> Sandbox {
@@ -417,6 +475,7 @@ fn from_created(c: &SandboxCreated, at: DateTime<Utc>) -> Sandbox {
         paused_at: None,
         reason: None,
         labels: c.labels.clone(),
+        state_since: None,
         snapshots: BTreeMap::new(),
     }
 }
@@ -721,8 +780,13 @@ pub fn delete(s: &Sandbox) -> Vec<SandboxEvent> {
     }
 }
 
-/// Decides the end: its instance is gone, and its snapshots that are not kept go with it.
+/// Decides the end: its instance is gone, and its snapshots that are not kept go with it. A
+/// sandbox a deadline failed stays `failed` (its instance was released on purpose) until a
+/// delete or its expiry.
 pub fn deleted(s: &Sandbox) -> Vec<SandboxEvent> {
+    if s.failed_by_deadline() {
+        return Vec::new();
+    }
     match transition(s.state, Verb::Release) {
         Ok(_) => {
             let mut events = vec![SandboxEvent::Deleted(SandboxDeleted {

@@ -90,6 +90,7 @@ pub async fn pass(
     store: &SnapshotStore,
 ) -> Result<bool, CommandError> {
     expiries(ctx, timings).await?;
+    deadlines(ctx, timings).await?;
     fallbacks(ctx).await?;
     crate::volumes::release_deleted(ctx).await?;
     let changed = warm_pools(ctx).await?;
@@ -166,6 +167,37 @@ async fn expiries(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
     Ok(())
 }
 
+/// Fails the sandboxes that stood in a transitional state past its `[timings]
+/// deadline_sandbox_<state>` and releases their instances (at most [`EXPIRE_PER_PASS`]).
+async fn deadlines(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
+    let now = Utc::now();
+    let d = vps_domain::sandbox::Deadlines {
+        starting: delta(timings.deadline_sandbox_starting),
+        pausing: delta(timings.deadline_sandbox_pausing),
+        resuming: delta(timings.deadline_sandbox_resuming),
+    };
+    let due: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM sandboxes
+          WHERE state IN ('starting', 'pausing', 'resuming')
+            AND COALESCE((doc->>'stateSince')::timestamptz, created_at) <= CASE state
+                  WHEN 'starting' THEN $1 WHEN 'pausing' THEN $2 ELSE $3 END
+          LIMIT $4",
+    )
+    .bind(now - d.starting)
+    .bind(now - d.pausing)
+    .bind(now - d.resuming)
+    .bind(EXPIRE_PER_PASS)
+    .fetch_all(&ctx.pool)
+    .await?;
+    for id in due {
+        if let Some(reason) = lifecycle::enforce_deadline(ctx, &id, Utc::now(), d).await? {
+            metrics::counter!("vps_sandbox_deadlines_total").increment(1);
+            tracing::warn!(sandbox = %id, %reason, "sandbox failed past its deadline");
+        }
+    }
+    Ok(())
+}
+
 /// Sandboxes whose instance runs but that are not `ready`, pausing ones whose instance is
 /// paused, or whose instance is gone.
 async fn fallbacks(ctx: &Ctx) -> Result<(), CommandError> {
@@ -173,7 +205,8 @@ async fn fallbacks(ctx: &Ctx) -> Result<(), CommandError> {
         "SELECT s.id FROM sandboxes s LEFT JOIN instances i ON i.id = s.instance_id
           WHERE (s.state IN ('starting', 'resuming') AND i.state = 'running')
              OR (s.state = 'pausing' AND i.state = 'paused')
-             OR (s.state <> 'deleted' AND (i.id IS NULL OR i.state = 'deleted'))
+             OR (s.state <> 'deleted' AND (i.id IS NULL OR i.state = 'deleted')
+                 AND NOT (s.state = 'failed' AND s.doc->>'reason' LIKE 'deadline:%'))
           LIMIT 100",
     )
     .fetch_all(&ctx.pool)

@@ -30,6 +30,12 @@ pub struct Timings {
     pub sandbox_expiring_min_lead: Duration,
     /// How long a snapshot's host command may take before the snapshot fails.
     pub snapshot_timeout: Duration,
+    /// How long a sandbox may stay `starting`.
+    pub deadline_sandbox_starting: Duration,
+    /// How long a sandbox may stay `pausing`.
+    pub deadline_sandbox_pausing: Duration,
+    /// How long a sandbox may stay `resuming`.
+    pub deadline_sandbox_resuming: Duration,
 }
 
 impl Default for Timings {
@@ -47,6 +53,9 @@ impl Default for Timings {
             sandbox_expiring_lead: Duration::from_secs(300),
             sandbox_expiring_min_lead: Duration::from_secs(30),
             snapshot_timeout: Duration::from_secs(3600),
+            deadline_sandbox_starting: Duration::from_secs(600),
+            deadline_sandbox_pausing: Duration::from_secs(300),
+            deadline_sandbox_resuming: Duration::from_secs(300),
         }
     }
 }

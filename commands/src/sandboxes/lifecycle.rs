@@ -78,13 +78,24 @@ async fn end(
     s: &Sandbox,
     events: Vec<SandboxEvent>,
 ) -> Result<(), CommandError> {
+    end_for(ctx, tx, s, events, None).await
+}
+
+/// [`end`], the instance's deletion carrying `reason`.
+async fn end_for(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    s: &Sandbox,
+    events: Vec<SandboxEvent>,
+    reason: Option<String>,
+) -> Result<(), CommandError> {
     // The instance's row first: a host report holds it while it appends to the sandbox.
     let instance = lock_instance(tx, &s.instance_id).await?;
     record_events(ctx, tx, &s.id, Some(s), events, Some(&s.tenant_id)).await?;
     if let Some(inst) = instance {
         let delete = InstanceCommand::Delete {
             requester: Requester::System,
-            reason: None,
+            reason,
         };
         apply_commands(ctx, tx, &inst, &[delete], Utc::now()).await?;
     }
@@ -265,6 +276,41 @@ pub async fn expire(
         }
         commit(ctx, tx).await?;
         Ok(expired.then(|| now - s.expires_at))
+    })
+    .await
+}
+
+/// Fails a sandbox that stood in `starting`, `pausing` or `resuming` past its deadline
+/// (`sandbox.failed`, `reason: deadline:<state>`) and releases what it held: its instance is
+/// deleted (allocation, address, quota). Skips a sandbox another worker holds. Answers the
+/// reason when it failed one.
+pub async fn enforce_deadline(
+    ctx: &Ctx,
+    sandbox_id: &str,
+    now: DateTime<Utc>,
+    deadlines: domain::Deadlines,
+) -> Result<Option<String>, CommandError> {
+    retrying(sandbox_id, || async {
+        let mut tx = ctx.pool.begin().await?;
+        let free: Option<String> =
+            sqlx::query_scalar("SELECT id FROM sandboxes WHERE id = $1 FOR UPDATE SKIP LOCKED")
+                .bind(sandbox_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(s) = free.and(load::<Sandbox>(&mut tx, sandbox_id).await?) else {
+            return Ok(None);
+        };
+        let events = domain::deadline(&s, now, &deadlines);
+        let reason = events.iter().find_map(|e| match e {
+            SandboxEvent::Failed(f) => Some(f.reason.clone()),
+            _ => None,
+        });
+        if reason.is_none() {
+            return Ok(None);
+        }
+        end_for(ctx, &mut tx, &s, events, reason.clone()).await?;
+        commit(ctx, tx).await?;
+        Ok(reason)
     })
     .await
 }

@@ -249,3 +249,37 @@ fn a_runtime_that_cannot_pause_is_unsupported_and_on_timeout_pause_pauses() {
         matches!(&ended[..], [SandboxEvent::Expired(e)] if e.action == Some(ExpiryAction::Deleted))
     );
 }
+
+#[test]
+fn a_sandbox_past_its_deadline_fails_naming_the_state_and_stays_failed() {
+    let d = Deadlines {
+        starting: TimeDelta::seconds(60),
+        pausing: TimeDelta::seconds(30),
+        resuming: TimeDelta::seconds(30),
+    };
+    let s = sandbox(3600);
+    assert!(deadline(&s, at(59), &d).is_empty());
+    let failed = deadline(&s, at(60), &d);
+    let s = step(s, &failed, 60);
+    assert_eq!(
+        (s.state, s.reason.as_deref()),
+        (SandboxState::Failed, Some("deadline:starting"))
+    );
+    assert!(
+        deleted(&s).is_empty(),
+        "its instance's release leaves it failed"
+    );
+    // A delete still ends it.
+    let s = step(s.clone(), &delete(&s), 61);
+    let s = step(s.clone(), &deleted(&s), 62);
+    assert_eq!(s.state, SandboxState::Deleted);
+    // The clock counts from entering the state.
+    let r = sandbox(3600);
+    let r = step(r.clone(), &ready(&r), 100);
+    let r = step(r.clone(), &pause(&r, true, 60, at(200)).unwrap(), 200);
+    assert!(deadline(&r, at(229), &d).is_empty());
+    let SandboxEvent::Failed(f) = &deadline(&r, at(230), &d)[0] else {
+        panic!()
+    };
+    assert_eq!(f.reason, "deadline:pausing");
+}

@@ -614,3 +614,56 @@ async fn labels_on_sandboxes_and_templates_are_set_listed_filtered_and_announced
     );
     assert!(t.replay_equal().await);
 }
+
+#[tokio::test]
+async fn a_sandbox_stuck_starting_fails_at_its_deadline_and_releases_its_instance() {
+    let t = TestServer::start_with(|c| {
+        vps_tests::fast_sandboxes(c);
+        c.timings.deadline_sandbox_starting = 1.0;
+    })
+    .await;
+    let quota = json!({ "vcpu": 1000, "memoryGiB": 10000, "diskGiB": 100000 });
+    let pool = t.hosted_pool("10.0.0.0/22", 0, quota).await;
+    // A host whose guests never finish booting.
+    let (node, token) = t.register_node(&pool, "slow").await;
+    let _host = t.host(&node, &token, Duration::from_secs(3600));
+    let tpl = template(&t, &pool, "stuck", json!({})).await;
+    let s = t
+        .ok(
+            ALICE,
+            "sandboxes.create",
+            json!({ "tenantId": "acme", "templateId": tpl, "idempotencyKey": "stuck" }),
+        )
+        .await;
+    assert_eq!(s["state"], "starting");
+    let id = s["id"].as_str().unwrap();
+    let failed = reaches(&t, id, "failed").await;
+    assert_eq!(failed["reason"], "deadline:starting", "{failed}");
+    // What it held is released: its instance is deleted, its address free.
+    let inst_id = s["instanceId"].as_str().unwrap();
+    eventually("the stuck sandbox's instance deleted", PATIENCE, || async {
+        let inst = instance(&t, inst_id).await;
+        if inst["state"] == "deleted" {
+            Ok(())
+        } else {
+            Err(inst["state"].clone())
+        }
+    })
+    .await;
+    let leases = t
+        .ok(OPERATOR, "pools.leases", json!({ "poolId": pool }))
+        .await;
+    assert!(leases["items"].as_array().unwrap().is_empty(), "{leases}");
+    // It stays failed (not deleted behind the tenant's back) until deleted.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(sandbox(&t, id).await["state"], "failed");
+    let events = sandbox_events(&t, id).await;
+    let fail = events
+        .iter()
+        .find(|e| e["type"] == "sandbox.failed")
+        .expect("sandbox.failed");
+    assert_eq!(fail["data"]["reason"], "deadline:starting");
+    t.ok(ALICE, "sandboxes.delete", call(id)).await;
+    reaches(&t, id, "deleted").await;
+    assert!(t.replay_equal().await);
+}
