@@ -145,32 +145,32 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
     let _ = writeln!(s, "table bridge {table} {{");
     let _ = writeln!(
         s,
-        "  chain pre {{\n    type filter hook prerouting priority -200; policy accept;"
+        "  chain g_pre {{\n    type filter hook prerouting priority -200; policy accept;"
     );
     for (i, nic) in nics.iter().enumerate() {
-        let _ = writeln!(s, "    iifname \"{}\" jump from_{i}", nic.tap);
+        let _ = writeln!(s, "    iifname \"{}\" jump g_from_{i}", nic.tap);
     }
     let _ = writeln!(s, "  }}");
     let _ = writeln!(
         s,
-        "  chain out {{\n    type filter hook output priority 0; policy accept;"
+        "  chain g_out {{\n    type filter hook output priority 0; policy accept;"
     );
     for (i, nic) in nics.iter().enumerate() {
-        let _ = writeln!(s, "    oifname \"{}\" jump host_to_{i}", nic.tap);
+        let _ = writeln!(s, "    oifname \"{}\" jump g_host_to_{i}", nic.tap);
     }
     let _ = writeln!(s, "  }}");
     let _ = writeln!(
         s,
-        "  chain fwd {{\n    type filter hook forward priority 0; policy accept;"
+        "  chain g_fwd {{\n    type filter hook forward priority 0; policy accept;"
     );
     for (i, nic) in nics.iter().enumerate() {
-        let _ = writeln!(s, "    oifname \"{}\" jump port_to_{i}", nic.tap);
+        let _ = writeln!(s, "    oifname \"{}\" jump g_port_to_{i}", nic.tap);
     }
     let _ = writeln!(s, "  }}");
     for (i, nic) in nics.iter().enumerate() {
         let (mac, address, pool) = (&nic.mac, nic.address, &nic.pool);
         // What the guest sends.
-        let _ = writeln!(s, "  chain from_{i} {{");
+        let _ = writeln!(s, "  chain g_from_{i} {{");
         let _ = writeln!(s, "    ether saddr != {mac} drop");
         let _ = writeln!(
             s,
@@ -185,7 +185,7 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
         );
         match policy.mode {
             NetworkMode::None => {
-                let _ = writeln!(s, "    tcp sport 22 tcp flags & (syn | ack) == ack accept");
+                let _ = writeln!(s, "    tcp sport 22 tcp flags & (syn | ack) != syn accept");
             }
             NetworkMode::Private => {
                 let _ = writeln!(s, "    ip daddr {pool} accept");
@@ -204,13 +204,13 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
         }
         let _ = writeln!(s, "    drop\n  }}");
         // What the host sends it (its own traffic and what it routes).
-        let _ = writeln!(s, "  chain host_to_{i} {{\n    ether type arp accept");
+        let _ = writeln!(s, "  chain g_host_to_{i} {{\n    ether type arp accept");
         if policy.mode == NetworkMode::None {
             let _ = writeln!(s, "    ip daddr {address} tcp dport 22 accept\n    drop");
         }
         let _ = writeln!(s, "  }}");
         // What other ports of the bridge (other guests) send it.
-        let _ = writeln!(s, "  chain port_to_{i} {{");
+        let _ = writeln!(s, "  chain g_port_to_{i} {{");
         if policy.mode != NetworkMode::None {
             let _ = writeln!(
                 s,
@@ -225,7 +225,7 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
     let _ = writeln!(s, "table inet {table} {{");
     let _ = writeln!(
         s,
-        "  chain pre {{\n    type filter hook prerouting priority 0; policy accept;"
+        "  chain g_pre {{\n    type filter hook prerouting priority 0; policy accept;"
     );
     for nic in nics {
         let _ = writeln!(
@@ -238,7 +238,7 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
     let _ = writeln!(s, "  }}");
     let _ = writeln!(
         s,
-        "  chain input {{\n    type filter hook input priority 0; policy accept;"
+        "  chain g_input {{\n    type filter hook input priority 0; policy accept;"
     );
     if policy.mode == NetworkMode::None {
         for nic in nics {
@@ -252,7 +252,7 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
     let _ = writeln!(s, "  }}");
     let _ = writeln!(
         s,
-        "  chain forward {{\n    type filter hook forward priority 0; policy accept;"
+        "  chain g_forward {{\n    type filter hook forward priority 0; policy accept;"
     );
     for nic in nics {
         let (a, pool) = (nic.address, &nic.pool);
@@ -269,7 +269,7 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
     if policy.mode == NetworkMode::Egress {
         let _ = writeln!(
             s,
-            "  chain nat {{\n    type nat hook postrouting priority 100; policy accept;"
+            "  chain g_nat {{\n    type nat hook postrouting priority 100; policy accept;"
         );
         for nic in nics {
             let _ = writeln!(
