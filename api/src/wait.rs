@@ -147,8 +147,7 @@ impl Drop for Watch {
 /// the last copy read (`created` while `load` finds none).
 pub async fn settled<T: Clone>(
     ctx: &Ctx,
-    guards: &crate::guards::Guards,
-    watched: &Arc<Watched>,
+    (guards, watched): (&crate::guards::Guards, &Arc<Watched>),
     wait: Duration,
     created: T,
     (table, id): (Table, &str),

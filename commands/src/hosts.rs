@@ -166,7 +166,7 @@ fn check_facts(report: &Report) -> Result<(), DomainError> {
         .position(|i| i.cpu_seconds.is_some_and(|s| !s.is_finite() || s < 0.0));
     if let Some(i) = bad_cpu {
         return Err(DomainError::invalid_input(
-            &format!("instances[{i}].cpuSeconds"),
+            format!("instances[{i}].cpuSeconds"),
             "a non-negative number",
         ));
     }

@@ -192,7 +192,13 @@ async fn create(c: Call, mut q: CreateBody) -> Result<InstanceView, ApiError> {
     let load = vps_projections::instances::load;
     let row = (crate::wait::Table::Instances, id.as_str());
     let instance = crate::wait::settled(
-        &c.ctx, &c.guards, &c.watched, wait, created, row, settled, load,
+        &c.ctx,
+        (&c.guards, &c.watched),
+        wait,
+        created,
+        row,
+        settled,
+        load,
     )
     .await?;
     Ok(InstanceView::from(&instance))

@@ -362,8 +362,7 @@ async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
     let row = (crate::wait::Table::Sandboxes, id.as_str());
     let sandbox = crate::wait::settled(
         &c.ctx,
-        &c.guards,
-        &c.watched,
+        (&c.guards, &c.watched),
         wait,
         created.sandbox,
         row,
@@ -525,7 +524,13 @@ pub(crate) async fn unpaused(
     let load = vps_projections::sandboxes::load_sandbox;
     let row = (crate::wait::Table::Sandboxes, sandbox_id);
     let s = crate::wait::settled(
-        &c.ctx, &c.guards, &c.watched, wait, resumed, row, settled, load,
+        &c.ctx,
+        (&c.guards, &c.watched),
+        wait,
+        resumed,
+        row,
+        settled,
+        load,
     )
     .await?;
     if s.state != SandboxState::Ready {
