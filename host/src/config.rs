@@ -59,6 +59,8 @@ pub struct HostConfig {
     pub runtime: RuntimeKind,
     /// KVM, TCG, or KVM once a probe boot proves it works.
     pub accel: Accel,
+    /// Where the agent serves its Prometheus metrics (`/metrics`); none: not served.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// How the loop is paced: not in the file, tests shorten it.
     pub timings: Timings,
 }
@@ -113,6 +115,7 @@ struct HostTable {
     tunnel_listen: Option<String>,
     runtime: Option<String>,
     accel: Option<String>,
+    metrics_listen: Option<String>,
 }
 
 /// Reads and checks a `host.toml`.
@@ -187,6 +190,17 @@ pub fn parse(text: &str, file: &str) -> Result<HostConfig, ConfigError> {
     if let Some(bridge) = &host.bridge {
         check_interface_name(bridge).map_err(|problem| err("host.bridge", problem))?;
     }
+    let metrics_listen = host
+        .metrics_listen
+        .map(|text| {
+            text.parse::<std::net::SocketAddr>().map_err(|_| {
+                err(
+                    "host.metrics_listen",
+                    format!("{text:?} is not an IP:PORT address"),
+                )
+            })
+        })
+        .transpose()?;
     let state_dir = host
         .state_dir
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
@@ -201,6 +215,7 @@ pub fn parse(text: &str, file: &str) -> Result<HostConfig, ConfigError> {
         tunnel_listen,
         runtime,
         accel,
+        metrics_listen,
         timings: Timings::default(),
     })
 }
@@ -252,6 +267,16 @@ mod tests {
         assert_eq!(c.bridge.as_deref(), Some("vpsbr0"));
         assert_eq!(c.tunnel_listen, "10.0.0.1:7000");
         assert_eq!(c.accel, Accel::Tcg);
+    }
+
+    #[test]
+    fn metrics_are_served_only_where_the_file_says() {
+        assert_eq!(parse(MINIMAL, "host.toml").unwrap().metrics_listen, None);
+        let text = format!("{MINIMAL}metrics_listen = \"127.0.0.1:9101\"\n");
+        let c = parse(&text, "host.toml").unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9101".parse().unwrap()));
+        let text = format!("{MINIMAL}metrics_listen = \"everywhere\"\n");
+        assert_eq!(parse(&text, "host.toml").unwrap_err().key, "host.metrics_listen");
     }
 
     #[test]

@@ -34,6 +34,14 @@ use runtime::Runtime;
 /// Runs the agent with the runtime `config` names until SIGINT or SIGTERM. Guests keep
 /// running after it returns; the next start re-adopts them.
 pub async fn run(config: HostConfig) -> anyhow::Result<()> {
+    if let Some(address) = config.metrics_listen {
+        // Installed before anything records, so no early sample is lost.
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(address)
+            .install()
+            .with_context(|| format!("serving metrics on {address}"))?;
+        tracing::info!(%address, "metrics served at /metrics");
+    }
     let runtime = match config.runtime {
         RuntimeKind::Qemu => {
             runtime::qemu::Qemu::new(&config.state_dir, &config.image_dir, config.accel)

@@ -577,6 +577,7 @@ impl Lab {
             tunnel_listen: "127.0.0.1:0".into(),
             runtime: RuntimeKind::Qemu,
             accel: Accel::Tcg,
+            metrics_listen: None,
             timings: Timings {
                 report_interval: Duration::from_millis(300),
                 poll_wait: Duration::from_secs(1),

@@ -328,6 +328,7 @@ impl Lab {
                 tunnel_listen: "127.0.0.1:0".into(),
                 runtime: vps_host::RuntimeKind::Qemu,
                 accel: o.accel,
+                metrics_listen: None,
                 timings: timings.clone(),
             };
             let host = vps_host::start(config, runtime).await?;

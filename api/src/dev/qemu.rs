@@ -67,6 +67,7 @@ pub async fn start(
             tunnel_listen: "127.0.0.1:0".into(),
             runtime: RuntimeKind::Qemu,
             accel: Accel::Auto,
+            metrics_listen: None,
             timings: Default::default(),
         };
         let runtime = Qemu::new(&config.state_dir, &config.image_dir, config.accel)?;
