@@ -9,8 +9,10 @@
 //! - [`args`]: flags from a request schema, and the JSON body from the flags.
 //! - [`output`]: tables for people, JSON with `--json`.
 //! - [`exec`]: `vps sandboxes exec`, a shell through the system's `ssh`.
+//! - [`cp`]: `vps sandboxes cp`, files in and out over the same path.
 
 mod args;
+pub(crate) mod cp;
 pub(crate) mod exec;
 mod images;
 pub(crate) mod output;
@@ -109,6 +111,7 @@ fn local_commands(group: &str) -> Vec<Command> {
             images::build_command(),
             images::import_command().args(connection_args()),
         ],
+        "sandboxes" => vec![cp::command().args(connection_args())],
         _ => Vec::new(),
     }
 }
@@ -160,6 +163,12 @@ pub async fn run(group: &str, matches: &ArgMatches) -> i32 {
     if (group, name) == ("images", "import") {
         return match Client::from(sub) {
             Ok(client) => images::run_import(&client, sub).await,
+            Err(UsageError(e)) => usage(&e),
+        };
+    }
+    if (group, name) == ("sandboxes", "cp") {
+        return match Client::from(sub) {
+            Ok(client) => cp::run(&client, sub).await,
             Err(UsageError(e)) => usage(&e),
         };
     }

@@ -1,6 +1,6 @@
 //! `vps mcp`: the Model Context Protocol over stdio (rmcp), so an agent can drive sandboxes
 //! and instances. It is a client of the HTTP API like the CLI, acting as its token's identity:
-//! every tool is one API call (exec: `sandboxes.exec` and the system's `ssh`), and Cedar
+//! every tool is one API call (exec and files: `sandboxes.exec` and the system's `ssh`), and Cedar
 //! decides it on the server as for any other caller.
 //!
 //! A tool answers the API's JSON, pretty-printed; an API error comes back as a tool error
@@ -56,6 +56,10 @@ const DEFAULT_WAIT: u64 = 20;
 /// `exec_in_sandbox`'s default and longest timeouts, in seconds.
 const DEFAULT_EXEC_TIMEOUT: u64 = 60;
 const MAX_EXEC_TIMEOUT: u64 = 600;
+/// How long `write_file` and `read_file` may take, in seconds.
+const FILE_TIMEOUT: u64 = 120;
+/// The largest file `read_file` answers (its content travels in one JSON message).
+const MAX_READ_BYTES: usize = 8 << 20;
 
 /// The MCP server: one API client, as one identity.
 struct Vps {
@@ -158,6 +162,98 @@ impl Vps {
         }
     }
 
+    /// Writes a file in a ready sandbox over SSH (made or replaced; `content` as UTF-8 text, or
+    /// base64 with `encoding: "base64"`); answers `{ path, sizeBytes }`. The guest's own
+    /// error (a path the account may not write) comes back as the tool error.
+    #[tool]
+    async fn write_file(&self, Parameters(p): Parameters<WriteFile>) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        let bytes = match p.encoding.as_deref().unwrap_or("utf8") {
+            "utf8" => p.content.into_bytes(),
+            "base64" => {
+                use base64::Engine;
+                match base64::engine::general_purpose::STANDARD.decode(p.content.trim()) {
+                    Ok(bytes) => bytes,
+                    Err(e) => return error(&format!("INVALID_INPUT: content is not base64: {e}")),
+                }
+            }
+            other => {
+                return error(&format!(
+                    "INVALID_INPUT: encoding {other:?} is not utf8 or base64"
+                ))
+            }
+        };
+        let Some(quoted) = quoted_path(&p.path) else {
+            return error("INVALID_INPUT: path is empty or cannot be quoted");
+        };
+        let size = bytes.len();
+        match self
+            .ssh(
+                &tenant,
+                &p.sandbox_id,
+                &format!("cat > {quoted}"),
+                Some(bytes),
+            )
+            .await
+        {
+            Ok(_) => success(&json!({ "path": p.path, "sizeBytes": size })),
+            Err(result) => result,
+        }
+    }
+
+    /// Reads a file in a ready sandbox over SSH (at most 8 MiB); answers `{ path, encoding,
+    /// content, sizeBytes }`, `content` as UTF-8 text or base64.
+    #[tool]
+    async fn read_file(&self, Parameters(p): Parameters<ReadFile>) -> CallToolResult {
+        let Some(tenant) = self.tenant(p.tenant_id) else {
+            return no_tenant();
+        };
+        if let Some(other) = p
+            .encoding
+            .as_deref()
+            .filter(|e| !["utf8", "base64"].contains(e))
+        {
+            return error(&format!(
+                "INVALID_INPUT: encoding {other:?} is not utf8 or base64"
+            ));
+        }
+        let Some(quoted) = quoted_path(&p.path) else {
+            return error("INVALID_INPUT: path is empty or cannot be quoted");
+        };
+        // One byte past the bound tells a file that is too large.
+        let command = format!("head -c {} -- {quoted}", MAX_READ_BYTES + 1);
+        let bytes = match self.ssh(&tenant, &p.sandbox_id, &command, None).await {
+            Ok(bytes) => bytes,
+            Err(result) => return result,
+        };
+        if bytes.len() > MAX_READ_BYTES {
+            return error(&format!(
+                "TOO_LARGE: {} is larger than {MAX_READ_BYTES} bytes (use `vps sandboxes cp`)",
+                p.path
+            ));
+        }
+        let size = bytes.len();
+        let (encoding, content) = match (p.encoding.as_deref(), String::from_utf8(bytes)) {
+            (Some("base64"), Ok(text)) => ("base64", encode64(text.as_bytes())),
+            (_, Ok(text)) => ("utf8", text),
+            (Some("utf8"), Err(_)) => {
+                return error(&format!(
+                    "INVALID_INPUT: {} is not UTF-8 text (ask for base64)",
+                    p.path
+                ))
+            }
+            (_, Err(e)) => ("base64", encode64(e.as_bytes())),
+        };
+        success(&json!({
+            "path": p.path,
+            "encoding": encoding,
+            "content": content,
+            "sizeBytes": size,
+        }))
+    }
+
     /// Takes a snapshot of a sandbox (disk and, by default, memory); answers the snapshot,
     /// `pending` until its node has uploaded it.
     #[tool]
@@ -215,6 +311,61 @@ impl Vps {
 
 impl Vps {
     /// The tool's tenant, or the server's.
+    /// Runs `command` in the sandbox over an exec session, `input` on its standard input:
+    /// its standard output, or the tool error (the guest's standard error when it failed).
+    async fn ssh(
+        &self,
+        tenant: &str,
+        sandbox: &str,
+        command: &str,
+        input: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, CallToolResult> {
+        use tokio::io::AsyncWriteExt;
+        let (dir, mut ssh) = match session(&self.client, tenant, sandbox, None).await {
+            Ok(s) => s,
+            Err(SessionError::Api(failure)) => return Err(api_error(&failure)),
+            Err(SessionError::Local(e)) => return Err(error(&format!("INTERNAL: {e}"))),
+        };
+        // One argument: sshd hands it to the guest's `sh -c` as it is.
+        ssh.arg(command);
+        let mut ssh = tokio::process::Command::from(ssh);
+        // Standard input is the protocol: ssh reads only what is given here.
+        ssh.stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+        let ran = tokio::time::timeout(Duration::from_secs(FILE_TIMEOUT), async {
+            let mut child = ssh.spawn()?;
+            if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
+                // A guest that refuses the file closes early: its error says why.
+                let _ = stdin.write_all(&bytes).await;
+                drop(stdin);
+            }
+            child.wait_with_output().await
+        })
+        .await;
+        // The key and certificate go with the directory.
+        drop(dir);
+        match ran {
+            Err(_) => Err(error(&format!(
+                "TIMEOUT: the copy ran past {FILE_TIMEOUT} s and was stopped"
+            ))),
+            Ok(Err(e)) => Err(error(&format!("INTERNAL: cannot run ssh: {e}"))),
+            Ok(Ok(out)) if out.status.success() => Ok(out.stdout),
+            Ok(Ok(out)) => Err(error(&format!(
+                "GUEST_ERROR: {} (exit {})",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                out.status
+                    .code()
+                    .map_or("by a signal".into(), |c| c.to_string())
+            ))),
+        }
+    }
+
     fn tenant(&self, given: Option<String>) -> Option<String> {
         given.or_else(|| self.tenant.clone())
     }
@@ -265,6 +416,19 @@ fn wait(body: &mut Value, seconds: Option<u64>) {
 /// An idempotency key for a create that was given none.
 fn fresh_key() -> String {
     format!("mcp-{}", ulid::Ulid::generate().to_string().to_lowercase())
+}
+
+/// A sandbox path quoted for the guest's `sh`.
+fn quoted_path(path: &str) -> Option<String> {
+    if path.is_empty() {
+        return None;
+    }
+    shlex::try_quote(path).ok().map(|q| q.into_owned())
+}
+
+fn encode64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 fn success(answer: &Value) -> CallToolResult {

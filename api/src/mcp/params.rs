@@ -115,3 +115,33 @@ pub struct InstanceRef {
     /// `inst_…`.
     pub instance_id: String,
 }
+
+/// `write_file`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WriteFile {
+    /// The tenant (default: the server's `VPS_TENANT`).
+    pub tenant_id: Option<String>,
+    /// `sbx_…` (a `ready` sandbox).
+    pub sandbox_id: String,
+    /// The file in the sandbox (relative: under the account's home); made or replaced.
+    pub path: String,
+    /// What the file holds: text, or base64 when `encoding` is `base64`.
+    pub content: String,
+    /// `utf8` (default) or `base64`.
+    pub encoding: Option<String>,
+}
+
+/// `read_file`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReadFile {
+    /// The tenant (default: the server's `VPS_TENANT`).
+    pub tenant_id: Option<String>,
+    /// `sbx_…` (a `ready` sandbox).
+    pub sandbox_id: String,
+    /// The file in the sandbox (relative: under the account's home).
+    pub path: String,
+    /// `utf8` or `base64` (default: `utf8` when the file is valid UTF-8, else `base64`).
+    pub encoding: Option<String>,
+}

@@ -9,6 +9,7 @@ mod console;
 mod doctor;
 mod events;
 mod exec;
+mod files;
 mod hosts;
 mod identities;
 mod instances;
