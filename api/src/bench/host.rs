@@ -643,6 +643,13 @@ async fn setup_qemu_pool(
 /// Milestones of one sample: milliseconds after the request was sent.
 type Milestones = BTreeMap<String, f64>;
 
+/// Files QEMU itself creates early in its start, beside the guest's others, and the milestone
+/// each one's birth marks: they tell the runtime's way of starting QEMU from QEMU's own start.
+const QEMU_FILES: [(&str, &str); 2] = [
+    ("qemu.pid", "QEMU wrote its pid file"),
+    ("qmp.sock", "QEMU made its QMP socket"),
+];
+
 /// Every phase, then the figures (printed) and the JSON line's value.
 async fn measure(lab: &Lab, o: &HostBench, append_ms: f64) -> anyhow::Result<Value> {
     println!(
@@ -678,6 +685,7 @@ async fn measure(lab: &Lab, o: &HostBench, append_ms: f64) -> anyhow::Result<Val
     let mut cold_init = Vec::new();
     let mut qemu_init = Vec::new();
     let mut cold_steps: Vec<Milestones> = Vec::new();
+    let mut boot_steps: Vec<Milestones> = Vec::new();
     for i in 0..o.cold {
         let sample = cold_create(lab, &format!("cold-{i}")).await?;
         cold.push(sample.total_ms);
@@ -704,6 +712,7 @@ async fn measure(lab: &Lab, o: &HostBench, append_ms: f64) -> anyhow::Result<Val
             show(boot.init_ms)
         );
         qemu_boot.push(boot.running_ms);
+        boot_steps.push(boot.steps);
         if let Some(ms) = boot.init_ms {
             qemu_init.push(ms);
         }
@@ -758,6 +767,8 @@ async fn measure(lab: &Lab, o: &HostBench, append_ms: f64) -> anyhow::Result<Val
     );
     println!("  where a cold create's time goes (p50 of each milestone, ms after the request):");
     print_steps(&cold_steps);
+    println!("  and QEMU alone's (ms after its spawn):");
+    print_steps(&boot_steps);
     println!(
         "  for scale: the guest's init begins {:.0} ms after the request (QEMU alone: {:.0} ms after its start)",
         median(&cold_init),
@@ -805,6 +816,7 @@ async fn measure(lab: &Lab, o: &HostBench, append_ms: f64) -> anyhow::Result<Val
         "first_create_ms": round(first.total_ms, 1),
         "append_ms": round(append_ms, 3),
         "cold_steps_p50_ms": steps_p50(&cold_steps),
+        "qemu_boot_steps_p50_ms": steps_p50(&boot_steps),
         "warm_steps_p50_ms": steps_p50(&warm_steps),
         "cold_target_ms": COLD_TARGET_MS,
         "warm_target_ms": WARM_TARGET_MS,
@@ -864,7 +876,12 @@ async fn cold_create(lab: &Lab, key: &str) -> anyhow::Result<ColdSample> {
         steps.insert("config drive written (before its fsync)".into(), at);
     }
     if let Some(at) = started_at_after(&dir, wall) {
-        steps.insert("QEMU spawned".into(), at);
+        steps.insert("QEMU spawned (setsid sh run.sh)".into(), at);
+    }
+    for (file, name) in QEMU_FILES {
+        if let Some(at) = created_after(&dir.join(file), wall) {
+            steps.insert(name.into(), at);
+        }
     }
     if let Some(seconds) = delta(run_ops, operation_seconds("run")) {
         steps.insert(
@@ -1006,6 +1023,8 @@ struct BaselineBoot {
     running_ms: f64,
     /// Spawn to the guest's init on the console.
     init_ms: Option<f64>,
+    /// Spawn to QEMU's own files ([`QEMU_FILES`]) and to `running`.
+    steps: Milestones,
 }
 
 impl BaselineTemplate {
@@ -1100,6 +1119,7 @@ impl BaselineTemplate {
     /// One boot: spawn, QMP `running` (timed), then the guest's init (timed), then kill.
     async fn boot(&self, dir: &Path) -> anyhow::Result<BaselineBoot> {
         self.prepare(dir).await?;
+        let wall = SystemTime::now();
         let started = Instant::now();
         let mut child = self.spawn(dir, "vpsbaseline0")?;
         let result = async {
@@ -1113,12 +1133,21 @@ impl BaselineTemplate {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             let running_ms = ms(started.elapsed());
+            let mut steps = Milestones::new();
+            steps.insert("QEMU spawned".into(), 0.0);
+            for (file, name) in QEMU_FILES {
+                if let Some(at) = created_after(&dir.join(file), wall) {
+                    steps.insert(name.into(), at);
+                }
+            }
+            steps.insert("QMP answers, VM running".into(), running_ms);
             let init_ms = wait_for_console(&dir.join("console.log"), INIT_LINE, BOOT_LIMIT)
                 .await
                 .map(|at| ms(at - started));
             anyhow::Ok(BaselineBoot {
                 running_ms,
                 init_ms,
+                steps,
             })
         }
         .await;
