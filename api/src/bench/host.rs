@@ -888,9 +888,6 @@ async fn cold_create(lab: &Lab, key: &str) -> anyhow::Result<ColdSample> {
             "(duration) the agent's run operation".into(),
             seconds * 1000.0,
         );
-        if let Some(began) = boot_began {
-            steps.insert("run operation ends".into(), began + seconds * 1000.0);
-        }
     }
     events_into(&lab.db, &[format!("instance-{instance}")], wall, &mut steps).await?;
     let init_ms = wait_for_console(&dir.join("console.log"), INIT_LINE, BOOT_LIMIT)
