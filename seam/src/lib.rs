@@ -17,5 +17,5 @@ pub mod tunnel;
 pub use client::{CallError, HostFacts, NodeApi, NodeApiOptions, Redeemed, ReportAnswer};
 pub use spec::{
     CommandResult, DesiredState, HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, ReportEntry,
-    ReportState, RestoreFrom, Shape, SshCa, VolumeSpec,
+    NetworkPolicy, ReportState, RestoreFrom, Shape, SshCa, VolumeAttachment, VolumeSpec,
 };

@@ -106,6 +106,36 @@ pub struct VolumeSpec {
     /// Its size.
     #[serde(rename = "sizeGiB")]
     pub size_gib: u64,
+    /// The disk's virtio serial (absent from older servers).
+    #[serde(default, deserialize_with = "nullable")]
+    pub serial: String,
+}
+
+/// A volume an instance attaches (`InstanceSpec.volumes`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeAttachment {
+    /// `vol_…`.
+    pub volume_id: String,
+    /// The disk's virtio serial.
+    pub serial: String,
+    /// Where the guest mounts it.
+    pub mount_path: String,
+    /// Mounted read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A sandbox template's network rule (`InstanceSpec.networkPolicy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkPolicy {
+    /// The pool's range and the outside world, but for private and reserved ranges.
+    Egress,
+    /// Only the pool's own range.
+    Private,
+    /// Nothing but the host's exec path.
+    None,
 }
 
 /// One instance as the host must run it.
@@ -137,6 +167,12 @@ pub struct InstanceSpec {
     /// Who the guest's `sshd` admits (SPEC §3.11; absent from older servers).
     #[serde(default)]
     pub ssh_ca: Option<SshCa>,
+    /// A sandbox template's network rule.
+    #[serde(default)]
+    pub network_policy: Option<NetworkPolicy>,
+    /// The volumes it attaches.
+    #[serde(default, deserialize_with = "nullable")]
+    pub volumes: Vec<VolumeAttachment>,
 }
 
 /// The flavor's shape, as the server sends it.

@@ -31,7 +31,8 @@ use vps_seam::{
 
 use crate::config::Timings;
 use crate::runtime::{
-    GuestSpec, GuestState, ImageRef, NicSpec, Observed, RestoreSource, Runtime, SshCa,
+    GuestSpec, GuestState, ImageRef, NetworkMode, NetworkPolicy, NicSpec, Observed, RestoreSource,
+    Runtime, SshCa, VolumeAttachment, VolumeSpec,
 };
 use crate::tunnel::Targets;
 use converge::{Action, Decision, HostLimits, Memory};
@@ -80,6 +81,7 @@ pub async fn run<R: Runtime>(runtime: Arc<R>, parts: AgentParts) {
         guests: HashMap::new(),
         refusals: BTreeMap::new(),
         user_data: Arc::default(),
+        volumes: Arc::default(),
         done_tx,
         done_rx,
         spec_poll: None,
@@ -140,6 +142,8 @@ struct Agent<R> {
     refusals: BTreeMap<String, String>,
     /// Unsealed user data by instance, fetched once per agent life.
     user_data: Arc<Mutex<HashMap<String, Option<Vec<u8>>>>>,
+    /// The node's volumes as the last spec lists them, by id.
+    volumes: Arc<Mutex<BTreeMap<String, VolumeSpec>>>,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
     spec_poll: Option<SpecPoll>,
@@ -268,6 +272,7 @@ impl<R: Runtime> Agent<R> {
         }
         self.specs = Some(specs);
         self.generation = Some(spec.generation);
+        self.take_volumes(&spec.volumes);
     }
 
     fn take_result(&mut self, result: CommandResult) {
@@ -427,12 +432,48 @@ impl<R: Runtime> Agent<R> {
         }
     }
 
+    /// Keeps the node's volumes as the spec lists them: each listed one made or grown, each
+    /// no longer listed removed (one a guest still attaches stays until it does not).
+    fn take_volumes(&self, listed: &[vps_seam::VolumeSpec]) {
+        let wanted: BTreeMap<String, VolumeSpec> = listed
+            .iter()
+            .map(|v| {
+                let volume = VolumeSpec {
+                    id: v.id.clone(),
+                    size_gib: v.size_gib,
+                    serial: v.serial.clone(),
+                };
+                (v.id.clone(), volume)
+            })
+            .collect();
+        *lock(&self.volumes) = wanted.clone();
+        let runtime = self.runtime.clone();
+        tokio::spawn(
+            async move {
+                for volume in wanted.values() {
+                    if let Err(e) = runtime.ensure_volume(volume).await {
+                        tracing::warn!(volume = %volume.id, error = %e.0, "volume not ready");
+                    }
+                }
+                for held in runtime.volumes().await {
+                    if !wanted.contains_key(&held.id) {
+                        if let Err(e) = runtime.delete_volume(&held.id).await {
+                            tracing::debug!(volume = %held.id, error = %e.0, "volume kept");
+                        }
+                    }
+                }
+            }
+            .instrument(tracing::debug_span!("volumes")),
+        );
+    }
+
     /// Runs one operation in a task of its own; its end wakes the loop.
     fn start(&self, id: String, action: Action, spec: Option<InstanceSpec>) {
         let runtime = self.runtime.clone();
         let api = self.api.clone();
         let bridge = self.bridge.clone();
         let user_data = self.user_data.clone();
+        let volumes = self.volumes.clone();
         let done = self.done_tx.clone();
         let span = tracing::info_span!("operation", guest = %id, operation = action.as_str());
         tokio::spawn(
@@ -442,6 +483,16 @@ impl<R: Runtime> Agent<R> {
                     (Action::Stop, _) => runtime.stop(&id).await.map_err(|e| e.0),
                     (Action::Delete, _) => runtime.delete(&id).await.map_err(|e| e.0),
                     (Action::Run | Action::Pause, Some(spec)) => {
+                        // Its volumes exist before it boots, whatever the volume task is at.
+                        let attached: Vec<VolumeSpec> = {
+                            let known = lock(&volumes);
+                            spec.volumes.iter().filter_map(|a| known.get(&a.volume_id).cloned()).collect()
+                        };
+                        for volume in &attached {
+                            if let Err(e) = runtime.ensure_volume(volume).await {
+                                tracing::warn!(volume = %volume.id, error = %e.0, "volume not ready");
+                            }
+                        }
                         match guest_spec(spec, bridge.as_deref(), &api, &user_data).await {
                             Ok(guest) => bring_up(runtime.as_ref(), spec, &guest, action).await,
                             Err(message) => Err(message),
@@ -651,6 +702,23 @@ async fn guest_spec(
             public_key: ca.public_key.clone(),
             principal: ca.principal.clone(),
         }),
+        network: spec.network_policy.map(|policy| {
+            NetworkPolicy::new(match policy {
+                vps_seam::NetworkPolicy::Egress => NetworkMode::Egress,
+                vps_seam::NetworkPolicy::Private => NetworkMode::Private,
+                vps_seam::NetworkPolicy::None => NetworkMode::None,
+            })
+        }),
+        volumes: spec
+            .volumes
+            .iter()
+            .map(|a| VolumeAttachment {
+                volume_id: a.volume_id.clone(),
+                serial: a.serial.clone(),
+                mount_path: a.mount_path.clone(),
+                read_only: a.read_only,
+            })
+            .collect(),
         ..Default::default()
     })
 }
