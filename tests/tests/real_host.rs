@@ -854,8 +854,7 @@ async fn ssh_until_up(keys: &Keys, first: &Value, command: &str, lab: &Lab) -> S
 fn ends_with_ready(console: &str) -> bool {
     console
         .lines()
-        .filter(|l| l.contains("vps-init"))
-        .last()
+        .rfind(|l| l.contains("vps-init"))
         .is_some_and(|l| l.trim_end().ends_with("ready"))
 }
 

@@ -719,7 +719,6 @@ async fn guest_spec(
                 read_only: a.read_only,
             })
             .collect(),
-        ..Default::default()
     })
 }
 
