@@ -276,7 +276,10 @@ mod tests {
         let c = parse(&text, "host.toml").unwrap();
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9101".parse().unwrap()));
         let text = format!("{MINIMAL}metrics_listen = \"everywhere\"\n");
-        assert_eq!(parse(&text, "host.toml").unwrap_err().key, "host.metrics_listen");
+        assert_eq!(
+            parse(&text, "host.toml").unwrap_err().key,
+            "host.metrics_listen"
+        );
     }
 
     #[test]

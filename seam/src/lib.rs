@@ -16,6 +16,6 @@ pub mod tunnel;
 
 pub use client::{CallError, HostFacts, NodeApi, NodeApiOptions, Redeemed, ReportAnswer};
 pub use spec::{
-    CommandResult, DesiredState, HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, ReportEntry,
-    NetworkPolicy, ReportState, RestoreFrom, Shape, SshCa, VolumeAttachment, VolumeSpec,
+    CommandResult, DesiredState, HostCommand, ImageRef, InstanceSpec, NetworkPolicy, Nic, NodeSpec,
+    ReportEntry, ReportState, RestoreFrom, Shape, SshCa, VolumeAttachment, VolumeSpec,
 };
