@@ -194,9 +194,21 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
             json!({ "tenantId": "globex", "templateId": g.template, "idempotencyKey": "x" }),
             json!({ "tenantId": "acme", "templateId": g.template, "idempotencyKey": "x" }),
         ]),
-        "sandboxes.get" | "sandboxes.delete" => NotFound(vec![
+        "sandboxes.get" | "sandboxes.delete" | "sandboxes.pause" => NotFound(vec![
             json!({ "tenantId": "globex", "sandboxId": g.sandbox }),
             json!({ "tenantId": "acme", "sandboxId": g.sandbox }),
+        ]),
+        "sandboxes.resume" => NotFound(vec![
+            json!({ "tenantId": "globex", "sandboxId": g.sandbox, "ttlSeconds": 60 }),
+            json!({ "tenantId": "acme", "sandboxId": g.sandbox, "ttlSeconds": 60 }),
+        ]),
+        "sandboxes.setLabels" => NotFound(vec![
+            json!({ "tenantId": "globex", "sandboxId": g.sandbox, "labels": { "team": "x" } }),
+            json!({ "tenantId": "acme", "sandboxId": g.sandbox, "labels": { "team": "x" } }),
+        ]),
+        "sandboxTemplates.setLabels" => NotFound(vec![
+            json!({ "tenantId": "globex", "templateId": g.template, "labels": { "team": "x" } }),
+            json!({ "tenantId": "acme", "templateId": g.template, "labels": { "team": "x" } }),
         ]),
         "sandboxes.extend" => NotFound(vec![
             json!({ "tenantId": "globex", "sandboxId": g.sandbox, "by": "1m" }),

@@ -129,6 +129,9 @@ struct NicRecord {
     tap: String,
 }
 
+/// How long a QEMU whose QMP socket is gone may take to exit before it counts as broken.
+const EXIT_GRACE: Duration = Duration::from_secs(3);
+
 impl Qemu {
     /// A runtime keeping guests under `state_dir/guests` and images under `image_dir`. Nothing
     /// is probed or adopted yet: see [`Qemu::chosen_accel`] and [`Runtime::adopt`].
@@ -794,8 +797,9 @@ impl Qemu {
                 Err(error) => {
                     metrics::counter!("vps_host_qmp_errors_total").increment(1);
                     live.qmp = None;
-                    // It may have exited in between.
-                    if !process::is_alive(pid, dir) {
+                    // It may be exiting: QEMU removes its socket before the process ends
+                    // (a guest that powered itself off), so give it a moment to go.
+                    if process::wait_gone(pid, dir, EXIT_GRACE).await {
                         return process::ended(dir).await;
                     }
                     return GuestState::Error(format!(
