@@ -273,7 +273,7 @@ impl Qemu {
             return Ok(());
         }
         record.network = spec.network.clone();
-        apply_network(&record).await?;
+        apply_network(&record, &slot.dir).await?;
         let json = serde_json::to_vec_pretty(&record)
             .map_err(|e| RuntimeError(format!("guest record: {e}")))?;
         std::fs::write(slot.dir.record(), json)
@@ -496,7 +496,7 @@ impl Qemu {
             net::ensure_tap(&nic_record.tap, nic).await?;
         }
         // Before QEMU opens the taps: no packet leaves the guest unfiltered.
-        apply_network(&record).await?;
+        apply_network(&record, dir).await?;
 
         let mut args = qemu_args(spec, &record, &image, chosen, dir, &self.volume_store);
         if memory.is_some() {
@@ -1174,16 +1174,25 @@ impl Runtime for Qemu {
 }
 
 /// Applies the record's network policy to its taps; a guest with none has no tables (one
-/// that had a policy before loses it).
-async fn apply_network(record: &GuestRecord) -> Result<(), RuntimeError> {
+/// that had a policy before loses it). A marker in the guest's directory says tables were
+/// made, so a guest that never had a policy costs no `nft` call on its boots.
+async fn apply_network(record: &GuestRecord, dir: &GuestDir) -> Result<(), RuntimeError> {
+    let marker = dir.0.join("network.applied");
     let Some(network) = &record.network else {
-        return policy::remove(&record.id).await;
+        if marker.exists() {
+            policy::remove(&record.id).await?;
+            let _ = std::fs::remove_file(&marker);
+        }
+        return Ok(());
     };
     let nics = record
         .nics
         .iter()
         .map(|n| policy::PolicyNic::new(&n.tap, &n.mac, &n.address))
         .collect::<Result<Vec<_>, _>>()?;
+    // Marked first: tables half made by a failed apply are still removed later.
+    std::fs::write(&marker, b"")
+        .map_err(|e| RuntimeError(format!("cannot write {}: {e}", marker.display())))?;
     policy::apply(&record.id, &nics, network).await
 }
 
