@@ -8,6 +8,8 @@
 //! guest (`VPS_GUEST_IMAGE`, else built once under the target directory with `apt-get
 //! download`).
 
+mod common;
+use common::{bundle_digest, in_netns, minimal_bundle, qemu_pids, run, sha256_file, state_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -438,79 +440,6 @@ impl Drop for Env {
     }
 }
 
-fn qemu_pids(state: &Path) -> Vec<i32> {
-    let needle = state.to_string_lossy().into_owned();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|pid: &i32| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline);
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let zombie = stat
-                .rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
-            cmdline.starts_with("qemu-system") && cmdline.contains(&needle) && !zombie
-        })
-        .collect()
-}
-
-async fn state_of(runtime: &Qemu, id: &str) -> GuestState {
-    runtime
-        .observe()
-        .await
-        .into_iter()
-        .find(|o| o.id == id)
-        .map(|o| o.state)
-        .expect("the guest is observed")
-}
-
-/// Runs `test` on a thread of its own inside a fresh network namespace (see qemu_runtime.rs).
-fn in_netns<F, Fut>(test: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
-{
-    let thread = std::thread::spawn(move || {
-        // SAFETY: unshare(2) changes only this thread's network namespace.
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
-        run(&["ip", "link", "set", "lo", "up"]);
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(test());
-    });
-    if let Err(panic) = thread.join() {
-        std::panic::resume_unwind(panic);
-    }
-}
-
-fn run(args: &[&str]) -> String {
-    let output = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect(args[0]);
-    assert!(
-        output.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn sha256_file(path: &Path) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
-}
-
-fn bundle_digest(bundle: &Path) -> String {
-    static DIGEST: OnceLock<String> = OnceLock::new();
-    DIGEST.get_or_init(|| sha256_file(bundle)).clone()
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -577,59 +506,4 @@ impl metrics::Recorder for Pauses {
             metrics::Histogram::noop()
         }
     }
-}
-
-/// The minimal guest: `VPS_GUEST_IMAGE`, or the bundle `vps-guest-image`'s boot test caches
-/// under the target directory for the current guest sources, built if absent.
-fn minimal_bundle() -> PathBuf {
-    static BUNDLE: OnceLock<PathBuf> = OnceLock::new();
-    BUNDLE
-        .get_or_init(|| {
-            if let Some(path) = std::env::var_os("VPS_GUEST_IMAGE") {
-                return PathBuf::from(path);
-            }
-            let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("vps-guest-image");
-            let out = cache.join(format!("minimal-{:016x}.tar", guest_sources_fingerprint()));
-            if !out.exists() {
-                std::fs::create_dir_all(&cache).unwrap();
-                let work = cache.join(format!("work-snap-{}", std::process::id()));
-                let built = vps_guest_image::build_minimal(&out, &work, |step| {
-                    eprintln!("build_minimal: {step}")
-                });
-                let _ = std::fs::remove_dir_all(&work);
-                built.unwrap_or_else(|err| panic!("building the minimal guest: {err}"));
-            }
-            out
-        })
-        .clone()
-}
-
-/// FNV-1a over the guest crate's `src/` and `assets/`, as its boot test names its cache.
-fn guest_sources_fingerprint() -> u64 {
-    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(&path, files);
-            } else {
-                files.push(path);
-            }
-        }
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../guest")
-        .canonicalize()
-        .unwrap();
-    let mut files = Vec::new();
-    walk(&root.join("src"), &mut files);
-    walk(&root.join("assets"), &mut files);
-    files.sort();
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    for file in files {
-        let name = file.strip_prefix(&root).unwrap().display().to_string();
-        for byte in name.bytes().chain(std::fs::read(&file).unwrap()) {
-            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    hash
 }

@@ -269,12 +269,12 @@ pub fn run(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn sha256_file(path: &Path) -> String {
+pub fn sha256_file(path: &Path) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
 }
 
-fn bundle_digest(bundle: &Path) -> String {
+pub fn bundle_digest(bundle: &Path) -> String {
     static DIGEST: OnceLock<String> = OnceLock::new();
     DIGEST.get_or_init(|| sha256_file(bundle)).clone()
 }
