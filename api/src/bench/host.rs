@@ -553,56 +553,15 @@ async fn setup_qemu_pool(
     ctx: &vps_commands::Ctx,
     image: &Path,
 ) -> anyhow::Result<(String, String, String)> {
-    use vps_commands::operator::{
-        self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool,
+    use vps_commands::operator::{self as ops, RegisterImage, RegisterNode};
+    let range = super::BenchRange {
+        name: "bench-qemu",
+        runtime: Some("qemu"),
+        cidr: CIDR,
+        gateway: Some(GATEWAY),
+        quota: 1000,
     };
-    let pool = ops::create_pool(
-        ctx,
-        CreatePool {
-            name: "bench-qemu".into(),
-            class: "vps-host".into(),
-            runtime: Some("qemu".into()),
-            provider_account_id: None,
-            policy: Default::default(),
-        },
-    )
-    .await?;
-    let pool_id = pool.id;
-    ops::set_ip_pool(
-        ctx,
-        SetIpPool {
-            pool_id: pool_id.clone(),
-            cidr: CIDR.into(),
-            gateway: Some(GATEWAY.into()),
-        },
-    )
-    .await?;
-    let quota = ["vcpu", "memoryGiB", "diskGiB"]
-        .into_iter()
-        .map(|k| (k.to_string(), 1000))
-        .collect();
-    ops::offer_pool(
-        ctx,
-        OfferPool {
-            pool_id: pool_id.clone(),
-            tenant_id: TENANT.into(),
-            quota,
-        },
-    )
-    .await?;
-    ops::create_flavor(
-        ctx,
-        CreateFlavor {
-            pool_id: pool_id.clone(),
-            name: FLAVOR.into(),
-            vcpu: 1,
-            memory_gib: 1,
-            disk_gib: 1,
-            gpus: None,
-            offer_id: None,
-        },
-    )
-    .await?;
+    let pool_id = super::pool_with_flavor(ctx, &range).await?;
     let bytes = tokio::fs::read(image)
         .await
         .with_context(|| format!("reading {}", image.display()))?;

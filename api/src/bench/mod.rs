@@ -336,21 +336,28 @@ pub struct BenchPool {
     pub quota: u64,
 }
 
-/// A hosted pool with a /16 range, offered to [`TENANT`], with [`FLAVOR`], [`IMAGE`] and
-/// `spec.nodes` nodes; returns the pool id and each node's id and token.
-pub async fn setup_hosted_pool(
+/// A bench pool's name, runtime and range, and [`TENANT`]'s quota of each resource.
+pub struct BenchRange {
+    pub name: &'static str,
+    pub runtime: Option<&'static str>,
+    pub cidr: &'static str,
+    pub gateway: Option<&'static str>,
+    pub quota: u64,
+}
+
+/// A hosted pool with `range`, offered to [`TENANT`], with [`FLAVOR`] (1 vCPU, 1 GiB, 1 GiB
+/// disk); returns its id.
+pub async fn pool_with_flavor(
     ctx: &vps_commands::Ctx,
-    spec: &BenchPool,
-) -> anyhow::Result<(String, Vec<(String, String)>)> {
-    use vps_commands::operator::{
-        self as ops, CreateFlavor, CreatePool, OfferPool, RegisterImage, RegisterNode, SetIpPool,
-    };
+    range: &BenchRange,
+) -> anyhow::Result<String> {
+    use vps_commands::operator::{self as ops, CreateFlavor, CreatePool, OfferPool, SetIpPool};
     let pool = ops::create_pool(
         ctx,
         CreatePool {
-            name: "bench".into(),
+            name: range.name.into(),
             class: "vps-host".into(),
-            runtime: None,
+            runtime: range.runtime.map(Into::into),
             provider_account_id: None,
             policy: Default::default(),
         },
@@ -361,14 +368,14 @@ pub async fn setup_hosted_pool(
         ctx,
         SetIpPool {
             pool_id: pool_id.clone(),
-            cidr: "10.0.0.0/16".into(),
-            gateway: None,
+            cidr: range.cidr.into(),
+            gateway: range.gateway.map(Into::into),
         },
     )
     .await?;
     let quota = ["vcpu", "memoryGiB", "diskGiB"]
         .into_iter()
-        .map(|k| (k.to_string(), spec.quota))
+        .map(|k| (k.to_string(), range.quota))
         .collect();
     ops::offer_pool(
         ctx,
@@ -392,6 +399,24 @@ pub async fn setup_hosted_pool(
         },
     )
     .await?;
+    Ok(pool_id)
+}
+
+/// A hosted pool with a /16 range, offered to [`TENANT`], with [`FLAVOR`], [`IMAGE`] and
+/// `spec.nodes` nodes; returns the pool id and each node's id and token.
+pub async fn setup_hosted_pool(
+    ctx: &vps_commands::Ctx,
+    spec: &BenchPool,
+) -> anyhow::Result<(String, Vec<(String, String)>)> {
+    use vps_commands::operator::{self as ops, RegisterImage, RegisterNode};
+    let range = BenchRange {
+        name: "bench",
+        runtime: None,
+        cidr: "10.0.0.0/16",
+        gateway: None,
+        quota: spec.quota,
+    };
+    let pool_id = pool_with_flavor(ctx, &range).await?;
     ops::register_image(
         ctx,
         RegisterImage {
