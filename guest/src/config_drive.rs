@@ -275,12 +275,7 @@ pub fn check_mount_path(path: &str) -> Result<(), Error> {
 }
 
 fn check_serial(serial: &str) -> Result<(), Error> {
-    let ok = !serial.is_empty()
-        && serial.len() <= 20
-        && serial
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
+    if crate::is_plain_name(serial, 20) {
         Ok(())
     } else {
         Err(invalid(
@@ -306,12 +301,7 @@ fn check_hex(field: &'static str, value: &str, min: usize, max: usize) -> Result
 }
 
 fn check_instance_id(id: &str) -> Result<(), Error> {
-    let ok = !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
+    if crate::is_plain_name(id, 128) {
         Ok(())
     } else {
         Err(invalid(

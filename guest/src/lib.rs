@@ -22,6 +22,15 @@ mod modules;
 
 pub use build::build_minimal;
 
+/// Whether `text` is 1 to `max` ASCII letters, digits, `_` or `-`: the one shape of the names
+/// that become guest directories, drive ids, disk serials and config-drive values.
+pub fn is_plain_name(text: &str, max: usize) -> bool {
+    (1..=max).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// What the host passes with `-append` when it boots a bundle; QEMU then adds its own
 /// `virtio_mmio.device=…` entries.
 ///

@@ -1414,12 +1414,7 @@ fn read_record(dir: &GuestDir) -> Option<GuestRecord> {
 
 /// An id names a directory: it must not climb out of the state directory.
 fn validate_id(id: &str) -> Result<(), RuntimeError> {
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
+    if vps_guest_image::is_plain_name(id, 64) {
         Ok(())
     } else {
         Err(RuntimeError(format!(

@@ -409,11 +409,7 @@ async fn nft(script: &str) -> Result<(), RuntimeError> {
 }
 
 fn valid_ifname(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 15
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    vps_guest_image::is_plain_name(name, 15)
 }
 
 #[cfg(test)]

@@ -44,13 +44,7 @@ impl VolumeStore {
 /// A volume id names a file: letters, digits, `_` and `-`, starting with a letter (it is also
 /// a QEMU drive id).
 pub fn validate_id(id: &str) -> Result<(), RuntimeError> {
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id.starts_with(|c: char| c.is_ascii_alphabetic())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
+    if id.starts_with(|c: char| c.is_ascii_alphabetic()) && vps_guest_image::is_plain_name(id, 64) {
         Ok(())
     } else {
         Err(RuntimeError(format!("volume id {id:?} is not valid")))
@@ -60,12 +54,7 @@ pub fn validate_id(id: &str) -> Result<(), RuntimeError> {
 /// A virtio-blk serial: at most 20 bytes (`VIRTIO_BLK_ID_BYTES`), nothing QEMU's option
 /// parser or the guest's shell would read as syntax.
 pub fn validate_serial(serial: &str) -> Result<(), RuntimeError> {
-    let ok = !serial.is_empty()
-        && serial.len() <= 20
-        && serial
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok && !serial.starts_with("vps-") {
+    if vps_guest_image::is_plain_name(serial, 20) && !serial.starts_with("vps-") {
         Ok(())
     } else {
         Err(RuntimeError(format!(
