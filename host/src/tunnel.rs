@@ -54,14 +54,7 @@ pub async fn serve<R: Runtime>(
     targets: Arc<Targets>,
 ) {
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "tunnel accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+        let (stream, peer) = vps_seam::tunnel::accept(&listener).await;
         let (runtime, api, targets) = (runtime.clone(), api.clone(), targets.clone());
         let span = tracing::info_span!("tunnel", %peer);
         tokio::spawn(connection(stream, runtime, api, targets).instrument(span));

@@ -6,6 +6,22 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// The next tunnel connection. A failed accept (too many open files, a reset before accept)
+/// is logged and retried after a moment, never the end of the endpoint.
+pub async fn accept(
+    listener: &tokio::net::TcpListener,
+) -> (tokio::net::TcpStream, std::net::SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(error) => {
+                tracing::warn!(%error, "tunnel accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
 /// The longest first line (the ticket) accepted.
 pub const MAX_TICKET_LINE: usize = 512;
 /// How long a client may take to send its ticket.

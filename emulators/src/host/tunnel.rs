@@ -37,14 +37,7 @@ const CHUNK: usize = 32 * 1024;
 pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, api: NodeApi) {
     let config = Arc::new(ssh_config());
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "tunnel accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+        let (stream, peer) = vps_seam::tunnel::accept(&listener).await;
         let (shared, api, config) = (shared.clone(), api.clone(), config.clone());
         let span = tracing::debug_span!("tunnel", %peer);
         tokio::spawn(connection(stream, shared, api, config).instrument(span));
