@@ -106,22 +106,15 @@ async fn end_for(
 /// wanted `paused` (the host keeps its memory); `paused` once the host reports it. A pausing
 /// or paused sandbox changes nothing; a runtime that cannot pause is `UNSUPPORTED`.
 pub async fn pause(ctx: &Ctx, tenant_id: &str, sandbox_id: &str) -> Result<Sandbox, CommandError> {
-    retrying(sandbox_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let s = super::visible(&mut tx, tenant_id, sandbox_id).await?;
-        let t = super::template(&mut tx, &s.template_id).await?;
+    transaction(ctx, sandbox_id, async |tx| {
+        let s = super::visible(tx, tenant_id, sandbox_id).await?;
+        let t = super::template(tx, &s.template_id).await?;
         let (can_pause, paused_ttl) = pause_terms(t.as_ref());
         let events = domain::pause(&s, can_pause, paused_ttl, Utc::now())?;
-        if events.is_empty() {
-            return Ok(s);
-        }
         let pause = InstanceCommand::Pause {
             requester: Requester::System,
         };
-        drive(ctx, &mut tx, &s, events, pause).await?;
-        let after = load::<Sandbox>(&mut tx, sandbox_id).await?.expect("exists");
-        commit(ctx, tx).await?;
-        Ok(after)
+        drive_and_reload(ctx, tx, s, events, pause).await
     })
     .await
 }
@@ -136,10 +129,9 @@ pub async fn resume(
     sandbox_id: &str,
     ttl_seconds: Option<u64>,
 ) -> Result<Sandbox, CommandError> {
-    retrying(sandbox_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let s = super::visible(&mut tx, tenant_id, sandbox_id).await?;
-        let t = super::template(&mut tx, &s.template_id).await?;
+    transaction(ctx, sandbox_id, async |tx| {
+        let s = super::visible(tx, tenant_id, sandbox_id).await?;
+        let t = super::template(tx, &s.template_id).await?;
         let (default_ttl, max_ttl) = t.as_ref().map_or(
             (
                 vps_domain::template::DEFAULT_TTL_SECONDS,
@@ -149,16 +141,10 @@ pub async fn resume(
         );
         let ttl = domain::resume_ttl(ttl_seconds, default_ttl, max_ttl)?;
         let events = domain::resume(&s, ttl, Utc::now())?;
-        if events.is_empty() {
-            return Ok(s);
-        }
         let start = InstanceCommand::Start {
             requester: Requester::System,
         };
-        drive(ctx, &mut tx, &s, events, start).await?;
-        let after = load::<Sandbox>(&mut tx, sandbox_id).await?.expect("exists");
-        commit(ctx, tx).await?;
-        Ok(after)
+        drive_and_reload(ctx, tx, s, events, start).await
     })
     .await
 }
@@ -177,6 +163,22 @@ pub async fn set_labels(
         Ok(after.unwrap_or(s))
     })
     .await
+}
+
+/// [`drive`]s a pause's or resume's `events` (none: the sandbox as it is) and answers the
+/// sandbox as they left it.
+async fn drive_and_reload(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    s: Sandbox,
+    events: Vec<SandboxEvent>,
+    command: InstanceCommand,
+) -> Result<Sandbox, CommandError> {
+    if events.is_empty() {
+        return Ok(s);
+    }
+    drive(ctx, tx, &s, events, command).await?;
+    Ok(load::<Sandbox>(tx, &s.id).await?.unwrap_or(s))
 }
 
 /// Whether a template's runtime can pause, and its `pausedTtlSeconds` (a template gone from
