@@ -37,7 +37,7 @@ pub async fn server_url(config: &Config) -> anyhow::Result<(String, Option<Embed
     let admin = cluster.url();
     // The product's data lives in its own database inside the cluster.
     ensure_database(&admin, "vps").await?;
-    Ok((vps_pg::testing::with_database(&admin, "vps"), Some(cluster)))
+    Ok((vps_pg::connect::with_database(&admin, "vps"), Some(cluster)))
 }
 
 async fn ensure_database(admin_url: &str, name: &str) -> anyhow::Result<()> {

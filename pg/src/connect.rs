@@ -67,3 +67,37 @@ pub async fn connect(url: &str, options: &DbOptions) -> Result<PgPool, sqlx::Err
 /// transaction, and the one `BEGIN` round trip carries them.
 pub const BEGIN_KEYED: &str =
     "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off";
+
+/// `url` with its database name replaced.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    // The path starts at the first '/' after the authority.
+    let authority_end = base
+        .find("://")
+        .map(|i| i + 3)
+        .and_then(|start| base[start..].find('/').map(|j| start + j))
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{}", &base[..authority_end], database);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_database_replaces_only_the_path() {
+        assert_eq!(
+            with_database("postgres://u:p@h:5/postgres?sslmode=disable", "t_1"),
+            "postgres://u:p@h:5/t_1?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+    }
+}

@@ -3,11 +3,12 @@
 //!
 //! Modules: `connect` (pools with the session settings every connection needs), `embedded`
 //! (initdb + pg_ctl from the binaries on the machine, as a non-root user), `testing` (one
-//! database per test on a shared server). This crate knows nothing of events or the schema:
+//! database per test on a shared server; the `testing` feature, for tests and benches only). This crate knows nothing of events or the schema:
 //! a fresh test pool is migrated with the migrator its caller hands in.
 
 pub mod connect;
 pub mod embedded;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use embedded::{EmbeddedCluster, EmbeddedError, EmbeddedOptions};

@@ -7,8 +7,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use vps::config::{Config, IdentityConfig};
-use vps::server::RunningServer;
+use vps_api::config::{Config, IdentityConfig};
+use vps_api::server::RunningServer;
 
 /// How long a wait on background work lasts before the test fails: generous, so a busy
 /// 2-core CI machine does not flake. A passing test never waits this long.
@@ -67,7 +67,7 @@ impl TestServer {
     /// Like `start_with`, on a database the test prepared (a fresh, migrated one), e.g. to hold
     /// a lease before the server's parts can take it.
     pub async fn start_on(pool: sqlx::PgPool, adjust: impl FnOnce(&mut Config)) -> TestServer {
-        vps::telemetry::init_logging();
+        vps_api::telemetry::init_logging();
         let identity = |token: &str, identity: &str, tenant: Option<&str>| IdentityConfig {
             token: token.into(),
             identity: identity.into(),
@@ -90,7 +90,7 @@ impl TestServer {
         config.snapshots.dir = Some(snapshots.path().to_path_buf());
         config.sandbox_exec.ca_key = Some(sandbox_ca().to_path_buf());
         adjust(&mut config);
-        let server = vps::server::start(config, pool)
+        let server = vps_api::server::start(config, pool)
             .await
             .expect("server starts");
         TestServer {
@@ -213,7 +213,7 @@ impl TestServer {
     pub async fn replica(&self) -> RunningServer {
         let mut config = (*self.server.state.config).clone();
         config.http.listen = "127.0.0.1:0".into();
-        vps::server::start(config, self.server.state.pool.clone())
+        vps_api::server::start(config, self.server.state.pool.clone())
             .await
             .expect("replica starts")
     }

@@ -293,7 +293,7 @@ async fn nodes_get_a_fresh_grace_period_after_the_control_planes_outage() {
     )
     .await;
     let t = TestServer {
-        server: vps::server::start(config, db).await.expect("restarts"),
+        server: vps_api::server::start(config, db).await.expect("restarts"),
         http,
         snapshots,
     };
@@ -498,9 +498,9 @@ async fn metric_labels_come_only_from_registered_method_names() {
 #[tokio::test]
 async fn the_server_refuses_to_start_without_a_sealing_key() {
     let pool = vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 4).await;
-    let mut config = vps::config::Config::default();
+    let mut config = vps_api::config::Config::default();
     config.http.listen = "127.0.0.1:0".into();
-    let refused = vps::server::start(config, pool)
+    let refused = vps_api::server::start(config, pool)
         .await
         .err()
         .expect("refused");

@@ -87,7 +87,15 @@ pub fn summary(data: &Value) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ");
-    crate::client::output::ellipsized(text, SUMMARY_CHARS)
+    ellipsized(text, SUMMARY_CHARS)
+}
+
+/// `text` cut to its first `max_chars` characters, ending in `…` when anything was cut.
+pub fn ellipsized(text: String, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ async fn the_document_covers_every_method_with_its_schemas_and_errors() {
         doc["components"]["securitySchemes"]["bearer"]["scheme"],
         "bearer"
     );
-    let methods = vps::methods::registry().methods();
+    let methods = vps_api::methods::registry().methods();
     assert!(methods.len() >= 38, "{} methods", methods.len());
     for m in methods {
         let path = format!("/api/compute/{}/{}", m.group, m.name);
@@ -76,7 +76,7 @@ async fn the_document_covers_every_method_with_its_schemas_and_errors() {
         .collect();
     assert!(required.contains(&"idempotencyKey"), "{required:?}");
     // `vps openapi` prints the same document.
-    assert_eq!(&doc, vps::openapi::document());
+    assert_eq!(&doc, vps_api::openapi::document());
 }
 
 #[tokio::test]

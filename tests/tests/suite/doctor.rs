@@ -51,7 +51,7 @@ async fn database_url(t: &TestServer) -> String {
         .fetch_one(&t.server.state.pool)
         .await
         .unwrap();
-    vps_pg::testing::with_database(&vps_pg::testing::server_url(), &name)
+    vps_pg::connect::with_database(&vps_pg::testing::server_url(), &name)
 }
 
 /// A session of its own on the server's database, named so findings can name it.
@@ -403,7 +403,7 @@ async fn a_configured_nats_that_does_not_answer_is_an_error() {
         .unwrap()
         .port();
     let t = TestServer::start_with(|c| {
-        c.nats = Some(vps::config::NatsConfig {
+        c.nats = Some(vps_api::config::NatsConfig {
             url: format!("nats://127.0.0.1:{port}"),
             subject_prefix: String::new(),
         })

@@ -598,7 +598,7 @@ async fn a_pass_over_a_settled_instance_takes_no_row_lock() {
         .await
         .unwrap();
     let state = &t.server.state;
-    let ctx = vps::server::reactor_ctx(state, "test");
+    let ctx = vps_api::server::reactor_ctx(state, "test");
     let item = vps_reactors::work_queue::Taken {
         key: id.clone(),
         wakes: 0,
@@ -606,7 +606,7 @@ async fn a_pass_over_a_settled_instance_takes_no_row_lock() {
         lease_id: 0,
         retry_at: None,
     };
-    let timings = vps::server::timings(&state.config);
+    let timings = vps_api::server::timings(&state.config);
     let pass = tokio::time::timeout(
         Duration::from_secs(10),
         vps_reactors::instances::reconcile(&ctx, &timings, &item),

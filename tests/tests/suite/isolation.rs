@@ -4,12 +4,12 @@
 //! calling any method but its own node's is `ACCESS_DENIED`, and so is a tenant calling any
 //! operator method.
 //!
-//! Methods added later are picked up from `vps::methods::all()`: a tenant-callable method
+//! Methods added later are picked up from `vps_api::methods::all()`: a tenant-callable method
 //! without an entry in [`fixture`] fails the test, naming it. Add its entry there, using the
 //! ids of globex's resources in [`Globex`] (create more of them in [`Globex::create`]).
 
 use serde_json::{json, Value};
-use vps::registry::Access;
+use vps_api::registry::Access;
 use vps_tests::{TestServer, ALICE, EVE, OPERATOR, SSH_KEY};
 
 /// Tenant globex's resources, which acme must never reach.
@@ -270,7 +270,7 @@ async fn no_tenant_method_reaches_another_tenants_resources() {
     t.settle().await;
     let before = log_head(&t).await;
     let mut missing = Vec::new();
-    for method in vps::methods::all()
+    for method in vps_api::methods::all()
         .iter()
         .filter(|m| m.access == Access::Tenant)
     {
@@ -305,7 +305,7 @@ async fn no_tenant_method_reaches_another_tenants_resources() {
     );
     // Every operator method (pools, nodes, flavors, images, identities, policies, tenants, …)
     // is ACCESS_DENIED to a tenant, whatever it names.
-    for method in vps::methods::all()
+    for method in vps_api::methods::all()
         .iter()
         .filter(|m| m.access == Access::Operator)
     {
@@ -341,7 +341,7 @@ async fn a_node_token_may_call_only_its_own_nodes_methods() {
     let g = Globex::create(&t).await;
     t.settle().await;
     let before = log_head(&t).await;
-    for method in vps::methods::all()
+    for method in vps_api::methods::all()
         .iter()
         .filter(|m| m.access != Access::Node)
     {

@@ -482,7 +482,7 @@ async fn a_paused_sandbox_is_billed_the_memory_it_holds_and_usage_verify_agrees(
             .all(|r| time(&r["windowEnd"]) <= paused_at || time(&r["windowStart"]) >= ran_again),
         "{vcpu:#?}"
     );
-    let windows = vps::server::usage_windows(&t.server.state.config);
+    let windows = vps_api::server::usage_windows(&t.server.state.config);
     let report = vps_reactors::usage::verify::verify(
         &t.server.state.pool,
         windows,

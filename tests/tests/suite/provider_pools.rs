@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use vps::config::{Config, IdentityConfig};
+use vps_api::config::{Config, IdentityConfig};
 use vps_domain::state_table::InstanceState;
 use vps_emulators::{hetzner, proxmox, Fault};
 use vps_reactors::providers::{EmulatorConfig, EmulatorFault, EmulatorProvider};
@@ -24,7 +24,7 @@ static EMULATOR_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// A server with fast `[timings]` on the database at `url`.
 async fn server_on(url: &str, provider_retry: f64) -> TestServer {
-    vps::telemetry::init_logging();
+    vps_api::telemetry::init_logging();
     let pool = vps_events::connect(
         url,
         &vps_events::DbOptions {
@@ -51,7 +51,7 @@ async fn server_on(url: &str, provider_retry: f64) -> TestServer {
         identity(OPERATOR, "id_operator", None),
         identity(ALICE, "id_alice", Some("acme")),
     ];
-    let server = vps::server::start(config, pool)
+    let server = vps_api::server::start(config, pool)
         .await
         .expect("server starts");
     TestServer {

@@ -138,8 +138,8 @@ impl World<'_> {
                 .await?;
             }
             Op::Pass => {
-                let ctx = vps::server::reactor_ctx(&t.server.state, "property");
-                let timings = vps::server::timings(&t.server.state.config);
+                let ctx = vps_api::server::reactor_ctx(&t.server.state, "property");
+                let timings = vps_api::server::timings(&t.server.state.config);
                 vps_reactors::sandboxes::pass(&ctx, &timings, &t.server.state.snapshots)
                     .await
                     .expect("a sandbox pass");

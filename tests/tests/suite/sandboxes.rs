@@ -400,7 +400,7 @@ async fn a_warm_claim_wakes_its_own_replicas_spec_polls_without_a_notification()
             tenant: Some("acme".into()),
             operator: false,
         },
-        ..vps::server::reactor_ctx(&t.server.state, "test")
+        ..vps_api::server::reactor_ctx(&t.server.state, "test")
     };
     let input = vps_commands::sandboxes::create::CreateSandboxInput {
         tenant_id: "acme".into(),

@@ -1002,7 +1002,7 @@ async fn snapshots_are_one_at_a_time_within_the_kept_quota_and_metered() {
         }
     })
     .await;
-    let windows = vps::server::usage_windows(&t.server.state.config);
+    let windows = vps_api::server::usage_windows(&t.server.state.config);
     let report = vps_reactors::usage::verify::verify(
         &t.server.state.pool,
         windows,

@@ -876,7 +876,7 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
     let t = TestServer::start_with(|c| {
         c.timings.transitional_look = 0.1;
         c.timings.sandbox_pass = 0.2;
-        c.snapshots.store = vps::config::SnapshotBackend::S3;
+        c.snapshots.store = vps_api::config::SnapshotBackend::S3;
         c.snapshots.bucket = Some("snapshots".into());
         c.snapshots.endpoint = Some(endpoint);
         c.snapshots.region = Some("us-east-1".into());

@@ -178,7 +178,7 @@ async fn an_instance_running_three_and_a_half_windows_is_billed_exactly_to_the_l
 
 /// The server's metering windows.
 fn windows(t: &TestServer) -> vps_domain::usage::Windows {
-    vps::server::usage_windows(&t.server.state.config)
+    vps_api::server::usage_windows(&t.server.state.config)
 }
 
 async fn verify(t: &TestServer) -> vps_reactors::usage::verify::VerifyReport {
@@ -257,7 +257,7 @@ async fn two_replicas_record_every_window_once_and_verify_finds_an_inserted_reco
     let report = verify(&t).await;
     assert_eq!(report.first_difference, None);
     assert!(report.compared > 0);
-    assert!(vps::tools::usage::verify(
+    assert!(vps_api::tools::usage::verify(
         &t.server.state.pool,
         windows(&t),
         DateTime::<Utc>::MIN_UTC,
@@ -344,7 +344,7 @@ async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window(
     })
     .await;
     config.http.listen = "127.0.0.1:0".into();
-    let server = vps::server::start(config, db).await.expect("restarts");
+    let server = vps_api::server::start(config, db).await.expect("restarts");
     let t = TestServer {
         server,
         http,

@@ -617,7 +617,7 @@ async fn the_volume_meter_bills_its_size_from_booking_to_release() {
         .map(|r| Decimal::from_str(r["quantity"].as_str().unwrap()).unwrap())
         .sum();
     assert_eq!(sum, exact);
-    let windows = vps::server::usage_windows(&t.server.state.config);
+    let windows = vps_api::server::usage_windows(&t.server.state.config);
     let report = vps_reactors::usage::verify::verify(
         &t.server.state.pool,
         windows,

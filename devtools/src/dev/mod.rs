@@ -15,8 +15,8 @@ use vps_domain::operator::PoolPolicy;
 use vps_domain::resources::Capacity;
 use vps_emulators::host::{EmulatedHost, HostConfig, HostHandle};
 
-use crate::config::{Config, IdentityConfig};
-use crate::database::Database;
+use vps_api::config::{Config, IdentityConfig};
+use vps_api::database::Database;
 
 const DEMO_POOL: &str = "demo";
 const NODES_FILE: &str = ".vps/dev-nodes.json";
@@ -45,15 +45,15 @@ pub async fn run(mut config: Config, hosts: usize, real_hosts: usize) -> anyhow:
         // A demo's receivers run on the same machine.
         config.webhooks.allow_private = vec!["127.0.0.0/8".into()];
     }
-    if config.timings == crate::config::Timings::default() {
+    if config.timings == vps_api::config::Timings::default() {
         // Snappier than production so the demo converges in seconds.
         config.timings.transitional_look = 2.0;
         config.timings.unschedulable_retry = 5.0;
         config.timings.sandbox_pass = 2.0;
     }
-    let db = Database::open(&config, crate::database::SERVE_CONNECTIONS).await?;
-    let server = crate::server::start(config.clone(), db.pool.clone()).await?;
-    let ctx = crate::server::reactor_ctx(&server.state, "dev");
+    let db = Database::open(&config, vps_api::database::SERVE_CONNECTIONS).await?;
+    let server = vps_api::server::start(config.clone(), db.pool.clone()).await?;
+    let ctx = vps_api::server::reactor_ctx(&server.state, "dev");
     let pool_id = demo_pool(&ctx).await?;
     let template_id = template(&ctx, &pool_id, "demo-py", "small", "img_demo", 2).await?;
     let nodes = nodes(&ctx, &pool_id, hosts, NODES_FILE, "sim", None).await?;
@@ -83,7 +83,7 @@ pub async fn run(mut config: Config, hosts: usize, real_hosts: usize) -> anyhow:
         print_qemu_guide(&server.url(), real);
     }
     println!("press Ctrl-C to stop");
-    crate::server::shutdown_signal().await;
+    vps_api::server::shutdown_signal().await;
     server.shutdown().await;
     db.pool.close().await;
     Ok(0)
@@ -105,7 +105,7 @@ fn print_guide(
         .map(|i| i.token.clone())
         .unwrap_or_default();
     println!("vps dev is running at {url} with {} emulated hosts", hosts);
-    println!("database: {}", crate::database::redact(db_url));
+    println!("database: {}", vps_api::database::redact(db_url));
     for id in &config.identities {
         let who = if id.operator {
             "operator".to_string()

@@ -21,8 +21,8 @@ use serde_json::json;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 use vps_events::{append, ExpectedVersion, Metadata, NewEvent, Notifier};
 
-use crate::config::{Config, IdentityConfig};
-use crate::server::RunningServer;
+use vps_api::config::{Config, IdentityConfig};
+use vps_api::server::RunningServer;
 
 /// A scratch database for one benchmark run.
 pub struct Scratch {
@@ -47,7 +47,7 @@ impl Scratch {
         admin
             .execute(format!("CREATE DATABASE {name}").as_str())
             .await?;
-        let url = vps_pg::testing::with_database(server_url, &name);
+        let url = vps_pg::connect::with_database(server_url, &name);
         let pool = vps_events::connect(&url, &vps_events::DbOptions { max_connections }).await?;
         vps_events::migrate(&pool).await?;
         Ok(Scratch {
@@ -254,8 +254,8 @@ pub struct HostedServer {
 impl HostedServer {
     /// Starts the server and sets up the pool (see [`setup_hosted_pool`]).
     pub async fn start(pool: &PgPool, config: Config, spec: &BenchPool) -> anyhow::Result<Self> {
-        let server = crate::server::start(config, pool.clone()).await?;
-        let ctx = crate::server::reactor_ctx(&server.state, "bench");
+        let server = vps_api::server::start(config, pool.clone()).await?;
+        let ctx = vps_api::server::reactor_ctx(&server.state, "bench");
         match setup_hosted_pool(&ctx, spec).await {
             Ok((pool_id, nodes)) => Ok(HostedServer {
                 server,

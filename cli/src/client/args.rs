@@ -10,7 +10,7 @@ use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
 
 use super::{kebab, UsageError};
-use crate::registry::Method;
+use vps_api::registry::Method;
 
 /// How a property is given on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,7 +338,7 @@ mod tests {
 
     #[test]
     fn every_method_has_its_properties() {
-        for m in crate::methods::registry().methods() {
+        for m in vps_api::methods::registry().methods() {
             let props = properties(m);
             let names: Vec<&str> = props.iter().map(|p| p.name.as_str()).collect();
             if m.group == "instances" && m.name == "create" {

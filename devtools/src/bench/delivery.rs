@@ -30,7 +30,7 @@ use vps_commands::webhooks::{NewWebhook, WebhookSecret};
 use vps_events::{append, ExpectedVersion, Metadata, NewEvent, Notifier};
 
 use super::{percentile, Scratch};
-use crate::config::{Config, NatsConfig};
+use vps_api::config::{Config, NatsConfig};
 
 /// The type of every appended event: an `instance.*` type, so the catalog's `instance.>` stream
 /// subject and an `instance.*` subscription take it, without an `instanceId` (the instance
@@ -99,10 +99,10 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
     }
     // The receiver listens on loopback.
     config.webhooks.allow_private = vec!["127.0.0.0/8".into()];
-    let server = crate::server::start(config, scratch.pool.clone()).await?;
+    let server = vps_api::server::start(config, scratch.pool.clone()).await?;
     let notifier = server.state.notifier.clone();
     let (_, secret) = vps_commands::webhooks::create(
-        &crate::server::reactor_ctx(&server.state, "bench"),
+        &vps_api::server::reactor_ctx(&server.state, "bench"),
         NewWebhook {
             url: receiver.url.clone(),
             types: vec!["instance.*".into()],

@@ -4,6 +4,7 @@
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{ContentArrangement, Table};
 use serde_json::Value;
+use vps_api::tools::history::ellipsized;
 
 /// The columns a list shows, in this order, when its items have them.
 const COLUMNS: &[&str] = &[
@@ -118,14 +119,6 @@ fn cell(v: &Value) -> String {
         other => other.to_string(),
     };
     ellipsized(text, MAX_CELL)
-}
-
-/// `text` cut to its first `max_chars` characters, ending in `…` when anything was cut.
-pub(crate) fn ellipsized(text: String, max_chars: usize) -> String {
-    match text.char_indices().nth(max_chars) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text,
-    }
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ use vps_host::runtime::qemu::{Accel, Qemu};
 
 use super::sandbox::Client;
 use super::{median, round, single_appends, Scratch, FLAVOR, IMAGE, TENANT};
-use crate::server::RunningServer;
+use vps_api::server::RunningServer;
 
 /// Knobs.
 #[derive(Debug, Clone)]
@@ -309,8 +309,8 @@ impl Lab {
         config.timings.transitional_look = 2.0;
         config.timings.unschedulable_retry = 5.0;
         config.timings.sandbox_pass = 2.0;
-        let server = crate::server::start(config, db.clone()).await?;
-        let ctx = crate::server::reactor_ctx(&server.state, "bench");
+        let server = vps_api::server::start(config, db.clone()).await?;
+        let ctx = vps_api::server::reactor_ctx(&server.state, "bench");
         let setup = async {
             let (pool_id, node_id, node_token) = setup_qemu_pool(&ctx, &o.image).await?;
             let state_dir = root.join("state");
@@ -1252,7 +1252,7 @@ async fn kill_qemus_under(root: &Path) {
 /// The sum of `vps_host_operation_seconds{operation}` in this process's metrics (the agent
 /// runs here), and how many there were.
 fn operation_seconds(operation: &str) -> Option<(f64, f64)> {
-    let text = crate::telemetry::metrics_handle().render();
+    let text = vps_api::telemetry::metrics_handle().render();
     let label = format!("operation=\"{operation}\"");
     let value = |suffix: &str| -> Option<f64> {
         text.lines()

@@ -30,7 +30,7 @@ pub fn without_nulls(mut body: Value) -> Value {
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use serde_json::Value;
 
-use crate::registry::{Access, Method};
+use vps_api::registry::{Access, Method};
 
 /// Command names of the groups that differ from the API's.
 const RENAMED: &[(&str, &str)] = &[
@@ -74,7 +74,7 @@ pub fn kebab(name: &str) -> String {
 /// The methods people call, by group, in registry order.
 fn groups() -> Vec<(String, Vec<&'static Method>)> {
     let mut groups: Vec<(String, Vec<&'static Method>)> = Vec::new();
-    for m in crate::methods::registry().methods() {
+    for m in vps_api::methods::registry().methods() {
         if m.access == Access::Node || NOT_HERE.contains(&m.group) {
             continue;
         }
@@ -331,12 +331,6 @@ impl Client {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_whole_command_line_is_well_formed() {
-        // clap checks every command's arguments (unique names, valid conflicts) here.
-        crate::cli::command().debug_assert();
-    }
-
     #[test]
     fn groups_and_methods_are_named_for_people() {
         assert_eq!(super::command_name("sandboxTemplates"), "templates");

@@ -13,8 +13,8 @@ use serde_json::json;
 use vps_domain::authz::{InstanceDraft, PolicyBook, PolicySource, Principal, Resource};
 
 use super::round;
-use crate::authz::Authorizer;
-use crate::registry::actions;
+use vps_api::authz::Authorizer;
+use vps_api::registry::actions;
 
 /// Options of the benchmark.
 #[derive(Debug, Clone)]
@@ -27,10 +27,10 @@ pub struct AuthzBench {
 
 /// Runs the three phases on this thread and prints the figures, then the JSON line.
 pub fn run(options: &AuthzBench) -> anyhow::Result<()> {
-    let authz = Authorizer::new(&actions(crate::methods::registry().methods()), None)?;
+    let authz = Authorizer::new(&actions(vps_api::methods::registry().methods()), None)?;
     let schema = authz.schema();
     let action = "compute:instances:create";
-    let all_actions: Vec<String> = actions(crate::methods::registry().methods())
+    let all_actions: Vec<String> = actions(vps_api::methods::registry().methods())
         .into_iter()
         .map(|a| a.name)
         .collect();

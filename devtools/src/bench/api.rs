@@ -29,7 +29,7 @@ impl ApiBench {
 /// Runs the baseline and every run and prints the figures, JSON line last.
 pub async fn run(server_url: &str, options: &ApiBench) -> anyhow::Result<()> {
     // The server under test gets the pool a serving process opens (more with more clients).
-    let connections = (options.most_clients() as u32 + 8).max(crate::database::SERVE_CONNECTIONS);
+    let connections = (options.most_clients() as u32 + 8).max(vps_api::database::SERVE_CONNECTIONS);
     let scratch = Scratch::create(server_url, connections).await?;
     let result = phases(&scratch, options).await;
     scratch.drop_database().await?;

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::config::Config;
-use crate::database::Database;
+use vps_api::config::Config;
+use vps_api::database::Database;
 
 /// vps: an event-sourced control plane for virtual machines.
 #[derive(Debug, Parser)]
@@ -85,7 +85,7 @@ enum Command {
     },
     /// Serve the Model Context Protocol on stdio: sandbox and instance tools for an agent,
     /// as the identity of `VPS_TOKEN` on `VPS_URL` (tenant: `VPS_TENANT`).
-    Mcp(crate::mcp::McpArgs),
+    Mcp(vps_cli::mcp::McpArgs),
     /// Self-checks for operators, each with a severity and a fix; exits 1 on any error.
     Doctor {
         /// `{"checks": [...]}` instead of one line per check.
@@ -136,7 +136,7 @@ enum UsageCommand {
         tenant: Option<String>,
         /// Output format.
         #[arg(long, value_enum, default_value = "csv")]
-        format: crate::tools::usage::Format,
+        format: vps_api::tools::usage::Format,
     },
     /// Recompute every window in [from, to) from the log and compare, record for record;
     /// exits 1 naming the first difference.
@@ -333,8 +333,8 @@ struct HostBenchArgs {
 }
 
 impl HostBenchArgs {
-    fn options(self) -> crate::bench::host::HostBench {
-        crate::bench::host::HostBench {
+    fn options(self) -> vps_devtools::bench::host::HostBench {
+        vps_devtools::bench::host::HostBench {
             image: self.image,
             cold: self.cold.clamp(1, 100),
             warm: self.warm.clamp(1, 100),
@@ -348,7 +348,7 @@ impl HostBenchArgs {
 pub fn command() -> clap::Command {
     Cli::command()
         .subcommand(host_command())
-        .subcommands(crate::client::commands())
+        .subcommands(vps_cli::client::commands())
 }
 
 /// `vps host`: a command of its own, as it reads its own configuration, not the server's.
@@ -362,20 +362,20 @@ fn host_command() -> clap::Command {
 /// Runs what `matches` asks for; the exit code comes back as `Ok(code)`.
 pub async fn run_matches(matches: ArgMatches) -> anyhow::Result<i32> {
     if let Some((name, sub)) = matches.subcommand() {
-        if crate::client::is_group(name) {
-            return Ok(crate::client::run(name, sub).await);
+        if vps_cli::client::is_group(name) {
+            return Ok(vps_cli::client::run(name, sub).await);
         }
         if name == "doctor" {
             if let Some(path) = sub
                 .get_one::<PathBuf>("config")
                 .filter(|p| is_host_config(p))
             {
-                crate::telemetry::init_logging();
+                vps_api::telemetry::init_logging();
                 return host_doctor(path, sub.get_flag("json")).await;
             }
         }
         if name == "host" {
-            crate::telemetry::init_logging();
+            vps_api::telemetry::init_logging();
             return host(sub.get_one::<PathBuf>("config").cloned()).await;
         }
     }
@@ -384,36 +384,36 @@ pub async fn run_matches(matches: ArgMatches) -> anyhow::Result<i32> {
 
 /// Runs the command line; the exit code comes back as `Ok(code)`.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
-    crate::telemetry::init_logging();
+    vps_api::telemetry::init_logging();
     let config = Config::load(cli.config.as_deref())?;
     match cli.command {
         Command::Serve => serve(config).await,
         Command::Dev(args) => {
             let sim = args.sim.unwrap_or(if args.qemu > 0 { 0 } else { 3 });
-            crate::dev::run(config, sim, args.qemu).await
+            vps_devtools::dev::run(config, sim, args.qemu).await
         }
         Command::Events(cmd) => events(&config, cmd).await,
         Command::Audit(AuditCommand::Verify) => {
             let db = Database::open(&config, 4).await?;
-            Ok(exit_code(crate::tools::audit::verify(&db.pool).await?))
+            Ok(exit_code(vps_api::tools::audit::verify(&db.pool).await?))
         }
         Command::Openapi => {
-            let document = serde_json::to_string_pretty(crate::openapi::document())?;
+            let document = serde_json::to_string_pretty(vps_api::openapi::document())?;
             println!("{document}");
             Ok(0)
         }
         Command::Call { method, body, json } => Ok(exit_code(
-            crate::tools::call::call(&method, body.as_deref(), json).await?,
+            vps_cli::tools::call::call(&method, body.as_deref(), json).await?,
         )),
         Command::History { id, json } => {
             let db = Database::open(&config, 4).await?;
             Ok(exit_code(
-                crate::tools::history::print(&db.pool, &id, json).await?,
+                vps_api::tools::history::print(&db.pool, &id, json).await?,
             ))
         }
         Command::Replay { .. } => {
             let db = Database::open(&config, 4).await?;
-            Ok(exit_code(crate::tools::replay::verify(&db.pool).await?))
+            Ok(exit_code(vps_api::tools::replay::verify(&db.pool).await?))
         }
         Command::Bench(cmd) => bench(&config, cmd).await,
         Command::Usage(cmd) => usage(&config, cmd).await,
@@ -422,21 +422,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             url,
             ticket,
         } => {
-            use crate::tools::tunnel::TicketFile;
+            use vps_cli::tools::tunnel::TicketFile;
             let tunnel = match (ticket_file, url, ticket) {
                 (Some(path), _, _) => TicketFile::read(&path)?,
                 (None, Some(url), Some(ticket)) => TicketFile { url, ticket },
                 _ => anyhow::bail!("give --ticket-file, or --url and --ticket"),
             };
-            crate::tools::tunnel::run(&tunnel).await?;
+            vps_cli::tools::tunnel::run(&tunnel).await?;
             Ok(0)
         }
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut command(), "vps", &mut std::io::stdout());
             Ok(0)
         }
-        Command::Doctor { json } => crate::doctor::report::command(&config, json).await,
-        Command::Mcp(args) => crate::mcp::run(args).await,
+        Command::Doctor { json } => vps_api::doctor::report::command(&config, json).await,
+        Command::Mcp(args) => vps_cli::mcp::run(args).await,
     }
 }
 
@@ -450,7 +450,7 @@ fn is_host_config(path: &std::path::Path) -> bool {
 
 /// `vps doctor --config host.toml`: the host's checks, printed as the server's are.
 async fn host_doctor(path: &std::path::Path, json: bool) -> anyhow::Result<i32> {
-    use crate::doctor::{Finding, Severity};
+    use vps_api::doctor::{Finding, Severity};
     let config = vps_host::load_config(path)?;
     let findings: Vec<Finding> = vps_host::doctor::run(&config)
         .await
@@ -467,7 +467,7 @@ async fn host_doctor(path: &std::path::Path, json: bool) -> anyhow::Result<i32> 
             }
         })
         .collect();
-    Ok(crate::doctor::report::print(
+    Ok(vps_api::doctor::report::print(
         &findings,
         json,
         &mut std::io::stdout().lock(),
@@ -502,7 +502,7 @@ async fn events(config: &Config, cmd: EventsCommand) -> anyhow::Result<i32> {
     for t in &args.types {
         vps_events::pattern::validate(t).map_err(anyhow::Error::msg)?;
     }
-    let options = crate::tools::events::ListOptions {
+    let options = vps_api::tools::events::ListOptions {
         after: match &args.after {
             Some(c) => c.parse()?,
             None => vps_events::Cursor::START,
@@ -515,11 +515,11 @@ async fn events(config: &Config, cmd: EventsCommand) -> anyhow::Result<i32> {
     let db = Database::open(config, 4).await?;
     if tail {
         tokio::select! {
-            r = crate::tools::events::tail(&db.pool, &options) => r?,
-            _ = crate::server::shutdown_signal() => {},
+            r = vps_api::tools::events::tail(&db.pool, &options) => r?,
+            _ = vps_api::server::shutdown_signal() => {},
         }
     } else {
-        crate::tools::events::list(&db.pool, &options).await?;
+        vps_api::tools::events::list(&db.pool, &options).await?;
     }
     Ok(0)
 }
@@ -539,11 +539,11 @@ async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
     {
         let body = serde_json::json!({ "from": from, "to": to, "meter": meter,
                                        "resourceId": resource_id, "tenantId": tenant });
-        let body = crate::client::without_nulls(body);
-        let client = crate::client::Client::new(&url, &token);
+        let body = vps_cli::client::without_nulls(body);
+        let client = vps_cli::client::Client::new(&url, &token);
         return Ok(match client.call("usage.list", &body).await {
             Ok(answer) => {
-                crate::client::print(&answer, json);
+                vps_cli::client::print(&answer, json);
                 0
             }
             Err(code) => code,
@@ -559,13 +559,13 @@ async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
             format,
         } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            crate::tools::usage::export(&db.pool, from, to, tenant, format, &mut out).await?;
+            vps_api::tools::usage::export(&db.pool, from, to, tenant, format, &mut out).await?;
             Ok(0)
         }
         UsageCommand::Verify { from, to } => {
-            let windows = crate::server::usage_windows(config);
+            let windows = vps_api::server::usage_windows(config);
             Ok(exit_code(
-                crate::tools::usage::verify(&db.pool, windows, from, to).await?,
+                vps_api::tools::usage::verify(&db.pool, windows, from, to).await?,
             ))
         }
     }
@@ -576,16 +576,19 @@ async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
 async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
     match cmd {
         BenchCommand::Authz { seconds, policies } => {
-            let options = crate::bench::authz::AuthzBench {
+            let options = vps_devtools::bench::authz::AuthzBench {
                 seconds: seconds.clamp(0.1, 600.0),
                 policies: policies.min(100_000),
             };
-            crate::bench::authz::run(&options)?;
+            vps_devtools::bench::authz::run(&options)?;
             Ok(0)
         }
         BenchCommand::ConvergeHosts { url, boot_ms } => {
-            crate::bench::converge::hosts_process(&url, std::time::Duration::from_millis(boot_ms))
-                .await?;
+            vps_devtools::bench::converge::hosts_process(
+                &url,
+                std::time::Duration::from_millis(boot_ms),
+            )
+            .await?;
             Ok(0)
         }
         BenchCommand::HostInNamespace {
@@ -593,11 +596,11 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
             root,
             append_ms,
         } => {
-            crate::bench::host::in_namespace(&args.options(), &root, append_ms).await?;
+            vps_devtools::bench::host::in_namespace(&args.options(), &root, append_ms).await?;
             Ok(0)
         }
         cmd => {
-            let (url, _cluster) = crate::database::server_url(config).await?;
+            let (url, _cluster) = vps_api::database::server_url(config).await?;
             bench_on_server(&url, cmd).await
         }
     }
@@ -607,24 +610,24 @@ async fn bench(config: &Config, cmd: BenchCommand) -> anyhow::Result<i32> {
 async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
     match cmd {
         BenchCommand::Api { seconds, clients } => {
-            let options = crate::bench::api::ApiBench {
+            let options = vps_devtools::bench::api::ApiBench {
                 clients: clients.into_iter().map(|c| c.max(1)).collect(),
                 seconds: seconds.clamp(0.5, 600.0),
             };
-            crate::bench::api::run(url, &options).await?;
+            vps_devtools::bench::api::run(url, &options).await?;
         }
         BenchCommand::Log {
             seconds,
             writers,
             rounds,
         } => {
-            let options = crate::bench::log::LogBench {
+            let options = vps_devtools::bench::log::LogBench {
                 writers: writers.max(1),
                 seconds: seconds.clamp(0.5, 600.0),
                 batch: 100,
                 rounds: rounds.clamp(1, 100),
             };
-            crate::bench::log::run(url, &options).await?;
+            vps_devtools::bench::log::run(url, &options).await?;
         }
         BenchCommand::Converge {
             hosts,
@@ -634,7 +637,7 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
             timeout,
             usage_window,
         } => {
-            let options = crate::bench::converge::ConvergeBench {
+            let options = vps_devtools::bench::converge::ConvergeBench {
                 hosts: hosts.max(1),
                 instances: instances.max(1),
                 boot: std::time::Duration::from_millis(boot_ms),
@@ -642,44 +645,46 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 timeout: std::time::Duration::from_secs_f64(timeout.clamp(1.0, 86_400.0)),
                 usage_window: usage_window.clamp(1.0, 86_400.0),
             };
-            return Ok(exit_code(crate::bench::converge::run(url, &options).await?));
+            return Ok(exit_code(
+                vps_devtools::bench::converge::run(url, &options).await?,
+            ));
         }
         BenchCommand::Sandbox {
             warm,
             cold,
             boot_ms,
         } => {
-            let options = crate::bench::sandbox::SandboxBench {
+            let options = vps_devtools::bench::sandbox::SandboxBench {
                 warm: warm.clamp(1, 500),
                 cold: cold.clamp(1, 500),
                 boot: std::time::Duration::from_millis(boot_ms),
             };
-            crate::bench::sandbox::run(url, &options).await?;
+            vps_devtools::bench::sandbox::run(url, &options).await?;
         }
         BenchCommand::Snapshot { rounds, size_mib } => {
-            let options = crate::bench::snapshot::SnapshotBench {
+            let options = vps_devtools::bench::snapshot::SnapshotBench {
                 rounds: rounds.clamp(1, 1000),
                 size: size_mib.clamp(1, 4096) << 20,
             };
-            crate::bench::snapshot::run(url, &options).await?;
+            vps_devtools::bench::snapshot::run(url, &options).await?;
         }
         BenchCommand::Usage { instances, hours } => {
-            let options = crate::bench::usage::UsageBench {
+            let options = vps_devtools::bench::usage::UsageBench {
                 instances: instances.clamp(1, 1_000_000),
                 hours: hours.clamp(1, 24 * 31),
             };
-            crate::bench::usage::run(url, &options).await?;
+            vps_devtools::bench::usage::run(url, &options).await?;
         }
         BenchCommand::Delivery { rate, seconds } => {
-            let options = crate::bench::delivery::DeliveryBench {
+            let options = vps_devtools::bench::delivery::DeliveryBench {
                 rate: rate.clamp(1.0, 100_000.0),
                 seconds: seconds.clamp(0.5, 600.0),
             };
-            crate::bench::delivery::run(url, &options).await?;
+            vps_devtools::bench::delivery::run(url, &options).await?;
         }
         BenchCommand::Host(args) => {
             return Ok(exit_code(
-                crate::bench::host::run(url, &args.options()).await?,
+                vps_devtools::bench::host::run(url, &args.options()).await?,
             ));
         }
         BenchCommand::Authz { .. }
@@ -692,11 +697,20 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<i32> {
-    let db = Database::open(&config, crate::database::SERVE_CONNECTIONS).await?;
-    let server = crate::server::start(config, db.pool.clone()).await?;
-    crate::server::shutdown_signal().await;
+    let db = Database::open(&config, vps_api::database::SERVE_CONNECTIONS).await?;
+    let server = vps_api::server::start(config, db.pool.clone()).await?;
+    vps_api::server::shutdown_signal().await;
     tracing::info!("shutting down");
     server.shutdown().await;
     db.pool.close().await;
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_whole_command_line_is_well_formed() {
+        // clap checks every command's arguments (unique names, valid conflicts) here.
+        super::command().debug_assert();
+    }
 }

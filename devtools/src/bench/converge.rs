@@ -332,7 +332,7 @@ async fn work_counters(pool: &PgPool) -> anyhow::Result<String> {
         .iter()
         .map(|r| format!("{} {}", r.get::<String, _>(0), r.get::<i64, _>(1)))
         .collect();
-    let passes = crate::telemetry::metrics_handle()
+    let passes = vps_api::telemetry::metrics_handle()
         .render()
         .lines()
         .filter(|l| {
