@@ -39,11 +39,30 @@ pub fn server_url() -> String {
 /// Test databases older than this are left over from finished runs (no test lasts this long).
 const STALE_AFTER: Duration = Duration::from_secs(6 * 3600);
 
-/// Creates an empty database with a unique name and returns its URL. The first call of a
-/// process also drops the test databases earlier runs left behind: a test's pools live until
-/// the process ends, so nothing drops its database when it finishes, and on a long-lived
-/// server they pile up (and autovacuum visits every one).
-pub async fn fresh_database() -> String {
+/// A test's own database, dropped when this value is (at the end of the test), so a
+/// developer's cluster does not fill up with them. Derefs to its URL.
+pub struct TestDatabase {
+    url: String,
+    name: String,
+}
+
+impl std::ops::Deref for TestDatabase {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        drop_database(&self.name);
+    }
+}
+
+/// Creates an empty database with a unique name, dropped with the returned value. The first
+/// call of a process also drops the test databases that runs which did not end (a killed
+/// process drops nothing) left behind.
+pub async fn fresh_database() -> TestDatabase {
     static SWEPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let server = server_url();
     let name = format!("t_{}", ulid::Ulid::generate().to_string().to_lowercase());
@@ -57,7 +76,39 @@ pub async fn fresh_database() -> String {
         .execute(format!("CREATE DATABASE {name}").as_str())
         .await
         .expect("create test database");
-    with_database(&server, &name)
+    TestDatabase {
+        url: with_database(&server, &name),
+        name,
+    }
+}
+
+/// Drops the database `name` (closing its connections), best effort. On a thread of its own
+/// with its own runtime: it runs from `Drop`, maybe inside a runtime that is shutting down.
+fn drop_database(name: &str) {
+    let (server, name) = (server_url(), name.to_string());
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            let mut admin = PgConnection::connect(&server)
+                .await
+                .map_err(|e| e.to_string())?;
+            let drop = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+            admin
+                .execute(drop.as_str())
+                .await
+                .map_err(|e| format!("{name}: {e}"))?;
+            Ok::<_, String>(())
+        })
+    })
+    .join();
+    match dropped {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("left test database {e}"),
+        Err(_) => eprintln!("dropping a test database panicked"),
+    }
 }
 
 /// Drops the `t_<ulid>` databases whose ULID (their creation time) is older than
@@ -81,16 +132,23 @@ async fn drop_stale(admin: &mut PgConnection) {
     }
 }
 
-/// A pool on a fresh database with `migrator`'s schema applied.
+/// A pool on a fresh database with `migrator`'s schema applied. The database is dropped when
+/// the test's runtime ends (its guard waits in a task of that runtime, dropped at shutdown),
+/// so a test needs nothing to clean up.
 pub async fn fresh_pool(migrator: &sqlx::migrate::Migrator, max_connections: u32) -> PgPool {
-    let url = fresh_database().await;
-    let pool = crate::connect::connect(&url, &crate::connect::DbOptions { max_connections })
+    let database = fresh_database().await;
+    let url = &*database;
+    let pool = crate::connect::connect(url, &crate::connect::DbOptions { max_connections })
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
     migrator
         .run(&pool)
         .await
         .expect("migrate the test database");
+    tokio::spawn(async move {
+        let _dropped_at_shutdown = database;
+        std::future::pending::<()>().await
+    });
     pool
 }
 
@@ -156,8 +214,34 @@ mod tests {
         eventually_explained("never", within, every, never, explain).await;
     }
 
+    #[test]
+    fn a_pools_database_is_dropped_when_its_tests_runtime_ends() {
+        let runtime = || tokio::runtime::Runtime::new().unwrap();
+        let name = runtime().block_on(async {
+            let pool = fresh_pool(&sqlx::migrate::Migrator::DEFAULT, 1).await;
+            sqlx::query_scalar::<_, String>("SELECT current_database()")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        });
+        let exists = runtime().block_on(async {
+            let mut admin = PgConnection::connect(&server_url()).await.unwrap();
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)",
+            )
+            .bind(&name)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap()
+        });
+        assert!(
+            !exists,
+            "{name} outlived the runtime of the test that made it"
+        );
+    }
+
     #[tokio::test]
-    async fn test_databases_older_than_six_hours_are_dropped_and_newer_ones_kept() {
+    async fn stale_test_databases_are_swept_and_each_test_drops_its_own() {
         let server = server_url();
         let mut admin = PgConnection::connect(&server).await.unwrap();
         let old = ulid::Ulid::from_datetime(
@@ -179,6 +263,14 @@ mod tests {
         assert!(!exists(old).fetch_one(&mut admin).await.unwrap());
         let new_name = new.rsplit('/').next().unwrap();
         let new_name = new_name.split('?').next().unwrap().to_string();
-        assert!(exists(new_name).fetch_one(&mut admin).await.unwrap());
+        assert!(exists(new_name.clone())
+            .fetch_one(&mut admin)
+            .await
+            .unwrap());
+        drop(new);
+        assert!(
+            !exists(new_name).fetch_one(&mut admin).await.unwrap(),
+            "a test's database is dropped with its value"
+        );
     }
 }

@@ -364,7 +364,8 @@ where
     Fut: Future<Output = ()>,
 {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let database = database_from_a_namespace();
+    // The guard drops the database once the test is over, from this (the machine's) namespace.
+    let (_guard, database) = database_from_a_namespace();
     let thread = std::thread::spawn(move || {
         // SAFETY: unshare(2) with CLONE_NEWNET changes only this thread's network namespace;
         // the threads it starts from now on inherit it.
@@ -396,8 +397,9 @@ where
     }
 }
 
-/// A fresh database, and a URL for it that works from any network namespace: a unix socket.
-fn database_from_a_namespace() -> String {
+/// A fresh database (dropped with the guard returned first), and a URL for it that works from
+/// any network namespace: a unix socket.
+fn database_from_a_namespace() -> (vps_pg::testing::TestDatabase, String) {
     let outer = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -412,13 +414,15 @@ fn database_from_a_namespace() -> String {
     };
     if let Ok(dir) = std::env::var("VPS_TEST_PG_SOCKET_DIR") {
         let port = url.port().unwrap_or(5432);
-        return format!("postgres://{user}@localhost/{database}?host={dir}&port={port}");
+        let url = format!("postgres://{user}@localhost/{database}?host={dir}&port={port}");
+        return (tcp_url, url);
     }
     let dir = forward_postgres(&tcp_url);
-    format!(
+    let url = format!(
         "postgres://{user}@localhost/{database}?host={}&port=5432",
         dir.display()
-    )
+    );
+    (tcp_url, url)
 }
 
 fn url_of(text: &str) -> reqwest::Url {

@@ -339,7 +339,8 @@ mod scenarios {
     use super::*;
 
     pub async fn an_instance_runs_stops_starts_and_is_deleted_with_its_machine(cloud: Cloud) {
-        let t = server_on(&vps_pg::testing::fresh_database().await, 0.2).await;
+        let db = vps_pg::testing::fresh_database().await;
+        let t = server_on(&db, 0.2).await;
         let (pool, _) = provider_pool(&t, &cloud, true).await;
         let created = create(&t, &pool).await;
         assert_eq!(created["state"], "scheduling");
@@ -395,7 +396,8 @@ mod scenarios {
     }
 
     pub async fn a_rate_limited_call_is_waited_out_then_the_instance_runs(cloud: Cloud) {
-        let t = server_on(&vps_pg::testing::fresh_database().await, 0.2).await;
+        let db = vps_pg::testing::fresh_database().await;
+        let t = server_on(&db, 0.2).await;
         let (pool, _) = provider_pool(&t, &cloud, true).await;
         cloud.rate_limit_next();
         let started = Instant::now();
@@ -421,7 +423,8 @@ mod scenarios {
     }
 
     pub async fn a_machine_removed_behind_our_back_makes_the_instance_lost(cloud: Cloud) {
-        let t = server_on(&vps_pg::testing::fresh_database().await, 0.2).await;
+        let db = vps_pg::testing::fresh_database().await;
+        let t = server_on(&db, 0.2).await;
         let (pool, _) = provider_pool(&t, &cloud, true).await;
         let id = create(&t, &pool).await["id"].as_str().unwrap().to_string();
         let running = until_state(&t, &id, "running").await;
@@ -479,7 +482,8 @@ mod scenarios {
     }
 
     pub async fn an_invalid_token_fails_the_instance_and_is_recorded_on_the_account(cloud: Cloud) {
-        let t = server_on(&vps_pg::testing::fresh_database().await, 0.2).await;
+        let db = vps_pg::testing::fresh_database().await;
+        let t = server_on(&db, 0.2).await;
         let (pool, account) = provider_pool(&t, &cloud, false).await;
         let id = create(&t, &pool).await["id"].as_str().unwrap().to_string();
 
@@ -556,7 +560,8 @@ against!(emulator_account, crate::provider_pools::Cloud::emulator();
 #[tokio::test]
 async fn a_provider_account_keeps_its_secret_out_of_the_log_and_every_answer() {
     let cloud = Cloud::hetzner().await;
-    let t = server_on(&vps_pg::testing::fresh_database().await, 0.2).await;
+    let db = vps_pg::testing::fresh_database().await;
+    let t = server_on(&db, 0.2).await;
     let (_, account_id) = provider_pool(&t, &cloud, true).await;
     let secret = cloud.secret().unwrap();
 
@@ -589,7 +594,8 @@ async fn a_provider_account_keeps_its_secret_out_of_the_log_and_every_answer() {
 
 #[tokio::test]
 async fn a_provider_account_config_is_validated_naming_the_field() {
-    let t = server_on(&vps_pg::testing::fresh_database().await, 0.2).await;
+    let db = vps_pg::testing::fresh_database().await;
+    let t = server_on(&db, 0.2).await;
     let refused = t
         .call(
             OPERATOR,
