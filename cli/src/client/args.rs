@@ -64,17 +64,22 @@ fn positional(m: &Method, props: &[Property]) -> Option<String> {
         .map(|p| p.name.clone())
 }
 
-/// The request's properties, from its schema with every subschema inlined.
-fn properties(m: &Method) -> Vec<Property> {
+/// The method's request schema with every subschema inlined: one self-contained object, the
+/// source of the CLI's flags and of the MCP tools' input schemas.
+pub fn request_schema(m: &Method) -> Value {
     let mut generator = SchemaSettings::draft2020_12()
         .with(|s| {
             s.inline_subschemas = true;
             s.meta_schema = None;
         })
         .into_generator();
-    let schema = (m.request)(&mut generator).to_value();
+    (m.request)(&mut generator).to_value()
+}
+
+/// The request's properties, from its schema with every subschema inlined.
+fn properties(m: &Method) -> Vec<Property> {
     let mut out = Vec::new();
-    collect(&schema, &mut out);
+    collect(&request_schema(m), &mut out);
     out
 }
 

@@ -17,6 +17,7 @@ pub(crate) mod exec;
 mod images;
 pub(crate) mod output;
 
+pub use args::request_schema;
 pub use output::print;
 
 /// `body` without its null fields (absent flags).
