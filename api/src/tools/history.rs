@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 use sqlx::PgPool;
+use vps_events::envelope::cloud_event;
 use vps_events::read::read_stream;
 
 /// The stream a resource id lives in, from its prefix (`inst_…` → `instance-inst_…`).
@@ -34,21 +35,35 @@ pub async fn print(pool: &PgPool, id: &str, json: bool) -> anyhow::Result<bool> 
     }
     if json {
         for e in &events {
-            println!("{}", vps_events::envelope::cloud_event(e));
+            println!("{}", cloud_event(e));
         }
         return Ok(true);
     }
     for e in &events {
-        println!(
-            "{}  {:<28} {:<22} {}",
-            e.recorded_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            e.event_type,
-            e.metadata.actor.as_deref().unwrap_or("-"),
-            summary(&e.data)
-        );
+        println!("{}", line(&serde_json::to_value(cloud_event(e))?));
     }
     Ok(true)
+}
+
+/// One readable line of an event given as its CloudEvent JSON (as `vps history --json` prints
+/// it and `instances.history` answers it): time to the millisecond, type, actor and a
+/// [`summary`] of its data.
+pub fn line(event: &Value) -> String {
+    let time = event["time"].as_str().unwrap_or("-");
+    let time = chrono::DateTime::parse_from_rfc3339(time).map_or_else(
+        |_| time.to_string(),
+        |t| {
+            t.with_timezone(&chrono::Utc)
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        },
+    );
+    format!(
+        "{}  {:<28} {:<22} {}",
+        time,
+        event["type"].as_str().unwrap_or("-"),
+        event["actor"].as_str().unwrap_or("-"),
+        summary(&event["data"])
+    )
 }
 
 /// Fields every event of a resource repeats, or that say nothing to a reader.
@@ -114,5 +129,26 @@ mod tests {
         );
         let long = json!({ "reason": "x".repeat(300) });
         assert!(summary(&long).chars().count() <= SUMMARY_CHARS + 1);
+    }
+
+    #[test]
+    fn a_line_reads_time_type_actor_and_summary_from_the_cloud_event() {
+        let event = json!({ "id": "01", "type": "instance.created", "actor": "id_alice",
+                            "time": "2026-01-02T03:04:05.678901Z", "subject": "instance/inst_a",
+                            "data": { "instanceId": "inst_a", "state": "scheduling" } });
+        assert_eq!(
+            line(&event),
+            format!(
+                "2026-01-02T03:04:05.678Z  {:<28} {:<22} state=scheduling",
+                "instance.created", "id_alice"
+            )
+        );
+        let bare = json!({ "type": "pool.created", "time": "soon" });
+        assert!(
+            line(&bare).starts_with("soon  pool.created"),
+            "{}",
+            line(&bare)
+        );
+        assert!(line(&bare).contains(" - "), "{}", line(&bare));
     }
 }

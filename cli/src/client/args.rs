@@ -1,9 +1,9 @@
 //! A method's flags, read from its request schema, and the JSON body built from them. Each
 //! property becomes `--kebab-name`; the resource's id is a positional argument checked for its
 //! prefix before anything is sent. The reference CLI's conveniences: `--tenant` (or
-//! `VPS_TENANT`), `--key` (a fresh idempotency key when absent), `--ssh-key FILE` (public keys
-//! only), `--user-data FILE`, `--wait`, `--all` (`scope: all`), and durations like `15m` for
-//! any `…Seconds`.
+//! `VPS_TENANT`), `--key` (a fresh idempotency key when absent), `--ssh-key FILE[,FILE]` (public
+//! keys only), `--user-data FILE`, `--wait`, `--all` (`scope: all`), durations like `15m` for
+//! any `…Seconds`, and its flag names (`--pool`, `--image`, `--ttl`, `--size`, …) as aliases.
 
 use clap::{Arg, ArgAction, ArgMatches};
 use schemars::generate::SchemaSettings;
@@ -64,17 +64,22 @@ fn positional(m: &Method, props: &[Property]) -> Option<String> {
         .map(|p| p.name.clone())
 }
 
-/// The request's properties, from its schema with every subschema inlined.
-fn properties(m: &Method) -> Vec<Property> {
+/// The method's request schema with every subschema inlined: one self-contained object, the
+/// source of the CLI's flags and of the MCP tools' input schemas.
+pub fn request_schema(m: &Method) -> Value {
     let mut generator = SchemaSettings::draft2020_12()
         .with(|s| {
             s.inline_subschemas = true;
             s.meta_schema = None;
         })
         .into_generator();
-    let schema = (m.request)(&mut generator).to_value();
+    (m.request)(&mut generator).to_value()
+}
+
+/// The request's properties, from its schema with every subschema inlined.
+fn properties(m: &Method) -> Vec<Property> {
     let mut out = Vec::new();
-    collect(&schema, &mut out);
+    collect(&request_schema(m), &mut out);
     out
 }
 
@@ -145,13 +150,16 @@ fn flag(p: &Property) -> String {
     }
 }
 
-/// The reference product's spelling of an id flag (`--pool` for `--pool-id`, …), accepted too.
-fn reference_alias(name: &str) -> Option<&'static str> {
-    match name {
-        "poolId" => Some("pool"),
-        "imageId" => Some("image"),
-        "templateId" => Some("template"),
-        "volumeId" => Some("volume"),
+/// The reference product's spelling of a flag, accepted too: `--pool` for `--pool-id` (and the
+/// other ids), `--size` for `--size-gib`, `--ttl` for `--ttl-seconds` (any duration).
+fn reference_alias(p: &Property) -> Option<String> {
+    match p.name.as_str() {
+        "poolId" => Some("pool".into()),
+        "imageId" => Some("image".into()),
+        "templateId" => Some("template".into()),
+        "volumeId" => Some("volume".into()),
+        "sizeGiB" => Some("size".into()),
+        name if p.kind == Kind::Integer => name.strip_suffix("Seconds").map(kebab),
         _ => None,
     }
 }
@@ -160,6 +168,7 @@ fn reference_alias(name: &str) -> Option<&'static str> {
 pub fn for_method(m: &Method) -> Vec<Arg> {
     let props = properties(m);
     let id = positional(m, &props);
+    let flags: Vec<String> = props.iter().map(flag).collect();
     let mut args = Vec::new();
     for p in &props {
         let about = p.about.lines().next().unwrap_or("").to_string();
@@ -168,7 +177,8 @@ pub fn for_method(m: &Method) -> Vec<Arg> {
             continue;
         }
         let mut arg = Arg::new(p.name.clone()).long(flag(p)).help(about);
-        if let Some(alias) = reference_alias(&p.name) {
+        // An alias never takes another property's flag.
+        if let Some(alias) = reference_alias(p).filter(|a| !flags.contains(a)) {
             arg = arg.visible_alias(alias);
         }
         arg = match (p.name.as_str(), p.kind) {
@@ -180,8 +190,9 @@ pub fn for_method(m: &Method) -> Vec<Arg> {
                 .help("Answer once it settles (up to 30 s)"),
             ("sshKeys", _) => arg
                 .action(ArgAction::Append)
+                .value_delimiter(',')
                 .value_name("FILE")
-                .help("An OpenSSH public key file (repeat for more)"),
+                .help("OpenSSH public key files (comma-separated, or repeat the flag)"),
             ("userData", _) => arg.value_name("FILE").help("A file of user data"),
             (_, Kind::Boolean) => arg
                 .num_args(0..=1)
@@ -334,6 +345,32 @@ mod tests {
         assert!(check_id("instanceId", "sbx_x").is_err());
         assert!(check_id("poolId", "pool_01jzzzzzzzzzzzzzzzzzzzzzzz").is_ok());
         assert!(check_id("somethingElse", "whatever").is_ok());
+    }
+
+    #[test]
+    fn the_reference_spelling_builds_the_same_body() {
+        let m = vps_api::methods::registry()
+            .get("sandboxes", "create")
+            .unwrap();
+        let command = clap::Command::new("create").args(for_method(m));
+        let matches = command
+            .try_get_matches_from([
+                "create",
+                "--tenant",
+                "acme",
+                "--template",
+                "sbxt_x",
+                "--ttl",
+                "30m",
+                "--key",
+                "build-7",
+            ])
+            .unwrap();
+        assert_eq!(
+            body(m, &matches).unwrap(),
+            json!({ "tenantId": "acme", "templateId": "sbxt_x", "ttlSeconds": 1800,
+                    "idempotencyKey": "build-7" })
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! found before anything is sent (a malformed id, a private key given as `--ssh-key`, …).
 //!
 //! - [`args`]: flags from a request schema, and the JSON body from the flags.
-//! - [`output`]: tables for people, JSON with `--json`.
+//! - [`output`]: tables for people (a history: one line per event), JSON with `--json` (or
+//!   `--format json`), one field with `--query`.
 //! - [`exec`]: `vps sandboxes exec`, a shell through the system's `ssh`.
 //! - [`cp`]: `vps sandboxes cp`, files in and out over the same path.
 
@@ -17,6 +18,7 @@ pub(crate) mod exec;
 mod images;
 pub(crate) mod output;
 
+pub use args::request_schema;
 pub use output::print;
 
 /// `body` without its null fields (absent flags).
@@ -39,6 +41,14 @@ const RENAMED: &[(&str, &str)] = &[
     ("sandboxVolumes", "volumes"),
     ("providerAccounts", "provider-accounts"),
     ("apiKeys", "api-keys"),
+];
+
+/// The reference product's names of groups, accepted too (`vps sandbox create …`).
+const REFERENCE_NAMES: &[(&str, &str)] = &[
+    ("sandboxes", "sandbox"),
+    ("templates", "sandbox-template"),
+    ("volumes", "sandbox-volume"),
+    ("snapshots", "sandbox-snapshot"),
 ];
 
 /// Groups whose name a database-side command already takes (`vps events`, `vps usage`): their
@@ -94,8 +104,13 @@ pub fn commands() -> Vec<Command> {
         .map(|(name, methods)| {
             let about = format!("The {} methods of the API.", methods[0].group);
             let subcommands = methods.iter().map(|m| method_command(m));
+            let aliases = REFERENCE_NAMES
+                .iter()
+                .filter(|(group, _)| *group == name)
+                .map(|(_, alias)| *alias);
             Command::new(name.clone())
                 .about(about)
+                .visible_aliases(aliases)
                 .subcommand_required(true)
                 .arg_required_else_help(true)
                 .subcommands(subcommands)
@@ -120,9 +135,25 @@ fn method_command(m: &Method) -> Command {
     if m.group == "sandboxes" && m.name == "exec" {
         return exec::command().args(connection_args());
     }
+    let args = args::for_method(m);
+    let taken = |long: &str| args.iter().any(|a| a.get_long() == Some(long));
+    // The reference's output flags, unless the request has a field of that name.
+    let format = (!taken("format")).then(|| {
+        Arg::new(OUTPUT_FORMAT)
+            .long("format")
+            .value_parser(["table", "json"])
+            .conflicts_with("json")
+            .help("table (default) or json")
+    });
+    let query = (!taken("query")).then(|| {
+        Arg::new(OUTPUT_QUERY)
+            .long("query")
+            .value_name("PATH")
+            .help("Print only this field of the answer (`state`, `shape.vcpu`, `items.0.id`)")
+    });
     Command::new(kebab(m.name))
         .about(m.summary)
-        .args(args::for_method(m))
+        .args(args)
         .args(connection_args())
         .arg(
             Arg::new("json")
@@ -130,7 +161,13 @@ fn method_command(m: &Method) -> Command {
                 .action(ArgAction::SetTrue)
                 .help("Print the answer as JSON instead of a table"),
         )
+        .args(format)
+        .args(query)
 }
+
+/// The ids of `--format` and `--query`, apart from any request field's.
+const OUTPUT_FORMAT: &str = "--format";
+const OUTPUT_QUERY: &str = "--query";
 
 fn connection_args() -> Vec<Arg> {
     vec![
@@ -196,7 +233,14 @@ pub async fn run(group: &str, matches: &ArgMatches) -> i32 {
         .await;
     match answer {
         Ok(value) => {
-            output::print(&value, sub.get_flag("json"));
+            let format = sub.try_get_one::<String>(OUTPUT_FORMAT).ok().flatten();
+            let json = sub.get_flag("json") || format.is_some_and(|f| f == "json");
+            let query = sub.try_get_one::<String>(OUTPUT_QUERY).ok().flatten();
+            match (query, method.name, json) {
+                (Some(path), _, _) => output::print_field(&value, path),
+                (None, "history", false) => output::print_events(&value),
+                (None, _, json) => output::print(&value, json),
+            }
             0
         }
         Err(code) => code,
@@ -336,5 +380,13 @@ mod tests {
         assert_eq!(super::command_name("sandboxTemplates"), "templates");
         assert_eq!(super::kebab("setIpPool"), "set-ip-pool");
         assert_eq!(super::kebab("sizeGiB"), "size-gib");
+    }
+
+    /// Aliases and output flags never clash with a request's own flags.
+    #[test]
+    fn every_command_line_is_well_formed() {
+        clap::Command::new("vps")
+            .subcommands(super::commands())
+            .debug_assert();
     }
 }

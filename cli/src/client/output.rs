@@ -4,7 +4,7 @@
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{ContentArrangement, Table};
 use serde_json::Value;
-use vps_api::tools::history::ellipsized;
+use vps_api::tools::history::{ellipsized, line};
 
 /// The columns a list shows, in this order, when its items have them.
 const COLUMNS: &[&str] = &[
@@ -51,6 +51,42 @@ pub fn print(answer: &Value, json: bool) {
     if let (false, Some(cursor)) = (json, answer.get("cursor").and_then(Value::as_str)) {
         let _ = writeln!(out, "more: --cursor {cursor}");
     }
+}
+
+/// A resource's events (a `*.history` answer), one readable line each as `vps history` prints
+/// them: time, type, actor and a summary. A closed pipe ends the output quietly.
+pub fn print_events(answer: &Value) {
+    use std::io::Write;
+    let events = answer["items"].as_array().map_or(&[][..], Vec::as_slice);
+    let mut out = std::io::stdout().lock();
+    if events.is_empty() {
+        let _ = writeln!(out, "(none)");
+    }
+    for event in events {
+        if writeln!(out, "{}", line(event)).is_err() {
+            return;
+        }
+    }
+}
+
+/// The field of `answer` at a dotted `path` (`state`, `shape.vcpu`, `items.0.id`): text as it
+/// is, anything else as JSON; `null` when there is none.
+pub fn print_field(answer: &Value, path: &str) {
+    use std::io::Write;
+    let text = match field(answer, path) {
+        Value::String(s) => s.clone(),
+        other => serde_json::to_string_pretty(other).unwrap_or_default(),
+    };
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
+
+fn field<'a>(answer: &'a Value, path: &str) -> &'a Value {
+    path.split('.')
+        .filter(|step| !step.is_empty())
+        .fold(answer, |v, step| match step.parse::<usize>() {
+            Ok(i) if v.is_array() => &v[i],
+            _ => &v[step],
+        })
 }
 
 /// The table for `answer`.
@@ -152,6 +188,16 @@ mod tests {
         let one = json!({ "id": "vol_a", "name": "notes", "sizeGiB": 10, "state": "ready",
                           "nodeId": "node_1", "attachedTo": null });
         insta::assert_snapshot!("volume", render(&one));
+    }
+
+    #[test]
+    fn a_query_picks_one_field() {
+        let answer = json!({ "state": "running", "shape": { "vcpu": 2 },
+                             "items": [{ "id": "inst_a" }] });
+        assert_eq!(field(&answer, "state"), "running");
+        assert_eq!(field(&answer, "shape.vcpu"), 2);
+        assert_eq!(field(&answer, "items.0.id"), "inst_a");
+        assert!(field(&answer, "nothing.here").is_null());
     }
 
     #[test]

@@ -7,15 +7,18 @@
 //! (`isError: true`) reading `CODE: message`, which the model sees and can act on. Standard
 //! output is the protocol: logs go to standard error.
 //!
-//! - [`params`]: the tools' arguments (the API's camelCase names), their input schemas.
+//! - [`forward`]: the tools that are one method each (create, list, get, extend, snapshot,
+//!   delete): the method's request schema from the registry is their input schema.
+//! - [`params`]: the arguments of the tools that are more than one call (exec, files).
 
+mod forward;
 mod params;
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
-use rmcp::model::{CallToolResult, Content};
+use rmcp::model::{CallToolResult, Content, JsonObject};
 use rmcp::{tool, tool_handler, tool_router, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 use tracing::Instrument;
@@ -51,8 +54,6 @@ pub async fn run(args: McpArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// How long `create_sandbox` and `create_instance` wait by default, in seconds.
-const DEFAULT_WAIT: u64 = 20;
 /// `exec_in_sandbox`'s default and longest timeouts, in seconds.
 const DEFAULT_EXEC_TIMEOUT: u64 = 60;
 const MAX_EXEC_TIMEOUT: u64 = 600;
@@ -81,47 +82,28 @@ impl ServerHandler for Vps {}
 impl Vps {
     /// Creates a sandbox from a template and waits (up to `waitSeconds`) until it is ready;
     /// answers the sandbox.
-    #[tool]
-    async fn create_sandbox(&self, Parameters(p): Parameters<CreateSandbox>) -> CallToolResult {
-        let Some(tenant) = self.tenant(p.tenant_id) else {
-            return no_tenant();
-        };
-        let mut body = json!({
-            "tenantId": tenant,
-            "templateId": p.template_id,
-            "idempotencyKey": p.idempotency_key.unwrap_or_else(fresh_key),
-        });
-        if let Some(ttl) = p.ttl_seconds {
-            body["ttlSeconds"] = ttl.into();
-        }
-        wait(&mut body, p.wait_seconds);
-        self.call("sandboxes.create", body).await
+    #[tool(input_schema = forward::input_schema("sandboxes.create"))]
+    async fn create_sandbox(&self, Parameters(args): Parameters<JsonObject>) -> CallToolResult {
+        self.forward("sandboxes.create", args).await
     }
 
     /// Lists the tenant's live sandboxes, newest first (`scope`: `mine` by default, or `all`).
-    #[tool]
-    async fn list_sandboxes(&self, Parameters(p): Parameters<List>) -> CallToolResult {
-        self.list("sandboxes.list", p).await
+    #[tool(input_schema = forward::input_schema("sandboxes.list"))]
+    async fn list_sandboxes(&self, Parameters(args): Parameters<JsonObject>) -> CallToolResult {
+        self.forward("sandboxes.list", args).await
     }
 
-    /// Pushes a sandbox's expiry later by `by` (`30m`, `8h`, …); answers the sandbox.
-    #[tool]
-    async fn extend_sandbox(&self, Parameters(p): Parameters<ExtendSandbox>) -> CallToolResult {
-        let Some(tenant) = self.tenant(p.tenant_id) else {
-            return no_tenant();
-        };
-        let body = json!({ "tenantId": tenant, "sandboxId": p.sandbox_id, "by": p.by });
-        self.call("sandboxes.extend", body).await
+    /// Pushes a sandbox's expiry later by `by` (`30m`, `8h`, …) or to `until`; answers the
+    /// sandbox.
+    #[tool(input_schema = forward::input_schema("sandboxes.extend"))]
+    async fn extend_sandbox(&self, Parameters(args): Parameters<JsonObject>) -> CallToolResult {
+        self.forward("sandboxes.extend", args).await
     }
 
     /// Deletes a sandbox (its VM and its unkept snapshots go with it).
-    #[tool]
-    async fn delete_sandbox(&self, Parameters(p): Parameters<SandboxRef>) -> CallToolResult {
-        let Some(tenant) = self.tenant(p.tenant_id) else {
-            return no_tenant();
-        };
-        let body = json!({ "tenantId": tenant, "sandboxId": p.sandbox_id });
-        self.call("sandboxes.delete", body).await
+    #[tool(input_schema = forward::input_schema("sandboxes.delete"))]
+    async fn delete_sandbox(&self, Parameters(args): Parameters<JsonObject>) -> CallToolResult {
+        self.forward("sandboxes.delete", args).await
     }
 
     /// Runs a shell command in a ready sandbox over SSH; answers `{ stdout, stderr, exitCode }`.
@@ -256,61 +238,38 @@ impl Vps {
 
     /// Takes a snapshot of a sandbox (disk and, by default, memory); answers the snapshot,
     /// `pending` until its node has uploaded it.
-    #[tool]
-    async fn snapshot_sandbox(&self, Parameters(p): Parameters<SnapshotSandbox>) -> CallToolResult {
-        let Some(tenant) = self.tenant(p.tenant_id) else {
-            return no_tenant();
-        };
-        let mut body = json!({ "tenantId": tenant, "sandboxId": p.sandbox_id });
-        if let Some(memory) = p.include_memory {
-            body["includeMemory"] = memory.into();
-        }
-        if let Some(keep) = p.keep {
-            body["keep"] = keep.into();
-        }
-        self.call("sandboxes.snapshot", body).await
+    #[tool(input_schema = forward::input_schema("sandboxes.snapshot"))]
+    async fn snapshot_sandbox(&self, Parameters(args): Parameters<JsonObject>) -> CallToolResult {
+        self.forward("sandboxes.snapshot", args).await
     }
 
     /// Creates an instance (a VM) and waits (up to `waitSeconds`) until it settles; answers
     /// the instance.
-    #[tool]
-    async fn create_instance(&self, Parameters(p): Parameters<CreateInstance>) -> CallToolResult {
-        let Some(tenant) = self.tenant(p.tenant_id) else {
-            return no_tenant();
-        };
-        let mut body = json!({
-            "tenantId": tenant,
-            "poolId": p.pool_id,
-            "flavor": p.flavor,
-            "imageId": p.image_id,
-            "sshKeys": p.ssh_keys.unwrap_or_default(),
-            "idempotencyKey": p.idempotency_key.unwrap_or_else(fresh_key),
-        });
-        wait(&mut body, p.wait_seconds);
-        self.call("instances.create", body).await
+    #[tool(input_schema = forward::input_schema("instances.create"))]
+    async fn create_instance(&self, Parameters(args): Parameters<JsonObject>) -> CallToolResult {
+        self.forward("instances.create", args).await
     }
 
     /// Lists the tenant's instances, newest first (`scope`: `all` by default, or `mine`).
-    #[tool]
-    async fn list_instances(&self, Parameters(p): Parameters<List>) -> CallToolResult {
-        self.list("instances.list", p).await
+    #[tool(input_schema = forward::input_schema("instances.list"))]
+    async fn list_instances(&self, Parameters(args): Parameters<JsonObject>) -> CallToolResult {
+        self.forward("instances.list", args).await
     }
 
-    /// One instance of the tenant.
-    #[tool]
-    async fn get_instance(&self, Parameters(p): Parameters<InstanceRef>) -> CallToolResult {
-        self.instance("instances.get", p).await
+    /// One instance of the tenant (`asOf`: as it was then).
+    #[tool(input_schema = forward::input_schema("instances.get"))]
+    async fn get_instance(&self, Parameters(args): Parameters<JsonObject>) -> CallToolResult {
+        self.forward("instances.get", args).await
     }
 
     /// Deletes an instance; answers it, `deleting` until its host has removed it.
-    #[tool]
-    async fn delete_instance(&self, Parameters(p): Parameters<InstanceRef>) -> CallToolResult {
-        self.instance("instances.delete", p).await
+    #[tool(input_schema = forward::input_schema("instances.delete"))]
+    async fn delete_instance(&self, Parameters(args): Parameters<JsonObject>) -> CallToolResult {
+        self.forward("instances.delete", args).await
     }
 }
 
 impl Vps {
-    /// The tool's tenant, or the server's.
     /// Runs `command` in the sandbox over an exec session, `input` on its standard input:
     /// its standard output, or the tool error (the guest's standard error when it failed).
     async fn ssh(
@@ -366,8 +325,17 @@ impl Vps {
         }
     }
 
+    /// The tool's tenant, or the server's.
     fn tenant(&self, given: Option<String>) -> Option<String> {
         given.or_else(|| self.tenant.clone())
+    }
+
+    /// The tool that is `method`: its arguments, with [`forward`]'s conveniences, as the body.
+    async fn forward(&self, method: &str, args: JsonObject) -> CallToolResult {
+        match forward::body(method, args, self.tenant.as_deref()) {
+            Ok(body) => self.call(method, body).await,
+            Err(text) => error(text),
+        }
     }
 
     /// One API call as a tool result.
@@ -378,44 +346,6 @@ impl Vps {
             Err(failure) => api_error(&failure),
         }
     }
-
-    async fn list(&self, method: &str, p: List) -> CallToolResult {
-        let Some(tenant) = self.tenant(p.tenant_id) else {
-            return no_tenant();
-        };
-        let mut body = json!({ "tenantId": tenant });
-        if let Some(scope) = p.scope {
-            body["scope"] = scope.into();
-        }
-        if let Some(limit) = p.limit {
-            body["limit"] = limit.into();
-        }
-        if let Some(cursor) = p.cursor {
-            body["cursor"] = cursor.into();
-        }
-        self.call(method, body).await
-    }
-
-    async fn instance(&self, method: &str, p: InstanceRef) -> CallToolResult {
-        let Some(tenant) = self.tenant(p.tenant_id) else {
-            return no_tenant();
-        };
-        let body = json!({ "tenantId": tenant, "instanceId": p.instance_id });
-        self.call(method, body).await
-    }
-}
-
-/// `wait.timeoutMs` from `waitSeconds` (default 20; 0: no wait).
-fn wait(body: &mut Value, seconds: Option<u64>) {
-    let seconds = seconds.unwrap_or(DEFAULT_WAIT);
-    if seconds > 0 {
-        body["wait"] = json!({ "timeoutMs": seconds.saturating_mul(1000) });
-    }
-}
-
-/// An idempotency key for a create that was given none.
-fn fresh_key() -> String {
-    format!("mcp-{}", ulid::Ulid::generate().to_string().to_lowercase())
 }
 
 /// A sandbox path quoted for the guest's `sh`.
@@ -449,5 +379,23 @@ fn api_error(failure: &ApiFailure) -> CallToolResult {
 }
 
 fn no_tenant() -> CallToolResult {
-    error("INVALID_INPUT: tenantId is missing (pass it, or start `vps mcp` with VPS_TENANT)")
+    error(forward::NO_TENANT)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_tool_names_its_arguments() {
+        for tool in super::Vps::tool_router().list_all() {
+            let properties = tool.input_schema.get("properties");
+            assert!(
+                properties
+                    .and_then(|p| p.as_object())
+                    .is_some_and(|p| !p.is_empty()),
+                "{}: {:?}",
+                tool.name,
+                tool.input_schema
+            );
+        }
+    }
 }

@@ -45,16 +45,21 @@ async fn json_of(t: &TestServer, args: &[&str]) -> Value {
 
 fn keys(dir: &Path) -> (String, String) {
     let key = dir.join("id");
-    let made = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    keys_at(&key);
     (
         key.display().to_string(),
         key.with_extension("pub").display().to_string(),
     )
+}
+
+/// A fresh ed25519 key pair: `key` and `key.pub`.
+fn keys_at(key: &Path) {
+    let made = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(key)
+        .status()
+        .unwrap();
+    assert!(made.success());
 }
 
 #[tokio::test]
@@ -348,4 +353,297 @@ async fn an_imported_image_reaches_hosts_through_a_signed_url() {
     )
     .await;
     assert_eq!(run.code, 2, "{}", run.stderr);
+}
+
+/// A shell for the reference's command lines: `vps` on its `PATH`, `HOME` and the working
+/// directory a scratch directory (so `~/.ssh/id_ed25519.pub` and `./keys/alice.pub` are files
+/// there), the server, Alice's token and the tenant `acme` in the environment.
+struct Shell {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Shell {
+    fn new(t: &TestServer) -> Shell {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("bin")).unwrap();
+        std::os::unix::fs::symlink(
+            env!("CARGO_BIN_EXE_vps-cli"),
+            dir.path().join("bin").join("vps"),
+        )
+        .unwrap();
+        Shell {
+            dir,
+            url: t.server.url(),
+        }
+    }
+
+    /// Runs `line` as the reference writes it (`better-compute` being `vps`), its placeholder
+    /// ids (`pool_01jz…`) replaced by this run's.
+    async fn run(&self, line: &str, ids: &[(&str, &str)]) -> Run {
+        let line = ids
+            .iter()
+            .fold(line.to_string(), |l, (from, to)| l.replace(from, to));
+        let path = format!(
+            "{}:{}",
+            self.dir.path().join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = tokio::process::Command::new("sh")
+            .args(["-c", &line])
+            .current_dir(self.dir.path())
+            .env("PATH", path)
+            .env("HOME", self.dir.path())
+            .env("VPS_URL", &self.url)
+            .env("VPS_TOKEN", ALICE)
+            .env("VPS_TENANT", "acme")
+            .env("RUST_LOG", "off")
+            .output()
+            .await
+            .expect("sh runs");
+        let run = Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        assert_eq!(run.code, 0, "{line}: {}", run.stderr);
+        run
+    }
+}
+
+/// The first id of this kind (`inst_`) a table shows.
+fn id_in(text: &str, prefix: &str) -> String {
+    text.split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .find(|word| word.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix}… in {text}"))
+        .to_string()
+}
+
+/// The instances guide's command lines, flag for flag.
+#[tokio::test]
+async fn the_reference_instance_command_lines_run_as_written() {
+    let t = TestServer::start_with(|c| c.timings.transitional_look = 0.1).await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/24",
+            0,
+            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
+        )
+        .await;
+    for (name, vcpu) in [("g1.small", 2), ("g1.large", 4)] {
+        t.ok(
+            OPERATOR,
+            "flavors.create",
+            json!({ "poolId": pool, "name": name, "vcpu": vcpu, "memoryGiB": vcpu * 2,
+                    "diskGiB": 20 }),
+        )
+        .await;
+    }
+    t.ok(
+        OPERATOR,
+        "images.register",
+        json!({ "imageId": "ubuntu-24.04", "url": "https://images.example/noble.qcow2",
+                "sha256": "b".repeat(64), "format": "qcow2" }),
+    )
+    .await;
+    let (node, token) = t.register_node(&pool, "host").await;
+    let _host = t.host(&node, &token, Duration::from_millis(20));
+    let sh = Shell::new(&t);
+    let home = sh.dir.path();
+    for key in [".ssh/id_ed25519", "keys/alice", "keys/ci"] {
+        let key = home.join(key);
+        std::fs::create_dir_all(key.parent().unwrap()).unwrap();
+        keys_at(&key);
+    }
+    std::fs::write(home.join("cloud-init.yaml"), "#cloud-config\n").unwrap();
+    let pool_ids = [("pool_01jz…", pool.as_str())];
+
+    // A create with an idempotency key: run twice, one instance.
+    let create = "vps instances create --tenant acme --pool pool_01jz… --flavor g1.small \
+                  --image ubuntu-24.04 --ssh-key ~/.ssh/id_ed25519.pub --key build-agent-7";
+    let first = id_in(&sh.run(create, &pool_ids).await.stdout, "inst_");
+    let again = id_in(&sh.run(create, &pool_ids).await.stdout, "inst_");
+    assert_eq!(again, first);
+    let get = json!({ "tenantId": "acme", "instanceId": first });
+    let instance = t.ok(ALICE, "instances.get", get.clone()).await;
+    assert_eq!(instance["flavor"], "g1.small", "{instance}");
+    assert_eq!(instance["imageId"], "ubuntu-24.04", "{instance}");
+    assert_eq!(
+        instance["sshKeys"].as_array().unwrap().len(),
+        1,
+        "{instance}"
+    );
+
+    // Two key files, comma-separated, and a user-data file.
+    let create = "vps instances create --tenant acme --pool pool_01jz… --flavor g1.small \
+                  --image ubuntu-24.04 --ssh-key ./keys/alice.pub,./keys/ci.pub \
+                  --user-data ./cloud-init.yaml";
+    let second = id_in(&sh.run(create, &pool_ids).await.stdout, "inst_");
+    assert_ne!(second, first);
+    let instance = t
+        .ok(
+            ALICE,
+            "instances.get",
+            json!({ "tenantId": "acme", "instanceId": second }),
+        )
+        .await;
+    assert_eq!(
+        instance["sshKeys"].as_array().unwrap().len(),
+        2,
+        "{instance}"
+    );
+
+    let running = |i: &Value| i["state"] == "running";
+    t.until(ALICE, "acme", &first, Duration::from_secs(10), running)
+        .await;
+    let ids = [("inst_01k5w…", first.as_str())];
+    let listed = sh
+        .run(
+            "vps instances list --tenant acme --all --state running",
+            &[],
+        )
+        .await;
+    assert!(listed.stdout.contains(&first), "{}", listed.stdout);
+    let state = sh
+        .run(
+            "vps instances get inst_01k5w… --tenant acme --query state",
+            &ids,
+        )
+        .await;
+    assert_eq!(state.stdout.trim(), "running");
+
+    sh.run("vps instances stop inst_01k5w… --tenant acme", &ids)
+        .await;
+    let stopped = |i: &Value| i["state"] == "stopped";
+    let instance = t
+        .until(ALICE, "acme", &first, Duration::from_secs(10), stopped)
+        .await;
+    assert_eq!(instance["state"], "stopped", "{instance}");
+    sh.run(
+        "vps instances resize inst_01k5w… --tenant acme --flavor g1.large",
+        &ids,
+    )
+    .await;
+    let instance = t.ok(ALICE, "instances.get", get.clone()).await;
+    assert_eq!(instance["flavor"], "g1.large", "{instance}");
+    sh.run("vps instances start inst_01k5w… --tenant acme", &ids)
+        .await;
+    let instance = t
+        .until(ALICE, "acme", &first, Duration::from_secs(10), running)
+        .await;
+    assert_eq!(instance["state"], "running", "{instance}");
+    sh.run("vps instances delete inst_01k5w… --tenant acme", &ids)
+        .await;
+    let instance = t.ok(ALICE, "instances.get", get).await;
+    assert_eq!(instance["desiredState"], "deleted", "{instance}");
+
+    // Its history over the API: the lines `vps history` prints, the events with --json.
+    let history = vps(&t, &["instances", "history", &first]).await;
+    assert_eq!(history.code, 0, "{}", history.stderr);
+    let lines: Vec<&str> = history.stdout.lines().collect();
+    let created = lines
+        .iter()
+        .find(|l| l.contains("instance.created"))
+        .unwrap_or_else(|| panic!("{}", history.stdout));
+    assert!(
+        created.contains("id_alice") && created.contains("state="),
+        "{created}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("instance.resized")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().all(|l| l.len() < 220), "{lines:?}");
+    // The host may still be removing it: later events only add to the list.
+    let events = json_of(&t, &["instances", "history", &first]).await;
+    assert!(events["items"].as_array().unwrap().len() >= lines.len());
+    assert_eq!(events["items"][0]["type"], "instance.created", "{events}");
+}
+
+/// The sandboxes guide's command lines, flag for flag, but the template's (`--warm-min` has
+/// no flag here: `--warm '{"min":2}'`).
+#[tokio::test]
+async fn the_reference_sandbox_command_lines_run_as_written() {
+    let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
+    let pool = t
+        .hosted_pool(
+            "10.0.1.0/24",
+            0,
+            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
+        )
+        .await;
+    let (node, token) = t.register_node(&pool, "host").await;
+    let _host = t.host(&node, &token, Duration::from_millis(20));
+    let template = t
+        .ok(
+            ALICE,
+            "sandboxTemplates.create",
+            json!({ "tenantId": "acme", "name": "python", "poolId": pool, "flavor": "small",
+                    "imageId": "img_ubuntu", "maxTtlSeconds": 14400 }),
+        )
+        .await;
+    let tpl = template["id"].as_str().unwrap().to_string();
+    let sh = Shell::new(&t);
+
+    let created = sh
+        .run(
+            "vps sandbox create --template sbxt_01k5w… --ttl 30m",
+            &[("sbxt_01k5w…", &tpl)],
+        )
+        .await;
+    let sbx = id_in(&created.stdout, "sbx_");
+    let get = json!({ "tenantId": "acme", "sandboxId": sbx });
+    vps_tests::wait_until("the sandbox is ready", Duration::from_secs(10), || async {
+        t.ok(ALICE, "sandboxes.get", get.clone()).await["state"] == "ready"
+    })
+    .await;
+    let before = t.ok(ALICE, "sandboxes.get", get.clone()).await;
+    let ids = [("sbx_01k5w…", sbx.as_str())];
+    let listed = sh.run("vps sandbox list --all --format table", &[]).await;
+    assert!(listed.stdout.contains(&sbx), "{}", listed.stdout);
+    sh.run("vps sandbox extend sbx_01k5w… --by 30m", &ids).await;
+    let after = t.ok(ALICE, "sandboxes.get", get.clone()).await;
+    assert_ne!(after["expiresAt"], before["expiresAt"]);
+    let uname = sh
+        .run("vps sandbox exec sbx_01k5w… -- uname -a", &ids)
+        .await;
+    assert!(!uname.stdout.trim().is_empty(), "{}", uname.stderr);
+    let snapshot = sh.run("vps sandbox snapshot sbx_01k5w… --keep", &ids).await;
+    let snap = id_in(&snapshot.stdout, "snap_");
+    let kept = t
+        .ok(
+            ALICE,
+            "sandboxSnapshots.get",
+            json!({ "tenantId": "acme", "snapshotId": snap }),
+        )
+        .await;
+    assert_eq!(kept["keep"], true, "{kept}");
+    sh.run("vps sandbox delete sbx_01k5w…", &ids).await;
+    match t.call(ALICE, "sandboxes.get", get).await {
+        Ok(deleting) => assert_ne!(deleting["state"], "ready", "{deleting}"),
+        Err(gone) => assert_eq!(gone.status, 404, "{:?}", gone.body),
+    }
+
+    let volume = sh
+        .run(
+            "vps sandbox-volume create --pool pool_01k5w… --name agent-notes --size 20",
+            &[("pool_01k5w…", &pool)],
+        )
+        .await;
+    let vol = id_in(&volume.stdout, "vol_");
+    let ids = [("vol_01k5w…", vol.as_str())];
+    let listed = sh.run("vps sandbox-volume list --format table", &[]).await;
+    assert!(listed.stdout.contains(&vol), "{}", listed.stdout);
+    let got = sh.run("vps sandbox-volume get vol_01k5w…", &ids).await;
+    assert!(got.stdout.contains("agent-notes"), "{}", got.stdout);
+    sh.run("vps sandbox-volume resize vol_01k5w… --size 40", &ids)
+        .await;
+    let get = json!({ "tenantId": "acme", "volumeId": vol });
+    let resized = t.ok(ALICE, "sandboxVolumes.get", get.clone()).await;
+    assert_eq!(resized["sizeGiB"], 40, "{resized}");
+    sh.run("vps sandbox-volume delete vol_01k5w…", &ids).await;
+    match t.call(ALICE, "sandboxVolumes.get", get).await {
+        Ok(deleting) => assert_ne!(deleting["state"], resized["state"], "{deleting}"),
+        Err(gone) => assert_eq!(gone.status, 404, "{:?}", gone.body),
+    }
 }
