@@ -305,6 +305,7 @@ async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window(
         server,
         http,
         snapshots,
+        clock,
     } = t;
     let mut config = (*server.state.config).clone();
     let db = server.state.pool.clone();
@@ -344,11 +345,14 @@ async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window(
     })
     .await;
     config.http.listen = "127.0.0.1:0".into();
-    let server = vps::server::start(config, db).await.expect("restarts");
+    let server = vps::server::start_with_clock(config, db, clock.clock())
+        .await
+        .expect("restarts");
     let t = TestServer {
         server,
         http,
         snapshots,
+        clock,
     };
     settled_past(&t, down_until + Duration::seconds(1)).await;
     let until: DateTime<Utc> = sqlx::query_scalar("SELECT settled_until FROM usage_progress")
