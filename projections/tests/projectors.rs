@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use chrono::Utc;
 use serde_json::{json, Value};
 use sqlx::{PgPool, Row};
 use vps_domain::aggregate::Event;
