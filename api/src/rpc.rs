@@ -39,6 +39,8 @@ pub async fn dispatch(
         secrets: state.secrets.clone(),
         actor: caller.actor.clone(),
         request_id: Some(vps_commands::record::new_id("req")),
+        clock: state.clock.clone(),
+        wakeups: state.wakeups.clone(),
     };
     let method = registry()
         .get(&group, &method)

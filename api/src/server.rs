@@ -70,6 +70,15 @@ impl RunningServer {
 
 /// Binds the listener and starts the API and the background parts on `pool`.
 pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer> {
+    start_with_clock(config, pool, vps_clock::Clock::system()).await
+}
+
+/// [`start`] on `clock` (a test's manual clock).
+pub async fn start_with_clock(
+    config: Config,
+    pool: PgPool,
+    clock: vps_clock::Clock,
+) -> anyhow::Result<RunningServer> {
     crate::telemetry::metrics_handle();
     let listen = config.listen_addr()?;
     let listener = TcpListener::bind(listen)
@@ -101,6 +110,8 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         specs: Arc::default(),
         spec_signals: Arc::default(),
         readiness: Arc::default(),
+        clock,
+        wakeups: Default::default(),
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -123,9 +134,9 @@ pub async fn start(config: Config, pool: PgPool) -> anyhow::Result<RunningServer
         }));
     }
     {
-        let pool = pool.clone();
+        let (pool, wakeups) = (pool.clone(), state.wakeups.clone());
         tasks.push(supervise_infallible("work-signals", move || {
-            vps_reactors::work_queue::listen(pool.clone())
+            vps_reactors::work_queue::listen(pool.clone(), wakeups.clone())
         }));
     }
     tasks.extend(start_reactors(&state));
@@ -182,6 +193,8 @@ pub fn reactor_ctx(state: &AppState, name: &str) -> vps_commands::Ctx {
             operator: true,
         },
         request_id: None,
+        clock: state.clock.clone(),
+        wakeups: state.wakeups.clone(),
     }
 }
 
@@ -219,10 +232,9 @@ pub fn usage_windows(config: &Config) -> vps_domain::usage::Windows {
 fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
     let timings = timings(&state.config);
     let mut tasks = Vec::new();
-    let (pool, notifier, waker_timings) =
-        (state.pool.clone(), state.notifier.clone(), timings.clone());
+    let (ctx, waker_timings) = (reactor_ctx(state, "waker"), timings.clone());
     tasks.push(supervise("instance-waker", move || {
-        vps_reactors::waker::run(pool.clone(), notifier.clone(), waker_timings.clone())
+        vps_reactors::waker::run(ctx.clone(), waker_timings.clone())
     }));
     let (pool, notifier) = (state.pool.clone(), state.notifier.clone());
     let signals = state.spec_signals.clone();
@@ -262,22 +274,13 @@ fn start_reactors(state: &AppState) -> Vec<JoinHandle<()>> {
             vps_reactors::nats::run_publisher(pool.clone(), notifier.clone(), config.clone())
         }));
     }
-    let (pool, notifier, secrets) = (
-        state.pool.clone(),
-        state.notifier.clone(),
-        state.secrets.clone(),
-    );
+    let ctx = reactor_ctx(state, "webhooks");
     let webhooks = vps_reactors::webhooks::WebhookConfig {
         allow_private: state.config.webhooks.allowed_networks(),
         ..Default::default()
     };
     tasks.push(supervise_infallible("webhook-delivery", move || {
-        vps_reactors::webhooks::run_webhook_delivery(
-            pool.clone(),
-            notifier.clone(),
-            secrets.clone(),
-            webhooks.clone(),
-        )
+        vps_reactors::webhooks::run_webhook_delivery(ctx.clone(), webhooks.clone())
     }));
     let (pool, config) = (state.pool.clone(), state.config.clone());
     tasks.push(supervise_infallible("doctor-gauges", move || {

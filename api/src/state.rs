@@ -37,4 +37,8 @@ pub struct AppState {
     pub spec_signals: Arc<vps_projections::spec_signals::SpecSignals>,
     /// Anonymous `/readyz`'s cached answer.
     pub readiness: Arc<crate::doctor::readiness::Readiness>,
+    /// What time it is for commands and reactors.
+    pub clock: vps_clock::Clock,
+    /// This server's wake-ups of its background loops.
+    pub wakeups: vps_commands::wakeups::Wakeups,
 }

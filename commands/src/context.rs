@@ -3,10 +3,12 @@
 use std::sync::Arc;
 
 use sqlx::PgPool;
+use vps_clock::Clock;
 use vps_events::{Metadata, Notifier};
 use vps_projections::spec_signals::SpecSignals;
 
 use crate::secrets::SecretKey;
+use crate::wakeups::Wakeups;
 
 /// The caller of a command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +36,10 @@ pub struct Ctx {
     pub actor: Actor,
     /// The request being served.
     pub request_id: Option<String>,
+    /// What time it is: commands and reactors never read the system clock themselves.
+    pub clock: Clock,
+    /// This server's wake-ups of its background loops.
+    pub wakeups: Wakeups,
 }
 
 impl Ctx {

@@ -214,7 +214,7 @@ async fn report_in(
     tx: &mut PgConnection,
     report: &Report,
 ) -> Result<ReportOutcome, CommandError> {
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let node_id = &report.node_id;
     let node = Some(lock_node(tx, node_id, Some((now, report.applied_generation))).await?);
     if let Some(url) = &report.tunnel_url {
@@ -488,7 +488,7 @@ fn instance_of(row: &sqlx::postgres::PgRow) -> Instance {
 /// instances that changed.
 pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, CommandError> {
     retrying(node_id, || async {
-        let now = Utc::now();
+        let now = ctx.clock.now();
         let mut tx = ctx.pool.begin().await?;
         let before = Some(lock_node(&mut tx, node_id, None).await?);
         let events = decide(before.as_ref(), &NodeCommand::Lose)?;

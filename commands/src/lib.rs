@@ -6,7 +6,8 @@
 //! offers, IP ranges, nodes, flavors, images), `instances` (admission, start, stop, resize,
 //! delete), `secrets` (sealed user data), `webhooks` (subscriptions and their secrets), `policies` (stored Cedar
 //! policies), `identities` (run-time identities, API keys), `tenants` (teardown steps),
-//! `volumes` (sandbox volumes, and what templates and sandboxes take from them).
+//! `volumes` (sandbox volumes, and what templates and sandboxes take from them), `wakeups`
+//! (a server's wake-ups of its background loops; the context carries them with its clock).
 //!
 //! Handlers never call a host or a cloud API and never write a projection table directly: the
 //! projectors of `vps_projections` do that, inside the handler's transaction.
@@ -26,6 +27,7 @@ pub mod secrets;
 pub mod stream;
 pub mod tenants;
 pub mod volumes;
+pub mod wakeups;
 pub mod webhooks;
 
 pub use context::{Actor, Ctx};

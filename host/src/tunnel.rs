@@ -17,6 +17,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
+use vps_clock::Clock;
 use vps_seam::{NodeApi, Redeemed};
 
 use crate::runtime::Runtime;
@@ -121,7 +122,7 @@ async fn admit<R: Runtime>(
         .map_err(|e| format!("ticket: {e}"))?;
     let admits = targets.principal(&redeemed.instance_id);
     let address = runtime.ssh_address(&redeemed.instance_id);
-    let guest = check(&redeemed, admits.as_deref(), address, Utc::now())?;
+    let guest = check(&redeemed, admits.as_deref(), address, Clock::system().now())?;
     Ok((guest, redeemed.instance_id))
 }
 
@@ -174,14 +175,14 @@ mod tests {
 
     #[test]
     fn a_valid_ticket_for_a_running_guest_reaches_its_sshd() {
-        let now = Utc::now();
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
         let at = check(&redeemed("inst_a", 60, now), Some("inst_a"), SSHD, now).unwrap();
         assert_eq!(at.to_string(), "10.0.0.2:22");
     }
 
     #[test]
     fn an_ended_certificate_is_refused() {
-        let now = Utc::now();
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
         let e = check(&redeemed("inst_a", -1, now), Some("inst_a"), SSHD, now).unwrap_err();
         assert!(e.contains("ended"), "{e}");
         let e = check(&redeemed("inst_a", 0, now), Some("inst_a"), SSHD, now).unwrap_err();
@@ -193,7 +194,7 @@ mod tests {
 
     #[test]
     fn a_guest_not_running_here_is_refused() {
-        let now = Utc::now();
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
         let e = check(&redeemed("inst_a", 60, now), None, SSHD, now).unwrap_err();
         assert!(e.contains("not running here"), "{e}");
         let e = check(&redeemed("inst_a", 60, now), Some("inst_a"), None, now).unwrap_err();
@@ -202,7 +203,7 @@ mod tests {
 
     #[test]
     fn a_principal_the_guest_does_not_admit_is_refused() {
-        let now = Utc::now();
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
         let e = check(&redeemed("inst_b", 60, now), Some("inst_a"), SSHD, now).unwrap_err();
         assert!(e.contains("\"inst_b\""), "{e}");
     }

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use chrono::Utc;
 use serde_json::{json, Value};
 use sqlx::{PgPool, Row};
 use vps_domain::aggregate::Event;
@@ -317,7 +316,7 @@ async fn an_admitted_instance_books_its_view_allocation_lease_and_quota() {
         &admission_facts(),
         create(&id),
         "alloc_1",
-        Utc::now(),
+        vps_clock::Clock::system().now(),
         &instance::authorized_before,
     );
     let Ok(instance::Admission::Admit(events)) = decided else {
@@ -367,7 +366,7 @@ async fn decided(
         .await
         .unwrap()
         .unwrap();
-    instance::decide(Some(&view), &command, Utc::now()).unwrap()
+    instance::decide(Some(&view), &command, vps_clock::Clock::system().now()).unwrap()
 }
 
 async fn spec_entry_desired_state(db: &PgPool, id: &str) -> String {
@@ -386,7 +385,7 @@ async fn one_admitted() -> (PgPool, String, String) {
         &admission_facts(),
         create(&id),
         "alloc_1",
-        Utc::now(),
+        vps_clock::Clock::system().now(),
         &instance::authorized_before,
     ) else {
         panic!("admitted");

@@ -83,7 +83,7 @@ async fn pass(
     item: &Taken,
     looked: Option<&Instance>,
 ) -> Result<Pass, CommandError> {
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let Some(inst) = looked else {
         return Ok(Next::WhenWoken.into());
     };
@@ -109,7 +109,7 @@ async fn pass(
 
 /// A pass that records a command: decided again on the instance's locked row.
 async fn act(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let mut tx = ctx.pool.begin().await?;
     // Rows before streams, like host reports: the two never wait for each other in a circle.
     let Some(inst) = lock_instance(&mut tx, &item.key).await? else {
@@ -148,7 +148,7 @@ async fn hosted_facts(
         false
     };
     let placement = if inst.state == InstanceState::Scheduling {
-        Some(match placement(tx, inst).await {
+        Some(match placement(tx, inst, now).await {
             Ok(cmd) => Placement::Decided(cmd),
             Err(CommandError::Domain(DomainError::CapacityUnavailable { .. })) => {
                 Placement::NoAddress
@@ -191,12 +191,12 @@ const BATCH: i64 = 64;
 /// Runs the reconciler: takes due items and reconciles up to `parallel` at once, keeping the
 /// batch's leases alive while it works.
 pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx::Error> {
-    let mut wake = work_queue::subscribe(KIND);
+    let mut wake = work_queue::subscribe(&ctx, KIND);
     loop {
         wake.borrow_and_update();
-        let items = work_queue::take(&ctx.pool, KIND, BATCH, LEASE).await?;
+        let items = work_queue::take(&ctx.pool, KIND, BATCH, LEASE, ctx.clock.now()).await?;
         if items.is_empty() {
-            work_queue::idle(&ctx.pool, KIND, &mut wake).await;
+            work_queue::idle(&ctx, KIND, &mut wake).await;
             continue;
         }
         let short = items.len() < BATCH as usize;
@@ -216,7 +216,7 @@ pub async fn run(ctx: Ctx, timings: Timings, parallel: usize) -> Result<(), sqlx
             // The take found every due item: the next is due no sooner than `idle` reads (or
             // a wake-up came meanwhile, and `idle` returns at once). A take here would find
             // nothing: one statement per create at one client.
-            work_queue::idle(&ctx.pool, KIND, &mut wake).await;
+            work_queue::idle(&ctx, KIND, &mut wake).await;
         }
     }
 }
@@ -274,7 +274,7 @@ async fn record_passes(ctx: &Ctx, passes: Vec<(&Taken, Result<Pass, String>)>) {
             Ok(pass) => done.push((item, pass)),
             Err(error) => {
                 metrics::counter!("vps_reconcile_failures_total", "kind" => KIND).increment(1);
-                match work_queue::fail(&ctx.pool, KIND, item, &error).await {
+                match work_queue::fail(&ctx.pool, KIND, item, &error, ctx.clock.now()).await {
                     Ok(true) => {}
                     Ok(false) => lost.push(item.key.clone()),
                     Err(e) => {
@@ -284,7 +284,7 @@ async fn record_passes(ctx: &Ctx, passes: Vec<(&Taken, Result<Pass, String>)>) {
             }
         }
     }
-    match work_queue::complete_all(&ctx.pool, KIND, &done).await {
+    match work_queue::complete_all(&ctx.pool, KIND, &done, ctx.clock.now()).await {
         Ok(keys) => lost.extend(keys),
         Err(e) => {
             tracing::warn!(error = %e, "cannot record reconcile passes; their leases will expire")

@@ -5,6 +5,9 @@
 //! last resumed: after the control plane's own outage (every replica down, the database
 //! unreachable, this process stalled) hosts could not report, so each node gets a fresh
 //! `lostAfterSeconds` to report again before it is judged.
+//!
+//! Silence is measured on the context's clock, which stamps the reports; a stall of this
+//! checker on the process's own monotonic time, which no moved clock is mistaken for.
 
 use std::time::Duration;
 
@@ -20,39 +23,56 @@ pub const LEASE: &str = "node-liveness";
 /// Checks liveness every `timings.liveness_check`, for as long as the task lives.
 pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
     let _lease = vps_events::lease::Lease::acquire(&ctx.pool, LEASE, Duration::from_secs(2)).await;
-    let mut resumed = database_now(&ctx).await?;
-    let mut last_check = resumed;
+    let mut resumed = ctx.clock.now();
+    let mut last_check = tokio::time::Instant::now();
     loop {
-        let now = database_now(&ctx).await?;
-        if stalled(last_check, now, &timings) {
-            tracing::info!(since = %last_check, "liveness checks stalled; every node gets a fresh grace period");
+        let now = ctx.clock.now();
+        let gap = last_check.elapsed();
+        if stalled(gap, &timings) {
+            tracing::info!(
+                gap_seconds = gap.as_secs_f64(),
+                "liveness checks stalled; every node gets a fresh grace period"
+            );
             resumed = now;
         }
-        last_check = now;
-        for node in silent_nodes(&ctx, resumed).await? {
+        last_check = tokio::time::Instant::now();
+        for node in silent_nodes(&ctx, resumed, now).await? {
             match vps_commands::hosts::mark_node_lost(&ctx, &node).await {
                 Ok(changed) => {
                     tracing::info!(node = %node, instances = changed.len(), "node lost");
-                    work_queue::wake_all(&ctx.pool, crate::instances::KIND, &changed).await?;
-                    work_queue::announce(&ctx.notifier, crate::instances::KIND);
+                    work_queue::wake_all(
+                        &ctx.pool,
+                        crate::instances::KIND,
+                        &changed,
+                        ctx.clock.now(),
+                    )
+                    .await?;
+                    work_queue::announce(&ctx, crate::instances::KIND);
                 }
                 Err(e) => tracing::warn!(node = %node, error = %e, "cannot mark node lost"),
             }
         }
-        tokio::time::sleep(timings.liveness_check).await;
+        // A moved clock may have made nodes silent long enough: look at once.
+        tokio::select! {
+            () = tokio::time::sleep(timings.liveness_check) => {}
+            () = ctx.clock.moved() => {}
+        }
     }
 }
 
 /// Whether the gap since the last check is so long that this checker was not really
 /// running (the process stalled): longer than three check intervals plus a second.
-fn stalled(last: DateTime<Utc>, now: DateTime<Utc>, timings: &Timings) -> bool {
-    let gap = (now - last).to_std().unwrap_or_default();
+fn stalled(gap: Duration, timings: &Timings) -> bool {
     gap > timings.liveness_check * 3 + Duration::from_secs(1)
 }
 
 /// The nodes of pools with `lostAfterSeconds` that have been silent that long, counting from
-/// their last report (or registration), but never from before `resumed`.
-async fn silent_nodes(ctx: &Ctx, resumed: DateTime<Utc>) -> Result<Vec<String>, sqlx::Error> {
+/// their last report (or registration), but never from before `resumed`, as of `now`.
+async fn silent_nodes(
+    ctx: &Ctx,
+    resumed: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT n.id FROM nodes n
            JOIN pools p ON p.id = n.pool_id
@@ -60,17 +80,12 @@ async fn silent_nodes(ctx: &Ctx, resumed: DateTime<Utc>) -> Result<Vec<String>, 
           WHERE n.state IN ('ready', 'cordoned', 'unreachable')
             AND p.policy->>'lostAfterSeconds' IS NOT NULL
             AND greatest(coalesce(h.last_report_at, n.created_at), $1)
-                < now() - make_interval(secs => (p.policy->>'lostAfterSeconds')::float8)",
+                < $2 - make_interval(secs => (p.policy->>'lostAfterSeconds')::float8)",
     )
     .bind(resumed)
+    .bind(now)
     .fetch_all(&ctx.pool)
     .await
-}
-
-async fn database_now(ctx: &Ctx) -> Result<DateTime<Utc>, sqlx::Error> {
-    sqlx::query_scalar("SELECT now()")
-        .fetch_one(&ctx.pool)
-        .await
 }
 
 #[cfg(test)]
@@ -83,8 +98,7 @@ mod tests {
             liveness_check: Duration::from_secs(5),
             ..Timings::default()
         };
-        let t0 = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
-        assert!(!stalled(t0, t0 + chrono::TimeDelta::seconds(6), &timings));
-        assert!(stalled(t0, t0 + chrono::TimeDelta::seconds(17), &timings));
+        assert!(!stalled(Duration::from_secs(6), &timings));
+        assert!(stalled(Duration::from_secs(17), &timings));
     }
 }

@@ -45,7 +45,7 @@ pub async fn reconcile(
     retry_at: Option<DateTime<Utc>>,
 ) -> Result<Pass, CommandError> {
     let keep = |next| Pass { next, retry_at };
-    let call = match plan(&inst, retry_at, Utc::now(), timings) {
+    let call = match plan(&inst, retry_at, ctx.clock.now(), timings) {
         Plan::Wait(next) => return Ok(keep(next)),
         Plan::Record(commands) => return Ok(keep(record(ctx, timings, &inst, &commands).await?)),
         Plan::Call(call) => call,
@@ -68,7 +68,7 @@ pub async fn reconcile(
         &answer,
         after.as_deref(),
         retry_at,
-        Utc::now(),
+        ctx.clock.now(),
         timings,
     );
     match outcome.account {
@@ -204,7 +204,7 @@ async fn apply(
     planned: &Instance,
     commands: &[InstanceCommand],
 ) -> Result<Option<Box<Instance>>, CommandError> {
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let mut tx = ctx.pool.begin().await?;
     // The row lock keeps API commands from appending between the check and our append.
     sqlx::query("SELECT 1 FROM instances WHERE id = $1 FOR UPDATE")

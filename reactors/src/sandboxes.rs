@@ -6,12 +6,13 @@
 //! command never settled (`snapshot_timeout`), and removes deleted snapshots' objects from the
 //! store once nothing can still need them.
 
-use std::sync::LazyLock;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{TimeDelta, Utc};
+use chrono::TimeDelta;
 use sqlx::types::Json;
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tracing::Instrument;
 use vps_commands::sandboxes::{lifecycle, snapshots, warm};
 use vps_commands::{CommandError, Ctx};
@@ -26,14 +27,16 @@ pub const LEASE: &str = "sandboxes";
 /// Most expiries per pass.
 pub const EXPIRE_PER_PASS: i64 = 100;
 
-static WAKE: LazyLock<Notify> = LazyLock::new(Notify::new);
+/// The context's wake-up that asks for a pass now.
+const WAKE: &str = "sandboxes.pass";
 
-/// Asks this process's reconciler for a pass now (a template changed, a delete).
-pub fn wake() {
-    WAKE.notify_one();
+/// The context's wake-up that says a warm instance was claimed.
+const CLAIMED: &str = "sandboxes.claimed";
+
+/// Asks this server's reconciler for a pass now (a template changed, a delete).
+pub fn wake(ctx: &Ctx) {
+    ctx.wakeups.wake(WAKE);
 }
-
-static CLAIMED: LazyLock<Notify> = LazyLock::new(Notify::new);
 
 /// How long after a warm claim the refill pass starts.
 pub const REFILL_SETTLE: Duration = Duration::from_millis(100);
@@ -45,43 +48,71 @@ pub const REFILL_MAX_DEFER: Duration = Duration::from_secs(1);
 /// [`REFILL_MAX_DEFER`] after the first), not at once, so the claims of a busy moment share
 /// one pass (and one spec change per node), and the refill's creates, boots and reports do
 /// not run beside the claimed instances' resumes on the same cores.
-pub fn claimed() {
-    CLAIMED.notify_one();
+pub fn claimed(ctx: &Ctx) {
+    ctx.wakeups.wake(CLAIMED);
 }
 
-/// Waits until claims have paused for [`REFILL_SETTLE`], [`REFILL_MAX_DEFER`] has passed, or
-/// a pass is asked for.
-async fn claims_paused() {
-    let deadline = tokio::time::Instant::now() + REFILL_MAX_DEFER;
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(REFILL_SETTLE) => return,
-            () = tokio::time::sleep_until(deadline) => return,
-            () = WAKE.notified() => return,
-            () = CLAIMED.notified() => {}
+/// The reconciler's wake-ups: a pass asked for, a claim.
+struct Woken {
+    pass: watch::Receiver<u64>,
+    claimed: watch::Receiver<u64>,
+}
+
+impl Woken {
+    fn new(ctx: &Ctx) -> Woken {
+        Woken {
+            pass: ctx.wakeups.subscribe(WAKE),
+            claimed: ctx.wakeups.subscribe(CLAIMED),
+        }
+    }
+
+    /// Waits until claims have paused for [`REFILL_SETTLE`], [`REFILL_MAX_DEFER`] has passed,
+    /// or a pass is asked for.
+    async fn claims_paused(&mut self) {
+        let deadline = tokio::time::Instant::now() + REFILL_MAX_DEFER;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(REFILL_SETTLE) => return,
+                () = tokio::time::sleep_until(deadline) => return,
+                _ = self.pass.changed() => return,
+                _ = self.claimed.changed() => {}
+            }
         }
     }
 }
 
-/// Passes for as long as the task lives.
+/// Passes for as long as the task lives. A moved clock asks for a pass too: what it made due
+/// (expiries, deadlines, timeouts) need not wait for `sandbox_pass`.
 pub async fn run(ctx: Ctx, timings: Timings, store: SnapshotStore) -> Result<(), CommandError> {
     let _lease = vps_events::lease::Lease::acquire(&ctx.pool, LEASE, Duration::from_secs(2)).await;
+    let mut woken = Woken::new(&ctx);
+    let seen = WarmSeries::default();
     loop {
+        woken.pass.borrow_and_update();
+        woken.claimed.borrow_and_update();
         let span = tracing::info_span!("sandbox_pass");
-        let more = pass(&ctx, &timings, &store).instrument(span).await?;
+        let more = pass_seen(&ctx, &timings, &store, &seen)
+            .instrument(span)
+            .await?;
         // A pass that refilled or drained a warm pool looks again soon (a pool fills
         // `REFILL_PER_PASS` at a time), not a whole `sandbox_pass` later: once claims pause.
         if more {
-            claims_paused().await;
+            woken.claims_paused().await;
             continue;
         }
         tokio::select! {
             () = tokio::time::sleep(timings.sandbox_pass) => {}
-            () = WAKE.notified() => {}
-            () = CLAIMED.notified() => claims_paused().await,
+            _ = woken.pass.changed() => {}
+            _ = woken.claimed.changed() => woken.claims_paused().await,
+            () = ctx.clock.moved() => {}
         }
     }
 }
+
+/// The `vps_sandbox_warm_instances` series one reconciler has set, so it can zero those that
+/// empty.
+#[derive(Default)]
+struct WarmSeries(Arc<Mutex<BTreeSet<(String, String)>>>);
 
 /// One pass. Answers whether it changed a warm pool, so another pass soon may have more to do.
 pub async fn pass(
@@ -89,11 +120,21 @@ pub async fn pass(
     timings: &Timings,
     store: &SnapshotStore,
 ) -> Result<bool, CommandError> {
+    pass_seen(ctx, timings, store, &WarmSeries::default()).await
+}
+
+/// [`pass`], zeroing the warm series that emptied since `seen` was last set.
+async fn pass_seen(
+    ctx: &Ctx,
+    timings: &Timings,
+    store: &SnapshotStore,
+    seen: &WarmSeries,
+) -> Result<bool, CommandError> {
     expiries(ctx, timings).await?;
     deadlines(ctx, timings).await?;
     fallbacks(ctx).await?;
     crate::volumes::release_deleted(ctx).await?;
-    let changed = warm_pools(ctx).await?;
+    let changed = warm_pools(ctx, seen).await?;
     snapshot_timeouts(ctx, timings).await?;
     purges(ctx, store).await?;
     Ok(changed)
@@ -104,7 +145,7 @@ const SNAPSHOTS_PER_PASS: i64 = 100;
 
 /// Fails the snapshots whose host command has run longer than `snapshot_timeout`.
 async fn snapshot_timeouts(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
-    let before = Utc::now() - delta(timings.snapshot_timeout);
+    let before = ctx.clock.now() - delta(timings.snapshot_timeout);
     let mut conn = ctx.pool.acquire().await?;
     let overdue = snapshots::overdue(&mut conn, before, SNAPSHOTS_PER_PASS).await?;
     drop(conn);
@@ -137,7 +178,7 @@ async fn purges(ctx: &Ctx, store: &SnapshotStore) -> Result<(), CommandError> {
 }
 
 async fn expiries(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let expiry = lifecycle::ExpiryTimings {
         lead: delta(timings.sandbox_expiring_lead),
         min_lead: delta(timings.sandbox_expiring_min_lead),
@@ -158,7 +199,7 @@ async fn expiries(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
     .fetch_all(&ctx.pool)
     .await?;
     for id in due {
-        if let Some(lag) = lifecycle::expire(ctx, &id, Utc::now(), expiry).await? {
+        if let Some(lag) = lifecycle::expire(ctx, &id, ctx.clock.now(), expiry).await? {
             let seconds = lag.num_milliseconds() as f64 / 1e3;
             metrics::histogram!("vps_sandbox_expiry_lag_seconds").record(seconds);
             tracing::info!(sandbox = %id, lag_seconds = seconds, "sandbox expired");
@@ -170,7 +211,7 @@ async fn expiries(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
 /// Fails the sandboxes that stood in a transitional state past its `[timings]
 /// deadline_sandbox_<state>` and releases their instances (at most [`EXPIRE_PER_PASS`]).
 async fn deadlines(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let d = vps_domain::sandbox::Deadlines {
         starting: delta(timings.deadline_sandbox_starting),
         pausing: delta(timings.deadline_sandbox_pausing),
@@ -190,7 +231,7 @@ async fn deadlines(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
     .fetch_all(&ctx.pool)
     .await?;
     for id in due {
-        if let Some(reason) = lifecycle::enforce_deadline(ctx, &id, Utc::now(), d).await? {
+        if let Some(reason) = lifecycle::enforce_deadline(ctx, &id, ctx.clock.now(), d).await? {
             metrics::counter!("vps_sandbox_deadlines_total").increment(1);
             tracing::warn!(sandbox = %id, %reason, "sandbox failed past its deadline");
         }
@@ -221,7 +262,7 @@ async fn fallbacks(ctx: &Ctx) -> Result<(), CommandError> {
 /// instances to drain. Answers whether any pool was refilled or drained. A template of a
 /// tenant being deleted counts as deleted: its pool is drained, never refilled, even if one
 /// slipped past teardown's template step.
-async fn warm_pools(ctx: &Ctx) -> Result<bool, CommandError> {
+async fn warm_pools(ctx: &Ctx, seen: &WarmSeries) -> Result<bool, CommandError> {
     let templates: Vec<(String, Option<Json<Template>>)> = sqlx::query_as(
         "SELECT w.id, t.doc FROM (
              SELECT id FROM sandbox_templates WHERE NOT deleted AND doc->'warm' IS NOT NULL
@@ -245,7 +286,7 @@ async fn warm_pools(ctx: &Ctx) -> Result<bool, CommandError> {
     // Totals, never per template: a label must not carry a tenant's resource id.
     metrics::gauge!("vps_sandbox_warm_drained").set(drained as f64);
     metrics::gauge!("vps_sandbox_warm_refilled").set(refilled as f64);
-    warm_gauges(ctx).await?;
+    warm_gauges(ctx, seen).await?;
     Ok(changed)
 }
 
@@ -253,10 +294,7 @@ async fn warm_pools(ctx: &Ctx) -> Result<bool, CommandError> {
 /// summed over its templates. Pools are the operator's, so the series are bounded by the
 /// fleet (pools × instance states), not by what tenants create; a series that empties is set
 /// to 0 rather than left at its last value.
-async fn warm_gauges(ctx: &Ctx) -> Result<(), CommandError> {
-    use std::collections::BTreeSet;
-    use std::sync::Mutex;
-    static SEEN: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+async fn warm_gauges(ctx: &Ctx, seen: &WarmSeries) -> Result<(), CommandError> {
     let counts: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT pool_id, state, count(*) FROM instances
           WHERE warm_template_id IS NOT NULL AND state <> 'deleted'
@@ -268,7 +306,7 @@ async fn warm_gauges(ctx: &Ctx) -> Result<(), CommandError> {
         .iter()
         .map(|(p, s, _)| (p.clone(), s.clone()))
         .collect();
-    let gone: Vec<(String, String)> = match SEEN.lock() {
+    let gone: Vec<(String, String)> = match seen.0.lock() {
         Ok(mut seen) => {
             let gone = seen.difference(&now).cloned().collect();
             *seen = now;

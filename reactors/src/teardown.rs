@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use tracing::Instrument;
 use vps_commands::Ctx;
 
@@ -19,19 +18,19 @@ const LEASE: Duration = Duration::from_secs(60);
 
 /// Makes a tenant's teardown due now.
 pub async fn wake(ctx: &Ctx, tenant_id: &str) -> Result<(), sqlx::Error> {
-    work_queue::wake(&ctx.pool, KIND, tenant_id, Utc::now()).await?;
-    work_queue::announce(&ctx.notifier, KIND);
+    work_queue::wake(&ctx.pool, KIND, tenant_id, ctx.clock.now()).await?;
+    work_queue::announce(ctx, KIND);
     Ok(())
 }
 
 /// Runs teardown passes of due tenants until the process stops.
 pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
-    let mut wake = work_queue::subscribe(KIND);
+    let mut wake = work_queue::subscribe(&ctx, KIND);
     loop {
         wake.borrow_and_update();
-        let items = work_queue::take(&ctx.pool, KIND, 8, LEASE).await?;
+        let items = work_queue::take(&ctx.pool, KIND, 8, LEASE, ctx.clock.now()).await?;
         if items.is_empty() {
-            work_queue::idle(&ctx.pool, KIND, &mut wake).await;
+            work_queue::idle(&ctx, KIND, &mut wake).await;
             continue;
         }
         for item in &items {
@@ -48,11 +47,11 @@ async fn work_on(ctx: &Ctx, timings: &Timings, item: &Taken) {
                 0 => Next::WhenWoken,
                 _ => Next::After(timings.transitional_look.min(Duration::from_secs(5))),
             };
-            work_queue::complete(&ctx.pool, KIND, item, next.into()).await
+            work_queue::complete(&ctx.pool, KIND, item, next.into(), ctx.clock.now()).await
         }
         Err(e) => {
             tracing::warn!(error = %e, "teardown pass failed");
-            work_queue::fail(&ctx.pool, KIND, item, &e.to_string()).await
+            work_queue::fail(&ctx.pool, KIND, item, &e.to_string(), ctx.clock.now()).await
         }
     };
     if let Err(e) = done {

@@ -5,9 +5,9 @@
 //! An instance left alone is one whose next change wakes it: the waker reads every later event,
 //! and the instance it reads is at least as new as the event that named it.
 
-use chrono::Utc;
 use sqlx::{PgPool, Row};
-use vps_events::{Cursor, Follower, Notifier, RecordedEvent};
+use vps_commands::Ctx;
+use vps_events::{Cursor, Follower, RecordedEvent};
 use vps_projections::ProjectionError;
 
 use crate::timings::Timings;
@@ -32,14 +32,10 @@ const FREES_CAPACITY: &[&str] = &[
 const PACE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Follows the log for as long as the task lives.
-pub async fn run(
-    pool: PgPool,
-    notifier: Notifier,
-    timings: Timings,
-) -> Result<(), ProjectionError> {
+pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), ProjectionError> {
     let _lease =
-        vps_events::lease::Lease::acquire(&pool, NAME, std::time::Duration::from_secs(2)).await;
-    let mut follower = Follower::load(pool.clone(), NAME, &notifier)
+        vps_events::lease::Lease::acquire(&ctx.pool, NAME, std::time::Duration::from_secs(2)).await;
+    let mut follower = Follower::load(ctx.pool.clone(), NAME, &ctx.notifier)
         .await?
         .paced(PACE);
     loop {
@@ -49,7 +45,7 @@ pub async fn run(
             follower.wait().await;
             continue;
         };
-        wake(&pool, &notifier, &timings, &mut follower, &batch, last).await?;
+        wake(&ctx, &timings, &mut follower, &batch, last).await?;
         follower.wait_unless_full().await;
     }
 }
@@ -57,8 +53,7 @@ pub async fn run(
 /// Wakes the instances `batch` names and those it may let fit, and moves the checkpoint to
 /// `last`.
 async fn wake(
-    pool: &PgPool,
-    notifier: &Notifier,
+    ctx: &Ctx,
     timings: &Timings,
     follower: &mut Follower,
     batch: &[RecordedEvent],
@@ -69,12 +64,13 @@ async fn wake(
         .filter(|e| e.event_type.starts_with("instance.") && e.event_type != "instance.orphaned")
         .filter_map(|e| e.data["instanceId"].as_str().map(str::to_string))
         .collect();
-    let mut instances = wanting_pass(pool, named, timings).await?;
+    let now = ctx.clock.now();
+    let mut instances = wanting_pass(&ctx.pool, named, now, timings).await?;
     if instances.is_empty() && !batch.iter().any(frees_capacity) {
         // Nothing to wake: no commit, which would hold back every follower's reads.
         return Ok(follower.pass_over(last).await?);
     }
-    let mut tx = pool.begin().await?;
+    let mut tx = ctx.pool.begin().await?;
     for pool_id in freed_pools(&mut tx, batch).await? {
         let waiting =
             sqlx::query("SELECT id FROM instances WHERE pool_id = $1 AND state = 'scheduling'")
@@ -85,24 +81,25 @@ async fn wake(
     }
     instances.sort();
     instances.dedup();
-    work_queue::wake_all(&mut *tx, crate::instances::KIND, &instances).await?;
+    work_queue::wake_all(&mut *tx, crate::instances::KIND, &instances, now).await?;
     vps_events::follower::save_checkpoint(&mut *tx, NAME, last).await?;
     tx.commit().await?;
     follower.advance(last);
     // The followers' reads stop at the oldest open transaction, so this commit (which
     // appends nothing) may free events they were held back from; the reconcilers wake on
     // the work signal.
-    notifier.committed();
+    ctx.notifier.committed();
     if !instances.is_empty() {
-        work_queue::announce(notifier, crate::instances::KIND);
+        work_queue::announce(ctx, crate::instances::KIND);
     }
     Ok(())
 }
 
-/// Those of `ids` whose instance, as it is now, wants a pass.
+/// Those of `ids` whose instance, as it is now, wants a pass at `now`.
 async fn wanting_pass(
     pool: &PgPool,
     mut ids: Vec<String>,
+    now: chrono::DateTime<chrono::Utc>,
     timings: &Timings,
 ) -> Result<Vec<String>, ProjectionError> {
     if ids.is_empty() {
@@ -110,7 +107,6 @@ async fn wanting_pass(
     }
     let mut conn = pool.acquire().await?;
     let looked = vps_projections::instances::load_many(&mut conn, &ids).await?;
-    let now = Utc::now();
     ids.retain(|id| {
         looked
             .get(id)

@@ -6,18 +6,22 @@
 //! whose item another holder took meanwhile) changes nothing and is told so. [`holding`] keeps
 //! the leases of a batch alive while it is worked on, however long its provider calls take.
 //!
+//! Two clocks meet here. When an item is due (`due_at`) is the server's clock (`Ctx::clock`):
+//! callers pass its `now`, so a test that moves the clock brings items due. When a lease runs
+//! out (`lease_until`) is the database's `now()`, the one clock every replica shares: a lease
+//! read on one replica's clock and broken on another's could let two holders work one item.
+//!
 //! A pass returns its next look. A wake-up that arrives while the item is being worked on is
 //! not lost: it bumps `wakes`, and completing an item whose `wakes` moved makes it due again.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::{PgExecutor, PgPool};
 use tokio::sync::watch;
-use vps_events::Notifier;
+use vps_commands::wakeups::Wakeups;
+use vps_commands::Ctx;
 
 /// The PostgreSQL channel on which replicas tell each other that items fell due.
 pub const CHANNEL: &str = "vps_work";
@@ -25,41 +29,29 @@ pub const CHANNEL: &str = "vps_work";
 /// The longest a work loop sleeps without looking, in case a wake-up was lost.
 pub const MAX_IDLE: Duration = Duration::from_secs(1);
 
-/// This process's wake-ups of its work loops, per kind: a counter, so one that comes while a
-/// loop works is seen when it next waits. Loops wake on this and on their items' due times,
-/// not on every commit of the log: a take per commit per loop was most of an idle server's
-/// statements.
-static DUE: LazyLock<Mutex<HashMap<String, watch::Sender<u64>>>> = LazyLock::new(Mutex::default);
-
-fn with_kind<T>(kind: &str, f: impl FnOnce(&watch::Sender<u64>) -> T) -> T {
-    // A panic elsewhere while holding the lock leaves the map whole: keep using it.
-    let mut kinds = DUE.lock().unwrap_or_else(|e| e.into_inner());
-    f(kinds
-        .entry(kind.to_string())
-        .or_insert_with(|| watch::channel(0).0))
-}
-
-fn bump(kind: &str) {
-    with_kind(kind, |due| due.send_modify(|n| *n = n.wrapping_add(1)));
-}
-
 /// Call once a transaction that made items of `kind` due ([`wake`], [`wake_all`]) has
-/// committed: wakes this process's loop of that kind at once, and other replicas' through
-/// `pg_notify` (coalesced by the notifier). A lost notification delays their look by at most
-/// [`MAX_IDLE`].
-pub fn announce(notifier: &Notifier, kind: &'static str) {
-    bump(kind);
-    notifier.hint(CHANNEL, kind);
+/// committed: wakes this server's loop of that kind at once (through the context's
+/// [`Wakeups`], by kind; loops wake on these and on their items' due times, not on every
+/// commit of the log: a take per commit per loop was most of an idle server's statements),
+/// and other replicas' through `pg_notify` (coalesced by the notifier). A lost notification
+/// delays their look by at most [`MAX_IDLE`].
+pub fn announce(ctx: &Ctx, kind: &'static str) {
+    ctx.wakeups.wake(kind);
+    ctx.notifier.hint(CHANNEL, kind);
 }
 
-/// Hears other replicas' [`announce`]s (kinds, comma-separated) for as long as the task lives.
-pub async fn listen(pool: PgPool) {
-    vps_events::notify::listen_to(pool, CHANNEL, |kinds| kinds.split(',').for_each(bump)).await
+/// Hears other replicas' [`announce`]s (kinds, comma-separated) for as long as the task
+/// lives, and wakes this server's loops of those kinds.
+pub async fn listen(pool: PgPool, wakeups: Wakeups) {
+    vps_events::notify::listen_to(pool, CHANNEL, |kinds| {
+        kinds.split(',').for_each(|kind| wakeups.wake(kind))
+    })
+    .await
 }
 
 /// The wake-ups of `kind`'s loop; mark them seen (`borrow_and_update`) before each take.
-pub fn subscribe(kind: &str) -> watch::Receiver<u64> {
-    with_kind(kind, watch::Sender::subscribe)
+pub fn subscribe(ctx: &Ctx, kind: &str) -> watch::Receiver<u64> {
+    ctx.wakeups.subscribe(kind)
 }
 
 /// The earliest-due items [`idle`] looks at. An item further down is due no sooner than all
@@ -67,18 +59,21 @@ pub fn subscribe(kind: &str) -> watch::Receiver<u64> {
 /// batch per replica); even then the nap is capped at [`MAX_IDLE`] and new work wakes it.
 const NEXT_DUE_WINDOW: i64 = 64;
 
-/// Waits until a wake-up comes or `kind`'s next item falls due (or its lease runs out), at
-/// most [`MAX_IDLE`]. Reads the earliest-due items by the `(kind, due_at)` index: the minimum
-/// over every item of the kind read them all, one per instance, after every idle pass.
-pub async fn idle(pool: &PgPool, kind: &str, wake: &mut watch::Receiver<u64>) {
+/// Waits until a wake-up comes, the clock is moved, or `kind`'s next item falls due (or its
+/// lease runs out), at most [`MAX_IDLE`]. Reads the earliest-due items by the `(kind, due_at)`
+/// index: the minimum over every item of the kind read them all, one per instance, after
+/// every idle pass.
+pub async fn idle(ctx: &Ctx, kind: &str, wake: &mut watch::Receiver<u64>) {
     let next: Result<Option<f64>, _> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM min(t) - now())::float8
-           FROM (SELECT greatest(due_at, coalesce(lease_until, due_at)) AS t
+        "SELECT extract(epoch FROM min(greatest(due_at - $3::timestamptz,
+                                                coalesce(lease_until - now(), due_at - $3::timestamptz))))::float8
+           FROM (SELECT due_at, lease_until
                    FROM work_items WHERE kind = $1 ORDER BY due_at LIMIT $2) earliest",
     )
     .bind(kind)
     .bind(NEXT_DUE_WINDOW)
-    .fetch_one(pool)
+    .bind(ctx.clock.now())
+    .fetch_one(&ctx.pool)
     .await;
     let nap = match next {
         Ok(Some(seconds)) => Duration::from_secs_f64(seconds.clamp(0.0, MAX_IDLE.as_secs_f64())),
@@ -88,7 +83,10 @@ pub async fn idle(pool: &PgPool, kind: &str, wake: &mut watch::Receiver<u64>) {
             MAX_IDLE
         }
     };
-    let _ = tokio::time::timeout(nap, wake.changed()).await;
+    tokio::select! {
+        _ = tokio::time::timeout(nap, wake.changed()) => {}
+        () = ctx.clock.moved() => {}
+    }
 }
 
 /// When to look at an item again.
@@ -168,45 +166,50 @@ pub async fn wake<'e>(
     Ok(())
 }
 
-/// Wakes many keys of one kind, due now.
+/// Wakes many keys of one kind, due `now`.
 pub async fn wake_all<'e>(
     db: impl PgExecutor<'e>,
     kind: &str,
     keys: &[String],
+    now: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
     if keys.is_empty() {
         return Ok(());
     }
     sqlx::query(
-        "INSERT INTO work_items (kind, key, due_at) SELECT $1, k, now() FROM unnest($2::text[]) AS k
-         ON CONFLICT (kind, key) DO UPDATE SET due_at = least(work_items.due_at, now()), wakes = work_items.wakes + 1",
+        "INSERT INTO work_items (kind, key, due_at) SELECT $1, k, $3 FROM unnest($2::text[]) AS k
+         ON CONFLICT (kind, key) DO UPDATE SET due_at = least(work_items.due_at, $3), wakes = work_items.wakes + 1",
     )
     .bind(kind)
     .bind(keys)
+    .bind(now)
     .execute(db)
     .await?;
     Ok(())
 }
 
-/// Takes up to `limit` due items of `kind` under a lease of `lease`, each with a fresh lease id.
+/// Takes up to `limit` items of `kind` due at `now` under a lease of `lease`, each with a
+/// fresh lease id.
 pub async fn take(
     pool: &PgPool,
     kind: &str,
     limit: i64,
     lease: Duration,
+    now: DateTime<Utc>,
 ) -> Result<Vec<Taken>, sqlx::Error> {
     sqlx::query_as(
         "UPDATE work_items w
             SET lease_until = now() + make_interval(secs => $3), lease_id = nextval('work_item_leases')
           WHERE (w.kind, w.key) IN (
                 SELECT kind, key FROM work_items
-                 WHERE kind = $1 AND due_at <= now() AND (lease_until IS NULL OR lease_until < now())
+                 WHERE kind = $1 AND due_at <= $4 AND (lease_until IS NULL OR lease_until < now())
                  ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED)
          RETURNING w.key, w.wakes, w.attempts, w.lease_id, w.retry_at",
     )
     .bind(kind)
     .bind(limit)
     .bind(lease.as_secs_f64())
+    .bind(now)
     .fetch_all(pool)
     .await
 }
@@ -258,15 +261,19 @@ pub async fn extend(
     Ok(renewed.rows_affected())
 }
 
-/// Finishes a pass: records its retry time and schedules the next look (or due now, if woken
-/// meanwhile). `false` when the lease was lost: another holder has the item, nothing changed.
+/// Finishes a pass at `now`: records its retry time and schedules the next look (or due now,
+/// if woken meanwhile). `false` when the lease was lost: another holder has the item, nothing
+/// changed.
 pub async fn complete(
     pool: &PgPool,
     kind: &str,
     item: &Taken,
     pass: Pass,
+    now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
-    Ok(complete_all(pool, kind, &[(item, pass)]).await?.is_empty())
+    Ok(complete_all(pool, kind, &[(item, pass)], now)
+        .await?
+        .is_empty())
 }
 
 /// [`complete`] for a batch's passes, in one statement (one commit, not one per item): answers
@@ -284,6 +291,7 @@ pub async fn complete_all(
     pool: &PgPool,
     kind: &str,
     passes: &[(&Taken, Pass)],
+    now: DateTime<Utc>,
 ) -> Result<Vec<String>, sqlx::Error> {
     if passes.is_empty() {
         return Ok(Vec::new());
@@ -303,8 +311,8 @@ pub async fn complete_all(
                           SET lease_until = NULL, lease_id = NULL, attempts = 0, last_error = NULL,
                               retry_at = p.retry_at,
                               due_at = CASE WHEN w.wakes = p.wakes
-                                            THEN now() + make_interval(secs => p.after)
-                                            ELSE now() END
+                                            THEN $8 + make_interval(secs => p.after)
+                                            ELSE $8 END
                          FROM p
                         WHERE w.kind = $1 AND w.key = ANY($2) AND w.key = p.key
                           AND w.lease_id = p.lease_id
@@ -327,26 +335,30 @@ pub async fn complete_all(
             .collect::<Vec<_>>(),
     )
     .bind(ends().map(|p| p.retry_at).collect::<Vec<_>>())
+    .bind(now)
     .persistent(false)
     .fetch_all(pool)
     .await?;
     let mut lost = Vec::new();
     for (item, pass) in passes.iter().filter(|(i, _)| !done.contains(&i.key)) {
         let after = pass.next.delay();
-        if !reschedule(pool, kind, item, after, Outcome::Done(pass.retry_at)).await? {
+        let at = later(now, after);
+        if !reschedule(pool, kind, item, at, now, Outcome::Done(pass.retry_at)).await? {
             lost.push(item.key.clone());
         }
     }
     Ok(lost)
 }
 
-/// Records a failed pass and backs off exponentially (capped at [`MAX_BACKOFF`]); the item's
-/// retry time stays. `false` when the lease was lost: another holder has the item.
+/// Records a pass that failed at `now` and backs off exponentially (capped at
+/// [`MAX_BACKOFF`]); the item's retry time stays. `false` when the lease was lost: another
+/// holder has the item.
 pub async fn fail(
     pool: &PgPool,
     kind: &str,
     item: &Taken,
     error: &str,
+    now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
     let attempts = item.attempts.saturating_add(1);
     let backoff =
@@ -355,7 +367,8 @@ pub async fn fail(
         pool,
         kind,
         item,
-        backoff,
+        later(now, backoff),
+        now,
         Outcome::Failed { attempts, error },
     )
     .await
@@ -369,12 +382,13 @@ enum Outcome<'a> {
     Failed { attempts: i32, error: &'a str },
 }
 
-/// Releases the item due `after` from now (now, if woken during the pass), if it is still ours.
+/// Releases the item due `at` (`now`, if woken during the pass), if it is still ours.
 async fn reschedule(
     pool: &PgPool,
     kind: &str,
     item: &Taken,
-    after: Duration,
+    at: DateTime<Utc>,
+    now: DateTime<Utc>,
     outcome: Outcome<'_>,
 ) -> Result<bool, sqlx::Error> {
     let (attempts, error, retry_at) = match outcome {
@@ -384,18 +398,27 @@ async fn reschedule(
     let updated = sqlx::query(
         "UPDATE work_items SET lease_until = NULL, lease_id = NULL, attempts = $5, last_error = $6,
                 retry_at = $8,
-                due_at = CASE WHEN wakes = $3 THEN now() + make_interval(secs => $4) ELSE now() END
+                due_at = CASE WHEN wakes = $3 THEN $4 ELSE $9 END
           WHERE kind = $1 AND key = $2 AND lease_id = $7",
     )
     .bind(kind)
     .bind(&item.key)
     .bind(item.wakes)
-    .bind(after.as_secs_f64())
+    .bind(at)
     .bind(attempts)
     .bind(error)
     .bind(item.lease_id)
     .bind(retry_at)
+    .bind(now)
     .execute(pool)
     .await?;
     Ok(updated.rows_affected() == 1)
+}
+
+/// `after` past `now`, or the end of time.
+fn later(now: DateTime<Utc>, after: Duration) -> DateTime<Utc> {
+    TimeDelta::from_std(after)
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }

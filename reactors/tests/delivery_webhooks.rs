@@ -253,7 +253,7 @@ fn verify(secret: &str, id: &str, timestamp: &str, body: &str, signatures: &str)
     let Ok(ts) = timestamp.parse::<i64>() else {
         return false;
     };
-    if (chrono::Utc::now().timestamp() - ts).abs() > 300 {
+    if (vps_clock::Clock::system().now().timestamp() - ts).abs() > 300 {
         return false;
     }
     let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
@@ -284,6 +284,8 @@ fn ctx(pool: &PgPool, notifier: &Notifier, identity: &str) -> Ctx {
             operator: true,
         },
         request_id: None,
+        clock: Default::default(),
+        wakeups: Default::default(),
     }
 }
 
@@ -316,9 +318,7 @@ fn fast() -> WebhookConfig {
 
 fn start_worker(pool: &PgPool, notifier: &Notifier, config: WebhookConfig) -> JoinHandle<()> {
     tokio::spawn(run_webhook_delivery(
-        pool.clone(),
-        notifier.clone(),
-        SecretKey::new(KEY),
+        ctx(pool, notifier, "reactor:webhooks"),
         config,
     ))
 }

@@ -77,7 +77,10 @@ async fn created(pool: &PgPool, extra: Value) -> RecordedEvent {
 
 /// Waits (polling the clock) until `time` has passed.
 async fn after(time: DateTime<Utc>) {
-    support::eventually("time passes", PATIENCE, || async { Utc::now() > time }).await;
+    support::eventually("time passes", PATIENCE, || async {
+        vps_clock::Clock::system().now() > time
+    })
+    .await;
 }
 
 /// Runs metering passes until every window ending by `time` is recorded.
@@ -140,7 +143,7 @@ async fn a_warm_instance_claimed_mid_window_bills_warm_to_the_tenant_then_the_sa
         &pool,
         "instance.starting",
         json!({ "sandboxId": "sbx_s", "ownerIdentityId": "id_bob",
-                "claimedAt": Utc::now(), "desiredState": "running" }),
+                "claimedAt": vps_clock::Clock::system().now(), "desiredState": "running" }),
     )
     .await;
     after(claim.recorded_at + chrono::Duration::milliseconds(300)).await;
@@ -168,10 +171,14 @@ async fn a_warm_instance_claimed_mid_window_bills_warm_to_the_tenant_then_the_sa
     assert!(owned.iter().all(|r| r.1.as_deref() == Some("id_bob")));
     let owned_sum: Decimal = owned.iter().map(|r| r.4).sum();
     assert_eq!(owned_sum, hours(2, claim.recorded_at, deleted.recorded_at));
-    let report =
-        vps_reactors::usage::verify::verify(&pool, windows, DateTime::<Utc>::MIN_UTC, Utc::now())
-            .await
-            .unwrap();
+    let report = vps_reactors::usage::verify::verify(
+        &pool,
+        windows,
+        DateTime::<Utc>::MIN_UTC,
+        vps_clock::Clock::system().now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.first_difference, None);
     assert_eq!(report.compared, rows.len());
 }

@@ -6,11 +6,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use vps_reactors::work_queue::{
     complete, complete_all, extend, fail, holding, take, wake, wake_all, Next, Pass, Taken,
 };
+
+fn now() -> DateTime<Utc> {
+    vps_clock::Clock::system().now()
+}
 
 async fn fresh() -> PgPool {
     vps_pg::testing::fresh_pool(&vps_events::db::MIGRATOR, 20).await
@@ -20,7 +24,7 @@ async fn fresh() -> PgPool {
 async fn two_workers_never_hold_the_same_item_at_once() {
     let pool = fresh().await;
     let keys: Vec<String> = (0..50).map(|k| format!("k{k}")).collect();
-    wake_all(&pool, "test", &keys).await.unwrap();
+    wake_all(&pool, "test", &keys, now()).await.unwrap();
     let holding: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     let passes: Arc<Mutex<usize>> = Arc::default();
     let mut workers = Vec::new();
@@ -28,7 +32,7 @@ async fn two_workers_never_hold_the_same_item_at_once() {
         let (pool, holding, passes) = (pool.clone(), holding.clone(), passes.clone());
         workers.push(tokio::spawn(async move {
             for _ in 0..40 {
-                for item in take(&pool, "test", 5, Duration::from_secs(30))
+                for item in take(&pool, "test", 5, Duration::from_secs(30), now())
                     .await
                     .unwrap()
                 {
@@ -42,9 +46,15 @@ async fn two_workers_never_hold_the_same_item_at_once() {
                     holding.lock().unwrap().remove(&item.key);
                     *passes.lock().unwrap() += 1;
                     // Ask to be looked at again at once: items keep circulating between workers.
-                    let done = complete(&pool, "test", &item, Next::After(Duration::ZERO).into())
-                        .await
-                        .unwrap();
+                    let done = complete(
+                        &pool,
+                        "test",
+                        &item,
+                        Next::After(Duration::ZERO).into(),
+                        now(),
+                    )
+                    .await
+                    .unwrap();
                     assert!(done, "{} was still ours", item.key);
                 }
             }
@@ -59,31 +69,35 @@ async fn two_workers_never_hold_the_same_item_at_once() {
 #[tokio::test]
 async fn a_wake_during_a_pass_makes_the_item_due_again() {
     let pool = fresh().await;
-    wake(&pool, "test", "a", Utc::now()).await.unwrap();
-    let item = take(&pool, "test", 10, Duration::from_secs(30))
+    wake(&pool, "test", "a", now()).await.unwrap();
+    let item = take(&pool, "test", 10, Duration::from_secs(30), now())
         .await
         .unwrap()
         .remove(0);
     assert!(
-        take(&pool, "test", 10, Duration::from_secs(30))
+        take(&pool, "test", 10, Duration::from_secs(30), now())
             .await
             .unwrap()
             .is_empty(),
         "leased"
     );
-    wake(&pool, "test", "a", Utc::now()).await.unwrap();
-    assert!(complete(&pool, "test", &item, Next::WhenWoken.into())
-        .await
-        .unwrap());
-    let again = take(&pool, "test", 10, Duration::from_secs(30))
+    wake(&pool, "test", "a", now()).await.unwrap();
+    assert!(
+        complete(&pool, "test", &item, Next::WhenWoken.into(), now())
+            .await
+            .unwrap()
+    );
+    let again = take(&pool, "test", 10, Duration::from_secs(30), now())
         .await
         .unwrap();
     assert_eq!(again.len(), 1, "the wake-up during the pass was kept");
-    assert!(complete(&pool, "test", &again[0], Next::WhenWoken.into())
-        .await
-        .unwrap());
     assert!(
-        take(&pool, "test", 10, Duration::from_secs(30))
+        complete(&pool, "test", &again[0], Next::WhenWoken.into(), now())
+            .await
+            .unwrap()
+    );
+    assert!(
+        take(&pool, "test", 10, Duration::from_secs(30), now())
             .await
             .unwrap()
             .is_empty(),
@@ -94,14 +108,14 @@ async fn a_wake_during_a_pass_makes_the_item_due_again() {
 #[tokio::test]
 async fn a_failed_pass_backs_off() {
     let pool = fresh().await;
-    wake(&pool, "test", "a", Utc::now()).await.unwrap();
-    let item = take(&pool, "test", 10, Duration::from_secs(30))
+    wake(&pool, "test", "a", now()).await.unwrap();
+    let item = take(&pool, "test", 10, Duration::from_secs(30), now())
         .await
         .unwrap()
         .remove(0);
-    assert!(fail(&pool, "test", &item, "boom").await.unwrap());
+    assert!(fail(&pool, "test", &item, "boom", now()).await.unwrap());
     assert!(
-        take(&pool, "test", 10, Duration::from_secs(30))
+        take(&pool, "test", 10, Duration::from_secs(30), now())
             .await
             .unwrap()
             .is_empty(),
@@ -117,7 +131,7 @@ async fn a_failed_pass_backs_off() {
 
 /// Takes the one due item, leased for `lease`.
 async fn take_a(pool: &PgPool, lease: Duration) -> Taken {
-    let mut items = take(pool, "test", 10, lease).await.unwrap();
+    let mut items = take(pool, "test", 10, lease, now()).await.unwrap();
     assert_eq!(items.len(), 1, "{items:?}");
     items.remove(0)
 }
@@ -132,7 +146,7 @@ async fn row_of_a(pool: &PgPool) -> (i32, Option<String>, Option<chrono::DateTim
 #[tokio::test]
 async fn a_stale_holder_cannot_complete_reschedule_fail_or_renew_a_retaken_item() {
     let pool = fresh().await;
-    wake(&pool, "test", "a", Utc::now()).await.unwrap();
+    wake(&pool, "test", "a", now()).await.unwrap();
     let stale = take_a(&pool, Duration::from_millis(50)).await;
     // The stale holder stalls past its lease; another holder takes the item.
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -141,13 +155,15 @@ async fn a_stale_holder_cannot_complete_reschedule_fail_or_renew_a_retaken_item(
 
     let later = Pass {
         next: Next::After(Duration::from_secs(3600)),
-        retry_at: Some(Utc::now() + chrono::TimeDelta::hours(1)),
+        retry_at: Some(now() + chrono::TimeDelta::hours(1)),
     };
-    assert!(!complete(&pool, "test", &stale, Next::WhenWoken.into())
-        .await
-        .unwrap());
-    assert!(!complete(&pool, "test", &stale, later).await.unwrap());
-    assert!(!fail(&pool, "test", &stale, "stale").await.unwrap());
+    assert!(
+        !complete(&pool, "test", &stale, Next::WhenWoken.into(), now())
+            .await
+            .unwrap()
+    );
+    assert!(!complete(&pool, "test", &stale, later, now()).await.unwrap());
+    assert!(!fail(&pool, "test", &stale, "stale", now()).await.unwrap());
     assert_eq!(
         extend(
             &pool,
@@ -165,7 +181,7 @@ async fn a_stale_holder_cannot_complete_reschedule_fail_or_renew_a_retaken_item(
         "the stale holder changed nothing"
     );
     assert!(
-        take(&pool, "test", 10, Duration::from_secs(30))
+        take(&pool, "test", 10, Duration::from_secs(30), now())
             .await
             .unwrap()
             .is_empty(),
@@ -173,38 +189,42 @@ async fn a_stale_holder_cannot_complete_reschedule_fail_or_renew_a_retaken_item(
     );
 
     // The current holder's pass is recorded, and after it the stale lease still counts for nothing.
-    assert!(
-        complete(&pool, "test", &current, Next::After(Duration::ZERO).into())
-            .await
-            .unwrap()
-    );
-    assert!(!fail(&pool, "test", &stale, "stale").await.unwrap());
+    assert!(complete(
+        &pool,
+        "test",
+        &current,
+        Next::After(Duration::ZERO).into(),
+        now()
+    )
+    .await
+    .unwrap());
+    assert!(!fail(&pool, "test", &stale, "stale", now()).await.unwrap());
     assert_eq!(take_a(&pool, Duration::from_secs(30)).await.attempts, 0);
 }
 
 #[tokio::test]
 async fn the_retry_time_rides_on_the_item_and_a_failed_pass_keeps_it() {
     let pool = fresh().await;
-    wake(&pool, "test", "a", Utc::now()).await.unwrap();
+    wake(&pool, "test", "a", now()).await.unwrap();
     let item = take_a(&pool, Duration::from_secs(30)).await;
     assert_eq!(item.retry_at, None);
-    let retry_at = Utc::now() + chrono::TimeDelta::seconds(90);
+    let retry_at = now() + chrono::TimeDelta::seconds(90);
     let pass = Pass {
         next: Next::After(Duration::ZERO),
         retry_at: Some(retry_at),
     };
-    assert!(complete(&pool, "test", &item, pass).await.unwrap());
+    assert!(complete(&pool, "test", &item, pass, now()).await.unwrap());
     let item = take_a(&pool, Duration::from_secs(30)).await;
     let micros = |t: chrono::DateTime<Utc>| t.timestamp_micros();
     assert_eq!(item.retry_at.map(micros), Some(micros(retry_at)));
-    assert!(fail(&pool, "test", &item, "boom").await.unwrap());
+    assert!(fail(&pool, "test", &item, "boom", now()).await.unwrap());
     assert_eq!(row_of_a(&pool).await.2.map(micros), Some(micros(retry_at)));
 }
 
 #[tokio::test]
 async fn holding_keeps_a_slow_pass_leased_past_its_lease() {
     let pool = fresh().await;
-    wake(&pool, "test", "a", Utc::now()).await.unwrap();
+    wake(&pool, "test", "a", now()).await.unwrap();
     let lease = Duration::from_millis(600);
     let items = vec![take_a(&pool, lease).await];
     let slow = async {
@@ -212,15 +232,20 @@ async fn holding_keeps_a_slow_pass_leased_past_its_lease() {
         for _ in 0..6 {
             tokio::time::sleep(lease / 3).await;
             assert!(
-                take(&pool, "test", 10, lease).await.unwrap().is_empty(),
+                take(&pool, "test", 10, lease, now())
+                    .await
+                    .unwrap()
+                    .is_empty(),
                 "taken from a holder that still works on it"
             );
         }
     };
     holding(&pool, "test", &items, lease, slow).await;
-    assert!(complete(&pool, "test", &items[0], Next::WhenWoken.into())
-        .await
-        .unwrap());
+    assert!(
+        complete(&pool, "test", &items[0], Next::WhenWoken.into(), now())
+            .await
+            .unwrap()
+    );
 }
 
 /// An idle loop waits for an announcement or its kind's next due time, whichever is first:
@@ -230,7 +255,21 @@ async fn holding_keeps_a_slow_pass_leased_past_its_lease() {
 async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due_time() {
     use vps_reactors::work_queue::{idle, listen, subscribe, MAX_IDLE};
     let pool = fresh().await;
-    tokio::spawn(listen(pool.clone()));
+    let ctx = vps_commands::Ctx {
+        pool: pool.clone(),
+        notifier: vps_events::Notifier::start(pool.clone()),
+        spec_signals: Default::default(),
+        secrets: vps_commands::secrets::SecretKey::new([7; 32]),
+        actor: vps_commands::Actor {
+            identity: "reactor:test".into(),
+            tenant: None,
+            operator: true,
+        },
+        request_id: None,
+        clock: Default::default(),
+        wakeups: Default::default(),
+    };
+    tokio::spawn(listen(pool.clone(), ctx.wakeups.clone()));
     let notify = || async {
         // As another replica would: the notification alone, without this process's own bump.
         sqlx::query("SELECT pg_notify($1, 'idle-test')")
@@ -239,7 +278,7 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
             .await
             .unwrap();
     };
-    let mut signal = subscribe("idle-test");
+    let mut signal = subscribe(&ctx, "idle-test");
     // The listener is up once a notification comes back through it.
     let mut up = false;
     for _ in 0..100 {
@@ -254,7 +293,7 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
     }
     assert!(up, "the listener hears notifications");
     signal.borrow_and_update();
-    let mut unrelated = subscribe("another-kind");
+    let mut unrelated = subscribe(&ctx, "another-kind");
     notify().await;
     signal.changed().await.unwrap();
     assert!(
@@ -271,10 +310,10 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
     unrelated.changed().await.unwrap();
 
     let waiting = tokio::spawn({
-        let pool = pool.clone();
+        let ctx = ctx.clone();
         async move {
             let started = std::time::Instant::now();
-            idle(&pool, "idle-test", &mut signal).await;
+            idle(&ctx, "idle-test", &mut signal).await;
             started.elapsed()
         }
     });
@@ -286,12 +325,12 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
         "woken by the notification after {waited:?}"
     );
 
-    let due = Utc::now() + chrono::TimeDelta::milliseconds(200);
+    let due = now() + chrono::TimeDelta::milliseconds(200);
     wake(&pool, "idle-test", "k", due).await.unwrap();
-    let mut quiet = subscribe("idle-test");
+    let mut quiet = subscribe(&ctx, "idle-test");
     quiet.borrow_and_update();
     let started = std::time::Instant::now();
-    idle(&pool, "idle-test", &mut quiet).await;
+    idle(&ctx, "idle-test", &mut quiet).await;
     let waited = started.elapsed();
     assert!(
         waited >= Duration::from_millis(100) && waited < MAX_IDLE / 2,
@@ -305,17 +344,17 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
 #[tokio::test]
 async fn a_batch_of_passes_is_recorded_at_once_and_names_the_lost_leases() {
     let pool = fresh().await;
-    wake(&pool, "test", "retaken", Utc::now()).await.unwrap();
+    wake(&pool, "test", "retaken", now()).await.unwrap();
     let stale = take_a(&pool, Duration::from_millis(1)).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let keys = ["settled", "woken", "later"].map(String::from);
-    wake_all(&pool, "test", &keys).await.unwrap();
-    let taken = take(&pool, "test", 10, Duration::from_secs(30))
+    wake_all(&pool, "test", &keys, now()).await.unwrap();
+    let taken = take(&pool, "test", 10, Duration::from_secs(30), now())
         .await
         .unwrap();
     assert_eq!(taken.len(), 4, "the lapsed lease is taken again: {taken:?}");
     let held = |key: &str| taken.iter().find(|i| i.key == key).unwrap();
-    wake(&pool, "test", "woken", Utc::now()).await.unwrap();
+    wake(&pool, "test", "woken", now()).await.unwrap();
 
     let lost = complete_all(
         &pool,
@@ -326,11 +365,12 @@ async fn a_batch_of_passes_is_recorded_at_once_and_names_the_lost_leases() {
             (held("later"), Next::After(Duration::from_secs(60)).into()),
             (&stale, Next::After(Duration::ZERO).into()),
         ],
+        now(),
     )
     .await
     .unwrap();
     assert_eq!(lost, ["retaken"]);
-    let due: Vec<String> = take(&pool, "test", 10, Duration::from_secs(30))
+    let due: Vec<String> = take(&pool, "test", 10, Duration::from_secs(30), now())
         .await
         .unwrap()
         .into_iter()
@@ -341,11 +381,15 @@ async fn a_batch_of_passes_is_recorded_at_once_and_names_the_lost_leases() {
         ["woken"],
         "settled forgotten, later not due, retaken still held"
     );
-    assert!(
-        complete(&pool, "test", held("retaken"), Next::WhenWoken.into())
-            .await
-            .unwrap()
-    );
+    assert!(complete(
+        &pool,
+        "test",
+        held("retaken"),
+        Next::WhenWoken.into(),
+        now()
+    )
+    .await
+    .unwrap());
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM work_items WHERE kind = 'test'")
         .fetch_one(&pool)
         .await

@@ -33,6 +33,9 @@ pub struct TestServer {
     pub http: reqwest::Client,
     /// The `file` snapshot store's directory (removed with the server).
     pub snapshots: tempfile::TempDir,
+    /// The server's clock, shared with its replicas and emulated hosts: a test moves it
+    /// ([`TestServer::advance`]) instead of sleeping until something is due.
+    pub clock: vps_clock::ManualClock,
 }
 
 /// An error answer: status and body.
@@ -90,14 +93,22 @@ impl TestServer {
         config.snapshots.dir = Some(snapshots.path().to_path_buf());
         config.sandbox_exec.ca_key = Some(sandbox_ca().to_path_buf());
         adjust(&mut config);
-        let server = vps_api::server::start(config, pool)
+        let clock = vps_clock::ManualClock::new();
+        let server = vps_api::server::start_with_clock(config, pool, clock.clock())
             .await
             .expect("server starts");
         TestServer {
             server,
             http: reqwest::Client::new(),
             snapshots,
+            clock,
         }
+    }
+
+    /// Moves the server's clock (and its replicas' and hosts') forward by `by`: what falls due
+    /// in that time is due now, and the loops that wait for it look at once.
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
     }
 
     /// Calls `group.method` with `token`; the JSON body or the error answer.
@@ -213,7 +224,7 @@ impl TestServer {
     pub async fn replica(&self) -> RunningServer {
         let mut config = (*self.server.state.config).clone();
         config.http.listen = "127.0.0.1:0".into();
-        vps_api::server::start(config, self.server.state.pool.clone())
+        vps_api::server::start_with_clock(config, self.server.state.pool.clone(), self.clock.clock())
             .await
             .expect("replica starts")
     }
@@ -261,6 +272,7 @@ impl TestServer {
         config.report_interval = std::time::Duration::from_millis(200);
         config.poll_wait = std::time::Duration::from_millis(1000);
         config.tunnel_listen = Some("127.0.0.1:0".into());
+        config.clock = self.clock.clock();
         vps_emulators::host::EmulatedHost::start(config)
     }
 
@@ -375,9 +387,11 @@ impl TestServer {
     pub async fn quiescent(&self) {
         let check = || async {
             let behind = self.followers_behind().await;
+            // Due on the server's clock; leased on the database's.
             let busy: Vec<(String, String)> = sqlx::query_as(
-                "SELECT kind, key FROM work_items WHERE due_at <= now() OR lease_until > now()",
+                "SELECT kind, key FROM work_items WHERE due_at <= $1 OR lease_until > now()",
             )
+            .bind(self.clock.now())
             .fetch_all(&self.server.state.pool)
             .await
             .unwrap();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use vps_tests::{eventually, wait_until, TestServer, ALICE, OPERATOR, PATIENCE, SSH_KEY};
+use vps_tests::{eventually, TestServer, ALICE, OPERATOR, PATIENCE, SSH_KEY};
 
 /// A hosted pool offered to acme (8 vCPU), with `nodes` nodes and the harness's flavors and
 /// image.
@@ -275,27 +275,28 @@ async fn nodes_get_a_fresh_grace_period_after_the_control_planes_outage() {
         server,
         http,
         snapshots,
+        clock,
     } = t;
     let (db, config) = (server.state.pool.clone(), (*server.state.config).clone());
     server.shutdown().await;
-    wait_until(
-        "an outage longer than lostAfterSeconds",
-        PATIENCE,
-        || async {
-            sqlx::query_scalar::<_, bool>(
-            "SELECT now() - last_report_at > make_interval(secs => $1 + 1) FROM node_heartbeats",
-        )
-        .bind(f64::from(lost_after))
-        .fetch_one(&db)
-        .await
-        .unwrap()
-        },
+    // An outage longer than lostAfterSeconds, on the server's clock.
+    clock.advance(Duration::from_secs(u64::from(lost_after) + 2));
+    let outage: bool = sqlx::query_scalar(
+        "SELECT $2 - last_report_at > make_interval(secs => $1 + 1) FROM node_heartbeats",
     )
-    .await;
+    .bind(f64::from(lost_after))
+    .bind(clock.now())
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert!(outage, "an outage longer than lostAfterSeconds");
     let t = TestServer {
-        server: vps_api::server::start(config, db).await.expect("restarts"),
+        server: vps_api::server::start_with_clock(config, db, clock.clock())
+            .await
+            .expect("restarts"),
         http,
         snapshots,
+        clock,
     };
 
     // The host reports again within lostAfterSeconds of the restart, and keeps reporting.

@@ -125,7 +125,7 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
         host.take().unwrap().stop().await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let _host = lab.start_host().await;
-        let reports = lab.reports_after(chrono::Utc::now()).await;
+        let reports = lab.reports_after(vps_clock::Clock::system().now()).await;
         assert!(reports, "the restarted agent reports");
         for (sandbox, boot) in [(&a, &a_boot), (&b, &b_boot)] {
             let grant = lab.exec_grant(sandbox, &keys, None).await;

@@ -163,7 +163,7 @@ async fn exec(c: Call, q: ExecBody) -> Result<ExecAnswer, ApiError> {
 
 async fn redeem(c: Call, q: RedeemBody) -> Result<Redeemed, ApiError> {
     let mut conn = c.ctx.pool.acquire().await?;
-    let redeemed = tunnel::redeem(&mut conn, &q.node_id, &q.ticket, Utc::now()).await?;
+    let redeemed = tunnel::redeem(&mut conn, &q.node_id, &q.ticket, c.ctx.clock.now()).await?;
     Ok(Redeemed {
         instance_id: redeemed.instance_id,
         principal: redeemed.principal,

@@ -278,7 +278,7 @@ async fn create_template(c: Call, mut q: TemplateInput) -> Result<TemplateView, 
     q.tenant_id = c.caller.tenant(&q.tenant_id)?;
     let max = c.config.limits.templates_per_tenant;
     let t = sandboxes::templates::create_bounded(&c.ctx, q, max).await?;
-    vps_reactors::sandboxes::wake();
+    vps_reactors::sandboxes::wake(&c.ctx);
     Ok(TemplateView::from(&t))
 }
 
@@ -309,7 +309,7 @@ async fn list_templates(c: Call, q: ListTemplatesBody) -> Result<Items<TemplateV
 async fn update_template(c: Call, mut q: TemplatePatch) -> Result<TemplateView, ApiError> {
     q.tenant_id = c.caller.tenant(&q.tenant_id)?;
     let t = sandboxes::templates::update(&c.ctx, q).await?;
-    vps_reactors::sandboxes::wake();
+    vps_reactors::sandboxes::wake(&c.ctx);
     Ok(TemplateView::from(&t))
 }
 
@@ -337,7 +337,7 @@ pub(crate) fn label_filter(
 async fn delete_template(c: Call, q: TemplateRef) -> Result<TemplateView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let t = sandboxes::templates::delete(&c.ctx, &tenant, &q.template_id).await?;
-    vps_reactors::sandboxes::wake();
+    vps_reactors::sandboxes::wake(&c.ctx);
     Ok(TemplateView::from(&t))
 }
 
@@ -354,7 +354,7 @@ async fn create(c: Call, mut q: CreateBody) -> Result<SandboxView, ApiError> {
     };
     let created = sandboxes::create::create(&c.ctx, q.input, &policy).await?;
     if created.new && created.sandbox.warm {
-        vps_reactors::sandboxes::claimed();
+        vps_reactors::sandboxes::claimed(&c.ctx);
     }
     let id = created.sandbox.id.clone();
     let settled = |s: &Sandbox| s.state != SandboxState::Starting;
@@ -463,14 +463,14 @@ async fn extend(c: Call, q: ExtendBody) -> Result<SandboxView, ApiError> {
 async fn delete(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let s = lifecycle::delete(&c.ctx, &tenant, &q.sandbox_id).await?;
-    vps_reactors::sandboxes::wake();
+    vps_reactors::sandboxes::wake(&c.ctx);
     Ok(SandboxView::from(&s))
 }
 
 async fn pause(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let s = lifecycle::pause(&c.ctx, &tenant, &q.sandbox_id).await?;
-    vps_reactors::sandboxes::wake();
+    vps_reactors::sandboxes::wake(&c.ctx);
     Ok(SandboxView::from(&s))
 }
 
@@ -484,7 +484,7 @@ async fn resume(c: Call, q: ResumeBody) -> Result<SandboxView, ApiError> {
     let draft = s.draft(shape.as_ref(), ttl);
     c.authorize(&Resource::sandbox_draft(&s.id, &tenant, &draft))?;
     let s = lifecycle::resume(&c.ctx, &tenant, &q.sandbox_id, q.ttl_seconds).await?;
-    vps_reactors::sandboxes::wake();
+    vps_reactors::sandboxes::wake(&c.ctx);
     Ok(SandboxView::from(&s))
 }
 

@@ -136,6 +136,6 @@ async fn get(c: Call, q: SnapshotRef) -> Result<SnapshotView, ApiError> {
 async fn delete(c: Call, q: SnapshotRef) -> Result<SnapshotView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let snap = snapshots::delete(&c.ctx, &tenant, &q.snapshot_id).await?;
-    vps_reactors::sandboxes::wake();
+    vps_reactors::sandboxes::wake(&c.ctx);
     Ok(SnapshotView::from(&snap))
 }

@@ -142,7 +142,7 @@ async fn delete(c: Call, q: VolumeRef) -> Result<VolumeView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let v = volumes::delete(&c.ctx, &tenant, &q.volume_id).await?;
     // The sandbox reconciler releases it once its host let it go.
-    vps_reactors::sandboxes::wake();
+    vps_reactors::sandboxes::wake(&c.ctx);
     view(&c, &v).await
 }
 

@@ -23,7 +23,6 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, Postgres};
 use tokio::sync::{mpsc, oneshot};
@@ -221,7 +220,7 @@ async fn admit_together(
         None => own.insert(ctx.pool.acquire().await?),
     };
     let mut tx = conn.begin_with(vps_pg::connect::BEGIN_KEYED).await?;
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let kept_pools: HashSet<String> = nodes.keys().cloned().collect();
     let mut known = Known::new(jobs.iter().map(|j| j.id.clone()).collect());
     known.nodes = nodes;

@@ -6,7 +6,7 @@
 pub mod batch;
 pub mod facts;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use vps_domain::instance::{
@@ -141,7 +141,7 @@ pub async fn admit_in(
     // The batch's facts, for a batch of one.
     let mut known = batch::Known::new(vec![id.to_string()]);
     let facts = known.facts(tx, id, input).await?;
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let command = create_command(ctx, id, input, origin);
     let events = match domain::admit(&facts, command, &new_id("alloc"), now, policy)? {
         Admission::Replay(existing) => return Ok(*existing),
@@ -203,10 +203,11 @@ fn create_command(ctx: &Ctx, id: &str, input: &CreateInput, origin: &Origin) -> 
 /// Chooses a node and an address for a scheduling instance, or says why nothing fits. The
 /// pool's nodes are read without locks; [`confirm_placement`] checks the choice at the end of
 /// the transaction under the chosen node's lock, so placements on different nodes never wait
-/// for each other.
+/// for each other. `now` stamps the placement.
 pub async fn placement(
     tx: &mut PgConnection,
     instance: &Instance,
+    now: DateTime<Utc>,
 ) -> Result<InstanceCommand, CommandError> {
     let (pool, facts) = facts::placement(tx, &instance.pool_id).await?;
     Ok(domain::placement(
@@ -214,7 +215,7 @@ pub async fn placement(
         &pool,
         instance,
         &new_id("alloc"),
-        Utc::now(),
+        now,
     )?)
 }
 
@@ -311,7 +312,7 @@ async fn change_in(
         tenant_id,
         instance_id,
     )?;
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let requester = Requester::Api;
     let events = match change {
         Change::Start => {

@@ -2,7 +2,6 @@
 //! instance claimed (or, when none is claimable, one admitted exactly like a hosted
 //! `instances.create`), and `sandbox.created` appended. A refusal leaves nothing behind.
 
-use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use vps_domain::authz::SandboxDraft;
@@ -173,7 +172,7 @@ async fn create_once(
         instance_id: instance.id.clone(),
         pool_id: instance.pool_id.clone(),
     };
-    let event = domain::created_event(c, ids, warm, ttl_seconds, Utc::now());
+    let event = domain::created_event(c, ids, warm, ttl_seconds, ctx.clock.now());
     let sandbox =
         record_events::<Sandbox>(ctx, &mut tx, &c.id, None, vec![event], Some(&c.tenant_id))
             .await?

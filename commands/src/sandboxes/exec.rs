@@ -95,7 +95,7 @@ async fn issue_in(
     let running = instance
         .as_ref()
         .is_some_and(|i| i.state == InstanceState::Running && i.node_id.is_some());
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let mut window = domain::window(&s, running, request.ttl_seconds, now)?;
     let instance = instance.expect("a running instance");
     if super::snapshots::shares_identity(tx, &instance).await? {

@@ -97,7 +97,7 @@ async fn end_for(
             requester: Requester::System,
             reason,
         };
-        apply_commands(ctx, tx, &inst, &[delete], Utc::now()).await?;
+        apply_commands(ctx, tx, &inst, &[delete], ctx.clock.now()).await?;
     }
     Ok(())
 }
@@ -110,7 +110,7 @@ pub async fn pause(ctx: &Ctx, tenant_id: &str, sandbox_id: &str) -> Result<Sandb
         let s = super::visible(tx, tenant_id, sandbox_id).await?;
         let t = super::template(tx, &s.template_id).await?;
         let (can_pause, paused_ttl) = pause_terms(t.as_ref());
-        let events = domain::pause(&s, can_pause, paused_ttl, Utc::now())?;
+        let events = domain::pause(&s, can_pause, paused_ttl, ctx.clock.now())?;
         let pause = InstanceCommand::Pause {
             requester: Requester::System,
         };
@@ -140,7 +140,7 @@ pub async fn resume(
             |t| (t.spec.default_ttl_seconds, t.spec.max_ttl_seconds),
         );
         let ttl = domain::resume_ttl(ttl_seconds, default_ttl, max_ttl)?;
-        let events = domain::resume(&s, ttl, Utc::now())?;
+        let events = domain::resume(&s, ttl, ctx.clock.now())?;
         let start = InstanceCommand::Start {
             requester: Requester::System,
         };
@@ -210,7 +210,7 @@ async fn drive(
     let Some(inst) = instance else {
         return Ok(());
     };
-    let inst = apply_commands(ctx, tx, &inst, &[command], Utc::now())
+    let inst = apply_commands(ctx, tx, &inst, &[command], ctx.clock.now())
         .await?
         .unwrap_or(inst);
     let outcome = match (after.state, inst.state) {

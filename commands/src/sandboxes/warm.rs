@@ -56,7 +56,7 @@ pub async fn claim(
         sandbox_id: sandbox_id.to_string(),
         owner_identity_id: ctx.actor.identity.clone(),
     };
-    let Some(claimed) = apply_commands(ctx, tx, &instance, &[claim], Utc::now()).await? else {
+    let Some(claimed) = apply_commands(ctx, tx, &instance, &[claim], ctx.clock.now()).await? else {
         return Ok(None);
     };
     let moved = vps_projections::node_specs::write_inline(tx, &claimed.id).await?;
@@ -162,7 +162,7 @@ async fn drain(ctx: &Ctx, instance_id: &str) -> Result<(), CommandError> {
             requester: Requester::System,
             reason: Some("warm pool drained".into()),
         };
-        apply_commands(ctx, &mut tx, &inst, &[delete], Utc::now()).await?;
+        apply_commands(ctx, &mut tx, &inst, &[delete], ctx.clock.now()).await?;
         commit(ctx, tx).await
     })
     .await

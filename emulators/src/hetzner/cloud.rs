@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
+use vps_clock::Clock;
 
 /// A server as a test sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,7 +126,7 @@ impl Cloud {
             location: new.location,
             labels: new.labels,
             user_data: new.user_data,
-            created: Utc::now(),
+            created: Clock::system().now(),
             pending: Some((Instant::now() + self.boot_delay, Some("running"))),
         };
         Ok(self.servers.entry(id).or_insert(server))

@@ -11,8 +11,8 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use chrono::Utc;
 use serde_json::{json, Value};
+use vps_clock::Clock;
 
 use super::cloud::{not_found, ApiError, Cloud, NewServer, Server};
 use crate::faults::Faults;
@@ -248,7 +248,7 @@ fn action_json(id: u64, command: &str, server_id: u64) -> Value {
         "command": command,
         "status": "running",
         "progress": 0,
-        "started": Utc::now().to_rfc3339(),
+        "started": Clock::system().now().to_rfc3339(),
         "finished": null,
         "resources": [{ "id": server_id, "type": "server" }],
         "error": null

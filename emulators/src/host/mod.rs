@@ -56,6 +56,9 @@ pub struct HostConfig {
     pub cpu_model: Option<String>,
     /// Where to accept exec tunnels (`127.0.0.1:0` picks a port); `None`: no tunnels.
     pub tunnel_listen: Option<String>,
+    /// What time it is where certificates are checked (a test's server and its hosts share
+    /// one clock).
+    pub clock: vps_clock::Clock,
 }
 
 impl HostConfig {
@@ -76,6 +79,7 @@ impl HostConfig {
             snapshot_bytes: 1 << 20,
             cpu_model: Some("emulated".into()),
             tunnel_listen: None,
+            clock: vps_clock::Clock::system(),
         }
     }
 }
@@ -141,7 +145,14 @@ impl EmulatedHost {
             idle_timeout: config.report_interval * 2,
             facts: None,
         });
-        let tunnel = listener.map(|l| tokio::spawn(tunnel::serve(l, shared.clone(), api.clone())));
+        let tunnel = listener.map(|l| {
+            tokio::spawn(tunnel::serve(
+                l,
+                shared.clone(),
+                api.clone(),
+                config.clock.clone(),
+            ))
+        });
         let task = tokio::spawn(agent::run(shared.clone(), config, api));
         HostHandle {
             node_id,

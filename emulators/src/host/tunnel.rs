@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use russh::server::{Auth, ChannelOpenHandle, Msg, Session};
 use russh::{Channel, ChannelId, MethodKind, MethodSet};
@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::{DomainState, Shared};
+use vps_clock::Clock;
 use vps_seam::{NodeApi, Redeemed};
 
 /// The one account a guest admits (the reference's `sandboxExec.account` default).
@@ -34,13 +35,15 @@ pub const ACCOUNT: &str = "sandbox";
 const CHUNK: usize = 32 * 1024;
 
 /// Accepts tunnels until the host stops.
-pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, api: NodeApi) {
+/// Certificates are checked on `clock`.
+pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, api: NodeApi, clock: Clock) {
     let config = Arc::new(ssh_config());
     loop {
         let (stream, peer) = vps_seam::tunnel::accept(&listener).await;
         let (shared, api, config) = (shared.clone(), api.clone(), config.clone());
         let span = tracing::debug_span!("tunnel", %peer);
-        tokio::spawn(connection(stream, shared, api, config).instrument(span));
+        let clock = clock.clone();
+        tokio::spawn(connection(stream, shared, api, config, clock).instrument(span));
     }
 }
 
@@ -67,8 +70,9 @@ async fn connection(
     shared: Arc<Shared>,
     api: NodeApi,
     config: Arc<russh::server::Config>,
+    clock: Clock,
 ) {
-    let guest = match admit(&mut stream, &shared, &api).await {
+    let guest = match admit(&mut stream, &shared, &api, clock).await {
         Ok(guest) => guest,
         Err(refusal) => {
             tracing::info!(%refusal, "tunnel refused");
@@ -87,7 +91,12 @@ async fn connection(
 }
 
 /// Reads and redeems the ticket, and checks that the instance it names runs here.
-async fn admit(stream: &mut TcpStream, shared: &Shared, api: &NodeApi) -> Result<Guest, String> {
+async fn admit(
+    stream: &mut TcpStream,
+    shared: &Shared,
+    api: &NodeApi,
+    clock: Clock,
+) -> Result<Guest, String> {
     let ticket = vps_seam::tunnel::read_ticket(stream).await?;
     let redeemed = api
         .redeem_ticket(&ticket)
@@ -104,7 +113,7 @@ async fn admit(stream: &mut TcpStream, shared: &Shared, api: &NodeApi) -> Result
             redeemed.instance_id
         ));
     }
-    Guest::new(redeemed)
+    Guest::new(redeemed, clock)
 }
 
 /// One SSH session with an instance's guest.
@@ -120,10 +129,12 @@ struct Guest {
     stdin: HashMap<ChannelId, mpsc::UnboundedSender<Vec<u8>>>,
     /// The commands running, stopped (and their processes killed) when the session ends.
     commands: Vec<JoinHandle<()>>,
+    /// What time certificates are checked at.
+    clock: Clock,
 }
 
 impl Guest {
-    fn new(redeemed: Redeemed) -> Result<Guest, String> {
+    fn new(redeemed: Redeemed, clock: Clock) -> Result<Guest, String> {
         let ca = redeemed
             .ca_public_key
             .as_deref()
@@ -144,15 +155,14 @@ impl Guest {
             workdir,
             stdin: HashMap::new(),
             commands: Vec::new(),
+            clock,
         })
     }
 
     /// Whether `certificate` lets `user` in: the CA's, a user certificate, for this principal,
     /// valid now, with no critical option this guest would have to enforce.
     fn admits(&self, user: &str, certificate: &Certificate) -> Result<(), &'static str> {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now = u64::try_from(self.clock.now().timestamp()).unwrap_or(0);
         if user != ACCOUNT {
             return Err("not the sandbox account");
         }

@@ -14,13 +14,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use sqlx::{PgConnection, PgPool, Row};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
-use vps_commands::secrets::SecretKey;
 use vps_commands::webhooks::{disable_gone, open_secret, WebhookSecret};
 use vps_commands::{CommandError, Ctx};
 use vps_projections::webhooks::DeliveryStatus;
@@ -81,10 +80,7 @@ pub(crate) async fn run(
         let room = config.concurrency.saturating_sub(inflight.len());
         if room > 0 {
             let span = tracing::debug_span!("webhook_dispatch_pass", inflight = inflight.len());
-            match claim(&ctx.pool, &ctx.secrets, &config, room as i64)
-                .instrument(span)
-                .await
-            {
+            match claim(&ctx, &config, room as i64).instrument(span).await {
                 Ok(leases) => {
                     for lease in leases {
                         let span =
@@ -122,6 +118,8 @@ pub(crate) async fn run(
             }
             _ = woken.changed() => {}
             _ = tokio::time::sleep(wait) => {}
+            // A moved clock may have made back-offs run out.
+            () = ctx.clock.moved() => {}
         }
     }
 }
@@ -132,13 +130,10 @@ fn lease_length(config: &WebhookConfig) -> Duration {
 }
 
 /// Leases up to `limit` active subscriptions whose first queued event is due and that no
-/// worker holds, and opens their signing secrets.
-async fn claim(
-    pool: &PgPool,
-    key: &SecretKey,
-    config: &WebhookConfig,
-    limit: i64,
-) -> Result<Vec<Lease>, sqlx::Error> {
+/// worker holds, and opens their signing secrets. Due is the context's clock; leases are the
+/// database's (one clock for every replica).
+async fn claim(ctx: &Ctx, config: &WebhookConfig, limit: i64) -> Result<Vec<Lease>, sqlx::Error> {
+    let (pool, key) = (&ctx.pool, &ctx.secrets);
     let token = ulid::Ulid::generate().to_string();
     let renewed = Instant::now();
     // The upsert takes a lease only where none is live: two workers racing for one
@@ -150,7 +145,7 @@ async fn claim(
                  SELECT o.next_attempt_at FROM webhook_outbox o
                   WHERE o.webhook_id = w.id
                   ORDER BY o.event_transaction_id, o.event_position LIMIT 1) h
-              WHERE w.state = 'active' AND h.next_attempt_at <= now()
+              WHERE w.state = 'active' AND h.next_attempt_at <= $4
                 AND NOT EXISTS (SELECT 1 FROM webhook_leases l
                                  WHERE l.webhook_id = w.id AND l.lease_until >= now())
               ORDER BY h.next_attempt_at
@@ -168,6 +163,7 @@ async fn claim(
     .bind(&token)
     .bind(lease_length(config).as_secs_f64())
     .bind(limit)
+    .bind(ctx.clock.now())
     .fetch_all(pool)
     .await?;
     let mut leases = Vec::new();
@@ -244,7 +240,7 @@ async fn deliver_queue(
     let mut idle_until = Instant::now() + config.linger;
     while delivered_total < BURST {
         enqueued.borrow_and_update();
-        let run = next_run(&ctx.pool, config, lease).await?;
+        let run = next_run(&ctx.pool, config, lease, ctx.clock.now()).await?;
         match run.first() {
             // Caught up: linger, so what the fan-out queues next goes out without a new claim.
             None => match tokio::time::timeout_at(idle_until.into(), enqueued.changed()).await {
@@ -259,7 +255,7 @@ async fn deliver_queue(
         let mut failure = None;
         for item in run {
             keep_lease(&ctx.pool, config, lease).await?;
-            match post(client, config, lease, &item).await {
+            match post(ctx, client, config, lease, &item).await {
                 Outcome::Delivered(code) => delivered.push((item, code)),
                 outcome => {
                     failure = Some((item, outcome));
@@ -286,22 +282,24 @@ const RUN: i64 = 32;
 const BURST: usize = 1000;
 
 /// Keeps the lease (see [`keep_lease`]) and reads the subscription's next `RUN` queued events
-/// in log order. A lease lost meanwhile stops the task before its next POST: it was renewed
+/// in log order, due or not at `now`. A lease lost meanwhile stops the task before its next POST: it was renewed
 /// too long ago to be trusted, so `keep_lease` renews it, and the renewal finds it gone.
 async fn next_run(
     pool: &PgPool,
     config: &WebhookConfig,
     lease: &mut Lease,
+    now: DateTime<Utc>,
 ) -> Result<Vec<Queued>, Stop> {
     keep_lease(pool, config, lease).await?;
     let queued = sqlx::query_as(
-        "SELECT id, event_id, body, attempts, next_attempt_at <= now() AS due FROM webhook_outbox
+        "SELECT id, event_id, body, attempts, next_attempt_at <= $3 AS due FROM webhook_outbox
           WHERE webhook_id = $1
           ORDER BY event_transaction_id, event_position
           LIMIT $2",
     )
     .bind(&lease.webhook_id)
     .bind(RUN)
+    .bind(now)
     .fetch_all(pool)
     .await?;
     Ok(queued)
@@ -394,6 +392,7 @@ async fn record_delivered(
 /// One signed POST of a queued event. An IP-literal URL never reaches the resolver, so its
 /// address is checked here.
 async fn post(
+    ctx: &Ctx,
     client: &reqwest::Client,
     config: &WebhookConfig,
     lease: &Lease,
@@ -408,7 +407,7 @@ async fn post(
             };
         }
     }
-    let timestamp = Utc::now().timestamp();
+    let timestamp = ctx.clock.now().timestamp();
     let signature = sign(&lease.secret, &item.event_id, timestamp, &item.body);
     let started = Instant::now();
     let response = client
@@ -435,7 +434,7 @@ async fn post(
         .headers()
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| parse_retry_after(v, Utc::now()));
+        .and_then(|v| parse_retry_after(v, ctx.clock.now()));
     drain(response).await;
     metrics::histogram!("vps_webhook_request_seconds").record(started.elapsed().as_secs_f64());
     match status {
@@ -502,7 +501,7 @@ async fn record(
     let gone = matches!(outcome, Outcome::Gone(_));
     let mut tx = ctx.pool.begin().await?;
     let verdict = judge(config, attempt, outcome);
-    if !settle(&mut tx, lease, item, attempt, &verdict).await? {
+    if !settle(&mut tx, lease, item, attempt, &verdict, ctx.clock.now()).await? {
         // Deleted or disabled meanwhile, or the lease ran out and another worker took it.
         return Ok(Recorded {
             retry_in: None,
@@ -564,19 +563,20 @@ fn judge(config: &WebhookConfig, attempt: i32, outcome: Outcome) -> Verdict {
 }
 
 /// Reschedules the queue row (`Pending`) or removes it (the delivery is over), if the lease is
-/// still ours. Whether it was.
+/// still ours; a retry is due its back-off after `now`. Whether it was.
 async fn settle(
     tx: &mut PgConnection,
     lease: &Lease,
     item: &Queued,
     attempt: i32,
     verdict: &Verdict,
+    now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
     const HELD: &str = "EXISTS (SELECT 1 FROM webhook_leases WHERE webhook_id = $2 AND token = $3)";
     let done = if verdict.status == DeliveryStatus::Pending {
         sqlx::query(&format!(
             "UPDATE webhook_outbox
-                SET attempts = $4, next_attempt_at = now() + make_interval(secs => $5)
+                SET attempts = $4, next_attempt_at = $6 + make_interval(secs => $5)
               WHERE id = $1 AND {HELD}"
         ))
         .bind(item.id)
@@ -584,6 +584,7 @@ async fn settle(
         .bind(&lease.token)
         .bind(attempt)
         .bind(verdict.retry_in.unwrap_or_default().as_secs_f64())
+        .bind(now)
         .execute(tx)
         .await?
     } else {

@@ -241,7 +241,7 @@ mod tests {
                 tenant_id: tenant.map(Into::into),
                 ..Metadata::default()
             },
-            recorded_at: chrono::Utc::now(),
+            recorded_at: crate::fixtures::now(),
         }
     }
 

@@ -33,12 +33,9 @@ pub mod signature;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::sync::watch;
-use vps_commands::secrets::SecretKey;
 use vps_commands::{Actor, Ctx};
 use vps_domain::network::IpCidr;
-use vps_events::Notifier;
 
 pub use backoff::{parse_retry_after, retry_delay};
 pub use fanout::{FOLLOWER, LEASE};
@@ -93,14 +90,11 @@ impl Default for WebhookConfig {
 }
 
 /// Runs webhook delivery forever: the fan-out (on the replica holding its lease) and the
-/// dispatcher (on every replica), signing with secrets sealed under `secrets`. Spawn it once
-/// per process.
-pub async fn run_webhook_delivery(
-    pool: PgPool,
-    notifier: Notifier,
-    secrets: SecretKey,
-    config: WebhookConfig,
-) {
+/// dispatcher (on every replica), signing with secrets sealed under the context's key, on its
+/// clock. Spawn it once per server.
+pub async fn run_webhook_delivery(ctx: Ctx, config: WebhookConfig) {
+    let ctx = reactor_ctx(ctx);
+    let (pool, notifier, secrets) = (&ctx.pool, &ctx.notifier, &ctx.secrets);
     let client = reqwest::Client::builder()
         .timeout(config.request_timeout)
         // A redirect would send the signed body somewhere its owner did not register.
@@ -113,7 +107,7 @@ pub async fn run_webhook_delivery(
         .user_agent("vps-webhooks")
         .build()
         .expect("the webhook HTTP client builds");
-    if let Err(e) = vps_commands::webhooks::seal_plain_secrets(&pool, &secrets).await {
+    if let Err(e) = vps_commands::webhooks::seal_plain_secrets(pool, secrets).await {
         tracing::warn!(error = %e, "cannot seal webhook secrets stored in the clear");
     }
     let enqueued = Arc::new(watch::Sender::new(0u64));
@@ -124,28 +118,22 @@ pub async fn run_webhook_delivery(
             config.clone(),
             enqueued.clone()
         ),
-        dispatch::run(
-            reactor_ctx(pool, notifier, secrets),
-            config,
-            client,
-            enqueued
-        ),
+        dispatch::run(ctx.clone(), config, client, enqueued),
     );
 }
 
-/// Who the dispatcher acts as when it disables a subscription; its key opens signing secrets.
-fn reactor_ctx(pool: PgPool, notifier: Notifier, secrets: SecretKey) -> Ctx {
+/// `ctx` acting as the dispatcher, as it does when it disables a subscription; its key opens
+/// signing secrets.
+fn reactor_ctx(ctx: Ctx) -> Ctx {
     Ctx {
-        pool,
-        notifier,
         // Webhook commands never move a node's spec.
         spec_signals: Default::default(),
-        secrets,
         actor: Actor {
             identity: REACTOR_ACTOR.to_string(),
             tenant: None,
             operator: true,
         },
         request_id: None,
+        ..ctx
     }
 }

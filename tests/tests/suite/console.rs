@@ -148,7 +148,7 @@ async fn the_console_creates_an_instance_and_watches_it_run_and_go() {
 
     // The usage chart once the instance's running seconds are recorded; every other page
     // renders without an error.
-    let today = chrono::Utc::now().date_naive();
+    let today = vps_clock::Clock::system().now().date_naive();
     let (from, to) = (today.pred_opt().unwrap(), today.succ_opt().unwrap());
     vps_tests::wait_until("usage recorded", vps_tests::PATIENCE, || async {
         let page = t

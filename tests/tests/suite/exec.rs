@@ -224,7 +224,7 @@ async fn openssh_runs_a_command_in_a_sandbox_with_a_short_certificate() {
     );
     let valid_before: chrono::DateTime<chrono::Utc> =
         grant["validBefore"].as_str().unwrap().parse().unwrap();
-    let lifetime = valid_before - chrono::Utc::now();
+    let lifetime = valid_before - t.clock.now();
     assert!(
         lifetime <= chrono::TimeDelta::seconds(600) && lifetime > chrono::TimeDelta::seconds(590),
         "{lifetime}"
@@ -425,7 +425,7 @@ async fn the_host_refuses_an_expired_certificate_and_one_for_another_instance() 
     // A one-second certificate, used once it has ended (its ticket is still good).
     let short = exec(&t, &a, &keys.public("key"), Some(1)).await;
     let cert = keys.certify(short["certificate"].as_str().unwrap());
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    t.advance(Duration::from_millis(2500));
     let run = ssh(&keys.path("key"), &cert, &short, "echo hi").await;
     assert!(!run.ok, "an expired certificate let ssh in");
     assert!(run.stderr.contains("Permission denied"), "{}", run.stderr);

@@ -223,6 +223,8 @@ async fn a_lost_node_loses_its_instances_and_they_recover_when_it_reports_again(
     let id = create(&t, &pool, "k").await;
     t.until(ALICE, "acme", &id, WAIT, state("running")).await;
     host.set_reporting(false);
+    // Silent for longer than lostAfterSeconds.
+    t.advance(Duration::from_secs(2));
     assert_eq!(
         t.until(ALICE, "acme", &id, WAIT, state("lost")).await["state"],
         "lost"

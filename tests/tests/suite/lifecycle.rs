@@ -172,7 +172,7 @@ async fn pause_keeps_the_instance_paused_stops_the_clock_and_resume_brings_it_ba
     );
     let ready = reaches(&t, id, "ready").await;
     assert!(ready.get("pausedAt").is_none(), "{ready}");
-    let lifetime = time(&ready["expiresAt"]) - Utc::now();
+    let lifetime = time(&ready["expiresAt"]) - t.clock.now();
     assert!(
         lifetime.num_seconds() > 100 && lifetime.num_seconds() <= 120,
         "a fresh lifetime of 120 s: {ready}"
@@ -205,10 +205,12 @@ async fn pause_keeps_the_instance_paused_stops_the_clock_and_resume_brings_it_ba
 async fn a_paused_sandbox_is_deleted_when_its_paused_ttl_runs_out() {
     let t = server().await;
     let (pool, _hosts) = pool_with_host(&t).await;
-    let tpl = template(&t, &pool, "short", json!({ "pausedTtlSeconds": 2 })).await;
+    let tpl = template(&t, &pool, "short", json!({ "pausedTtlSeconds": 60 })).await;
     let s = create(&t, &tpl, "short", json!({ "ttlSeconds": 3600 })).await;
     let id = s["id"].as_str().unwrap();
     t.ok(ALICE, "sandboxes.pause", call(id)).await;
+    reaches(&t, id, "paused").await;
+    t.advance(Duration::from_secs(61));
     let gone = reaches(&t, id, "deleted").await;
     assert_eq!(
         (gone["expired"].as_bool(), gone["reason"].as_str()),
@@ -247,6 +249,8 @@ async fn on_timeout_pause_pauses_at_expiry_and_resume_brings_it_back() {
     .await;
     assert_eq!(s["onTimeout"], "pause");
     let id = s["id"].as_str().unwrap();
+    // Real time, not a moved clock: `pausedAt` is the log's (the database's) time and
+    // `expiresAt` the server's clock, and the test compares the two.
     let paused = reaches(&t, id, "paused").await;
     assert_eq!(paused["expired"], false, "{paused}");
     // The paused TTL defaults to 7 days.
@@ -261,12 +265,13 @@ async fn on_timeout_pause_pauses_at_expiry_and_resume_brings_it_back() {
     t.ok(ALICE, "sandboxes.resume", call(id)).await;
     let ready = reaches(&t, id, "ready").await;
     // The template's default lifetime (3600 s) starts again at the resume.
-    let lifetime = time(&ready["expiresAt"]) - Utc::now();
+    let lifetime = time(&ready["expiresAt"]) - t.clock.now();
     assert!(lifetime.num_seconds() > 3500, "{ready}");
     // And a template can make pause the default.
     let tpl2 = template(&t, &pool, "keep2", json!({ "onTimeout": "pause" })).await;
-    let s2 = create(&t, &tpl2, "keep2", json!({ "ttlSeconds": 2 })).await;
+    let s2 = create(&t, &tpl2, "keep2", json!({ "ttlSeconds": 60 })).await;
     assert_eq!(s2["onTimeout"], "pause");
+    t.advance(Duration::from_secs(61));
     reaches(&t, s2["id"].as_str().unwrap(), "paused").await;
     assert!(t.replay_equal().await);
 }
@@ -487,7 +492,7 @@ async fn a_paused_sandbox_is_billed_the_memory_it_holds_and_usage_verify_agrees(
         &t.server.state.pool,
         windows,
         DateTime::<Utc>::MIN_UTC,
-        Utc::now() + chrono::Duration::days(1),
+        vps_clock::Clock::system().now() + chrono::Duration::days(1),
     )
     .await
     .expect("verify runs");
@@ -619,7 +624,7 @@ async fn labels_on_sandboxes_and_templates_are_set_listed_filtered_and_announced
 async fn a_sandbox_stuck_starting_fails_at_its_deadline_and_releases_its_instance() {
     let t = TestServer::start_with(|c| {
         vps_tests::fast_sandboxes(c);
-        c.timings.deadline_sandbox_starting = 1.0;
+        c.timings.deadline_sandbox_starting = 60.0;
     })
     .await;
     let quota = json!({ "vcpu": 1000, "memoryGiB": 10000, "diskGiB": 100000 });
@@ -637,6 +642,7 @@ async fn a_sandbox_stuck_starting_fails_at_its_deadline_and_releases_its_instanc
         .await;
     assert_eq!(s["state"], "starting");
     let id = s["id"].as_str().unwrap();
+    t.advance(Duration::from_secs(61));
     let failed = reaches(&t, id, "failed").await;
     assert_eq!(failed["reason"], "deadline:starting", "{failed}");
     // What it held is released: its instance is deleted, its address free.

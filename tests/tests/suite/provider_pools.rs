@@ -51,13 +51,15 @@ async fn server_on(url: &str, provider_retry: f64) -> TestServer {
         identity(OPERATOR, "id_operator", None),
         identity(ALICE, "id_alice", Some("acme")),
     ];
-    let server = vps_api::server::start(config, pool)
+    let clock = vps_clock::ManualClock::new();
+    let server = vps_api::server::start_with_clock(config, pool, clock.clock())
         .await
         .expect("server starts");
     TestServer {
         server,
         http: reqwest::Client::new(),
         snapshots: tempfile::tempdir().expect("a temporary directory"),
+        clock,
     }
 }
 

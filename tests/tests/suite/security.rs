@@ -1007,7 +1007,7 @@ async fn snapshots_are_one_at_a_time_within_the_kept_quota_and_metered() {
         &t.server.state.pool,
         windows,
         chrono::DateTime::<chrono::Utc>::MIN_UTC,
-        chrono::Utc::now() + chrono::Duration::days(1),
+        vps_clock::Clock::system().now() + chrono::Duration::days(1),
     )
     .await
     .expect("verify runs");

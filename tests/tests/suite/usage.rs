@@ -152,7 +152,7 @@ async fn an_instance_running_three_and_a_half_windows_is_billed_exactly_to_the_l
     let scheduled = recorded(&t, &id, "instance.scheduled").await;
     let ran_long_enough = scheduled + Duration::milliseconds(3500);
     wait_until("three and a half windows", PATIENCE, || async {
-        Utc::now() >= ran_long_enough
+        vps_clock::Clock::system().now() >= ran_long_enough
     })
     .await;
     delete(&t, &id).await;
@@ -182,7 +182,10 @@ fn windows(t: &TestServer) -> vps_domain::usage::Windows {
 }
 
 async fn verify(t: &TestServer) -> vps_reactors::usage::verify::VerifyReport {
-    let (from, to) = (DateTime::<Utc>::MIN_UTC, Utc::now() + Duration::days(1));
+    let (from, to) = (
+        DateTime::<Utc>::MIN_UTC,
+        vps_clock::Clock::system().now() + Duration::days(1),
+    );
     vps_reactors::usage::verify::verify(&t.server.state.pool, windows(t), from, to)
         .await
         .expect("verify runs")
@@ -261,7 +264,7 @@ async fn two_replicas_record_every_window_once_and_verify_finds_an_inserted_reco
         &t.server.state.pool,
         windows(&t),
         DateTime::<Utc>::MIN_UTC,
-        Utc::now()
+        vps_clock::Clock::system().now()
     )
     .await
     .unwrap());
@@ -305,6 +308,7 @@ async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window(
         server,
         http,
         snapshots,
+        clock,
     } = t;
     let mut config = (*server.state.config).clone();
     let db = server.state.pool.clone();
@@ -338,17 +342,20 @@ async fn a_server_stopped_mid_window_and_restarted_misses_and_doubles_no_window(
         .connect_with(options)
         .await
         .unwrap();
-    let down_until = Utc::now() + Duration::seconds(2);
+    let down_until = vps_clock::Clock::system().now() + Duration::seconds(2);
     wait_until("windows closed while down", PATIENCE, || async {
-        Utc::now() >= down_until
+        vps_clock::Clock::system().now() >= down_until
     })
     .await;
     config.http.listen = "127.0.0.1:0".into();
-    let server = vps_api::server::start(config, db).await.expect("restarts");
+    let server = vps_api::server::start_with_clock(config, db, clock.clock())
+        .await
+        .expect("restarts");
     let t = TestServer {
         server,
         http,
         snapshots,
+        clock,
     };
     settled_past(&t, down_until + Duration::seconds(1)).await;
     let until: DateTime<Utc> = sqlx::query_scalar("SELECT settled_until FROM usage_progress")

@@ -622,7 +622,7 @@ async fn the_volume_meter_bills_its_size_from_booking_to_release() {
         &t.server.state.pool,
         windows,
         DateTime::<Utc>::MIN_UTC,
-        Utc::now() + chrono::Duration::days(1),
+        vps_clock::Clock::system().now() + chrono::Duration::days(1),
     )
     .await
     .unwrap();
