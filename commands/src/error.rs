@@ -37,6 +37,11 @@ impl From<AppendError> for CommandError {
 }
 
 impl CommandError {
+    /// `NOT_FOUND`: `what` (`sandbox sbx_…`) does not exist.
+    pub fn not_found(what: impl Into<String>) -> Self {
+        CommandError::Domain(DomainError::NotFound { what: what.into() })
+    }
+
     /// Whether loading, deciding and appending again may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -53,22 +58,4 @@ impl CommandError {
             _ => false,
         }
     }
-}
-
-/// Runs `attempt` until it succeeds, fails for good, or loses the race too often.
-pub async fn retrying<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, CommandError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, CommandError>>,
-{
-    for n in 0..8u32 {
-        match attempt().await {
-            Err(e) if e.is_retryable() => {
-                let jitter = rand::random::<u64>() % (2 << n.min(6));
-                tokio::time::sleep(std::time::Duration::from_millis(jitter)).await;
-            }
-            other => return other,
-        }
-    }
-    Err(CommandError::Contention(what.to_string()))
 }

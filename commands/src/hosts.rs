@@ -13,7 +13,7 @@ use vps_domain::state_table::InstanceState;
 use vps_domain::DomainError;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
+use crate::error::CommandError;
 use crate::pipeline::{apply_commands, record_events, transaction};
 
 pub use vps_domain::instance::MAX_ADDRESSES;
@@ -487,26 +487,23 @@ fn instance_of(row: &sqlx::postgres::PgRow) -> Instance {
 /// Marks a silent node lost and its instances lost (`node.lost`, `instance.lost`). Returns the
 /// instances that changed.
 pub async fn mark_node_lost(ctx: &Ctx, node_id: &str) -> Result<Vec<String>, CommandError> {
-    retrying(node_id, || async {
+    transaction(ctx, node_id, async |tx| {
         let now = ctx.clock.now();
-        let mut tx = ctx.pool.begin().await?;
-        let before = Some(lock_node(&mut tx, node_id, None).await?);
+        let before = Some(lock_node(tx, node_id, None).await?);
         let events = decide(before.as_ref(), &NodeCommand::Lose)?;
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        record_events(ctx, &mut tx, node_id, before.as_ref(), events, None).await?;
+        record_events(ctx, tx, node_id, before.as_ref(), events, None).await?;
         let mut changed = Vec::new();
-        for (id, instance) in lock_all_placed(&mut tx, node_id).await? {
-            if apply_commands(ctx, &mut tx, &instance, &[InstanceCommand::Lose], now)
+        for (id, instance) in lock_all_placed(tx, node_id).await? {
+            if apply_commands(ctx, tx, &instance, &[InstanceCommand::Lose], now)
                 .await?
                 .is_some()
             {
                 changed.push(id);
             }
         }
-        tx.commit().await?;
-        ctx.notifier.committed();
         Ok(changed)
     })
     .await

@@ -9,11 +9,10 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use vps_domain::identity::{self as domain, Identity};
-use vps_domain::DomainError;
 
 use crate::context::Ctx;
 use crate::error::CommandError;
-use crate::pipeline::{change, record_events, transaction};
+use crate::pipeline::{change, record_existing, transaction};
 use crate::record::new_id;
 
 /// The prefix of API keys.
@@ -53,9 +52,8 @@ pub async fn create(ctx: &Ctx, new: NewIdentity) -> Result<(Identity, ApiKey), C
     let events = domain::create(&id, new.tenant_id, new.operator, &new.name, &key_id)?;
     let identity = transaction(ctx, &id, async |tx| {
         let tenant = new_tenant(&events);
-        let identity = record_events::<Identity>(ctx, tx, &id, None, events.clone(), tenant)
-            .await?
-            .ok_or_else(|| DomainError::invalid_state("identity.created recorded nothing"))?;
+        let identity =
+            record_existing::<Identity>(ctx, tx, &id, None, events.clone(), tenant).await?;
         sqlx::query("INSERT INTO api_keys (key_id, identity_id, hash) VALUES ($1, $2, $3)")
             .bind(&key_id)
             .bind(&id)

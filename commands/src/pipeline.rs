@@ -2,8 +2,8 @@
 //! the reconcilers): facts are read, a pure `vps_domain` decision turns them into events, and
 //! the events are appended with their inline projections here, in the caller's transaction.
 //! The answer is the instance folded once from the recorded events. The caller's attempt runs
-//! inside [`transaction`] (or [`crate::error::retrying`]), which decides again on fresh facts
-//! after a lost race.
+//! inside [`transaction`], the one way a command runs a transaction: it decides again on fresh
+//! facts after a lost race.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -11,10 +11,12 @@ use vps_domain::instance::{decide_all, Instance, InstanceCommand, InstanceEvent}
 use vps_domain::DomainError;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
+use crate::error::CommandError;
 use crate::sandboxes::follow;
 use crate::secrets;
-pub use crate::stream::{change, load, record_events};
+pub use crate::stream::{
+    change, change_existing, load, load_existing, record_events, record_existing,
+};
 
 /// Records an instance's events; a deleted instance's sealed secrets go with it, and the
 /// sandbox driving it follows in the same transaction.
@@ -35,9 +37,7 @@ pub async fn record_instance(
         .iter()
         .any(|e| matches!(e, InstanceEvent::Deleted(_)));
     let outcome = follow::outcome(&events);
-    let after = record_events(ctx, tx, &id, before, events, Some(&tenant))
-        .await?
-        .expect("at least one event");
+    let after = record_existing(ctx, tx, &id, before, events, Some(&tenant)).await?;
     if deleted {
         secrets::forget(tx, &id).await?;
     }
@@ -92,10 +92,34 @@ pub async fn hold_or_conflict(
     Err(DomainError::conflict(message, "reason", reason).into())
 }
 
-/// Runs `work` in a transaction that commits when it succeeds and rolls back at once when it
-/// fails: a dropped transaction rolls back only when its connection is next used, and would
-/// keep a hold (an advisory lock) taken inside it until then.
-pub async fn atomically<T>(
+/// A command's write: a fresh copy of `work` runs in a fresh transaction per attempt,
+/// committed on success and rolled back at once on failure, and a lost race (a concurrent
+/// append, a serialization failure, a deadlock, a racing unique insert:
+/// [`CommandError::is_retryable`]) decides again on fresh facts, up to eight attempts with a
+/// growing random pause, then `Contention` on `key`. `work` is cloned rather than borrowed per
+/// attempt: a borrowed async closure's future is not provably `Send` (the API and
+/// `tokio::spawn` need it).
+pub async fn transaction<T>(
+    ctx: &Ctx,
+    key: &str,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, CommandError> + Clone,
+) -> Result<T, CommandError> {
+    for n in 0..8u32 {
+        match attempt(ctx, work.clone()).await {
+            Err(e) if e.is_retryable() => {
+                let jitter = rand::random::<u64>() % (2 << n.min(6));
+                tokio::time::sleep(std::time::Duration::from_millis(jitter)).await;
+            }
+            other => return other,
+        }
+    }
+    Err(CommandError::Contention(key.to_string()))
+}
+
+/// One attempt of [`transaction`]: it commits when `work` succeeds and rolls back at once when
+/// it fails, since a dropped transaction rolls back only when its connection is next used, and
+/// would keep a hold (an advisory lock) taken inside it until then.
+async fn attempt<T>(
     ctx: &Ctx,
     work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, CommandError>,
 ) -> Result<T, CommandError> {
@@ -110,16 +134,4 @@ pub async fn atomically<T>(
             Err(e)
         }
     }
-}
-
-/// A command's write: [`retrying`] (keyed `key`) a fresh copy of `work` in a fresh transaction
-/// per attempt, committed on success and rolled back at once on failure ([`atomically`]), so a
-/// lost race decides again on fresh facts. `work` is cloned rather than borrowed per attempt:
-/// a borrowed async closure's future is not provably `Send` (the API and `tokio::spawn` need it).
-pub async fn transaction<T>(
-    ctx: &Ctx,
-    key: &str,
-    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, CommandError> + Clone,
-) -> Result<T, CommandError> {
-    retrying(key, || atomically(ctx, work.clone())).await
 }

@@ -3,11 +3,10 @@
 
 use vps_domain::authz::AuthzSchema;
 use vps_domain::policy::{decide, PolicyCommand, PolicyPut, StoredPolicy};
-use vps_domain::DomainError;
 
 use crate::context::Ctx;
 use crate::error::CommandError;
-use crate::pipeline::{change, transaction};
+use crate::pipeline::{change_existing, transaction};
 
 /// Creates or replaces a policy; answers it as stored.
 pub async fn put(
@@ -35,13 +34,8 @@ async fn run(
     schema: &AuthzSchema,
 ) -> Result<StoredPolicy, CommandError> {
     transaction(ctx, id, async |tx| {
-        let after =
-            change::<StoredPolicy>(ctx, tx, id, None, |p| decide(p, command.clone(), schema))
-                .await?
-                .ok_or_else(|| DomainError::NotFound {
-                    what: format!("policy {id}"),
-                })?;
-        Ok(after)
+        change_existing::<StoredPolicy>(ctx, tx, id, None, |p| decide(p, command.clone(), schema))
+            .await
     })
     .await
 }

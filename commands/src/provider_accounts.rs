@@ -56,7 +56,6 @@ pub async fn create(
         create_in(ctx, tx, &input, &public, &secret).await
     })
     .await
-    .map(|view| view.expect("just created"))
 }
 
 async fn create_in(
@@ -65,14 +64,15 @@ async fn create_in(
     input: &CreateProviderAccount,
     public: &Value,
     secret: &Map<String, Value>,
-) -> Result<Option<ProviderAccountView>, CommandError> {
+) -> Result<ProviderAccountView, CommandError> {
     let name_taken = name_taken(tx, "provider_accounts", None, &input.name, None).await?;
     let id = new_id("pacct");
     let secret_ref = if secret.is_empty() {
         None
     } else {
         let reference = secret_ref(&id);
-        let sealed = serde_json::to_vec(secret).expect("a JSON map serialises");
+        // A `Value`'s text is its compact JSON, with no failure to handle.
+        let sealed = Value::Object(secret.clone()).to_string().into_bytes();
         secrets::seal(tx, &ctx.secrets, &reference, &id, &sealed).await?;
         Some(reference)
     };
@@ -85,7 +85,9 @@ async fn create_in(
     };
     let decided = domain::create(created, name_taken);
     change::<Account>(ctx, tx, &id, None, |_| decided).await?;
-    Ok(accounts::load(&mut *tx, &id).await?)
+    accounts::load(&mut *tx, &id)
+        .await?
+        .ok_or_else(|| CommandError::not_found(format!("provider account {id}")))
 }
 
 /// An account's whole configuration, its sealed credentials opened and merged back in, for

@@ -13,13 +13,13 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use tracing::Instrument;
 use vps_domain::volume::{
-    self as domain, charge, Admit, CreateVolume, ResizeFacts, Volume, VolumeFacts,
+    self as domain, charge, CreateVolume, ResizeFacts, Volume, VolumeEvent, VolumeFacts,
 };
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
+use crate::error::CommandError;
 use crate::instances::facts;
-use crate::pipeline::{commit, hold_or_conflict, load, record_events, transaction};
+use crate::pipeline::{hold_or_conflict, load, record_events, record_existing, transaction};
 use crate::record::new_id;
 
 pub use mounts::{attach, resolve_mounts};
@@ -79,47 +79,38 @@ pub async fn create(ctx: &Ctx, input: CreateVolumeInput) -> Result<Created, Comm
         owner_identity_id: ctx.actor.identity.clone(),
         allocation_id: String::new(),
     };
-    retrying(&id, || async {
+    transaction(ctx, &id, async |tx| {
         let c = CreateVolume {
             allocation_id: new_id("alloc"),
             ..request.clone()
         };
-        create_once(ctx, &c).await
+        create_in(ctx, tx, &c).await
     })
     .instrument(tracing::info_span!("volume_create", volume = %id))
     .await
 }
 
-async fn create_once(ctx: &Ctx, c: &CreateVolume) -> Result<Created, CommandError> {
-    let mut tx = ctx.pool.begin().await?;
-    let existing = load::<Volume>(&mut tx, &c.id).await?;
-    if existing.is_some() {
-        return match domain::admit(existing.as_ref(), c, &VolumeFacts::default())? {
-            Admit::Replay(v) => Ok(Created {
-                volume: *v,
-                new: false,
-            }),
-            Admit::New(_) => unreachable!("an existing volume is a replay or a conflict"),
-        };
+async fn create_in(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    c: &CreateVolume,
+) -> Result<Created, CommandError> {
+    if let Some(existing) = load::<Volume>(tx, &c.id).await? {
+        let volume = domain::replay(&existing, c)?;
+        return Ok(Created { volume, new: false });
     }
-    let facts = create_facts(&mut tx, c).await?;
-    let Admit::New(events) = domain::admit(None, c, &facts)? else {
-        unreachable!("no volume exists under this id");
-    };
-    let node = match events.first() {
-        Some(domain::VolumeEvent::Created(created)) => created.ids.node_id.clone(),
-        _ => unreachable!("a create records sandbox.volume.created"),
-    };
+    let facts = create_facts(tx, c).await?;
+    let created = domain::admit(c, &facts)?;
     // The node before the quota rows, the order instance admission takes them in: locked and
     // checked with the volume's booking on top before it is written.
     let booking = domain::disk(c.size_gib);
+    let node = created.ids.node_id.clone();
     let bookings = std::collections::BTreeMap::from([(node, vec![&booking])]);
-    facts::confirm_bookings(&mut tx, &bookings).await?;
-    let volume = record_events::<Volume>(ctx, &mut tx, &c.id, None, events, Some(&c.tenant_id))
-        .await?
-        .expect("a created volume");
-    facts::confirm_quota(&mut tx, &c.pool_id, &c.tenant_id, &charge(c.size_gib)).await?;
-    commit(ctx, tx).await?;
+    facts::confirm_bookings(tx, &bookings).await?;
+    let events = vec![VolumeEvent::Created(created)];
+    let volume =
+        record_existing::<Volume>(ctx, tx, &c.id, None, events, Some(&c.tenant_id)).await?;
+    facts::confirm_quota(tx, &c.pool_id, &c.tenant_id, &charge(c.size_gib)).await?;
     Ok(Created { volume, new: true })
 }
 
@@ -210,9 +201,9 @@ async fn resize_in(
     };
     let events = domain::resize(v, size_gib, &resize_facts)?;
     let growth = charge(size_gib - v.size_gib);
-    let after = record_events(ctx, tx, volume_id, Some(v), events, Some(tenant_id)).await?;
+    let after = record_existing(ctx, tx, volume_id, Some(v), events, Some(tenant_id)).await?;
     facts::confirm_quota(tx, &v.pool_id, &v.tenant_id, &growth).await?;
-    Ok(after.expect("a resized volume"))
+    Ok(after)
 }
 
 /// Deletes a volume: `deleting` at once (it leaves its node's spec); the booking and quota are
@@ -227,10 +218,7 @@ pub async fn delete(ctx: &Ctx, tenant_id: &str, volume_id: &str) -> Result<Volum
         let v = domain::visible(before.as_ref(), tenant_id, volume_id)?;
         let in_use = vps_projections::volumes::in_use(tx, volume_id).await?;
         let events = domain::delete(v, &in_use)?;
-        let after = record_events(ctx, tx, volume_id, Some(v), events, Some(tenant_id))
-            .await?
-            .expect("a volume");
-        Ok(after)
+        record_existing(ctx, tx, volume_id, Some(v), events, Some(tenant_id)).await
     })
     .instrument(tracing::info_span!("volume_delete", volume = %volume_id))
     .await
@@ -239,8 +227,7 @@ pub async fn delete(ctx: &Ctx, tenant_id: &str, volume_id: &str) -> Result<Volum
 /// Ends a deleting volume whose host let it go: `sandbox.volume.deleted` releases its booking
 /// and quota. Skips a volume another worker holds. Whether it released one.
 pub async fn release(ctx: &Ctx, volume_id: &str) -> Result<bool, CommandError> {
-    retrying(volume_id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    transaction(ctx, volume_id, async |tx| {
         let free: Option<String> = sqlx::query_scalar(
             "SELECT id FROM sandbox_volumes WHERE id = $1 AND state = 'deleting'
                 FOR UPDATE SKIP LOCKED",
@@ -248,21 +235,12 @@ pub async fn release(ctx: &Ctx, volume_id: &str) -> Result<bool, CommandError> {
         .bind(volume_id)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(v) = free.and(load::<Volume>(&mut tx, volume_id).await?) else {
+        let Some(v) = free.and(load::<Volume>(tx, volume_id).await?) else {
             return Ok(false);
         };
         let events = domain::release(&v);
         let released = !events.is_empty();
-        record_events(
-            ctx,
-            &mut tx,
-            volume_id,
-            Some(&v),
-            events,
-            Some(&v.tenant_id),
-        )
-        .await?;
-        commit(ctx, tx).await?;
+        record_events(ctx, tx, volume_id, Some(&v), events, Some(&v.tenant_id)).await?;
         Ok(released)
     })
     .instrument(tracing::info_span!("volume_release", volume = %volume_id))

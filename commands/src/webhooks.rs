@@ -157,9 +157,7 @@ async fn create_in(
         Some(WebhookEvent::Created(created)) => created.tenant_id.clone(),
         _ => None,
     };
-    let hook = pipeline::record_events(ctx, tx, &id, None, events, tenant.as_deref())
-        .await?
-        .ok_or_else(|| DomainError::invalid_state("webhook.created recorded nothing"))?;
+    let hook = pipeline::record_existing(ctx, tx, &id, None, events, tenant.as_deref()).await?;
     secrets::seal(tx, &ctx.secrets, &secret_ref(&id), &id, secret.0.as_bytes()).await?;
     Ok(hook)
 }

@@ -505,45 +505,27 @@ pub struct CreateSandbox {
     pub labels: Labels,
 }
 
-/// What a create finds before it admits anything.
-#[derive(Debug)]
-pub enum Admit {
-    /// The key already made this sandbox: answer it.
-    Replay(Box<Sandbox>),
-    /// Admit a new sandbox with this lifetime.
-    New {
-        /// Seconds to live from admission.
-        ttl_seconds: u64,
-    },
+/// Answers a create whose key already made `existing`: that sandbox when the request is the
+/// same, `CONFLICT` when it differs.
+pub fn replay(existing: &Sandbox, c: &CreateSandbox) -> Result<Sandbox, DomainError> {
+    check_key(c)?;
+    if existing.request_hash == c.request_hash {
+        return Ok(existing.clone());
+    }
+    Err(DomainError::conflict(
+        format!(
+            "idempotency key already used for a different request (sandbox {})",
+            existing.id
+        ),
+        "sandboxId",
+        existing.id.clone(),
+    ))
 }
 
-/// Checks a create against the sandbox its key may already have made and the template's
-/// lifetime bounds (`default_ttl`, `max_ttl`).
-pub fn admit(
-    existing: Option<&Sandbox>,
-    c: &CreateSandbox,
-    default_ttl: u64,
-    max_ttl: u64,
-) -> Result<Admit, DomainError> {
-    if c.idempotency_key.trim().is_empty() || c.idempotency_key.len() > MAX_IDEMPOTENCY_KEY {
-        return Err(DomainError::invalid_input(
-            "idempotencyKey",
-            format!("1 to {MAX_IDEMPOTENCY_KEY} characters"),
-        ));
-    }
-    if let Some(s) = existing {
-        if s.request_hash == c.request_hash {
-            return Ok(Admit::Replay(Box::new(s.clone())));
-        }
-        return Err(DomainError::conflict(
-            format!(
-                "idempotency key already used for a different request (sandbox {})",
-                s.id
-            ),
-            "sandboxId",
-            s.id.clone(),
-        ));
-    }
+/// Checks a create that makes a new sandbox (its key made none yet) against the template's
+/// lifetime bounds (`default_ttl`, `max_ttl`); answers the seconds it lives from admission.
+pub fn admit(c: &CreateSandbox, default_ttl: u64, max_ttl: u64) -> Result<u64, DomainError> {
+    check_key(c)?;
     crate::labels::check("labels", &c.labels)?;
     let ttl_seconds = c.ttl_seconds.unwrap_or(default_ttl);
     if ttl_seconds == 0 || ttl_seconds > max_ttl {
@@ -552,7 +534,17 @@ pub fn admit(
             format!("1 to the template's maxTtlSeconds ({max_ttl})"),
         ));
     }
-    Ok(Admit::New { ttl_seconds })
+    Ok(ttl_seconds)
+}
+
+fn check_key(c: &CreateSandbox) -> Result<(), DomainError> {
+    if c.idempotency_key.trim().is_empty() || c.idempotency_key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(DomainError::invalid_input(
+            "idempotencyKey",
+            format!("1 to {MAX_IDEMPOTENCY_KEY} characters"),
+        ));
+    }
+    Ok(())
 }
 
 /// The `sandbox.created` event of an admitted create.

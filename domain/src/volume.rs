@@ -262,41 +262,27 @@ pub struct VolumeFacts {
     pub nodes: Vec<NodeCandidate>,
 }
 
-/// What a create decided.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Admit {
-    /// The key already made this volume: answer it.
-    Replay(Box<Volume>),
-    /// A new volume: record these events.
-    New(Vec<VolumeEvent>),
+/// Answers a create whose key already made `existing`: that volume when the request is the
+/// same, `CONFLICT` when it differs.
+pub fn replay(existing: &Volume, c: &CreateVolume) -> Result<Volume, DomainError> {
+    check_key(c)?;
+    if existing.request_hash == c.request_hash {
+        return Ok(existing.clone());
+    }
+    Err(DomainError::conflict(
+        format!(
+            "idempotency key already used for a different request (volume {})",
+            existing.id
+        ),
+        "volumeId",
+        existing.id.clone(),
+    ))
 }
 
-/// Decides a create against the volume its key may already have made (`existing`; a replay
-/// needs no other facts) and what the pool, quota and nodes say.
-pub fn admit(
-    existing: Option<&Volume>,
-    c: &CreateVolume,
-    facts: &VolumeFacts,
-) -> Result<Admit, DomainError> {
-    if c.idempotency_key.trim().is_empty() || c.idempotency_key.len() > MAX_IDEMPOTENCY_KEY {
-        return Err(DomainError::invalid_input(
-            "idempotencyKey",
-            format!("1 to {MAX_IDEMPOTENCY_KEY} characters"),
-        ));
-    }
-    if let Some(v) = existing {
-        if v.request_hash == c.request_hash {
-            return Ok(Admit::Replay(Box::new(v.clone())));
-        }
-        return Err(DomainError::conflict(
-            format!(
-                "idempotency key already used for a different request (volume {})",
-                v.id
-            ),
-            "volumeId",
-            v.id.clone(),
-        ));
-    }
+/// Decides a create that makes a new volume (its key made none yet) on what the pool, quota
+/// and nodes say: the `sandbox.volume.created` to record, naming the node it books.
+pub fn admit(c: &CreateVolume, facts: &VolumeFacts) -> Result<VolumeCreated, DomainError> {
+    check_key(c)?;
     crate::operator::check_name("name", &c.name)?;
     check_size(c.size_gib)?;
     let pool = facts.pool.as_ref().ok_or_else(|| DomainError::NotFound {
@@ -317,7 +303,7 @@ pub fn admit(
     }
     check(&facts.quota_max, &facts.quota_used, &charge(c.size_gib))?;
     let node_id = place(&facts.nodes, &pool.runtime, c.size_gib)?;
-    Ok(Admit::New(vec![VolumeEvent::Created(VolumeCreated {
+    Ok(VolumeCreated {
         ids: VolumeIds {
             volume_id: c.id.clone(),
             tenant_id: c.tenant_id.clone(),
@@ -331,7 +317,17 @@ pub fn admit(
         owner_identity_id: c.owner_identity_id.clone(),
         idempotency_key: c.idempotency_key.clone(),
         request_hash: c.request_hash.clone(),
-    })]))
+    })
+}
+
+fn check_key(c: &CreateVolume) -> Result<(), DomainError> {
+    if c.idempotency_key.trim().is_empty() || c.idempotency_key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(DomainError::invalid_input(
+            "idempotencyKey",
+            format!("1 to {MAX_IDEMPOTENCY_KEY} characters"),
+        ));
+    }
+    Ok(())
 }
 
 /// `sizeGiB` is 1 to [`MAX_SIZE_GIB`].

@@ -21,7 +21,7 @@ use sqlx::PgConnection;
 use tracing::Instrument;
 use vps_commands::instances::facts::lock_instance;
 use vps_commands::instances::{confirm_placement, placement};
-use vps_commands::pipeline::{apply_commands, commit};
+use vps_commands::pipeline::{apply_commands, transaction};
 use vps_commands::{CommandError, Ctx};
 use vps_domain::instance::{Instance, InstanceCommand, PoolKind};
 use vps_domain::state_table::InstanceState;
@@ -46,20 +46,17 @@ pub fn wants_pass(inst: &Instance, now: DateTime<Utc>, timings: &Timings) -> boo
     inst.pool_kind == PoolKind::Provider || step::wants_pass(inst, now, timings)
 }
 
-/// One reconcile pass over an instance (looked at and decided again if another writer got
-/// there first).
+/// One reconcile pass over an instance, from a fresh look.
 pub async fn reconcile(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
-    vps_commands::error::retrying(&item.key, || async {
-        let mut conn = ctx.pool.acquire().await?;
-        let looked = vps_projections::instances::load(&mut conn, &item.key).await?;
-        drop(conn);
-        pass(ctx, timings, item, looked.as_ref()).await
-    })
-    .await
+    let mut conn = ctx.pool.acquire().await?;
+    let looked = vps_projections::instances::load(&mut conn, &item.key).await?;
+    drop(conn);
+    pass(ctx, timings, item, looked.as_ref()).await
 }
 
 /// [`reconcile`] on a look already taken: a batch looks at all its instances with one read.
-/// A pass that lost a race to another writer starts over from a fresh look.
+/// A pass that records a command and loses a race to another writer decides again on the
+/// fresh locked row ([`act`]).
 ///
 /// The look is read without locks: most passes find an instance that needs nothing, and a row
 /// lock is written to the WAL, so even a pass that records nothing would wait on a flush at its
@@ -71,10 +68,7 @@ pub async fn reconcile_looked(
     item: &Taken,
     looked: Option<&Instance>,
 ) -> Result<Pass, CommandError> {
-    match pass(ctx, timings, item, looked).await {
-        Err(e) if e.is_retryable() => reconcile(ctx, timings, item).await,
-        other => other,
-    }
+    pass(ctx, timings, item, looked).await
 }
 
 async fn pass(
@@ -107,25 +101,28 @@ async fn pass(
     }
 }
 
-/// A pass that records a command: decided again on the instance's locked row.
+/// A pass that records a command: decided again on the instance's locked row, and again
+/// after a lost race.
 async fn act(ctx: &Ctx, timings: &Timings, item: &Taken) -> Result<Pass, CommandError> {
-    let now = ctx.clock.now();
-    let mut tx = ctx.pool.begin().await?;
-    // Rows before streams, like host reports: the two never wait for each other in a circle.
-    let Some(inst) = lock_instance(&mut tx, &item.key).await? else {
-        return Ok(Next::WhenWoken.into());
-    };
-    let facts = hosted_facts(&mut tx, &inst, now, timings).await?;
-    let (command, next) = step(&inst, facts, now, timings);
-    if let Some(command) = command {
-        let placing = matches!(command, InstanceCommand::Place(_));
-        let after = apply_commands(ctx, &mut tx, &inst, &[command], now).await?;
-        if let Some(placed) = after.filter(|_| placing) {
-            confirm_placement(&mut tx, &placed).await?;
+    transaction(ctx, &item.key, async |tx| {
+        let now = ctx.clock.now();
+        // Rows before streams, like host reports: the two never wait for each other in a
+        // circle.
+        let Some(inst) = lock_instance(tx, &item.key).await? else {
+            return Ok(Next::WhenWoken.into());
+        };
+        let facts = hosted_facts(tx, &inst, now, timings).await?;
+        let (command, next) = step(&inst, facts, now, timings);
+        if let Some(command) = command {
+            let placing = matches!(command, InstanceCommand::Place(_));
+            let after = apply_commands(ctx, tx, &inst, &[command], now).await?;
+            if let Some(placed) = after.filter(|_| placing) {
+                confirm_placement(tx, &placed).await?;
+            }
         }
-    }
-    commit(ctx, tx).await?;
-    Ok(next.into())
+        Ok(next.into())
+    })
+    .await
 }
 
 /// Reads what [`step`] needs to decide about a hosted instance, and only that: the pool's

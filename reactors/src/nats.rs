@@ -213,8 +213,8 @@ async fn pass(
                 break;
             }
         }
-        if in_flight.len() >= PIPELINE {
-            let (event, pending) = in_flight.pop_front().expect("not empty");
+        let full = in_flight.len() >= PIPELINE;
+        if let Some((event, pending)) = in_flight.pop_front_if(|_| full) {
             if let Err(e) = sink.confirm(event, pending).await {
                 result = Err(e);
                 in_flight.clear();

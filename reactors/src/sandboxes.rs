@@ -1,24 +1,36 @@
 //! The sandbox reconciler (SPEC §3.8): one worker across replicas, a pass every `sandbox_pass`
 //! and when woken. A pass warns sandboxes about to expire (once per expiry), expires at most
-//! [`EXPIRE_PER_PASS`] whose time has come (`SKIP LOCKED`), settles `ready` and `deleted`
-//! where the instance path's own stamps did not, releases deleted volumes whose host let them
-//! go ([`crate::volumes`]), keeps every template's warm pool, fails snapshots whose host
-//! command never settled (`snapshot_timeout`), and removes deleted snapshots' objects from the
-//! store once nothing can still need them.
+//! [`EXPIRE_PER_PASS`] whose time has come (`SKIP LOCKED`), fails those past a transitional
+//! state's deadline, settles `ready`, `paused` and `deleted` where the instance path's own
+//! stamps did not, releases deleted volumes whose host let them go ([`crate::volumes`]), keeps
+//! every template's warm pool, fails snapshots whose host command never settled
+//! (`snapshot_timeout`), and removes deleted snapshots' objects from the store once nothing can
+//! still need them.
+//!
+//! The per-sandbox work has the instance reconciler's shape: the pass reads the candidate
+//! sandboxes with their instances' states ([`Look`]), the pure [`step`] decides what each is
+//! due, and the `lifecycle` commands record it, each deciding again on the locked row. The
+//! instance waker asks [`wants_pass`] whether a sandbox's instance change gives a pass work.
+
+mod step;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::TimeDelta;
+use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use tokio::sync::watch;
 use tracing::Instrument;
 use vps_commands::sandboxes::{lifecycle, snapshots, warm};
 use vps_commands::{CommandError, Ctx};
+use vps_domain::sandbox::Sandbox;
+use vps_domain::state_table::InstanceState;
 use vps_domain::template::Template;
 use vps_store::SnapshotStore;
 
+use self::step::{deadlines, delta, expiry_leads};
+pub use self::step::{step, wants_pass, Action, Look};
 use crate::timings::Timings;
 
 /// The lease that keeps the reconciler on one replica.
@@ -130,12 +142,23 @@ async fn pass_seen(
     store: &SnapshotStore,
     seen: &WarmSeries,
 ) -> Result<bool, CommandError> {
-    expiries(ctx, timings).await?;
-    deadlines(ctx, timings).await?;
-    fallbacks(ctx).await?;
+    let now = ctx.clock.now();
+    let looks = looks(ctx, now, timings).await?;
+    let mut due: Vec<(Action, &Sandbox)> = looks
+        .iter()
+        .flat_map(|look| {
+            let s = &look.sandbox;
+            step(look, now, timings).into_iter().map(move |a| (a, s))
+        })
+        .collect();
+    // The expiries first, the most overdue of them first; then deadlines; then fallbacks.
+    due.sort_by(|(a, s), (b, t)| (a, s.expires_at).cmp(&(b, t.expires_at)));
+    for (action, s) in due {
+        act(ctx, action, &s.id, now, timings).await?;
+    }
     crate::volumes::release_deleted(ctx).await?;
     let changed = warm_pools(ctx, seen).await?;
-    snapshot_timeouts(ctx, timings).await?;
+    snapshot_timeouts(ctx, now, timings).await?;
     purges(ctx, store).await?;
     Ok(changed)
 }
@@ -144,8 +167,12 @@ async fn pass_seen(
 const SNAPSHOTS_PER_PASS: i64 = 100;
 
 /// Fails the snapshots whose host command has run longer than `snapshot_timeout`.
-async fn snapshot_timeouts(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
-    let before = ctx.clock.now() - delta(timings.snapshot_timeout);
+async fn snapshot_timeouts(
+    ctx: &Ctx,
+    now: DateTime<Utc>,
+    timings: &Timings,
+) -> Result<(), CommandError> {
+    let before = now - delta(timings.snapshot_timeout);
     let mut conn = ctx.pool.acquire().await?;
     let overdue = snapshots::overdue(&mut conn, before, SNAPSHOTS_PER_PASS).await?;
     drop(conn);
@@ -177,85 +204,96 @@ async fn purges(ctx: &Ctx, store: &SnapshotStore) -> Result<(), CommandError> {
     Ok(())
 }
 
-async fn expiries(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
-    let now = ctx.clock.now();
-    let expiry = lifecycle::ExpiryTimings {
-        lead: delta(timings.sandbox_expiring_lead),
-        min_lead: delta(timings.sandbox_expiring_min_lead),
-    };
-    let horizon = now + expiry.lead.max(expiry.min_lead);
-    // The expired first (at most a pass's worth), then those to warn.
-    let due: Vec<String> = sqlx::query_scalar(
-        "(SELECT id FROM sandboxes WHERE state IN ('starting', 'ready', 'failed', 'pausing', 'paused', 'resuming') AND expires_at <= $1
-           ORDER BY expires_at LIMIT $3)
-         UNION ALL
-         (SELECT id FROM sandboxes WHERE state IN ('starting', 'ready', 'failed', 'pausing', 'paused', 'resuming')
-             AND expires_at > $1 AND expires_at <= $2 AND NOT (doc->>'expiringSent')::boolean
-           ORDER BY expires_at LIMIT $3)",
+/// Records one sandbox's due `action` at `now`.
+async fn act(
+    ctx: &Ctx,
+    action: Action,
+    id: &str,
+    now: DateTime<Utc>,
+    timings: &Timings,
+) -> Result<(), CommandError> {
+    match action {
+        Action::Expire => {
+            let (lead, min_lead) = expiry_leads(timings);
+            let expiry = lifecycle::ExpiryTimings { lead, min_lead };
+            if let Some(lag) = lifecycle::expire(ctx, id, now, expiry).await? {
+                let seconds = lag.num_milliseconds() as f64 / 1e3;
+                metrics::histogram!("vps_sandbox_expiry_lag_seconds").record(seconds);
+                tracing::info!(sandbox = %id, lag_seconds = seconds, "sandbox expired");
+            }
+        }
+        Action::FailPastDeadline => {
+            let d = deadlines(timings);
+            if let Some(reason) = lifecycle::enforce_deadline(ctx, id, now, d).await? {
+                metrics::counter!("vps_sandbox_deadlines_total").increment(1);
+                tracing::warn!(sandbox = %id, %reason, "sandbox failed past its deadline");
+            }
+        }
+        Action::Settle => lifecycle::settle(ctx, id).await?,
+    }
+    Ok(())
+}
+
+/// The sandboxes a pass at `now` may have work for, with their instances' states: those past
+/// their expiry (at most [`EXPIRE_PER_PASS`], the most overdue first) or within the longest
+/// warning lead and not warned, those in `starting`, `pausing` or `resuming` past its deadline
+/// (at most [`EXPIRE_PER_PASS`]), and those whose instance moved where they did not follow
+/// (at most 100). The bounds only narrow the read: [`step`] decides.
+async fn looks(
+    ctx: &Ctx,
+    now: DateTime<Utc>,
+    timings: &Timings,
+) -> Result<Vec<Look>, CommandError> {
+    let (lead, min_lead) = expiry_leads(timings);
+    let horizon = now + lead.max(min_lead);
+    let d = deadlines(timings);
+    let rows: Vec<(Json<Sandbox>, Option<String>)> = sqlx::query_as(
+        "SELECT s.doc, i.state FROM sandboxes s LEFT JOIN instances i ON i.id = s.instance_id
+          WHERE s.id IN (
+             (SELECT id FROM sandboxes
+               WHERE state IN ('starting', 'ready', 'failed', 'pausing', 'paused', 'resuming')
+                 AND expires_at <= $1
+               ORDER BY expires_at LIMIT $3)
+             UNION
+             (SELECT id FROM sandboxes
+               WHERE state IN ('starting', 'ready', 'failed', 'pausing', 'paused', 'resuming')
+                 AND expires_at > $1 AND expires_at <= $2 AND NOT (doc->>'expiringSent')::boolean
+               ORDER BY expires_at LIMIT $3)
+             UNION
+             (SELECT id FROM sandboxes
+               WHERE state IN ('starting', 'pausing', 'resuming')
+                 AND COALESCE((doc->>'stateSince')::timestamptz, created_at) <= CASE state
+                       WHEN 'starting' THEN $4 WHEN 'pausing' THEN $5 ELSE $6 END
+               LIMIT $3)
+             UNION
+             (SELECT s.id FROM sandboxes s LEFT JOIN instances i ON i.id = s.instance_id
+               WHERE (s.state IN ('starting', 'resuming') AND i.state = 'running')
+                  OR (s.state = 'pausing' AND i.state = 'paused')
+                  OR (s.state <> 'deleted' AND (i.id IS NULL OR i.state = 'deleted')
+                      AND NOT (s.state = 'failed' AND s.doc->>'reason' LIKE 'deadline:%'))
+               LIMIT 100))",
     )
     .bind(now)
     .bind(horizon)
     .bind(EXPIRE_PER_PASS)
-    .fetch_all(&ctx.pool)
-    .await?;
-    for id in due {
-        if let Some(lag) = lifecycle::expire(ctx, &id, ctx.clock.now(), expiry).await? {
-            let seconds = lag.num_milliseconds() as f64 / 1e3;
-            metrics::histogram!("vps_sandbox_expiry_lag_seconds").record(seconds);
-            tracing::info!(sandbox = %id, lag_seconds = seconds, "sandbox expired");
-        }
-    }
-    Ok(())
-}
-
-/// Fails the sandboxes that stood in a transitional state past its `[timings]
-/// deadline_sandbox_<state>` and releases their instances (at most [`EXPIRE_PER_PASS`]).
-async fn deadlines(ctx: &Ctx, timings: &Timings) -> Result<(), CommandError> {
-    let now = ctx.clock.now();
-    let d = vps_domain::sandbox::Deadlines {
-        starting: delta(timings.deadline_sandbox_starting),
-        pausing: delta(timings.deadline_sandbox_pausing),
-        resuming: delta(timings.deadline_sandbox_resuming),
-    };
-    let due: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM sandboxes
-          WHERE state IN ('starting', 'pausing', 'resuming')
-            AND COALESCE((doc->>'stateSince')::timestamptz, created_at) <= CASE state
-                  WHEN 'starting' THEN $1 WHEN 'pausing' THEN $2 ELSE $3 END
-          LIMIT $4",
-    )
     .bind(now - d.starting)
     .bind(now - d.pausing)
     .bind(now - d.resuming)
-    .bind(EXPIRE_PER_PASS)
     .fetch_all(&ctx.pool)
     .await?;
-    for id in due {
-        if let Some(reason) = lifecycle::enforce_deadline(ctx, &id, ctx.clock.now(), d).await? {
-            metrics::counter!("vps_sandbox_deadlines_total").increment(1);
-            tracing::warn!(sandbox = %id, %reason, "sandbox failed past its deadline");
-        }
-    }
-    Ok(())
+    Ok(rows
+        .into_iter()
+        .map(|(Json(sandbox), instance)| Look {
+            sandbox,
+            instance: instance.map(instance_state),
+        })
+        .collect())
 }
 
-/// Sandboxes whose instance runs but that are not `ready`, pausing ones whose instance is
-/// paused, or whose instance is gone.
-async fn fallbacks(ctx: &Ctx) -> Result<(), CommandError> {
-    let stale: Vec<String> = sqlx::query_scalar(
-        "SELECT s.id FROM sandboxes s LEFT JOIN instances i ON i.id = s.instance_id
-          WHERE (s.state IN ('starting', 'resuming') AND i.state = 'running')
-             OR (s.state = 'pausing' AND i.state = 'paused')
-             OR (s.state <> 'deleted' AND (i.id IS NULL OR i.state = 'deleted')
-                 AND NOT (s.state = 'failed' AND s.doc->>'reason' LIKE 'deadline:%'))
-          LIMIT 100",
-    )
-    .fetch_all(&ctx.pool)
-    .await?;
-    for id in stale {
-        lifecycle::settle(ctx, &id).await?;
-    }
-    Ok(())
+/// An `instances.state` column; one this build does not know counts as `error` (a state a
+/// pass leaves alone).
+fn instance_state(column: String) -> InstanceState {
+    serde_json::from_value(serde_json::Value::String(column)).unwrap_or(InstanceState::Error)
 }
 
 /// Every template with a warm pool, and every template (deleted ones too) that still has warm
@@ -322,8 +360,4 @@ async fn warm_gauges(ctx: &Ctx, seen: &WarmSeries) -> Result<(), CommandError> {
             .set(n as f64);
     }
     Ok(())
-}
-
-fn delta(d: Duration) -> TimeDelta {
-    TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
 }

@@ -1,12 +1,20 @@
 //! Turns the log into reconciler work: an instance event wakes its instance when a pass could
-//! do something for it (`instances::wants_pass`, read on the instance as it is now); every
-//! event that frees or adds capacity in a pool wakes the pool's unschedulable instances at once.
+//! do something for it (`instances::wants_pass`, read on the instance as it is now), and this
+//! process's sandbox reconciler when a pass could do something for the instance's sandbox
+//! (`sandboxes::wants_pass`); every event that frees or adds capacity in a pool wakes the
+//! pool's unschedulable instances at once.
 //!
 //! An instance left alone is one whose next change wakes it: the waker reads every later event,
 //! and the instance it reads is at least as new as the event that named it.
 
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
 use sqlx::{PgPool, Row};
 use vps_commands::Ctx;
+use vps_domain::instance::Instance;
+use vps_domain::sandbox::Sandbox;
 use vps_events::{Cursor, Follower, RecordedEvent};
 use vps_projections::ProjectionError;
 
@@ -64,8 +72,17 @@ async fn wake(
         .filter(|e| e.event_type.starts_with("instance.") && e.event_type != "instance.orphaned")
         .filter_map(|e| e.data["instanceId"].as_str().map(str::to_string))
         .collect();
+    let looked = look_at(&ctx.pool, &named).await?;
     let now = ctx.clock.now();
-    let mut instances = wanting_pass(&ctx.pool, named, now, timings).await?;
+    wake_sandboxes(ctx, &looked, now, timings).await?;
+    let mut instances: Vec<String> = named
+        .into_iter()
+        .filter(|id| {
+            looked
+                .get(id)
+                .is_some_and(|inst| crate::instances::wants_pass(inst, now, timings))
+        })
+        .collect();
     if instances.is_empty() && !batch.iter().any(frees_capacity) {
         // Nothing to wake: no commit, which would hold back every follower's reads.
         return Ok(follower.pass_over(last).await?);
@@ -95,24 +112,47 @@ async fn wake(
     Ok(())
 }
 
-/// Those of `ids` whose instance, as it is now, wants a pass at `now`.
-async fn wanting_pass(
+/// The instances `ids` name, as they are now.
+async fn look_at(
     pool: &PgPool,
-    mut ids: Vec<String>,
-    now: chrono::DateTime<chrono::Utc>,
-    timings: &Timings,
-) -> Result<Vec<String>, ProjectionError> {
+    ids: &[String],
+) -> Result<HashMap<String, Instance>, ProjectionError> {
     if ids.is_empty() {
-        return Ok(ids);
+        return Ok(HashMap::new());
     }
     let mut conn = pool.acquire().await?;
-    let looked = vps_projections::instances::load_many(&mut conn, &ids).await?;
-    ids.retain(|id| {
-        looked
-            .get(id)
-            .is_some_and(|inst| crate::instances::wants_pass(inst, now, timings))
+    vps_projections::instances::load_many(&mut conn, ids).await
+}
+
+/// Wakes this server's sandbox reconciler when the sandbox an instance of `looked` drives, as
+/// it is now, gives a pass something to do (the instance path's own stamps missed it). A
+/// reconciler on another replica finds it on its next periodic pass.
+async fn wake_sandboxes(
+    ctx: &Ctx,
+    looked: &HashMap<String, Instance>,
+    now: DateTime<Utc>,
+    timings: &Timings,
+) -> Result<(), ProjectionError> {
+    let ids: Vec<&str> = looked
+        .values()
+        .filter_map(|inst| inst.sandbox_id.as_deref())
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let sandboxes: Vec<Json<Sandbox>> =
+        sqlx::query_scalar("SELECT doc FROM sandboxes WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&ctx.pool)
+            .await?;
+    let wanted = sandboxes.into_iter().any(|Json(sandbox)| {
+        let instance = looked.get(&sandbox.instance_id).map(|inst| inst.state);
+        crate::sandboxes::wants_pass(&crate::sandboxes::Look { sandbox, instance }, now, timings)
     });
-    Ok(ids)
+    if wanted {
+        crate::sandboxes::wake(ctx);
+    }
+    Ok(())
 }
 
 fn frees_capacity(event: &RecordedEvent) -> bool {

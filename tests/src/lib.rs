@@ -224,9 +224,13 @@ impl TestServer {
     pub async fn replica(&self) -> RunningServer {
         let mut config = (*self.server.state.config).clone();
         config.http.listen = "127.0.0.1:0".into();
-        vps_api::server::start_with_clock(config, self.server.state.pool.clone(), self.clock.clock())
-            .await
-            .expect("replica starts")
+        vps_api::server::start_with_clock(
+            config,
+            self.server.state.pool.clone(),
+            self.clock.clock(),
+        )
+        .await
+        .expect("replica starts")
     }
 
     /// Registers a 16 vCPU / 64 GiB node in `pool_id`; returns its id and token.

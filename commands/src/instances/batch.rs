@@ -44,6 +44,7 @@ use crate::error::CommandError;
 use crate::pipeline::commit;
 use crate::record::new_id;
 use crate::secrets;
+use crate::stream::fold_onto;
 
 /// The most creates one batch admits.
 pub const MAX_BATCH: usize = 128;
@@ -346,14 +347,11 @@ fn answers(
         .map(|d| match d {
             Decided::Answer(answer) => Ok(*answer),
             Decided::Record(events) => {
-                let run = runs.next().expect("a run per new instance");
-                let mut state = None;
-                for (event, recorded) in events.iter().zip(run.iter()) {
-                    let next = domain::evolve(state, event, recorded.recorded_at)
-                        .map_err(|e| DomainError::invalid_state(e.to_string()))?;
-                    state = Some(next);
-                }
-                Ok(Ok(state.expect("a new instance has events")))
+                let id = events.first().map_or("", |e| e.instance_id());
+                // `record` cut one run per new instance: a missing run folds to NOT_FOUND.
+                let run = runs.next().copied().unwrap_or_default();
+                let times = run.iter().map(|r| r.recorded_at);
+                fold_onto::<Instance>(id, None, events.iter().zip(times)).map(Ok)
             }
         })
         .collect()

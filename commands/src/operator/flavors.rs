@@ -71,7 +71,7 @@ pub async fn archive_flavor(ctx: &Ctx, flavor_id: &str) -> Result<FlavorView, Co
 }
 
 async fn view(tx: &mut sqlx::PgConnection, id: &str) -> Result<FlavorView, CommandError> {
-    Ok(views::flavor(&mut *tx, id)
+    views::flavor(&mut *tx, id)
         .await?
-        .expect("the flavor exists"))
+        .ok_or_else(|| CommandError::not_found(format!("flavor {id}")))
 }

@@ -44,10 +44,11 @@ pub async fn register_image(ctx: &Ctx, input: RegisterImage) -> Result<ImageView
     transaction(ctx, &input.image_id, async |tx| {
         let decided = Ok(events.clone());
         change::<Image>(ctx, tx, &input.image_id, tenant, |_| decided).await?;
-        Ok(views::image(&mut *tx, &input.image_id).await?)
+        views::image(&mut *tx, &input.image_id)
+            .await?
+            .ok_or_else(|| CommandError::not_found(format!("image {}", input.image_id)))
     })
     .await
-    .map(|answer| answer.expect("the image exists"))
 }
 
 /// Deletes an image (instances already created from it keep running).

@@ -79,10 +79,9 @@ pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<RegisteredN
         let command = NodeCommand::Register(Box::new(register));
         change::<Node>(ctx, tx, &id, None, |n| decide(n, &command)).await?;
         store_token(tx, &id, &token).await?;
-        Ok(views::node(&mut *tx, &id).await?)
+        view(tx, &id).await
     })
-    .await?
-    .expect("the node exists");
+    .await?;
     Ok(RegisteredNode {
         node,
         node_token: token,
@@ -143,9 +142,13 @@ pub async fn set_cordon(ctx: &Ctx, node_id: &str, cordon: bool) -> Result<NodeVi
     };
     transaction(ctx, node_id, async |tx| {
         change::<Node>(ctx, tx, node_id, None, |n| decide(n, &command)).await?;
-        let node = views::node(&mut *tx, node_id).await?;
-        let answer = node.expect("the node exists");
-        Ok(answer)
+        view(tx, node_id).await
     })
     .await
+}
+
+async fn view(tx: &mut sqlx::PgConnection, node_id: &str) -> Result<NodeView, CommandError> {
+    views::node(&mut *tx, node_id)
+        .await?
+        .ok_or_else(|| CommandError::not_found(format!("node {node_id}")))
 }

@@ -166,7 +166,7 @@ pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<PoolView, Comman
 }
 
 async fn view(tx: &mut sqlx::PgConnection, pool_id: &str) -> Result<PoolView, CommandError> {
-    Ok(views::pool(&mut *tx, pool_id)
+    views::pool(&mut *tx, pool_id)
         .await?
-        .expect("the pool exists"))
+        .ok_or_else(|| CommandError::not_found(format!("pool {pool_id}")))
 }

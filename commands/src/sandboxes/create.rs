@@ -6,15 +6,16 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use vps_domain::authz::SandboxDraft;
 use vps_domain::instance::Instance;
-use vps_domain::sandbox::{self as domain, Admit, CreateSandbox, Lifecycle, OnTimeout, Sandbox};
+use vps_domain::sandbox::{self as domain, CreateSandbox, Lifecycle, OnTimeout, Sandbox};
 use vps_domain::state_table::DesiredState;
 use vps_domain::template::{self, Template};
 use vps_domain::DomainError;
+use vps_projections::node_specs::Moved;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
+use crate::error::CommandError;
 use crate::instances::{admit_in, Origin};
-use crate::pipeline::{commit, load, record_events};
+use crate::pipeline::{load, record_existing, transaction};
 
 use super::template_instance::{instance_input, origin};
 
@@ -89,26 +90,35 @@ pub async fn create(
         on_timeout: input.on_timeout,
         labels: input.labels.clone().unwrap_or_default(),
     };
-    retrying(&id, || create_once(ctx, &request, policy)).await
+    let (created, moved) = transaction(ctx, &id, async |tx| {
+        create_in(ctx, tx, &request, policy).await
+    })
+    .await?;
+    if let Some(moved) = moved {
+        vps_projections::spec_signals::announce(&ctx.notifier, &ctx.spec_signals, &moved);
+    }
+    Ok(created)
 }
 
-async fn create_once(
+/// The create in `tx`: a replay of the sandbox the key already made, or a new one with the
+/// node spec a warm claim moved (announced once committed).
+async fn create_in(
     ctx: &Ctx,
+    tx: &mut PgConnection,
     c: &CreateSandbox,
     policy: Policy<'_>,
-) -> Result<Created, CommandError> {
-    let mut tx = ctx.pool.begin().await?;
-    let existing = load::<Sandbox>(&mut tx, &c.id).await?;
-    if existing.is_some() {
-        return match domain::admit(existing.as_ref(), c, 0, 0)? {
-            Admit::Replay(s) => Ok(Created {
-                sandbox: *s,
+) -> Result<(Created, Option<Moved>), CommandError> {
+    if let Some(existing) = load::<Sandbox>(tx, &c.id).await? {
+        let sandbox = domain::replay(&existing, c)?;
+        return Ok((
+            Created {
+                sandbox,
                 new: false,
-            }),
-            Admit::New { .. } => unreachable!("an existing sandbox is a replay or a conflict"),
-        };
+            },
+            None,
+        ));
     }
-    let stored = super::template(&mut tx, &c.template_id).await?;
+    let stored = super::template(tx, &c.template_id).await?;
     let t = template::live(stored.as_ref(), &c.tenant_id, &c.template_id)?;
     let on_timeout = c.on_timeout.unwrap_or(t.spec.on_timeout);
     if on_timeout == OnTimeout::Pause && !template::can_pause(&t.runtime) {
@@ -125,14 +135,10 @@ async fn create_once(
         on_timeout: Some(on_timeout),
         ..c.clone()
     };
-    let Admit::New { ttl_seconds } =
-        domain::admit(None, c, t.spec.default_ttl_seconds, t.spec.max_ttl_seconds)?
-    else {
-        unreachable!("no sandbox exists under this id");
-    };
+    let ttl_seconds = domain::admit(c, t.spec.default_ttl_seconds, t.spec.max_ttl_seconds)?;
     // The flavor as this transaction reads it: an archived or missing one is refused, never
     // decided without its shape.
-    let shape = crate::instances::facts::flavor_shape(&mut tx, &t.pool_id, &t.spec.flavor)
+    let shape = crate::instances::facts::flavor_shape(tx, &t.pool_id, &t.spec.flavor)
         .await?
         .ok_or_else(|| DomainError::NotFound {
             what: format!("flavor {}", t.spec.flavor),
@@ -151,18 +157,17 @@ async fn create_once(
     // A restore boots its snapshot: it never claims a warm instance.
     let restore = match &c.from_snapshot {
         Some(snap) => Some(
-            super::snapshots::restore_from(ctx, &mut tx, &c.tenant_id, snap, &t.id, &t.runtime)
-                .await?,
+            super::snapshots::restore_from(ctx, tx, &c.tenant_id, snap, &t.id, &t.runtime).await?,
         ),
         None => None,
     };
     let claimed = match restore {
         Some(_) => None,
-        None => super::warm::claim(ctx, &mut tx, t, &c.id).await?,
+        None => super::warm::claim(ctx, tx, t, &c.id).await?,
     };
     let (instance, moved) = match claimed {
         Some((claimed, moved)) => (claimed, Some(moved)),
-        None => (cold(ctx, &mut tx, t, &c.id, restore).await?, None),
+        None => (cold(ctx, tx, t, &c.id, restore).await?, None),
     };
     let warm = moved.is_some();
     let ids = Lifecycle {
@@ -174,14 +179,8 @@ async fn create_once(
     };
     let event = domain::created_event(c, ids, warm, ttl_seconds, ctx.clock.now());
     let sandbox =
-        record_events::<Sandbox>(ctx, &mut tx, &c.id, None, vec![event], Some(&c.tenant_id))
-            .await?
-            .expect("a created sandbox");
-    commit(ctx, tx).await?;
-    if let Some(moved) = moved {
-        vps_projections::spec_signals::announce(&ctx.notifier, &ctx.spec_signals, &moved);
-    }
-    Ok(Created { sandbox, new: true })
+        record_existing::<Sandbox>(ctx, tx, &c.id, None, vec![event], Some(&c.tenant_id)).await?;
+    Ok((Created { sandbox, new: true }, moved))
 }
 
 /// Admits a new instance for the sandbox, as a hosted `instances.create` would.

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use vps_domain::sandbox::exec::{self as domain, ExecWindow};
 use vps_domain::state_table::InstanceState;
+use vps_domain::DomainError;
 
 use self::ca::{SandboxCa, UserKey};
 use self::tunnel::{Binding, Ticket};
@@ -92,12 +93,20 @@ async fn issue_in(
 ) -> Result<ExecGrant, CommandError> {
     let s = super::visible(tx, &request.tenant_id, &request.sandbox_id).await?;
     let instance = vps_projections::instances::load(tx, &s.instance_id).await?;
-    let running = instance
-        .as_ref()
-        .is_some_and(|i| i.state == InstanceState::Running && i.node_id.is_some());
+    // A running, placed instance and its node; `None` lets `window` refuse the sandbox.
+    let placed = instance
+        .filter(|i| i.state == InstanceState::Running)
+        .and_then(|i| i.node_id.clone().map(|node| (i, node)));
     let now = ctx.clock.now();
-    let mut window = domain::window(&s, running, request.ttl_seconds, now)?;
-    let instance = instance.expect("a running instance");
+    let mut window = domain::window(&s, placed.is_some(), request.ttl_seconds, now)?;
+    let Some((instance, node_id)) = placed else {
+        // `window` refused this already; the refusal is repeated rather than assumed.
+        let message = format!(
+            "the instance {} of sandbox {} is not running",
+            s.instance_id, s.id
+        );
+        return Err(DomainError::invalid_state(message).into());
+    };
     if super::snapshots::shares_identity(tx, &instance).await? {
         return Err(domain::shares_identity_refusal(&s).into());
     }
@@ -109,7 +118,6 @@ async fn issue_in(
     {
         window.principal = principal;
     }
-    let node_id = instance.node_id.clone().expect("a placed instance");
     let tunnel_url = tunnel::endpoint(tx, &node_id, settings.tunnel_url).await?;
     let serial = new_serial();
     let key_id = domain::key_id(&s, serial);

@@ -10,9 +10,12 @@ use vps_domain::state_table::InstanceState;
 
 use super::follow::{instance_changed, Outcome};
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
+use crate::error::CommandError;
 use crate::instances::facts::lock_instance;
-use crate::pipeline::{apply_commands, commit, hold_or_conflict, load, record_events, transaction};
+use crate::pipeline::{
+    apply_commands, hold_or_conflict, load, load_existing, record_events, record_existing,
+    transaction,
+};
 
 /// Moves a sandbox's expiry (the API passes the absolute expiry it authorized, so a retry
 /// never adds a `by` twice). One extend holds a sandbox at a time: a concurrent one is
@@ -49,24 +52,20 @@ async fn extend_in(
         return Ok(s);
     };
     let events = domain::extend(&s, until);
-    let after = record_events(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await?;
-    Ok(after.expect("an extended sandbox"))
+    record_existing(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await
 }
 
 /// Deletes a sandbox: it becomes `deleting` and its instance is deleted (a delete of a deleting
 /// or deleted sandbox changes nothing).
 pub async fn delete(ctx: &Ctx, tenant_id: &str, sandbox_id: &str) -> Result<Sandbox, CommandError> {
-    retrying(sandbox_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let s = super::visible(&mut tx, tenant_id, sandbox_id).await?;
+    transaction(ctx, sandbox_id, async |tx| {
+        let s = super::visible(tx, tenant_id, sandbox_id).await?;
         let events = domain::delete(&s);
         if events.is_empty() {
             return Ok(s);
         }
-        end(ctx, &mut tx, &s, events).await?;
-        let after = load::<Sandbox>(&mut tx, sandbox_id).await?.expect("exists");
-        commit(ctx, tx).await?;
-        Ok(after)
+        end(ctx, tx, &s, events).await?;
+        load_existing::<Sandbox>(tx, sandbox_id).await
     })
     .await
 }
@@ -159,8 +158,7 @@ pub async fn set_labels(
     transaction(ctx, sandbox_id, async |tx| {
         let s = super::visible(tx, tenant_id, sandbox_id).await?;
         let events = domain::set_labels(&s, labels.clone())?;
-        let after = record_events(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await?;
-        Ok(after.unwrap_or(s))
+        record_existing(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await
     })
     .await
 }
@@ -204,9 +202,7 @@ async fn drive(
 ) -> Result<(), CommandError> {
     // The instance's row first: a host report holds it while it appends to the sandbox.
     let instance = lock_instance(tx, &s.instance_id).await?;
-    let after = record_events(ctx, tx, &s.id, Some(s), events, Some(&s.tenant_id))
-        .await?
-        .expect("a recorded sandbox");
+    let after = record_existing(ctx, tx, &s.id, Some(s), events, Some(&s.tenant_id)).await?;
     let Some(inst) = instance else {
         return Ok(());
     };
@@ -242,17 +238,11 @@ pub async fn expire(
     now: DateTime<Utc>,
     timings: ExpiryTimings,
 ) -> Result<Option<TimeDelta>, CommandError> {
-    retrying(sandbox_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let free: Option<String> =
-            sqlx::query_scalar("SELECT id FROM sandboxes WHERE id = $1 FOR UPDATE SKIP LOCKED")
-                .bind(sandbox_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some(s) = free.and(load::<Sandbox>(&mut tx, sandbox_id).await?) else {
+    transaction(ctx, sandbox_id, async |tx| {
+        let Some(s) = lock_free(tx, sandbox_id).await? else {
             return Ok(None);
         };
-        let t = super::template(&mut tx, &s.template_id).await?;
+        let t = super::template(tx, &s.template_id).await?;
         let (can_pause, paused_ttl) = pause_terms(t.as_ref());
         let paused_ttl = can_pause.then(|| TimeDelta::seconds(paused_ttl as i64));
         let events = domain::expiry(&s, now, timings.lead, timings.min_lead, paused_ttl);
@@ -262,21 +252,12 @@ pub async fn expire(
             let pause = InstanceCommand::Pause {
                 requester: Requester::System,
             };
-            drive(ctx, &mut tx, &s, events, pause).await?;
+            drive(ctx, tx, &s, events, pause).await?;
         } else if expired {
-            end(ctx, &mut tx, &s, events).await?;
+            end(ctx, tx, &s, events).await?;
         } else {
-            record_events(
-                ctx,
-                &mut tx,
-                sandbox_id,
-                Some(&s),
-                events,
-                Some(&s.tenant_id),
-            )
-            .await?;
+            record_events(ctx, tx, sandbox_id, Some(&s), events, Some(&s.tenant_id)).await?;
         }
-        commit(ctx, tx).await?;
         Ok(expired.then(|| now - s.expires_at))
     })
     .await
@@ -292,14 +273,8 @@ pub async fn enforce_deadline(
     now: DateTime<Utc>,
     deadlines: domain::Deadlines,
 ) -> Result<Option<String>, CommandError> {
-    retrying(sandbox_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let free: Option<String> =
-            sqlx::query_scalar("SELECT id FROM sandboxes WHERE id = $1 FOR UPDATE SKIP LOCKED")
-                .bind(sandbox_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some(s) = free.and(load::<Sandbox>(&mut tx, sandbox_id).await?) else {
+    transaction(ctx, sandbox_id, async |tx| {
+        let Some(s) = lock_free(tx, sandbox_id).await? else {
             return Ok(None);
         };
         let events = domain::deadline(&s, now, &deadlines);
@@ -310,22 +285,37 @@ pub async fn enforce_deadline(
         if reason.is_none() {
             return Ok(None);
         }
-        end_for(ctx, &mut tx, &s, events, reason.clone()).await?;
-        commit(ctx, tx).await?;
+        end_for(ctx, tx, &s, events, reason.clone()).await?;
         Ok(reason)
     })
     .await
 }
 
+/// The sandbox, its row locked to this transaction's end; `None` when another worker holds it
+/// (or there is none).
+async fn lock_free(
+    tx: &mut PgConnection,
+    sandbox_id: &str,
+) -> Result<Option<Sandbox>, CommandError> {
+    let free: Option<String> =
+        sqlx::query_scalar("SELECT id FROM sandboxes WHERE id = $1 FOR UPDATE SKIP LOCKED")
+            .bind(sandbox_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    match free {
+        Some(_) => load::<Sandbox>(tx, sandbox_id).await,
+        None => Ok(None),
+    }
+}
+
 /// The fallback for the instance path's own stamps: a sandbox whose instance runs becomes
 /// `ready`, one whose instance is gone becomes `deleted`.
 pub async fn settle(ctx: &Ctx, sandbox_id: &str) -> Result<(), CommandError> {
-    retrying(sandbox_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let Some(s) = load::<Sandbox>(&mut tx, sandbox_id).await? else {
+    transaction(ctx, sandbox_id, async |tx| {
+        let Some(s) = load::<Sandbox>(tx, sandbox_id).await? else {
             return Ok(());
         };
-        let inst = vps_projections::instances::load(&mut tx, &s.instance_id).await?;
+        let inst = vps_projections::instances::load(tx, &s.instance_id).await?;
         let outcome = match inst.as_ref().map(|i| i.state) {
             None | Some(InstanceState::Deleted) => Outcome::Gone,
             Some(InstanceState::Running) => Outcome::Ran,
@@ -333,20 +323,13 @@ pub async fn settle(ctx: &Ctx, sandbox_id: &str) -> Result<(), CommandError> {
             Some(_) => return Ok(()),
         };
         match inst {
-            Some(i) => instance_changed(ctx, &mut tx, &i, outcome).await?,
+            Some(i) => instance_changed(ctx, tx, &i, outcome).await?,
             None => {
-                record_events(
-                    ctx,
-                    &mut tx,
-                    sandbox_id,
-                    Some(&s),
-                    domain::deleted(&s),
-                    Some(&s.tenant_id),
-                )
-                .await?;
+                let events = domain::deleted(&s);
+                record_events(ctx, tx, sandbox_id, Some(&s), events, Some(&s.tenant_id)).await?;
             }
         }
-        commit(ctx, tx).await
+        Ok(())
     })
     .await
 }

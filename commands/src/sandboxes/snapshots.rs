@@ -14,10 +14,10 @@ use vps_domain::sandbox::{Sandbox, Snapshot};
 use vps_domain::DomainError;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
-use crate::pipeline::{commit, transaction};
+use crate::error::CommandError;
+use crate::pipeline::transaction;
 use crate::record::new_id;
-use crate::stream::{change, load, record_events};
+use crate::stream::{change, load, record_existing};
 
 /// `sandboxes.snapshot`.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
@@ -131,28 +131,24 @@ pub async fn take_within(
             .as_bytes(),
         )),
     };
-    retrying(&id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    transaction(ctx, &id, async |tx| {
         // A key already used on another sandbox is a conflict, whatever that sandbox is now.
-        if let Some(other) = sandbox_of(&mut tx, &id).await? {
+        if let Some(other) = sandbox_of(tx, &id).await? {
             if other != input.sandbox_id {
                 return Err(domain::key_conflict(&id).into());
             }
         }
-        let s = super::visible(&mut tx, &input.tenant_id, &input.sandbox_id).await?;
-        let facts = instance_facts(&mut tx, &s.instance_id).await?;
+        let s = super::visible(tx, &input.tenant_id, &input.sandbox_id).await?;
+        let facts = instance_facts(tx, &s.instance_id).await?;
         let events = match domain::take(&s, &facts, &request)? {
             Take::Replay(snap) => return Ok(*snap),
             Take::New(events) => events,
         };
         if request.keep {
-            check_kept(&mut tx, &s.tenant_id, limits).await?;
+            check_kept(tx, &s.tenant_id, limits).await?;
         }
-        let after = record_events(ctx, &mut tx, &s.id, Some(&s), events, Some(&s.tenant_id))
-            .await?
-            .expect("a sandbox");
-        commit(ctx, tx).await?;
-        Ok(after.snapshots[&id].clone())
+        let after = record_existing(ctx, tx, &s.id, Some(&s), events, Some(&s.tenant_id)).await?;
+        taken(&after, &id)
     })
     .await
 }
@@ -229,20 +225,19 @@ pub async fn delete(
 ) -> Result<Snapshot, CommandError> {
     transaction(ctx, snapshot_id, async |tx| {
         let (s, _) = visible(tx, tenant_id, snapshot_id).await?;
-        let after = record_events(
-            ctx,
-            tx,
-            &s.id,
-            Some(&s),
-            domain::delete(&s, snapshot_id),
-            Some(tenant_id),
-        )
-        .await?
-        .expect("a sandbox");
-        Ok(after)
+        let events = domain::delete(&s, snapshot_id);
+        let after = record_existing(ctx, tx, &s.id, Some(&s), events, Some(tenant_id)).await?;
+        taken(&after, snapshot_id)
     })
     .await
-    .map(|after| after.snapshots[snapshot_id].clone())
+}
+
+/// Snapshot `snapshot_id` as sandbox `s` keeps it.
+fn taken(s: &Sandbox, snapshot_id: &str) -> Result<Snapshot, CommandError> {
+    s.snapshots
+        .get(snapshot_id)
+        .cloned()
+        .ok_or_else(|| CommandError::not_found(format!("snapshot {snapshot_id}")))
 }
 
 /// What the snapshot store holds for an uploaded object, as the server read it before the

@@ -16,7 +16,7 @@ use vps_domain::volume::{TemplateVolume, VolumeMount};
 use crate::context::Ctx;
 use crate::error::CommandError;
 use crate::instances::{facts, CreateInput};
-use crate::pipeline::{change, record_events, transaction};
+use crate::pipeline::{change_existing, record_existing, transaction};
 use crate::record::new_id;
 use crate::secrets;
 
@@ -231,10 +231,7 @@ async fn create_in(
         &facts,
     )?;
     seal_user_data(ctx, tx, id, 1, input.settings.user_data.as_deref()).await?;
-    let template = record_events::<Template>(ctx, tx, id, None, events, Some(&input.tenant_id))
-        .await?
-        .expect("a created template");
-    Ok(template)
+    record_existing::<Template>(ctx, tx, id, None, events, Some(&input.tenant_id)).await
 }
 
 /// Updates a template (its `version` rises; its `instanceVersion` too when the guest changes).
@@ -266,17 +263,8 @@ async fn update_in(
     }
     let events = domain::update(before.as_ref(), &p.tenant_id, &p.template_id, spec, &facts)?;
     seal_user_data(ctx, tx, &t.id, version, p.settings.user_data.as_deref()).await?;
-    let after = record_events(
-        ctx,
-        tx,
-        &p.template_id,
-        before.as_ref(),
-        events,
-        Some(&p.tenant_id),
-    )
-    .await?
-    .expect("an updated template");
-    Ok(after)
+    let tenant = Some(p.tenant_id.as_str());
+    record_existing(ctx, tx, &p.template_id, before.as_ref(), events, tenant).await
 }
 
 /// Replaces a template's labels (`template.labeled`).
@@ -289,7 +277,7 @@ pub async fn set_labels(
     transaction(ctx, template_id, async |tx| {
         let before = super::template(tx, template_id).await?;
         let events = domain::set_labels(before.as_ref(), tenant_id, template_id, labels.clone())?;
-        let after = record_events(
+        record_existing(
             ctx,
             tx,
             template_id,
@@ -297,9 +285,7 @@ pub async fn set_labels(
             events,
             Some(tenant_id),
         )
-        .await?
-        .expect("a labeled template");
-        Ok(after)
+        .await
     })
     .await
 }
@@ -311,12 +297,10 @@ pub async fn delete(
     template_id: &str,
 ) -> Result<Template, CommandError> {
     transaction(ctx, template_id, async |tx| {
-        let after = change::<Template>(ctx, tx, template_id, Some(tenant_id), |t| {
+        change_existing::<Template>(ctx, tx, template_id, Some(tenant_id), |t| {
             domain::delete(t, tenant_id, template_id)
         })
-        .await?
-        .expect("a deleted template");
-        Ok(after)
+        .await
     })
     .await
 }

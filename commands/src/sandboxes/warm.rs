@@ -11,9 +11,9 @@ use vps_domain::template::{warm_plan, Template, WarmMember, WarmPlan, PAUSING_RU
 use vps_projections::node_specs::Moved;
 
 use crate::context::Ctx;
-use crate::error::{retrying, CommandError};
+use crate::error::CommandError;
 use crate::instances::{admit_in, facts::lock_instance, Origin};
-use crate::pipeline::{apply_commands, commit};
+use crate::pipeline::{apply_commands, transaction};
 use crate::record::new_id;
 
 /// At most this many warm instances are made per template per pass.
@@ -117,8 +117,7 @@ async fn members(ctx: &Ctx, template_id: &str) -> Result<Vec<WarmMember>, Comman
 async fn refill(ctx: &Ctx, t: &Template) -> Result<(), CommandError> {
     let key = new_id("warm");
     let id = vps_domain::ids::instance_id(&t.tenant_id, &t.id, &key);
-    retrying(&id, || async {
-        let mut tx = ctx.pool.begin().await?;
+    transaction(ctx, &id, async |tx| {
         let unchanged: Option<bool> = sqlx::query_scalar(
             "SELECT NOT deleted AND instance_version = $2 FROM sandbox_templates
               WHERE id = $1 FOR SHARE",
@@ -138,21 +137,20 @@ async fn refill(ctx: &Ctx, t: &Template) -> Result<(), CommandError> {
         let origin = Origin {
             warm: Some((t.id.clone(), t.instance_version)),
             owner_identity_id: Some(t.owner_identity_id.clone()),
-            ..super::template_instance::origin(ctx, &mut tx, t).await?
+            ..super::template_instance::origin(ctx, tx, t).await?
         };
         let input = super::template_instance::instance_input(t, &key, desired);
         let policy = &vps_domain::instance::authorized_before;
-        admit_in(ctx, &mut tx, &id, &input, &origin, policy).await?;
-        commit(ctx, tx).await
+        admit_in(ctx, tx, &id, &input, &origin, policy).await?;
+        Ok(())
     })
     .await
 }
 
 /// Deletes a warm instance (unless a sandbox claimed it meanwhile).
 async fn drain(ctx: &Ctx, instance_id: &str) -> Result<(), CommandError> {
-    retrying(instance_id, || async {
-        let mut tx = ctx.pool.begin().await?;
-        let Some(inst) = lock_instance(&mut tx, instance_id).await? else {
+    transaction(ctx, instance_id, async |tx| {
+        let Some(inst) = lock_instance(tx, instance_id).await? else {
             return Ok(());
         };
         if inst.warm_template_id.is_none() {
@@ -162,8 +160,8 @@ async fn drain(ctx: &Ctx, instance_id: &str) -> Result<(), CommandError> {
             requester: Requester::System,
             reason: Some("warm pool drained".into()),
         };
-        apply_commands(ctx, &mut tx, &inst, &[delete], ctx.clock.now()).await?;
-        commit(ctx, tx).await
+        apply_commands(ctx, tx, &inst, &[delete], ctx.clock.now()).await?;
+        Ok(())
     })
     .await
 }

@@ -37,7 +37,11 @@ pub async fn run(server_url: &str, o: &UsageBench) -> anyhow::Result<()> {
     let scratch = Scratch::create(server_url, 8).await?;
     let windows = Windows::new(300_000_000).expect("positive");
     // The day ends a little before now, so every one of its windows has closed.
-    let end = DateTime::from_timestamp(Utc::now().timestamp() / 300 * 300 - 600, 0).unwrap();
+    let end = DateTime::from_timestamp(
+        vps_clock::Clock::system().now().timestamp() / 300 * 300 - 600,
+        0,
+    )
+    .unwrap();
     let start = end - Duration::hours(o.hours);
     let rows = churn(o, start, end);
     insert(&scratch.pool, &rows).await?;

@@ -61,15 +61,12 @@ fn request(size: u32) -> CreateVolume {
     }
 }
 
-fn events(admit: Admit) -> Vec<VolumeEvent> {
-    match admit {
-        Admit::New(events) => events,
-        other => panic!("{other:?}"),
-    }
+fn events(created: VolumeCreated) -> Vec<VolumeEvent> {
+    vec![VolumeEvent::Created(created)]
 }
 
 fn volume(size: u32) -> Volume {
-    let created = events(super::admit(None, &request(size), &facts()).unwrap());
+    let created = events(super::admit(&request(size), &facts()).unwrap());
     fold::<Volume>(created.iter().map(|e| (e, at(0))))
         .unwrap()
         .unwrap()
@@ -102,13 +99,10 @@ fn the_serial_is_twenty_characters_of_a_derived_id() {
 #[test]
 fn a_key_replays_its_volume_and_conflicts_for_another_request() {
     let v = volume(10);
-    assert!(matches!(
-        super::admit(Some(&v), &request(10), &VolumeFacts::default()).unwrap(),
-        Admit::Replay(_)
-    ));
+    assert_eq!(replay(&v, &request(10)).unwrap(), v);
     let mut other = request(20);
     other.request_hash = "other".into();
-    let err = super::admit(Some(&v), &other, &VolumeFacts::default()).unwrap_err();
+    let err = replay(&v, &other).unwrap_err();
     assert_eq!(err.code(), "CONFLICT");
     assert_eq!(err.details()["volumeId"], v.id);
 }
@@ -116,21 +110,19 @@ fn a_key_replays_its_volume_and_conflicts_for_another_request() {
 #[test]
 fn sizes_pools_names_quota_and_capacity_are_checked_in_turn() {
     for size in [0, MAX_SIZE_GIB + 1] {
-        let err = super::admit(None, &request(size), &facts()).unwrap_err();
+        let err = super::admit(&request(size), &facts()).unwrap_err();
         assert_eq!(err.code(), "INVALID_INPUT", "{size}");
     }
     let mut provider = facts();
     provider.pool.as_mut().unwrap().kind = PoolKind::Provider;
-    let err = super::admit(None, &request(1), &provider).unwrap_err();
+    let err = super::admit(&request(1), &provider).unwrap_err();
     assert_eq!(err.details()["field"], "poolId");
     let missing = VolumeFacts {
         pool: None,
         ..facts()
     };
     assert_eq!(
-        super::admit(None, &request(1), &missing)
-            .unwrap_err()
-            .code(),
+        super::admit(&request(1), &missing).unwrap_err().code(),
         "NOT_FOUND"
     );
     let taken = VolumeFacts {
@@ -138,18 +130,16 @@ fn sizes_pools_names_quota_and_capacity_are_checked_in_turn() {
         ..facts()
     };
     assert_eq!(
-        super::admit(None, &request(1), &taken).unwrap_err().code(),
+        super::admit(&request(1), &taken).unwrap_err().code(),
         "CONFLICT"
     );
     assert_eq!(
-        super::admit(None, &request(101), &facts())
-            .unwrap_err()
-            .code(),
+        super::admit(&request(101), &facts()).unwrap_err().code(),
         "QUOTA_EXCEEDED"
     );
     let mut full = facts();
     full.quota_max.insert(QuotaResource::DiskGib, 10_000);
-    let err = super::admit(None, &request(501), &full).unwrap_err();
+    let err = super::admit(&request(501), &full).unwrap_err();
     assert_eq!(err.code(), "CAPACITY_UNAVAILABLE");
     assert_eq!(err.details()["resource"], "diskGiB");
 }
