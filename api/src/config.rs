@@ -534,12 +534,14 @@ impl Config {
         Ok(())
     }
 
-    /// The snapshot store this configuration names; `secret` signs the `file` store's URLs.
-    /// `addr` is where this server listens (the `file` store's default URL).
+    /// The snapshot store this configuration names; `secret` signs the `file` store's URLs,
+    /// which expire on `clock`. `addr` is where this server listens (the `file` store's
+    /// default URL).
     pub fn snapshot_store(
         &self,
         secret: &[u8],
         addr: SocketAddr,
+        clock: vps_clock::Clock,
     ) -> Result<vps_store::SnapshotStore, ConfigError> {
         let s = &self.snapshots;
         match s.store {
@@ -553,7 +555,7 @@ impl Config {
                     .clone()
                     .unwrap_or_else(|| format!("http://{addr}"));
                 Ok(vps_store::SnapshotStore::File(vps_store::FileStore::new(
-                    dir, &public, secret,
+                    dir, &public, secret, clock,
                 )))
             }
             SnapshotBackend::S3 => {

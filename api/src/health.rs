@@ -35,7 +35,7 @@ pub async fn readyz(
             Err(e) => e.into_response(),
         };
     }
-    let ready = state.readiness.ready(&state.pool).await;
+    let ready = state.readiness.ready(&state.pool, &state.clock).await;
     let status = if ready {
         StatusCode::OK
     } else {

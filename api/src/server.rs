@@ -105,7 +105,7 @@ pub async fn start_with_clock(
         config: Arc::new(config.clone()),
         admitter: vps_commands::instances::Admitter::start(),
         authz: authz.clone(),
-        snapshots: config.snapshot_store(&config.secret_bytes()?, addr)?,
+        snapshots: config.snapshot_store(&config.secret_bytes()?, addr, clock.clone())?,
         sandbox_ca,
         specs: Arc::default(),
         spec_signals: Arc::default(),

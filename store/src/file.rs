@@ -29,6 +29,8 @@ pub struct FileStore {
     root: PathBuf,
     public_url: String,
     key: Arc<[u8; 32]>,
+    /// When signed URLs expire is judged on the server's clock (a test moves it).
+    clock: vps_clock::Clock,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -59,23 +61,23 @@ pub enum WriteError {
     Store(#[from] StoreError),
 }
 
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
-
 impl FileStore {
     /// A store under `root`, whose URLs start with `public_url` (this server, as hosts reach
     /// it). The signing key derives from `secret` (the deployment's secrets key), so every
-    /// replica signs and checks alike.
-    pub fn new(root: impl Into<PathBuf>, public_url: &str, secret: &[u8]) -> Self {
+    /// replica signs and checks alike. `clock` says when a URL has expired.
+    pub fn new(
+        root: impl Into<PathBuf>,
+        public_url: &str,
+        secret: &[u8],
+        clock: vps_clock::Clock,
+    ) -> Self {
         let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
         mac.update(b"vps snapshot store urls v1");
         Self {
             root: root.into(),
             public_url: public_url.trim_end_matches('/').to_string(),
             key: Arc::new(mac.finalize().into_bytes().into()),
+            clock,
         }
     }
 
@@ -86,7 +88,7 @@ impl FileStore {
     }
 
     pub(crate) fn presign(&self, method: &str, key: &str, ttl: Duration) -> Presigned {
-        let exp = unix_now() + ttl.as_secs().max(1) as i64;
+        let exp = self.clock.now().timestamp() + ttl.as_secs().max(1) as i64;
         Presigned {
             url: format!(
                 "{}/snapshots/{key}?exp={exp}&sig={}",
@@ -100,7 +102,7 @@ impl FileStore {
     /// Whether `sig` signs (`method`, `key`, `exp`) and `exp` has not passed. Constant time in
     /// the signature.
     pub fn verify(&self, method: &str, key: &str, exp: i64, sig: &str) -> bool {
-        if check_key(key).is_err() || exp < unix_now() {
+        if check_key(key).is_err() || exp < self.clock.now().timestamp() {
             return false;
         }
         let expected = self.signature(method, key, exp);
@@ -287,7 +289,12 @@ mod tests {
 
     #[test]
     fn signatures_bind_method_key_and_expiry() {
-        let store = FileStore::new("/tmp/x", "http://h:1/", b"secret");
+        let store = FileStore::new(
+            "/tmp/x",
+            "http://h:1/",
+            b"secret",
+            vps_clock::Clock::system(),
+        );
         let p = store.presign("PUT", "t/snap_a", Duration::from_secs(60));
         let url = url::Url::parse(&p.url).unwrap();
         assert_eq!(url.path(), "/snapshots/t/snap_a");
@@ -297,9 +304,9 @@ mod tests {
         assert!(!store.verify("GET", "t/snap_a", exp, &q["sig"]));
         assert!(!store.verify("PUT", "t/snap_b", exp, &q["sig"]));
         assert!(!store.verify("PUT", "t/snap_a", exp + 1, &q["sig"]));
-        let other = FileStore::new("/tmp/x", "http://h:1", b"other");
+        let other = FileStore::new("/tmp/x", "http://h:1", b"other", vps_clock::Clock::system());
         assert!(!other.verify("PUT", "t/snap_a", exp, &q["sig"]));
-        let past = unix_now() - 1;
+        let past = vps_clock::Clock::system().now().timestamp() - 1;
         let sig = store.signature("PUT", "t/snap_a", past);
         assert!(!store.verify("PUT", "t/snap_a", past, &sig));
     }
@@ -307,7 +314,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_must_match_its_declared_digest() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FileStore::new(dir.path(), "http://h", b"k");
+        let store = FileStore::new(dir.path(), "http://h", b"k", vps_clock::Clock::system());
         let good = hex::encode(Sha256::digest(b"hello"));
         let written = store
             .write("t/s", Some(&good), body(b"hello"))
@@ -344,7 +351,7 @@ mod tests {
     #[tokio::test]
     async fn a_plain_upload_is_stored_with_the_digest_of_its_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FileStore::new(dir.path(), "http://h", b"k");
+        let store = FileStore::new(dir.path(), "http://h", b"k", vps_clock::Clock::system());
         let written = store.write("t/p", None, body(b"plain")).await.unwrap();
         let digest = hex::encode(Sha256::digest(b"plain"));
         assert_eq!(written.sha256, digest);

@@ -1,6 +1,8 @@
 //! The cached readiness answer anonymous `/readyz` probes share.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use sqlx::PgPool;
 use tokio::sync::Mutex;
@@ -12,21 +14,22 @@ pub const READINESS_TTL: Duration = Duration::from_secs(1);
 /// arrive meanwhile wait for it and share its answer.
 #[derive(Debug, Default)]
 pub struct Readiness {
-    last: Mutex<Option<(Instant, bool)>>,
+    last: Mutex<Option<(DateTime<Utc>, bool)>>,
 }
 
 impl Readiness {
     /// Whether the database answers and every migration is applied, as of at most
-    /// [`READINESS_TTL`] ago.
-    pub async fn ready(&self, pool: &PgPool) -> bool {
+    /// [`READINESS_TTL`] ago on `clock`.
+    pub async fn ready(&self, pool: &PgPool, clock: &vps_clock::Clock) -> bool {
         let mut last = self.last.lock().await;
+        let now = clock.now();
         if let Some((at, ready)) = *last {
-            if at.elapsed() < READINESS_TTL {
+            if (now - at).to_std().is_ok_and(|age| age < READINESS_TTL) {
                 return ready;
             }
         }
         let ready = super::ready(pool).await;
-        *last = Some((Instant::now(), ready));
+        *last = Some((now, ready));
         ready
     }
 }

@@ -69,7 +69,7 @@ async fn anonymous_readyz_answers_only_its_status_from_a_cached_result() {
             .unwrap();
     let (status, body) = readyz(&t, "", None).await;
     assert_eq!((status, &body), (200, &json!({ "ready": true })), "cached");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    t.advance(Duration::from_millis(1100));
     let (status, body) = readyz(&t, "", None).await;
     assert_eq!(
         (status, &body),

@@ -784,7 +784,7 @@ async fn the_file_store_serves_only_signed_unexpired_urls() {
         .upload("acme/snap_x", Duration::from_secs(1))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    t.advance(Duration::from_millis(2100));
     assert_eq!(put(short.url, b"hello", digest.clone()).await, 403);
     let signed = t
         .server
