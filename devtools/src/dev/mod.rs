@@ -122,15 +122,15 @@ fn print_guide(
     println!(
         "  curl -s -X POST {url}/api/compute/sandboxes/create -H 'Authorization: Bearer {tenant_token}' \\\n    -d '{{\"tenantId\":\"acme\",\"templateId\":\"{template_id}\",\"ttlSeconds\":900,\"idempotencyKey\":\"sbx-1\",\"wait\":{{\"timeoutMs\":15000}}}}'"
     );
-    println!("\nor with the CLI (vps <group> --help lists the methods):");
-    println!("  export VPS_URL={url} VPS_TOKEN={tenant_token} VPS_TENANT=acme");
-    println!(
-        "  vps instances create --pool-id {pool_id} --flavor small --image-id img_demo --wait"
-    );
-    println!("  vps sandboxes create --template-id {template_id} --ttl-seconds 15m --wait");
-    println!("  vps sandboxes exec <sbx_…> -- echo hi");
+    // This binary's own path: `cargo run` would start a build of minutes.
     let me = std::env::current_exe().unwrap_or_else(|_| "vps".into());
-    println!("watch the log:   {} events tail", me.display());
+    let me = me.display();
+    println!("\nor with the CLI ({me} <group> --help lists the methods):");
+    println!("  export VPS_URL={url} VPS_TOKEN={tenant_token} VPS_TENANT=acme");
+    println!("  {me} instances create --pool {pool_id} --flavor small --image img_demo --wait");
+    println!("  {me} sandboxes create --template {template_id} --ttl 15m --wait");
+    println!("  {me} sandboxes exec <sbx_…> -- echo hi");
+    println!("watch the log:   {me} events tail");
     println!("the console:     {url}/console (sign in with the tenant token, tenant acme)");
     println!("delete it:       curl -s -X POST {url}/api/compute/instances/delete -H 'Authorization: Bearer {tenant_token}' -d '{{\"tenantId\":\"acme\",\"instanceId\":\"<id>\"}}'");
 }
@@ -146,7 +146,7 @@ fn print_qemu_guide(url: &str, real: &qemu::QemuDemo) {
     let me = std::env::current_exe().unwrap_or_else(|_| "vps".into());
     println!("  export VPS_URL={url}");
     println!(
-        "  {} sandboxes create --template {} --ttl-seconds 15m --wait",
+        "  {} sandboxes create --template {} --ttl 15m --wait",
         me.display(),
         real.template_id
     );
