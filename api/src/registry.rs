@@ -110,8 +110,14 @@ pub struct Method {
     pub answer: fn(&mut SchemaGenerator) -> Schema,
     /// Whether the body may be left out (the request has no required field).
     pub body_optional: bool,
+    /// The largest body accepted, in bytes ([`MAX_BODY`] unless the method says otherwise).
+    pub max_body: usize,
     handler: Handler,
 }
+
+/// The largest request body a method accepts unless it declares its own
+/// ([`Method::max_body`]).
+pub const MAX_BODY: usize = 256 * 1024;
 
 impl Method {
     /// Declares a method whose body parses into `Req` (unknown fields refused) and whose
@@ -145,6 +151,7 @@ impl Method {
             request: |g| g.subschema_for::<Req>(),
             answer: |g| g.subschema_for::<Ans>(),
             body_optional: parse::<Req>(b"").is_ok(),
+            max_body: MAX_BODY,
             handler: Box::new(move |call, body| match parse::<Req>(body) {
                 Ok(request) => handler(call, request)
                     .map(|answer| answer.map(|a| serde_json::to_value(a).expect("serialises")))
@@ -163,6 +170,12 @@ impl Method {
     /// Overrides the resource type (default: [`default_resource`]).
     pub fn resource(mut self, kind: &'static str) -> Method {
         self.resource = kind;
+        self
+    }
+
+    /// Accepts bodies up to `bytes` (e.g. a host's complete report of every guest).
+    pub fn max_body(mut self, bytes: usize) -> Method {
+        self.max_body = bytes;
         self
     }
 

@@ -14,9 +14,6 @@ use crate::registry::Call;
 use crate::request::authenticate;
 use crate::state::AppState;
 
-/// The largest request body accepted.
-pub const MAX_BODY: usize = 256 * 1024;
-
 /// The one route every method goes through.
 pub async fn dispatch(
     State(state): State<AppState>,
@@ -25,13 +22,15 @@ pub async fn dispatch(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let caller = authenticate(&state, &headers).await?;
-    // Read with our own limit so an oversized body is INVALID_INPUT like any bad input.
-    let body: Bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
-        ApiError::invalid(
-            "body",
-            format!("larger than {MAX_BODY} bytes, or cut short"),
-        )
-    })?;
+    let method = registry()
+        .get(&group, &method)
+        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("no method {group}.{method}")))?;
+    // Read with the method's own limit so an oversized body is INVALID_INPUT like any bad
+    // input, refused before its handler runs (a refused report does not keep a node alive).
+    let max = method.max_body;
+    let body: Bytes = axum::body::to_bytes(body, max)
+        .await
+        .map_err(|_| ApiError::invalid("body", format!("larger than {max} bytes, or cut short")))?;
     let ctx = Ctx {
         pool: state.pool.clone(),
         notifier: state.notifier.clone(),
@@ -42,9 +41,6 @@ pub async fn dispatch(
         clock: state.clock.clone(),
         wakeups: state.wakeups.clone(),
     };
-    let method = registry()
-        .get(&group, &method)
-        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("no method {group}.{method}")))?;
     let span = tracing::info_span!("command", method = %method.full_name(), identity = %caller.actor.identity);
     metrics::counter!("vps_api_requests_total", "method" => method.full_name()).increment(1);
     let guard = crate::authz::Guard {

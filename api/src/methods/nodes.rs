@@ -75,6 +75,11 @@ pub struct SecretAnswer {
 /// The longest a spec request is held.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
+/// The largest `nodes.report` body: a complete report of the most guests a report may list
+/// (10,000), each with its addresses and a message, fits with room to spare. Other methods
+/// keep the default 256 KiB.
+pub const REPORT_MAX_BODY: usize = 16 * 1024 * 1024;
+
 /// The methods of the group.
 pub fn methods() -> Vec<Method> {
     use Access::{Node, Operator};
@@ -127,7 +132,8 @@ pub fn methods() -> Vec<Method> {
             Node,
             "What the node's runtime holds.",
             report,
-        ),
+        )
+        .max_body(REPORT_MAX_BODY),
         Method::new(
             "nodes",
             "secret",

@@ -678,3 +678,62 @@ async fn a_report_states_the_hosts_cpu_model_runtimes_and_guests_cpu_seconds() {
         assert_eq!(refused.body["details"]["field"], field, "{extra}");
     }
 }
+
+#[tokio::test]
+async fn a_complete_report_of_ten_thousand_guests_fits_and_one_over_the_limit_keeps_no_node_alive()
+{
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    // Ids as long as real ones, each guest with an address and its CPU time: about 1.3 MB,
+    // five times the default body limit.
+    let guests: Vec<Value> = (0..10_000)
+        .map(|i| {
+            json!({ "id": format!("inst_{i:052}"), "state": "RUNNING",
+                    "addresses": [format!("10.{}.{}.{}", i / 65536, i / 256 % 256, i % 256)],
+                    "cpuSeconds": 12.5 })
+        })
+        .collect();
+    let report = json!({ "nodeId": node, "complete": true, "instances": guests });
+    assert!(report.to_string().len() > 256 * 1024);
+    let answer = t.ok(&token, "nodes.report", report).await;
+    // None of them is placed here: all orphans, of which the answer names the first few.
+    let orphans = answer["orphans"].as_array().unwrap();
+    assert_eq!(orphans[0], format!("inst_{:052}", 0));
+
+    let last_report = || async {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+            "SELECT last_report_at FROM node_heartbeats WHERE node_id = $1",
+        )
+        .bind(&node)
+        .fetch_one(&t.server.state.pool)
+        .await
+        .unwrap()
+    };
+    let before = last_report().await;
+    // Over the documented 16 MiB: refused naming the limit, and the node is not kept alive.
+    let padding = "x".repeat(17 * 1024 * 1024);
+    let oversized = json!({ "nodeId": node, "complete": true,
+                            "instances": [{ "id": "inst_a", "state": "RUNNING", "message": padding }] });
+    let refused = t.call(&token, "nodes.report", oversized).await.unwrap_err();
+    assert_eq!(
+        (refused.status, &refused.body["code"]),
+        (400, &json!("INVALID_INPUT"))
+    );
+    let message = refused.body["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+        + &refused.body["details"].to_string();
+    assert!(message.contains("16777216"), "{}", refused.body);
+    assert_eq!(last_report().await, before);
+    // Every other method keeps the default limit.
+    let big_list = json!({ "tenantId": "acme", "state": "x".repeat(300 * 1024) });
+    let refused = t.call(ALICE, "instances.list", big_list).await.unwrap_err();
+    assert_eq!(refused.body["code"], "INVALID_INPUT");
+    assert!(
+        refused.body.to_string().contains("262144"),
+        "{}",
+        refused.body
+    );
+}
