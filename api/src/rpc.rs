@@ -27,7 +27,11 @@ pub async fn dispatch(
         .ok_or_else(|| ApiError::new("NOT_FOUND", format!("no method {group}.{method}")))?;
     // Read with the method's own limit so an oversized body is INVALID_INPUT like any bad
     // input, refused before its handler runs (a refused report does not keep a node alive).
-    let max = method.max_body;
+    // A larger limit is for the hosts that need it: anyone else gets the default.
+    let max = match caller.node {
+        Some(_) => method.max_body,
+        None => method.max_body.min(crate::registry::MAX_BODY),
+    };
     let body: Bytes = axum::body::to_bytes(body, max)
         .await
         .map_err(|_| ApiError::invalid("body", format!("larger than {max} bytes, or cut short")))?;

@@ -727,7 +727,18 @@ async fn a_complete_report_of_ten_thousand_guests_fits_and_one_over_the_limit_ke
         + &refused.body["details"].to_string();
     assert!(message.contains("16777216"), "{}", refused.body);
     assert_eq!(last_report().await, before);
-    // Every other method keeps the default limit.
+    // Only a node gets the larger limit; every other method keeps the default one.
+    let tenant_report = json!({ "nodeId": node, "instances": [], "complete": false,
+                                "cpuModel": "x".repeat(300 * 1024) });
+    let refused = t
+        .call(ALICE, "nodes.report", tenant_report)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.body.to_string().contains("262144"),
+        "{}",
+        refused.body
+    );
     let big_list = json!({ "tenantId": "acme", "state": "x".repeat(300 * 1024) });
     let refused = t.call(ALICE, "instances.list", big_list).await.unwrap_err();
     assert_eq!(refused.body["code"], "INVALID_INPUT");
