@@ -29,7 +29,7 @@ use vps_seam::{
     ReportEntry, ReportPacer, ReportState,
 };
 
-use crate::config::Timings;
+use crate::config::AgentTimings;
 use crate::runtime::{
     GuestSpec, GuestState, ImageRef, NetworkMode, NetworkPolicy, NicSpec, Observed, RestoreSource,
     Runtime, SshCa, VolumeAttachment, VolumeSpec,
@@ -49,7 +49,7 @@ pub struct AgentParts {
     /// The node calls.
     pub api: NodeApi,
     /// How the loop is paced.
-    pub timings: Timings,
+    pub timings: AgentTimings,
     /// What one guest may have.
     pub limits: HostLimits,
     /// The bridge every tap attaches to, overriding the spec's.
@@ -120,7 +120,7 @@ struct Guest {
 struct Agent<R> {
     runtime: Arc<R>,
     api: NodeApi,
-    timings: Timings,
+    timings: AgentTimings,
     limits: HostLimits,
     bridge: Option<String>,
     targets: Arc<Targets>,
