@@ -84,6 +84,25 @@ pub async fn session(
     Ok((dir, ssh))
 }
 
+/// [`session`] for a command line: a refusal or local failure is printed, and the exit code (1)
+/// is the error.
+pub async fn session_or_exit(
+    client: &Client,
+    tenant: &str,
+    sandbox: &str,
+    ttl_seconds: Option<i64>,
+) -> Result<(tempfile::TempDir, std::process::Command), i32> {
+    session(client, tenant, sandbox, ttl_seconds)
+        .await
+        .map_err(|e| {
+            match e {
+                SessionError::Api(failure) => super::report(&failure),
+                SessionError::Local(e) => eprintln!("error: {e}"),
+            }
+            1
+        })
+}
+
 /// The `ssh` command for a `sandboxes.exec` grant. Nothing the server answered reaches a shell:
 /// the tunnel's URL and ticket are checked, then written to a file in `dir` that
 /// `vps tunnel --ticket-file` reads, so OpenSSH's `ProxyCommand` (run by `/bin/sh -c`) holds
@@ -169,16 +188,9 @@ pub async fn run(client: &Client, m: &ArgMatches) -> i32 {
         }
     };
     let tenant = m.get_one::<String>("tenantId").map_or("", String::as_str);
-    let (dir, mut ssh) = match session(client, tenant, &sandbox, Some(ttl)).await {
+    let (dir, mut ssh) = match session_or_exit(client, tenant, &sandbox, Some(ttl)).await {
         Ok(s) => s,
-        Err(SessionError::Api(failure)) => {
-            super::report(&failure);
-            return 1;
-        }
-        Err(SessionError::Local(e)) => {
-            eprintln!("error: {e}");
-            return 1;
-        }
+        Err(code) => return code,
     };
     if let Some(command) = m.get_many::<String>("command") {
         ssh.args(command);
