@@ -43,13 +43,7 @@ pub fn command() -> Command {
                 .action(ArgAction::SetTrue)
                 .help("Copy a directory and everything in it"),
         )
-        .arg(
-            Arg::new("tenantId")
-                .long("tenant")
-                .env("VPS_TENANT")
-                .required(true)
-                .help("The tenant"),
-        )
+        .arg(super::exec::tenant_arg())
 }
 
 /// One side of a copy.

@@ -17,13 +17,7 @@ pub fn command() -> Command {
     Command::new("exec")
         .about("Runs a shell or a command in a sandbox over SSH (needs the system's ssh).")
         .arg(Arg::new("sandboxId").required(true).help("sbx_…"))
-        .arg(
-            Arg::new("tenantId")
-                .long("tenant")
-                .env("VPS_TENANT")
-                .required(true)
-                .help("The tenant"),
-        )
+        .arg(tenant_arg())
         .arg(
             Arg::new("ttl")
                 .long("ttl")
@@ -37,6 +31,15 @@ pub fn command() -> Command {
                 .action(ArgAction::Append)
                 .help("The command (after --); none: a shell"),
         )
+}
+
+/// `--tenant` (or `VPS_TENANT`), which exec and cp both require.
+pub fn tenant_arg() -> Arg {
+    Arg::new("tenantId")
+        .long("tenant")
+        .env("VPS_TENANT")
+        .required(true)
+        .help("The tenant")
 }
 
 /// Why an exec session could not be prepared.
