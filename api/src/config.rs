@@ -5,6 +5,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+/// `[timings]`: every reactor delay, in seconds; declared once, with its defaults, where the
+/// reactors read it.
+pub use vps_reactors::timings::Timings;
+
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -209,68 +213,6 @@ pub struct SecretsConfig {
     pub key: Option<String>,
 }
 
-/// `[timings]`: every reactor delay, in seconds (fractions allowed, so tests run fast).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct Timings {
-    /// Next look at an instance nothing fits yet.
-    pub unschedulable_retry: f64,
-    /// Next look at a provider machine on its way, and at a refusal left standing because the
-    /// tenant runs on that node (a hosted instance on its way waits for its host's report).
-    pub transitional_look: f64,
-    /// Drift polling of a steady provider instance.
-    pub provider_poll: f64,
-    /// Retry after a failed provider call.
-    pub provider_retry: f64,
-    /// Next look at a lost instance.
-    pub lost_look: f64,
-    /// How long a `ResourcesExhausted` refusal stands before re-placement.
-    pub replacement_wait: f64,
-    /// How long a refusing node is excluded from placement.
-    pub refusing_node_exclusion: f64,
-    /// How often node liveness is checked.
-    pub liveness_check: f64,
-    /// How often the sandbox reconciler passes.
-    pub sandbox_pass: f64,
-    /// How long before its expiry a sandbox is warned (`sandbox.expiring`).
-    pub sandbox_expiring_lead: f64,
-    /// The shortest warning.
-    pub sandbox_expiring_min_lead: f64,
-    /// The usage metering window, aligned to the epoch (SPEC §3.9).
-    pub usage_window: f64,
-    /// How long a snapshot's host command may take before the snapshot fails (`timeout`).
-    pub snapshot_timeout: f64,
-    /// How long a sandbox may stay `starting` before it fails (`reason: deadline:starting`).
-    pub deadline_sandbox_starting: f64,
-    /// How long a sandbox may stay `pausing`.
-    pub deadline_sandbox_pausing: f64,
-    /// How long a sandbox may stay `resuming`.
-    pub deadline_sandbox_resuming: f64,
-}
-
-impl Default for Timings {
-    fn default() -> Self {
-        Timings {
-            unschedulable_retry: 30.0,
-            transitional_look: 10.0,
-            provider_poll: 60.0,
-            provider_retry: 30.0,
-            lost_look: 60.0,
-            replacement_wait: 60.0,
-            refusing_node_exclusion: 600.0,
-            liveness_check: 5.0,
-            sandbox_pass: 15.0,
-            sandbox_expiring_lead: 300.0,
-            sandbox_expiring_min_lead: 30.0,
-            usage_window: 300.0,
-            snapshot_timeout: 3600.0,
-            deadline_sandbox_starting: 600.0,
-            deadline_sandbox_pausing: 300.0,
-            deadline_sandbox_resuming: 300.0,
-        }
-    }
-}
-
 /// One `[[identities]]` entry.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -412,25 +354,7 @@ impl Config {
         &self,
         err: &dyn Fn(&str, String) -> ConfigError,
     ) -> Result<(), ConfigError> {
-        let t = &self.timings;
-        let timings = [
-            ("unschedulable_retry", t.unschedulable_retry),
-            ("transitional_look", t.transitional_look),
-            ("provider_poll", t.provider_poll),
-            ("provider_retry", t.provider_retry),
-            ("lost_look", t.lost_look),
-            ("replacement_wait", t.replacement_wait),
-            ("refusing_node_exclusion", t.refusing_node_exclusion),
-            ("liveness_check", t.liveness_check),
-            ("sandbox_pass", t.sandbox_pass),
-            ("sandbox_expiring_lead", t.sandbox_expiring_lead),
-            ("sandbox_expiring_min_lead", t.sandbox_expiring_min_lead),
-            ("usage_window", t.usage_window),
-            ("snapshot_timeout", t.snapshot_timeout),
-            ("deadline_sandbox_starting", t.deadline_sandbox_starting),
-            ("deadline_sandbox_pausing", t.deadline_sandbox_pausing),
-            ("deadline_sandbox_resuming", t.deadline_sandbox_resuming),
-        ];
+        let timings = self.timings.entries();
         let a_day_at_most = |v: f64| v.is_finite() && v > 0.0 && v <= 86_400.0;
         all_within(
             err,

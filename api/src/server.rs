@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
@@ -200,25 +199,7 @@ pub fn reactor_ctx(state: &AppState, name: &str) -> vps_commands::Ctx {
 
 /// The reactor delays from `[timings]`.
 pub fn timings(config: &Config) -> vps_reactors::timings::Timings {
-    let t = &config.timings;
-    let s = Duration::from_secs_f64;
-    vps_reactors::timings::Timings {
-        unschedulable_retry: s(t.unschedulable_retry),
-        transitional_look: s(t.transitional_look),
-        provider_poll: s(t.provider_poll),
-        provider_retry: s(t.provider_retry),
-        lost_look: s(t.lost_look),
-        replacement_wait: s(t.replacement_wait),
-        refusing_node_exclusion: s(t.refusing_node_exclusion),
-        liveness_check: s(t.liveness_check),
-        sandbox_pass: s(t.sandbox_pass),
-        sandbox_expiring_lead: s(t.sandbox_expiring_lead),
-        sandbox_expiring_min_lead: s(t.sandbox_expiring_min_lead),
-        snapshot_timeout: s(t.snapshot_timeout),
-        deadline_sandbox_starting: s(t.deadline_sandbox_starting),
-        deadline_sandbox_pausing: s(t.deadline_sandbox_pausing),
-        deadline_sandbox_resuming: s(t.deadline_sandbox_resuming),
-    }
+    config.timings.clone()
 }
 
 /// The metering windows of `[timings] usage_window` (validated at load).

@@ -27,26 +27,8 @@ pub async fn record_events<A: Aggregate>(
     events: Vec<A::Event>,
     tenant: Option<&str>,
 ) -> Result<Option<A>, CommandError> {
-    if before.is_none() && events.is_empty() {
-        return Ok(None);
-    }
-    record_existing(ctx, tx, id, before, events, tenant)
-        .await
-        .map(Some)
-}
-
-/// [`record_events`] for a caller that needs the aggregate: `NOT_FOUND` when there was none
-/// and nothing was recorded.
-pub async fn record_existing<A: Aggregate>(
-    ctx: &Ctx,
-    tx: &mut PgConnection,
-    id: &str,
-    before: Option<&A>,
-    events: Vec<A::Event>,
-    tenant: Option<&str>,
-) -> Result<A, CommandError> {
     if events.is_empty() {
-        return before.cloned().ok_or_else(|| missing::<A>(id));
+        return Ok(before.cloned());
     }
     let expected = before.map_or(ExpectedVersion::NoStream, |b| {
         ExpectedVersion::Exact(b.version() as i64)
@@ -59,7 +41,22 @@ pub async fn record_existing<A: Aggregate>(
     let metadata = ctx.metadata(tenant);
     let stored = record(tx, &A::stream(id), expected, pairs, &metadata, prior).await?;
     let times = stored.iter().map(|r| r.recorded_at);
-    fold_onto(id, before.cloned(), events.iter().zip(times))
+    fold_onto(id, before.cloned(), events.iter().zip(times)).map(Some)
+}
+
+/// [`record_events`] for a caller that needs the aggregate: `NOT_FOUND` when there was none
+/// and nothing was recorded.
+pub async fn record_existing<A: Aggregate>(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    id: &str,
+    before: Option<&A>,
+    events: Vec<A::Event>,
+    tenant: Option<&str>,
+) -> Result<A, CommandError> {
+    record_events(ctx, tx, id, before, events, tenant)
+        .await?
+        .ok_or_else(|| missing::<A>(id))
 }
 
 /// `state` (`None`: a new stream) after `events`, each recorded at its time: the aggregate,
@@ -127,9 +124,9 @@ pub async fn change_existing<A: Aggregate>(
     tenant: Option<&str>,
     decide: impl FnOnce(Option<&A>) -> Result<Vec<A::Event>, DomainError>,
 ) -> Result<A, CommandError> {
-    let before = load::<A>(tx, id).await?;
-    let events = decide(before.as_ref())?;
-    record_existing(ctx, tx, id, before.as_ref(), events, tenant).await
+    change(ctx, tx, id, tenant, decide)
+        .await?
+        .ok_or_else(|| missing::<A>(id))
 }
 
 /// `NOT_FOUND` for aggregate `id` (`sandbox sbx_…`).

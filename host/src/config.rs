@@ -62,12 +62,12 @@ pub struct HostConfig {
     /// Where the agent serves its Prometheus metrics (`/metrics`); none: not served.
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// How the loop is paced: not in the file, tests shorten it.
-    pub timings: Timings,
+    pub timings: AgentTimings,
 }
 
 /// How often the agent looks and speaks.
 #[derive(Clone, Debug)]
-pub struct Timings {
+pub struct AgentTimings {
     /// The longest time between two reports, changed or not (reports also mark the node alive).
     pub report_interval: Duration,
     /// How long the server may hold a `nodes.spec` long poll (`waitMs`, at most 30 s).
@@ -79,9 +79,9 @@ pub struct Timings {
     pub retry_after: Duration,
 }
 
-impl Default for Timings {
+impl Default for AgentTimings {
     fn default() -> Self {
-        Timings {
+        AgentTimings {
             report_interval: Duration::from_secs(2),
             poll_wait: Duration::from_secs(20),
             observe_interval: Duration::from_secs(1),
@@ -216,7 +216,7 @@ pub fn parse(text: &str, file: &str) -> Result<HostConfig, ConfigError> {
         runtime,
         accel,
         metrics_listen,
-        timings: Timings::default(),
+        timings: AgentTimings::default(),
     })
 }
 

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::task::JoinHandle;
 
-pub use config::{load_config, ConfigError, HostConfig, RuntimeKind, Timings};
+pub use config::{load_config, AgentTimings, ConfigError, HostConfig, RuntimeKind};
 
 use agent::converge::HostLimits;
 use runtime::Runtime;

@@ -20,7 +20,7 @@ use crate::work_queue;
 /// The lease that keeps liveness checks on one replica.
 pub const LEASE: &str = "node-liveness";
 
-/// Checks liveness every `timings.liveness_check`, for as long as the task lives.
+/// Checks liveness every `timings.liveness_check()`, for as long as the task lives.
 pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
     let _lease = vps_events::lease::Lease::acquire(&ctx.pool, LEASE, Duration::from_secs(2)).await;
     let mut resumed = ctx.clock.now();
@@ -54,7 +54,7 @@ pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
         }
         // A moved clock may have made nodes silent long enough: look at once.
         tokio::select! {
-            () = tokio::time::sleep(timings.liveness_check) => {}
+            () = tokio::time::sleep(timings.liveness_check()) => {}
             () = ctx.clock.moved() => {}
         }
     }
@@ -63,7 +63,7 @@ pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
 /// Whether the gap since the last check is so long that this checker was not really
 /// running (the process stalled): longer than three check intervals plus a second.
 fn stalled(gap: Duration, timings: &Timings) -> bool {
-    gap > timings.liveness_check * 3 + Duration::from_secs(1)
+    gap > timings.liveness_check() * 3 + Duration::from_secs(1)
 }
 
 /// The nodes of pools with `lostAfterSeconds` that have been silent that long, counting from
@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn a_gap_of_several_intervals_counts_as_a_stall() {
         let timings = Timings {
-            liveness_check: Duration::from_secs(5),
+            liveness_check: 5.0,
             ..Timings::default()
         };
         assert!(!stalled(Duration::from_secs(6), &timings));

@@ -113,7 +113,7 @@ pub async fn run(ctx: Ctx, timings: Timings, store: SnapshotStore) -> Result<(),
             continue;
         }
         tokio::select! {
-            () = tokio::time::sleep(timings.sandbox_pass) => {}
+            () = tokio::time::sleep(timings.sandbox_pass()) => {}
             _ = woken.pass.changed() => {}
             _ = woken.claimed.changed() => woken.claims_paused().await,
             () = ctx.clock.moved() => {}
@@ -172,7 +172,7 @@ async fn snapshot_timeouts(
     now: DateTime<Utc>,
     timings: &Timings,
 ) -> Result<(), CommandError> {
-    let before = now - delta(timings.snapshot_timeout);
+    let before = now - delta(timings.snapshot_timeout());
     let mut conn = ctx.pool.acquire().await?;
     let overdue = snapshots::overdue(&mut conn, before, SNAPSHOTS_PER_PASS).await?;
     drop(conn);

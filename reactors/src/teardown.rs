@@ -45,7 +45,7 @@ async fn work_on(ctx: &Ctx, timings: &Timings, item: &Taken) {
         Ok(remaining) => {
             let next = match remaining {
                 0 => Next::WhenWoken,
-                _ => Next::After(timings.transitional_look.min(Duration::from_secs(5))),
+                _ => Next::After(timings.transitional_look().min(Duration::from_secs(5))),
             };
             work_queue::complete(&ctx.pool, KIND, item, next.into(), ctx.clock.now()).await
         }

@@ -5,16 +5,19 @@
 //! - [`spec`]: the payloads (NodeSpec in, status report and command results out);
 //! - [`client`]: [`NodeApi`], the node calls (`nodes.spec`, `nodes.report`, `nodes.secret`,
 //!   `nodes.redeemTicket`) authenticated with a node token;
+//! - [`pacing`]: when an agent reports and how it backs off after a failed call;
 //! - [`tunnel`]: the first line of an exec tunnel (the ticket) and how a refusal is answered.
 //!
 //! This crate knows nothing of the server's internals: only the JSON a host reads and sends.
 //! Unknown fields are ignored, so a newer server may add some.
 
 pub mod client;
+pub mod pacing;
 pub mod spec;
 pub mod tunnel;
 
 pub use client::{CallError, HostFacts, NodeApi, NodeApiOptions, Redeemed, ReportAnswer};
+pub use pacing::ReportPacer;
 pub use spec::{
     CommandResult, DesiredState, HostCommand, ImageRef, InstanceSpec, NetworkPolicy, Nic, NodeSpec,
     ReportEntry, ReportState, RestoreFrom, Shape, SshCa, VolumeAttachment, VolumeSpec,

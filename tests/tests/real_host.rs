@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vps_host::runtime::qemu::{Accel, Qemu};
-use vps_host::{HostConfig, HostHandle, RuntimeKind, Timings};
+use vps_host::{AgentTimings, HostConfig, HostHandle, RuntimeKind};
 use vps_tests::{TestServer, ALICE, OPERATOR};
 
 /// Boot to `running` (and to a first SSH login) under TCG on a busy two-core machine.
@@ -582,7 +582,7 @@ impl Lab {
             runtime: RuntimeKind::Qemu,
             accel: Accel::Tcg,
             metrics_listen: None,
-            timings: Timings {
+            timings: AgentTimings {
                 report_interval: Duration::from_millis(300),
                 poll_wait: Duration::from_secs(1),
                 observe_interval: Duration::from_millis(300),

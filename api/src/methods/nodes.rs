@@ -189,7 +189,7 @@ async fn spec(c: Call, q: SpecQuery) -> Result<NodeSpec, ApiError> {
     }
     let mut conn = c.ctx.pool.acquire().await?;
     let spec = vps_projections::node_specs::load(&mut conn, &c.specs, &q.node_id).await?;
-    let ttl = Duration::from_secs_f64(c.config.timings.snapshot_timeout);
+    let ttl = c.config.timings.snapshot_timeout();
     let spec = sign_objects(&c.snapshots, spec, ttl).await?;
     Ok(with_ssh_ca(spec, c.sandbox_ca.as_deref()))
 }

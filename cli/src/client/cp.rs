@@ -16,7 +16,7 @@ use std::process::{Command as Process, Stdio};
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
 
-use super::exec::{session, SessionError};
+use super::exec::session_or_exit;
 use super::Client;
 
 /// The command's arguments.
@@ -43,13 +43,7 @@ pub fn command() -> Command {
                 .action(ArgAction::SetTrue)
                 .help("Copy a directory and everything in it"),
         )
-        .arg(
-            Arg::new("tenantId")
-                .long("tenant")
-                .env("VPS_TENANT")
-                .required(true)
-                .help("The tenant"),
-        )
+        .arg(super::exec::tenant_arg())
 }
 
 /// One side of a copy.
@@ -272,16 +266,9 @@ pub async fn run(client: &Client, m: &ArgMatches) -> i32 {
             return 2;
         }
     };
-    let (dir, ssh) = match session(client, get("tenantId"), &sandbox, None).await {
+    let (dir, ssh) = match session_or_exit(client, get("tenantId"), &sandbox, None).await {
         Ok(s) => s,
-        Err(SessionError::Api(failure)) => {
-            super::report(&failure);
-            return 1;
-        }
-        Err(SessionError::Local(e)) => {
-            eprintln!("error: {e}");
-            return 1;
-        }
+        Err(code) => return code,
     };
     let done = tokio::task::spawn_blocking(move || transfer(ssh, &plan)).await;
     // The key and certificate go with the directory.

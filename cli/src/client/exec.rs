@@ -17,13 +17,7 @@ pub fn command() -> Command {
     Command::new("exec")
         .about("Runs a shell or a command in a sandbox over SSH (needs the system's ssh).")
         .arg(Arg::new("sandboxId").required(true).help("sbx_…"))
-        .arg(
-            Arg::new("tenantId")
-                .long("tenant")
-                .env("VPS_TENANT")
-                .required(true)
-                .help("The tenant"),
-        )
+        .arg(tenant_arg())
         .arg(
             Arg::new("ttl")
                 .long("ttl")
@@ -37,6 +31,15 @@ pub fn command() -> Command {
                 .action(ArgAction::Append)
                 .help("The command (after --); none: a shell"),
         )
+}
+
+/// `--tenant` (or `VPS_TENANT`), which exec and cp both require.
+pub fn tenant_arg() -> Arg {
+    Arg::new("tenantId")
+        .long("tenant")
+        .env("VPS_TENANT")
+        .required(true)
+        .help("The tenant")
 }
 
 /// Why an exec session could not be prepared.
@@ -82,6 +85,25 @@ pub async fn session(
     let me = std::env::current_exe().unwrap_or_else(|_| "vps".into());
     let ssh = ssh_command(&grant, dir.path(), &key, &me).map_err(SessionError::Local)?;
     Ok((dir, ssh))
+}
+
+/// [`session`] for a command line: a refusal or local failure is printed, and the exit code (1)
+/// is the error.
+pub async fn session_or_exit(
+    client: &Client,
+    tenant: &str,
+    sandbox: &str,
+    ttl_seconds: Option<i64>,
+) -> Result<(tempfile::TempDir, std::process::Command), i32> {
+    session(client, tenant, sandbox, ttl_seconds)
+        .await
+        .map_err(|e| {
+            match e {
+                SessionError::Api(failure) => super::report(&failure),
+                SessionError::Local(e) => eprintln!("error: {e}"),
+            }
+            1
+        })
 }
 
 /// The `ssh` command for a `sandboxes.exec` grant. Nothing the server answered reaches a shell:
@@ -169,16 +191,9 @@ pub async fn run(client: &Client, m: &ArgMatches) -> i32 {
         }
     };
     let tenant = m.get_one::<String>("tenantId").map_or("", String::as_str);
-    let (dir, mut ssh) = match session(client, tenant, &sandbox, Some(ttl)).await {
+    let (dir, mut ssh) = match session_or_exit(client, tenant, &sandbox, Some(ttl)).await {
         Ok(s) => s,
-        Err(SessionError::Api(failure)) => {
-            super::report(&failure);
-            return 1;
-        }
-        Err(SessionError::Local(e)) => {
-            eprintln!("error: {e}");
-            return 1;
-        }
+        Err(code) => return code,
     };
     if let Some(command) = m.get_many::<String>("command") {
         ssh.args(command);

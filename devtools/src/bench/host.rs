@@ -299,7 +299,7 @@ struct Lab {
     state_dir: PathBuf,
     root: PathBuf,
     accel: &'static str,
-    timings: vps_host::Timings,
+    timings: vps_host::AgentTimings,
 }
 
 impl Lab {
@@ -317,7 +317,7 @@ impl Lab {
             let runtime = Qemu::new(&state_dir, root.join("images"), o.accel)?;
             // Decided once, before any guest: `auto` boots a probe under KVM and falls back.
             let chosen = runtime.chosen_accel().await;
-            let timings = vps_host::Timings::default();
+            let timings = vps_host::AgentTimings::default();
             let config = vps_host::HostConfig {
                 server_url: server.url(),
                 node_id: node_id.clone(),

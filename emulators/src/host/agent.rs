@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use super::snapshots;
 use super::{HostConfig, Shared};
-use vps_seam::{CallError, CommandResult, HostCommand, NodeApi, NodeSpec, ReportEntry};
+use vps_seam::{CallError, CommandResult, HostCommand, NodeApi, NodeSpec, ReportPacer};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -31,10 +31,7 @@ pub(super) async fn run(shared: Arc<Shared>, config: HostConfig, api: NodeApi) {
         shared,
         config,
         spec_poll: None,
-        retry_at: None,
-        backoff: FIRST_BACKOFF,
-        last_sent: None,
-        last_report_at: None,
+        pacer: ReportPacer::new(FIRST_BACKOFF, MAX_BACKOFF),
         silent: false,
     };
     for pass in 0u64.. {
@@ -50,12 +47,7 @@ struct Agent {
     config: HostConfig,
     /// The outstanding `nodes.spec` long poll.
     spec_poll: Option<SpecPoll>,
-    /// While the server fails, nothing is sent before this.
-    retry_at: Option<Instant>,
-    backoff: Duration,
-    /// The last inventory the server accepted, so an unchanged one waits for the interval.
-    last_sent: Option<(Vec<ReportEntry>, Option<u64>, Vec<CommandResult>)>,
-    last_report_at: Option<Instant>,
+    pacer: ReportPacer,
     silent: bool,
 }
 
@@ -69,11 +61,11 @@ impl Agent {
             tracing::info!("host speaks again");
             self.silent = false;
             // Forget what was sent, so the host reports at once as a reconnecting host does.
-            self.last_sent = None;
+            self.pacer.forget_sent();
         }
 
         let now = Instant::now();
-        let backing_off = self.retry_at.is_some_and(|at| at > now);
+        let backing_off = self.pacer.backing_off(now);
         if !backing_off && self.spec_poll.is_none() {
             self.spec_poll = Some(self.poll_spec());
         }
@@ -139,20 +131,14 @@ impl Agent {
     /// The earliest of: a boot finishing, a report falling due, the back-off ending.
     fn next_wake(&self, backing_off: bool) -> Option<Instant> {
         let boot = self.shared.domains().next_boot_at().map(Instant::from_std);
-        // While backing off a due report must not wake the loop: it would spin until retry_at.
-        let report = if backing_off {
-            self.retry_at
-        } else {
-            self.last_report_at
-                .map(|at| at + self.config.report_interval)
-        };
+        let report = self.pacer.wake_at(backing_off, self.config.report_interval);
         boot.into_iter().chain(report).min()
     }
 
     /// Fetches the user data new domains need, all at once. A refusal fails the instance; no
     /// answer (or a 5xx) leaves it to be asked again after the back-off.
     async fn fetch_user_data(&mut self) {
-        if self.retry_at.is_some_and(|at| at > Instant::now()) {
+        if self.pacer.backing_off(Instant::now()) {
             return;
         }
         let wanted = self.shared.domains().user_data_wanted();
@@ -226,7 +212,7 @@ impl Agent {
     /// tell the server every placed instance is gone.
     async fn report_if_needed(&mut self) {
         let now = Instant::now();
-        if self.retry_at.is_some_and(|at| at > now) {
+        if self.pacer.backing_off(now) {
             return;
         }
         let (entries, applied) = {
@@ -237,16 +223,12 @@ impl Agent {
         if applied.is_none() {
             return;
         }
-        let changed = self
-            .last_sent
-            .as_ref()
-            .is_none_or(|(sent, generation, reported)| {
-                *sent != entries || *generation != applied || *reported != results
-            });
-        let due = self
-            .last_report_at
-            .is_none_or(|at| now >= at + self.config.report_interval);
-        if !changed && !due {
+        let interval = self.config.report_interval;
+        if self
+            .pacer
+            .due(now, interval, &entries, applied, &results)
+            .is_none()
+        {
             return;
         }
         match self.api.report(&entries, applied, &results, true).await {
@@ -263,23 +245,19 @@ impl Agent {
                     .lock()
                     .expect("the orphan list is never poisoned") = answer.orphans;
                 self.shared.reports_sent.fetch_add(1, Ordering::SeqCst);
-                self.last_sent = Some((entries, applied, results));
-                self.last_report_at = Some(now);
+                self.pacer.sent(now, entries, applied, results);
             }
             Err(error) => self.failed("nodes.report", &error),
         }
     }
 
     fn succeeded(&mut self) {
-        self.retry_at = None;
-        self.backoff = FIRST_BACKOFF;
+        self.pacer.succeeded();
     }
 
     /// Backs off, doubling up to [`MAX_BACKOFF`]; the host keeps going whatever the server says.
     fn failed(&mut self, call: &str, error: &CallError) {
-        tracing::warn!(call, %error, backoff_ms = self.backoff.as_millis() as u64, "server call failed");
-        self.retry_at = Some(Instant::now() + self.backoff);
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.pacer.failed(call, error);
     }
 }
 

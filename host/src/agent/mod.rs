@@ -26,10 +26,10 @@ use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 use vps_seam::{
     CallError, CommandResult, DesiredState, HostCommand, InstanceSpec, NodeApi, NodeSpec,
-    ReportEntry, ReportState,
+    ReportEntry, ReportPacer, ReportState,
 };
 
-use crate::config::Timings;
+use crate::config::AgentTimings;
 use crate::runtime::{
     GuestSpec, GuestState, ImageRef, NetworkMode, NetworkPolicy, NicSpec, Observed, RestoreSource,
     Runtime, SshCa, VolumeAttachment, VolumeSpec,
@@ -49,7 +49,7 @@ pub struct AgentParts {
     /// The node calls.
     pub api: NodeApi,
     /// How the loop is paced.
-    pub timings: Timings,
+    pub timings: AgentTimings,
     /// What one guest may have.
     pub limits: HostLimits,
     /// The bridge every tap attaches to, overriding the spec's.
@@ -85,10 +85,7 @@ pub async fn run<R: Runtime>(runtime: Arc<R>, parts: AgentParts) {
         done_tx,
         done_rx,
         spec_poll: None,
-        retry_at: None,
-        backoff: FIRST_BACKOFF,
-        last_sent: None,
-        last_report_at: None,
+        pacer: ReportPacer::new(FIRST_BACKOFF, MAX_BACKOFF),
         next_look: Instant::now(),
     };
     agent.adopt().await;
@@ -123,7 +120,7 @@ struct Guest {
 struct Agent<R> {
     runtime: Arc<R>,
     api: NodeApi,
-    timings: Timings,
+    timings: AgentTimings,
     limits: HostLimits,
     bridge: Option<String>,
     targets: Arc<Targets>,
@@ -147,12 +144,7 @@ struct Agent<R> {
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
     spec_poll: Option<SpecPoll>,
-    /// While the server fails, nothing is sent before this.
-    retry_at: Option<Instant>,
-    backoff: Duration,
-    /// The last report the server accepted, so an unchanged one waits for the interval.
-    last_sent: Option<(Vec<ReportEntry>, Option<u64>, Vec<CommandResult>)>,
-    last_report_at: Option<Instant>,
+    pacer: ReportPacer,
     next_look: Instant,
 }
 
@@ -186,7 +178,7 @@ impl<R: Runtime> Agent<R> {
 
     async fn pass(&mut self) {
         let now = Instant::now();
-        let backing_off = self.retry_at.is_some_and(|at| at > now);
+        let backing_off = self.pacer.backing_off(now);
         if !backing_off && self.spec_poll.is_none() {
             self.spec_poll = Some(self.poll_spec());
         }
@@ -227,13 +219,9 @@ impl<R: Runtime> Agent<R> {
     /// The earliest of: the next look at the guests, a report falling due, a retry coming due,
     /// the back-off ending.
     fn next_wake(&self, backing_off: bool) -> Instant {
-        let report = match backing_off {
-            // While backing off a due report must not wake the loop: it would spin.
-            true => self.retry_at,
-            false => self
-                .last_report_at
-                .map(|at| at + self.timings.report_interval),
-        };
+        let report = self
+            .pacer
+            .wake_at(backing_off, self.timings.report_interval);
         let retries = self.guests.values().filter_map(|g| g.retry_at);
         [self.next_look]
             .into_iter()
@@ -540,25 +528,17 @@ impl<R: Runtime> Agent<R> {
     /// before the first spec: it would tell the server that every placed instance is gone.
     async fn report_if_needed(&mut self) {
         let now = Instant::now();
-        if self.retry_at.is_some_and(|at| at > now) || self.specs.is_none() {
+        if self.pacer.backing_off(now) || self.specs.is_none() {
             return;
         }
         let entries = self.entries();
         crate::metrics::guests_by_state(&entries);
         let applied = self.generation;
         let results = self.command_results();
-        let changed = self
-            .last_sent
-            .as_ref()
-            .is_none_or(|(sent, generation, sent_results)| {
-                *sent != entries || *generation != applied || *sent_results != results
-            });
-        let due = self
-            .last_report_at
-            .is_none_or(|at| now >= at + self.timings.report_interval);
-        if !changed && !due {
+        let interval = self.timings.report_interval;
+        let Some(changed) = self.pacer.due(now, interval, &entries, applied, &results) else {
             return;
-        }
+        };
         match self.api.report(&entries, applied, &results, true).await {
             Ok(answer) => {
                 self.succeeded();
@@ -568,25 +548,21 @@ impl<R: Runtime> Agent<R> {
                         entries.iter().map(|e| (e.id.as_str(), e.state)).collect();
                     tracing::debug!(?states, orphans = answer.orphans.len(), "reported");
                 }
-                self.last_sent = Some((entries, applied, results));
-                self.last_report_at = Some(now);
+                self.pacer.sent(now, entries, applied, results);
             }
             Err(error) => self.failed("nodes.report", &error),
         }
     }
 
     fn succeeded(&mut self) {
-        self.retry_at = None;
-        self.backoff = FIRST_BACKOFF;
+        self.pacer.succeeded();
     }
 
     /// Backs off, doubling up to [`MAX_BACKOFF`]; the agent keeps going whatever the server
     /// says.
     fn failed(&mut self, call: &'static str, error: &CallError) {
-        tracing::warn!(call, %error, backoff_ms = self.backoff.as_millis() as u64, "server call failed");
         crate::metrics::server_call_failed(call);
-        self.retry_at = Some(Instant::now() + self.backoff);
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.pacer.failed(call, error);
     }
 }
 

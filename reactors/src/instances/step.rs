@@ -45,9 +45,11 @@ pub fn step(
             Some(Placement::Decided(cmd @ InstanceCommand::Place(_))) => {
                 (Some(cmd), Next::WhenWoken)
             }
-            Some(Placement::Decided(cmd)) => (Some(cmd), Next::After(timings.unschedulable_retry)),
+            Some(Placement::Decided(cmd)) => {
+                (Some(cmd), Next::After(timings.unschedulable_retry()))
+            }
             // No free address: wait for one like for capacity.
-            Some(Placement::NoAddress) | None => (None, Next::After(timings.unschedulable_retry)),
+            Some(Placement::NoAddress) | None => (None, Next::After(timings.unschedulable_retry())),
         },
         InstanceState::Lost => {
             if facts.recreate_on_host_loss
@@ -58,7 +60,7 @@ pub fn step(
                     Next::After(Duration::ZERO),
                 )
             } else {
-                (None, Next::After(timings.lost_look))
+                (None, Next::After(timings.lost_look()))
             }
         }
         InstanceState::Deleted | InstanceState::Error => (None, Next::WhenWoken),
@@ -76,7 +78,7 @@ pub fn standing_refusal<'a>(
 }
 
 fn replacement_wait(timings: &Timings) -> TimeDelta {
-    TimeDelta::from_std(timings.replacement_wait).unwrap_or(TimeDelta::MAX)
+    TimeDelta::from_std(timings.replacement_wait()).unwrap_or(TimeDelta::MAX)
 }
 
 /// A placed instance: re-place it away from a host that keeps refusing it, or look again
@@ -97,10 +99,10 @@ fn exhausted_or_settled(
         // A tenant's running instance on that node means the refusal is the tenant's own
         // doing (its neighbours), not the host's: leave it there.
         if facts.tenant_runs_there {
-            return (None, Next::After(timings.transitional_look));
+            return (None, Next::After(timings.transitional_look()));
         }
         let exclude_until =
-            now + TimeDelta::from_std(timings.refusing_node_exclusion).unwrap_or(TimeDelta::MAX);
+            now + TimeDelta::from_std(timings.refusing_node_exclusion()).unwrap_or(TimeDelta::MAX);
         return (
             Some(InstanceCommand::Recreate(
                 RecreateCause::ResourcesExhausted { exclude_until },

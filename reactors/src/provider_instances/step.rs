@@ -148,7 +148,7 @@ pub fn plan(
     Plan::Call(match (inst.state, inst.external_id.clone()) {
         (InstanceState::Deleted | InstanceState::Error, _) => return Plan::Wait(Next::WhenWoken),
         // `get` would find nothing again; only a delete moves a lost machine on.
-        (InstanceState::Lost, _) => return Plan::Wait(Next::After(timings.lost_look)),
+        (InstanceState::Lost, _) => return Plan::Wait(Next::After(timings.lost_look())),
         (InstanceState::Deleting, None) => return Plan::Record(vec![InstanceCommand::Release]),
         (InstanceState::Deleting, Some(id)) => Call::Delete(id),
         (InstanceState::Scheduling, None) => Call::Create(CreateMachine {
@@ -162,7 +162,7 @@ pub fn plan(
             id,
             desired: inst.desired_state,
         },
-        (_, None) => return Plan::Wait(Next::After(timings.transitional_look)),
+        (_, None) => return Plan::Wait(Next::After(timings.transitional_look())),
     })
 }
 
@@ -187,7 +187,7 @@ fn retry_wait(
     let recorded = inst
         .condition(ConditionType::ProviderError)
         .and_then(|_| {
-            let until = inst.updated_at + TimeDelta::from_std(timings.provider_retry).ok()?;
+            let until = inst.updated_at + TimeDelta::from_std(timings.provider_retry()).ok()?;
             (until - now).to_std().ok()
         })
         .filter(|wait| !wait.is_zero());
@@ -310,7 +310,7 @@ pub fn commands_for(inst: &Instance, call: &Call, answer: &Answer) -> Vec<Instan
 pub fn recorded(commands: &[InstanceCommand], after: Option<&Instance>, timings: &Timings) -> Next {
     match (after, commands) {
         (None, _) => Next::After(Duration::ZERO),
-        (Some(_), [InstanceCommand::SetCondition { .. }]) => Next::After(timings.provider_retry),
+        (Some(_), [InstanceCommand::SetCondition { .. }]) => Next::After(timings.provider_retry()),
         (Some(after), _) => next_look(timings, after),
     }
 }
@@ -355,7 +355,7 @@ pub fn answered(
         };
     }
     let wait = timings
-        .provider_retry
+        .provider_retry()
         .max(error.retry_after.unwrap_or_default());
     Outcome {
         next: Next::After(wait),
@@ -382,9 +382,9 @@ pub fn unwanted(current: &Instance) -> bool {
 fn next_look(timings: &Timings, inst: &Instance) -> Next {
     match inst.state {
         InstanceState::Deleted | InstanceState::Error => Next::WhenWoken,
-        InstanceState::Lost => Next::After(timings.lost_look),
-        state if state == inst.desired_state.as_state() => Next::After(timings.provider_poll),
-        _ => Next::After(timings.transitional_look),
+        InstanceState::Lost => Next::After(timings.lost_look()),
+        state if state == inst.desired_state.as_state() => Next::After(timings.provider_poll()),
+        _ => Next::After(timings.transitional_look()),
     }
 }
 

@@ -57,17 +57,17 @@ pub fn wants_pass(look: &Look, now: DateTime<Utc>, timings: &Timings) -> bool {
 /// The expiry warning's lead and its floor.
 pub fn expiry_leads(timings: &Timings) -> (TimeDelta, TimeDelta) {
     (
-        delta(timings.sandbox_expiring_lead),
-        delta(timings.sandbox_expiring_min_lead),
+        delta(timings.sandbox_expiring_lead()),
+        delta(timings.sandbox_expiring_min_lead()),
     )
 }
 
 /// The transitional states' deadlines.
 pub fn deadlines(timings: &Timings) -> Deadlines {
     Deadlines {
-        starting: delta(timings.deadline_sandbox_starting),
-        pausing: delta(timings.deadline_sandbox_pausing),
-        resuming: delta(timings.deadline_sandbox_resuming),
+        starting: delta(timings.deadline_sandbox_starting()),
+        pausing: delta(timings.deadline_sandbox_pausing()),
+        resuming: delta(timings.deadline_sandbox_resuming()),
     }
 }
 

@@ -58,35 +58,20 @@ pub async fn blank(disk: &Path, disk_gib: u64) -> Result<(), RuntimeError> {
 }
 
 async fn info(image: &Path) -> Result<Info, RuntimeError> {
-    let output = Command::new("qemu-img")
-        .args(["info", "--output=json"])
-        .arg(image)
-        .output()
-        .await
-        .map_err(|e| RuntimeError(format!("cannot run qemu-img: {e}")))?;
-    if !output.status.success() {
-        return Err(RuntimeError(format!(
-            "qemu-img info {}: {}",
-            image.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    serde_json::from_slice(&output.stdout)
+    let mut command = Command::new("qemu-img");
+    command.args(["info", "--output=json"]).arg(image);
+    let stdout =
+        super::tool::run(&mut command, &format!("qemu-img info {}", image.display())).await?;
+    serde_json::from_slice(&stdout)
         .map_err(|e| RuntimeError(format!("qemu-img info {}: {e}", image.display())))
 }
 
 async fn qemu_img(mut command: Command, disk: &Path) -> Result<(), RuntimeError> {
-    let output = command
-        .output()
-        .await
-        .map_err(|e| RuntimeError(format!("cannot run qemu-img: {e}")))?;
-    if output.status.success() {
-        return Ok(());
+    let what = format!("creating disk {}", disk.display());
+    if let Err(error) = super::tool::run(&mut command, &what).await {
+        // Nothing half-made is left under the disk's name.
+        let _ = tokio::fs::remove_file(disk).await;
+        return Err(error);
     }
-    let _ = tokio::fs::remove_file(disk).await;
-    Err(RuntimeError(format!(
-        "creating disk {}: {}",
-        disk.display(),
-        String::from_utf8_lossy(&output.stderr).trim()
-    )))
+    Ok(())
 }

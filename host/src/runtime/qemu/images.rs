@@ -261,39 +261,10 @@ fn snapshot_complete(dir: &Path) -> bool {
         .all(|f| dir.join(f).is_file())
 }
 
-/// Unpacks the snapshot archive's known regular files into `out`, like [`unpack_bundle`].
+/// Unpacks the snapshot archive's known regular files into `out`.
 fn unpack_snapshot(tar: &Path, out: &Path) -> Result<(), RuntimeError> {
-    let bad =
-        |e: std::io::Error| RuntimeError(format!("snapshot archive is not a readable tar: {e}"));
-    let file = std::fs::File::open(tar).map_err(bad)?;
-    let mut archive = tar::Archive::new(file);
-    let mut found = Vec::new();
-    for entry in archive.entries().map_err(bad)? {
-        let mut entry = entry.map_err(bad)?;
-        // The tar crate writes files with holes as GNU sparse entries.
-        let kind = entry.header().entry_type();
-        if !kind.is_file() && !kind.is_gnu_sparse() {
-            continue;
-        }
-        let path = entry.path().map_err(bad)?.into_owned();
-        let name = path.to_string_lossy().into_owned();
-        if !SNAPSHOT_FILES.contains(&name.as_str()) || found.contains(&name) {
-            continue;
-        }
-        let target = out.join(&name);
-        let mut dst = std::fs::File::create(&target)
-            .map_err(|e| RuntimeError(format!("writing {}: {e}", target.display())))?;
-        std::io::copy(&mut entry, &mut dst)
-            .and_then(|_| dst.sync_all())
-            .map_err(|e| RuntimeError(format!("writing {}: {e}", target.display())))?;
-        found.push(name);
-    }
-    for required in ["manifest.json", "disk.qcow2", "config.img"] {
-        if !found.iter().any(|f| f == required) {
-            return Err(RuntimeError(format!("snapshot archive has no {required}")));
-        }
-    }
-    Ok(())
+    let required = ["manifest.json", "disk.qcow2", "config.img"];
+    unpack_known(tar, out, "snapshot archive", &SNAPSHOT_FILES, &required)
 }
 
 /// What a complete cache directory holds, if it is complete.
@@ -312,16 +283,36 @@ fn cached(dir: &Path, format: &str) -> Option<Cached> {
     })
 }
 
-/// Unpacks the bundle's known regular files into `out`; anything else in the tar is ignored,
-/// so a hostile member name can never write outside the cache.
+/// Unpacks the bundle's known regular files into `out`.
 fn unpack_bundle(tar: &Path, out: &Path) -> Result<(), RuntimeError> {
-    let bad = |e: std::io::Error| RuntimeError(format!("image bundle is not a readable tar: {e}"));
+    unpack_known(
+        tar,
+        out,
+        "image bundle",
+        &BUNDLE_FILES,
+        &["vmlinuz", "initrd"],
+    )
+}
+
+/// Unpacks the regular files of the tar named in `known` into `out` (a leading `./` dropped);
+/// anything else in the tar is ignored, so a hostile member name can never write outside
+/// `out`. Each of `required` must be there; `what` names the archive in errors.
+fn unpack_known(
+    tar: &Path,
+    out: &Path,
+    what: &str,
+    known: &[&str],
+    required: &[&str],
+) -> Result<(), RuntimeError> {
+    let bad = |e: std::io::Error| RuntimeError(format!("{what} is not a readable tar: {e}"));
     let file = std::fs::File::open(tar).map_err(bad)?;
     let mut archive = tar::Archive::new(file);
     let mut found = Vec::new();
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
-        if !entry.header().entry_type().is_file() {
+        // The tar crate writes files with holes (a snapshot's disk) as GNU sparse entries.
+        let kind = entry.header().entry_type();
+        if !kind.is_file() && !kind.is_gnu_sparse() {
             continue;
         }
         let path = entry.path().map_err(bad)?.into_owned();
@@ -330,7 +321,7 @@ fn unpack_bundle(tar: &Path, out: &Path) -> Result<(), RuntimeError> {
             .unwrap_or(&path)
             .to_string_lossy()
             .into_owned();
-        if !BUNDLE_FILES.contains(&name.as_str()) || found.contains(&name) {
+        if !known.contains(&name.as_str()) || found.contains(&name) {
             continue;
         }
         let target = out.join(&name);
@@ -341,10 +332,8 @@ fn unpack_bundle(tar: &Path, out: &Path) -> Result<(), RuntimeError> {
             .map_err(|e| RuntimeError(format!("writing {}: {e}", target.display())))?;
         found.push(name);
     }
-    for required in ["vmlinuz", "initrd"] {
-        if !found.iter().any(|f| f == required) {
-            return Err(RuntimeError(format!("image bundle has no {required}")));
-        }
+    match required.iter().find(|r| !found.iter().any(|f| f == *r)) {
+        Some(missing) => Err(RuntimeError(format!("{what} has no {missing}"))),
+        None => Ok(()),
     }
-    Ok(())
 }

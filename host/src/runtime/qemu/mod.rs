@@ -20,6 +20,7 @@ pub mod policy;
 mod process;
 mod qmp;
 mod snapshots;
+mod tool;
 mod volumes;
 
 use std::collections::HashMap;

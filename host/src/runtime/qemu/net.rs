@@ -79,19 +79,10 @@ async fn link_exists(name: &str) -> bool {
 }
 
 async fn ip(args: &[&str]) -> Result<(), RuntimeError> {
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .await
-        .map_err(|e| RuntimeError(format!("cannot run ip: {e}")))?;
-    if output.status.success() {
-        return Ok(());
-    }
-    Err(RuntimeError(format!(
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr).trim()
-    )))
+    let mut ip = Command::new("ip");
+    ip.args(args);
+    super::tool::run(&mut ip, &format!("ip {}", args.join(" "))).await?;
+    Ok(())
 }
 
 #[cfg(test)]

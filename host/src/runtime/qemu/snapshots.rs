@@ -179,39 +179,21 @@ async fn wait_migration(
 
 /// Copies a file, keeping holes (a qcow2 overlay holds little but its own clusters).
 pub async fn copy_sparse(from: &Path, to: &Path) -> Result<(), RuntimeError> {
-    let output = Command::new("cp")
-        .arg("--sparse=always")
-        .arg(from)
-        .arg(to)
-        .output()
-        .await
-        .map_err(|e| RuntimeError(format!("cannot run cp: {e}")))?;
-    if output.status.success() {
-        return Ok(());
-    }
-    Err(RuntimeError(format!(
-        "copying {}: {}",
-        from.display(),
-        String::from_utf8_lossy(&output.stderr).trim()
-    )))
+    let mut cp = Command::new("cp");
+    cp.arg("--sparse=always").arg(from).arg(to);
+    super::tool::run(&mut cp, &format!("copying {}", from.display())).await?;
+    Ok(())
 }
 
 /// Flattens `overlay` (and whatever it rests on) into one qcow2 at `out`, with no backing file.
 pub async fn flatten(overlay: &Path, out: &Path) -> Result<(), RuntimeError> {
-    let output = Command::new("qemu-img")
+    let mut convert = Command::new("qemu-img");
+    convert
         .args(["convert", "-q", "-O", "qcow2"])
         .arg(overlay)
-        .arg(out)
-        .output()
-        .await
-        .map_err(|e| RuntimeError(format!("cannot run qemu-img: {e}")))?;
-    if output.status.success() {
-        return Ok(());
-    }
-    Err(RuntimeError(format!(
-        "flattening the disk: {}",
-        String::from_utf8_lossy(&output.stderr).trim()
-    )))
+        .arg(out);
+    super::tool::run(&mut convert, "flattening the disk").await?;
+    Ok(())
 }
 
 /// Writes the archive of the files in `work` to `archive`, hashing it as it is written.

@@ -99,20 +99,16 @@ pub async fn create_if_missing(
     // Made under a temporary name, so a crash never leaves a half-made volume under its own.
     let partial = store.0.join(format!(".{}.partial", volume.id));
     let size = volume.size_gib.max(1).saturating_mul(GIB);
-    let output = Command::new("qemu-img")
+    let mut create = Command::new("qemu-img");
+    create
         .args(["create", "-q", "-f", "qcow2", "-o", "lazy_refcounts=on"])
         .arg(&partial)
-        .arg(size.to_string())
-        .output()
-        .await
-        .map_err(|e| RuntimeError(format!("cannot run qemu-img: {e}")))?;
-    if !output.status.success() {
+        .arg(size.to_string());
+    if let Err(error) =
+        super::tool::run(&mut create, &format!("creating volume {}", volume.id)).await
+    {
         let _ = std::fs::remove_file(&partial);
-        return Err(RuntimeError(format!(
-            "creating volume {}: {}",
-            volume.id,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
+        return Err(error);
     }
     std::fs::rename(&partial, &path)
         .map_err(|e| RuntimeError(format!("creating volume {}: {e}", volume.id)))?;
@@ -121,20 +117,11 @@ pub async fn create_if_missing(
 
 /// The volume's virtual size in bytes.
 pub async fn virtual_size(path: &Path) -> Result<u64, RuntimeError> {
-    let output = Command::new("qemu-img")
-        .args(["info", "-U", "--output=json"])
-        .arg(path)
-        .output()
-        .await
-        .map_err(|e| RuntimeError(format!("cannot run qemu-img: {e}")))?;
-    if !output.status.success() {
-        return Err(RuntimeError(format!(
-            "qemu-img info {}: {}",
-            path.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    let info: serde_json::Value = serde_json::from_slice(&output.stdout)
+    let what = format!("qemu-img info {}", path.display());
+    let mut command = Command::new("qemu-img");
+    command.args(["info", "-U", "--output=json"]).arg(path);
+    let stdout = super::tool::run(&mut command, &what).await?;
+    let info: serde_json::Value = serde_json::from_slice(&stdout)
         .map_err(|e| RuntimeError(format!("qemu-img info {}: {e}", path.display())))?;
     info["virtual-size"]
         .as_u64()
@@ -143,21 +130,13 @@ pub async fn virtual_size(path: &Path) -> Result<u64, RuntimeError> {
 
 /// Grows a volume no QEMU has open to `bytes`.
 pub async fn resize_offline(path: &Path, bytes: u64) -> Result<(), RuntimeError> {
-    let output = Command::new("qemu-img")
+    let mut resize = Command::new("qemu-img");
+    resize
         .args(["resize", "-q", "-f", "qcow2"])
         .arg(path)
-        .arg(bytes.to_string())
-        .output()
-        .await
-        .map_err(|e| RuntimeError(format!("cannot run qemu-img: {e}")))?;
-    if output.status.success() {
-        return Ok(());
-    }
-    Err(RuntimeError(format!(
-        "growing {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&output.stderr).trim()
-    )))
+        .arg(bytes.to_string());
+    super::tool::run(&mut resize, &format!("growing {}", path.display())).await?;
+    Ok(())
 }
 
 /// What the file takes on the host's disk (it is sparse).

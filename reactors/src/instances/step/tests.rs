@@ -76,7 +76,7 @@ fn scheduling(t: &Timings) -> Vec<Row> {
                 ..facts()
             },
             command: Some(InstanceCommand::MarkUnschedulable(Unschedulable::NoFit)),
-            next: Next::After(t.unschedulable_retry),
+            next: Next::After(t.unschedulable_retry()),
         },
         Row {
             name: "scheduling, no free address: record nothing, retry",
@@ -86,7 +86,7 @@ fn scheduling(t: &Timings) -> Vec<Row> {
                 ..facts()
             },
             command: None,
-            next: Next::After(t.unschedulable_retry),
+            next: Next::After(t.unschedulable_retry()),
         },
     ]
 }
@@ -108,7 +108,7 @@ fn lost(t: &Timings) -> Vec<Row> {
             inst: instance(InstanceState::Lost, DesiredState::Running),
             facts: facts(),
             command: None,
-            next: Next::After(t.lost_look),
+            next: Next::After(t.lost_look()),
         },
         Row {
             name: "lost and being deleted: never recreated",
@@ -118,20 +118,20 @@ fn lost(t: &Timings) -> Vec<Row> {
                 ..facts()
             },
             command: None,
-            next: Next::After(t.lost_look),
+            next: Next::After(t.lost_look()),
         },
     ]
 }
 
 fn refused_by_its_host(t: &Timings) -> Vec<Row> {
-    let exclude_until = now() + TimeDelta::from_std(t.refusing_node_exclusion).unwrap();
+    let exclude_until = now() + TimeDelta::from_std(t.refusing_node_exclusion()).unwrap();
     vec![
         Row {
             name: "refused before replacement_wait: look again when it has stood long enough",
             inst: refused(TimeDelta::seconds(20)),
             facts: facts(),
             command: None,
-            next: Next::After(t.replacement_wait - Duration::from_secs(20)),
+            next: Next::After(t.replacement_wait() - Duration::from_secs(20)),
         },
         Row {
             name: "refused past replacement_wait: re-place it away from the host",
@@ -150,7 +150,7 @@ fn refused_by_its_host(t: &Timings) -> Vec<Row> {
                 ..facts()
             },
             command: None,
-            next: Next::After(t.transitional_look),
+            next: Next::After(t.transitional_look()),
         },
     ]
 }

@@ -89,13 +89,13 @@ fn plan_calls_or_waits_by_where_the_instance_stands() {
             "starting without a machine: look again soon",
             instance(InstanceState::Starting, DesiredState::Running, None),
             None,
-            Plan::Wait(Next::After(t.transitional_look)),
+            Plan::Wait(Next::After(t.transitional_look())),
         ),
         (
             "lost: only a delete moves it on",
             instance(InstanceState::Lost, DesiredState::Running, Some("m-1")),
             at(100),
-            Plan::Wait(Next::After(t.lost_look)),
+            Plan::Wait(Next::After(t.lost_look())),
         ),
         (
             "deleted: only when woken",
@@ -144,7 +144,7 @@ fn plan_holds_off_while_a_failed_call_asks_to_wait() {
             "a recent ProviderError condition: wait out provider_retry",
             throttled.clone(),
             None,
-            Plan::Wait(Next::After(t.provider_retry - secs(10))),
+            Plan::Wait(Next::After(t.provider_retry() - secs(10))),
         ),
         (
             "both: the later wins",
@@ -353,21 +353,25 @@ fn answered_after_a_call_says_when_to_look_again() {
             false,
             machine.clone(),
             Some(&running),
-            outcome(Next::After(t.provider_poll), None, AccountChange::Keep),
+            outcome(Next::After(t.provider_poll()), None, AccountChange::Keep),
         ),
         (
             "booting: look again soon, clear the account's error",
             true,
             machine.clone(),
             Some(&starting),
-            outcome(Next::After(t.transitional_look), None, AccountChange::Clear),
+            outcome(
+                Next::After(t.transitional_look()),
+                None,
+                AccountChange::Clear,
+            ),
         ),
         (
             "gone: lost",
             false,
             Answer::Gone,
             Some(&lost),
-            outcome(Next::After(t.lost_look), None, AccountChange::Keep),
+            outcome(Next::After(t.lost_look()), None, AccountChange::Keep),
         ),
         (
             "deleted: only when woken",
@@ -397,7 +401,7 @@ fn answered_after_a_failed_call_keeps_its_retry_time_and_notes_the_account() {
     let failed = instance(InstanceState::Error, DesiredState::Running, Some("m-1"));
     let throttled = ProviderError::rate_limited("slow down", Some(secs(90)));
     let invalid = ProviderError::invalid_config("bad token");
-    let retry = at(t.provider_retry.as_secs() as i64);
+    let retry = at(t.provider_retry().as_secs() as i64);
     let rows: Vec<(&str, bool, Answer, Option<&Instance>, Outcome)> = vec![
         (
             "throttled for longer than provider_retry: wait as asked",
@@ -411,7 +415,7 @@ fn answered_after_a_failed_call_keeps_its_retry_time_and_notes_the_account() {
             false,
             Answer::Failed(ProviderError::provider("503")),
             Some(&running),
-            outcome(Next::After(t.provider_retry), retry, AccountChange::Keep),
+            outcome(Next::After(t.provider_retry()), retry, AccountChange::Keep),
         ),
         (
             "the account's configuration refused: failed, recorded on the account",
@@ -430,7 +434,7 @@ fn answered_after_a_failed_call_keeps_its_retry_time_and_notes_the_account() {
             Answer::Failed(invalid.clone()),
             Some(&running),
             outcome(
-                Next::After(t.provider_retry),
+                Next::After(t.provider_retry()),
                 retry,
                 AccountChange::Record(invalid),
             ),
@@ -464,7 +468,7 @@ fn a_pass_without_a_call_looks_again_by_what_it_recorded() {
             "a condition: retry after provider_retry",
             &condition,
             Some(&waiting),
-            Next::After(t.provider_retry),
+            Next::After(t.provider_retry()),
         ),
         (
             "the instance moved on: at once",
