@@ -47,6 +47,23 @@ pub struct Answer {
     pub body: Value,
 }
 
+impl Answer {
+    /// The status and the error code, to compare in one assert.
+    pub fn status_code(&self) -> (u16, Option<&str>) {
+        (self.status, self.body["code"].as_str())
+    }
+}
+
+/// A quota of `vcpu` vCPU with room to match: 10 GiB of memory and 100 GiB of disk a vCPU.
+pub fn quota(vcpu: i64) -> Value {
+    json!({ "vcpu": vcpu, "memoryGiB": vcpu * 10, "diskGiB": vcpu * 100 })
+}
+
+/// The body that names tenant `acme`'s instance `id`.
+pub fn acme_instance(id: impl serde::Serialize) -> Value {
+    json!({ "tenantId": "acme", "instanceId": id })
+}
+
 /// The timings the sandbox tests run on: instances looked at again within a tenth of a second,
 /// the sandbox reconciler passing every 0.2 s.
 pub fn fast_sandboxes(c: &mut Config) {
@@ -148,6 +165,19 @@ impl TestServer {
             Ok(v) => v,
             Err(a) => panic!("{method} failed: {} {}", a.status, a.body),
         }
+    }
+
+    /// Like `call`, panicking on success: the error answer.
+    pub async fn err(&self, token: &str, method: &str, body: Value) -> Answer {
+        match self.call(token, method, body).await {
+            Ok(v) => panic!("{method} succeeded where a refusal was expected: {v}"),
+            Err(a) => a,
+        }
+    }
+
+    /// `instances.get` of `acme`'s instance `id` as `token`.
+    pub async fn instance(&self, token: &str, id: impl serde::Serialize) -> Value {
+        self.ok(token, "instances.get", acme_instance(id)).await
     }
 
     /// A hosted pool offered to `acme` with `quota`, an IP range, `nodes` nodes of 16 vCPU /
