@@ -64,6 +64,21 @@ pub fn acme_instance(id: impl serde::Serialize) -> Value {
     json!({ "tenantId": "acme", "instanceId": id })
 }
 
+/// The body that names tenant `acme`'s sandbox `id`.
+pub fn acme_sandbox(id: impl serde::Serialize) -> Value {
+    json!({ "tenantId": "acme", "sandboxId": id })
+}
+
+/// `base` with the fields of `extra` added (an `extra` field replaces `base`'s): a request
+/// body a test adjusts. Both must be JSON objects.
+pub fn merged(mut base: Value, extra: Value) -> Value {
+    let (Some(fields), Value::Object(more)) = (base.as_object_mut(), extra) else {
+        panic!("merged takes two JSON objects");
+    };
+    fields.extend(more);
+    base
+}
+
 /// The timings the sandbox tests run on: instances looked at again within a tenth of a second,
 /// the sandbox reconciler passing every 0.2 s.
 pub fn fast_sandboxes(c: &mut Config) {
@@ -178,6 +193,32 @@ impl TestServer {
     /// `instances.get` of `acme`'s instance `id` as `token`.
     pub async fn instance(&self, token: &str, id: impl serde::Serialize) -> Value {
         self.ok(token, "instances.get", acme_instance(id)).await
+    }
+
+    /// Alice creates `acme`'s sandbox template `name` in `pool`, of flavor `small` and image
+    /// `img_ubuntu`, with the fields of `extra`: the template.
+    pub async fn sandbox_template(&self, pool: &str, name: &str, extra: Value) -> Value {
+        let body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
+                           "flavor": "small", "imageId": "img_ubuntu" });
+        self.ok(ALICE, "sandboxTemplates.create", merged(body, extra))
+            .await
+    }
+
+    /// Alice creates `acme`'s sandbox of `template` with key `key` and the fields of `extra`,
+    /// waiting up to 20 s for it: the sandbox, which must be ready.
+    pub async fn ready_sandbox(
+        &self,
+        template: impl serde::Serialize,
+        key: &str,
+        extra: Value,
+    ) -> Value {
+        let body = json!({ "tenantId": "acme", "templateId": template, "idempotencyKey": key,
+                           "wait": { "timeoutMs": 20000 } });
+        let sandbox = self
+            .ok(ALICE, "sandboxes.create", merged(body, extra))
+            .await;
+        assert_eq!(sandbox["state"], "ready", "{sandbox}");
+        sandbox
     }
 
     /// A hosted pool offered to `acme` with `quota`, an IP range, `nodes` nodes of 16 vCPU /

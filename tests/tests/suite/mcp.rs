@@ -52,14 +52,7 @@ async fn an_agent_creates_a_sandbox_and_runs_a_command_in_it() {
         .await;
     let (node, token) = t.register_node(&pool, "host").await;
     let _host = t.host(&node, &token, Duration::from_millis(20));
-    let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "py", "poolId": pool, "flavor": "small",
-                    "imageId": "img_ubuntu" }),
-        )
-        .await;
+    let template = t.sandbox_template(&pool, "py", json!({})).await;
     let tpl = template["id"].as_str().unwrap();
 
     let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli")).configure(|c| {

@@ -5,7 +5,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use vps_tests::{eventually, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE};
+use vps_tests::{
+    acme_instance, acme_sandbox, eventually, quota, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE,
+};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -23,8 +25,7 @@ async fn pool_with_hosts(
     t: &TestServer,
     nodes: usize,
 ) -> (String, Vec<vps_emulators::host::HostHandle>) {
-    let quota = json!({ "vcpu": 1000, "memoryGiB": 10000, "diskGiB": 100000 });
-    let pool = t.hosted_pool("10.0.0.0/22", 0, quota).await;
+    let pool = t.hosted_pool("10.0.0.0/22", 0, quota(1000)).await;
     let hosts = t.hosts(&pool, nodes, BOOT).await;
     (pool, hosts)
 }
@@ -49,21 +50,11 @@ async fn create(t: &TestServer, token: &str, template: &str, key: &str, ttl: u64
 }
 
 async fn sandbox(t: &TestServer, id: &str) -> Value {
-    t.ok(
-        ALICE,
-        "sandboxes.get",
-        json!({ "tenantId": "acme", "sandboxId": id }),
-    )
-    .await
+    t.ok(ALICE, "sandboxes.get", acme_sandbox(id)).await
 }
 
 async fn instance(t: &TestServer, id: &str) -> Value {
-    t.ok(
-        OPERATOR,
-        "instances.get",
-        json!({ "tenantId": "acme", "instanceId": id }),
-    )
-    .await
+    t.ok(OPERATOR, "instances.get", acme_instance(id)).await
 }
 
 /// The template's settled warm instances (paused), from the database.
@@ -258,12 +249,8 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
     assert_eq!(instance(&t, &warm_instance).await["warmTemplateId"], tpl);
     assert_eq!(
         code(
-            t.call(
-                ALICE,
-                "instances.start",
-                json!({ "tenantId": "acme", "instanceId": warm_instance })
-            )
-            .await
+            t.call(ALICE, "instances.start", acme_instance(&warm_instance))
+                .await
         ),
         "INVALID_STATE"
     );
@@ -283,7 +270,7 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
             .call(
                 BOB,
                 &format!("instances.{m}"),
-                json!({ "tenantId": "acme", "instanceId": warm_instance }),
+                acme_instance(&warm_instance),
             )
             .await;
         assert_eq!(
@@ -564,11 +551,7 @@ async fn a_lifetime_ends_with_expiring_once_then_expired_then_deleted_in_order()
     let inst = instance(&t, s["instanceId"].as_str().unwrap()).await;
     assert_eq!(inst["state"], "deleted");
     let history = t
-        .ok(
-            ALICE,
-            "instances.history",
-            json!({ "tenantId": "acme", "instanceId": s["instanceId"] }),
-        )
+        .ok(ALICE, "instances.history", acme_instance(&s["instanceId"]))
         .await;
     assert!(
         history["items"]
@@ -595,7 +578,7 @@ async fn extends_are_bounded_and_one_is_in_flight_at_a_time() {
     let s = create(&t, ALICE, tpl["id"].as_str().unwrap(), "e", 600).await;
     let id = s["id"].as_str().unwrap();
     let extend = |body: Value| {
-        let mut b = json!({ "tenantId": "acme", "sandboxId": id });
+        let mut b = acme_sandbox(id);
         b.as_object_mut()
             .unwrap()
             .extend(body.as_object().unwrap().clone());
@@ -641,18 +624,8 @@ async fn extends_are_bounded_and_one_is_in_flight_at_a_time() {
     let again = extend(json!({ "by": 60_000 })).await.unwrap();
     let again = chrono::DateTime::parse_from_rfc3339(again["expiresAt"].as_str().unwrap()).unwrap();
     assert_eq!(again - end, chrono::TimeDelta::minutes(1));
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": id }),
-    )
-    .await;
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": id }),
-    )
-    .await; // idempotent
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(id)).await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(id)).await; // idempotent
     let r = extend(json!({ "by": "1m" })).await;
     assert_eq!(code(r), "INVALID_STATE");
     eventually("deleted", PATIENCE, || async {

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use vps_emulators::host::HostHandle;
-use vps_tests::{eventually, wait_until, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE};
+use vps_tests::{
+    acme_instance, acme_sandbox, eventually, merged, quota, wait_until, TestServer, ALICE, BOB,
+    EVE, OPERATOR, PATIENCE,
+};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -34,12 +37,9 @@ async fn node(
     cpu: &str,
     extra: Value,
 ) -> (String, HostHandle) {
-    let mut body = json!({ "poolId": pool, "name": name, "cpuModel": cpu,
-                           "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    let answer = t.ok(OPERATOR, "nodes.register", body).await;
+    let body = json!({ "poolId": pool, "name": name, "cpuModel": cpu,
+                       "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } });
+    let answer = t.ok(OPERATOR, "nodes.register", merged(body, extra)).await;
     let id = answer["node"]["id"].as_str().unwrap().to_string();
     let token = answer["nodeToken"].as_str().unwrap();
     let mut config = vps_emulators::host::HostConfig::new(t.server.url(), id.clone(), token);
@@ -54,28 +54,23 @@ async fn node(
 
 /// A pool with one `epyc` node and its host, and a template `py` in it.
 async fn one_node(t: &TestServer, cidr: &str) -> (String, HostHandle, String) {
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool(cidr, 0, quota).await;
+    let pool = t.hosted_pool(cidr, 0, quota(100)).await;
     let (_, host) = node(t, &pool, "n", "epyc", json!({})).await;
     let tpl = template(t, &pool, "py").await;
     (pool, host, tpl)
 }
 
+/// Alice's template `name` in `pool`: its id.
 async fn template(t: &TestServer, pool: &str, name: &str) -> String {
-    let body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
-                       "flavor": "small", "imageId": "img_ubuntu" });
-    t.ok(ALICE, "sandboxTemplates.create", body).await["id"]
+    t.sandbox_template(pool, name, json!({})).await["id"]
         .as_str()
         .unwrap()
         .to_string()
 }
 
 async fn create(t: &TestServer, token: &str, body: Value) -> Result<Value, vps_tests::Answer> {
-    let mut full = json!({ "tenantId": "acme", "wait": { "timeoutMs": 20000 } });
-    full.as_object_mut()
-        .unwrap()
-        .extend(body.as_object().unwrap().clone());
-    t.call(token, "sandboxes.create", full).await
+    let full = json!({ "tenantId": "acme", "wait": { "timeoutMs": 20000 } });
+    t.call(token, "sandboxes.create", merged(full, body)).await
 }
 
 async fn sandbox(t: &TestServer, template: &str, key: &str) -> Value {
@@ -96,11 +91,12 @@ async fn snapshot(
     sandbox: &str,
     extra: Value,
 ) -> Result<Value, vps_tests::Answer> {
-    let mut body = json!({ "tenantId": "acme", "sandboxId": sandbox });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    t.call(token, "sandboxes.snapshot", body).await
+    t.call(
+        token,
+        "sandboxes.snapshot",
+        merged(acme_sandbox(sandbox), extra),
+    )
+    .await
 }
 
 /// Waits until the snapshot leaves `pending`; its view then.
@@ -135,12 +131,7 @@ fn refusal(answer: Result<Value, vps_tests::Answer>) -> (String, Value) {
 }
 
 async fn instance(t: &TestServer, id: &str) -> Value {
-    t.ok(
-        OPERATOR,
-        "instances.get",
-        json!({ "tenantId": "acme", "instanceId": id }),
-    )
-    .await
+    t.ok(OPERATOR, "instances.get", acme_instance(id)).await
 }
 
 async fn cordon(t: &TestServer, node: &str) {
@@ -151,13 +142,7 @@ async fn cordon(t: &TestServer, node: &str) {
 #[tokio::test]
 async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
     let t = server().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
     let (a, host_a) = node(&t, &pool, "a", "epyc-9654", json!({})).await;
     let (_b, host_b) = node(&t, &pool, "b", "epyc-9654", json!({})).await;
     let (c, _host_c) = node(&t, &pool, "c", "xeon-8480", json!({})).await;
@@ -191,13 +176,7 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
         ready["sha256"].as_str().unwrap()
     );
     // Reads never show where the object is.
-    let got = t
-        .ok(
-            ALICE,
-            "sandboxes.get",
-            json!({ "tenantId": "acme", "sandboxId": sbx }),
-        )
-        .await;
+    let got = t.ok(ALICE, "sandboxes.get", acme_sandbox(sbx)).await;
     assert_eq!(got["snapshots"][0]["id"], id.as_str());
     for view in [got.to_string(), ready.to_string()] {
         assert!(
@@ -363,12 +342,8 @@ async fn refusals_come_before_anything_reaches_a_host() {
         .unwrap();
 
     // A deleting sandbox, and one whose instance does not run on a node.
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": other["id"] }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&other["id"]))
+        .await;
     let (code, _) = refusal(snapshot(&t, ALICE, other["id"].as_str().unwrap(), json!({})).await);
     assert_eq!(code, "INVALID_STATE");
     host.refuse_new(Some("full".into()));
@@ -494,12 +469,7 @@ async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
     host.hold_commands(false);
 
     // A kept snapshot outlives its sandbox and still restores; a deleted one does not.
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": sbx }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(sbx)).await;
     let ok = restore(ALICE, tpl.clone(), "after", id.clone())
         .await
         .unwrap();
@@ -552,12 +522,7 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     )
     .await
     .unwrap();
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": sbx }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(sbx)).await;
     // The snapshot not kept goes with its sandbox, object and all.
     wait_until("the unkept object purged", PATIENCE, || async {
         !object(&t, &unkept).exists()
@@ -599,12 +564,8 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
         object(&t, &kept).exists(),
         "a live restore still needs the object"
     );
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": restored["id"] }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&restored["id"]))
+        .await;
     wait_until("the kept object purged", PATIENCE, || async {
         !object(&t, &kept).exists()
     })
@@ -666,8 +627,7 @@ async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_res
 async fn a_plain_put_uploads_and_a_reported_digest_that_is_not_the_stored_bytes_fails_the_snapshot()
 {
     let t = server().await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.9.0/24", 0, quota).await;
+    let pool = t.hosted_pool("10.0.9.0/24", 0, quota(100)).await;
     let body = json!({ "poolId": pool, "name": "plain", "cpuModel": "epyc",
                        "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } });
     let answer = t.ok(OPERATOR, "nodes.register", body).await;
@@ -918,12 +878,8 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
         Some(id.as_str())
     );
     // Deleted, and nothing restores from it any more: the object leaves the bucket.
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": restored["id"] }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&restored["id"]))
+        .await;
     t.ok(
         ALICE,
         "sandboxSnapshots.delete",
@@ -1034,12 +990,8 @@ async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_t
         );
     }
     // Once the source is gone, the restore alone answers to it: the certificate names it.
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": source["id"] }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&source["id"]))
+        .await;
     let grant = eventually("the source gone", PATIENCE, || async {
         exec(&restored).await.map_err(|e| e.body)
     })
@@ -1050,18 +1002,15 @@ async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_t
 #[tokio::test]
 async fn a_sandbox_writing_a_volume_takes_only_disk_snapshots() {
     let t = server().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.9.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.0.9.0/24", 0, quota(100)).await;
     let (_n, _host) = node(&t, &pool, "n", "epyc", json!({})).await;
     t.ok(ALICE, "sandboxVolumes.create", json!({ "tenantId": "acme", "poolId": pool, "name": "notes", "sizeGiB": 5, "idempotencyKey": "v" })).await;
     let tpl = t
-        .ok(ALICE, "sandboxTemplates.create", json!({ "tenantId": "acme", "name": "vol", "poolId": pool, "flavor": "small", "imageId": "img_ubuntu",
-                "volumes": [{ "name": "notes", "mountPath": "/workspace" }] }))
+        .sandbox_template(
+            &pool,
+            "vol",
+            json!({ "volumes": [{ "name": "notes", "mountPath": "/workspace" }] }),
+        )
         .await;
     let s = sandbox(&t, tpl["id"].as_str().unwrap(), "v").await;
     let sbx = s["id"].as_str().unwrap();

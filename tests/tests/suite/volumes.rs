@@ -10,7 +10,10 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use vps_emulators::host::HostHandle;
-use vps_tests::{eventually, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE, SSH_KEY};
+use vps_tests::{
+    acme_instance, acme_sandbox, eventually, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE,
+    SSH_KEY,
+};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -135,12 +138,7 @@ async fn sandbox(t: &TestServer, template: &Value, key: &str) -> Result<Value, v
 }
 
 async fn instance(t: &TestServer, id: &Value) -> Value {
-    t.ok(
-        OPERATOR,
-        "instances.get",
-        json!({ "tenantId": "acme", "instanceId": id }),
-    )
-    .await
+    t.ok(OPERATOR, "instances.get", acme_instance(id)).await
 }
 
 #[tokio::test]
@@ -435,12 +433,8 @@ async fn sandboxes_attach_their_templates_volume_on_its_node_with_one_writer() {
     let attached = refusal(delete_volume(&t, id).await);
     assert_eq!(attached["code"], "CONFLICT");
     assert_eq!(attached["details"]["reason"], "volume-attached");
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": first["id"] }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&first["id"]))
+        .await;
     t.until(
         OPERATOR,
         "acme",
@@ -458,12 +452,8 @@ async fn sandboxes_attach_their_templates_volume_on_its_node_with_one_writer() {
         "volume-in-use"
     );
     for s in [&r1, &r2] {
-        t.ok(
-            ALICE,
-            "sandboxes.delete",
-            json!({ "tenantId": "acme", "sandboxId": s["id"] }),
-        )
-        .await;
+        t.ok(ALICE, "sandboxes.delete", acme_sandbox(&s["id"]))
+            .await;
         t.until(
             OPERATOR,
             "acme",
