@@ -304,6 +304,34 @@ impl TestServer {
         .expect("replica starts")
     }
 
+    /// A hosted pool in `cidr` offered to `acme` with `quota` (see [`TestServer::hosted_pool`]),
+    /// whose nodes are `nodes` emulated hosts that boot in `boot`.
+    pub async fn pool_with_hosts(
+        &self,
+        cidr: &str,
+        quota: Value,
+        nodes: usize,
+        boot: Duration,
+    ) -> (String, Vec<vps_emulators::host::HostHandle>) {
+        let pool = self.hosted_pool(cidr, 0, quota).await;
+        let hosts = self.hosts(&pool, nodes, boot).await;
+        (pool, hosts)
+    }
+
+    /// A hosted pool in `cidr` offered to `acme` with 64 vCPU, 256 GiB of memory and 2000 GiB
+    /// of disk, whose one node `host` is an emulated host that boots in `boot`.
+    pub async fn pool_with_host(
+        &self,
+        cidr: &str,
+        boot: Duration,
+    ) -> (String, vps_emulators::host::HostHandle) {
+        let quota = json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 });
+        let pool = self.hosted_pool(cidr, 0, quota).await;
+        let (node, token) = self.register_node(&pool, "host").await;
+        let host = self.host(&node, &token, boot);
+        (pool, host)
+    }
+
     /// Registers a 16 vCPU / 64 GiB node in `pool_id`; returns its id and token.
     pub async fn register_node(&self, pool_id: &str, name: &str) -> (String, String) {
         let answer = self

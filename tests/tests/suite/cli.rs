@@ -65,15 +65,9 @@ fn keys_at(key: &Path) {
 #[tokio::test]
 async fn instances_from_the_command_line() {
     let t = TestServer::start_with(|c| c.timings.transitional_look = 0.1).await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            0,
-            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
-        )
+    let (pool, _host) = t
+        .pool_with_host("10.0.0.0/24", Duration::from_millis(20))
         .await;
-    let (node, token) = t.register_node(&pool, "host").await;
-    let _host = t.host(&node, &token, Duration::from_millis(20));
     let dir = tempfile::tempdir().unwrap();
     let (private, public) = keys(dir.path());
 
@@ -218,15 +212,9 @@ async fn sandboxes_from_the_command_line_with_a_shell_inside() {
         c.timings.sandbox_pass = 0.2;
     })
     .await;
-    let pool = t
-        .hosted_pool(
-            "10.0.1.0/24",
-            0,
-            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
-        )
+    let (pool, _host) = t
+        .pool_with_host("10.0.1.0/24", Duration::from_millis(20))
         .await;
-    let (node, token) = t.register_node(&pool, "host").await;
-    let _host = t.host(&node, &token, Duration::from_millis(20));
     let template = json_of(
         &t,
         &[
@@ -559,15 +547,9 @@ async fn the_reference_instance_command_lines_run_as_written() {
 #[tokio::test]
 async fn the_reference_sandbox_command_lines_run_as_written() {
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
-    let pool = t
-        .hosted_pool(
-            "10.0.1.0/24",
-            0,
-            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
-        )
+    let (pool, _host) = t
+        .pool_with_host("10.0.1.0/24", Duration::from_millis(20))
         .await;
-    let (node, token) = t.register_node(&pool, "host").await;
-    let _host = t.host(&node, &token, Duration::from_millis(20));
     let template = t
         .sandbox_template(&pool, "python", json!({ "maxTtlSeconds": 14400 }))
         .await;

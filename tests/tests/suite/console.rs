@@ -32,15 +32,9 @@ async fn the_console_creates_an_instance_and_watches_it_run_and_go() {
         c.timings.usage_window = 1.0;
     })
     .await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            0,
-            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
-        )
+    let (pool, _host) = t
+        .pool_with_host("10.0.0.0/24", Duration::from_millis(500))
         .await;
-    let (node, token) = t.register_node(&pool, "host").await;
-    let _host = t.host(&node, &token, Duration::from_millis(500));
     let mut browser = Browser::launch(1280, 800).await;
 
     // Signing in with the token and the tenant.

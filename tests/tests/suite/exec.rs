@@ -18,8 +18,9 @@ async fn server() -> TestServer {
 
 /// A pool with `nodes` emulated hosts (tunnel endpoints included) and a template of acme's.
 async fn setup(t: &TestServer, nodes: usize) -> (String, String, Vec<HostHandle>) {
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
-    let hosts = t.hosts(&pool, nodes, BOOT).await;
+    let (pool, hosts) = t
+        .pool_with_hosts("10.0.0.0/24", quota(100), nodes, BOOT)
+        .await;
     let template = t.sandbox_template(&pool, "py", json!({})).await;
     (pool, template["id"].as_str().unwrap().to_string(), hosts)
 }

@@ -19,8 +19,7 @@ const BOOT: Duration = Duration::from_millis(50);
 
 /// A ready sandbox of acme's on one emulated host.
 async fn sandbox(t: &TestServer) -> (String, Vec<HostHandle>) {
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
-    let hosts = t.hosts(&pool, 1, BOOT).await;
+    let (pool, hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
     let template = t.sandbox_template(&pool, "files", json!({})).await;
     let s = t
         .ready_sandbox(&template["id"], "files", json!({ "ttlSeconds": 900 }))

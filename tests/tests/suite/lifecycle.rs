@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use vps_tests::{
-    acme_instance, acme_sandbox, eventually, quota, TestServer, ALICE, EVE, OPERATOR, PATIENCE,
-    SSH_KEY,
+    acme_instance, acme_sandbox, eventually, merged, quota, TestServer, ALICE, EVE, OPERATOR,
+    PATIENCE, SSH_KEY,
 };
 
 const BOOT: Duration = Duration::from_millis(50);
@@ -26,30 +26,16 @@ async fn server() -> TestServer {
 }
 
 async fn pool_with_host(t: &TestServer) -> (String, Vec<vps_emulators::host::HostHandle>) {
-    let pool = t.hosted_pool("10.0.0.0/22", 0, quota(1000)).await;
-    let hosts = t.hosts(&pool, 1, BOOT).await;
-    (pool, hosts)
+    t.pool_with_hosts("10.0.0.0/22", quota(1000), 1, BOOT).await
 }
 
 async fn template(t: &TestServer, pool: &str, name: &str, extra: Value) -> String {
-    let mut body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
-                           "flavor": "small", "imageId": "img_ubuntu" });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    let tpl = t.ok(ALICE, "sandboxTemplates.create", body).await;
+    let tpl = t.sandbox_template(pool, name, extra).await;
     tpl["id"].as_str().unwrap().to_string()
 }
 
 async fn create(t: &TestServer, template: &str, key: &str, extra: Value) -> Value {
-    let mut body = json!({ "tenantId": "acme", "templateId": template, "idempotencyKey": key,
-                           "wait": { "timeoutMs": 20000 } });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    let s = t.ok(ALICE, "sandboxes.create", body).await;
-    assert_eq!(s["state"], "ready", "{s}");
-    s
+    t.ready_sandbox(template, key, extra).await
 }
 
 fn call(id: &str) -> Value {
@@ -335,11 +321,9 @@ async fn pause_and_resume_refuse_what_they_cannot_do() {
         ),
         (json!({ "onTimeout": "explode" }), "onTimeout"),
     ] {
-        let mut body = json!({ "tenantId": "acme", "name": "x", "poolId": pool,
-                               "flavor": "small", "imageId": "img_ubuntu" });
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
+        let body = json!({ "tenantId": "acme", "name": "x", "poolId": pool,
+                           "flavor": "small", "imageId": "img_ubuntu" });
+        let body = merged(body, extra);
         let answer = refusal(t.call(ALICE, "sandboxTemplates.create", body).await);
         assert_eq!(answer["code"], "INVALID_INPUT", "{answer}");
         assert!(answer.to_string().contains(field), "{answer} names {field}");

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use vps_tests::{
-    acme_instance, acme_sandbox, eventually, quota, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE,
+    acme_instance, acme_sandbox, eventually, merged, quota, TestServer, ALICE, BOB, EVE, OPERATOR,
+    PATIENCE,
 };
 
 const BOOT: Duration = Duration::from_millis(50);
@@ -25,18 +26,8 @@ async fn pool_with_hosts(
     t: &TestServer,
     nodes: usize,
 ) -> (String, Vec<vps_emulators::host::HostHandle>) {
-    let pool = t.hosted_pool("10.0.0.0/22", 0, quota(1000)).await;
-    let hosts = t.hosts(&pool, nodes, BOOT).await;
-    (pool, hosts)
-}
-
-async fn template(t: &TestServer, pool: &str, name: &str, extra: Value) -> Value {
-    let mut body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
-                           "flavor": "small", "imageId": "img_ubuntu" });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    t.ok(ALICE, "sandboxTemplates.create", body).await
+    t.pool_with_hosts("10.0.0.0/22", quota(1000), nodes, BOOT)
+        .await
 }
 
 async fn create(t: &TestServer, token: &str, template: &str, key: &str, ttl: u64) -> Value {
@@ -111,13 +102,7 @@ async fn templates_are_checked_like_a_hosted_create() {
     )
     .await;
     let base = json!({ "tenantId": "acme", "name": "py", "poolId": pool, "flavor": "small", "imageId": "img_ubuntu" });
-    let with = |extra: Value| {
-        let mut b = base.clone();
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
-    };
+    let with = |extra: Value| merged(base.clone(), extra);
     let cases = [
         (
             with(json!({ "poolId": "pool_01jzzzzzzzzzzzzzzzzzzzzzzz" })),
@@ -234,7 +219,9 @@ async fn templates_are_checked_like_a_hosted_create() {
 async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 2).await;
-    let tpl = template(&t, &pool, "py", json!({ "warm": { "min": 1, "max": 1 } })).await;
+    let tpl = t
+        .sandbox_template(&pool, "py", json!({ "warm": { "min": 1, "max": 1 } }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap();
     wait_warm(&t, tpl, 1).await;
     let warm_instance = of_the_warm_instance(&t, tpl, "id").await;
@@ -288,7 +275,7 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
         (Some("CONFLICT"), &s["id"])
     );
     // A template without a warm pool: the create is cold, admitted like instances.create.
-    let plain = template(&t, &pool, "plain", json!({})).await;
+    let plain = t.sandbox_template(&pool, "plain", json!({})).await;
     let cold = t.ok(ALICE, "sandboxes.create", json!({ "tenantId": "acme", "templateId": plain["id"], "idempotencyKey": "second", "wait": { "timeoutMs": 20000 } })).await;
     assert_eq!(
         (cold["warm"].as_bool(), cold["state"].as_str()),
@@ -351,7 +338,9 @@ async fn one_settled_warm_instance(
     name: &str,
 ) -> (String, Vec<vps_emulators::host::HostHandle>) {
     let (pool, hosts) = pool_with_hosts(t, 1).await;
-    let tpl = template(t, &pool, name, json!({ "warm": { "min": 1, "max": 1 } })).await;
+    let tpl = t
+        .sandbox_template(&pool, name, json!({ "warm": { "min": 1, "max": 1 } }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap().to_string();
     wait_warm(t, &tpl, 1).await;
     t.quiescent().await;
@@ -460,13 +449,9 @@ async fn a_warm_claim_writes_its_spec_entry_in_the_claims_own_transaction() {
 async fn concurrent_creates_never_share_a_warm_instance() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 4).await;
-    let tpl = template(
-        &t,
-        &pool,
-        "burst",
-        json!({ "warm": { "min": 8, "max": 8 } }),
-    )
-    .await;
+    let tpl = t
+        .sandbox_template(&pool, "burst", json!({ "warm": { "min": 8, "max": 8 } }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap().to_string();
     wait_warm(&t, &tpl, 8).await;
     // Hold the pool at these 8: a refill woken by the first claims must not join the burst.
@@ -503,7 +488,7 @@ async fn concurrent_creates_never_share_a_warm_instance() {
 async fn a_lifetime_ends_with_expiring_once_then_expired_then_deleted_in_order() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 1).await;
-    let tpl = template(&t, &pool, "short", json!({})).await;
+    let tpl = t.sandbox_template(&pool, "short", json!({})).await;
     // Long enough to be ready before it expires on a loaded machine (at 3 s, with three test
     // runs at once, one sandbox expired first and the order below had no `sandbox.ready`).
     let s = create(&t, ALICE, tpl["id"].as_str().unwrap(), "brief", 6).await;
@@ -568,22 +553,16 @@ async fn a_lifetime_ends_with_expiring_once_then_expired_then_deleted_in_order()
 async fn extends_are_bounded_and_one_is_in_flight_at_a_time() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 1).await;
-    let tpl = template(
-        &t,
-        &pool,
-        "ext",
-        json!({ "maxTtlSeconds": 7200, "defaultTtlSeconds": 600 }),
-    )
-    .await;
+    let tpl = t
+        .sandbox_template(
+            &pool,
+            "ext",
+            json!({ "maxTtlSeconds": 7200, "defaultTtlSeconds": 600 }),
+        )
+        .await;
     let s = create(&t, ALICE, tpl["id"].as_str().unwrap(), "e", 600).await;
     let id = s["id"].as_str().unwrap();
-    let extend = |body: Value| {
-        let mut b = acme_sandbox(id);
-        b.as_object_mut()
-            .unwrap()
-            .extend(body.as_object().unwrap().clone());
-        t.call(ALICE, "sandboxes.extend", b)
-    };
+    let extend = |body: Value| t.call(ALICE, "sandboxes.extend", merged(acme_sandbox(id), body));
     for body in [
         json!({}),
         json!({ "by": "10m", "until": "2030-01-01T00:00:00Z" }),
@@ -643,13 +622,9 @@ async fn extends_are_bounded_and_one_is_in_flight_at_a_time() {
 async fn warm_pools_drain_old_versions_and_the_newest_beyond_max() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 2).await;
-    let tpl = template(
-        &t,
-        &pool,
-        "drain",
-        json!({ "warm": { "min": 3, "max": 3 } }),
-    )
-    .await;
+    let tpl = t
+        .sandbox_template(&pool, "drain", json!({ "warm": { "min": 3, "max": 3 } }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap();
     wait_warm(&t, tpl, 3).await;
     let old: HashSet<String> =
@@ -720,7 +695,9 @@ async fn warm_pools_drain_old_versions_and_the_newest_beyond_max() {
 async fn a_policy_caps_a_sandboxs_whole_lifetime_on_create_and_extend() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 1).await;
-    let tpl = template(&t, &pool, "capped", json!({ "maxTtlSeconds": 86400 })).await;
+    let tpl = t
+        .sandbox_template(&pool, "capped", json!({ "maxTtlSeconds": 86400 }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap();
     let text = r#"forbid (principal, action in [Action::"compute:sandboxes:create", Action::"compute:sandboxes:update"], resource is Sandbox) when { resource.ttlSeconds > 3600 || resource.gpus > 0 };"#;
     t.ok(
@@ -765,12 +742,8 @@ async fn a_warm_pool_beyond_one_pass_fills_without_waiting_for_the_periodic_pass
     .await;
     let (pool, _hosts) = pool_with_hosts(&t, 2).await;
     let min = 3 * vps_commands::sandboxes::warm::REFILL_PER_PASS as i64;
-    let tpl = template(
-        &t,
-        &pool,
-        "big",
-        json!({ "warm": { "min": min, "max": min } }),
-    )
-    .await;
+    let tpl = t
+        .sandbox_template(&pool, "big", json!({ "warm": { "min": min, "max": min } }))
+        .await;
     wait_warm(&t, tpl["id"].as_str().unwrap(), min).await;
 }

@@ -84,8 +84,7 @@ async fn anonymous_readyz_answers_only_its_status_from_a_cached_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metric_labels_carry_no_tenant_resource_id() {
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
-    let _hosts = t.hosts(&pool, 1, BOOT).await;
+    let (pool, _hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
     let template = t
         .sandbox_template(&pool, "warm", json!({ "warm": { "min": 1, "max": 1 } }))
         .await;
@@ -109,8 +108,7 @@ async fn metric_labels_carry_no_tenant_resource_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_tenant_changes_nothing_its_keys_are_revoked_and_its_warm_pools_drain() {
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
-    let _hosts = t.hosts(&pool, 1, BOOT).await;
+    let (pool, _hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
     let key = t
         .ok(
             OPERATOR,
@@ -767,8 +765,7 @@ async fn a_forbid_on_any_shape_attribute_refuses_every_method_that_makes_that_sh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_of_a_template_whose_flavor_is_archived_is_refused() {
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
-    let _hosts = t.hosts(&pool, 1, BOOT).await;
+    let (pool, _hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
     // A warm pool: a claim admits no instance, so only the create's own check can refuse it.
     let template = t
         .sandbox_template(&pool, "t", json!({ "warm": { "min": 1, "max": 1 } }))
@@ -859,8 +856,7 @@ async fn snapshots_are_one_at_a_time_within_the_kept_quota_and_metered() {
         c.limits.snapshots_per_tenant = 2;
     })
     .await;
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
-    let hosts = t.hosts(&pool, 1, BOOT).await;
+    let (pool, hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
     let template = t.sandbox_template(&pool, "t", json!({})).await;
     let sandbox = t.ready_sandbox(&template["id"], "s", json!({})).await;
     let take = |keep: bool| {

@@ -99,16 +99,26 @@ async fn snapshot(
     .await
 }
 
+/// Alice's snapshot of `sandbox` with the fields of `extra`, which must be taken: the snapshot.
+async fn take(t: &TestServer, sandbox: &str, extra: Value) -> Value {
+    snapshot(t, ALICE, sandbox, extra).await.unwrap()
+}
+
+/// Alice's snapshot of `sandbox` with the fields of `extra`, which must be refused: the
+/// refusal's code and details.
+async fn refused(t: &TestServer, sandbox: &str, extra: Value) -> (String, Value) {
+    refusal(snapshot(t, ALICE, sandbox, extra).await)
+}
+
+/// The body that names acme's snapshot `id`.
+fn acme_snapshot(id: impl serde::Serialize) -> Value {
+    json!({ "tenantId": "acme", "snapshotId": id })
+}
+
 /// Waits until the snapshot leaves `pending`; its view then.
 async fn settled(t: &TestServer, id: &str) -> Value {
     eventually("the snapshot settles", PATIENCE, || async {
-        let s = t
-            .ok(
-                ALICE,
-                "sandboxSnapshots.get",
-                json!({ "tenantId": "acme", "snapshotId": id }),
-            )
-            .await;
+        let s = t.ok(ALICE, "sandboxSnapshots.get", acme_snapshot(id)).await;
         if s["state"] != "pending" {
             Ok(s)
         } else {
@@ -157,7 +167,7 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
         a
     );
 
-    let snap = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let snap = take(&t, sbx, json!({})).await;
     assert_eq!(snap["state"], "pending");
     assert_eq!(
         (snap["includeMemory"].clone(), snap["keep"].clone()),
@@ -223,9 +233,7 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
     // A disk-only snapshot has no CPU model to match: its restore runs on c.
     t.ok(OPERATOR, "nodes.uncordon", json!({ "nodeId": a }))
         .await;
-    let disk = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
-        .await
-        .unwrap();
+    let disk = take(&t, sbx, json!({ "includeMemory": false })).await;
     let disk_id = disk["id"].as_str().unwrap().to_string();
     assert_eq!(settled(&t, &disk_id).await["cpuModel"], Value::Null);
     cordon(&t, &a).await;
@@ -281,36 +289,26 @@ async fn refusals_come_before_anything_reaches_a_host() {
     let sbx = s["id"].as_str().unwrap();
 
     // Idempotency: the key derives the id; the same request answers it, another conflicts.
-    let first = snapshot(&t, ALICE, sbx, json!({ "idempotencyKey": "nightly" }))
-        .await
-        .unwrap();
-    let again = snapshot(&t, ALICE, sbx, json!({ "idempotencyKey": "nightly" }))
-        .await
-        .unwrap();
+    let first = take(&t, sbx, json!({ "idempotencyKey": "nightly" })).await;
+    let again = take(&t, sbx, json!({ "idempotencyKey": "nightly" })).await;
     assert_eq!(first["id"], again["id"]);
-    let (code, details) = refusal(
-        snapshot(
-            &t,
-            ALICE,
-            sbx,
-            json!({ "idempotencyKey": "nightly", "keep": true }),
-        )
-        .await,
-    );
+    let (code, details) = refused(
+        &t,
+        sbx,
+        json!({ "idempotencyKey": "nightly", "keep": true }),
+    )
+    .await;
     assert_eq!(
         (code.as_str(), details["snapshotId"].clone()),
         ("CONFLICT", first["id"].clone())
     );
     let other = sandbox(&t, &tpl, "two").await;
-    let (code, _) = refusal(
-        snapshot(
-            &t,
-            ALICE,
-            other["id"].as_str().unwrap(),
-            json!({ "idempotencyKey": "nightly" }),
-        )
-        .await,
-    );
+    let (code, _) = refused(
+        &t,
+        other["id"].as_str().unwrap(),
+        json!({ "idempotencyKey": "nightly" }),
+    )
+    .await;
     assert_eq!(code, "CONFLICT");
     // Another tenant does not see the sandbox; bad input is named.
     let (code, _) = refusal(
@@ -322,9 +320,9 @@ async fn refusals_come_before_anything_reaches_a_host() {
         .await,
     );
     assert_eq!(code, "NOT_FOUND");
-    let (code, _) = refusal(snapshot(&t, ALICE, sbx, json!({ "idempotencyKey": "" })).await);
+    let (code, _) = refused(&t, sbx, json!({ "idempotencyKey": "" })).await;
     assert_eq!(code, "INVALID_INPUT");
-    let (code, _) = refusal(snapshot(&t, ALICE, sbx, json!({ "includeMemory": "yes" })).await);
+    let (code, _) = refused(&t, sbx, json!({ "includeMemory": "yes" })).await;
     assert_eq!(code, "INVALID_INPUT");
 
     // Passthrough GPUs: no memory snapshot, a disk-only one is fine.
@@ -332,19 +330,17 @@ async fn refusals_come_before_anything_reaches_a_host() {
     let gpu_tpl = t.ok(ALICE, "sandboxTemplates.create", json!({ "tenantId": "acme", "name": "gpu", "poolId": pool, "flavor": "gpu", "imageId": "img_ubuntu" })).await;
     let g = sandbox(&t, gpu_tpl["id"].as_str().unwrap(), "gpu").await;
     let gid = g["id"].as_str().unwrap();
-    let (code, details) = refusal(snapshot(&t, ALICE, gid, json!({})).await);
+    let (code, details) = refused(&t, gid, json!({})).await;
     assert_eq!(
         (code.as_str(), details["reason"].as_str()),
         ("INVALID_STATE", Some("memory-snapshot-with-gpus"))
     );
-    snapshot(&t, ALICE, gid, json!({ "includeMemory": false }))
-        .await
-        .unwrap();
+    take(&t, gid, json!({ "includeMemory": false })).await;
 
     // A deleting sandbox, and one whose instance does not run on a node.
     t.ok(ALICE, "sandboxes.delete", acme_sandbox(&other["id"]))
         .await;
-    let (code, _) = refusal(snapshot(&t, ALICE, other["id"].as_str().unwrap(), json!({})).await);
+    let (code, _) = refused(&t, other["id"].as_str().unwrap(), json!({})).await;
     assert_eq!(code, "INVALID_STATE");
     host.refuse_new(Some("full".into()));
     let stuck = create(
@@ -354,7 +350,7 @@ async fn refusals_come_before_anything_reaches_a_host() {
     )
     .await
     .unwrap();
-    let (code, _) = refusal(snapshot(&t, ALICE, stuck["id"].as_str().unwrap(), json!({})).await);
+    let (code, _) = refused(&t, stuck["id"].as_str().unwrap(), json!({})).await;
     assert_eq!(code, "INVALID_STATE");
     host.refuse_new(None);
 
@@ -390,7 +386,7 @@ async fn refusals_come_before_anything_reaches_a_host() {
     .await;
     let c_tpl = template(&t, plain, "ctr").await;
     let cs = sandbox(&t, &c_tpl, "ctr").await;
-    let (code, _) = refusal(snapshot(&t, ALICE, cs["id"].as_str().unwrap(), json!({})).await);
+    let (code, _) = refused(&t, cs["id"].as_str().unwrap(), json!({})).await;
     assert_eq!(code, "UNSUPPORTED");
 }
 
@@ -402,9 +398,7 @@ async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
     let other_tpl = template(&t, &pool, "other").await;
     let s = sandbox(&t, &tpl, "src").await;
     let sbx = s["id"].as_str().unwrap();
-    let snap = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
-        .await
-        .unwrap();
+    let snap = take(&t, sbx, json!({ "keep": true })).await;
     let id = snap["id"].as_str().unwrap().to_string();
     assert_eq!(settled(&t, &id).await["state"], "ready");
 
@@ -439,7 +433,7 @@ async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
     assert_eq!(code, "INVALID_INPUT");
     // Pending and failed snapshots are not restorable.
     host.hold_commands(true);
-    let pending = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let pending = take(&t, sbx, json!({})).await;
     let (code, _) = refusal(
         restore(
             ALICE,
@@ -474,21 +468,13 @@ async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
         .await
         .unwrap();
     assert_eq!(ok["state"], "ready", "{ok}");
-    t.ok(
-        ALICE,
-        "sandboxSnapshots.delete",
-        json!({ "tenantId": "acme", "snapshotId": id }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxSnapshots.delete", acme_snapshot(&id))
+        .await;
     let (code, _) = refusal(restore(ALICE, tpl.clone(), "deleted", id.clone()).await);
     assert_eq!(code, "NOT_FOUND");
     let (code, _) = refusal(
-        t.call(
-            ALICE,
-            "sandboxSnapshots.get",
-            json!({ "tenantId": "acme", "snapshotId": id }),
-        )
-        .await,
+        t.call(ALICE, "sandboxSnapshots.get", acme_snapshot(&id))
+            .await,
     );
     assert_eq!(code, "NOT_FOUND");
 }
@@ -500,13 +486,9 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     let s = sandbox(&t, &tpl, "src").await;
     let sbx = s["id"].as_str().unwrap();
     // One snapshot of a sandbox is in flight at a time: each settles before the next.
-    let kept = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
-        .await
-        .unwrap();
+    let kept = take(&t, sbx, json!({ "keep": true })).await;
     settled(&t, kept["id"].as_str().unwrap()).await;
-    let unkept = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
-        .await
-        .unwrap();
+    let unkept = take(&t, sbx, json!({ "includeMemory": false })).await;
     let (kept, unkept) = (
         kept["id"].as_str().unwrap().to_string(),
         unkept["id"].as_str().unwrap().to_string(),
@@ -529,12 +511,8 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     })
     .await;
     let (code, _) = refusal(
-        t.call(
-            ALICE,
-            "sandboxSnapshots.get",
-            json!({ "tenantId": "acme", "snapshotId": unkept }),
-        )
-        .await,
+        t.call(ALICE, "sandboxSnapshots.get", acme_snapshot(&unkept))
+            .await,
     );
     assert_eq!(code, "NOT_FOUND");
     let listed = t
@@ -553,12 +531,8 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     assert_eq!(ids, vec![kept.as_str()]);
 
     // Deleting the kept one hides it at once, but its object stays while the restore lives.
-    t.ok(
-        ALICE,
-        "sandboxSnapshots.delete",
-        json!({ "tenantId": "acme", "snapshotId": kept }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxSnapshots.delete", acme_snapshot(&kept))
+        .await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
         object(&t, &kept).exists(),
@@ -591,7 +565,7 @@ async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_res
     let sbx = s["id"].as_str().unwrap();
 
     host.corrupt_uploads(true);
-    let bad = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let bad = take(&t, sbx, json!({})).await;
     let bad = settled(&t, bad["id"].as_str().unwrap()).await;
     assert_eq!(bad["state"], "failed");
     assert!(bad["reason"].as_str().unwrap().contains("400"), "{bad}");
@@ -601,9 +575,7 @@ async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_res
     );
     host.corrupt_uploads(false);
 
-    let good = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
-        .await
-        .unwrap();
+    let good = take(&t, sbx, json!({ "keep": true })).await;
     let id = good["id"].as_str().unwrap().to_string();
     assert_eq!(settled(&t, &id).await["state"], "ready");
     // The stored bytes change behind the control plane's back: the restoring host refuses them.
@@ -679,7 +651,7 @@ async fn a_plain_put_uploads_and_a_reported_digest_that_is_not_the_stored_bytes_
     let digest = |bytes: &[u8]| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
 
     // A plain PUT, no digest header: stored, and the honest report makes it ready.
-    let good = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let good = take(&t, sbx, json!({})).await;
     let good = good["id"].as_str().unwrap().to_string();
     let status = upload_and_report(good.clone(), b"plain bytes", digest(b"plain bytes")).await;
     assert_eq!(status, 200, "a plain PUT is accepted");
@@ -689,7 +661,7 @@ async fn a_plain_put_uploads_and_a_reported_digest_that_is_not_the_stored_bytes_
     assert_eq!(std::fs::read(object(&t, &good)).unwrap(), b"plain bytes");
 
     // The host reports the digest of other bytes than it uploaded: failed, digest-mismatch.
-    let bad = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let bad = take(&t, sbx, json!({})).await;
     let bad = bad["id"].as_str().unwrap().to_string();
     let status = upload_and_report(bad.clone(), b"these bytes", digest(b"other bytes")).await;
     assert_eq!(status, 200);
@@ -847,14 +819,7 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
     assert_eq!(t.server.state.snapshots.kind(), "s3");
     let (_, host, tpl) = one_node(&t, "10.0.6.0/24").await;
     let s = sandbox(&t, &tpl, "src").await;
-    let snap = snapshot(
-        &t,
-        ALICE,
-        s["id"].as_str().unwrap(),
-        json!({ "keep": true }),
-    )
-    .await
-    .unwrap();
+    let snap = take(&t, s["id"].as_str().unwrap(), json!({ "keep": true })).await;
     let id = snap["id"].as_str().unwrap().to_string();
     let ready = settled(&t, &id).await;
     assert_eq!(ready["state"], "ready", "{ready}");
@@ -880,12 +845,8 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
     // Deleted, and nothing restores from it any more: the object leaves the bucket.
     t.ok(ALICE, "sandboxes.delete", acme_sandbox(&restored["id"]))
         .await;
-    t.ok(
-        ALICE,
-        "sandboxSnapshots.delete",
-        json!({ "tenantId": "acme", "snapshotId": id }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxSnapshots.delete", acme_snapshot(&id))
+        .await;
     eventually("the object purged from the bucket", PATIENCE, || async {
         match t.server.state.snapshots.exists(&key).await.unwrap() {
             false => Ok(()),
@@ -900,26 +861,15 @@ async fn a_tenant_teardown_deletes_every_snapshot_kept_ones_too() {
     let t = server().await;
     let (_, _host, tpl) = one_node(&t, "10.0.7.0/24").await;
     let s = sandbox(&t, &tpl, "src").await;
-    let snap = snapshot(
-        &t,
-        ALICE,
-        s["id"].as_str().unwrap(),
-        json!({ "keep": true }),
-    )
-    .await
-    .unwrap();
+    let snap = take(&t, s["id"].as_str().unwrap(), json!({ "keep": true })).await;
     let id = snap["id"].as_str().unwrap().to_string();
     settled(&t, &id).await;
     t.ok(OPERATOR, "tenants.delete", json!({ "tenantId": "acme" }))
         .await;
     t.teardown_done("acme").await;
     let (code, _) = refusal(
-        t.call(
-            OPERATOR,
-            "sandboxSnapshots.get",
-            json!({ "tenantId": "acme", "snapshotId": id }),
-        )
-        .await,
+        t.call(OPERATOR, "sandboxSnapshots.get", acme_snapshot(&id))
+            .await,
     );
     assert_eq!(code, "NOT_FOUND");
     wait_until("the kept object purged", PATIENCE, || async {
@@ -939,24 +889,15 @@ async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_t
         t.call(ALICE, "sandboxes.exec", body)
     };
     assert!(exec(&source).await.is_ok(), "alone, the source takes exec");
-    let memory = snapshot(
-        &t,
-        ALICE,
-        source["id"].as_str().unwrap(),
-        json!({ "keep": true }),
-    )
-    .await
-    .unwrap();
+    let memory = take(&t, source["id"].as_str().unwrap(), json!({ "keep": true })).await;
     // One snapshot of a sandbox is in flight at a time.
     settled(&t, memory["id"].as_str().unwrap()).await;
-    let disk = snapshot(
+    let disk = take(
         &t,
-        ALICE,
         source["id"].as_str().unwrap(),
         json!({ "includeMemory": false, "keep": true }),
     )
-    .await
-    .unwrap();
+    .await;
     let (memory, disk) = (
         memory["id"].as_str().unwrap().to_string(),
         disk["id"].as_str().unwrap().to_string(),
@@ -1014,14 +955,12 @@ async fn a_sandbox_writing_a_volume_takes_only_disk_snapshots() {
         .await;
     let s = sandbox(&t, tpl["id"].as_str().unwrap(), "v").await;
     let sbx = s["id"].as_str().unwrap();
-    let (code, details) = refusal(snapshot(&t, ALICE, sbx, json!({})).await);
+    let (code, details) = refused(&t, sbx, json!({})).await;
     assert_eq!(
         (code.as_str(), details["reason"].as_str()),
         ("INVALID_STATE", Some("memory-snapshot-with-volumes"))
     );
-    let disk = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
-        .await
-        .unwrap();
+    let disk = take(&t, sbx, json!({ "includeMemory": false })).await;
     assert_eq!(
         settled(&t, disk["id"].as_str().unwrap()).await["state"],
         "ready"

@@ -11,8 +11,8 @@ use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use vps_emulators::host::HostHandle;
 use vps_tests::{
-    acme_instance, acme_sandbox, eventually, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE,
-    SSH_KEY,
+    acme_instance, acme_sandbox, eventually, merged, TestServer, ALICE, BOB, EVE, OPERATOR,
+    PATIENCE, SSH_KEY,
 };
 
 const BOOT: Duration = Duration::from_millis(50);
@@ -28,9 +28,7 @@ async fn server() -> TestServer {
 /// A hosted pool offered to acme (disk quota `disk`) with `nodes` emulated hosts of 500 GiB.
 async fn pool_with_hosts(t: &TestServer, nodes: usize, disk: u64) -> (String, Vec<HostHandle>) {
     let quota = json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": disk });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let hosts = t.hosts(&pool, nodes, BOOT).await;
-    (pool, hosts)
+    t.pool_with_hosts("10.0.0.0/24", quota, nodes, BOOT).await
 }
 
 fn volume_body(pool: &str, name: &str, size: u64, key: &str) -> Value {
@@ -119,12 +117,10 @@ async fn template(
     name: &str,
     extra: Value,
 ) -> Result<Value, vps_tests::Answer> {
-    let mut body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
-                           "flavor": "small", "imageId": "img_ubuntu" });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    t.call(ALICE, "sandboxTemplates.create", body).await
+    let body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
+                       "flavor": "small", "imageId": "img_ubuntu" });
+    t.call(ALICE, "sandboxTemplates.create", merged(body, extra))
+        .await
 }
 
 async fn sandbox(t: &TestServer, template: &Value, key: &str) -> Result<Value, vps_tests::Answer> {
