@@ -434,31 +434,16 @@ async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
     // Pending and failed snapshots are not restorable.
     host.hold_commands(true);
     let pending = take(&t, sbx, json!({})).await;
-    let (code, _) = refusal(
-        restore(
-            ALICE,
-            tpl.clone(),
-            "pending",
-            pending["id"].as_str().unwrap().into(),
-        )
-        .await,
-    );
+    let pending = pending["id"].as_str().unwrap().to_string();
+    let (code, _) = refusal(restore(ALICE, tpl.clone(), "pending", pending.clone()).await);
     assert_eq!(code, "INVALID_STATE");
     // It never settles: the reconciler fails it after snapshot_timeout.
-    let timed_out = settled(&t, pending["id"].as_str().unwrap()).await;
+    let timed_out = settled(&t, &pending).await;
     assert_eq!(
         (timed_out["state"].as_str(), timed_out["reason"].as_str()),
         (Some("failed"), Some("timeout"))
     );
-    let (code, _) = refusal(
-        restore(
-            ALICE,
-            tpl.clone(),
-            "failed",
-            pending["id"].as_str().unwrap().into(),
-        )
-        .await,
-    );
+    let (code, _) = refusal(restore(ALICE, tpl.clone(), "failed", pending.clone()).await);
     assert_eq!(code, "INVALID_STATE");
     host.hold_commands(false);
 
