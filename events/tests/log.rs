@@ -31,6 +31,13 @@ fn event(n: usize) -> NewEvent {
     }
 }
 
+/// Appends `event(n)` as the first event of the new stream `stream`.
+async fn new_stream(conn: &mut sqlx::PgConnection, stream: &str, n: usize) {
+    append(conn, stream, ExpectedVersion::NoStream, &[event(n)])
+        .await
+        .unwrap();
+}
+
 /// The next `n` events. Other tests share the server, and their open transactions hold the
 /// horizon back for a moment, so this waits until all `n` are readable.
 async fn next_exactly(follower: &mut Follower, n: usize) -> Vec<vps_events::RecordedEvent> {
@@ -55,9 +62,7 @@ async fn sequence_value(pool: &PgPool) -> i64 {
 async fn a_wrong_expected_version_is_a_concurrency_error_that_burns_no_position() {
     let pool = fresh_log().await;
     let mut conn = pool.acquire().await.unwrap();
-    append(&mut conn, "s-1", ExpectedVersion::NoStream, &[event(1)])
-        .await
-        .unwrap();
+    new_stream(&mut conn, "s-1", 1).await;
     let before = sequence_value(&pool).await;
 
     for expected in [ExpectedVersion::NoStream, ExpectedVersion::Exact(5)] {
@@ -178,22 +183,14 @@ async fn append_unseen_skips_the_ids_the_log_holds_and_leaves_no_gap_in_versions
 async fn several_streams_can_be_appended_in_one_transaction() {
     let pool = fresh_log().await;
     let mut tx = pool.begin().await.unwrap();
-    append(&mut tx, "a-1", ExpectedVersion::NoStream, &[event(1)])
-        .await
-        .unwrap();
-    append(&mut tx, "b-1", ExpectedVersion::NoStream, &[event(2)])
-        .await
-        .unwrap();
+    new_stream(&mut tx, "a-1", 1).await;
+    new_stream(&mut tx, "b-1", 2).await;
     tx.rollback().await.unwrap();
     assert!(read_stream(&pool, "a-1").await.unwrap().is_empty());
 
     let mut tx = pool.begin().await.unwrap();
-    append(&mut tx, "a-1", ExpectedVersion::NoStream, &[event(1)])
-        .await
-        .unwrap();
-    append(&mut tx, "b-1", ExpectedVersion::NoStream, &[event(2)])
-        .await
-        .unwrap();
+    new_stream(&mut tx, "a-1", 1).await;
+    new_stream(&mut tx, "b-1", 2).await;
     tx.commit().await.unwrap();
     assert_eq!(read_stream(&pool, "a-1").await.unwrap().len(), 1);
     assert_eq!(read_stream(&pool, "b-1").await.unwrap().len(), 1);
@@ -203,9 +200,7 @@ async fn several_streams_can_be_appended_in_one_transaction() {
 async fn the_log_refuses_updates_deletes_and_truncation() {
     let pool = fresh_log().await;
     let mut conn = pool.acquire().await.unwrap();
-    append(&mut conn, "s-1", ExpectedVersion::NoStream, &[event(1)])
-        .await
-        .unwrap();
+    new_stream(&mut conn, "s-1", 1).await;
     for sql in [
         "UPDATE events SET type = 'x'",
         "DELETE FROM events",
@@ -223,14 +218,7 @@ async fn a_follower_resumes_after_its_checkpoint_when_loaded_again() {
     let notifier = Notifier::local_only();
     let mut conn = pool.acquire().await.unwrap();
     for n in 0..10 {
-        append(
-            &mut conn,
-            &format!("s-{n}"),
-            ExpectedVersion::NoStream,
-            &[event(n)],
-        )
-        .await
-        .unwrap();
+        new_stream(&mut conn, &format!("s-{n}"), n).await;
     }
     let mut follower = Follower::load(pool.clone(), "f", &notifier).await.unwrap();
     let batch = next_exactly(&mut follower, 4).await;
@@ -464,9 +452,7 @@ async fn a_transaction_older_than_the_streams_last_writer_must_retry() {
         .await
         .unwrap();
     let mut conn = pool.acquire().await.unwrap();
-    append(&mut conn, "s-1", ExpectedVersion::NoStream, &[event(1)])
-        .await
-        .unwrap();
+    new_stream(&mut conn, "s-1", 1).await;
     let err = append(&mut older, "s-1", ExpectedVersion::Any, &[event(2)])
         .await
         .unwrap_err();

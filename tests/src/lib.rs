@@ -47,6 +47,38 @@ pub struct Answer {
     pub body: Value,
 }
 
+impl Answer {
+    /// The status and the error code, to compare in one assert.
+    pub fn status_code(&self) -> (u16, Option<&str>) {
+        (self.status, self.body["code"].as_str())
+    }
+}
+
+/// A quota of `vcpu` vCPU with room to match: 10 GiB of memory and 100 GiB of disk a vCPU.
+pub fn quota(vcpu: i64) -> Value {
+    json!({ "vcpu": vcpu, "memoryGiB": vcpu * 10, "diskGiB": vcpu * 100 })
+}
+
+/// The body that names tenant `acme`'s instance `id`.
+pub fn acme_instance(id: impl serde::Serialize) -> Value {
+    json!({ "tenantId": "acme", "instanceId": id })
+}
+
+/// The body that names tenant `acme`'s sandbox `id`.
+pub fn acme_sandbox(id: impl serde::Serialize) -> Value {
+    json!({ "tenantId": "acme", "sandboxId": id })
+}
+
+/// `base` with the fields of `extra` added (an `extra` field replaces `base`'s): a request
+/// body a test adjusts. Both must be JSON objects.
+pub fn merged(mut base: Value, extra: Value) -> Value {
+    let (Some(fields), Value::Object(more)) = (base.as_object_mut(), extra) else {
+        panic!("merged takes two JSON objects");
+    };
+    fields.extend(more);
+    base
+}
+
 /// The timings the sandbox tests run on: instances looked at again within a tenth of a second,
 /// the sandbox reconciler passing every 0.2 s.
 pub fn fast_sandboxes(c: &mut Config) {
@@ -150,6 +182,45 @@ impl TestServer {
         }
     }
 
+    /// Like `call`, panicking on success: the error answer.
+    pub async fn err(&self, token: &str, method: &str, body: Value) -> Answer {
+        match self.call(token, method, body).await {
+            Ok(v) => panic!("{method} succeeded where a refusal was expected: {v}"),
+            Err(a) => a,
+        }
+    }
+
+    /// `instances.get` of `acme`'s instance `id` as `token`.
+    pub async fn instance(&self, token: &str, id: impl serde::Serialize) -> Value {
+        self.ok(token, "instances.get", acme_instance(id)).await
+    }
+
+    /// Alice creates `acme`'s sandbox template `name` in `pool`, of flavor `small` and image
+    /// `img_ubuntu`, with the fields of `extra`: the template.
+    pub async fn sandbox_template(&self, pool: &str, name: &str, extra: Value) -> Value {
+        let body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
+                           "flavor": "small", "imageId": "img_ubuntu" });
+        self.ok(ALICE, "sandboxTemplates.create", merged(body, extra))
+            .await
+    }
+
+    /// Alice creates `acme`'s sandbox of `template` with key `key` and the fields of `extra`,
+    /// waiting up to 20 s for it: the sandbox, which must be ready.
+    pub async fn ready_sandbox(
+        &self,
+        template: impl serde::Serialize,
+        key: &str,
+        extra: Value,
+    ) -> Value {
+        let body = json!({ "tenantId": "acme", "templateId": template, "idempotencyKey": key,
+                           "wait": { "timeoutMs": 20000 } });
+        let sandbox = self
+            .ok(ALICE, "sandboxes.create", merged(body, extra))
+            .await;
+        assert_eq!(sandbox["state"], "ready", "{sandbox}");
+        sandbox
+    }
+
     /// A hosted pool offered to `acme` with `quota`, an IP range, `nodes` nodes of 16 vCPU /
     /// 64 GiB, flavors `small` (2 vCPU) and `large` (8 vCPU), and a public image `img_ubuntu`.
     pub async fn hosted_pool(&self, cidr: &str, nodes: usize, quota: Value) -> String {
@@ -231,6 +302,34 @@ impl TestServer {
         )
         .await
         .expect("replica starts")
+    }
+
+    /// A hosted pool in `cidr` offered to `acme` with `quota` (see [`TestServer::hosted_pool`]),
+    /// whose nodes are `nodes` emulated hosts that boot in `boot`.
+    pub async fn pool_with_hosts(
+        &self,
+        cidr: &str,
+        quota: Value,
+        nodes: usize,
+        boot: Duration,
+    ) -> (String, Vec<vps_emulators::host::HostHandle>) {
+        let pool = self.hosted_pool(cidr, 0, quota).await;
+        let hosts = self.hosts(&pool, nodes, boot).await;
+        (pool, hosts)
+    }
+
+    /// A hosted pool in `cidr` offered to `acme` with 64 vCPU, 256 GiB of memory and 2000 GiB
+    /// of disk, whose one node `host` is an emulated host that boots in `boot`.
+    pub async fn pool_with_host(
+        &self,
+        cidr: &str,
+        boot: Duration,
+    ) -> (String, vps_emulators::host::HostHandle) {
+        let quota = json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 });
+        let pool = self.hosted_pool(cidr, 0, quota).await;
+        let (node, token) = self.register_node(&pool, "host").await;
+        let host = self.host(&node, &token, boot);
+        (pool, host)
     }
 
     /// Registers a 16 vCPU / 64 GiB node in `pool_id`; returns its id and token.

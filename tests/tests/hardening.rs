@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use vps_tests::{eventually, TestServer, ALICE, OPERATOR, PATIENCE, SSH_KEY};
+use vps_tests::{acme_instance, eventually, TestServer, ALICE, OPERATOR, PATIENCE, SSH_KEY};
 
 /// A hosted pool offered to acme (8 vCPU), with `nodes` nodes and the harness's flavors and
 /// image.
@@ -331,11 +331,7 @@ async fn instance_created_carries_no_plain_hash_of_the_user_data() {
     let body = create_body(&pool, "k1", "#cloud-config\npassword: hunter2\n");
     let created = t.ok(ALICE, "instances.create", body.clone()).await;
     let history = t
-        .ok(
-            ALICE,
-            "instances.history",
-            json!({ "tenantId": "acme", "instanceId": created["id"] }),
-        )
+        .ok(ALICE, "instances.history", acme_instance(&created["id"]))
         .await;
     let hash = history["items"][0]["data"]["requestHash"]
         .as_str()
@@ -352,7 +348,7 @@ async fn instance_created_carries_no_plain_hash_of_the_user_data() {
     let replay = t.ok(ALICE, "instances.create", body).await;
     assert_eq!(replay["id"], created["id"]);
     let other = create_body(&pool, "k1", "#cloud-config\npassword: other\n");
-    let conflict = t.call(ALICE, "instances.create", other).await.unwrap_err();
+    let conflict = t.err(ALICE, "instances.create", other).await;
     assert_eq!(conflict.body["code"], "CONFLICT");
 }
 
@@ -407,10 +403,7 @@ async fn a_provider_pool_boots_only_images_registered_for_the_tenant() {
                 "idempotencyKey": key })
     };
     for (image, key) in [("snap-globex-db", "a"), ("1234567", "b")] {
-        let refused = t
-            .call(ALICE, "instances.create", create(image, key))
-            .await
-            .unwrap_err();
+        let refused = t.err(ALICE, "instances.create", create(image, key)).await;
         assert_eq!(refused.status, 404, "{image}: {}", refused.body);
     }
     t.ok(
@@ -443,10 +436,7 @@ async fn host_reported_addresses_are_validated_and_bounded() {
         json!(["not-an-address"]),
         json!(["10.0.0.9/99"]),
     ] {
-        let refused = t
-            .call(&token, "nodes.report", report(bad.clone()))
-            .await
-            .unwrap_err();
+        let refused = t.err(&token, "nodes.report", report(bad.clone())).await;
         assert_eq!(refused.body["code"], "INVALID_INPUT", "{bad}");
     }
     // Many good reports, each with new addresses: the list stays bounded.
@@ -456,13 +446,7 @@ async fn host_reported_addresses_are_validated_and_bounded() {
             .collect();
         t.ok(&token, "nodes.report", report(json!(fresh))).await;
     }
-    let seen = t
-        .ok(
-            ALICE,
-            "instances.get",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
+    let seen = t.ok(ALICE, "instances.get", acme_instance(id)).await;
     let addresses = seen["addresses"].as_array().unwrap();
     assert_eq!(addresses.len(), 16, "{seen}");
     assert_eq!(

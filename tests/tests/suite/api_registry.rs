@@ -97,7 +97,7 @@ async fn bodies_are_objects_without_unknown_fields_or_nul_characters() {
             "state",
         ),
     ] {
-        let refused = t.call(OPERATOR, method, body.clone()).await.unwrap_err();
+        let refused = t.err(OPERATOR, method, body.clone()).await;
         assert_eq!(refused.status, 400, "{method} {body}: {}", refused.body);
         assert_eq!(refused.body["code"], "INVALID_INPUT");
         let named = refused.body["details"]["field"].as_str().unwrap();
@@ -112,7 +112,7 @@ async fn bodies_are_objects_without_unknown_fields_or_nul_characters() {
         .await
         .unwrap();
     assert_eq!(answer.status(), 200);
-    let unknown = t.call(ALICE, "pools.nothing", json!({})).await.unwrap_err();
+    let unknown = t.err(ALICE, "pools.nothing", json!({})).await;
     assert_eq!(unknown.body["code"], "NOT_FOUND");
 }
 
@@ -128,7 +128,7 @@ async fn a_node_token_calls_only_its_own_nodes_methods() {
         ("events.list", json!({})),
         ("pools.list", json!({})),
     ] {
-        let refused = t.call(&token, method, body).await.unwrap_err();
+        let refused = t.err(&token, method, body).await;
         assert_eq!(refused.body["code"], "ACCESS_DENIED", "{method}");
     }
     let spec = t.ok(&token, "nodes.spec", json!({ "nodeId": node })).await;

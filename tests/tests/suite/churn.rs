@@ -7,7 +7,9 @@ use futures::future::join_all;
 use serde_json::{json, Value};
 use vps_domain::state_table::{allows, InstanceState};
 use vps_emulators::host::HostHandle;
-use vps_tests::{eventually_every, wait_until, TestServer, ALICE, OPERATOR, PATIENCE};
+use vps_tests::{
+    acme_instance, eventually_every, quota, wait_until, TestServer, ALICE, OPERATOR, PATIENCE,
+};
 
 const INSTANCES: usize = 200;
 const HOSTS: usize = 3;
@@ -17,13 +19,10 @@ const HOSTS: usize = 3;
 async fn wait_all(t: &TestServer, ids: &[String], want: &str, timeout: Duration) {
     let what = format!("{} instances {want}", ids.len());
     eventually_every(&what, timeout, Duration::from_millis(200), || async {
-        let states: Vec<Value> = join_all(ids.iter().map(|id| {
-            t.ok(
-                ALICE,
-                "instances.get",
-                json!({ "tenantId": "acme", "instanceId": id }),
-            )
-        }))
+        let states: Vec<Value> = join_all(
+            ids.iter()
+                .map(|id| t.ok(ALICE, "instances.get", acme_instance(id))),
+        )
         .await;
         match states
             .into_iter()
@@ -74,13 +73,7 @@ async fn assert_nothing_left_behind(t: &TestServer) {
 
 /// Every move in the instance's history is one the state table allows, and it ends deleted.
 async fn assert_history_follows_the_state_table(t: &TestServer, id: &str) {
-    let h = t
-        .ok(
-            ALICE,
-            "instances.history",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
+    let h = t.ok(ALICE, "instances.history", acme_instance(id)).await;
     let states: Vec<InstanceState> = h["items"]
         .as_array()
         .unwrap()
@@ -105,13 +98,7 @@ async fn churn_leaves_no_allocation_lease_quota_spec_entry_or_domain_behind() {
         c.timings.unschedulable_retry = 0.5;
     })
     .await;
-    let pool = t
-        .hosted_pool(
-            "10.1.0.0/22",
-            0,
-            json!({ "vcpu": 10000, "memoryGiB": 100000, "diskGiB": 1000000 }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.1.0.0/22", 0, quota(10000)).await;
     let hosts = start_hosts(&t, &pool).await;
     t.ok(
         OPERATOR,
@@ -140,7 +127,7 @@ async fn churn_leaves_no_allocation_lease_quota_spec_entry_or_domain_behind() {
     wait_all(&t, &ids, "running", Duration::from_secs(120)).await;
 
     let some: Vec<String> = ids.iter().step_by(4).cloned().collect();
-    let req = |id: &String| json!({ "tenantId": "acme", "instanceId": id });
+    let req = |id: &String| acme_instance(id);
     join_all(some.iter().map(|id| t.ok(ALICE, "instances.stop", req(id)))).await;
     wait_all(&t, &some, "stopped", Duration::from_secs(60)).await;
     join_all(

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use vps_tests::{TestServer, ALICE, OPERATOR};
+use vps_tests::{acme_instance, acme_sandbox, TestServer, ALICE, OPERATOR};
 
 /// What a run of the CLI ended with.
 struct Run {
@@ -65,15 +65,9 @@ fn keys_at(key: &Path) {
 #[tokio::test]
 async fn instances_from_the_command_line() {
     let t = TestServer::start_with(|c| c.timings.transitional_look = 0.1).await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            0,
-            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
-        )
+    let (pool, _host) = t
+        .pool_with_host("10.0.0.0/24", Duration::from_millis(20))
         .await;
-    let (node, token) = t.register_node(&pool, "host").await;
-    let _host = t.host(&node, &token, Duration::from_millis(20));
     let dir = tempfile::tempdir().unwrap();
     let (private, public) = keys(dir.path());
 
@@ -218,15 +212,9 @@ async fn sandboxes_from_the_command_line_with_a_shell_inside() {
         c.timings.sandbox_pass = 0.2;
     })
     .await;
-    let pool = t
-        .hosted_pool(
-            "10.0.1.0/24",
-            0,
-            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
-        )
+    let (pool, _host) = t
+        .pool_with_host("10.0.1.0/24", Duration::from_millis(20))
         .await;
-    let (node, token) = t.register_node(&pool, "host").await;
-    let _host = t.host(&node, &token, Duration::from_millis(20));
     let template = json_of(
         &t,
         &[
@@ -464,7 +452,7 @@ async fn the_reference_instance_command_lines_run_as_written() {
     let first = id_in(&sh.run(create, &pool_ids).await.stdout, "inst_");
     let again = id_in(&sh.run(create, &pool_ids).await.stdout, "inst_");
     assert_eq!(again, first);
-    let get = json!({ "tenantId": "acme", "instanceId": first });
+    let get = acme_instance(&first);
     let instance = t.ok(ALICE, "instances.get", get.clone()).await;
     assert_eq!(instance["flavor"], "g1.small", "{instance}");
     assert_eq!(instance["imageId"], "ubuntu-24.04", "{instance}");
@@ -480,13 +468,7 @@ async fn the_reference_instance_command_lines_run_as_written() {
                   --user-data ./cloud-init.yaml";
     let second = id_in(&sh.run(create, &pool_ids).await.stdout, "inst_");
     assert_ne!(second, first);
-    let instance = t
-        .ok(
-            ALICE,
-            "instances.get",
-            json!({ "tenantId": "acme", "instanceId": second }),
-        )
-        .await;
+    let instance = t.ok(ALICE, "instances.get", acme_instance(&second)).await;
     assert_eq!(
         instance["sshKeys"].as_array().unwrap().len(),
         2,
@@ -565,22 +547,11 @@ async fn the_reference_instance_command_lines_run_as_written() {
 #[tokio::test]
 async fn the_reference_sandbox_command_lines_run_as_written() {
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
-    let pool = t
-        .hosted_pool(
-            "10.0.1.0/24",
-            0,
-            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
-        )
+    let (pool, _host) = t
+        .pool_with_host("10.0.1.0/24", Duration::from_millis(20))
         .await;
-    let (node, token) = t.register_node(&pool, "host").await;
-    let _host = t.host(&node, &token, Duration::from_millis(20));
     let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "python", "poolId": pool, "flavor": "small",
-                    "imageId": "img_ubuntu", "maxTtlSeconds": 14400 }),
-        )
+        .sandbox_template(&pool, "python", json!({ "maxTtlSeconds": 14400 }))
         .await;
     let tpl = template["id"].as_str().unwrap().to_string();
     let sh = Shell::new(&t);
@@ -592,7 +563,7 @@ async fn the_reference_sandbox_command_lines_run_as_written() {
         )
         .await;
     let sbx = id_in(&created.stdout, "sbx_");
-    let get = json!({ "tenantId": "acme", "sandboxId": sbx });
+    let get = acme_sandbox(&sbx);
     vps_tests::wait_until("the sandbox is ready", Duration::from_secs(10), || async {
         t.ok(ALICE, "sandboxes.get", get.clone()).await["state"] == "ready"
     })

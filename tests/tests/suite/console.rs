@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use vps_tests::browser::Browser;
-use vps_tests::{TestServer, ALICE};
+use vps_tests::{acme_instance, acme_sandbox, TestServer, ALICE};
 
 /// Where the screenshot goes: `VPS_CONSOLE_SCREENSHOT`, or the test output directory.
 fn screenshot_path() -> PathBuf {
@@ -32,15 +32,9 @@ async fn the_console_creates_an_instance_and_watches_it_run_and_go() {
         c.timings.usage_window = 1.0;
     })
     .await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            0,
-            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
-        )
+    let (pool, _host) = t
+        .pool_with_host("10.0.0.0/24", Duration::from_millis(500))
         .await;
-    let (node, token) = t.register_node(&pool, "host").await;
-    let _host = t.host(&node, &token, Duration::from_millis(500));
     let mut browser = Browser::launch(1280, 800).await;
 
     // Signing in with the token and the tenant.
@@ -84,13 +78,7 @@ async fn the_console_creates_an_instance_and_watches_it_run_and_go() {
         )
         .await;
     assert_eq!(browser.eval("window.notReloaded").await, json!(true));
-    let api = t
-        .ok(
-            ALICE,
-            "instances.get",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
+    let api = t.ok(ALICE, "instances.get", acme_instance(&id)).await;
     assert_eq!(api["state"], "running");
     assert_eq!(
         browser
@@ -186,13 +174,7 @@ async fn the_console_creates_an_instance_and_watches_it_run_and_go() {
     }
 
     // A sandbox made elsewhere shows up in the list by itself; its page extends and deletes it.
-    let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "py", "poolId": pool, "flavor": "small", "imageId": "img_ubuntu" }),
-        )
-        .await;
+    let template = t.sandbox_template(&pool, "py", json!({})).await;
     let sandbox = t
         .ok(
             ALICE,
@@ -217,7 +199,7 @@ async fn the_console_creates_an_instance_and_watches_it_run_and_go() {
     let expiry = |s: &serde_json::Value| {
         chrono::DateTime::parse_from_rfc3339(s["expiresAt"].as_str().unwrap()).unwrap()
     };
-    let sandbox_ref = json!({ "tenantId": "acme", "sandboxId": sbx });
+    let sandbox_ref = acme_sandbox(sbx);
     vps_tests::wait_until(
         "the sandbox extended by 30 minutes",
         vps_tests::PATIENCE,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
-use vps_tests::{eventually, TestServer, ALICE, OPERATOR, PATIENCE, SSH_KEY};
+use vps_tests::{eventually, quota, TestServer, ALICE, OPERATOR, PATIENCE, SSH_KEY};
 
 /// `/readyz?verbose` as the operator: its status and body.
 async fn readyz(t: &TestServer) -> (u16, Value) {
@@ -182,13 +182,7 @@ async fn a_healthy_server_has_no_error_and_readyz_carries_every_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_stops_reporting_until_lost_is_an_error_and_doctor_exits_1() {
     let t = TestServer::start_with(|c| c.timings.liveness_check = 0.1).await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
     t.ok(
         OPERATOR,
         "pools.update",
@@ -249,18 +243,10 @@ async fn a_sandbox_left_open_past_its_expiry_is_an_error_until_the_reconciler_ru
         c.timings.sandbox_pass = 0.2;
     })
     .await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool_id = t.hosted_pool("10.0.0.0/24", 0, quota).await;
+    let pool_id = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
     let (node, token) = t.register_node(&pool_id, "host-a").await;
     let _host = t.host(&node, &token, Duration::from_millis(50));
-    let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "short", "poolId": pool_id,
-                    "flavor": "small", "imageId": "img_ubuntu" }),
-        )
-        .await;
+    let template = t.sandbox_template(&pool_id, "short", json!({})).await;
     let sandbox = t
         .ok(
             ALICE,
@@ -271,13 +257,8 @@ async fn a_sandbox_left_open_past_its_expiry_is_an_error_until_the_reconciler_ru
         .await;
     let id = sandbox["id"].as_str().unwrap();
     // A warm pool nothing refills meanwhile, still within its ten minutes of grace.
-    t.ok(
-        ALICE,
-        "sandboxTemplates.create",
-        json!({ "tenantId": "acme", "name": "warm", "poolId": pool_id, "flavor": "small",
-                "imageId": "img_ubuntu", "warm": { "min": 1, "max": 1 } }),
-    )
-    .await;
+    t.sandbox_template(&pool_id, "warm", json!({ "warm": { "min": 1, "max": 1 } }))
+        .await;
 
     let overdue = until_finding(&t, "vps.sandboxes.expiry", "error").await;
     let message = overdue["message"].as_str().unwrap();
@@ -323,8 +304,7 @@ async fn a_webhook_whose_endpoint_answers_gone_is_reported_disabled() {
     let hook = hook["id"].as_str().unwrap();
     until_finding(&t, "vps.webhooks.disabled", "ok").await;
 
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
+    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
     t.ok(
         ALICE,
         "instances.create",

@@ -9,16 +9,12 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use vps_tests::{eventually, wait_until, TestServer, ALICE, EVE, OPERATOR, PATIENCE};
+use vps_tests::{
+    acme_instance, eventually, quota, wait_until, TestServer, ALICE, EVE, OPERATOR, PATIENCE,
+};
 
 async fn some_instances(t: &TestServer, n: usize) -> String {
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            1,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.0.0.0/24", 1, quota(100)).await;
     for k in 0..n {
         t.ok(ALICE, "instances.create", json!({ "tenantId": "acme", "poolId": pool, "flavor": "small", "imageId": "img_ubuntu", "idempotencyKey": format!("e{k}") })).await;
     }
@@ -64,9 +60,8 @@ async fn tenants_list_only_their_own_events_and_pages_neither_skip_nor_repeat() 
         operator.iter().map(|e| e["id"].as_str().unwrap()).collect();
     assert_eq!(ids.len(), operator.len(), "no repeats across pages");
     let err = t
-        .call(ALICE, "events.list", json!({ "types": ["Instance*"] }))
-        .await
-        .unwrap_err();
+        .err(ALICE, "events.list", json!({ "types": ["Instance*"] }))
+        .await;
     assert_eq!(err.body["code"], "INVALID_INPUT");
 }
 
@@ -227,13 +222,12 @@ async fn a_tenant_webhook_receives_signed_deliveries_of_its_own_events_only() {
         "the secret is shown once"
     );
     let err = t
-        .call(
+        .err(
             EVE,
             "webhooks.deliveries",
             json!({ "webhookId": hook["id"] }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(err.body["code"], "NOT_FOUND");
 
     some_instances(&t, 2).await;
@@ -253,7 +247,7 @@ async fn an_instance_can_be_read_as_it_was_at_an_earlier_point_of_the_log() {
     let t = TestServer::start().await;
     let pool = some_instances(&t, 0).await;
     let inst = t.ok(ALICE, "instances.create", json!({ "tenantId": "acme", "poolId": pool, "flavor": "small", "imageId": "img_ubuntu", "idempotencyKey": "tt" })).await;
-    let req = json!({ "tenantId": "acme", "instanceId": inst["id"] });
+    let req = acme_instance(&inst["id"]);
     let history = t.ok(ALICE, "instances.history", req.clone()).await;
     let created_cursor = history["items"][0]["sequence"].clone();
     t.ok(ALICE, "instances.stop", req.clone()).await;
@@ -271,12 +265,11 @@ async fn an_instance_can_be_read_as_it_was_at_an_earlier_point_of_the_log() {
     let now = t.ok(ALICE, "instances.get", req.clone()).await;
     assert_eq!(now["desiredState"], "stopped");
     let err = t
-        .call(
+        .err(
             ALICE,
             "instances.get",
             json!({ "tenantId": "acme", "instanceId": inst["id"], "asOf": "yesterday" }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(err.body["code"], "INVALID_INPUT");
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use vps_emulators::host::HostHandle;
-use vps_tests::{TestServer, ALICE, EVE, OPERATOR};
+use vps_tests::{acme_sandbox, quota, TestServer, ALICE, EVE, OPERATOR};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -18,30 +18,17 @@ async fn server() -> TestServer {
 
 /// A pool with `nodes` emulated hosts (tunnel endpoints included) and a template of acme's.
 async fn setup(t: &TestServer, nodes: usize) -> (String, String, Vec<HostHandle>) {
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let hosts = t.hosts(&pool, nodes, BOOT).await;
-    let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "py", "poolId": pool, "flavor": "small",
-                    "imageId": "img_ubuntu" }),
-        )
+    let (pool, hosts) = t
+        .pool_with_hosts("10.0.0.0/24", quota(100), nodes, BOOT)
         .await;
+    let template = t.sandbox_template(&pool, "py", json!({})).await;
     (pool, template["id"].as_str().unwrap().to_string(), hosts)
 }
 
 async fn sandbox(t: &TestServer, template: &str, key: &str, ttl: u64) -> Value {
     let s = t
-        .ok(
-            ALICE,
-            "sandboxes.create",
-            json!({ "tenantId": "acme", "templateId": template, "idempotencyKey": key,
-                    "ttlSeconds": ttl, "wait": { "timeoutMs": 20000 } }),
-        )
+        .ready_sandbox(&template, key, json!({ "ttlSeconds": ttl }))
         .await;
-    assert_eq!(s["state"], "ready", "{s}");
     s
 }
 
@@ -285,13 +272,7 @@ async fn openssh_runs_a_command_in_a_sandbox_with_a_short_certificate() {
     assert!(!everything.contains(body), "a certificate is in the log");
     assert!(!everything.contains(grant["tunnel"]["ticket"].as_str().unwrap()));
     // The sandbox itself did not change, and replay rebuilds what the log says.
-    let after = t
-        .ok(
-            ALICE,
-            "sandboxes.get",
-            json!({ "tenantId": "acme", "sandboxId": s["id"] }),
-        )
-        .await;
+    let after = t.ok(ALICE, "sandboxes.get", acme_sandbox(&s["id"])).await;
     assert_eq!(after["state"], "ready");
     assert_eq!(after["expiresAt"], s["expiresAt"]);
     assert!(t.replay_equal().await);
@@ -517,12 +498,8 @@ async fn exec_refuses_what_it_cannot_certify() {
     assert_eq!(body["details"]["reason"], "sandbox-expiring");
 
     // A deleted sandbox, and one whose instance has not run yet (no room on any node).
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": ending["id"] }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&ending["id"]))
+        .await;
     let (code, body) = refusal(
         call(json!({ "tenantId": "acme", "sandboxId": ending["id"], "publicKey": key })).await,
     );

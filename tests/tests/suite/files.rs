@@ -13,32 +13,17 @@ use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
 use vps_emulators::host::HostHandle;
-use vps_tests::{TestServer, ALICE};
+use vps_tests::{quota, TestServer, ALICE};
 
 const BOOT: Duration = Duration::from_millis(50);
 
 /// A ready sandbox of acme's on one emulated host.
 async fn sandbox(t: &TestServer) -> (String, Vec<HostHandle>) {
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let hosts = t.hosts(&pool, 1, BOOT).await;
-    let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "files", "poolId": pool, "flavor": "small",
-                    "imageId": "img_ubuntu" }),
-        )
-        .await;
+    let (pool, hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
+    let template = t.sandbox_template(&pool, "files", json!({})).await;
     let s = t
-        .ok(
-            ALICE,
-            "sandboxes.create",
-            json!({ "tenantId": "acme", "templateId": template["id"], "idempotencyKey": "files",
-                    "ttlSeconds": 900, "wait": { "timeoutMs": 20000 } }),
-        )
+        .ready_sandbox(&template["id"], "files", json!({ "ttlSeconds": 900 }))
         .await;
-    assert_eq!(s["state"], "ready", "{s}");
     (s["id"].as_str().unwrap().to_owned(), hosts)
 }
 

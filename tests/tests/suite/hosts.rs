@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use vps_emulators::host::DomainState;
-use vps_tests::{TestServer, ALICE, OPERATOR, SSH_KEY};
+use vps_tests::{acme_instance, quota, TestServer, ALICE, OPERATOR, SSH_KEY};
 
 const BOOT: Duration = Duration::from_millis(100);
 const WAIT: Duration = Duration::from_secs(20);
@@ -22,12 +22,7 @@ async fn fast_server() -> TestServer {
 
 /// A hosted pool (no nodes) offered to acme with plenty of quota.
 async fn pool(t: &TestServer) -> String {
-    t.hosted_pool(
-        "10.0.0.0/24",
-        0,
-        json!({ "vcpu": 1000, "memoryGiB": 10000, "diskGiB": 100000 }),
-    )
-    .await
+    t.hosted_pool("10.0.0.0/24", 0, quota(1000)).await
 }
 
 async fn create(t: &TestServer, pool: &str, key: &str) -> String {
@@ -51,13 +46,7 @@ fn state(s: &'static str) -> impl Fn(&Value) -> bool {
 }
 
 async fn history(t: &TestServer, id: &str) -> Vec<String> {
-    let h = t
-        .ok(
-            ALICE,
-            "instances.history",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
+    let h = t.ok(ALICE, "instances.history", acme_instance(id)).await;
     h["items"]
         .as_array()
         .unwrap()
@@ -90,7 +79,7 @@ async fn an_instance_runs_stops_starts_and_is_deleted_only_after_a_complete_repo
         "user data reached the host"
     );
 
-    let req = json!({ "tenantId": "acme", "instanceId": id });
+    let req = acme_instance(&id);
     t.ok(ALICE, "instances.stop", req.clone()).await;
     assert_eq!(
         t.until(ALICE, "acme", &id, WAIT, state("stopped")).await["state"],
@@ -309,10 +298,7 @@ async fn orphans_are_returned_sorted_and_announced_only_when_the_set_changes() {
     assert_eq!(events["items"][0]["subject"], format!("node/{node}"));
     // Another node's token cannot speak for this node.
     let (_, other) = t.register_node(&pool, "host-b").await;
-    let err = t
-        .call(&other, "nodes.report", report(&[]))
-        .await
-        .unwrap_err();
+    let err = t.err(&other, "nodes.report", report(&[])).await;
     assert_eq!(err.body["code"], "ACCESS_DENIED");
 }
 
@@ -333,22 +319,20 @@ async fn a_node_reads_user_data_only_for_instances_placed_on_it() {
         .await;
     assert!(value["value"].as_str().unwrap().contains(SSH_KEY));
     let err = t
-        .call(
+        .err(
             &tb,
             "nodes.secret",
             json!({ "nodeId": a, "ref": reference }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(err.body["code"], "ACCESS_DENIED");
     let err = t
-        .call(
+        .err(
             OPERATOR,
             "nodes.secret",
             json!({ "nodeId": a, "ref": reference }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(err.body["code"], "ACCESS_DENIED");
     // User data is in no event and no view.
     let events = t
@@ -392,13 +376,7 @@ async fn a_spec_request_waits_for_a_newer_generation() {
         "{waited:?}"
     );
     let nic = &spec["instances"][0]["nics"][0];
-    let leased = t
-        .ok(
-            ALICE,
-            "instances.get",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
+    let leased = t.ok(ALICE, "instances.get", acme_instance(&id)).await;
     assert_eq!(
         nic["address"],
         format!("{}/24", leased["addresses"][0].as_str().unwrap())
@@ -465,13 +443,7 @@ async fn an_unschedulable_instance_is_placed_as_soon_as_a_node_is_added() {
     let t = TestServer::start_with(|c| c.timings.unschedulable_retry = 600.0).await;
     let pool = pool(&t).await;
     let id = create(&t, &pool, "k").await;
-    let waiting = t
-        .ok(
-            ALICE,
-            "instances.get",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
+    let waiting = t.ok(ALICE, "instances.get", acme_instance(&id)).await;
     assert_eq!(waiting["state"], "scheduling");
     assert_eq!(waiting["conditions"][0]["type"], "Unschedulable");
     assert_eq!(waiting["conditions"][0]["reason"], "NoFit");

@@ -46,11 +46,10 @@ async fn an_api_key_acts_for_its_tenant_and_a_revoked_one_is_refused_on_every_re
     let listed = t.ok(&key, "webhooks.list", json!({})).await;
     assert_eq!(listed["items"], json!([]));
     let other = t
-        .call(&key, "instances.list", json!({ "tenantId": "globex" }))
-        .await
-        .unwrap_err();
+        .err(&key, "instances.list", json!({ "tenantId": "globex" }))
+        .await;
     assert_eq!(other.body["code"], "NOT_FOUND");
-    let operator_only = t.call(&key, "pools.list", json!({})).await.unwrap_err();
+    let operator_only = t.err(&key, "pools.list", json!({})).await;
     assert_eq!(operator_only.body["code"], "ACCESS_DENIED");
     assert_eq!(
         status(&replica.url(), &key, "webhooks.list", json!({})).await,
@@ -70,13 +69,12 @@ async fn an_api_key_acts_for_its_tenant_and_a_revoked_one_is_refused_on_every_re
     assert_eq!(items[4]["source"], "api");
     assert_eq!(items[4]["keys"], 1);
     let configured = t
-        .call(
+        .err(
             OPERATOR,
             "apiKeys.revoke",
             json!({ "identityId": "id_alice" }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(configured.body["code"], "INVALID_STATE");
 
     let revoked = t
@@ -131,37 +129,28 @@ async fn a_wrong_or_forged_key_is_unauthenticated() {
     } else {
         forged
     };
+    assert_eq!(t.err(&forged, "pools.list", json!({})).await.status, 401);
     assert_eq!(
-        t.call(&forged, "pools.list", json!({}))
+        t.err("vpk_nothing_here", "pools.list", json!({}))
             .await
-            .unwrap_err()
-            .status,
-        401
-    );
-    assert_eq!(
-        t.call("vpk_nothing_here", "pools.list", json!({}))
-            .await
-            .unwrap_err()
             .status,
         401
     );
     let bad = t
-        .call(
+        .err(
             OPERATOR,
             "identities.create",
             json!({ "name": "no tenant" }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(bad.body["code"], "INVALID_INPUT");
     let denied = t
-        .call(
+        .err(
             ALICE,
             "identities.create",
             json!({ "tenantId": "acme", "name": "x" }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(denied.body["code"], "ACCESS_DENIED");
 }
 
@@ -179,7 +168,7 @@ async fn a_node_token_rotates_never_enters_the_log_and_reaches_only_its_own_node
         ("events.list", json!({})),
         ("nodes.list", json!({})),
     ] {
-        let refused = t.call(&token, method, body).await.unwrap_err();
+        let refused = t.err(&token, method, body).await;
         assert_eq!(
             refused.body["code"], "ACCESS_DENIED",
             "{method}: {}",
@@ -193,9 +182,8 @@ async fn a_node_token_rotates_never_enters_the_log_and_reaches_only_its_own_node
     let fresh = rotated["nodeToken"].as_str().unwrap();
     assert_ne!(fresh, token);
     assert_eq!(
-        t.call(&token, "nodes.spec", json!({ "nodeId": node }))
+        t.err(&token, "nodes.spec", json!({ "nodeId": node }))
             .await
-            .unwrap_err()
             .status,
         401
     );

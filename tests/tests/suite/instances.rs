@@ -1,7 +1,24 @@
 //! Hosted instances over HTTP against a real server on its own database.
 
 use serde_json::json;
-use vps_tests::{TestServer, ALICE, BOB, EVE, OPERATOR, SSH_KEY};
+use vps_tests::{acme_instance, quota, TestServer, ALICE, BOB, EVE, OPERATOR, SSH_KEY};
+
+/// `acme`'s pool in 10.0.0.0/28 with `nodes` nodes and a quota of 10 vCPU.
+async fn pool(t: &TestServer, nodes: usize) -> String {
+    t.hosted_pool("10.0.0.0/28", nodes, quota(10)).await
+}
+
+/// Alice creates an instance of `flavor` in `pool` with idempotency key `key`.
+async fn create(t: &TestServer, pool: &str, key: &str, flavor: &str) -> serde_json::Value {
+    t.ok(ALICE, "instances.create", create_body(pool, key, flavor))
+        .await
+}
+
+/// Alice's create of `flavor` in `pool` with key `key`, which must be refused: the answer.
+async fn refused(t: &TestServer, pool: &str, key: &str, flavor: &str) -> vps_tests::Answer {
+    t.err(ALICE, "instances.create", create_body(pool, key, flavor))
+        .await
+}
 
 fn create_body(pool_id: &str, key: &str, flavor: &str) -> serde_json::Value {
     json!({ "tenantId": "acme", "poolId": pool_id, "flavor": flavor, "imageId": "img_ubuntu",
@@ -11,16 +28,8 @@ fn create_body(pool_id: &str, key: &str, flavor: &str) -> serde_json::Value {
 #[tokio::test]
 async fn a_create_places_the_instance_charges_quota_and_leases_a_free_address() {
     let t = TestServer::start().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/28",
-            2,
-            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
-        )
-        .await;
-    let inst = t
-        .ok(ALICE, "instances.create", create_body(&pool, "k1", "small"))
-        .await;
+    let pool = pool(&t, 2).await;
+    let inst = create(&t, &pool, "k1", "small").await;
     assert!(inst["id"].as_str().unwrap().starts_with("inst_"));
     assert_eq!(inst["state"], "provisioning");
     assert_eq!(inst["desiredState"], "running");
@@ -55,11 +64,7 @@ async fn a_create_places_the_instance_charges_quota_and_leases_a_free_address() 
     assert_eq!(leases["items"][0]["instanceId"], inst["id"]);
 
     let history = t
-        .ok(
-            ALICE,
-            "instances.history",
-            json!({ "tenantId": "acme", "instanceId": inst["id"] }),
-        )
+        .ok(ALICE, "instances.history", acme_instance(&inst["id"]))
         .await;
     let types: Vec<&str> = history["items"]
         .as_array()
@@ -76,45 +81,17 @@ async fn a_create_places_the_instance_charges_quota_and_leases_a_free_address() 
 async fn a_second_create_with_the_same_key_returns_the_same_instance_and_a_different_request_conflicts(
 ) {
     let t = TestServer::start().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/28",
-            1,
-            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
-        )
-        .await;
-    let first = t
-        .ok(
-            ALICE,
-            "instances.create",
-            create_body(&pool, "same", "small"),
-        )
-        .await;
-    let again = t
-        .ok(
-            ALICE,
-            "instances.create",
-            create_body(&pool, "same", "small"),
-        )
-        .await;
+    let pool = pool(&t, 1).await;
+    let first = create(&t, &pool, "same", "small").await;
+    let again = create(&t, &pool, "same", "small").await;
     assert_eq!(first["id"], again["id"]);
     assert_eq!(
         first["version"], again["version"],
         "a replay appends nothing"
     );
 
-    let err = t
-        .call(
-            ALICE,
-            "instances.create",
-            create_body(&pool, "same", "large"),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(
-        (err.status, err.body["code"].as_str()),
-        (409, Some("CONFLICT"))
-    );
+    let err = refused(&t, &pool, "same", "large").await;
+    assert_eq!(err.status_code(), (409, Some("CONFLICT")));
     assert_eq!(err.body["details"]["instanceId"], first["id"]);
     // Another identity's key is its own.
     let bobs = t
@@ -126,27 +103,20 @@ async fn a_second_create_with_the_same_key_returns_the_same_instance_and_a_diffe
 #[tokio::test]
 async fn admission_refusals_carry_the_right_codes_and_leave_nothing_behind() {
     let t = TestServer::start().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/29",
-            1,
-            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.0.0.0/29", 1, quota(10)).await;
 
     assert_a_second_large_exceeds_the_quota(&t, &pool).await;
     assert_unknown_references_and_bad_fields_refused(&t, &pool).await;
 
     // A pool not offered to the tenant does not exist for it.
     let err = t
-        .call(
+        .err(
             EVE,
             "instances.create",
             json!({ "tenantId": "globex", "poolId": pool, "flavor": "small",
         "imageId": "img_ubuntu", "idempotencyKey": "e" }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(err.body["code"], "NOT_FOUND");
 
     // The /29 has 5 leasable addresses less the gateway: 4 more instances fit the range...
@@ -165,18 +135,8 @@ async fn assert_a_second_large_exceeds_the_quota(t: &TestServer, pool: &str) {
         .await
         .unwrap();
     assert_eq!(created["state"], "provisioning");
-    let err = t
-        .call(
-            ALICE,
-            "instances.create",
-            create_body(pool, "big2", "large"),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(
-        (err.status, err.body["code"].as_str()),
-        (422, Some("QUOTA_EXCEEDED"))
-    );
+    let err = refused(t, pool, "big2", "large").await;
+    assert_eq!(err.status_code(), (422, Some("QUOTA_EXCEEDED")));
     assert_eq!(
         err.body["details"],
         json!({ "resource": "vcpu", "requested": 8, "max": 10, "used": 8 })
@@ -187,40 +147,22 @@ async fn assert_a_second_large_exceeds_the_quota(t: &TestServer, pool: &str) {
 /// field are `INVALID_INPUT`, naming the field.
 async fn assert_unknown_references_and_bad_fields_refused(t: &TestServer, pool: &str) {
     let mut body = create_body(pool, "k", "tiny");
-    let err = t
-        .call(ALICE, "instances.create", body.clone())
-        .await
-        .unwrap_err();
-    assert_eq!(
-        (err.status, err.body["code"].as_str()),
-        (404, Some("NOT_FOUND"))
-    );
+    let err = t.err(ALICE, "instances.create", body.clone()).await;
+    assert_eq!(err.status_code(), (404, Some("NOT_FOUND")));
     body["flavor"] = json!("small");
     body["imageId"] = json!("img_nope");
     assert_eq!(
-        t.call(ALICE, "instances.create", body.clone())
-            .await
-            .unwrap_err()
-            .body["code"],
+        t.err(ALICE, "instances.create", body.clone()).await.body["code"],
         "NOT_FOUND"
     );
     body["imageId"] = json!("img_ubuntu");
     body["sshKeys"] = json!(["-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"]);
-    let err = t
-        .call(ALICE, "instances.create", body.clone())
-        .await
-        .unwrap_err();
-    assert_eq!(
-        (err.status, err.body["code"].as_str()),
-        (400, Some("INVALID_INPUT"))
-    );
+    let err = t.err(ALICE, "instances.create", body.clone()).await;
+    assert_eq!(err.status_code(), (400, Some("INVALID_INPUT")));
     assert_eq!(err.body["details"]["field"], "sshKeys[0]");
     body["sshKeys"] = json!([SSH_KEY]);
     body["surprise"] = json!(1);
-    let err = t
-        .call(ALICE, "instances.create", body.clone())
-        .await
-        .unwrap_err();
+    let err = t.err(ALICE, "instances.create", body.clone()).await;
     assert_eq!(err.body["code"], "INVALID_INPUT");
     assert!(err.body["message"].as_str().unwrap().contains("surprise"));
 }
@@ -228,14 +170,7 @@ async fn assert_unknown_references_and_bad_fields_refused(t: &TestServer, pool: 
 /// A create refused for quota leaves the log as it was.
 async fn assert_a_refusal_appends_nothing(t: &TestServer, pool: &str) {
     let events_before = count_events(t).await;
-    let err = t
-        .call(
-            ALICE,
-            "instances.create",
-            create_body(pool, "big2", "large"),
-        )
-        .await
-        .unwrap_err();
+    let err = refused(t, pool, "big2", "large").await;
     assert_eq!(err.body["code"], "QUOTA_EXCEEDED");
     let events_after = count_events(t).await;
     assert_eq!(events_before, events_after, "a refusal appends nothing");
@@ -252,100 +187,52 @@ async fn count_events(t: &TestServer) -> i64 {
 async fn a_full_address_range_answers_capacity_unavailable() {
     let t = TestServer::start().await;
     // A /30 has two host addresses; the gateway takes one.
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/30",
-            1,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
-    t.ok(ALICE, "instances.create", create_body(&pool, "a", "small"))
-        .await;
-    let err = t
-        .call(ALICE, "instances.create", create_body(&pool, "b", "small"))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        (err.status, err.body["code"].as_str()),
-        (503, Some("CAPACITY_UNAVAILABLE"))
-    );
+    let pool = t.hosted_pool("10.0.0.0/30", 1, quota(100)).await;
+    create(&t, &pool, "a", "small").await;
+    let err = refused(&t, &pool, "b", "small").await;
+    assert_eq!(err.status_code(), (503, Some("CAPACITY_UNAVAILABLE")));
 }
 
 #[tokio::test]
 async fn another_tenants_instance_is_not_found() {
     let t = TestServer::start().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/28",
-            1,
-            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
-        )
-        .await;
-    let inst = t
-        .ok(ALICE, "instances.create", create_body(&pool, "k", "small"))
-        .await;
+    let pool = pool(&t, 1).await;
+    let inst = create(&t, &pool, "k", "small").await;
     for method in [
         "instances.get",
         "instances.stop",
         "instances.delete",
         "instances.history",
     ] {
+        let err = t.err(EVE, method, acme_instance(&inst["id"])).await;
+        assert_eq!(err.status_code(), (404, Some("NOT_FOUND")), "{method}");
         let err = t
-            .call(
-                EVE,
-                method,
-                json!({ "tenantId": "acme", "instanceId": inst["id"] }),
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(
-            (err.status, err.body["code"].as_str()),
-            (404, Some("NOT_FOUND")),
-            "{method}"
-        );
-        let err = t
-            .call(
+            .err(
                 EVE,
                 method,
                 json!({ "tenantId": "globex", "instanceId": inst["id"] }),
             )
-            .await
-            .unwrap_err();
+            .await;
         assert_eq!(err.body["code"], "NOT_FOUND", "{method}");
     }
     let err = t
-        .call(
+        .err(
             ALICE,
             "pools.create",
             json!({ "name": "x", "class": "vps-host" }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(err.body["code"], "ACCESS_DENIED");
-    let err = t
-        .call("nobody-token", "instances.get", json!({}))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        (err.status, err.body["code"].as_str()),
-        (401, Some("UNAUTHENTICATED"))
-    );
+    let err = t.err("nobody-token", "instances.get", json!({})).await;
+    assert_eq!(err.status_code(), (401, Some("UNAUTHENTICATED")));
 }
 
 #[tokio::test]
 async fn stop_start_and_delete_set_the_desired_state_and_delete_is_idempotent() {
     let t = TestServer::start().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/28",
-            1,
-            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
-        )
-        .await;
-    let inst = t
-        .ok(ALICE, "instances.create", create_body(&pool, "k", "small"))
-        .await;
-    let id = json!({ "tenantId": "acme", "instanceId": inst["id"] });
+    let pool = pool(&t, 1).await;
+    let inst = create(&t, &pool, "k", "small").await;
+    let id = acme_instance(&inst["id"]);
     assert_eq!(
         t.ok(ALICE, "instances.stop", id.clone()).await["desiredState"],
         "stopped"
@@ -364,10 +251,7 @@ async fn stop_start_and_delete_set_the_desired_state_and_delete_is_idempotent() 
     );
     let again = t.ok(ALICE, "instances.delete", id.clone()).await;
     assert_eq!(again["version"], deleting["version"]);
-    let err = t
-        .call(ALICE, "instances.start", id.clone())
-        .await
-        .unwrap_err();
+    let err = t.err(ALICE, "instances.start", id.clone()).await;
     assert_eq!(err.body["code"], "INVALID_STATE");
     assert!(t.replay_equal().await);
 }
@@ -392,10 +276,7 @@ async fn resize_is_all_or_nothing() {
         .await;
     let body = json!({ "tenantId": "acme", "instanceId": inst["id"], "flavor": "large" });
     // Not stopped yet: the host has not reported.
-    let err = t
-        .call(ALICE, "instances.resize", body.clone())
-        .await
-        .unwrap_err();
+    let err = t.err(ALICE, "instances.resize", body.clone()).await;
     assert_eq!(err.body["code"], "INVALID_STATE");
     let usage = t
         .ok(OPERATOR, "pools.usage", json!({ "poolId": pool }))
@@ -451,9 +332,9 @@ async fn bad_input_names_the_field_and_never_answers_500() {
     let t = TestServer::start().await;
     let pool = t.hosted_pool("10.0.0.0/28", 1, json!({ "vcpu": 10 })).await;
     for (method, body, field) in bad_operator_inputs(&pool) {
-        let err = t.call(OPERATOR, method, body).await.unwrap_err();
+        let err = t.err(OPERATOR, method, body).await;
         assert_eq!(
-            (err.status, err.body["code"].as_str()),
+            err.status_code(),
             (400, Some("INVALID_INPUT")),
             "{method}: {}",
             err.body
@@ -493,13 +374,7 @@ async fn post_raw_pools_create(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_creates_never_exceed_quota_leases_or_capacity() {
     let t = std::sync::Arc::new(TestServer::start().await);
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/28",
-            2,
-            json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 }),
-        )
-        .await;
+    let pool = pool(&t, 2).await;
     let mut tasks = Vec::new();
     for n in 0..64 {
         let (t, pool) = (t.clone(), pool.clone());
@@ -653,18 +528,10 @@ async fn gpus_of_one_model_are_summed_on_their_node() {
                          "gpus": { "model": "h100", "count": 1 } });
     t.ok(OPERATOR, "flavors.create", flavor).await;
     for key in ["first", "second"] {
-        let placed = t
-            .ok(ALICE, "instances.create", create_body(&pool, key, "gpu"))
-            .await;
+        let placed = create(&t, &pool, key, "gpu").await;
         assert_eq!(placed["nodeId"], node["node"]["id"], "{placed}");
     }
-    let third = t
-        .ok(
-            ALICE,
-            "instances.create",
-            create_body(&pool, "third", "gpu"),
-        )
-        .await;
+    let third = create(&t, &pool, "third", "gpu").await;
     assert_eq!(third["state"], "scheduling", "{third}");
     assert_eq!(third["nodeId"], serde_json::Value::Null, "{third}");
 }
@@ -678,23 +545,11 @@ async fn a_node_cordoned_since_its_row_was_kept_is_not_used() {
     let quota = json!({ "vcpu": 1000, "memoryGiB": 1000, "diskGiB": 10000 });
     let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
     let (a, _) = t.register_node(&pool, "host-a").await;
-    let first = t
-        .ok(
-            ALICE,
-            "instances.create",
-            create_body(&pool, "first", "small"),
-        )
-        .await;
+    let first = create(&t, &pool, "first", "small").await;
     assert_eq!(first["nodeId"], a.as_str(), "{first}");
     t.ok(OPERATOR, "nodes.cordon", json!({ "nodeId": a })).await;
     let (b, _) = t.register_node(&pool, "host-b").await;
-    let second = t
-        .ok(
-            ALICE,
-            "instances.create",
-            create_body(&pool, "second", "small"),
-        )
-        .await;
+    let second = create(&t, &pool, "second", "small").await;
     assert_eq!(second["nodeId"], b.as_str(), "{second}");
 }
 
@@ -709,37 +564,19 @@ async fn room_freed_since_a_nodes_row_was_kept_is_used_at_once() {
     let mut ids = Vec::new();
     // Two 8-vCPU instances fill the 16-vCPU node.
     for key in ["one", "two"] {
-        let i = t
-            .ok(ALICE, "instances.create", create_body(&pool, key, "large"))
-            .await;
+        let i = create(&t, &pool, key, "large").await;
         assert_eq!(i["nodeId"], node.as_str(), "{i}");
         ids.push(i["id"].as_str().unwrap().to_string());
     }
-    t.ok(
-        ALICE,
-        "instances.delete",
-        json!({ "tenantId": "acme", "instanceId": ids[0] }),
-    )
-    .await;
+    t.ok(ALICE, "instances.delete", acme_instance(&ids[0]))
+        .await;
     // The host no longer holds the first: it is deleted and its room released.
     let report = json!({ "nodeId": node, "complete": true,
                          "instances": [{ "id": ids[1], "state": "RUNNING" }] });
     t.ok(&token, "nodes.report", report).await;
-    let gone = t
-        .ok(
-            ALICE,
-            "instances.get",
-            json!({ "tenantId": "acme", "instanceId": ids[0] }),
-        )
-        .await;
+    let gone = t.ok(ALICE, "instances.get", acme_instance(&ids[0])).await;
     assert_eq!(gone["state"], "deleted", "{gone}");
-    let third = t
-        .ok(
-            ALICE,
-            "instances.create",
-            create_body(&pool, "three", "large"),
-        )
-        .await;
+    let third = create(&t, &pool, "three", "large").await;
     assert_eq!(third["nodeId"], node.as_str(), "{third}");
     assert_eq!(third["state"], "provisioning", "{third}");
 }

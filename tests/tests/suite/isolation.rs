@@ -10,7 +10,7 @@
 
 use serde_json::{json, Value};
 use vps_api::registry::Access;
-use vps_tests::{TestServer, ALICE, EVE, OPERATOR, SSH_KEY};
+use vps_tests::{acme_sandbox, TestServer, ALICE, EVE, OPERATOR, SSH_KEY};
 
 /// Tenant globex's resources, which acme must never reach.
 struct Globex {
@@ -196,7 +196,7 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
         ]),
         "sandboxes.get" | "sandboxes.delete" | "sandboxes.pause" => NotFound(vec![
             json!({ "tenantId": "globex", "sandboxId": g.sandbox }),
-            json!({ "tenantId": "acme", "sandboxId": g.sandbox }),
+            acme_sandbox(&g.sandbox),
         ]),
         "sandboxes.resume" => NotFound(vec![
             json!({ "tenantId": "globex", "sandboxId": g.sandbox, "ttlSeconds": 60 }),
@@ -216,7 +216,7 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
         ]),
         "sandboxes.snapshot" => NotFound(vec![
             json!({ "tenantId": "globex", "sandboxId": g.sandbox }),
-            json!({ "tenantId": "acme", "sandboxId": g.sandbox }),
+            acme_sandbox(&g.sandbox),
         ]),
         "sandboxSnapshots.list" => NotFound(vec![json!({ "tenantId": "globex" })]),
         "sandboxSnapshots.get" | "sandboxSnapshots.delete" => NotFound(vec![

@@ -43,7 +43,7 @@ use proptest::sample::Index;
 use serde_json::{json, Value};
 use vps_domain::ipam::{leasable_addresses, Ipv4Cidr};
 use vps_emulators::host::HostHandle;
-use vps_tests::{eventually, Answer, TestServer, ALICE, PATIENCE, SSH_KEY};
+use vps_tests::{acme_instance, eventually, Answer, TestServer, ALICE, PATIENCE, SSH_KEY};
 
 /// vCPU of the `small` flavor every create asks for.
 const SMALL_VCPU: i64 = 2;
@@ -204,13 +204,11 @@ impl World<'_> {
             keys.iter()
                 .map(|key| t.call(ALICE, "instances.create", create_body(pool, key))),
         );
-        let deletes = join_all(doomed.iter().map(|id| {
-            t.call(
-                ALICE,
-                "instances.delete",
-                json!({ "tenantId": "acme", "instanceId": id }),
-            )
-        }));
+        let deletes = join_all(
+            doomed
+                .iter()
+                .map(|id| t.call(ALICE, "instances.delete", acme_instance(id))),
+        );
         let (created, deleted, ()) = tokio::join!(creates, deletes, check_leases(t, pool));
         let mut tally = self.judge_creates(&keys, created);
         for (id, answer) in doomed.iter().zip(deleted) {

@@ -8,7 +8,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
-use vps_tests::{eventually, TestServer, ALICE, EVE, OPERATOR, PATIENCE, SSH_KEY};
+use vps_tests::{
+    acme_instance, acme_sandbox, eventually, merged, quota, TestServer, ALICE, EVE, OPERATOR,
+    PATIENCE, SSH_KEY,
+};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -23,35 +26,20 @@ async fn server() -> TestServer {
 }
 
 async fn pool_with_host(t: &TestServer) -> (String, Vec<vps_emulators::host::HostHandle>) {
-    let quota = json!({ "vcpu": 1000, "memoryGiB": 10000, "diskGiB": 100000 });
-    let pool = t.hosted_pool("10.0.0.0/22", 0, quota).await;
-    let hosts = t.hosts(&pool, 1, BOOT).await;
-    (pool, hosts)
+    t.pool_with_hosts("10.0.0.0/22", quota(1000), 1, BOOT).await
 }
 
 async fn template(t: &TestServer, pool: &str, name: &str, extra: Value) -> String {
-    let mut body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
-                           "flavor": "small", "imageId": "img_ubuntu" });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    let tpl = t.ok(ALICE, "sandboxTemplates.create", body).await;
+    let tpl = t.sandbox_template(pool, name, extra).await;
     tpl["id"].as_str().unwrap().to_string()
 }
 
 async fn create(t: &TestServer, template: &str, key: &str, extra: Value) -> Value {
-    let mut body = json!({ "tenantId": "acme", "templateId": template, "idempotencyKey": key,
-                           "wait": { "timeoutMs": 20000 } });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    let s = t.ok(ALICE, "sandboxes.create", body).await;
-    assert_eq!(s["state"], "ready", "{s}");
-    s
+    t.ready_sandbox(template, key, extra).await
 }
 
 fn call(id: &str) -> Value {
-    json!({ "tenantId": "acme", "sandboxId": id })
+    acme_sandbox(id)
 }
 
 async fn sandbox(t: &TestServer, id: &str) -> Value {
@@ -59,12 +47,7 @@ async fn sandbox(t: &TestServer, id: &str) -> Value {
 }
 
 async fn instance(t: &TestServer, id: &str) -> Value {
-    t.ok(
-        OPERATOR,
-        "instances.get",
-        json!({ "tenantId": "acme", "instanceId": id }),
-    )
-    .await
+    t.ok(OPERATOR, "instances.get", acme_instance(id)).await
 }
 
 /// Waits until the sandbox is in `state`.
@@ -338,11 +321,9 @@ async fn pause_and_resume_refuse_what_they_cannot_do() {
         ),
         (json!({ "onTimeout": "explode" }), "onTimeout"),
     ] {
-        let mut body = json!({ "tenantId": "acme", "name": "x", "poolId": pool,
-                               "flavor": "small", "imageId": "img_ubuntu" });
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
+        let body = json!({ "tenantId": "acme", "name": "x", "poolId": pool,
+                           "flavor": "small", "imageId": "img_ubuntu" });
+        let body = merged(body, extra);
         let answer = refusal(t.call(ALICE, "sandboxTemplates.create", body).await);
         assert_eq!(answer["code"], "INVALID_INPUT", "{answer}");
         assert!(answer.to_string().contains(field), "{answer} names {field}");
@@ -424,13 +405,7 @@ async fn records(t: &TestServer, resource: &str, meter: &str) -> Vec<Value> {
 
 /// When the instance's last event of `event_type` was recorded.
 async fn recorded(t: &TestServer, id: &str, event_type: &str) -> DateTime<Utc> {
-    let history = t
-        .ok(
-            ALICE,
-            "instances.history",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
+    let history = t.ok(ALICE, "instances.history", acme_instance(id)).await;
     let event = history["items"]
         .as_array()
         .unwrap()
@@ -627,8 +602,7 @@ async fn a_sandbox_stuck_starting_fails_at_its_deadline_and_releases_its_instanc
         c.timings.deadline_sandbox_starting = 60.0;
     })
     .await;
-    let quota = json!({ "vcpu": 1000, "memoryGiB": 10000, "diskGiB": 100000 });
-    let pool = t.hosted_pool("10.0.0.0/22", 0, quota).await;
+    let pool = t.hosted_pool("10.0.0.0/22", 0, quota(1000)).await;
     // A host whose guests never finish booting.
     let (node, token) = t.register_node(&pool, "slow").await;
     let _host = t.host(&node, &token, Duration::from_secs(3600));

@@ -43,23 +43,10 @@ async fn an_agent_creates_a_sandbox_and_runs_a_command_in_it() {
         c.timings.sandbox_pass = 0.2;
     })
     .await;
-    let pool = t
-        .hosted_pool(
-            "10.0.1.0/24",
-            0,
-            json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": 2000 }),
-        )
+    let (pool, _host) = t
+        .pool_with_host("10.0.1.0/24", Duration::from_millis(20))
         .await;
-    let (node, token) = t.register_node(&pool, "host").await;
-    let _host = t.host(&node, &token, Duration::from_millis(20));
-    let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "py", "poolId": pool, "flavor": "small",
-                    "imageId": "img_ubuntu" }),
-        )
-        .await;
+    let template = t.sandbox_template(&pool, "py", json!({})).await;
     let tpl = template["id"].as_str().unwrap();
 
     let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli")).configure(|c| {

@@ -65,9 +65,8 @@ async fn only_small_vms_from_verified_images_once_the_operator_says_so() {
         ("too-big", "huge", "img_signed"),
     ] {
         let refused = t
-            .call(ALICE, "instances.create", create(&pool, key, flavor, image))
-            .await
-            .unwrap_err();
+            .err(ALICE, "instances.create", create(&pool, key, flavor, image))
+            .await;
         assert_eq!(refused.status, 403, "{key}: {}", refused.body);
         assert_eq!(refused.body["code"], "ACCESS_DENIED");
         assert_eq!(
@@ -133,9 +132,8 @@ async fn a_volume_size_cap_holds_on_create_and_on_every_resize() {
     };
     let before = log_length(&t).await;
     let refused = t
-        .call(ALICE, "sandboxVolumes.create", volume("big", 101))
-        .await
-        .unwrap_err();
+        .err(ALICE, "sandboxVolumes.create", volume("big", 101))
+        .await;
     assert_eq!(refused.body["code"], "ACCESS_DENIED", "{}", refused.body);
     assert_eq!(refused.body["details"]["policyIds"], json!(["volume-cap"]));
     assert_eq!(
@@ -148,10 +146,7 @@ async fn a_volume_size_cap_holds_on_create_and_on_every_resize() {
         .await;
     let resize = |size: u64| json!({ "tenantId": "acme", "volumeId": v["id"], "sizeGiB": size });
     // A resize is decided on the size it would leave, so the cap cannot be passed by growing.
-    let refused = t
-        .call(ALICE, "sandboxVolumes.resize", resize(101))
-        .await
-        .unwrap_err();
+    let refused = t.err(ALICE, "sandboxVolumes.resize", resize(101)).await;
     assert_eq!(refused.body["details"]["policyIds"], json!(["volume-cap"]));
     let same = t.ok(ALICE, "sandboxVolumes.resize", resize(100)).await;
     assert_eq!(same["sizeGiB"], 100);
@@ -195,10 +190,7 @@ async fn a_policy_change_is_in_the_log_and_listed() {
     assert_eq!(listed["items"][0]["tenantId"], "acme");
 
     let hook = json!({ "url": "http://127.0.0.1:9/hook", "types": ["instance.*"] });
-    let refused = t
-        .call(ALICE, "webhooks.create", hook.clone())
-        .await
-        .unwrap_err();
+    let refused = t.err(ALICE, "webhooks.create", hook.clone()).await;
     assert_eq!(refused.body["details"]["policyIds"], json!(["no-webhooks"]));
     t.ok(EVE, "webhooks.create", hook).await;
 
@@ -231,35 +223,31 @@ async fn an_invalid_policy_is_invalid_input_with_cedars_message() {
         ("bad-syntax", "forbid (principal, action"),
     ] {
         let refused = t
-            .call(OPERATOR, "policies.put", json!({ "id": id, "text": text }))
-            .await
-            .unwrap_err();
+            .err(OPERATOR, "policies.put", json!({ "id": id, "text": text }))
+            .await;
         assert_eq!(refused.status, 400, "{id}: {}", refused.body);
         assert_eq!(refused.body["code"], "INVALID_INPUT");
         assert_eq!(refused.body["details"]["field"], "text");
     }
     let reserved = t
-        .call(
+        .err(
             OPERATOR,
             "policies.put",
             json!({ "id": "baseline.x", "text": SMALL_VERIFIED_VMS }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(reserved.body["code"], "INVALID_INPUT");
     let tenant = t
-        .call(
+        .err(
             ALICE,
             "policies.put",
             json!({ "id": "mine", "text": SMALL_VERIFIED_VMS }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(tenant.body["code"], "ACCESS_DENIED");
     let missing = t
-        .call(OPERATOR, "policies.delete", json!({ "id": "nothing" }))
-        .await
-        .unwrap_err();
+        .err(OPERATOR, "policies.delete", json!({ "id": "nothing" }))
+        .await;
     assert_eq!(missing.body["code"], "NOT_FOUND");
 }
 
@@ -316,13 +304,12 @@ async fn policies_from_the_configured_directory_apply_from_the_start() {
     let t = TestServer::start_with(|c| c.policies.dir = Some(dir.clone())).await;
     let pool = pool_with_images(&t).await;
     let refused = t
-        .call(
+        .err(
             ALICE,
             "instances.create",
             create(&pool, "k", "huge", "img_signed"),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(
         refused.body["details"]["policyIds"],
         json!(["file:small.cedar"])
@@ -356,7 +343,7 @@ async fn the_event_stream_is_decided_like_events_list() {
             (status, body)
         }
     };
-    let listed = t.call(ALICE, "events.list", json!({})).await.unwrap_err();
+    let listed = t.err(ALICE, "events.list", json!({})).await;
     let (status, body) = stream(ALICE).await;
     assert_eq!(status, 403);
     assert_eq!(body["code"], "ACCESS_DENIED");

@@ -10,7 +10,7 @@ use vps_api::config::{Config, IdentityConfig};
 use vps_domain::state_table::InstanceState;
 use vps_emulators::{hetzner, proxmox, Fault};
 use vps_reactors::providers::{EmulatorConfig, EmulatorFault, EmulatorProvider};
-use vps_tests::{eventually, TestServer, ALICE, OPERATOR, SSH_KEY};
+use vps_tests::{acme_instance, eventually, TestServer, ALICE, OPERATOR, SSH_KEY};
 
 /// How long a scenario waits for the reconciler to get somewhere.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -271,12 +271,7 @@ async fn create(t: &TestServer, pool_id: &str) -> Value {
 }
 
 async fn change(t: &TestServer, method: &str, id: &str) -> Value {
-    t.ok(
-        ALICE,
-        method,
-        json!({ "tenantId": "acme", "instanceId": id }),
-    )
-    .await
+    t.ok(ALICE, method, acme_instance(id)).await
 }
 
 /// Waits until the instance is in `state`, failing with the last answer otherwise.
@@ -322,13 +317,7 @@ async fn assert_replay_equal(t: &TestServer) {
 }
 
 async fn history(t: &TestServer, id: &str) -> Vec<String> {
-    let answer = t
-        .ok(
-            ALICE,
-            "instances.history",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
+    let answer = t.ok(ALICE, "instances.history", acme_instance(id)).await;
     answer["items"]
         .as_array()
         .unwrap()
@@ -599,47 +588,43 @@ async fn a_provider_account_config_is_validated_naming_the_field() {
     let db = vps_pg::testing::fresh_database().await;
     let t = server_on(&db, 0.2).await;
     let refused = t
-        .call(
+        .err(
             OPERATOR,
             "providerAccounts.create",
             json!({ "provider": "hetzner-cloud", "name": "h", "config": { "location": "fsn1" } }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(refused.status, 400);
     assert_eq!(refused.body["code"], "INVALID_INPUT");
     assert_eq!(refused.body["details"]["field"], "config.token");
 
     let refused = t
-        .call(
+        .err(
             OPERATOR,
             "providerAccounts.create",
             json!({ "provider": "proxmox", "name": "p",
                     "config": { "baseUrl": "ftp://pve/api2/json", "tokenId": "root@pam!vps",
                                 "tokenSecret": "s", "node": "pve" } }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(refused.body["details"]["field"], "config.baseUrl");
 
     let refused = t
-        .call(
+        .err(
             OPERATOR,
             "providerAccounts.create",
             json!({ "provider": "aws", "name": "a", "config": {} }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(refused.body["details"]["field"], "provider");
 
     let refused = t
-        .call(
+        .err(
             ALICE,
             "providerAccounts.create",
             json!({ "provider": "emulator", "name": "e", "config": {} }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(refused.body["code"], "ACCESS_DENIED");
 
     t.ok(
@@ -649,12 +634,11 @@ async fn a_provider_account_config_is_validated_naming_the_field() {
     )
     .await;
     let refused = t
-        .call(
+        .err(
             OPERATOR,
             "providerAccounts.create",
             json!({ "provider": "emulator", "name": "e", "config": {} }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(refused.body["details"]["field"], "name");
 }

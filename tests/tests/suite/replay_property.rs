@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use serde_json::json;
-use vps_tests::{Answer, TestServer, ALICE, BOB, OPERATOR, SSH_KEY};
+use vps_tests::{acme_instance, Answer, TestServer, ALICE, BOB, OPERATOR, SSH_KEY};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -119,7 +119,7 @@ impl World<'_> {
                     Op::Start(_) => "instances.start",
                     _ => "instances.delete",
                 };
-                t.call(ALICE, method, json!({ "tenantId": "acme", "instanceId": id })).await.map(|_| ())
+                t.call(ALICE, method, acme_instance(id)).await.map(|_| ())
             }
             Op::Resize { key, large } => {
                 let Some(id) = &ids[*key as usize] else { return Ok(()) };

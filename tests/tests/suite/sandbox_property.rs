@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use serde_json::json;
-use vps_tests::{Answer, TestServer, ALICE, BOB};
+use vps_tests::{acme_sandbox, quota, Answer, TestServer, ALICE, BOB};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -116,12 +116,7 @@ impl World<'_> {
                 let Some((id, _)) = &self.sandboxes[*key as usize] else {
                     return Ok(());
                 };
-                t.call(
-                    ALICE,
-                    "sandboxes.delete",
-                    json!({ "tenantId": "acme", "sandboxId": id }),
-                )
-                .await?;
+                t.call(ALICE, "sandboxes.delete", acme_sandbox(id)).await?;
             }
             Op::Report { key, state } => {
                 let Some((_, instance)) = &self.sandboxes[*key as usize] else {
@@ -151,13 +146,7 @@ impl World<'_> {
 
 async fn run(ops: Vec<Op>) {
     let t = TestServer::start_with(|c| c.timings.sandbox_pass = 3600.0).await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/26",
-            0,
-            json!({ "vcpu": 40, "memoryGiB": 400, "diskGiB": 4000 }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.0.0.0/26", 0, quota(40)).await;
     let node = t.register_node(&pool, "n0").await;
     let mut world = World {
         t: &t,

@@ -5,7 +5,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use vps_tests::{eventually, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE};
+use vps_tests::{
+    acme_instance, acme_sandbox, eventually, merged, quota, TestServer, ALICE, BOB, EVE, OPERATOR,
+    PATIENCE,
+};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -23,19 +26,8 @@ async fn pool_with_hosts(
     t: &TestServer,
     nodes: usize,
 ) -> (String, Vec<vps_emulators::host::HostHandle>) {
-    let quota = json!({ "vcpu": 1000, "memoryGiB": 10000, "diskGiB": 100000 });
-    let pool = t.hosted_pool("10.0.0.0/22", 0, quota).await;
-    let hosts = t.hosts(&pool, nodes, BOOT).await;
-    (pool, hosts)
-}
-
-async fn template(t: &TestServer, pool: &str, name: &str, extra: Value) -> Value {
-    let mut body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
-                           "flavor": "small", "imageId": "img_ubuntu" });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    t.ok(ALICE, "sandboxTemplates.create", body).await
+    t.pool_with_hosts("10.0.0.0/22", quota(1000), nodes, BOOT)
+        .await
 }
 
 async fn create(t: &TestServer, token: &str, template: &str, key: &str, ttl: u64) -> Value {
@@ -49,21 +41,11 @@ async fn create(t: &TestServer, token: &str, template: &str, key: &str, ttl: u64
 }
 
 async fn sandbox(t: &TestServer, id: &str) -> Value {
-    t.ok(
-        ALICE,
-        "sandboxes.get",
-        json!({ "tenantId": "acme", "sandboxId": id }),
-    )
-    .await
+    t.ok(ALICE, "sandboxes.get", acme_sandbox(id)).await
 }
 
 async fn instance(t: &TestServer, id: &str) -> Value {
-    t.ok(
-        OPERATOR,
-        "instances.get",
-        json!({ "tenantId": "acme", "instanceId": id }),
-    )
-    .await
+    t.ok(OPERATOR, "instances.get", acme_instance(id)).await
 }
 
 /// The template's settled warm instances (paused), from the database.
@@ -120,13 +102,7 @@ async fn templates_are_checked_like_a_hosted_create() {
     )
     .await;
     let base = json!({ "tenantId": "acme", "name": "py", "poolId": pool, "flavor": "small", "imageId": "img_ubuntu" });
-    let with = |extra: Value| {
-        let mut b = base.clone();
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
-    };
+    let with = |extra: Value| merged(base.clone(), extra);
     let cases = [
         (
             with(json!({ "poolId": "pool_01jzzzzzzzzzzzzzzzzzzzzzzz" })),
@@ -243,7 +219,9 @@ async fn templates_are_checked_like_a_hosted_create() {
 async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 2).await;
-    let tpl = template(&t, &pool, "py", json!({ "warm": { "min": 1, "max": 1 } })).await;
+    let tpl = t
+        .sandbox_template(&pool, "py", json!({ "warm": { "min": 1, "max": 1 } }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap();
     wait_warm(&t, tpl, 1).await;
     let warm_instance = of_the_warm_instance(&t, tpl, "id").await;
@@ -258,12 +236,8 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
     assert_eq!(instance(&t, &warm_instance).await["warmTemplateId"], tpl);
     assert_eq!(
         code(
-            t.call(
-                ALICE,
-                "instances.start",
-                json!({ "tenantId": "acme", "instanceId": warm_instance })
-            )
-            .await
+            t.call(ALICE, "instances.start", acme_instance(&warm_instance))
+                .await
         ),
         "INVALID_STATE"
     );
@@ -283,7 +257,7 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
             .call(
                 BOB,
                 &format!("instances.{m}"),
-                json!({ "tenantId": "acme", "instanceId": warm_instance }),
+                acme_instance(&warm_instance),
             )
             .await;
         assert_eq!(
@@ -301,7 +275,7 @@ async fn a_warm_claim_moves_a_paused_instance_and_a_cold_create_admits_one() {
         (Some("CONFLICT"), &s["id"])
     );
     // A template without a warm pool: the create is cold, admitted like instances.create.
-    let plain = template(&t, &pool, "plain", json!({})).await;
+    let plain = t.sandbox_template(&pool, "plain", json!({})).await;
     let cold = t.ok(ALICE, "sandboxes.create", json!({ "tenantId": "acme", "templateId": plain["id"], "idempotencyKey": "second", "wait": { "timeoutMs": 20000 } })).await;
     assert_eq!(
         (cold["warm"].as_bool(), cold["state"].as_str()),
@@ -364,7 +338,9 @@ async fn one_settled_warm_instance(
     name: &str,
 ) -> (String, Vec<vps_emulators::host::HostHandle>) {
     let (pool, hosts) = pool_with_hosts(t, 1).await;
-    let tpl = template(t, &pool, name, json!({ "warm": { "min": 1, "max": 1 } })).await;
+    let tpl = t
+        .sandbox_template(&pool, name, json!({ "warm": { "min": 1, "max": 1 } }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap().to_string();
     wait_warm(t, &tpl, 1).await;
     t.quiescent().await;
@@ -473,13 +449,9 @@ async fn a_warm_claim_writes_its_spec_entry_in_the_claims_own_transaction() {
 async fn concurrent_creates_never_share_a_warm_instance() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 4).await;
-    let tpl = template(
-        &t,
-        &pool,
-        "burst",
-        json!({ "warm": { "min": 8, "max": 8 } }),
-    )
-    .await;
+    let tpl = t
+        .sandbox_template(&pool, "burst", json!({ "warm": { "min": 8, "max": 8 } }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap().to_string();
     wait_warm(&t, &tpl, 8).await;
     // Hold the pool at these 8: a refill woken by the first claims must not join the burst.
@@ -516,7 +488,7 @@ async fn concurrent_creates_never_share_a_warm_instance() {
 async fn a_lifetime_ends_with_expiring_once_then_expired_then_deleted_in_order() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 1).await;
-    let tpl = template(&t, &pool, "short", json!({})).await;
+    let tpl = t.sandbox_template(&pool, "short", json!({})).await;
     // Long enough to be ready before it expires on a loaded machine (at 3 s, with three test
     // runs at once, one sandbox expired first and the order below had no `sandbox.ready`).
     let s = create(&t, ALICE, tpl["id"].as_str().unwrap(), "brief", 6).await;
@@ -564,11 +536,7 @@ async fn a_lifetime_ends_with_expiring_once_then_expired_then_deleted_in_order()
     let inst = instance(&t, s["instanceId"].as_str().unwrap()).await;
     assert_eq!(inst["state"], "deleted");
     let history = t
-        .ok(
-            ALICE,
-            "instances.history",
-            json!({ "tenantId": "acme", "instanceId": s["instanceId"] }),
-        )
+        .ok(ALICE, "instances.history", acme_instance(&s["instanceId"]))
         .await;
     assert!(
         history["items"]
@@ -585,22 +553,16 @@ async fn a_lifetime_ends_with_expiring_once_then_expired_then_deleted_in_order()
 async fn extends_are_bounded_and_one_is_in_flight_at_a_time() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 1).await;
-    let tpl = template(
-        &t,
-        &pool,
-        "ext",
-        json!({ "maxTtlSeconds": 7200, "defaultTtlSeconds": 600 }),
-    )
-    .await;
+    let tpl = t
+        .sandbox_template(
+            &pool,
+            "ext",
+            json!({ "maxTtlSeconds": 7200, "defaultTtlSeconds": 600 }),
+        )
+        .await;
     let s = create(&t, ALICE, tpl["id"].as_str().unwrap(), "e", 600).await;
     let id = s["id"].as_str().unwrap();
-    let extend = |body: Value| {
-        let mut b = json!({ "tenantId": "acme", "sandboxId": id });
-        b.as_object_mut()
-            .unwrap()
-            .extend(body.as_object().unwrap().clone());
-        t.call(ALICE, "sandboxes.extend", b)
-    };
+    let extend = |body: Value| t.call(ALICE, "sandboxes.extend", merged(acme_sandbox(id), body));
     for body in [
         json!({}),
         json!({ "by": "10m", "until": "2030-01-01T00:00:00Z" }),
@@ -641,18 +603,8 @@ async fn extends_are_bounded_and_one_is_in_flight_at_a_time() {
     let again = extend(json!({ "by": 60_000 })).await.unwrap();
     let again = chrono::DateTime::parse_from_rfc3339(again["expiresAt"].as_str().unwrap()).unwrap();
     assert_eq!(again - end, chrono::TimeDelta::minutes(1));
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": id }),
-    )
-    .await;
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": id }),
-    )
-    .await; // idempotent
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(id)).await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(id)).await; // idempotent
     let r = extend(json!({ "by": "1m" })).await;
     assert_eq!(code(r), "INVALID_STATE");
     eventually("deleted", PATIENCE, || async {
@@ -670,13 +622,9 @@ async fn extends_are_bounded_and_one_is_in_flight_at_a_time() {
 async fn warm_pools_drain_old_versions_and_the_newest_beyond_max() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 2).await;
-    let tpl = template(
-        &t,
-        &pool,
-        "drain",
-        json!({ "warm": { "min": 3, "max": 3 } }),
-    )
-    .await;
+    let tpl = t
+        .sandbox_template(&pool, "drain", json!({ "warm": { "min": 3, "max": 3 } }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap();
     wait_warm(&t, tpl, 3).await;
     let old: HashSet<String> =
@@ -747,7 +695,9 @@ async fn warm_pools_drain_old_versions_and_the_newest_beyond_max() {
 async fn a_policy_caps_a_sandboxs_whole_lifetime_on_create_and_extend() {
     let t = server().await;
     let (pool, _hosts) = pool_with_hosts(&t, 1).await;
-    let tpl = template(&t, &pool, "capped", json!({ "maxTtlSeconds": 86400 })).await;
+    let tpl = t
+        .sandbox_template(&pool, "capped", json!({ "maxTtlSeconds": 86400 }))
+        .await;
     let tpl = tpl["id"].as_str().unwrap();
     let text = r#"forbid (principal, action in [Action::"compute:sandboxes:create", Action::"compute:sandboxes:update"], resource is Sandbox) when { resource.ttlSeconds > 3600 || resource.gpus > 0 };"#;
     t.ok(
@@ -792,12 +742,8 @@ async fn a_warm_pool_beyond_one_pass_fills_without_waiting_for_the_periodic_pass
     .await;
     let (pool, _hosts) = pool_with_hosts(&t, 2).await;
     let min = 3 * vps_commands::sandboxes::warm::REFILL_PER_PASS as i64;
-    let tpl = template(
-        &t,
-        &pool,
-        "big",
-        json!({ "warm": { "min": min, "max": min } }),
-    )
-    .await;
+    let tpl = t
+        .sandbox_template(&pool, "big", json!({ "warm": { "min": min, "max": min } }))
+        .await;
     wait_warm(&t, tpl["id"].as_str().unwrap(), min).await;
 }

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use vps_tests::{eventually, Answer, TestServer, ALICE, EVE, OPERATOR, PATIENCE};
+use vps_tests::{
+    acme_sandbox, eventually, quota, Answer, TestServer, ALICE, EVE, OPERATOR, PATIENCE,
+};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -82,16 +84,9 @@ async fn anonymous_readyz_answers_only_its_status_from_a_cached_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metric_labels_carry_no_tenant_resource_id() {
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let _hosts = t.hosts(&pool, 1, BOOT).await;
+    let (pool, _hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
     let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "warm", "poolId": pool, "flavor": "small",
-                    "imageId": "img_ubuntu", "warm": { "min": 1, "max": 1 } }),
-        )
+        .sandbox_template(&pool, "warm", json!({ "warm": { "min": 1, "max": 1 } }))
         .await;
     let template = template["id"].as_str().unwrap().to_string();
     let metrics = eventually("the warm pool's gauge", PATIENCE, || async {
@@ -113,9 +108,7 @@ async fn metric_labels_carry_no_tenant_resource_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_tenant_changes_nothing_its_keys_are_revoked_and_its_warm_pools_drain() {
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let _hosts = t.hosts(&pool, 1, BOOT).await;
+    let (pool, _hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
     let key = t
         .ok(
             OPERATOR,
@@ -173,7 +166,7 @@ async fn a_deleted_tenant_changes_nothing_its_keys_are_revoked_and_its_warm_pool
             json!({ "url": "http://127.0.0.1:9/hook", "types": ["instance.*"] }),
         ),
     ] {
-        let refused = t.call(ALICE, method, body).await.unwrap_err();
+        let refused = t.err(ALICE, method, body).await;
         assert_eq!(
             (
                 refused.status,
@@ -194,9 +187,8 @@ async fn a_deleted_tenant_changes_nothing_its_keys_are_revoked_and_its_warm_pool
     .await;
     // The run-time identity's key is revoked, and the revoke is in the log.
     let revoked = t
-        .call(&key, "sandboxTemplates.list", json!({ "tenantId": "acme" }))
-        .await
-        .unwrap_err();
+        .err(&key, "sandboxTemplates.list", json!({ "tenantId": "acme" }))
+        .await;
     assert_eq!(code(&revoked), "UNAUTHENTICATED", "{}", revoked.body);
     t.settle().await;
     let log = t
@@ -264,13 +256,12 @@ async fn a_refused_webhook_url_does_not_say_what_its_host_resolved_to() {
     }
     for (url, address) in cases {
         let refused = t
-            .call(
+            .err(
                 ALICE,
                 "webhooks.create",
                 json!({ "url": url, "types": ["*"] }),
             )
-            .await
-            .unwrap_err();
+            .await;
         let message = refused.body["message"].as_str().unwrap();
         assert_eq!(
             (code(&refused), message),
@@ -300,13 +291,12 @@ async fn webhooks_cannot_target_benchmarking_reserved_6to4_nat64_or_ipv4_compati
         "http://[::808:808]/h",
     ] {
         let refused = t
-            .call(
+            .err(
                 ALICE,
                 "webhooks.create",
                 json!({ "url": url, "types": ["*"] }),
             )
-            .await
-            .unwrap_err();
+            .await;
         assert_eq!(
             (refused.status, code(&refused)),
             (400, "INVALID_INPUT"),
@@ -332,18 +322,14 @@ async fn webhooks_cannot_target_benchmarking_reserved_6to4_nat64_or_ipv4_compati
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_has_at_most_templates_per_tenant_live_templates() {
     let t = TestServer::start_with(|c| c.limits.templates_per_tenant = 2).await;
-    let quota = json!({ "vcpu": 10, "memoryGiB": 100, "diskGiB": 1000 });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
+    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(10)).await;
     let template = |name: &str| {
         json!({ "tenantId": "acme", "name": name, "poolId": pool, "flavor": "small",
                 "imageId": "img_ubuntu" })
     };
     let first = t.ok(ALICE, "sandboxTemplates.create", template("a")).await;
     t.ok(ALICE, "sandboxTemplates.create", template("b")).await;
-    let refused = t
-        .call(ALICE, "sandboxTemplates.create", template("c"))
-        .await
-        .unwrap_err();
+    let refused = t.err(ALICE, "sandboxTemplates.create", template("c")).await;
     assert_eq!(
         (refused.status, code(&refused), &refused.body["details"]),
         (
@@ -386,9 +372,8 @@ async fn a_key_may_revoke_its_own_identity_to_sign_out_and_no_other() {
 
     // A tenant's key names only its own identity: another, even of its tenant, is not found.
     let refused = t
-        .call(&ci_key, "apiKeys.revoke", json!({ "identityId": other }))
-        .await
-        .unwrap_err();
+        .err(&ci_key, "apiKeys.revoke", json!({ "identityId": other }))
+        .await;
     assert_eq!(code(&refused), "NOT_FOUND", "{}", refused.body);
     t.ok(&other_key, "webhooks.list", json!({})).await;
 
@@ -400,10 +385,7 @@ async fn a_key_may_revoke_its_own_identity_to_sign_out_and_no_other() {
         out,
         json!({ "identityId": ci, "revoked": 1, "signedOut": true })
     );
-    let gone = t
-        .call(&ci_key, "webhooks.list", json!({}))
-        .await
-        .unwrap_err();
+    let gone = t.err(&ci_key, "webhooks.list", json!({})).await;
     assert_eq!(code(&gone), "UNAUTHENTICATED");
 
     // An operator's run-time key signs out too, and revokes others' keys without signing out.
@@ -415,7 +397,7 @@ async fn a_key_may_revoke_its_own_identity_to_sign_out_and_no_other() {
         .ok(&ops_key, "apiKeys.revoke", json!({ "identityId": ops }))
         .await;
     assert_eq!(out["signedOut"], true);
-    let gone = t.call(&ops_key, "pools.list", json!({})).await.unwrap_err();
+    let gone = t.err(&ops_key, "pools.list", json!({})).await;
     assert_eq!(code(&gone), "UNAUTHENTICATED");
     let revocations: i64 =
         sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'identity.keys.revoked'")
@@ -469,7 +451,7 @@ async fn request_lists_past_their_bound_are_refused_naming_the_field() {
             "volumes",
         ),
     ] {
-        let refused = t.call(ALICE, method, body).await.unwrap_err();
+        let refused = t.err(ALICE, method, body).await;
         assert_eq!(
             (
                 refused.status,
@@ -567,7 +549,7 @@ fn collect_refs(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_replicas_wait_cap_a_create_answers_at_once() {
     let t = TestServer::start_with(|c| c.limits.waits = 1).await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
+    let quota = quota(100);
     // A node with no host: instances are placed and never start, so a wait lasts.
     let pool = t.hosted_pool("10.0.0.0/24", 1, quota).await;
     let create = |key: &str, ms: u64| {
@@ -626,7 +608,7 @@ async fn past_the_replicas_wait_cap_a_create_answers_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_cursor_is_bound_to_its_tenant_and_list() {
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
+    let quota = quota(100);
     let pool = t.hosted_pool("10.0.0.0/24", 1, quota.clone()).await;
     t.ok(
         OPERATOR,
@@ -728,16 +710,8 @@ const SHAPE_METHODS: [(&str, &str, i64, i64, i64, i64); 3] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbid_on_any_shape_attribute_refuses_every_method_that_makes_that_shape() {
     let t = TestServer::start().await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.0.0/24", 1, quota).await;
-    let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "t", "poolId": pool, "flavor": "small",
-                    "imageId": "img_ubuntu" }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.0.0.0/24", 1, quota(100)).await;
+    let template = t.sandbox_template(&pool, "t", json!({})).await;
     let instance = t
         .ok(
             ALICE,
@@ -791,17 +765,10 @@ async fn a_forbid_on_any_shape_attribute_refuses_every_method_that_makes_that_sh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_of_a_template_whose_flavor_is_archived_is_refused() {
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let _hosts = t.hosts(&pool, 1, BOOT).await;
+    let (pool, _hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
     // A warm pool: a claim admits no instance, so only the create's own check can refuse it.
     let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "t", "poolId": pool, "flavor": "small",
-                    "imageId": "img_ubuntu", "warm": { "min": 1, "max": 1 } }),
-        )
+        .sandbox_template(&pool, "t", json!({ "warm": { "min": 1, "max": 1 } }))
         .await;
     eventually("a settled warm instance", PATIENCE, || async {
         let n: i64 = sqlx::query_scalar(
@@ -842,13 +809,12 @@ async fn a_sandbox_of_a_template_whose_flavor_is_archived_is_refused() {
         .await
         .unwrap();
     let refused = t
-        .call(
+        .err(
             ALICE,
             "sandboxes.create",
             json!({ "tenantId": "acme", "templateId": template["id"], "idempotencyKey": "k" }),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(
         (code(&refused), refused.body["message"].as_str()),
         ("NOT_FOUND", Some("flavor small not found")),
@@ -890,26 +856,9 @@ async fn snapshots_are_one_at_a_time_within_the_kept_quota_and_metered() {
         c.limits.snapshots_per_tenant = 2;
     })
     .await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let hosts = t.hosts(&pool, 1, BOOT).await;
-    let template = t
-        .ok(
-            ALICE,
-            "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "t", "poolId": pool, "flavor": "small",
-                    "imageId": "img_ubuntu" }),
-        )
-        .await;
-    let sandbox = t
-        .ok(
-            ALICE,
-            "sandboxes.create",
-            json!({ "tenantId": "acme", "templateId": template["id"], "idempotencyKey": "s",
-                    "wait": { "timeoutMs": 20000 } }),
-        )
-        .await;
-    assert_eq!(sandbox["state"], "ready", "{sandbox}");
+    let (pool, hosts) = t.pool_with_hosts("10.0.0.0/24", quota(100), 1, BOOT).await;
+    let template = t.sandbox_template(&pool, "t", json!({})).await;
+    let sandbox = t.ready_sandbox(&template["id"], "s", json!({})).await;
     let take = |keep: bool| {
         t.call(
             ALICE,
@@ -966,11 +915,7 @@ async fn snapshots_are_one_at_a_time_within_the_kept_quota_and_metered() {
         .unwrap();
     assert!(!holds, "the sandbox document holds no snapshots");
     let got = t
-        .ok(
-            ALICE,
-            "sandboxes.get",
-            json!({ "tenantId": "acme", "sandboxId": sandbox["id"] }),
-        )
+        .ok(ALICE, "sandboxes.get", acme_sandbox(&sandbox["id"]))
         .await;
     let listed: Vec<&str> = got["snapshots"]
         .as_array()

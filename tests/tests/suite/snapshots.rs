@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use vps_emulators::host::HostHandle;
-use vps_tests::{eventually, wait_until, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE};
+use vps_tests::{
+    acme_instance, acme_sandbox, eventually, merged, quota, wait_until, TestServer, ALICE, BOB,
+    EVE, OPERATOR, PATIENCE,
+};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -34,12 +37,9 @@ async fn node(
     cpu: &str,
     extra: Value,
 ) -> (String, HostHandle) {
-    let mut body = json!({ "poolId": pool, "name": name, "cpuModel": cpu,
-                           "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    let answer = t.ok(OPERATOR, "nodes.register", body).await;
+    let body = json!({ "poolId": pool, "name": name, "cpuModel": cpu,
+                       "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } });
+    let answer = t.ok(OPERATOR, "nodes.register", merged(body, extra)).await;
     let id = answer["node"]["id"].as_str().unwrap().to_string();
     let token = answer["nodeToken"].as_str().unwrap();
     let mut config = vps_emulators::host::HostConfig::new(t.server.url(), id.clone(), token);
@@ -54,28 +54,23 @@ async fn node(
 
 /// A pool with one `epyc` node and its host, and a template `py` in it.
 async fn one_node(t: &TestServer, cidr: &str) -> (String, HostHandle, String) {
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool(cidr, 0, quota).await;
+    let pool = t.hosted_pool(cidr, 0, quota(100)).await;
     let (_, host) = node(t, &pool, "n", "epyc", json!({})).await;
     let tpl = template(t, &pool, "py").await;
     (pool, host, tpl)
 }
 
+/// Alice's template `name` in `pool`: its id.
 async fn template(t: &TestServer, pool: &str, name: &str) -> String {
-    let body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
-                       "flavor": "small", "imageId": "img_ubuntu" });
-    t.ok(ALICE, "sandboxTemplates.create", body).await["id"]
+    t.sandbox_template(pool, name, json!({})).await["id"]
         .as_str()
         .unwrap()
         .to_string()
 }
 
 async fn create(t: &TestServer, token: &str, body: Value) -> Result<Value, vps_tests::Answer> {
-    let mut full = json!({ "tenantId": "acme", "wait": { "timeoutMs": 20000 } });
-    full.as_object_mut()
-        .unwrap()
-        .extend(body.as_object().unwrap().clone());
-    t.call(token, "sandboxes.create", full).await
+    let full = json!({ "tenantId": "acme", "wait": { "timeoutMs": 20000 } });
+    t.call(token, "sandboxes.create", merged(full, body)).await
 }
 
 async fn sandbox(t: &TestServer, template: &str, key: &str) -> Value {
@@ -96,23 +91,34 @@ async fn snapshot(
     sandbox: &str,
     extra: Value,
 ) -> Result<Value, vps_tests::Answer> {
-    let mut body = json!({ "tenantId": "acme", "sandboxId": sandbox });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    t.call(token, "sandboxes.snapshot", body).await
+    t.call(
+        token,
+        "sandboxes.snapshot",
+        merged(acme_sandbox(sandbox), extra),
+    )
+    .await
+}
+
+/// Alice's snapshot of `sandbox` with the fields of `extra`, which must be taken: the snapshot.
+async fn take(t: &TestServer, sandbox: &str, extra: Value) -> Value {
+    snapshot(t, ALICE, sandbox, extra).await.unwrap()
+}
+
+/// Alice's snapshot of `sandbox` with the fields of `extra`, which must be refused: the
+/// refusal's code and details.
+async fn refused(t: &TestServer, sandbox: &str, extra: Value) -> (String, Value) {
+    refusal(snapshot(t, ALICE, sandbox, extra).await)
+}
+
+/// The body that names acme's snapshot `id`.
+fn acme_snapshot(id: impl serde::Serialize) -> Value {
+    json!({ "tenantId": "acme", "snapshotId": id })
 }
 
 /// Waits until the snapshot leaves `pending`; its view then.
 async fn settled(t: &TestServer, id: &str) -> Value {
     eventually("the snapshot settles", PATIENCE, || async {
-        let s = t
-            .ok(
-                ALICE,
-                "sandboxSnapshots.get",
-                json!({ "tenantId": "acme", "snapshotId": id }),
-            )
-            .await;
+        let s = t.ok(ALICE, "sandboxSnapshots.get", acme_snapshot(id)).await;
         if s["state"] != "pending" {
             Ok(s)
         } else {
@@ -135,12 +141,7 @@ fn refusal(answer: Result<Value, vps_tests::Answer>) -> (String, Value) {
 }
 
 async fn instance(t: &TestServer, id: &str) -> Value {
-    t.ok(
-        OPERATOR,
-        "instances.get",
-        json!({ "tenantId": "acme", "instanceId": id }),
-    )
-    .await
+    t.ok(OPERATOR, "instances.get", acme_instance(id)).await
 }
 
 async fn cordon(t: &TestServer, node: &str) {
@@ -151,13 +152,7 @@ async fn cordon(t: &TestServer, node: &str) {
 #[tokio::test]
 async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
     let t = server().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.0.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.0.0.0/24", 0, quota(100)).await;
     let (a, host_a) = node(&t, &pool, "a", "epyc-9654", json!({})).await;
     let (_b, host_b) = node(&t, &pool, "b", "epyc-9654", json!({})).await;
     let (c, _host_c) = node(&t, &pool, "c", "xeon-8480", json!({})).await;
@@ -172,7 +167,7 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
         a
     );
 
-    let snap = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let snap = take(&t, sbx, json!({})).await;
     assert_eq!(snap["state"], "pending");
     assert_eq!(
         (snap["includeMemory"].clone(), snap["keep"].clone()),
@@ -191,13 +186,7 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
         ready["sha256"].as_str().unwrap()
     );
     // Reads never show where the object is.
-    let got = t
-        .ok(
-            ALICE,
-            "sandboxes.get",
-            json!({ "tenantId": "acme", "sandboxId": sbx }),
-        )
-        .await;
+    let got = t.ok(ALICE, "sandboxes.get", acme_sandbox(sbx)).await;
     assert_eq!(got["snapshots"][0]["id"], id.as_str());
     for view in [got.to_string(), ready.to_string()] {
         assert!(
@@ -244,9 +233,7 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
     // A disk-only snapshot has no CPU model to match: its restore runs on c.
     t.ok(OPERATOR, "nodes.uncordon", json!({ "nodeId": a }))
         .await;
-    let disk = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
-        .await
-        .unwrap();
+    let disk = take(&t, sbx, json!({ "includeMemory": false })).await;
     let disk_id = disk["id"].as_str().unwrap().to_string();
     assert_eq!(settled(&t, &disk_id).await["cpuModel"], Value::Null);
     cordon(&t, &a).await;
@@ -302,36 +289,26 @@ async fn refusals_come_before_anything_reaches_a_host() {
     let sbx = s["id"].as_str().unwrap();
 
     // Idempotency: the key derives the id; the same request answers it, another conflicts.
-    let first = snapshot(&t, ALICE, sbx, json!({ "idempotencyKey": "nightly" }))
-        .await
-        .unwrap();
-    let again = snapshot(&t, ALICE, sbx, json!({ "idempotencyKey": "nightly" }))
-        .await
-        .unwrap();
+    let first = take(&t, sbx, json!({ "idempotencyKey": "nightly" })).await;
+    let again = take(&t, sbx, json!({ "idempotencyKey": "nightly" })).await;
     assert_eq!(first["id"], again["id"]);
-    let (code, details) = refusal(
-        snapshot(
-            &t,
-            ALICE,
-            sbx,
-            json!({ "idempotencyKey": "nightly", "keep": true }),
-        )
-        .await,
-    );
+    let (code, details) = refused(
+        &t,
+        sbx,
+        json!({ "idempotencyKey": "nightly", "keep": true }),
+    )
+    .await;
     assert_eq!(
         (code.as_str(), details["snapshotId"].clone()),
         ("CONFLICT", first["id"].clone())
     );
     let other = sandbox(&t, &tpl, "two").await;
-    let (code, _) = refusal(
-        snapshot(
-            &t,
-            ALICE,
-            other["id"].as_str().unwrap(),
-            json!({ "idempotencyKey": "nightly" }),
-        )
-        .await,
-    );
+    let (code, _) = refused(
+        &t,
+        other["id"].as_str().unwrap(),
+        json!({ "idempotencyKey": "nightly" }),
+    )
+    .await;
     assert_eq!(code, "CONFLICT");
     // Another tenant does not see the sandbox; bad input is named.
     let (code, _) = refusal(
@@ -343,9 +320,9 @@ async fn refusals_come_before_anything_reaches_a_host() {
         .await,
     );
     assert_eq!(code, "NOT_FOUND");
-    let (code, _) = refusal(snapshot(&t, ALICE, sbx, json!({ "idempotencyKey": "" })).await);
+    let (code, _) = refused(&t, sbx, json!({ "idempotencyKey": "" })).await;
     assert_eq!(code, "INVALID_INPUT");
-    let (code, _) = refusal(snapshot(&t, ALICE, sbx, json!({ "includeMemory": "yes" })).await);
+    let (code, _) = refused(&t, sbx, json!({ "includeMemory": "yes" })).await;
     assert_eq!(code, "INVALID_INPUT");
 
     // Passthrough GPUs: no memory snapshot, a disk-only one is fine.
@@ -353,23 +330,17 @@ async fn refusals_come_before_anything_reaches_a_host() {
     let gpu_tpl = t.ok(ALICE, "sandboxTemplates.create", json!({ "tenantId": "acme", "name": "gpu", "poolId": pool, "flavor": "gpu", "imageId": "img_ubuntu" })).await;
     let g = sandbox(&t, gpu_tpl["id"].as_str().unwrap(), "gpu").await;
     let gid = g["id"].as_str().unwrap();
-    let (code, details) = refusal(snapshot(&t, ALICE, gid, json!({})).await);
+    let (code, details) = refused(&t, gid, json!({})).await;
     assert_eq!(
         (code.as_str(), details["reason"].as_str()),
         ("INVALID_STATE", Some("memory-snapshot-with-gpus"))
     );
-    snapshot(&t, ALICE, gid, json!({ "includeMemory": false }))
-        .await
-        .unwrap();
+    take(&t, gid, json!({ "includeMemory": false })).await;
 
     // A deleting sandbox, and one whose instance does not run on a node.
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": other["id"] }),
-    )
-    .await;
-    let (code, _) = refusal(snapshot(&t, ALICE, other["id"].as_str().unwrap(), json!({})).await);
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&other["id"]))
+        .await;
+    let (code, _) = refused(&t, other["id"].as_str().unwrap(), json!({})).await;
     assert_eq!(code, "INVALID_STATE");
     host.refuse_new(Some("full".into()));
     let stuck = create(
@@ -379,7 +350,7 @@ async fn refusals_come_before_anything_reaches_a_host() {
     )
     .await
     .unwrap();
-    let (code, _) = refusal(snapshot(&t, ALICE, stuck["id"].as_str().unwrap(), json!({})).await);
+    let (code, _) = refused(&t, stuck["id"].as_str().unwrap(), json!({})).await;
     assert_eq!(code, "INVALID_STATE");
     host.refuse_new(None);
 
@@ -415,7 +386,7 @@ async fn refusals_come_before_anything_reaches_a_host() {
     .await;
     let c_tpl = template(&t, plain, "ctr").await;
     let cs = sandbox(&t, &c_tpl, "ctr").await;
-    let (code, _) = refusal(snapshot(&t, ALICE, cs["id"].as_str().unwrap(), json!({})).await);
+    let (code, _) = refused(&t, cs["id"].as_str().unwrap(), json!({})).await;
     assert_eq!(code, "UNSUPPORTED");
 }
 
@@ -427,9 +398,7 @@ async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
     let other_tpl = template(&t, &pool, "other").await;
     let s = sandbox(&t, &tpl, "src").await;
     let sbx = s["id"].as_str().unwrap();
-    let snap = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
-        .await
-        .unwrap();
+    let snap = take(&t, sbx, json!({ "keep": true })).await;
     let id = snap["id"].as_str().unwrap().to_string();
     assert_eq!(settled(&t, &id).await["state"], "ready");
 
@@ -464,61 +433,33 @@ async fn restores_are_the_owners_own_ready_snapshots_under_their_template() {
     assert_eq!(code, "INVALID_INPUT");
     // Pending and failed snapshots are not restorable.
     host.hold_commands(true);
-    let pending = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
-    let (code, _) = refusal(
-        restore(
-            ALICE,
-            tpl.clone(),
-            "pending",
-            pending["id"].as_str().unwrap().into(),
-        )
-        .await,
-    );
+    let pending = take(&t, sbx, json!({})).await;
+    let pending = pending["id"].as_str().unwrap().to_string();
+    let (code, _) = refusal(restore(ALICE, tpl.clone(), "pending", pending.clone()).await);
     assert_eq!(code, "INVALID_STATE");
     // It never settles: the reconciler fails it after snapshot_timeout.
-    let timed_out = settled(&t, pending["id"].as_str().unwrap()).await;
+    let timed_out = settled(&t, &pending).await;
     assert_eq!(
         (timed_out["state"].as_str(), timed_out["reason"].as_str()),
         (Some("failed"), Some("timeout"))
     );
-    let (code, _) = refusal(
-        restore(
-            ALICE,
-            tpl.clone(),
-            "failed",
-            pending["id"].as_str().unwrap().into(),
-        )
-        .await,
-    );
+    let (code, _) = refusal(restore(ALICE, tpl.clone(), "failed", pending.clone()).await);
     assert_eq!(code, "INVALID_STATE");
     host.hold_commands(false);
 
     // A kept snapshot outlives its sandbox and still restores; a deleted one does not.
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": sbx }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(sbx)).await;
     let ok = restore(ALICE, tpl.clone(), "after", id.clone())
         .await
         .unwrap();
     assert_eq!(ok["state"], "ready", "{ok}");
-    t.ok(
-        ALICE,
-        "sandboxSnapshots.delete",
-        json!({ "tenantId": "acme", "snapshotId": id }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxSnapshots.delete", acme_snapshot(&id))
+        .await;
     let (code, _) = refusal(restore(ALICE, tpl.clone(), "deleted", id.clone()).await);
     assert_eq!(code, "NOT_FOUND");
     let (code, _) = refusal(
-        t.call(
-            ALICE,
-            "sandboxSnapshots.get",
-            json!({ "tenantId": "acme", "snapshotId": id }),
-        )
-        .await,
+        t.call(ALICE, "sandboxSnapshots.get", acme_snapshot(&id))
+            .await,
     );
     assert_eq!(code, "NOT_FOUND");
 }
@@ -530,13 +471,9 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     let s = sandbox(&t, &tpl, "src").await;
     let sbx = s["id"].as_str().unwrap();
     // One snapshot of a sandbox is in flight at a time: each settles before the next.
-    let kept = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
-        .await
-        .unwrap();
+    let kept = take(&t, sbx, json!({ "keep": true })).await;
     settled(&t, kept["id"].as_str().unwrap()).await;
-    let unkept = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
-        .await
-        .unwrap();
+    let unkept = take(&t, sbx, json!({ "includeMemory": false })).await;
     let (kept, unkept) = (
         kept["id"].as_str().unwrap().to_string(),
         unkept["id"].as_str().unwrap().to_string(),
@@ -552,24 +489,15 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     )
     .await
     .unwrap();
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": sbx }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(sbx)).await;
     // The snapshot not kept goes with its sandbox, object and all.
     wait_until("the unkept object purged", PATIENCE, || async {
         !object(&t, &unkept).exists()
     })
     .await;
     let (code, _) = refusal(
-        t.call(
-            ALICE,
-            "sandboxSnapshots.get",
-            json!({ "tenantId": "acme", "snapshotId": unkept }),
-        )
-        .await,
+        t.call(ALICE, "sandboxSnapshots.get", acme_snapshot(&unkept))
+            .await,
     );
     assert_eq!(code, "NOT_FOUND");
     let listed = t
@@ -588,23 +516,15 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     assert_eq!(ids, vec![kept.as_str()]);
 
     // Deleting the kept one hides it at once, but its object stays while the restore lives.
-    t.ok(
-        ALICE,
-        "sandboxSnapshots.delete",
-        json!({ "tenantId": "acme", "snapshotId": kept }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxSnapshots.delete", acme_snapshot(&kept))
+        .await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
         object(&t, &kept).exists(),
         "a live restore still needs the object"
     );
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": restored["id"] }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&restored["id"]))
+        .await;
     wait_until("the kept object purged", PATIENCE, || async {
         !object(&t, &kept).exists()
     })
@@ -630,7 +550,7 @@ async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_res
     let sbx = s["id"].as_str().unwrap();
 
     host.corrupt_uploads(true);
-    let bad = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let bad = take(&t, sbx, json!({})).await;
     let bad = settled(&t, bad["id"].as_str().unwrap()).await;
     assert_eq!(bad["state"], "failed");
     assert!(bad["reason"].as_str().unwrap().contains("400"), "{bad}");
@@ -640,9 +560,7 @@ async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_res
     );
     host.corrupt_uploads(false);
 
-    let good = snapshot(&t, ALICE, sbx, json!({ "keep": true }))
-        .await
-        .unwrap();
+    let good = take(&t, sbx, json!({ "keep": true })).await;
     let id = good["id"].as_str().unwrap().to_string();
     assert_eq!(settled(&t, &id).await["state"], "ready");
     // The stored bytes change behind the control plane's back: the restoring host refuses them.
@@ -666,8 +584,7 @@ async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_res
 async fn a_plain_put_uploads_and_a_reported_digest_that_is_not_the_stored_bytes_fails_the_snapshot()
 {
     let t = server().await;
-    let quota = json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 });
-    let pool = t.hosted_pool("10.0.9.0/24", 0, quota).await;
+    let pool = t.hosted_pool("10.0.9.0/24", 0, quota(100)).await;
     let body = json!({ "poolId": pool, "name": "plain", "cpuModel": "epyc",
                        "capacity": { "vcpu": 16, "memoryGiB": 64, "diskGiB": 500 } });
     let answer = t.ok(OPERATOR, "nodes.register", body).await;
@@ -719,7 +636,7 @@ async fn a_plain_put_uploads_and_a_reported_digest_that_is_not_the_stored_bytes_
     let digest = |bytes: &[u8]| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
 
     // A plain PUT, no digest header: stored, and the honest report makes it ready.
-    let good = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let good = take(&t, sbx, json!({})).await;
     let good = good["id"].as_str().unwrap().to_string();
     let status = upload_and_report(good.clone(), b"plain bytes", digest(b"plain bytes")).await;
     assert_eq!(status, 200, "a plain PUT is accepted");
@@ -729,7 +646,7 @@ async fn a_plain_put_uploads_and_a_reported_digest_that_is_not_the_stored_bytes_
     assert_eq!(std::fs::read(object(&t, &good)).unwrap(), b"plain bytes");
 
     // The host reports the digest of other bytes than it uploaded: failed, digest-mismatch.
-    let bad = snapshot(&t, ALICE, sbx, json!({})).await.unwrap();
+    let bad = take(&t, sbx, json!({})).await;
     let bad = bad["id"].as_str().unwrap().to_string();
     let status = upload_and_report(bad.clone(), b"these bytes", digest(b"other bytes")).await;
     assert_eq!(status, 200);
@@ -887,14 +804,7 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
     assert_eq!(t.server.state.snapshots.kind(), "s3");
     let (_, host, tpl) = one_node(&t, "10.0.6.0/24").await;
     let s = sandbox(&t, &tpl, "src").await;
-    let snap = snapshot(
-        &t,
-        ALICE,
-        s["id"].as_str().unwrap(),
-        json!({ "keep": true }),
-    )
-    .await
-    .unwrap();
+    let snap = take(&t, s["id"].as_str().unwrap(), json!({ "keep": true })).await;
     let id = snap["id"].as_str().unwrap().to_string();
     let ready = settled(&t, &id).await;
     assert_eq!(ready["state"], "ready", "{ready}");
@@ -918,18 +828,10 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
         Some(id.as_str())
     );
     // Deleted, and nothing restores from it any more: the object leaves the bucket.
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": restored["id"] }),
-    )
-    .await;
-    t.ok(
-        ALICE,
-        "sandboxSnapshots.delete",
-        json!({ "tenantId": "acme", "snapshotId": id }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&restored["id"]))
+        .await;
+    t.ok(ALICE, "sandboxSnapshots.delete", acme_snapshot(&id))
+        .await;
     eventually("the object purged from the bucket", PATIENCE, || async {
         match t.server.state.snapshots.exists(&key).await.unwrap() {
             false => Ok(()),
@@ -944,26 +846,15 @@ async fn a_tenant_teardown_deletes_every_snapshot_kept_ones_too() {
     let t = server().await;
     let (_, _host, tpl) = one_node(&t, "10.0.7.0/24").await;
     let s = sandbox(&t, &tpl, "src").await;
-    let snap = snapshot(
-        &t,
-        ALICE,
-        s["id"].as_str().unwrap(),
-        json!({ "keep": true }),
-    )
-    .await
-    .unwrap();
+    let snap = take(&t, s["id"].as_str().unwrap(), json!({ "keep": true })).await;
     let id = snap["id"].as_str().unwrap().to_string();
     settled(&t, &id).await;
     t.ok(OPERATOR, "tenants.delete", json!({ "tenantId": "acme" }))
         .await;
     t.teardown_done("acme").await;
     let (code, _) = refusal(
-        t.call(
-            OPERATOR,
-            "sandboxSnapshots.get",
-            json!({ "tenantId": "acme", "snapshotId": id }),
-        )
-        .await,
+        t.call(OPERATOR, "sandboxSnapshots.get", acme_snapshot(&id))
+            .await,
     );
     assert_eq!(code, "NOT_FOUND");
     wait_until("the kept object purged", PATIENCE, || async {
@@ -983,24 +874,15 @@ async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_t
         t.call(ALICE, "sandboxes.exec", body)
     };
     assert!(exec(&source).await.is_ok(), "alone, the source takes exec");
-    let memory = snapshot(
-        &t,
-        ALICE,
-        source["id"].as_str().unwrap(),
-        json!({ "keep": true }),
-    )
-    .await
-    .unwrap();
+    let memory = take(&t, source["id"].as_str().unwrap(), json!({ "keep": true })).await;
     // One snapshot of a sandbox is in flight at a time.
     settled(&t, memory["id"].as_str().unwrap()).await;
-    let disk = snapshot(
+    let disk = take(
         &t,
-        ALICE,
         source["id"].as_str().unwrap(),
         json!({ "includeMemory": false, "keep": true }),
     )
-    .await
-    .unwrap();
+    .await;
     let (memory, disk) = (
         memory["id"].as_str().unwrap().to_string(),
         disk["id"].as_str().unwrap().to_string(),
@@ -1034,12 +916,8 @@ async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_t
         );
     }
     // Once the source is gone, the restore alone answers to it: the certificate names it.
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": source["id"] }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&source["id"]))
+        .await;
     let grant = eventually("the source gone", PATIENCE, || async {
         exec(&restored).await.map_err(|e| e.body)
     })
@@ -1050,29 +928,24 @@ async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_t
 #[tokio::test]
 async fn a_sandbox_writing_a_volume_takes_only_disk_snapshots() {
     let t = server().await;
-    let pool = t
-        .hosted_pool(
-            "10.0.9.0/24",
-            0,
-            json!({ "vcpu": 100, "memoryGiB": 1000, "diskGiB": 10000 }),
-        )
-        .await;
+    let pool = t.hosted_pool("10.0.9.0/24", 0, quota(100)).await;
     let (_n, _host) = node(&t, &pool, "n", "epyc", json!({})).await;
     t.ok(ALICE, "sandboxVolumes.create", json!({ "tenantId": "acme", "poolId": pool, "name": "notes", "sizeGiB": 5, "idempotencyKey": "v" })).await;
     let tpl = t
-        .ok(ALICE, "sandboxTemplates.create", json!({ "tenantId": "acme", "name": "vol", "poolId": pool, "flavor": "small", "imageId": "img_ubuntu",
-                "volumes": [{ "name": "notes", "mountPath": "/workspace" }] }))
+        .sandbox_template(
+            &pool,
+            "vol",
+            json!({ "volumes": [{ "name": "notes", "mountPath": "/workspace" }] }),
+        )
         .await;
     let s = sandbox(&t, tpl["id"].as_str().unwrap(), "v").await;
     let sbx = s["id"].as_str().unwrap();
-    let (code, details) = refusal(snapshot(&t, ALICE, sbx, json!({})).await);
+    let (code, details) = refused(&t, sbx, json!({})).await;
     assert_eq!(
         (code.as_str(), details["reason"].as_str()),
         ("INVALID_STATE", Some("memory-snapshot-with-volumes"))
     );
-    let disk = snapshot(&t, ALICE, sbx, json!({ "includeMemory": false }))
-        .await
-        .unwrap();
+    let disk = take(&t, sbx, json!({ "includeMemory": false })).await;
     assert_eq!(
         settled(&t, disk["id"].as_str().unwrap()).await["state"],
         "ready"

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use vps_tests::{TestServer, ALICE, EVE, OPERATOR, PATIENCE, SSH_KEY};
+use vps_tests::{acme_instance, TestServer, ALICE, EVE, OPERATOR, PATIENCE, SSH_KEY};
 
 fn create(pool: &str, tenant: &str, key: &str) -> Value {
     json!({ "tenantId": tenant, "poolId": pool, "flavor": "small", "imageId": "img_ubuntu",
@@ -53,11 +53,10 @@ async fn deleting_a_tenant_refuses_new_work_and_deletes_everything_it_has() {
     assert!(answer["remaining"].as_u64().unwrap() > 0, "{answer}");
 
     let refused = t
-        .call(ALICE, "instances.create", create(&pool, "acme", "late"))
-        .await
-        .unwrap_err();
+        .err(ALICE, "instances.create", create(&pool, "acme", "late"))
+        .await;
     assert_eq!(refused.body["code"], "INVALID_STATE", "{}", refused.body);
-    let refused = t.call(ALICE, "webhooks.create", hook).await.unwrap_err();
+    let refused = t.err(ALICE, "webhooks.create", hook).await;
     assert_eq!(refused.body["code"], "INVALID_STATE");
     assert_eq!(
         t.ok(ALICE, "webhooks.list", json!({})).await["items"],
@@ -66,21 +65,9 @@ async fn deleting_a_tenant_refuses_new_work_and_deletes_everything_it_has() {
 
     t.teardown_done("acme").await;
     for id in &ids {
-        let inst = t
-            .ok(
-                ALICE,
-                "instances.get",
-                json!({ "tenantId": "acme", "instanceId": id }),
-            )
-            .await;
+        let inst = t.ok(ALICE, "instances.get", acme_instance(id)).await;
         assert_eq!(inst["state"], "deleted");
-        let history = t
-            .ok(
-                ALICE,
-                "instances.history",
-                json!({ "tenantId": "acme", "instanceId": id }),
-            )
-            .await;
+        let history = t.ok(ALICE, "instances.history", acme_instance(id)).await;
         let deleting = history["items"]
             .as_array()
             .unwrap()
@@ -118,9 +105,8 @@ async fn deleting_a_tenant_refuses_new_work_and_deletes_everything_it_has() {
 async fn only_operators_delete_tenants() {
     let t = TestServer::start().await;
     let refused = t
-        .call(ALICE, "tenants.delete", json!({ "tenantId": "acme" }))
-        .await
-        .unwrap_err();
+        .err(ALICE, "tenants.delete", json!({ "tenantId": "acme" }))
+        .await;
     assert_eq!(refused.body["code"], "ACCESS_DENIED");
     let empty = t
         .ok(OPERATOR, "tenants.delete", json!({ "tenantId": "initech" }))

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Duration, Utc};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
-use vps_tests::{eventually, wait_until, TestServer, ALICE, PATIENCE, SSH_KEY};
+use vps_tests::{acme_instance, eventually, wait_until, TestServer, ALICE, PATIENCE, SSH_KEY};
 
 /// A server whose metering windows are `window` seconds long.
 async fn server(window: f64) -> TestServer {
@@ -45,12 +45,7 @@ async fn create(t: &TestServer, pool: &str, key: &str) -> String {
 }
 
 async fn delete(t: &TestServer, id: &str) {
-    t.ok(
-        ALICE,
-        "instances.delete",
-        json!({ "tenantId": "acme", "instanceId": id }),
-    )
-    .await;
+    t.ok(ALICE, "instances.delete", acme_instance(id)).await;
     let gone = t
         .until(ALICE, "acme", id, PATIENCE, |i| i["state"] == "deleted")
         .await;
@@ -59,13 +54,7 @@ async fn delete(t: &TestServer, id: &str) {
 
 /// When the instance's first event of `event_type` was recorded.
 async fn recorded(t: &TestServer, id: &str, event_type: &str) -> DateTime<Utc> {
-    let history = t
-        .ok(
-            ALICE,
-            "instances.history",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
+    let history = t.ok(ALICE, "instances.history", acme_instance(id)).await;
     let event = history["items"]
         .as_array()
         .unwrap()
@@ -201,12 +190,7 @@ async fn two_replicas_record_every_window_once_and_verify_finds_an_inserted_reco
         ids.push(create(&t, &pool, &format!("churn-{n}")).await);
     }
     // Churn: one resized while stopped, two deleted, one left running.
-    t.ok(
-        ALICE,
-        "instances.stop",
-        json!({ "tenantId": "acme", "instanceId": ids[0] }),
-    )
-    .await;
+    t.ok(ALICE, "instances.stop", acme_instance(&ids[0])).await;
     t.until(ALICE, "acme", &ids[0], PATIENCE, |i| {
         i["state"] == "stopped"
     })

@@ -10,7 +10,10 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use vps_emulators::host::HostHandle;
-use vps_tests::{eventually, TestServer, ALICE, BOB, EVE, OPERATOR, PATIENCE, SSH_KEY};
+use vps_tests::{
+    acme_instance, acme_sandbox, eventually, merged, TestServer, ALICE, BOB, EVE, OPERATOR,
+    PATIENCE, SSH_KEY,
+};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -25,9 +28,7 @@ async fn server() -> TestServer {
 /// A hosted pool offered to acme (disk quota `disk`) with `nodes` emulated hosts of 500 GiB.
 async fn pool_with_hosts(t: &TestServer, nodes: usize, disk: u64) -> (String, Vec<HostHandle>) {
     let quota = json!({ "vcpu": 64, "memoryGiB": 256, "diskGiB": disk });
-    let pool = t.hosted_pool("10.0.0.0/24", 0, quota).await;
-    let hosts = t.hosts(&pool, nodes, BOOT).await;
-    (pool, hosts)
+    t.pool_with_hosts("10.0.0.0/24", quota, nodes, BOOT).await
 }
 
 fn volume_body(pool: &str, name: &str, size: u64, key: &str) -> Value {
@@ -116,12 +117,10 @@ async fn template(
     name: &str,
     extra: Value,
 ) -> Result<Value, vps_tests::Answer> {
-    let mut body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
-                           "flavor": "small", "imageId": "img_ubuntu" });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    t.call(ALICE, "sandboxTemplates.create", body).await
+    let body = json!({ "tenantId": "acme", "name": name, "poolId": pool,
+                       "flavor": "small", "imageId": "img_ubuntu" });
+    t.call(ALICE, "sandboxTemplates.create", merged(body, extra))
+        .await
 }
 
 async fn sandbox(t: &TestServer, template: &Value, key: &str) -> Result<Value, vps_tests::Answer> {
@@ -135,12 +134,7 @@ async fn sandbox(t: &TestServer, template: &Value, key: &str) -> Result<Value, v
 }
 
 async fn instance(t: &TestServer, id: &Value) -> Value {
-    t.ok(
-        OPERATOR,
-        "instances.get",
-        json!({ "tenantId": "acme", "instanceId": id }),
-    )
-    .await
+    t.ok(OPERATOR, "instances.get", acme_instance(id)).await
 }
 
 #[tokio::test]
@@ -435,12 +429,8 @@ async fn sandboxes_attach_their_templates_volume_on_its_node_with_one_writer() {
     let attached = refusal(delete_volume(&t, id).await);
     assert_eq!(attached["code"], "CONFLICT");
     assert_eq!(attached["details"]["reason"], "volume-attached");
-    t.ok(
-        ALICE,
-        "sandboxes.delete",
-        json!({ "tenantId": "acme", "sandboxId": first["id"] }),
-    )
-    .await;
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&first["id"]))
+        .await;
     t.until(
         OPERATOR,
         "acme",
@@ -458,12 +448,8 @@ async fn sandboxes_attach_their_templates_volume_on_its_node_with_one_writer() {
         "volume-in-use"
     );
     for s in [&r1, &r2] {
-        t.ok(
-            ALICE,
-            "sandboxes.delete",
-            json!({ "tenantId": "acme", "sandboxId": s["id"] }),
-        )
-        .await;
+        t.ok(ALICE, "sandboxes.delete", acme_sandbox(&s["id"]))
+            .await;
         t.until(
             OPERATOR,
             "acme",
