@@ -7,6 +7,7 @@ use axum::Json;
 use serde_json::Value;
 use tracing::Instrument;
 use vps_commands::Ctx;
+use vps_domain::ErrorCode;
 
 use crate::error::ApiError;
 use crate::methods::registry;
@@ -44,7 +45,7 @@ pub async fn dispatch(
     };
     let method = registry()
         .get(&group, &method)
-        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("no method {group}.{method}")))?;
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no method {group}.{method}")))?;
     let span = tracing::info_span!("command", method = %method.full_name(), identity = %caller.actor.identity);
     metrics::counter!("vps_api_requests_total", "method" => method.full_name()).increment(1);
     let guard = crate::authz::Guard {

@@ -10,6 +10,7 @@ use vps_commands::instances::{self, Change, CreateInput};
 use vps_domain::authz::Resource;
 use vps_domain::instance::Instance;
 use vps_domain::state_table::InstanceState;
+use vps_domain::ErrorCode;
 use vps_events::envelope::{cloud_event, CloudEvent};
 use vps_projections::instances::InstanceFilter;
 use vps_projections::views::InstanceView;
@@ -304,9 +305,12 @@ async fn as_of_view(
     }
     let folded = vps_domain::instance::fold(parsed.iter().map(|(e, at)| (e, *at)))
         .map_err(|err| ApiError::from(sqlx::Error::Decode(Box::new(err))))?;
-    folded
-        .map(|i| InstanceView::from(&i))
-        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("instance {id} did not exist yet")))
+    folded.map(|i| InstanceView::from(&i)).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NotFound,
+            format!("instance {id} did not exist yet"),
+        )
+    })
 }
 
 #[cfg(test)]
