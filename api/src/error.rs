@@ -8,13 +8,13 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{json, Value};
 use vps_commands::CommandError;
-use vps_domain::DomainError;
+use vps_domain::{DomainError, ErrorCode};
 
 /// An error answer.
 #[derive(Debug)]
 pub struct ApiError {
     /// `INVALID_INPUT`, `NOT_FOUND`, …
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// For people.
     pub message: String,
     /// For programs.
@@ -26,14 +26,14 @@ impl ApiError {
     pub fn invalid(field: &str, message: impl Into<String>) -> ApiError {
         let message = message.into();
         ApiError {
-            code: "INVALID_INPUT",
+            code: ErrorCode::InvalidInput,
             message: format!("{field}: {message}"),
             details: json!({ "field": field }),
         }
     }
 
     /// Any code with a message.
-    pub fn new(code: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError {
             code,
             message: message.into(),
@@ -43,19 +43,24 @@ impl ApiError {
 
     /// The HTTP status of the code (SPEC §5).
     pub fn status(&self) -> StatusCode {
-        match self.code {
-            "INVALID_INPUT" => StatusCode::BAD_REQUEST,
-            "UNAUTHENTICATED" => StatusCode::UNAUTHORIZED,
-            "ACCESS_DENIED" => StatusCode::FORBIDDEN,
-            "NOT_FOUND" => StatusCode::NOT_FOUND,
-            "CONFLICT" | "INVALID_STATE" => StatusCode::CONFLICT,
-            "QUOTA_EXCEEDED" => StatusCode::UNPROCESSABLE_ENTITY,
-            "CAPACITY_UNAVAILABLE" => StatusCode::SERVICE_UNAVAILABLE,
-            "SPEND_LIMIT_REACHED" => StatusCode::PAYMENT_REQUIRED,
-            "UNSUPPORTED" => StatusCode::NOT_IMPLEMENTED,
-            "RATE_LIMITED" => StatusCode::TOO_MANY_REQUESTS,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        status(self.code)
+    }
+}
+
+/// The HTTP status of each code (SPEC §5): the one place that decides it; the OpenAPI
+/// document's error responses are built from it.
+pub fn status(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::InvalidInput => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorCode::AccessDenied => StatusCode::FORBIDDEN,
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::Conflict | ErrorCode::InvalidState => StatusCode::CONFLICT,
+        ErrorCode::QuotaExceeded => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::CapacityUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -74,7 +79,7 @@ impl From<CommandError> for ApiError {
         match e {
             CommandError::Domain(d) => d.into(),
             CommandError::Contention(what) => ApiError::new(
-                "CONFLICT",
+                ErrorCode::Conflict,
                 format!("{what} is changing too fast; try again"),
             ),
             other => internal(&other),
@@ -98,40 +103,20 @@ pub fn internal(e: &dyn std::error::Error) -> ApiError {
         source = s.source();
     }
     tracing::error!(error = %chain, "internal error");
-    ApiError::new("INTERNAL", "internal error; see the server log")
+    ApiError::new(ErrorCode::Internal, "internal error; see the server log")
 }
 
 /// The body of an error answer, as the OpenAPI document describes it.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ErrorBody {
     /// The SPEC's code.
-    #[schemars(with = "ErrorCode")]
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// For people.
     pub message: String,
     /// For programs: `field` for `INVALID_INPUT`; `resource, requested, max, used` for
     /// `QUOTA_EXCEEDED`; the existing id for `CONFLICT`.
     #[schemars(with = "serde_json::Map<String, Value>")]
     pub details: Value,
-}
-
-/// Every code an error answer can carry.
-#[allow(dead_code)] // Only its schema is used.
-#[derive(JsonSchema)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-enum ErrorCode {
-    InvalidInput,
-    Unauthenticated,
-    AccessDenied,
-    NotFound,
-    Conflict,
-    InvalidState,
-    QuotaExceeded,
-    CapacityUnavailable,
-    SpendLimitReached,
-    Unsupported,
-    RateLimited,
-    Internal,
 }
 
 impl IntoResponse for ApiError {

@@ -8,6 +8,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use vps_domain::ErrorCode;
+
 use crate::config::LimitsConfig;
 use crate::error::ApiError;
 
@@ -88,7 +90,7 @@ impl Counter {
         let held = open.entry(key.to_string()).or_insert(0);
         if *held >= self.max {
             let mut error = ApiError::new(
-                "RATE_LIMITED",
+                ErrorCode::RateLimited,
                 format!("{}: at most {}; close one first", self.what, self.max),
             );
             error.details = serde_json::json!({ "max": self.max });
@@ -138,7 +140,10 @@ mod tests {
         });
         let a = guards.stream("acme").unwrap();
         let _b = guards.stream("acme").unwrap();
-        assert_eq!(guards.stream("acme").unwrap_err().code, "RATE_LIMITED");
+        assert_eq!(
+            guards.stream("acme").unwrap_err().code,
+            ErrorCode::RateLimited
+        );
         assert!(guards.stream("globex").is_ok());
         drop(a);
         assert!(guards.stream("acme").is_ok());

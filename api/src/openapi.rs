@@ -3,29 +3,30 @@
 //! the server parses and answers. Served at `GET /api/compute/openapi.json`; `vps openapi`
 //! prints it.
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use axum::Json;
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
+use vps_domain::ErrorCode;
 
-use crate::error::ErrorBody;
+use crate::error::{self, ErrorBody};
 use crate::methods::registry;
 use crate::registry::Method;
 
-/// Every error code with its HTTP status (SPEC §5).
-const ERRORS: &[(&str, &str)] = &[
-    ("400", "INVALID_INPUT"),
-    ("401", "UNAUTHENTICATED"),
-    ("403", "ACCESS_DENIED"),
-    ("404", "NOT_FOUND"),
-    ("409", "CONFLICT or INVALID_STATE"),
-    ("422", "QUOTA_EXCEEDED"),
-    ("429", "RATE_LIMITED"),
-    ("500", "INTERNAL"),
-    ("501", "UNSUPPORTED"),
-    ("503", "CAPACITY_UNAVAILABLE"),
-];
+/// Every HTTP status an error answer can have, with its codes (SPEC §5), from
+/// [`error::status`].
+fn errors() -> BTreeMap<u16, Vec<ErrorCode>> {
+    let mut by_status: BTreeMap<u16, Vec<ErrorCode>> = BTreeMap::new();
+    for code in ErrorCode::ALL {
+        by_status
+            .entry(error::status(code).as_u16())
+            .or_default()
+            .push(code);
+    }
+    by_status
+}
 
 /// The document, built once.
 pub fn document() -> &'static Value {
@@ -80,9 +81,9 @@ fn operation(method: &Method, request: Value, answer: Value) -> Value {
         "200".into(),
         json!({ "description": "The answer.", "content": { "application/json": { "schema": answer } } }),
     );
-    for (status, _) in ERRORS {
+    for status in errors().keys() {
         responses.insert(
-            (*status).into(),
+            status.to_string(),
             json!({ "$ref": format!("#/components/responses/E{status}") }),
         );
     }
@@ -105,15 +106,65 @@ fn operation(method: &Method, request: Value, answer: Value) -> Value {
 }
 
 fn error_responses(error: &Value) -> Value {
-    let responses: Map<String, Value> = ERRORS
-        .iter()
+    let responses: Map<String, Value> = errors()
+        .into_iter()
         .map(|(status, codes)| {
+            let codes: Vec<&str> = codes.into_iter().map(ErrorCode::as_str).collect();
             let response = json!({
-                "description": *codes,
+                "description": codes.join(" or "),
                 "content": { "application/json": { "schema": error } },
             });
             (format!("E{status}"), response)
         })
         .collect();
     Value::Object(responses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The codes a schema allows: an `enum`, or a `oneOf` of `const`s (when the variants
+    /// carry descriptions).
+    fn allowed(schema: &Value) -> Vec<String> {
+        let strings = |v: &Value| v.as_str().map(str::to_owned);
+        match schema["enum"].as_array() {
+            Some(values) => values.iter().filter_map(strings).collect(),
+            None => schema["oneOf"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| strings(&v["const"]))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn every_error_code_is_in_the_error_schema_with_its_status() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        let body = &schemas["ErrorBody"]["properties"]["code"];
+        let code_schema = match body["$ref"].as_str() {
+            Some(r) => &schemas[r.rsplit('/').next().unwrap_or_default()],
+            None => body,
+        };
+        let allowed = allowed(code_schema);
+        let responses = &doc["components"]["responses"];
+        let create = &doc["paths"]["/api/compute/instances/create"]["post"]["responses"];
+        for code in ErrorCode::ALL {
+            assert!(
+                allowed.iter().any(|c| c == code.as_str()),
+                "{code}: {allowed:?}"
+            );
+            let status = error::status(code).as_u16();
+            let response = &responses[format!("E{status}")];
+            let description = response["description"].as_str().unwrap_or_default();
+            assert!(
+                description.split(" or ").any(|c| c == code.as_str()),
+                "{code} under {status}: {description:?}"
+            );
+            assert!(create[status.to_string()].is_object(), "{code}: {status}");
+        }
+        assert_eq!(allowed.len(), ErrorCode::ALL.len(), "{allowed:?}");
+    }
 }

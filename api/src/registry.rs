@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::Value;
 use vps_commands::Ctx;
 use vps_domain::authz::{ActionDecl, Resource};
+use vps_domain::ErrorCode;
 
 use crate::authz::{Authorizer, Guard};
 use crate::error::ApiError;
@@ -343,7 +344,7 @@ fn tenant_scope(caller: &Caller, requested: Option<String>) -> Result<Option<Str
     }
     match (&caller.actor.tenant, requested) {
         (Some(own), Some(asked)) if *own != asked => Err(ApiError::new(
-            "NOT_FOUND",
+            ErrorCode::NotFound,
             format!("tenant {asked} not found"),
         )),
         (own, _) => Ok(own.clone()),

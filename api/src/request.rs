@@ -6,6 +6,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use subtle::ConstantTimeEq;
 use vps_commands::Actor;
+use vps_domain::ErrorCode;
 
 use crate::config::IdentityConfig;
 use crate::error::ApiError;
@@ -26,7 +27,7 @@ impl Caller {
         if self.actor.operator {
             Ok(())
         } else {
-            Err(ApiError::new("ACCESS_DENIED", "operators only"))
+            Err(ApiError::new(ErrorCode::AccessDenied, "operators only"))
         }
     }
 
@@ -37,7 +38,7 @@ impl Caller {
             _ if self.actor.operator => Ok(requested.to_string()),
             Some(own) if own == requested => Ok(own.clone()),
             _ => Err(ApiError::new(
-                "NOT_FOUND",
+                ErrorCode::NotFound,
                 format!("tenant {requested} not found"),
             )),
         }
@@ -51,14 +52,19 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| ApiError::new("UNAUTHENTICATED", "missing Authorization: Bearer <token>"))?;
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Unauthenticated,
+                "missing Authorization: Bearer <token>",
+            )
+        })?;
     if let Some(id) = configured(&state.config.identities, token) {
         return Ok(identity(&id.identity, id.tenant.clone(), id.operator));
     }
     if token.starts_with(vps_commands::identities::KEY_PREFIX) {
         let holder = vps_commands::identities::authenticate(&state.pool, token).await?;
-        let holder =
-            holder.ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown or revoked key"))?;
+        let holder = holder
+            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "unknown or revoked key"))?;
         return Ok(identity(
             &holder.identity_id,
             holder.tenant_id,
@@ -67,7 +73,7 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Calle
     }
     let token_hash = vps_commands::operator::token_hash(token);
     let node = vps_projections::views::node_by_token_hash(&state.pool, &token_hash).await?;
-    let node = node.ok_or_else(|| ApiError::new("UNAUTHENTICATED", "unknown token"))?;
+    let node = node.ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "unknown token"))?;
     Ok(Caller {
         actor: Actor {
             identity: format!("node:{node}"),

@@ -7,6 +7,7 @@ use axum::Json;
 use serde_json::Value;
 use tracing::Instrument;
 use vps_commands::Ctx;
+use vps_domain::ErrorCode;
 
 use crate::error::ApiError;
 use crate::methods::registry;
@@ -24,7 +25,7 @@ pub async fn dispatch(
     let caller = authenticate(&state, &headers).await?;
     let method = registry()
         .get(&group, &method)
-        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("no method {group}.{method}")))?;
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no method {group}.{method}")))?;
     // Read with the method's own limit so an oversized body is INVALID_INPUT like any bad
     // input, refused before its handler runs (a refused report does not keep a node alive).
     // A larger limit is for the hosts that need it: anyone else gets the default.

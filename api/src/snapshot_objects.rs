@@ -14,8 +14,10 @@ use axum::response::{IntoResponse, Response};
 use futures::TryStreamExt;
 use serde::Deserialize;
 use serde_json::json;
+use vps_domain::ErrorCode;
 use vps_store::{SnapshotStore, WriteError, SHA256_HEADER};
 
+use crate::error::ApiError;
 use crate::state::AppState;
 
 /// The signature a URL carries.
@@ -25,44 +27,22 @@ pub struct Signed {
     sig: String,
 }
 
-/// A refused request, answered in the API's error shape.
-pub struct Refusal {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
-        let body = json!({ "code": self.code, "message": self.message, "details": {} });
-        (self.status, axum::Json(body)).into_response()
-    }
-}
-
-fn refuse(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refusal {
-    Refusal {
-        status,
-        code,
-        message: message.into(),
-    }
-}
-
 /// The `file` store, when the URL's signature for `method` holds.
 fn store<'a>(
     state: &'a AppState,
     method: &str,
     key: &str,
     signed: &Result<Query<Signed>, QueryRejection>,
-) -> Result<&'a vps_store::FileStore, Refusal> {
+) -> Result<&'a vps_store::FileStore, ApiError> {
     let SnapshotStore::File(store) = &state.snapshots else {
         let message = "this deployment keeps snapshots in S3";
-        return Err(refuse(StatusCode::NOT_FOUND, "NOT_FOUND", message));
+        return Err(ApiError::new(ErrorCode::NotFound, message));
     };
     match signed {
         Ok(Query(s)) if store.verify(method, key, s.exp, &s.sig) => Ok(store),
         _ => {
             let message = "the URL's signature is missing, wrong or expired";
-            Err(refuse(StatusCode::FORBIDDEN, "ACCESS_DENIED", message))
+            Err(ApiError::new(ErrorCode::AccessDenied, message))
         }
     }
 }
@@ -74,7 +54,7 @@ pub async fn put(
     signed: Result<Query<Signed>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Response, Refusal> {
+) -> Result<Response, ApiError> {
     let store = store(&state, "PUT", &key, &signed)?;
     let declared = headers.get(SHA256_HEADER).and_then(|v| v.to_str().ok());
     let stream = body.into_data_stream().map_err(std::io::Error::other);
@@ -84,19 +64,13 @@ pub async fn put(
             let body = json!({ "sizeBytes": written.size_bytes, "sha256": written.sha256 });
             Ok((StatusCode::OK, axum::Json(body)).into_response())
         }
-        Err(e @ (WriteError::Malformed | WriteError::Mismatch { .. })) => Err(refuse(
-            StatusCode::BAD_REQUEST,
-            "INVALID_INPUT",
-            e.to_string(),
-        )),
+        Err(e @ (WriteError::Malformed | WriteError::Mismatch { .. })) => {
+            Err(ApiError::new(ErrorCode::InvalidInput, e.to_string()))
+        }
         Err(WriteError::Store(e)) => {
             tracing::warn!(%key, error = %e, "snapshot upload failed");
             let message = "the upload could not be stored";
-            Err(refuse(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL",
-                message,
-            ))
+            Err(ApiError::new(ErrorCode::Internal, message))
         }
     }
 }
@@ -106,15 +80,14 @@ pub async fn get(
     State(state): State<AppState>,
     Path(key): Path<String>,
     signed: Result<Query<Signed>, QueryRejection>,
-) -> Result<Response, Refusal> {
+) -> Result<Response, ApiError> {
     let store = store(&state, "GET", &key, &signed)?;
     let path = store
         .path(&key)
-        .map_err(|e| refuse(StatusCode::BAD_REQUEST, "INVALID_INPUT", e.to_string()))?;
+        .map_err(|e| ApiError::new(ErrorCode::InvalidInput, e.to_string()))?;
     let Ok(file) = tokio::fs::File::open(path).await else {
-        return Err(refuse(
-            StatusCode::NOT_FOUND,
-            "NOT_FOUND",
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
             format!("no object {key}"),
         ));
     };

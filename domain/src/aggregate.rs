@@ -71,6 +71,11 @@ pub trait Aggregate: Sized + Clone + 'static {
     fn stream(id: &str) -> String {
         format!("{}-{id}", Self::CATEGORY)
     }
+
+    /// The id whose stream `stream` is, when it is one of this category's.
+    fn id_of_stream(stream: &str) -> Option<&str> {
+        stream.strip_prefix(Self::CATEGORY)?.strip_prefix('-')
+    }
 }
 
 /// A stream that cannot be folded: a bug or a damaged log, never a user error.

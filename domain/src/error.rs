@@ -4,9 +4,100 @@
 //! above. Each variant maps to one of the SPEC's error codes (`code()`), and `details()` gives the
 //! structured part of the API's error body, so the edges never have to re-derive it.
 
+use std::fmt;
+use std::str::FromStr;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::resources::QuotaResource;
+
+/// Every code an error answer can carry (SPEC §5), serialized in its SPEC spelling
+/// (`INVALID_INPUT`, …). The API derives its HTTP status and OpenAPI error schema from it and
+/// the CLI its exit code, so a new code is one variant here plus the matches that must decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// A field of the request fails validation.
+    InvalidInput,
+    /// No token, or a token nobody holds.
+    Unauthenticated,
+    /// A policy refuses the caller.
+    AccessDenied,
+    /// The thing asked for does not exist or is not visible.
+    NotFound,
+    /// An idempotency key used for another request, or a change in flight.
+    Conflict,
+    /// The move is not legal from the current state.
+    InvalidState,
+    /// A quota would be exceeded.
+    QuotaExceeded,
+    /// No node or address has room.
+    CapacityUnavailable,
+    /// Understood, but this product cannot do it.
+    Unsupported,
+    /// Too many requests from this tenant.
+    RateLimited,
+    /// Something failed on the server; the log has the chain.
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, in declaration order.
+    pub const ALL: [ErrorCode; 11] = [
+        ErrorCode::InvalidInput,
+        ErrorCode::Unauthenticated,
+        ErrorCode::AccessDenied,
+        ErrorCode::NotFound,
+        ErrorCode::Conflict,
+        ErrorCode::InvalidState,
+        ErrorCode::QuotaExceeded,
+        ErrorCode::CapacityUnavailable,
+        ErrorCode::Unsupported,
+        ErrorCode::RateLimited,
+        ErrorCode::Internal,
+    ];
+
+    /// The SPEC's spelling, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidInput => "INVALID_INPUT",
+            ErrorCode::Unauthenticated => "UNAUTHENTICATED",
+            ErrorCode::AccessDenied => "ACCESS_DENIED",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::InvalidState => "INVALID_STATE",
+            ErrorCode::QuotaExceeded => "QUOTA_EXCEEDED",
+            ErrorCode::CapacityUnavailable => "CAPACITY_UNAVAILABLE",
+            ErrorCode::Unsupported => "UNSUPPORTED",
+            ErrorCode::RateLimited => "RATE_LIMITED",
+            ErrorCode::Internal => "INTERNAL",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A code string that is none of the SPEC's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown error code {0:?}")]
+pub struct UnknownErrorCode(pub String);
+
+impl FromStr for ErrorCode {
+    type Err = UnknownErrorCode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ErrorCode::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownErrorCode(s.to_owned()))
+    }
+}
 
 /// Why a decision refused. Every variant is one of the SPEC's error codes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,18 +191,18 @@ pub enum DomainError {
 
 impl DomainError {
     /// The SPEC's error code for this refusal (`INVALID_INPUT`, `NOT_FOUND`, …).
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            DomainError::InvalidInput { .. } => "INVALID_INPUT",
-            DomainError::NotFound { .. } => "NOT_FOUND",
-            DomainError::InvalidState { .. } => "INVALID_STATE",
-            DomainError::Conflict { .. } | DomainError::ConflictOn { .. } => "CONFLICT",
+            DomainError::InvalidInput { .. } => ErrorCode::InvalidInput,
+            DomainError::NotFound { .. } => ErrorCode::NotFound,
+            DomainError::InvalidState { .. } => ErrorCode::InvalidState,
+            DomainError::Conflict { .. } | DomainError::ConflictOn { .. } => ErrorCode::Conflict,
             DomainError::QuotaExceeded { .. } | DomainError::TenantQuotaExceeded { .. } => {
-                "QUOTA_EXCEEDED"
+                ErrorCode::QuotaExceeded
             }
-            DomainError::CapacityUnavailable { .. } => "CAPACITY_UNAVAILABLE",
-            DomainError::AccessDenied { .. } => "ACCESS_DENIED",
-            DomainError::Unsupported { .. } => "UNSUPPORTED",
+            DomainError::CapacityUnavailable { .. } => ErrorCode::CapacityUnavailable,
+            DomainError::AccessDenied { .. } => ErrorCode::AccessDenied,
+            DomainError::Unsupported { .. } => ErrorCode::Unsupported,
         }
     }
 
@@ -200,21 +291,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_code_is_listed_once_in_all_and_round_trips_through_its_spelling() {
+        // The exhaustive match makes a new variant fail to compile until it is placed in ALL.
+        fn position(code: ErrorCode) -> usize {
+            match code {
+                ErrorCode::InvalidInput => 0,
+                ErrorCode::Unauthenticated => 1,
+                ErrorCode::AccessDenied => 2,
+                ErrorCode::NotFound => 3,
+                ErrorCode::Conflict => 4,
+                ErrorCode::InvalidState => 5,
+                ErrorCode::QuotaExceeded => 6,
+                ErrorCode::CapacityUnavailable => 7,
+                ErrorCode::Unsupported => 8,
+                ErrorCode::RateLimited => 9,
+                ErrorCode::Internal => 10,
+            }
+        }
+        for (i, code) in ErrorCode::ALL.into_iter().enumerate() {
+            assert_eq!(position(code), i, "{code}");
+            assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));
+            assert_eq!(code.as_str().parse::<ErrorCode>(), Ok(code));
+        }
+        assert!("SPEND_LIMIT_REACHED".parse::<ErrorCode>().is_err());
+    }
+
+    #[test]
     fn every_variant_maps_to_its_spec_code() {
         let cases = [
-            (DomainError::invalid_input("cidr", "bad"), "INVALID_INPUT"),
+            (
+                DomainError::invalid_input("cidr", "bad"),
+                ErrorCode::InvalidInput,
+            ),
             (
                 DomainError::NotFound {
                     what: "flavor x".into(),
                 },
-                "NOT_FOUND",
+                ErrorCode::NotFound,
             ),
-            (DomainError::invalid_state("no"), "INVALID_STATE"),
+            (DomainError::invalid_state("no"), ErrorCode::InvalidState),
             (
                 DomainError::Conflict {
                     instance_id: "inst_x".into(),
                 },
-                "CONFLICT",
+                ErrorCode::Conflict,
             ),
             (
                 DomainError::QuotaExceeded {
@@ -223,15 +343,15 @@ mod tests {
                     max: 2,
                     used: 0,
                 },
-                "QUOTA_EXCEEDED",
+                ErrorCode::QuotaExceeded,
             ),
             (
                 DomainError::CapacityUnavailable {
                     resource: "ipv4".into(),
                 },
-                "CAPACITY_UNAVAILABLE",
+                ErrorCode::CapacityUnavailable,
             ),
-            (DomainError::unsupported("no"), "UNSUPPORTED"),
+            (DomainError::unsupported("no"), ErrorCode::Unsupported),
         ];
         for (error, code) in cases {
             assert_eq!(error.code(), code, "{error}");

@@ -125,6 +125,129 @@ pub fn hostname_for(instance_id: &str) -> String {
     instance_id.replace('_', "-")
 }
 
+/// A string that is not a well-formed id of the kind asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not a {kind} id")]
+pub struct BadId {
+    /// `instance`, `pool`, …
+    pub kind: &'static str,
+    /// What was given.
+    pub value: String,
+}
+
+/// A typed id: parsed once at the edge ([`FromStr`](std::str::FromStr), `Deserialize`),
+/// serialized as the same string as before.
+macro_rules! typed_id {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $valid:expr, $aggregate:ty) => {
+        $(#[$doc])*
+        #[derive(
+            Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, schemars::JsonSchema,
+        )]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// What kind of id this is, for messages.
+            pub const KIND: &'static str = $kind;
+
+            /// `s` as this id, when it is well formed.
+            pub fn parse(s: &str) -> Result<Self, BadId> {
+                let valid: fn(&str) -> bool = $valid;
+                if valid(s) {
+                    Ok($name(s.to_owned()))
+                } else {
+                    Err(BadId { kind: $kind, value: s.to_owned() })
+                }
+            }
+
+            /// The id as the string it serializes to.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// The name of this resource's event stream (`<category>-<id>`).
+            pub fn stream(&self) -> String {
+                <$aggregate as crate::aggregate::Aggregate>::stream(&self.0)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = BadId;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $name::parse(s)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                $name::parse(&s).map_err(serde::de::Error::custom)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+    };
+}
+
+typed_id!(
+    /// An instance (`inst_` and a derived body).
+    InstanceId, "instance", |s| is_valid_id(prefix::INSTANCE, s), crate::instance::Instance
+);
+typed_id!(
+    /// A sandbox (`sbx_` and a derived body).
+    SandboxId, "sandbox", |s| is_valid_id(prefix::SANDBOX, s), crate::sandbox::Sandbox
+);
+typed_id!(
+    /// A node (`node_` and a ULID).
+    NodeId, "node", |s| is_valid_id(prefix::NODE, s), crate::node::Node
+);
+typed_id!(
+    /// A pool (`pool_` and a ULID).
+    PoolId, "pool", |s| is_valid_id(prefix::POOL, s), crate::pool::Pool
+);
+typed_id!(
+    /// A sandbox snapshot (`snap_` and a derived body or a ULID); its events live in its
+    /// sandbox's stream, so its own stream is never written.
+    SnapshotId, "snapshot", |s| is_valid_id(prefix::SNAPSHOT, s), crate::sandbox::Sandbox
+);
+typed_id!(
+    /// A sandbox volume (`vol_` and a derived body).
+    VolumeId, "volume", |s| is_valid_id(prefix::VOLUME, s), crate::volume::Volume
+);
+typed_id!(
+    /// A sandbox template (`sbxt_` and a ULID).
+    TemplateId, "template", |s| is_valid_id(prefix::SANDBOX_TEMPLATE, s), crate::template::Template
+);
+typed_id!(
+    /// A webhook (`whk_` and a ULID).
+    WebhookId, "webhook", |s| is_valid_id(prefix::WEBHOOK, s), crate::webhook::Webhook
+);
+typed_id!(
+    /// A tenant: any name of 1 to 128 characters (tenants carry no prefix).
+    TenantId, "tenant", |s| !s.is_empty() && s.len() <= 128, crate::tenant::Tenant
+);
+typed_id!(
+    /// An identity: a configured, non-empty name (`id_alice`, `reactor:sandboxes`).
+    IdentityId, "identity", |s| !s.is_empty(), crate::identity::Identity
+);
+
 fn derived(prefix: &str, tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
     let mut hasher = Sha256::new();
     // Length-prefix every field so ("ab", "c") and ("a", "bc") hash differently.
@@ -192,6 +315,33 @@ mod tests {
         assert!(!is_valid_id("pool", "pool_01arz3ndektsv4rrffq69g5fau"));
         assert!(!is_valid_id("inst", "inst_short"));
         assert!(!is_valid_id("inst", "inst01arz3ndektsv4rrffq69g5fav"));
+    }
+
+    #[test]
+    fn a_typed_id_parses_its_prefix_once_and_serializes_to_the_same_string() {
+        let raw = instance_id("t", "c", "k");
+        let id: InstanceId = raw.parse().unwrap();
+        assert_eq!(id.as_str(), raw);
+        assert_eq!(serde_json::to_value(&id).unwrap(), serde_json::json!(raw));
+        let back: InstanceId = serde_json::from_value(serde_json::json!(raw)).unwrap();
+        assert_eq!(back, id);
+        assert_eq!(id.stream(), format!("instance-{raw}"));
+        let pool = prefixed(prefix::POOL, "01ARZ3NDEKTSV4RRFFQ69G5FAV");
+        assert!(pool.parse::<PoolId>().is_ok());
+        assert_eq!(
+            pool.parse::<NodeId>(),
+            Err(BadId {
+                kind: "node",
+                value: pool.clone()
+            })
+        );
+        assert!(serde_json::from_value::<InstanceId>(serde_json::json!(pool)).is_err());
+        assert!(sandbox_id("t", "c", "k").parse::<InstanceId>().is_err());
+        assert!("acme".parse::<TenantId>().is_ok());
+        assert!("".parse::<TenantId>().is_err());
+        assert!("x".repeat(129).parse::<TenantId>().is_err());
+        assert!("id_alice".parse::<IdentityId>().is_ok());
+        assert_eq!("acme".parse::<TenantId>().unwrap().stream(), "tenancy-acme");
     }
 
     #[test]

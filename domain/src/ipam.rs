@@ -186,6 +186,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::error::ErrorCode;
 
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().unwrap()
@@ -209,7 +210,7 @@ mod tests {
         let gw = ip("192.168.1.3");
         assert!(!leasable_addresses(&cidr, gw).any(|a| a == gw));
         let refused = lease(&cidr, gw, &BTreeSet::new(), Some(gw)).unwrap_err();
-        assert_eq!(refused.code(), "INVALID_STATE");
+        assert_eq!(refused.code(), ErrorCode::InvalidState);
     }
 
     #[test]
@@ -218,9 +219,9 @@ mod tests {
         let gw = cidr.default_gateway();
         let leased = BTreeSet::from([ip("10.0.0.2")]);
         let full = lease(&cidr, gw, &leased, None).unwrap_err();
-        assert_eq!(full.code(), "CAPACITY_UNAVAILABLE");
+        assert_eq!(full.code(), ErrorCode::CapacityUnavailable);
         let twice = lease(&cidr, gw, &leased, Some(ip("10.0.0.2"))).unwrap_err();
-        assert_eq!(twice.code(), "INVALID_STATE");
+        assert_eq!(twice.code(), ErrorCode::InvalidState);
     }
 
     #[test]
@@ -236,7 +237,7 @@ mod tests {
             ("10.0.0.0/8", "larger than a pool's range may be"),
         ] {
             let error = Ipv4Cidr::parse(input).unwrap_err();
-            assert_eq!(error.code(), "INVALID_INPUT");
+            assert_eq!(error.code(), ErrorCode::InvalidInput);
             assert!(error.to_string().contains(needle), "{input}: {error}");
         }
     }
@@ -287,7 +288,7 @@ mod tests {
                 prop_assert_eq!(leased.len() as u64, cidr.leasable());
                 prop_assert_eq!(
                     lease(&cidr, gateway, &leased, None).unwrap_err().code(),
-                    "CAPACITY_UNAVAILABLE"
+                    ErrorCode::CapacityUnavailable
                 );
             }
         }

@@ -132,7 +132,11 @@ mod tests {
             ("team", &"v".repeat(64)),
         ] {
             let err = check("labels", &labels(&[(key, value)])).unwrap_err();
-            assert_eq!(err.code(), "INVALID_INPUT", "{key:?}={value:?}");
+            assert_eq!(
+                err.code(),
+                crate::error::ErrorCode::InvalidInput,
+                "{key:?}={value:?}"
+            );
             assert_eq!(
                 err.details()["field"],
                 format!("labels.{}", shown(key)),
@@ -144,7 +148,10 @@ mod tests {
     #[test]
     fn more_than_32_are_refused_and_a_filter_matches_every_pair() {
         let many: Labels = (0..33).map(|i| (format!("k{i}"), "v".into())).collect();
-        assert_eq!(check("labels", &many).unwrap_err().code(), "INVALID_INPUT");
+        assert_eq!(
+            check("labels", &many).unwrap_err().code(),
+            crate::error::ErrorCode::InvalidInput
+        );
         let have = labels(&[("team", "ml"), ("env", "prod")]);
         assert!(matches(&have, &labels(&[("team", "ml")])));
         assert!(!matches(&have, &labels(&[("team", "ml"), ("env", "dev")])));

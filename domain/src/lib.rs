@@ -66,4 +66,4 @@ pub mod usage;
 pub mod volume;
 pub mod webhook;
 
-pub use error::DomainError;
+pub use error::{DomainError, ErrorCode};

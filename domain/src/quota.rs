@@ -70,6 +70,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::error::ErrorCode;
     use crate::resources::Gpus;
 
     fn shape(vcpu: u32, memory_gib: u32, disk_gib: u32, gpus: u32) -> Shape {
@@ -151,7 +152,7 @@ mod tests {
         let used = amounts([3, 4, 20, 0]);
         assert_eq!(
             check(&max, &used, &delta).unwrap_err().code(),
-            "QUOTA_EXCEEDED"
+            ErrorCode::QuotaExceeded
         );
     }
 

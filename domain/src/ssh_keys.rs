@@ -99,7 +99,7 @@ mod tests {
     fn a_private_key_is_refused_as_a_private_key() {
         let key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----";
         let error = validate_ssh_public_key(key).unwrap_err();
-        assert_eq!(error.code(), "INVALID_INPUT");
+        assert_eq!(error.code(), crate::error::ErrorCode::InvalidInput);
         assert!(error.to_string().contains("private key"), "{error}");
         let rsa = "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----";
         assert!(validate_ssh_public_key(rsa)

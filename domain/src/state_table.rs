@@ -556,7 +556,7 @@ mod tests {
     #[test]
     fn an_illegal_move_is_invalid_state_naming_the_state_and_verb() {
         let error = transition(S::Deleted, V::Start).unwrap_err();
-        assert_eq!(error.code(), "INVALID_STATE");
+        assert_eq!(error.code(), crate::error::ErrorCode::InvalidState);
         assert_eq!(
             error.to_string(),
             "cannot start an instance that is deleted"
@@ -664,7 +664,7 @@ mod tests {
                     prop_assert_eq!(rows[0].to, to);
                 }
                 Err(error) => {
-                    prop_assert_eq!(error.code(), "INVALID_STATE");
+                    prop_assert_eq!(error.code(), crate::error::ErrorCode::InvalidState);
                     prop_assert!(rows.len() != 1);
                 }
             }

@@ -501,7 +501,7 @@ mod tests {
         let long = format!("https://example.com/{}", "a".repeat(MAX_URL_LEN));
         let port = "http://127.0.0.1:8080/hook";
         type Row<'a> = (&'a str, &'a [&'a str], Option<&'a str>, Option<&'a str>);
-        type Kept<'a> = Result<(&'a [&'a str], Option<&'a str>), &'a str>;
+        type Kept<'a> = Result<(&'a [&'a str], Option<&'a str>), crate::error::ErrorCode>;
         // (url, patterns, tenant asked, caller's tenant) → (patterns kept, tenant) or the code
         let cases: Vec<(Row, Kept)> = vec![
             (
@@ -527,17 +527,32 @@ mod tests {
             ),
             (
                 (URL, &["*"], Some("globex"), Some("acme")),
-                Err("NOT_FOUND"),
+                Err(crate::error::ErrorCode::NotFound),
             ),
-            ((URL, &[], None, None), Err("INVALID_INPUT")),
+            (
+                (URL, &[], None, None),
+                Err(crate::error::ErrorCode::InvalidInput),
+            ),
             (
                 ("ftp://example.com/", &["*"], None, None),
-                Err("INVALID_INPUT"),
+                Err(crate::error::ErrorCode::InvalidInput),
             ),
-            (("mailto:a@b.c", &["*"], None, None), Err("INVALID_INPUT")),
-            (("not a url", &["*"], None, None), Err("INVALID_INPUT")),
-            (("http://", &["*"], None, None), Err("INVALID_INPUT")),
-            ((&long, &["*"], None, None), Err("INVALID_INPUT")),
+            (
+                ("mailto:a@b.c", &["*"], None, None),
+                Err(crate::error::ErrorCode::InvalidInput),
+            ),
+            (
+                ("not a url", &["*"], None, None),
+                Err(crate::error::ErrorCode::InvalidInput),
+            ),
+            (
+                ("http://", &["*"], None, None),
+                Err(crate::error::ErrorCode::InvalidInput),
+            ),
+            (
+                (&long, &["*"], None, None),
+                Err(crate::error::ErrorCode::InvalidInput),
+            ),
         ];
         for ((url, types, asked, scope), expected) in cases {
             let got = decide(None, create(url, types, asked, scope)).map_err(|e| e.code());
@@ -553,7 +568,10 @@ mod tests {
         }
         let exists = hook(None, WebhookState::Active);
         let twice = decide(Some(&exists), create(URL, &["*"], None, None));
-        assert_eq!(twice.unwrap_err().code(), "INVALID_STATE");
+        assert_eq!(
+            twice.unwrap_err().code(),
+            crate::error::ErrorCode::InvalidState
+        );
     }
 
     #[test]
@@ -567,7 +585,7 @@ mod tests {
             }
             decide(None, command).map(|_| ()).map_err(|e| e.code())
         };
-        let refused = Err("INVALID_INPUT");
+        let refused = Err(crate::error::ErrorCode::InvalidInput);
         assert_eq!(with("http://127.0.0.1:9/h", &[], &[], 0), refused);
         assert_eq!(
             with("http://127.0.0.1:9/h", &[], &["127.0.0.0/8"], 0),
@@ -592,7 +610,7 @@ mod tests {
         );
         assert_eq!(with("https://93.184.215.14/h", &[], &[], 0), Ok(()));
         let full = with("https://hooks.example/h", &[], &[], MAX_PER_TENANT);
-        assert_eq!(full, Err("INVALID_STATE"));
+        assert_eq!(full, Err(crate::error::ErrorCode::InvalidState));
     }
 
     #[test]
@@ -606,7 +624,7 @@ mod tests {
         };
         // (what, state, command, the events or the error code)
         type Case<'a> = (&'a str, Option<&'a Webhook>, WebhookCommand);
-        let cases: Vec<(Case, Result<Vec<WebhookEvent>, &str>)> = vec![
+        let cases: Vec<(Case, Result<Vec<WebhookEvent>, crate::error::ErrorCode>)> = vec![
             (
                 ("own", Some(&active), delete(Some("acme"))),
                 Ok(vec![deleted()]),
@@ -621,14 +639,20 @@ mod tests {
             ),
             (
                 ("another's", Some(&active), delete(Some("globex"))),
-                Err("NOT_FOUND"),
+                Err(crate::error::ErrorCode::NotFound),
             ),
             (
                 ("global", Some(&global), delete(Some("acme"))),
-                Err("NOT_FOUND"),
+                Err(crate::error::ErrorCode::NotFound),
             ),
-            (("deleted", Some(&gone), delete(None)), Err("NOT_FOUND")),
-            (("missing", None, delete(None)), Err("NOT_FOUND")),
+            (
+                ("deleted", Some(&gone), delete(None)),
+                Err(crate::error::ErrorCode::NotFound),
+            ),
+            (
+                ("missing", None, delete(None)),
+                Err(crate::error::ErrorCode::NotFound),
+            ),
             (
                 ("410", Some(&active), disable.clone()),
                 Ok(vec![disabled()]),

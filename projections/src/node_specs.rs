@@ -15,8 +15,10 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{Connection, PgConnection, Row};
 use tracing::Instrument;
+use vps_domain::aggregate::Aggregate;
 use vps_domain::instance::Instance;
 use vps_domain::sandbox::snapshot::object_key;
+use vps_domain::sandbox::Sandbox;
 
 use crate::node_spec_payload::{
     HostCommand, ImageRef, InstanceSpec, Nic, NodeSpec, NodeVolume, SpecRestore,
@@ -329,13 +331,13 @@ async fn touched(
     let mut volumes = BTreeSet::new();
     let mut whole = false;
     for e in batch {
-        if e.stream.starts_with("instance-") {
+        if Instance::id_of_stream(&e.stream).is_some() {
             if let Some(i) = e.data["instanceId"].as_str() {
                 instances.insert(i.to_string());
             }
         }
         // A snapshot asked for or settled adds or drops a host command.
-        if e.stream.starts_with("sandbox-") {
+        if Sandbox::id_of_stream(&e.stream).is_some() {
             use vps_domain::sandbox::SandboxEvent as S;
             match crate::typed::<S>(e) {
                 Ok(S::SnapshotRequested(r)) => snapshots.insert(r.snapshot_id),

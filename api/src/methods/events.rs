@@ -9,6 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
+use vps_domain::ErrorCode;
 use vps_events::envelope::{cloud_event, stream_of, CloudEvent};
 use vps_events::read::{read_filtered, Filter};
 use vps_events::Cursor;
@@ -67,7 +68,10 @@ pub fn scope(caller: &Caller) -> Result<Option<String>, ApiError> {
     match (&caller.actor.tenant, caller.actor.operator) {
         (_, true) => Ok(None),
         (Some(t), false) => Ok(Some(t.clone())),
-        (None, false) => Err(ApiError::new("ACCESS_DENIED", "nodes do not read events")),
+        (None, false) => Err(ApiError::new(
+            ErrorCode::AccessDenied,
+            "nodes do not read events",
+        )),
     }
 }
 

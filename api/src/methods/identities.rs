@@ -9,6 +9,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use vps_commands::identities::{self as commands, NewIdentity};
+use vps_domain::ErrorCode;
 
 use crate::config::IdentityConfig;
 
@@ -162,7 +163,7 @@ async fn revoke(c: Call, q: RevokeKeys) -> Result<Revoked, ApiError> {
     let own = q.identity_id == c.caller.actor.identity;
     if !c.caller.actor.operator && !own {
         return Err(ApiError::new(
-            "NOT_FOUND",
+            ErrorCode::NotFound,
             format!("identity {} not found", q.identity_id),
         ));
     }
@@ -172,7 +173,7 @@ async fn revoke(c: Call, q: RevokeKeys) -> Result<Revoked, ApiError> {
         .any(|i| i.identity == q.identity_id)
     {
         return Err(ApiError::new(
-            "INVALID_STATE",
+            ErrorCode::InvalidState,
             format!(
                 "{} is a configured identity: its token is changed in [[identities]], not revoked",
                 q.identity_id

@@ -7,9 +7,11 @@ use std::time::Duration;
 use chrono::{DateTime, Datelike, Utc};
 use serde::{Deserialize, Serialize};
 use vps_commands::instances::{self, Change, CreateInput};
+use vps_domain::aggregate::Aggregate;
 use vps_domain::authz::Resource;
 use vps_domain::instance::Instance;
 use vps_domain::state_table::InstanceState;
+use vps_domain::ErrorCode;
 use vps_events::envelope::{cloud_event, CloudEvent};
 use vps_projections::instances::InstanceFilter;
 use vps_projections::views::InstanceView;
@@ -231,7 +233,7 @@ async fn history(c: Call, q: InstanceRef) -> Result<Items<CloudEvent>, ApiError>
     let mut conn = c.ctx.pool.acquire().await?;
     instances::visible(&mut conn, &tenant, &q.instance_id).await?;
     let events =
-        vps_events::read::read_stream(&mut *conn, &format!("instance-{}", q.instance_id)).await?;
+        vps_events::read::read_stream(&mut *conn, &Instance::stream(&q.instance_id)).await?;
     Ok(events.iter().map(cloud_event).collect::<Vec<_>>().into())
 }
 
@@ -292,7 +294,7 @@ async fn as_of_view(
     } else {
         return Err(ApiError::invalid("asOf", "a cursor or an RFC 3339 time"));
     };
-    let events = vps_events::read::read_stream(&mut *conn, &format!("instance-{id}")).await?;
+    let events = vps_events::read::read_stream(&mut *conn, &Instance::stream(id)).await?;
     let mut parsed = Vec::new();
     for e in events.iter().filter(|e| match &point {
         Point::Cursor(c) => e.cursor() <= *c,
@@ -304,9 +306,12 @@ async fn as_of_view(
     }
     let folded = vps_domain::instance::fold(parsed.iter().map(|(e, at)| (e, *at)))
         .map_err(|err| ApiError::from(sqlx::Error::Decode(Box::new(err))))?;
-    folded
-        .map(|i| InstanceView::from(&i))
-        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("instance {id} did not exist yet")))
+    folded.map(|i| InstanceView::from(&i)).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NotFound,
+            format!("instance {id} did not exist yet"),
+        )
+    })
 }
 
 #[cfg(test)]

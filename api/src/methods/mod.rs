@@ -18,9 +18,11 @@ pub mod usage;
 pub mod volumes;
 pub mod webhooks;
 
-use crate::error::ApiError;
 use std::sync::LazyLock;
 
+use vps_domain::ErrorCode;
+
+use crate::error::ApiError;
 use crate::registry::{Call, Method, Registry};
 
 /// Every method of the API, group by group.
@@ -136,5 +138,5 @@ const CURSOR_PURPOSE: &str = "vps list cursor v1";
 
 /// `NOT_FOUND` for a named resource.
 pub fn missing(what: &str, id: &str) -> ApiError {
-    ApiError::new("NOT_FOUND", format!("{what} {id} not found"))
+    ApiError::new(ErrorCode::NotFound, format!("{what} {id} not found"))
 }

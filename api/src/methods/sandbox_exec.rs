@@ -7,6 +7,7 @@ use vps_commands::sandboxes::exec::ca::UserKey;
 use vps_commands::sandboxes::exec::{self, tunnel, ExecRequest, ExecSettings};
 use vps_domain::authz::Resource;
 use vps_domain::sandbox::exec::SANDBOX_ACCOUNT;
+use vps_domain::ErrorCode;
 
 use crate::error::ApiError;
 use crate::registry::{Access, Call, Method};
@@ -117,7 +118,7 @@ async fn exec(c: Call, q: ExecBody) -> Result<ExecAnswer, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let Some(ca) = c.sandbox_ca.clone() else {
         return Err(ApiError::new(
-            "UNSUPPORTED",
+            ErrorCode::Unsupported,
             "sandboxes.exec needs a sandbox CA ([sandbox_exec] ca_key)",
         ));
     };

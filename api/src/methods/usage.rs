@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use vps_domain::ErrorCode;
 use vps_projections::usage::{self as views, UsageItem, UsageQuery, MAX_PAGE};
 
 use crate::error::ApiError;
@@ -65,7 +66,10 @@ async fn list(c: Call, q: ListUsage) -> Result<UsagePage, ApiError> {
         (None, false) => c.caller.actor.tenant.clone(),
     };
     if tenant_id.is_none() && !c.caller.actor.operator {
-        return Err(ApiError::new("ACCESS_DENIED", "nodes do not read usage"));
+        return Err(ApiError::new(
+            ErrorCode::AccessDenied,
+            "nodes do not read usage",
+        ));
     }
     let query = UsageQuery {
         tenant_id,

@@ -97,12 +97,15 @@ pub async fn session_or_exit(
 ) -> Result<(tempfile::TempDir, std::process::Command), i32> {
     session(client, tenant, sandbox, ttl_seconds)
         .await
-        .map_err(|e| {
-            match e {
-                SessionError::Api(failure) => super::report(&failure),
-                SessionError::Local(e) => eprintln!("error: {e}"),
+        .map_err(|e| match e {
+            SessionError::Api(failure) => {
+                super::report(&failure);
+                failure.exit_code()
             }
-            1
+            SessionError::Local(e) => {
+                eprintln!("error: {e}");
+                1
+            }
         })
 }
 

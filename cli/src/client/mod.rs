@@ -33,6 +33,7 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 use serde_json::Value;
 
 use vps_api::registry::{Access, Method};
+use vps_domain::ErrorCode;
 
 /// Command names of the groups that differ from the API's.
 const RENAMED: &[(&str, &str)] = &[
@@ -254,7 +255,7 @@ fn usage(message: &str) -> i32 {
 
 /// Prints a failed call for people: `CODE: message` (and its details) on stderr.
 fn report(failure: &ApiFailure) {
-    if failure.code == ApiFailure::UNREACHABLE {
+    if failure.code == FailureCode::Unreachable {
         eprintln!("error: {}", failure.message);
         return;
     }
@@ -271,12 +272,12 @@ pub struct Client {
     token: String,
 }
 
-/// Why a call brought no answer: the API's error code and message, or [`ApiFailure::UNREACHABLE`]
-/// when the server did not answer at all.
+/// Why a call brought no answer: the API's error code and message, or
+/// [`FailureCode::Unreachable`] when the server did not answer at all.
 #[derive(Debug, Clone)]
 pub struct ApiFailure {
-    /// `NOT_FOUND`, `INVALID_INPUT`, … (the API's `code`).
-    pub code: String,
+    /// `NOT_FOUND`, `INVALID_INPUT`, … (the API's `code`), or no answer.
+    pub code: FailureCode,
     /// The API's `message`.
     pub message: String,
     /// The API's `details`, when it sent any.
@@ -284,8 +285,50 @@ pub struct ApiFailure {
 }
 
 impl ApiFailure {
-    /// The code of a server that did not answer.
-    pub const UNREACHABLE: &'static str = "UNREACHABLE";
+    /// The process's exit code for this failure.
+    pub fn exit_code(&self) -> i32 {
+        exit_code(self.code)
+    }
+}
+
+/// What a failed call's code is: one of the API's, or no answer at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureCode {
+    /// The server answered with this error code (a code this client does not know reads as
+    /// `INTERNAL`).
+    Api(ErrorCode),
+    /// The server did not answer.
+    Unreachable,
+}
+
+impl std::fmt::Display for FailureCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailureCode::Api(code) => write!(f, "{code}"),
+            FailureCode::Unreachable => f.write_str("UNREACHABLE"),
+        }
+    }
+}
+
+/// The exit code of a failed call (the module's doc): every API error and no answer exit 1.
+/// The match names every code so that a new one has to decide its own.
+pub fn exit_code(code: FailureCode) -> i32 {
+    match code {
+        FailureCode::Api(
+            ErrorCode::InvalidInput
+            | ErrorCode::Unauthenticated
+            | ErrorCode::AccessDenied
+            | ErrorCode::NotFound
+            | ErrorCode::Conflict
+            | ErrorCode::InvalidState
+            | ErrorCode::QuotaExceeded
+            | ErrorCode::CapacityUnavailable
+            | ErrorCode::Unsupported
+            | ErrorCode::RateLimited
+            | ErrorCode::Internal,
+        )
+        | FailureCode::Unreachable => 1,
+    }
 }
 
 impl std::fmt::Display for ApiFailure {
@@ -323,7 +366,7 @@ impl Client {
             .send()
             .await
             .map_err(|e| ApiFailure {
-                code: ApiFailure::UNREACHABLE.into(),
+                code: FailureCode::Unreachable,
                 message: format!("cannot reach {}: {e}", self.url),
                 details: None,
             })?;
@@ -333,7 +376,12 @@ impl Client {
             return Ok(answer);
         }
         Err(ApiFailure {
-            code: answer["code"].as_str().unwrap_or("INTERNAL").into(),
+            code: FailureCode::Api(
+                answer["code"]
+                    .as_str()
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(ErrorCode::Internal),
+            ),
             message: answer["message"].as_str().unwrap_or("no message").into(),
             details: answer["details"]
                 .as_object()
@@ -347,7 +395,7 @@ impl Client {
     pub async fn call(&self, method: &str, body: &Value) -> Result<Value, i32> {
         self.request(method, body).await.map_err(|failure| {
             report(&failure);
-            1
+            failure.exit_code()
         })
     }
 
@@ -380,6 +428,16 @@ mod tests {
         assert_eq!(super::command_name("sandboxTemplates"), "templates");
         assert_eq!(super::kebab("setIpPool"), "set-ip-pool");
         assert_eq!(super::kebab("sizeGiB"), "size-gib");
+    }
+
+    /// Every API code, and no answer, exits with a failure that is not a usage error (2).
+    #[test]
+    fn every_error_code_has_an_exit_code() {
+        use super::{exit_code, ErrorCode, FailureCode};
+        for code in ErrorCode::ALL {
+            assert_eq!(exit_code(FailureCode::Api(code)), 1, "{code}");
+        }
+        assert_eq!(exit_code(FailureCode::Unreachable), 1);
     }
 
     /// Aliases and output flags never clash with a request's own flags.

@@ -27,6 +27,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, Postgres};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
+use vps_domain::aggregate::Aggregate;
 use vps_domain::authz::InstanceDraft;
 use vps_domain::instance::{
     self as domain, Admission, AdmissionFacts, AdmissionPool, Instance, InstanceEvent,
@@ -305,7 +306,7 @@ async fn record(
         .iter()
         .map(|(job, events)| {
             let metadata = job.ctx.metadata(Some(&job.input.tenant_id));
-            let stream = format!("instance-{}", job.id);
+            let stream = Instance::stream(&job.id);
             (
                 stream,
                 events.iter().map(|e| new_event(e, &metadata)).collect(),

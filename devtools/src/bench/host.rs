@@ -31,6 +31,9 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use vps_domain::aggregate::Aggregate;
+use vps_domain::instance::Instance;
+use vps_domain::sandbox::Sandbox;
 use vps_events::Notifier;
 use vps_host::runtime::qemu::{Accel, Qemu};
 
@@ -848,7 +851,7 @@ async fn cold_create(lab: &Lab, key: &str) -> anyhow::Result<ColdSample> {
             seconds * 1000.0,
         );
     }
-    events_into(&lab.db, &[format!("instance-{instance}")], wall, &mut steps).await?;
+    events_into(&lab.db, &[Instance::stream(&instance)], wall, &mut steps).await?;
     let init_ms = wait_for_console(&dir.join("console.log"), INIT_LINE, BOOT_LIMIT)
         .await
         .map(|at| ms(at - started));
@@ -904,7 +907,7 @@ async fn warm_claim(lab: &Lab, template: &str, key: &str) -> anyhow::Result<Warm
             seconds * 1000.0,
         );
     }
-    let streams = [format!("instance-{instance}"), format!("sandbox-{sandbox}")];
+    let streams = [Instance::stream(&instance), Sandbox::stream(&sandbox)];
     events_into(&lab.db, &streams, wall, &mut steps).await?;
     Ok(WarmSample {
         sandbox,

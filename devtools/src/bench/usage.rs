@@ -7,6 +7,8 @@ use std::time::Instant;
 use chrono::{DateTime, Duration, Utc};
 use serde_json::{json, Value};
 use sqlx::PgPool;
+use vps_domain::aggregate::Aggregate;
+use vps_domain::instance::Instance;
 use vps_domain::usage::Windows;
 use vps_events::read::read_after;
 use vps_events::{Cursor, Notifier};
@@ -108,7 +110,7 @@ fn churn(o: &UsageBench, start: DateTime<Utc>, end: DateTime<Utc>) -> Vec<Row> {
                 data[k] = v.clone();
             }
             rows.push(Row {
-                stream: format!("instance-{id}"),
+                stream: Instance::stream(&id),
                 version,
                 event_type,
                 data,

@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::error::ErrorCode;
 
 fn decl(name: &str, resources: &[&'static str], host: bool) -> ActionDecl {
     ActionDecl {
@@ -201,7 +202,7 @@ fn a_policy_naming_an_unknown_attribute_or_action_is_invalid_input_with_cedars_m
         "",
     ] {
         let err = schema.parse("p", text).unwrap_err();
-        assert_eq!(err.code(), "INVALID_INPUT", "{text}");
+        assert_eq!(err.code(), ErrorCode::InvalidInput, "{text}");
         assert!(!err.to_string().is_empty());
     }
     assert!(check_policy_id("baseline.x").is_err());

@@ -9,7 +9,7 @@ use serde_json::json;
 use super::*;
 use crate::authz::InstanceDraft;
 use crate::condition::ConditionType;
-use crate::error::DomainError;
+use crate::error::{DomainError, ErrorCode};
 use crate::ids;
 use crate::placement::Unschedulable;
 use crate::resources::{Gpus, QuotaResource, Shape};
@@ -91,7 +91,7 @@ impl When {
     }
 
     /// Asserts a refusal with `code` (and so no events), and returns it.
-    fn then_refused(self, code: &str) -> DomainError {
+    fn then_refused(self, code: crate::error::ErrorCode) -> DomainError {
         let error = self.result.expect_err("the command is refused");
         assert_eq!(error.code(), code, "{error}");
         error
@@ -254,7 +254,7 @@ fn a_second_create_with_another_request_is_a_conflict_naming_the_instance() {
     other.request_hash = "hash-2".into();
     let error = given(after(&[create()]))
         .when(InstanceCommand::Create(Box::new(other)))
-        .then_refused("CONFLICT");
+        .then_refused(ErrorCode::Conflict);
     assert_eq!(
         error.details(),
         json!({ "instanceId": ids::instance_id("acme", "id_alice", "build-agent-7") })
@@ -268,7 +268,7 @@ fn a_create_carrying_a_private_key_is_refused_as_a_private_key() {
         vec!["-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----".into()];
     let error = given(vec![])
         .when(InstanceCommand::Create(Box::new(c)))
-        .then_refused("INVALID_INPUT");
+        .then_refused(ErrorCode::InvalidInput);
     assert!(error.to_string().contains("private key"));
 }
 
@@ -279,12 +279,14 @@ fn an_instance_cannot_belong_to_a_sandbox_and_a_template_at_once() {
     c.warm_template_id = Some("sbxt_x".into());
     given(vec![])
         .when(InstanceCommand::Create(Box::new(c)))
-        .then_refused("INVALID_INPUT");
+        .then_refused(ErrorCode::InvalidInput);
 }
 
 #[test]
 fn any_command_but_create_on_a_missing_instance_is_not_found() {
-    given(vec![]).when(api_start()).then_refused("NOT_FOUND");
+    given(vec![])
+        .when(api_start())
+        .then_refused(ErrorCode::NotFound);
 }
 
 // ---- placement -----------------------------------------------------------------------------
@@ -326,7 +328,7 @@ fn no_fit_is_recorded_once_and_cleared_by_placement() {
 fn a_placed_instance_cannot_be_placed_again() {
     given(after(&[create(), place()]))
         .when(place_on("node_b"))
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
 }
 
 // ---- start, stop, delete -------------------------------------------------------------------
@@ -388,7 +390,7 @@ fn start_on_an_instance_that_failed_before_placement_is_invalid_state() {
     ]);
     let error = given(history)
         .when(api_start())
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
     assert!(error.to_string().contains("failed before it was placed"));
 }
 
@@ -397,10 +399,10 @@ fn start_and_stop_on_an_instance_being_deleted_are_invalid_state() {
     let history = after(&[create(), place(), api_delete()]);
     given(history.clone())
         .when(api_start())
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
     given(history)
         .when(api_stop())
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
 }
 
 #[test]
@@ -466,7 +468,7 @@ fn a_node_spec_lists_an_instance_from_placement_until_it_is_deleted() {
 fn release_before_delete_is_invalid_state() {
     given(running())
         .when(InstanceCommand::Release)
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
 }
 
 /// The events `commands` append on top of `history`.
@@ -499,7 +501,7 @@ fn the_api_cannot_move_a_sandbox_instance_and_is_told_which_sandbox() {
     ] {
         let error = given(history.clone())
             .when(cmd)
-            .then_refused("INVALID_STATE");
+            .then_refused(ErrorCode::InvalidState);
         assert!(error.to_string().contains("sandbox sbx_owner"), "{error}");
     }
     given(history)
@@ -518,7 +520,7 @@ fn the_api_cannot_move_a_warm_instance_and_is_told_which_template() {
     let history = after(&[InstanceCommand::Create(Box::new(c)), place()]);
     let error = given(history)
         .when(api_delete())
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
     assert!(error.to_string().contains("sandbox template sbxt_tpl"));
 }
 
@@ -558,12 +560,12 @@ fn a_stopped_instance_resizes_and_stays_stopped() {
 fn resize_needs_both_state_and_desired_state_stopped() {
     given(running())
         .when(resize_to("g1.large", small()))
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
     let mut wanting_to_run = stopped();
     wanting_to_run.extend(after_on(&stopped(), &[api_start()]));
     given(wanting_to_run)
         .when(resize_to("g1.large", small()))
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
 }
 
 #[test]
@@ -577,7 +579,7 @@ fn resize_cannot_change_the_gpu_count() {
     };
     given(stopped())
         .when(resize_to("g1.gpu", with_gpu))
-        .then_refused("UNSUPPORTED");
+        .then_refused(ErrorCode::Unsupported);
 }
 
 #[test]
@@ -587,7 +589,7 @@ fn resize_in_a_provider_pool_is_unsupported() {
     )))]);
     given(history)
         .when(resize_to("g1.large", small()))
-        .then_refused("UNSUPPORTED");
+        .then_refused(ErrorCode::Unsupported);
 }
 
 // ---- reports -------------------------------------------------------------------------------
@@ -705,7 +707,7 @@ fn a_refusal_is_recorded_and_keeps_its_first_time() {
 fn a_refusal_from_another_node_is_invalid_state() {
     given(after(&[create(), place()]))
         .when(refused_by("node_b"))
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
 }
 
 #[test]
@@ -763,7 +765,7 @@ fn after_three_replacements_the_next_refusal_fails_the_instance() {
 fn a_tenants_stopped_instance_is_never_moved_off_its_host() {
     given(stopped())
         .when(recreate_exhausted(t0()))
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
 }
 
 #[test]
@@ -815,7 +817,7 @@ fn a_lost_instance_is_recreated_when_the_pool_says_so() {
 fn an_unplaced_instance_cannot_be_lost() {
     given(after(&[create()]))
         .when(InstanceCommand::Lose)
-        .then_refused("INVALID_STATE");
+        .then_refused(ErrorCode::InvalidState);
 }
 
 #[test]
@@ -862,7 +864,9 @@ fn a_provider_instance_is_never_placed_on_a_node() {
     let history = after(&[InstanceCommand::Create(Box::new(create_in(
         PoolKind::Provider,
     )))]);
-    given(history).when(place()).then_refused("INVALID_STATE");
+    given(history)
+        .when(place())
+        .then_refused(ErrorCode::InvalidState);
 }
 
 #[test]
@@ -1103,7 +1107,7 @@ fn admission_asks_the_policy_about_the_draft_and_a_refusal_admits_nothing() {
         &refusing(&seen),
     )
     .unwrap_err();
-    assert_eq!(err.code(), "ACCESS_DENIED");
+    assert_eq!(err.code(), ErrorCode::AccessDenied);
     let seen = seen.into_inner().unwrap();
     let draft = InstanceDraft {
         vcpu: 2,
@@ -1145,6 +1149,6 @@ fn a_replay_and_a_create_naming_something_missing_are_answered_before_the_policy
         &refusing(&seen),
     )
     .unwrap_err();
-    assert_eq!(err.code(), "NOT_FOUND");
+    assert_eq!(err.code(), ErrorCode::NotFound);
     assert!(seen.lock().unwrap().is_empty(), "the policy was not asked");
 }

@@ -120,6 +120,7 @@ mod tests {
 
     use super::*;
     use crate::aggregate::{fold, Event};
+    use crate::error::ErrorCode;
 
     fn at(s: i64) -> DateTime<Utc> {
         Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap()
@@ -170,7 +171,7 @@ mod tests {
         let s = ready_sandbox(3600);
         for ttl in [0, 901] {
             let err = window(&s, true, Some(ttl), at(10)).unwrap_err();
-            assert_eq!(err.code(), "INVALID_INPUT", "ttl {ttl}");
+            assert_eq!(err.code(), ErrorCode::InvalidInput, "ttl {ttl}");
             assert_eq!(err.details()["field"], "ttlSeconds");
         }
     }
@@ -179,7 +180,7 @@ mod tests {
     fn a_sandbox_not_ready_or_not_running_is_invalid_state() {
         let mut s = ready_sandbox(3600);
         let err = window(&s, false, None, at(10)).unwrap_err();
-        assert_eq!(err.code(), "INVALID_STATE");
+        assert_eq!(err.code(), ErrorCode::InvalidState);
         for state in [
             SandboxState::Starting,
             SandboxState::Failed,
@@ -188,7 +189,7 @@ mod tests {
         ] {
             s.state = state;
             let err = window(&s, true, None, at(10)).unwrap_err();
-            assert_eq!(err.code(), "INVALID_STATE", "{state:?}");
+            assert_eq!(err.code(), ErrorCode::InvalidState, "{state:?}");
         }
     }
 
@@ -196,7 +197,7 @@ mod tests {
     fn a_sandbox_ending_within_a_minute_is_refused_as_expiring() {
         let s = ready_sandbox(100);
         let err = window(&s, true, None, at(41)).unwrap_err();
-        assert_eq!(err.code(), "INVALID_STATE");
+        assert_eq!(err.code(), ErrorCode::InvalidState);
         assert_eq!(err.details(), json!({ "reason": "sandbox-expiring" }));
         assert!(window(&s, true, None, at(40)).is_ok());
     }

@@ -2,6 +2,7 @@ use chrono::{TimeDelta, TimeZone, Utc};
 
 use super::*;
 use crate::aggregate::fold;
+use crate::error::ErrorCode;
 
 fn at(s: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap()
@@ -42,7 +43,7 @@ fn a_create_within_the_bounds_is_admitted_with_the_default_lifetime() {
     assert_eq!(admit(&request(None), 600, 3600).unwrap(), 600);
     for ttl in [0, 3601] {
         let err = admit(&request(Some(ttl)), 600, 3600).unwrap_err();
-        assert_eq!(err.code(), "INVALID_INPUT", "ttl {ttl}");
+        assert_eq!(err.code(), ErrorCode::InvalidInput, "ttl {ttl}");
     }
 }
 
@@ -53,7 +54,7 @@ fn a_key_replays_its_sandbox_and_conflicts_for_another_request() {
     let mut other = request(Some(60));
     other.request_hash = "different".into();
     let err = replay(&s, &other).unwrap_err();
-    assert_eq!(err.code(), "CONFLICT");
+    assert_eq!(err.code(), ErrorCode::Conflict);
     assert_eq!(err.details()["sandboxId"], "sbx_a");
 }
 
@@ -64,14 +65,14 @@ fn the_lifetime_counts_from_admission_and_an_extend_is_bounded_by_the_template()
     let by = extended_expiry(&s, Extension::By(TimeDelta::seconds(300)), 3600).unwrap();
     assert_eq!(by, Some(at(900)));
     let too_long = extended_expiry(&s, Extension::By(TimeDelta::seconds(3001)), 3600);
-    assert_eq!(too_long.unwrap_err().code(), "INVALID_INPUT");
+    assert_eq!(too_long.unwrap_err().code(), ErrorCode::InvalidInput);
     assert_eq!(
         extended_expiry(&s, Extension::Until(at(100)), 3600).unwrap(),
         None,
         "an until before the expiry changes nothing"
     );
     let month = extended_expiry(&s, Extension::By(TimeDelta::days(31)), 90 * 86_400);
-    assert_eq!(month.unwrap_err().code(), "INVALID_INPUT");
+    assert_eq!(month.unwrap_err().code(), ErrorCode::InvalidInput);
 }
 
 #[test]
@@ -133,7 +134,7 @@ fn ready_and_failed_follow_the_table() {
         transition(SandboxState::Deleted, Verb::Ready)
             .unwrap_err()
             .code(),
-        "INVALID_STATE"
+        ErrorCode::InvalidState
     );
 }
 
@@ -214,7 +215,10 @@ fn a_paused_sandbox_ends_with_its_paused_ttl_and_a_deleted_one_cannot_resume() {
     };
     assert_eq!(d.reason, None);
     assert_eq!(s.reason.as_deref(), Some("paused-ttl"));
-    assert_eq!(resume(&s, 60, at(72)).unwrap_err().code(), "INVALID_STATE");
+    assert_eq!(
+        resume(&s, 60, at(72)).unwrap_err().code(),
+        ErrorCode::InvalidState
+    );
 }
 
 #[test]
@@ -222,7 +226,7 @@ fn a_runtime_that_cannot_pause_is_unsupported_and_on_timeout_pause_pauses() {
     let s = sandbox(60);
     assert_eq!(
         pause(&s, false, 60, at(1)).unwrap_err().code(),
-        "UNSUPPORTED"
+        ErrorCode::Unsupported
     );
     let mut s = step(s.clone(), &ready(&s), 1);
     s.on_timeout = OnTimeout::Pause;

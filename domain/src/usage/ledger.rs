@@ -33,7 +33,11 @@ use serde_json::Value;
 use super::meter::{hours, lines, paused_lines, snapshot_lines, volume_lines, Line};
 use super::record::UsageRecord;
 use super::window::{at, micros, Micros, Windows};
+use crate::aggregate::Aggregate;
+use crate::instance::Instance;
 use crate::resources::Shape;
+use crate::sandbox::Sandbox;
+use crate::volume::Volume;
 
 /// Who a segment's usage is billed to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -419,17 +423,17 @@ impl Ledger {
         data: &Value,
         recorded_at: chrono::DateTime<chrono::Utc>,
     ) {
-        if let Some(id) = stream.strip_prefix("volume-") {
+        if let Some(id) = Volume::id_of_stream(stream) {
             self.apply_volume(id, event_type, data, micros(recorded_at));
             return;
         }
-        if stream.starts_with("sandbox-") && event_type.starts_with("sandbox.snapshot.") {
+        if Sandbox::id_of_stream(stream).is_some() && event_type.starts_with("sandbox.snapshot.") {
             if let Some(id) = data.get("snapshotId").and_then(Value::as_str) {
                 self.apply_snapshot(id, event_type, data, micros(recorded_at));
             }
             return;
         }
-        if !stream.starts_with("instance-") {
+        if Instance::id_of_stream(stream).is_none() {
             return;
         }
         let Some(id) = data.get("instanceId").and_then(Value::as_str) else {

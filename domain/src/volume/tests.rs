@@ -103,7 +103,7 @@ fn a_key_replays_its_volume_and_conflicts_for_another_request() {
     let mut other = request(20);
     other.request_hash = "other".into();
     let err = replay(&v, &other).unwrap_err();
-    assert_eq!(err.code(), "CONFLICT");
+    assert_eq!(err.code(), crate::error::ErrorCode::Conflict);
     assert_eq!(err.details()["volumeId"], v.id);
 }
 
@@ -111,7 +111,7 @@ fn a_key_replays_its_volume_and_conflicts_for_another_request() {
 fn sizes_pools_names_quota_and_capacity_are_checked_in_turn() {
     for size in [0, MAX_SIZE_GIB + 1] {
         let err = super::admit(&request(size), &facts()).unwrap_err();
-        assert_eq!(err.code(), "INVALID_INPUT", "{size}");
+        assert_eq!(err.code(), crate::error::ErrorCode::InvalidInput, "{size}");
     }
     let mut provider = facts();
     provider.pool.as_mut().unwrap().kind = PoolKind::Provider;
@@ -123,7 +123,7 @@ fn sizes_pools_names_quota_and_capacity_are_checked_in_turn() {
     };
     assert_eq!(
         super::admit(&request(1), &missing).unwrap_err().code(),
-        "NOT_FOUND"
+        crate::error::ErrorCode::NotFound
     );
     let taken = VolumeFacts {
         name_taken: true,
@@ -131,16 +131,16 @@ fn sizes_pools_names_quota_and_capacity_are_checked_in_turn() {
     };
     assert_eq!(
         super::admit(&request(1), &taken).unwrap_err().code(),
-        "CONFLICT"
+        crate::error::ErrorCode::Conflict
     );
     assert_eq!(
         super::admit(&request(101), &facts()).unwrap_err().code(),
-        "QUOTA_EXCEEDED"
+        crate::error::ErrorCode::QuotaExceeded
     );
     let mut full = facts();
     full.quota_max.insert(QuotaResource::DiskGib, 10_000);
     let err = super::admit(&request(501), &full).unwrap_err();
-    assert_eq!(err.code(), "CAPACITY_UNAVAILABLE");
+    assert_eq!(err.code(), crate::error::ErrorCode::CapacityUnavailable);
     assert_eq!(err.details()["resource"], "diskGiB");
 }
 
@@ -153,10 +153,20 @@ fn volumes_only_grow_within_quota_and_their_nodes_room() {
         node: Some((node("n", 500, 0).capacity, node("n", 500, 490).allocated)),
     };
     assert_eq!(resize(&v, 10, &room).unwrap(), vec![]);
-    assert_eq!(resize(&v, 9, &room).unwrap_err().code(), "INVALID_INPUT");
-    assert_eq!(resize(&v, 101, &room).unwrap_err().code(), "QUOTA_EXCEEDED");
+    assert_eq!(
+        resize(&v, 9, &room).unwrap_err().code(),
+        crate::error::ErrorCode::InvalidInput
+    );
+    assert_eq!(
+        resize(&v, 101, &room).unwrap_err().code(),
+        crate::error::ErrorCode::QuotaExceeded
+    );
     let err = resize(&v, 21, &room).unwrap_err();
-    assert_eq!(err.code(), "CAPACITY_UNAVAILABLE", "{err}");
+    assert_eq!(
+        err.code(),
+        crate::error::ErrorCode::CapacityUnavailable,
+        "{err}"
+    );
     let grown = resize(&v, 20, &room).unwrap();
     let after = then(&v, &grown);
     assert_eq!(after.size_gib, 20);
@@ -185,7 +195,7 @@ fn a_volume_in_use_is_not_deleted_and_a_free_one_goes_through_deleting() {
     assert_eq!(delete(&deleting, &attached).unwrap(), vec![]);
     assert_eq!(
         resize_target(&deleting, 20).unwrap_err().code(),
-        "INVALID_STATE"
+        crate::error::ErrorCode::InvalidState
     );
     let deleted = then(&deleting, &release(&deleting));
     assert_eq!(deleted.state, VolumeState::Deleted);
@@ -223,7 +233,7 @@ fn mount_paths_are_absolute_not_system_and_never_nest() {
         "/a b",
     ] {
         let err = check_mount_paths(&[bad]).unwrap_err();
-        assert_eq!(err.code(), "INVALID_INPUT", "{bad}");
+        assert_eq!(err.code(), crate::error::ErrorCode::InvalidInput, "{bad}");
         assert_eq!(err.details()["field"], "volumes[0].mountPath", "{bad}");
     }
     assert!(check_mount_paths(&["/etc2", "/varx"]).is_ok());
@@ -257,16 +267,25 @@ fn template_mounts_resolve_to_ready_volumes_of_the_pool_on_one_node() {
         &[mount("other", "/w", false)],
         std::slice::from_ref(&v),
     );
-    assert_eq!(missing.unwrap_err().code(), "NOT_FOUND");
+    assert_eq!(
+        missing.unwrap_err().code(),
+        crate::error::ErrorCode::NotFound
+    );
     let elsewhere = resolve(
         "pool_q",
         &[mount("memory", "/w", false)],
         std::slice::from_ref(&v),
     );
-    assert_eq!(elsewhere.unwrap_err().code(), "INVALID_INPUT");
+    assert_eq!(
+        elsewhere.unwrap_err().code(),
+        crate::error::ErrorCode::InvalidInput
+    );
     let deleting = then(&v, &delete(&v, &InUse::default()).unwrap());
     let not_ready = resolve("pool_p", &[mount("memory", "/w", false)], &[deleting]);
-    assert_eq!(not_ready.unwrap_err().code(), "INVALID_STATE");
+    assert_eq!(
+        not_ready.unwrap_err().code(),
+        crate::error::ErrorCode::InvalidState
+    );
     let mut second = v.clone();
     second.id = "vol_b".into();
     second.name = "other".into();
@@ -276,7 +295,10 @@ fn template_mounts_resolve_to_ready_volumes_of_the_pool_on_one_node() {
         &[mount("memory", "/w", false), mount("other", "/x", true)],
         &[v, second],
     );
-    assert_eq!(two_nodes.unwrap_err().code(), "INVALID_STATE");
+    assert_eq!(
+        two_nodes.unwrap_err().code(),
+        crate::error::ErrorCode::InvalidState
+    );
 }
 
 #[test]
@@ -301,7 +323,7 @@ fn one_writer_or_many_readers_never_both() {
     assert_eq!(attached[0].serial, v.serial);
     for (mounts, live) in [(&rw, &writer), (&rw, &readers), (&ro, &writer)] {
         let err = attach(mounts, &volumes, live).unwrap_err();
-        assert_eq!(err.code(), "CONFLICT");
+        assert_eq!(err.code(), crate::error::ErrorCode::Conflict);
         assert_eq!(err.details()["reason"], "volume-in-use");
     }
     assert!(attach(&ro, &volumes, &readers).is_ok());
