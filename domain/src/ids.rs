@@ -138,7 +138,18 @@ pub struct BadId {
 /// A typed id: parsed once at the edge ([`FromStr`](std::str::FromStr), `Deserialize`),
 /// serialized as the same string as before.
 macro_rules! typed_id {
+    // An id whose resource has its own stream: `stream()` names it.
     ($(#[$doc:meta])* $name:ident, $kind:literal, $valid:expr, $aggregate:ty) => {
+        typed_id!($(#[$doc])* $name, $kind, $valid);
+
+        impl $name {
+            /// The name of this resource's event stream (`<category>-<id>`).
+            pub fn stream(&self) -> String {
+                <$aggregate as crate::aggregate::Aggregate>::stream(&self.0)
+            }
+        }
+    };
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $valid:expr) => {
         $(#[$doc])*
         #[derive(
             Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, schemars::JsonSchema,
@@ -163,11 +174,6 @@ macro_rules! typed_id {
             /// The id as the string it serializes to.
             pub fn as_str(&self) -> &str {
                 &self.0
-            }
-
-            /// The name of this resource's event stream (`<category>-<id>`).
-            pub fn stream(&self) -> String {
-                <$aggregate as crate::aggregate::Aggregate>::stream(&self.0)
             }
         }
 
@@ -224,8 +230,8 @@ typed_id!(
 );
 typed_id!(
     /// A sandbox snapshot (`snap_` and a derived body or a ULID); its events live in its
-    /// sandbox's stream, so its own stream is never written.
-    SnapshotId, "snapshot", |s| is_valid_id(prefix::SNAPSHOT, s), crate::sandbox::Sandbox
+    /// sandbox's stream, so it names no stream of its own.
+    SnapshotId, "snapshot", |s| is_valid_id(prefix::SNAPSHOT, s)
 );
 typed_id!(
     /// A sandbox volume (`vol_` and a derived body).
