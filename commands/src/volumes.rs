@@ -52,11 +52,11 @@ pub struct Created {
 
 /// The id a create derives from (tenant, caller, idempotency key).
 pub fn volume_id(ctx: &Ctx, input: &CreateVolumeInput) -> String {
-    vps_domain::ids::volume_id(
-        &input.tenant_id,
-        &ctx.actor.identity,
-        &input.idempotency_key,
-    )
+    vps_domain::ids::volume_id(vps_domain::ids::Origin {
+        tenant: &input.tenant_id,
+        caller: &ctx.actor.identity,
+        key: &input.idempotency_key,
+    })
 }
 
 /// A volume as stored (any tenant's), for deciding before anything is written.

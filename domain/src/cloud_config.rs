@@ -96,7 +96,11 @@ mod tests {
 
     #[test]
     fn the_document_names_the_host_and_lists_every_key() {
-        let host = hostname_for(&instance_id("acme", "id_alice", "k"));
+        let host = hostname_for(&instance_id(crate::ids::Origin {
+            tenant: "acme",
+            caller: "id_alice",
+            key: "k",
+        }));
         let keys = vec![
             "ssh-ed25519 AAAAC3Nz alice@laptop".to_string(),
             "ssh-rsa AAAAB3Nz \"quoted\" # note".to_string(),

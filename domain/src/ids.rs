@@ -43,38 +43,48 @@ pub const DERIVED_ID_LEN: usize = 52;
 /// Length of a ULID in its canonical Crockford base32 form.
 pub const ULID_LEN: usize = 26;
 
-/// The id of the instance created by `caller_identity` in `tenant_id` with `idempotency_key`:
-/// `inst_` + 52 lowercase base32 characters of SHA-256 over the three fields.
-pub fn instance_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
-    derived(
-        prefix::INSTANCE,
-        tenant_id,
-        caller_identity,
-        idempotency_key,
-    )
+/// What a derived id is derived from: who asked, for which tenant, with which idempotency
+/// key. Named fields, so the three strings cannot be passed in the wrong order.
+#[derive(Debug, Clone, Copy)]
+pub struct Origin<'a> {
+    /// The tenant the resource belongs to.
+    pub tenant: &'a str,
+    /// Who created it: the caller's identity, or the resource that made it on its behalf (a
+    /// sandbox its instance, a template its warm instances).
+    pub caller: &'a str,
+    /// The create's idempotency key.
+    pub key: &'a str,
 }
 
-/// The id of the sandbox created by `caller_identity` in `tenant_id` with `idempotency_key`,
-/// derived exactly like [`instance_id`] but with the `sbx_` prefix.
-pub fn sandbox_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
-    derived(prefix::SANDBOX, tenant_id, caller_identity, idempotency_key)
+impl Origin<'_> {
+    /// `prefix` + `_` + 52 lowercase base32 characters of SHA-256 over the three fields.
+    fn derive(self, prefix: &str) -> String {
+        derived(prefix, self.tenant, self.caller, self.key)
+    }
 }
 
-/// The id of the snapshot `caller_identity` took in `tenant_id` with `idempotency_key`,
-/// derived like [`sandbox_id`] with the `snap_` prefix (a retry lands on the same snapshot).
-pub fn snapshot_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
-    derived(
-        prefix::SNAPSHOT,
-        tenant_id,
-        caller_identity,
-        idempotency_key,
-    )
+/// The id of the instance created from `origin`: `inst_` + 52 lowercase base32 characters of
+/// SHA-256 over its three fields.
+pub fn instance_id(origin: Origin<'_>) -> String {
+    origin.derive(prefix::INSTANCE)
 }
 
-/// The id of the sandbox volume created by `caller_identity` in `tenant_id` with
-/// `idempotency_key`, derived exactly like [`instance_id`] but with the `vol_` prefix.
-pub fn volume_id(tenant_id: &str, caller_identity: &str, idempotency_key: &str) -> String {
-    derived(prefix::VOLUME, tenant_id, caller_identity, idempotency_key)
+/// The id of the sandbox created from `origin`, derived exactly like [`instance_id`] but with
+/// the `sbx_` prefix.
+pub fn sandbox_id(origin: Origin<'_>) -> String {
+    origin.derive(prefix::SANDBOX)
+}
+
+/// The id of the snapshot taken from `origin`, derived like [`sandbox_id`] with the `snap_`
+/// prefix (a retry lands on the same snapshot).
+pub fn snapshot_id(origin: Origin<'_>) -> String {
+    origin.derive(prefix::SNAPSHOT)
+}
+
+/// The id of the sandbox volume created from `origin`, derived exactly like [`instance_id`]
+/// but with the `vol_` prefix.
+pub fn volume_id(origin: Origin<'_>) -> String {
+    origin.derive(prefix::VOLUME)
 }
 
 /// `prefix` + `_` + the ULID string the caller generated, lowercased (`pool_01j…`).
@@ -278,7 +288,11 @@ mod tests {
 
     #[test]
     fn an_instance_id_is_inst_and_52_lowercase_base32_characters() {
-        let id = instance_id("acme", "id_alice", "build-agent-7");
+        let id = instance_id(Origin {
+            tenant: "acme",
+            caller: "id_alice",
+            key: "build-agent-7",
+        });
         assert!(id.starts_with("inst_"));
         assert_eq!(id.len(), 5 + DERIVED_ID_LEN);
         assert!(is_valid_id(prefix::INSTANCE, &id), "{id}");
@@ -286,20 +300,72 @@ mod tests {
 
     #[test]
     fn the_same_inputs_always_give_the_same_id() {
-        assert_eq!(instance_id("t", "c", "k"), instance_id("t", "c", "k"));
-        assert_ne!(instance_id("t", "c", "k"), instance_id("t", "c", "k2"));
+        assert_eq!(
+            instance_id(Origin {
+                tenant: "t",
+                caller: "c",
+                key: "k"
+            }),
+            instance_id(Origin {
+                tenant: "t",
+                caller: "c",
+                key: "k"
+            })
+        );
+        assert_ne!(
+            instance_id(Origin {
+                tenant: "t",
+                caller: "c",
+                key: "k"
+            }),
+            instance_id(Origin {
+                tenant: "t",
+                caller: "c",
+                key: "k2"
+            })
+        );
     }
 
     #[test]
     fn moving_a_character_between_fields_changes_the_id() {
-        assert_ne!(instance_id("ab", "c", "k"), instance_id("a", "bc", "k"));
-        assert_ne!(instance_id("t", "ab", "c"), instance_id("t", "a", "bc"));
+        assert_ne!(
+            instance_id(Origin {
+                tenant: "ab",
+                caller: "c",
+                key: "k"
+            }),
+            instance_id(Origin {
+                tenant: "a",
+                caller: "bc",
+                key: "k"
+            })
+        );
+        assert_ne!(
+            instance_id(Origin {
+                tenant: "t",
+                caller: "ab",
+                key: "c"
+            }),
+            instance_id(Origin {
+                tenant: "t",
+                caller: "a",
+                key: "bc"
+            })
+        );
     }
 
     #[test]
     fn a_sandbox_id_has_the_same_body_under_its_own_prefix() {
-        let inst = instance_id("t", "c", "k");
-        let sbx = sandbox_id("t", "c", "k");
+        let inst = instance_id(Origin {
+            tenant: "t",
+            caller: "c",
+            key: "k",
+        });
+        let sbx = sandbox_id(Origin {
+            tenant: "t",
+            caller: "c",
+            key: "k",
+        });
         assert_eq!(&inst[5..], &sbx[4..]);
         assert!(is_valid_id(prefix::SANDBOX, &sbx));
         assert!(!is_valid_id(prefix::INSTANCE, &sbx));
@@ -325,7 +391,11 @@ mod tests {
 
     #[test]
     fn a_typed_id_parses_its_prefix_once_and_serializes_to_the_same_string() {
-        let raw = instance_id("t", "c", "k");
+        let raw = instance_id(Origin {
+            tenant: "t",
+            caller: "c",
+            key: "k",
+        });
         let id: InstanceId = raw.parse().unwrap();
         assert_eq!(id.as_str(), raw);
         assert_eq!(serde_json::to_value(&id).unwrap(), serde_json::json!(raw));
@@ -342,7 +412,13 @@ mod tests {
             })
         );
         assert!(serde_json::from_value::<InstanceId>(serde_json::json!(pool)).is_err());
-        assert!(sandbox_id("t", "c", "k").parse::<InstanceId>().is_err());
+        assert!(sandbox_id(Origin {
+            tenant: "t",
+            caller: "c",
+            key: "k"
+        })
+        .parse::<InstanceId>()
+        .is_err());
         assert!("acme".parse::<TenantId>().is_ok());
         assert!("".parse::<TenantId>().is_err());
         assert!("x".repeat(129).parse::<TenantId>().is_err());
@@ -352,10 +428,21 @@ mod tests {
 
     #[test]
     fn a_mac_is_stable_locally_administered_and_unicast() {
-        let id = instance_id("t", "c", "k");
+        let id = instance_id(Origin {
+            tenant: "t",
+            caller: "c",
+            key: "k",
+        });
         let mac = mac_for(&id);
         assert_eq!(mac, mac_for(&id));
-        assert_ne!(mac, mac_for(&instance_id("t", "c", "other")));
+        assert_ne!(
+            mac,
+            mac_for(&instance_id(Origin {
+                tenant: "t",
+                caller: "c",
+                key: "other"
+            }))
+        );
         assert_eq!(mac.len(), 17);
         let first = u8::from_str_radix(&mac[..2], 16).unwrap();
         assert_eq!(first & 0b10, 0b10, "locally administered");
@@ -364,7 +451,11 @@ mod tests {
 
     #[test]
     fn a_hostname_has_no_underscore() {
-        let id = instance_id("t", "c", "k");
+        let id = instance_id(Origin {
+            tenant: "t",
+            caller: "c",
+            key: "k",
+        });
         let host = hostname_for(&id);
         assert!(host.starts_with("inst-"));
         assert!(host.len() <= 63);

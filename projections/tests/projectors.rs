@@ -311,7 +311,11 @@ async fn an_admitted_instance_books_its_view_allocation_lease_and_quota() {
     let db = fresh().await;
     pool_with_offer(&db).await;
     register_node(&db).await;
-    let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
+    let id = vps_domain::ids::instance_id(vps_domain::ids::Origin {
+        tenant: "acme",
+        caller: "id_alice",
+        key: "k1",
+    });
     let decided = instance::admit(
         &admission_facts(),
         create(&id),
@@ -379,7 +383,11 @@ async fn spec_entry_desired_state(db: &PgPool, id: &str) -> String {
 async fn one_admitted() -> (PgPool, String, String) {
     let db = fresh().await;
     pool_with_offer(&db).await;
-    let id = vps_domain::ids::instance_id("acme", "id_alice", "k1");
+    let id = vps_domain::ids::instance_id(vps_domain::ids::Origin {
+        tenant: "acme",
+        caller: "id_alice",
+        key: "k1",
+    });
     let stream = format!("instance-{id}");
     let Ok(instance::Admission::Admit(events)) = instance::admit(
         &admission_facts(),

@@ -90,11 +90,11 @@ pub async fn create(
 
 /// The instance id a create derives from (tenant, caller, idempotency key).
 fn instance_id(ctx: &Ctx, input: &CreateInput) -> String {
-    vps_domain::ids::instance_id(
-        &input.tenant_id,
-        &ctx.actor.identity,
-        &input.idempotency_key,
-    )
+    vps_domain::ids::instance_id(vps_domain::ids::Origin {
+        tenant: &input.tenant_id,
+        caller: &ctx.actor.identity,
+        key: &input.idempotency_key,
+    })
 }
 
 /// The instance's user data: given, or cloud-config rendered from its id and keys.

@@ -73,11 +73,11 @@ pub async fn create(
     input: CreateSandboxInput,
     policy: Policy<'_>,
 ) -> Result<Created, CommandError> {
-    let id = vps_domain::ids::sandbox_id(
-        &input.tenant_id,
-        &ctx.actor.identity,
-        &input.idempotency_key,
-    );
+    let id = vps_domain::ids::sandbox_id(vps_domain::ids::Origin {
+        tenant: &input.tenant_id,
+        caller: &ctx.actor.identity,
+        key: &input.idempotency_key,
+    });
     let request = CreateSandbox {
         id: id.clone(),
         tenant_id: input.tenant_id.clone(),
@@ -191,7 +191,11 @@ async fn cold(
     sandbox_id: &str,
     restore_from: Option<vps_domain::instance::RestoreFrom>,
 ) -> Result<Instance, CommandError> {
-    let id = vps_domain::ids::instance_id(&t.tenant_id, sandbox_id, "sandbox");
+    let id = vps_domain::ids::instance_id(vps_domain::ids::Origin {
+        tenant: &t.tenant_id,
+        caller: sandbox_id,
+        key: "sandbox",
+    });
     let origin = Origin {
         sandbox_id: Some(sandbox_id.to_string()),
         restore_from,

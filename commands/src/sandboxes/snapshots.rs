@@ -113,7 +113,11 @@ pub async fn take_within(
         return Err(DomainError::invalid_input("idempotencyKey", "1 to 256 characters").into());
     }
     let id = match key {
-        Some(k) => vps_domain::ids::snapshot_id(&input.tenant_id, &ctx.actor.identity, k),
+        Some(k) => vps_domain::ids::snapshot_id(vps_domain::ids::Origin {
+            tenant: &input.tenant_id,
+            caller: &ctx.actor.identity,
+            key: k,
+        }),
         None => new_id(vps_domain::ids::prefix::SNAPSHOT),
     };
     let request = TakeSnapshot {

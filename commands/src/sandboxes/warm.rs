@@ -116,7 +116,11 @@ async fn members(ctx: &Ctx, template_id: &str) -> Result<Vec<WarmMember>, Comman
 /// or reshaped since the pass began is skipped.
 async fn refill(ctx: &Ctx, t: &Template) -> Result<(), CommandError> {
     let key = new_id("warm");
-    let id = vps_domain::ids::instance_id(&t.tenant_id, &t.id, &key);
+    let id = vps_domain::ids::instance_id(vps_domain::ids::Origin {
+        tenant: &t.tenant_id,
+        caller: &t.id,
+        key: &key,
+    });
     transaction(ctx, &id, async |tx| {
         let unchanged: Option<bool> = sqlx::query_scalar(
             "SELECT NOT deleted AND instance_version = $2 FROM sandbox_templates

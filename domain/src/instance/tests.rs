@@ -133,7 +133,11 @@ const KEY: &str =
 
 fn create_in(kind: PoolKind) -> CreateInstance {
     CreateInstance {
-        id: ids::instance_id("acme", "id_alice", "build-agent-7"),
+        id: ids::instance_id(ids::Origin {
+            tenant: "acme",
+            caller: "id_alice",
+            key: "build-agent-7",
+        }),
         tenant_id: "acme".into(),
         pool_id: "pool_01jz0000000000000000000000".into(),
         pool_kind: kind,
@@ -257,7 +261,7 @@ fn a_second_create_with_another_request_is_a_conflict_naming_the_instance() {
         .then_refused(ErrorCode::Conflict);
     assert_eq!(
         error.details(),
-        json!({ "instanceId": ids::instance_id("acme", "id_alice", "build-agent-7") })
+        json!({ "instanceId": ids::instance_id(ids::Origin { tenant: "acme", caller: "id_alice", key: "build-agent-7" }) })
     );
 }
 

@@ -91,7 +91,11 @@ fn a_create_books_the_node_with_the_most_free_disk_and_is_ready_at_once() {
 
 #[test]
 fn the_serial_is_twenty_characters_of_a_derived_id() {
-    let id = crate::ids::volume_id("acme", "id_alice", "k");
+    let id = crate::ids::volume_id(crate::ids::Origin {
+        tenant: "acme",
+        caller: "id_alice",
+        key: "k",
+    });
     assert_eq!(serial(&id).len(), 20);
     assert!(id.ends_with(&serial(&id)[4..]));
 }
