@@ -706,6 +706,19 @@ async fn serve(config: Config) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The process: parses its arguments, runs the command and exits with the command's code (2
+/// when it failed before answering one). The `vps` binary and the tests' copy of it both run
+/// this.
+pub async fn run_process() -> ! {
+    match run_matches(command().get_matches()).await {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -7,13 +7,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::{Peer, RoleClient};
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::ServiceExt;
-use serde_json::{json, Value};
+use serde_json::json;
 use vps_emulators::host::HostHandle;
 use vps_tests::{quota, TestServer, ALICE};
+
+use crate::mcp::{call, ok};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -227,29 +227,6 @@ async fn cp_copies_files_and_trees_in_and_out_byte_for_byte() {
     )
     .await;
     assert_eq!(run.code, 2, "{}", run.stderr);
-}
-
-async fn call(agent: &Peer<RoleClient>, tool: &'static str, arguments: Value) -> (bool, String) {
-    let Value::Object(arguments) = arguments else {
-        panic!("arguments are an object")
-    };
-    let result: CallToolResult = agent
-        .call_tool(CallToolRequestParams::new(tool).with_arguments(arguments))
-        .await
-        .unwrap_or_else(|e| panic!("{tool}: a protocol error: {e}"));
-    let text = result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect::<Vec<_>>()
-        .join("\n");
-    (result.is_error == Some(true), text)
-}
-
-async fn ok(agent: &Peer<RoleClient>, tool: &'static str, arguments: Value) -> Value {
-    let (failed, text) = call(agent, tool, arguments).await;
-    assert!(!failed, "{tool}: {text}");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{tool}: not JSON ({e}): {text}"))
 }
 
 #[tokio::test]

@@ -12,7 +12,11 @@ use serde_json::{json, Value};
 use vps_tests::{TestServer, ALICE};
 
 /// Calls `tool` with `arguments`; answers the result and its text.
-async fn call(agent: &Peer<RoleClient>, tool: &'static str, arguments: Value) -> (bool, String) {
+pub(crate) async fn call(
+    agent: &Peer<RoleClient>,
+    tool: &'static str,
+    arguments: Value,
+) -> (bool, String) {
     let Value::Object(arguments) = arguments else {
         panic!("arguments are an object")
     };
@@ -30,7 +34,7 @@ async fn call(agent: &Peer<RoleClient>, tool: &'static str, arguments: Value) ->
 }
 
 /// The JSON answer of a tool that succeeded.
-async fn ok(agent: &Peer<RoleClient>, tool: &'static str, arguments: Value) -> Value {
+pub(crate) async fn ok(agent: &Peer<RoleClient>, tool: &'static str, arguments: Value) -> Value {
     let (failed, text) = call(agent, tool, arguments).await;
     assert!(!failed, "{tool}: {text}");
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{tool}: not JSON ({e}): {text}"))
