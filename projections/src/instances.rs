@@ -11,6 +11,7 @@ use vps_domain::quota::{charge_of, resize_delta, Delta};
 use vps_domain::resources::Shape;
 use vps_events::RecordedEvent;
 
+use crate::instance_doc::{self, InstanceDoc};
 use crate::{bookings, ProjectionError};
 
 /// Applies one `instance.*` event.
@@ -119,7 +120,8 @@ async fn side_effects(
 
 /// The stored view of an instance (the projection doubles as the aggregate's snapshot).
 pub async fn load(conn: &mut PgConnection, id: &str) -> Result<Option<Instance>, ProjectionError> {
-    crate::sandboxes::load_doc(conn, "instances", id).await
+    let doc = crate::sandboxes::load_doc::<InstanceDoc>(conn, "instances", id).await?;
+    Ok(doc.map(Instance::from))
 }
 
 /// What `instances.list` selects: a tenant's instances (not warm ones), newest first.
@@ -143,7 +145,7 @@ pub async fn page<'e>(
     filter: &InstanceFilter,
     limit: i64,
 ) -> Result<Vec<Instance>, ProjectionError> {
-    let rows: Vec<Json<Instance>> = sqlx::query_scalar(
+    let rows: Vec<Json<InstanceDoc>> = sqlx::query_scalar(
         "SELECT doc FROM instances
           WHERE tenant_id = $1 AND NOT warm
             AND ($2::text IS NULL OR owner_identity_id = $2)
@@ -162,7 +164,7 @@ pub async fn page<'e>(
     .bind(limit)
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().map(|Json(doc)| doc).collect())
+    Ok(rows.into_iter().map(instance_doc::instance).collect())
 }
 
 /// The stored views of the instances among `ids` that exist, by id.
@@ -170,14 +172,15 @@ pub async fn load_many(
     conn: &mut PgConnection,
     ids: &[String],
 ) -> Result<std::collections::HashMap<String, Instance>, ProjectionError> {
-    let rows: Vec<Json<Instance>> =
+    let rows: Vec<Json<InstanceDoc>> =
         sqlx::query_scalar("SELECT doc FROM instances WHERE id = ANY($1)")
             .bind(ids)
             .fetch_all(conn)
             .await?;
     Ok(rows
         .into_iter()
-        .map(|Json(doc)| (doc.id.clone(), doc))
+        .map(instance_doc::instance)
+        .map(|i| (i.id.clone(), i))
         .collect())
 }
 
@@ -200,7 +203,7 @@ async fn store(conn: &mut PgConnection, i: &Instance) -> Result<(), ProjectionEr
     .bind(&i.node_id)
     .bind(&i.owner_identity_id)
     .bind(i.warm_template_id.is_some())
-    .bind(Json(i))
+    .bind(instance_doc::stored(i))
     .bind(i.created_at)
     .bind(i.updated_at)
     .bind(i.version as i64)
@@ -400,7 +403,7 @@ impl NewRows {
                     .map(|i| i.warm_template_id.is_some())
                     .collect::<Vec<_>>(),
             )
-            .bind(all.iter().map(Json).collect::<Vec<_>>())
+            .bind(all.iter().map(|i| instance_doc::stored(i)).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>());

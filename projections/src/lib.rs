@@ -6,7 +6,7 @@
 //! Projectors are routed by stream category, one module per table family: `pools` (pools and
 //! quota maxima), `nodes`, `flavors`, `images`, `instances` (instance views, quota usage, node
 //! allocations and their sums on the nodes' rows (`bookings`), IP leases), `node_specs` (the
-//! async NodeSpec projector; `node_spec_volumes` its volume part), `provider_accounts`,
+//! async NodeSpec projector; `node_spec_volumes` its volume part), `instance_doc` (the stored form of an instance), `provider_accounts`,
 //! `webhooks`, `sandboxes` (templates and sandboxes), `volumes` (sandbox volumes, their
 //! allocations and quota charges), `policies`, `identities`, `tenants` (teardown), `usage`
 //! (usage records and rollups), `views` and `operator_views` (reads), `replay` (rebuild and
@@ -19,6 +19,7 @@ mod bookings;
 pub mod flavors;
 pub mod identities;
 pub mod images;
+pub mod instance_doc;
 pub mod instances;
 pub mod node_spec_payload;
 pub mod node_spec_volumes;

@@ -56,7 +56,7 @@ async fn desired(
     Ok(rows
         .iter()
         .filter_map(|r| {
-            let Json(inst): Json<Instance> = r.get(0);
+            let inst = crate::instance_doc::instance(r.get(0));
             let node = inst.node_id.clone()?;
             let prefix = r
                 .get::<Option<String>, _>(2)
