@@ -320,9 +320,8 @@ impl Config {
             }
         }
         if let Some(key) = &self.secrets.key {
-            use base64::Engine;
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(key)
+            let bytes = data_encoding::BASE64
+                .decode(key.as_ref())
                 .map_err(|_| err("secrets.key", "is not base64".into()))?;
             if bytes.len() != 32 {
                 return Err(err(
@@ -503,15 +502,14 @@ impl Config {
 
     /// `[secrets] key`, decoded.
     pub fn secret_bytes(&self) -> anyhow::Result<[u8; 32]> {
-        use base64::Engine;
         let key = self.secrets.key.as_ref().ok_or_else(|| {
             anyhow::anyhow!(
                 "[secrets] key is required: base64 of 32 random bytes (openssl rand -base64 32); \
                  every replica needs the same one"
             )
         })?;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(key)
+        let bytes = data_encoding::BASE64
+            .decode(key.as_ref())
             .ok()
             .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
             .ok_or_else(|| anyhow::anyhow!("[secrets] key: not base64 of 32 bytes"))?;

@@ -45,10 +45,10 @@ pub struct NewIdentity {
 /// Creates an identity with its first API key; answers both (the key this once).
 pub async fn create(ctx: &Ctx, new: NewIdentity) -> Result<(Identity, ApiKey), CommandError> {
     let id = new_id("id");
-    let key_id = hex::encode(rand::random::<[u8; 8]>());
+    let key_id = data_encoding::HEXLOWER.encode(&rand::random::<[u8; 8]>());
     let mut secret = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut secret);
-    let secret = hex::encode(secret);
+    let secret = data_encoding::HEXLOWER.encode(&secret);
     let events = domain::create(&id, new.tenant_id, new.operator, &new.name, &key_id)?;
     let identity = transaction(ctx, &id, async |tx| {
         let tenant = new_tenant(&events);

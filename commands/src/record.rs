@@ -22,7 +22,7 @@ pub fn new_id(prefix: &str) -> String {
 pub fn request_hash(request: &impl serde::Serialize) -> String {
     use sha2::Digest;
     let body = serde_json::to_vec(request).expect("a request serialises");
-    hex::encode(sha2::Sha256::digest(body))
+    data_encoding::HEXLOWER.encode(&sha2::Sha256::digest(body))
 }
 
 /// Appends `(type, data)` events to `stream` and applies every inline projector to them;

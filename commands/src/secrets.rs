@@ -22,7 +22,7 @@ impl SecretKey {
     /// HMAC-SHA256(HMAC-SHA256(key, purpose), message), hex.
     pub fn digest(&self, purpose: &str, message: &[u8]) -> String {
         let derived = hmac_sha256(self.0.as_slice(), purpose.as_bytes());
-        hex::encode(hmac_sha256(&derived, message))
+        data_encoding::HEXLOWER.encode(&hmac_sha256(&derived, message))
     }
 
     fn cipher(&self) -> Aes256Gcm {

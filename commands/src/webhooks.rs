@@ -13,8 +13,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
+use data_encoding::BASE64 as STANDARD;
 use rand::RngCore;
 use sqlx::PgConnection;
 use vps_domain::network::IpCidr;
@@ -51,7 +50,7 @@ impl std::fmt::Debug for WebhookSecret {
 pub fn generate_secret() -> WebhookSecret {
     let mut key = [0u8; 24];
     rand::rngs::OsRng.fill_bytes(&mut key);
-    WebhookSecret(format!("{SECRET_PREFIX}{}", STANDARD.encode(key)))
+    WebhookSecret(format!("{SECRET_PREFIX}{}", STANDARD.encode(&key)))
 }
 
 /// The input of [`create`].
@@ -273,7 +272,7 @@ mod tests {
         let b = generate_secret();
         assert_ne!(a, b);
         let key = STANDARD
-            .decode(a.0.strip_prefix(SECRET_PREFIX).unwrap())
+            .decode(a.0.strip_prefix(SECRET_PREFIX).unwrap().as_ref())
             .unwrap();
         assert_eq!(key.len(), 24);
         assert_eq!(format!("{a:?}"), "WebhookSecret(…)");

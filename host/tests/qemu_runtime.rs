@@ -746,7 +746,7 @@ fn ip(args: &[&str]) -> String {
 
 fn sha256_file(path: &Path) -> String {
     use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+    data_encoding::HEXLOWER.encode(&sha2::Sha256::digest(std::fs::read(path).unwrap()))
 }
 
 /// A bundle (`vmlinuz`, `initrd`) with the machine's kernel and a busybox initramfs whose
@@ -844,7 +844,7 @@ fn pad4(out: &mut Vec<u8>) {
 
 fn sha256_bytes(bytes: &[u8]) -> String {
     use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(bytes))
+    data_encoding::HEXLOWER.encode(&sha2::Sha256::digest(bytes))
 }
 
 /// The minimal guest of `vps-guest-image`: `VPS_GUEST_IMAGE`, or the bundle that crate's own

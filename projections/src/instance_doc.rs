@@ -162,7 +162,11 @@ mod tests {
 
     /// An instance with every field set, so the fixture shows every key.
     fn every_field() -> Instance {
-        let at = |s: i64| Utc.timestamp_opt(1_780_000_000 + s, 0).single().unwrap_or_default();
+        let at = |s: i64| {
+            Utc.timestamp_opt(1_780_000_000 + s, 0)
+                .single()
+                .unwrap_or_default()
+        };
         Instance {
             id: "inst_1".into(),
             tenant_id: "acme".into(),
@@ -175,7 +179,10 @@ mod tests {
                 vcpu: 2,
                 memory_gib: 4,
                 disk_gib: 20,
-                gpus: Some(Gpus { model: "l40s".into(), count: 1 }),
+                gpus: Some(Gpus {
+                    model: "l40s".into(),
+                    count: 1,
+                }),
             },
             image_id: "img_1".into(),
             ssh_keys: vec!["ssh-ed25519 AAAA k".into()],

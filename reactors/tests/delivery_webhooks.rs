@@ -14,8 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::serve::ListenerExt;
 use axum::Router;
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
+use data_encoding::BASE64 as STANDARD;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
@@ -246,7 +245,7 @@ async fn receive(
 fn verify(secret: &str, id: &str, timestamp: &str, body: &str, signatures: &str) -> bool {
     let Some(key) = secret
         .strip_prefix("whsec_")
-        .and_then(|k| STANDARD.decode(k).ok())
+        .and_then(|k| STANDARD.decode(k.as_ref()).ok())
     else {
         return false;
     };
@@ -258,7 +257,7 @@ fn verify(secret: &str, id: &str, timestamp: &str, body: &str, signatures: &str)
     }
     let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
     mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
-    let expected = STANDARD.encode(mac.finalize().into_bytes());
+    let expected = STANDARD.encode(&mac.finalize().into_bytes());
     signatures
         .split(' ')
         .filter_map(|s| s.strip_prefix("v1,"))
@@ -962,7 +961,7 @@ async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log
     .unwrap();
     assert!(acme.id.starts_with("whk_") && acme.id.len() == 4 + 26);
     assert!(secret.0.starts_with("whsec_"));
-    assert_eq!(STANDARD.decode(&secret.0[6..]).unwrap().len(), 24);
+    assert_eq!(STANDARD.decode(&secret.0[6..].as_ref()).unwrap().len(), 24);
     let (global, _) = create_webhook(
         &pool,
         &notifier,

@@ -84,7 +84,7 @@ impl FileStore {
     fn signature(&self, method: &str, key: &str, exp: i64) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(self.key.as_slice()).expect("any length");
         mac.update(format!("{method}\n{key}\n{exp}").as_bytes());
-        hex::encode(mac.finalize().into_bytes())
+        data_encoding::HEXLOWER.encode(&mac.finalize().into_bytes())
     }
 
     pub(crate) fn presign(&self, method: &str, key: &str, ttl: Duration) -> Presigned {
@@ -249,7 +249,7 @@ async fn hash_file(path: &Path) -> Result<String, StoreError> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hex::encode(hasher.finalize()))
+    Ok(data_encoding::HEXLOWER.encode(&hasher.finalize()))
 }
 
 /// A suffix that keeps concurrent uploads of one key apart.
@@ -276,7 +276,7 @@ where
     }
     file.flush().await?;
     file.sync_all().await?;
-    Ok((size, hex::encode(hasher.finalize())))
+    Ok((size, data_encoding::HEXLOWER.encode(&hasher.finalize())))
 }
 
 #[cfg(test)]
@@ -315,7 +315,7 @@ mod tests {
     async fn a_body_must_match_its_declared_digest() {
         let dir = tempfile::tempdir().unwrap();
         let store = FileStore::new(dir.path(), "http://h", b"k", vps_clock::Clock::system());
-        let good = hex::encode(Sha256::digest(b"hello"));
+        let good = data_encoding::HEXLOWER.encode(&Sha256::digest(b"hello"));
         let written = store
             .write("t/s", Some(&good), body(b"hello"))
             .await
@@ -353,13 +353,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = FileStore::new(dir.path(), "http://h", b"k", vps_clock::Clock::system());
         let written = store.write("t/p", None, body(b"plain")).await.unwrap();
-        let digest = hex::encode(Sha256::digest(b"plain"));
+        let digest = data_encoding::HEXLOWER.encode(&Sha256::digest(b"plain"));
         assert_eq!(written.sha256, digest);
         assert_eq!(store.sha256("t/p").await.unwrap(), Some(digest));
         // Bytes changed behind the store's back, after its digest: hashed again.
         std::thread::sleep(Duration::from_millis(20));
         std::fs::write(dir.path().join("t/p"), b"tampered").unwrap();
-        let tampered = hex::encode(Sha256::digest(b"tampered"));
+        let tampered = data_encoding::HEXLOWER.encode(&Sha256::digest(b"tampered"));
         assert_eq!(store.sha256("t/p").await.unwrap(), Some(tampered));
         // The digest's name is no key: it can be neither read nor written as an object.
         assert!(store.path("t/p@sha256").is_err());

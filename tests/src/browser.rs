@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -308,8 +307,8 @@ impl Browser {
         let shot = self
             .send("Page.captureScreenshot", json!({ "format": "png" }))
             .await;
-        let png = base64::engine::general_purpose::STANDARD
-            .decode(shot["data"].as_str().expect("image data"))
+        let png = data_encoding::BASE64
+            .decode(shot["data"].as_str().expect("image data").as_ref())
             .expect("base64");
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).expect("the screenshot's directory");

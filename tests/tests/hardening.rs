@@ -340,7 +340,8 @@ async fn instance_created_carries_no_plain_hash_of_the_user_data() {
     // What an unkeyed hash of the request would be: anyone reading the log could test
     // guesses of the user data against it.
     let input: vps_commands::instances::CreateInput = serde_json::from_value(body.clone()).unwrap();
-    let plain = hex::encode(Sha256::digest(serde_json::to_vec(&input).unwrap()));
+    let plain =
+        data_encoding::HEXLOWER.encode(&Sha256::digest(serde_json::to_vec(&input).unwrap()));
     assert_ne!(hash, plain);
     assert!(!history.to_string().contains("hunter2"));
 

@@ -1006,12 +1006,12 @@ fn tap_of(instance: &str) -> String {
     use sha2::{Digest, Sha256};
     format!(
         "vps0{}",
-        &hex::encode(Sha256::digest(instance.as_bytes()))[..11]
+        &data_encoding::HEXLOWER.encode(&Sha256::digest(instance.as_bytes()))[..11]
     )
 }
 
 fn sha256_file(path: &Path) -> String {
     use sha2::{Digest, Sha256};
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    hex::encode(Sha256::digest(&bytes))
+    data_encoding::HEXLOWER.encode(&Sha256::digest(&bytes))
 }

@@ -109,7 +109,11 @@ pub fn split_page<T>(
 pub fn sign_cursor(c: &Call, list: &str, tenant: &str, id: &str) -> String {
     let payload = serde_json::json!([list, tenant, id]).to_string();
     let mac = c.ctx.secrets.digest(CURSOR_PURPOSE, payload.as_bytes());
-    format!("{}.{}", hex::encode(payload), mac.get(..32).unwrap_or(&mac))
+    format!(
+        "{}.{}",
+        data_encoding::HEXLOWER.encode(payload.as_bytes()),
+        mac.get(..32).unwrap_or(&mac)
+    )
 }
 
 /// The id a cursor of [`sign_cursor`] names, when it was made for this `list` and `tenant`;
@@ -117,7 +121,9 @@ pub fn sign_cursor(c: &Call, list: &str, tenant: &str, id: &str) -> String {
 pub fn open_cursor(c: &Call, list: &str, tenant: &str, cursor: &str) -> Result<String, ApiError> {
     let bad = || ApiError::invalid("cursor", "not a cursor from a previous page of this list");
     let (payload, mac) = cursor.split_once('.').ok_or_else(bad)?;
-    let payload = hex::decode(payload).map_err(|_| bad())?;
+    let payload = data_encoding::HEXLOWER_PERMISSIVE
+        .decode(payload.as_ref())
+        .map_err(|_| bad())?;
     let expected = c.ctx.secrets.digest(CURSOR_PURPOSE, &payload);
     let expected = expected.get(..32).unwrap_or(&expected);
     if !bool::from(subtle::ConstantTimeEq::ct_eq(

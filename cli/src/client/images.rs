@@ -151,7 +151,7 @@ async fn digest(file: &Path) -> std::io::Result<(String, u64)> {
         hasher.update(&buf[..n]);
         size += n as u64;
     }
-    Ok((hex::encode(hasher.finalize()), size))
+    Ok((data_encoding::HEXLOWER.encode(&hasher.finalize()), size))
 }
 
 /// `PUT`s the file to the presigned URL with exactly the headers given, plus its digest (the

@@ -154,13 +154,10 @@ impl Vps {
         };
         let bytes = match p.encoding.as_deref().unwrap_or("utf8") {
             "utf8" => p.content.into_bytes(),
-            "base64" => {
-                use base64::Engine;
-                match base64::engine::general_purpose::STANDARD.decode(p.content.trim()) {
-                    Ok(bytes) => bytes,
-                    Err(e) => return error(&format!("INVALID_INPUT: content is not base64: {e}")),
-                }
-            }
+            "base64" => match data_encoding::BASE64.decode(p.content.trim().as_ref()) {
+                Ok(bytes) => bytes,
+                Err(e) => return error(&format!("INVALID_INPUT: content is not base64: {e}")),
+            },
             other => {
                 return error(&format!(
                     "INVALID_INPUT: encoding {other:?} is not utf8 or base64"
@@ -357,8 +354,7 @@ fn quoted_path(path: &str) -> Option<String> {
 }
 
 fn encode64(bytes: &[u8]) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
+    data_encoding::BASE64.encode(&bytes)
 }
 
 fn success(answer: &Value) -> CallToolResult {

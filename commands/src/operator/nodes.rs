@@ -108,7 +108,10 @@ pub async fn rotate_token(ctx: &Ctx, node_id: &str) -> Result<RotatedToken, Comm
 }
 
 fn new_token() -> String {
-    format!("nt_{}", hex::encode(rand::random::<[u8; 24]>()))
+    format!(
+        "nt_{}",
+        data_encoding::HEXLOWER.encode(&rand::random::<[u8; 24]>())
+    )
 }
 
 /// Keeps a token's hash beside the log (never in it), replacing the node's previous one.
@@ -130,7 +133,7 @@ async fn store_token(
 
 /// The stored form of a node token.
 pub fn token_hash(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
+    data_encoding::HEXLOWER.encode(&Sha256::digest(token.as_bytes()))
 }
 
 /// Cordons (`true`) or uncordons a node.

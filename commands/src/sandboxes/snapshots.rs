@@ -125,7 +125,7 @@ pub async fn take_within(
         include_memory: input.include_memory.unwrap_or(true),
         keep: input.keep.unwrap_or(false),
         idempotency_key: input.idempotency_key.clone(),
-        request_hash: hex::encode(Sha256::digest(
+        request_hash: data_encoding::HEXLOWER.encode(&Sha256::digest(
             format!(
                 "{}\n{}\n{}",
                 input.sandbox_id,

@@ -93,9 +93,7 @@ async fn phases(scratch: &Scratch, nats: &NatsServer, o: &DeliveryBench) -> anyh
         subject_prefix: String::new(),
     });
     {
-        use base64::Engine;
-        config.secrets.key =
-            Some(base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>()));
+        config.secrets.key = Some(data_encoding::BASE64.encode(&rand::random::<[u8; 32]>()));
     }
     // The receiver listens on loopback.
     config.webhooks.allow_private = vec!["127.0.0.0/8".into()];

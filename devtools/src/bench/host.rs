@@ -574,7 +574,7 @@ async fn setup_qemu_pool(
             image_id: IMAGE.into(),
             tenant_id: None,
             url: format!("file://{}", image.display()),
-            sha256: hex::encode(Sha256::digest(&bytes)),
+            sha256: data_encoding::HEXLOWER.encode(&Sha256::digest(&bytes)),
             format: "bundle".into(),
             verified: true,
         },

@@ -217,13 +217,16 @@ pub async fn single_appends(
 /// operator and a [`TENANT`] identity with fresh random tokens; returns it with the tenant's
 /// token.
 pub fn server_config() -> (Config, String) {
-    use base64::Engine;
-    let token = |prefix: &str| format!("{prefix}_{}", hex::encode(rand::random::<[u8; 16]>()));
+    let token = |prefix: &str| {
+        format!(
+            "{prefix}_{}",
+            data_encoding::HEXLOWER.encode(&rand::random::<[u8; 16]>())
+        )
+    };
     let tenant_token = token("tk");
     let mut config = Config::default();
     config.http.listen = "127.0.0.1:0".into();
-    config.secrets.key =
-        Some(base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>()));
+    config.secrets.key = Some(data_encoding::BASE64.encode(&rand::random::<[u8; 32]>()));
     config.identities = vec![
         IdentityConfig {
             token: token("op"),

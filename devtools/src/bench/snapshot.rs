@@ -161,7 +161,7 @@ async fn store_baseline(
 ) -> anyhow::Result<(f64, f64, f64)> {
     use sha2::Digest;
     let body: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
-    let digest = hex::encode(sha2::Sha256::digest(&body));
+    let digest = data_encoding::HEXLOWER.encode(&sha2::Sha256::digest(&body));
     let mib = size as f64 / f64::from(1 << 20);
     let store = &hosted.server.state.snapshots;
     let upload = store

@@ -157,11 +157,10 @@ fn print_qemu_guide(url: &str, real: &qemu::QemuDemo) {
 /// only) when the file does not exist yet. Only `vps dev` does this: `vps serve` refuses to
 /// start without a configured key.
 fn dev_secrets_key() -> anyhow::Result<String> {
-    use base64::Engine;
     if let Ok(text) = std::fs::read_to_string(KEY_FILE) {
         return Ok(text.trim().to_string());
     }
-    let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>());
+    let key = data_encoding::BASE64.encode(&rand::random::<[u8; 32]>());
     if let Some(dir) = Path::new(KEY_FILE).parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -177,7 +176,7 @@ fn identity(prefix: &str, identity: &str, tenant: Option<&str>) -> IdentityConfi
     use rand::Rng;
     let bytes: [u8; 16] = rand::thread_rng().gen();
     IdentityConfig {
-        token: format!("{prefix}_{}", hex::encode(bytes)),
+        token: format!("{prefix}_{}", data_encoding::HEXLOWER.encode(&bytes)),
         identity: identity.into(),
         operator: tenant.is_none(),
         tenant: tenant.map(str::to_string),

@@ -102,7 +102,7 @@ async fn register_image(ctx: &vps_commands::Ctx, bundle: &Path) -> anyhow::Resul
         image_id: IMAGE_ID.into(),
         tenant_id: None,
         url: format!("file://{}", bundle.display()),
-        sha256: hex::encode(Sha256::digest(&bytes)),
+        sha256: data_encoding::HEXLOWER.encode(&Sha256::digest(&bytes)),
         format: "bundle".into(),
         verified: true,
     };

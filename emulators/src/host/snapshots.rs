@@ -65,7 +65,7 @@ pub(super) fn object(instance_id: &str, snapshot_id: &str, size: usize) -> Vec<u
 
 /// The SHA-256 of `bytes`, in hex.
 pub(super) fn digest(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    data_encoding::HEXLOWER.encode(&Sha256::digest(bytes))
 }
 
 #[cfg(test)]

@@ -271,7 +271,7 @@ pub fn run(args: &[&str]) -> String {
 
 pub fn sha256_file(path: &Path) -> String {
     use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+    data_encoding::HEXLOWER.encode(&sha2::Sha256::digest(std::fs::read(path).unwrap()))
 }
 
 pub fn bundle_digest(bundle: &Path) -> String {

@@ -280,7 +280,7 @@ async fn an_imported_image_reaches_hosts_through_a_signed_url() {
     let file = dir.path().join("guest.tar");
     let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(&file, &bytes).unwrap();
-    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+    let digest = data_encoding::HEXLOWER.encode(&sha2::Sha256::digest(&bytes));
 
     // A tenant may not import.
     let file_arg = file.to_str().unwrap();

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 use axum::routing::post;
-use base64::Engine;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
@@ -149,8 +148,8 @@ async fn receiver() -> (String, Received) {
 
 /// Asserts that each request is an `instance.created` of acme, signed with `secret`.
 fn assert_signed_instance_created(got: &[(HeaderMap, String)], secret: &str) {
-    let key = base64::engine::general_purpose::STANDARD
-        .decode(secret.trim_start_matches("whsec_"))
+    let key = data_encoding::BASE64
+        .decode(secret.trim_start_matches("whsec_").as_ref())
         .unwrap();
     for (headers, body) in got {
         let id = headers["webhook-id"].to_str().unwrap();
@@ -159,7 +158,7 @@ fn assert_signed_instance_created(got: &[(HeaderMap, String)], secret: &str) {
         mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
         let expected = format!(
             "v1,{}",
-            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+            data_encoding::BASE64.encode(&mac.finalize().into_bytes())
         );
         assert!(
             headers["webhook-signature"]

@@ -231,8 +231,7 @@ async fn cp_copies_files_and_trees_in_and_out_byte_for_byte() {
 
 #[tokio::test]
 async fn the_mcp_file_tools_write_and_read_text_and_bytes() {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD;
+    let b64 = data_encoding::BASE64;
     let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
     let (sbx, _hosts) = sandbox(&t).await;
     let remote = tempfile::tempdir().unwrap();
@@ -286,7 +285,11 @@ async fn the_mcp_file_tools_write_and_read_text_and_bytes() {
         got["encoding"], "base64",
         "bytes that are not UTF-8 come back as base64"
     );
-    assert_eq!(b64.decode(got["content"].as_str().unwrap()).unwrap(), bytes);
+    assert_eq!(
+        b64.decode(got["content"].as_str().unwrap().as_bytes())
+            .unwrap(),
+        bytes
+    );
     assert_eq!(got["sizeBytes"], bytes.len());
 
     let (failed, error) = call(

@@ -182,7 +182,7 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
     // The host really uploaded it: the stored object has the reported digest.
     let stored = std::fs::read(object(&t, &id)).expect("the stored object");
     assert_eq!(
-        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&stored)),
+        data_encoding::HEXLOWER.encode(&<sha2::Sha256 as sha2::Digest>::digest(&stored)),
         ready["sha256"].as_str().unwrap()
     );
     // Reads never show where the object is.
@@ -633,7 +633,9 @@ async fn a_plain_put_uploads_and_a_reported_digest_that_is_not_the_stored_bytes_
             status
         }
     };
-    let digest = |bytes: &[u8]| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
+    let digest = |bytes: &[u8]| {
+        data_encoding::HEXLOWER.encode(&<sha2::Sha256 as sha2::Digest>::digest(bytes))
+    };
 
     // A plain PUT, no digest header: stored, and the honest report makes it ready.
     let good = take(&t, sbx, json!({})).await;
@@ -674,7 +676,7 @@ async fn the_file_store_serves_only_signed_unexpired_urls() {
         }
     };
     assert_eq!(t.server.state.snapshots.kind(), "file");
-    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"hello"));
+    let digest = data_encoding::HEXLOWER.encode(&<sha2::Sha256 as sha2::Digest>::digest(b"hello"));
     // No signature, a forged one, an expired one: 403.
     assert_eq!(
         put(

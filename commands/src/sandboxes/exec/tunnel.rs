@@ -40,7 +40,10 @@ pub struct Ticket {
 impl Ticket {
     /// A fresh random ticket.
     pub fn new() -> Ticket {
-        let text = format!("xt_{}", hex::encode(rand::random::<[u8; 32]>()));
+        let text = format!(
+            "xt_{}",
+            data_encoding::HEXLOWER.encode(&rand::random::<[u8; 32]>())
+        );
         let hash = hash(&text);
         Ticket { text, hash }
     }
@@ -53,7 +56,7 @@ impl Default for Ticket {
 }
 
 fn hash(ticket: &str) -> String {
-    hex::encode(Sha256::digest(ticket.as_bytes()))
+    data_encoding::HEXLOWER.encode(&Sha256::digest(ticket.as_bytes()))
 }
 
 /// `[sandbox_exec] tunnel_url` for one node: `{nodeId}` and `{nodeName}` replaced.

@@ -222,7 +222,7 @@ impl ImageCache {
                         }
                         file.sync_all()
                             .map_err(|e| RuntimeError(format!("writing {}: {e}", to.display())))?;
-                        Ok(hex::encode(hasher.finalize()))
+                        Ok(data_encoding::HEXLOWER.encode(&hasher.finalize()))
                     })
                     .await
                     .map_err(|e| RuntimeError(format!("image copy: {e}")))??;
@@ -245,7 +245,7 @@ impl ImageCache {
                     file.write_all(&chunk).map_err(write_error)?;
                 }
                 file.sync_all().map_err(write_error)?;
-                Ok(hex::encode(hasher.finalize()))
+                Ok(data_encoding::HEXLOWER.encode(&hasher.finalize()))
             }
             other => Err(RuntimeError(format!(
                 "image URL scheme {other:?} is not supported"

@@ -9,7 +9,7 @@ use crate::runtime::{NicSpec, RuntimeError};
 /// The tap of NIC `index` of guest `id`: deterministic, so a restarted agent or a `delete`
 /// without a record finds it, and at most 15 characters (`IFNAMSIZ`).
 pub fn tap_name(id: &str, index: usize) -> String {
-    let digest = hex::encode(Sha256::digest(id.as_bytes()));
+    let digest = data_encoding::HEXLOWER.encode(&Sha256::digest(id.as_bytes()));
     format!("vps{}{}", index % 10, &digest[..11])
 }
 

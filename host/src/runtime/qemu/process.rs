@@ -40,7 +40,10 @@ impl GuestDir {
             return beside;
         }
         let digest = Sha256::digest(self.0.as_os_str().as_bytes());
-        Path::new(SHORT_SOCKET_DIR).join(format!("{}.sock", hex::encode(&digest[..12])))
+        Path::new(SHORT_SOCKET_DIR).join(format!(
+            "{}.sock",
+            data_encoding::HEXLOWER.encode(&digest[..12])
+        ))
     }
     pub fn console(&self) -> PathBuf {
         self.0.join("console.log")

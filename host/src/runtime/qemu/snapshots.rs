@@ -231,7 +231,7 @@ pub fn write_archive(
     } = writer;
     let file = inner.into_inner().map_err(|e| io(e.into_error()))?;
     file.sync_all().map_err(io)?;
-    Ok((hex::encode(hasher.finalize()), written))
+    Ok((data_encoding::HEXLOWER.encode(&hasher.finalize()), written))
 }
 
 struct HashingWriter<W> {
@@ -282,8 +282,8 @@ pub fn fresh_identity(hostname: &str) -> Result<FreshIdentity, RuntimeError> {
         ssh_host_keys.push((kind.to_owned(), private.to_string(), public));
     }
     Ok(FreshIdentity {
-        machine_id: hex::encode(&random[..16]),
-        seed: hex::encode(&random[16..]),
+        machine_id: data_encoding::HEXLOWER.encode(&random[..16]),
+        seed: data_encoding::HEXLOWER.encode(&random[16..]),
         ssh_host_keys,
     })
 }
