@@ -291,6 +291,24 @@ impl TestServer {
         .await;
     }
 
+    /// Waits until the reactors have had their turn: every event readable ([`Self::settle`])
+    /// and no work item due or held. A test that asserts something did *not* happen waits
+    /// here instead of sleeping.
+    pub async fn quiet(&self) {
+        self.settle().await;
+        wait_until("no reactor work due", PATIENCE, || async {
+            let busy: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM work_items
+                                 WHERE due_at <= now() OR lease_until > now())",
+            )
+            .fetch_one(&self.server.state.pool)
+            .await
+            .unwrap();
+            !busy
+        })
+        .await;
+    }
+
     /// A second server on the same database, as another replica would be.
     pub async fn replica(&self) -> RunningServer {
         let mut config = (*self.server.state.config).clone();

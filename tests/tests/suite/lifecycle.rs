@@ -440,7 +440,6 @@ async fn a_paused_sandbox_is_billed_the_memory_it_holds_and_usage_verify_agrees(
     let (id, inst) = (s["id"].as_str().unwrap(), s["instanceId"].as_str().unwrap());
     t.ok(ALICE, "sandboxes.pause", call(id)).await;
     reaches(&t, id, "paused").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
     t.ok(ALICE, "sandboxes.resume", call(id)).await;
     reaches(&t, id, "ready").await;
     let paused_at = recorded(&t, inst, "instance.paused").await;
@@ -635,7 +634,7 @@ async fn a_sandbox_stuck_starting_fails_at_its_deadline_and_releases_its_instanc
         .await;
     assert!(leases["items"].as_array().unwrap().is_empty(), "{leases}");
     // It stays failed (not deleted behind the tenant's back) until deleted.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    t.quiet().await;
     assert_eq!(sandbox(&t, id).await["state"], "failed");
     let events = sandbox_events(&t, id).await;
     let fail = events

@@ -218,7 +218,7 @@ async fn a_deleted_tenant_changes_nothing_its_keys_are_revoked_and_its_warm_pool
     .await
     .unwrap();
     assert_eq!(live_templates, 0);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    t.quiet().await;
     assert_eq!(
         live_warm().await,
         0,

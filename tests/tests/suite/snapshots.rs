@@ -518,7 +518,7 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     // Deleting the kept one hides it at once, but its object stays while the restore lives.
     t.ok(ALICE, "sandboxSnapshots.delete", acme_snapshot(&kept))
         .await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    t.quiet().await;
     assert!(
         object(&t, &kept).exists(),
         "a live restore still needs the object"
