@@ -403,11 +403,7 @@ impl NewRows {
                     .map(|i| i.warm_template_id.is_some())
                     .collect::<Vec<_>>(),
             )
-            .bind(
-                all.iter()
-                    .map(|i| instance_doc::stored(i))
-                    .collect::<Vec<_>>(),
-            )
+            .bind(all.iter().map(instance_doc::stored).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
             .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>());
