@@ -354,7 +354,7 @@ fn quoted_path(path: &str) -> Option<String> {
 }
 
 fn encode64(bytes: &[u8]) -> String {
-    data_encoding::BASE64.encode(&bytes)
+    data_encoding::BASE64.encode(bytes)
 }
 
 fn success(answer: &Value) -> CallToolResult {
