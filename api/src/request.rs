@@ -128,6 +128,10 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 fn refusal<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> ApiError {
     let path = e.path().to_string();
     let message = e.inner().to_string();
+    if let Some(what) = vps_domain::ids::not_an_id(&message) {
+        let what = what.to_string();
+        return vps_domain::DomainError::NotFound { what }.into();
+    }
     // A bounded field of a flattened struct names itself (its path is lost on the way).
     if let Some((field, message)) = vps_domain::bounds::field_of(&message) {
         let field = match path.as_str() {

@@ -145,6 +145,22 @@ pub struct BadId {
     pub value: String,
 }
 
+const NOT_AN_ID: &str = "not an id: ";
+
+impl BadId {
+    /// The message a `Deserialize` fails with, which [`not_an_id`] reads back: an id that
+    /// is not well formed names nothing, so the edge answers it as not found.
+    fn marked(&self) -> String {
+        format!("{NOT_AN_ID}{} {}", self.kind, self.value)
+    }
+}
+
+/// What a message made by a typed id's `Deserialize` names (`instance inst_x`), so the API
+/// answers `NOT_FOUND` for it as it does for a well-formed id that names nothing.
+pub fn not_an_id(message: &str) -> Option<&str> {
+    message.strip_prefix(NOT_AN_ID)
+}
+
 /// A typed id: parsed once at the edge ([`FromStr`](std::str::FromStr), `Deserialize`),
 /// serialized as the same string as before.
 macro_rules! typed_id {
@@ -198,13 +214,22 @@ macro_rules! typed_id {
         impl<'de> serde::Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let s = String::deserialize(d)?;
-                $name::parse(&s).map_err(serde::de::Error::custom)
+                $name::parse(&s).map_err(|e| serde::de::Error::custom(e.marked()))
             }
         }
 
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(&self.0)
+            }
+        }
+
+        // Read as the string it is wherever a `&str` is taken (SQL binds, lookups).
+        impl std::ops::Deref for $name {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                &self.0
             }
         }
 
@@ -460,5 +485,15 @@ mod tests {
         assert!(host.starts_with("inst-"));
         assert!(host.len() <= 63);
         assert!(!host.contains('_'));
+    }
+
+    #[test]
+    fn a_malformed_id_fails_to_parse_with_a_message_the_edge_reads_back() {
+        let err = serde_json::from_str::<InstanceId>("\"inst_x\"").err();
+        let message = err.map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(not_an_id(&message), Some("instance inst_x"), "{message}");
+        let ok: Result<InstanceId, _> =
+            serde_json::from_str(&format!("\"inst_{}\"", "a".repeat(52)));
+        assert_eq!(ok.map(|id| id.len()).ok(), Some(57));
     }
 }

@@ -961,7 +961,10 @@ async fn creating_a_webhook_checks_its_input_and_keeps_the_secret_out_of_the_log
     .unwrap();
     assert!(acme.id.starts_with("whk_") && acme.id.len() == 4 + 26);
     assert!(secret.0.starts_with("whsec_"));
-    assert_eq!(STANDARD.decode(&secret.0.as_bytes()[6..]).unwrap().len(), 24);
+    assert_eq!(
+        STANDARD.decode(&secret.0.as_bytes()[6..]).unwrap().len(),
+        24
+    );
     let (global, _) = create_webhook(
         &pool,
         &notifier,

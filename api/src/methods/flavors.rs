@@ -9,6 +9,7 @@ use vps_projections::{operator_views, views};
 use super::missing;
 use crate::error::ApiError;
 use crate::registry::{Access, Call, Items, Method};
+use vps_domain::ids::PoolId;
 
 /// A flavor by id.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -23,7 +24,7 @@ pub struct FlavorRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FlavorList {
     /// `pool_…`.
-    pub pool_id: String,
+    pub pool_id: PoolId,
 }
 
 /// The methods of the group.

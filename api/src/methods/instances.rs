@@ -18,6 +18,7 @@ use vps_projections::views::InstanceView;
 
 use crate::error::ApiError;
 use crate::registry::{Access::Tenant, Call, Items, Method};
+use vps_domain::ids::{InstanceId, PoolId};
 
 /// `instances.create`.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -54,7 +55,7 @@ pub struct InstanceRef {
     /// The tenant.
     tenant_id: String,
     /// `inst_…`.
-    instance_id: String,
+    instance_id: InstanceId,
 }
 
 /// `instances.get`.
@@ -64,7 +65,7 @@ pub struct GetBody {
     /// The tenant.
     tenant_id: String,
     /// `inst_…`.
-    instance_id: String,
+    instance_id: InstanceId,
     /// A cursor (`<transaction id>-<position>`) or an RFC 3339 time: the instance as it was.
     as_of: Option<String>,
 }
@@ -76,7 +77,7 @@ pub struct ResizeBody {
     /// The tenant.
     tenant_id: String,
     /// `inst_…`.
-    instance_id: String,
+    instance_id: InstanceId,
     /// The new flavor's name.
     flavor: String,
 }
@@ -92,7 +93,7 @@ pub struct ListBody {
     /// Only in this state.
     state: Option<InstanceState>,
     /// Only in this pool.
-    pool_id: Option<String>,
+    pool_id: Option<PoolId>,
     /// 1 to 200 (default 50).
     limit: Option<i64>,
     /// The previous page's cursor.
@@ -245,7 +246,7 @@ async fn list(c: Call, q: ListBody) -> Result<InstancePage, ApiError> {
         tenant_id,
         owner,
         state: q.state.map(|s| s.as_str().to_string()),
-        pool_id: q.pool_id,
+        pool_id: q.pool_id.map(String::from),
         before: q.cursor.as_deref().map(parse_cursor).transpose()?,
     };
     let items = vps_projections::instances::page(&c.ctx.pool, &filter, limit + 1)

@@ -16,13 +16,14 @@ use vps_projections::views;
 use super::missing;
 use crate::error::ApiError;
 use crate::registry::{Access, Call, Items, Method};
+use vps_domain::ids::{NodeId, PoolId};
 
 /// A node by id.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeRef {
     /// `node_…`.
-    pub node_id: String,
+    pub node_id: NodeId,
 }
 
 /// `nodes.list`.
@@ -30,7 +31,7 @@ pub struct NodeRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeList {
     /// Only this pool's nodes.
-    pub pool_id: Option<String>,
+    pub pool_id: Option<PoolId>,
 }
 
 /// `nodes.spec`.
@@ -38,7 +39,7 @@ pub struct NodeList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpecQuery {
     /// `node_…`.
-    pub node_id: String,
+    pub node_id: NodeId,
     /// Answer once the generation is newer than this.
     pub after_generation: Option<i64>,
     /// How long to hold the request (at most 30000).
@@ -50,7 +51,7 @@ pub struct SpecQuery {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SecretQuery {
     /// `node_…`.
-    pub node_id: String,
+    pub node_id: NodeId,
     /// `secret://…`.
     #[serde(rename = "ref")]
     pub reference: String,

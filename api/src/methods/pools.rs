@@ -9,13 +9,14 @@ use vps_projections::views::{self, Lease, QuotaUsage};
 use super::missing;
 use crate::error::ApiError;
 use crate::registry::{Access::Operator, Call, Items, Method, NoParams};
+use vps_domain::ids::PoolId;
 
 /// A pool by id.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolRef {
     /// `pool_…`.
-    pub pool_id: String,
+    pub pool_id: PoolId,
 }
 
 /// `pools.usage`.
@@ -23,7 +24,7 @@ pub struct PoolRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UsageQuery {
     /// `pool_…`.
-    pub pool_id: String,
+    pub pool_id: PoolId,
     /// Only this tenant's quotas.
     pub tenant_id: Option<String>,
 }

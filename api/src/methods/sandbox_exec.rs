@@ -11,6 +11,7 @@ use vps_domain::ErrorCode;
 
 use crate::error::ApiError;
 use crate::registry::{Access, Call, Method};
+use vps_domain::ids::{NodeId, SandboxId};
 
 /// `sandboxes.exec`.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -19,7 +20,7 @@ pub struct ExecBody {
     /// The tenant.
     tenant_id: String,
     /// `sbx_…`.
-    sandbox_id: String,
+    sandbox_id: SandboxId,
     /// Your OpenSSH public key line (ssh-ed25519 or ECDSA; RSA is refused).
     public_key: String,
     /// The certificate's lifetime: 1 to 900 seconds (default 300), never past the sandbox's
@@ -75,7 +76,7 @@ pub struct ExecAnswer {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RedeemBody {
     /// `node_…`: the node the ticket was issued for.
-    node_id: String,
+    node_id: NodeId,
     /// The ticket a client sent.
     ticket: String,
 }
@@ -138,7 +139,7 @@ async fn exec(c: Call, q: ExecBody) -> Result<ExecAnswer, ApiError> {
     };
     let request = ExecRequest {
         tenant_id: tenant,
-        sandbox_id: q.sandbox_id,
+        sandbox_id: q.sandbox_id.into(),
         public_key,
         ttl_seconds: q.ttl_seconds,
     };

@@ -16,6 +16,7 @@ use vps_projections::views::{SandboxView, TemplateView};
 use crate::error::ApiError;
 use crate::methods::instances::Wait;
 use crate::registry::{Access::Tenant, Call, Items, Method};
+use vps_domain::ids::{SandboxId, TemplateId};
 
 /// A template by id.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -24,7 +25,7 @@ pub struct TemplateRef {
     /// The tenant.
     tenant_id: String,
     /// `sbxt_…`.
-    template_id: String,
+    template_id: TemplateId,
 }
 
 /// `sandboxes.create`.
@@ -44,7 +45,7 @@ pub struct SandboxRef {
     /// The tenant.
     tenant_id: String,
     /// `sbx_…`.
-    sandbox_id: String,
+    sandbox_id: SandboxId,
 }
 
 /// `sandboxes.setLabels`.
@@ -54,7 +55,7 @@ pub struct SetSandboxLabels {
     /// The tenant.
     tenant_id: String,
     /// `sbx_…`.
-    sandbox_id: String,
+    sandbox_id: SandboxId,
     /// The labels (they replace the sandbox's): at most 32, Kubernetes label syntax.
     labels: vps_domain::labels::Labels,
 }
@@ -66,7 +67,7 @@ pub struct SetTemplateLabels {
     /// The tenant.
     tenant_id: String,
     /// `sbxt_…`.
-    template_id: String,
+    template_id: TemplateId,
     /// The labels (they replace the template's): at most 32, Kubernetes label syntax.
     labels: vps_domain::labels::Labels,
 }
@@ -88,7 +89,7 @@ pub struct ResumeBody {
     /// The tenant.
     tenant_id: String,
     /// `sbx_…`.
-    sandbox_id: String,
+    sandbox_id: SandboxId,
     /// The fresh lifetime: 1 to the template's `maxTtlSeconds` (default: its
     /// `defaultTtlSeconds`).
     ttl_seconds: Option<u64>,
@@ -111,7 +112,7 @@ pub struct ExtendBody {
     /// The tenant.
     tenant_id: String,
     /// `sbx_…`.
-    sandbox_id: String,
+    sandbox_id: SandboxId,
     /// The new expiry (RFC 3339).
     until: Option<DateTime<Utc>>,
     /// Added to the current expiry (at most 30 days).
@@ -129,7 +130,7 @@ pub struct ListBody {
     /// Deleted ones too.
     deleted: Option<bool>,
     /// Only this template's.
-    template_id: Option<String>,
+    template_id: Option<TemplateId>,
     /// Only sandboxes carrying every one of these labels (at most 32 pairs).
     labels: Option<vps_domain::labels::Labels>,
     /// 1 to 200 (default 50).
@@ -405,7 +406,7 @@ async fn list(c: Call, q: ListBody) -> Result<SandboxPage, ApiError> {
     let filter = SandboxFilter {
         owner,
         deleted: q.deleted.unwrap_or(false),
-        template_id: q.template_id,
+        template_id: q.template_id.map(String::from),
         labels: label_filter(q.labels)?,
         limit: limit + 1,
         cursor: q

@@ -8,6 +8,7 @@ use vps_projections::views::SnapshotView;
 
 use crate::error::ApiError;
 use crate::registry::{Access::Tenant, Call, Method};
+use vps_domain::ids::{SandboxId, SnapshotId};
 
 /// `sandboxes.snapshot`.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -26,7 +27,7 @@ pub struct SnapshotRef {
     /// The tenant.
     tenant_id: String,
     /// `snap_…`.
-    snapshot_id: String,
+    snapshot_id: SnapshotId,
 }
 
 /// `sandboxSnapshots.list`.
@@ -36,7 +37,7 @@ pub struct ListBody {
     /// The tenant.
     tenant_id: String,
     /// Only this sandbox's.
-    sandbox_id: Option<String>,
+    sandbox_id: Option<SandboxId>,
     /// `mine` (default: the ones you own) or `all`.
     scope: Option<String>,
     /// 1 to 200 (default 50).
@@ -104,7 +105,7 @@ async fn list(c: Call, q: ListBody) -> Result<SnapshotPage, ApiError> {
     let owner = super::scope_owner(&c, q.scope.as_deref(), super::Scope::Mine)?;
     let filter = SnapshotFilter {
         owner,
-        sandbox_id: q.sandbox_id,
+        sandbox_id: q.sandbox_id.map(String::from),
         limit: limit + 1,
         cursor: q
             .cursor

@@ -11,6 +11,7 @@ use vps_projections::volumes::{VolumeFilter, VolumeView};
 
 use crate::error::ApiError;
 use crate::registry::{Access::Tenant, Call, Items, Method};
+use vps_domain::ids::{PoolId, VolumeId};
 
 /// The most volumes a list answers.
 pub const LIST_LIMIT: i64 = 500;
@@ -22,7 +23,7 @@ pub struct VolumeRef {
     /// The tenant.
     tenant_id: String,
     /// `vol_…`.
-    volume_id: String,
+    volume_id: VolumeId,
 }
 
 /// `sandboxVolumes.resize`.
@@ -32,7 +33,7 @@ pub struct ResizeBody {
     /// The tenant.
     tenant_id: String,
     /// `vol_…`.
-    volume_id: String,
+    volume_id: VolumeId,
     /// The new size: at least the current one (volumes only grow), at most 16384.
     #[serde(rename = "sizeGiB")]
     size_gib: u32,
@@ -45,7 +46,7 @@ pub struct ListBody {
     /// The tenant.
     tenant_id: String,
     /// Only in this pool.
-    pool_id: Option<String>,
+    pool_id: Option<PoolId>,
     /// `mine` (default: the volumes the caller created) or `all`.
     scope: Option<String>,
     /// Deleted ones too.
@@ -114,7 +115,7 @@ async fn list(c: Call, q: ListBody) -> Result<Items<VolumeView>, ApiError> {
     let filter = VolumeFilter {
         tenant_id,
         owner,
-        pool_id: q.pool_id,
+        pool_id: q.pool_id.map(String::from),
         include_deleted: q.include_deleted.unwrap_or(false),
         limit: LIST_LIMIT,
     };

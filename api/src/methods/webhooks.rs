@@ -10,6 +10,7 @@ use super::events::scope;
 use super::missing;
 use crate::error::ApiError;
 use crate::registry::{Access::Tenant, Call, Items, Method, NoParams};
+use vps_domain::ids::WebhookId;
 
 /// `webhooks.create`.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -30,7 +31,7 @@ pub struct CreateWebhook {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WebhookRef {
     /// `wh_…`.
-    webhook_id: String,
+    webhook_id: WebhookId,
 }
 
 /// `webhooks.deliveries`.
@@ -38,7 +39,7 @@ pub struct WebhookRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeliveriesQuery {
     /// `wh_…`.
-    webhook_id: String,
+    webhook_id: WebhookId,
     /// 1 to 1000 (default 100).
     limit: Option<i64>,
 }

@@ -116,6 +116,36 @@ async fn bodies_are_objects_without_unknown_fields_or_nul_characters() {
     assert_eq!(unknown.body["code"], "NOT_FOUND");
 }
 
+/// Ids are parsed once, at the edge: one that is not well formed names nothing, so it is
+/// `NOT_FOUND` like a well-formed one that names nothing, before any handler runs.
+#[tokio::test]
+async fn a_malformed_id_is_not_found_naming_its_kind() {
+    let t = TestServer::start().await;
+    for (method, body, named) in [
+        (
+            "instances.get",
+            json!({ "tenantId": "acme", "instanceId": "inst_x" }),
+            "instance inst_x",
+        ),
+        (
+            "sandboxes.get",
+            json!({ "tenantId": "acme", "sandboxId": "inst_x" }),
+            "sandbox inst_x",
+        ),
+        (
+            "flavors.list",
+            json!({ "poolId": "pool_NOT_A_ULID" }),
+            "pool pool_NOT_A_ULID",
+        ),
+    ] {
+        let refused = t.err(OPERATOR, method, body.clone()).await;
+        assert_eq!(refused.status, 404, "{method} {body}: {}", refused.body);
+        assert_eq!(refused.body["code"], "NOT_FOUND");
+        let message = refused.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains(named), "{method}: {message}");
+    }
+}
+
 #[tokio::test]
 async fn a_node_token_calls_only_its_own_nodes_methods() {
     let t = TestServer::start().await;

@@ -563,7 +563,9 @@ async fn without_a_sandbox_ca_exec_is_unsupported() {
         t.call(
             ALICE,
             "sandboxes.exec",
-            json!({ "tenantId": "acme", "sandboxId": "sbx_x", "publicKey": vps_tests::SSH_KEY }),
+            // A well-formed id that names nothing: the missing CA is refused before the lookup.
+            json!({ "tenantId": "acme", "sandboxId": format!("sbx_{}", "a".repeat(52)),
+                    "publicKey": vps_tests::SSH_KEY }),
         )
         .await,
     );
