@@ -14,7 +14,8 @@
 //!
 //! Reads live with their tables: `commands`, `reactors`, `api` and `devtools` read a
 //! projection table through its module's query functions (typed rows, the SQL and locking
-//! their callers tuned), never with SQL of their own.
+//! their callers tuned), never with SQL of their own. The webhook dispatcher's lease statement
+//! is the exception: it writes `webhook_leases`, its own table, and joins `webhooks` to do it.
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
