@@ -123,9 +123,9 @@ pub async fn uploaded_objects(
             .await?;
     Ok(owned
         .into_iter()
-        .map(|(id, tenant)| {
-            let key = vps_domain::sandbox::snapshot::object_key(&tenant, &id);
-            (id, key)
+        .map(|snap| {
+            let key = vps_domain::sandbox::snapshot::object_key(&snap.tenant_id, &snap.id);
+            (snap.id, key)
         })
         .collect())
 }

@@ -557,12 +557,21 @@ pub async fn pending_on_node<'e>(
     .await
 }
 
-/// Which of these snapshots are `pending` on `node_id`, by id: their ids and tenants.
+/// A snapshot and its tenant (what names its object in the store).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SnapshotOfTenant {
+    /// `snap_…`.
+    pub id: String,
+    /// The tenant.
+    pub tenant_id: String,
+}
+
+/// Which of these snapshots are `pending` on `node_id`, by id.
 pub async fn pending_tenants_on_node<'e>(
     db: impl PgExecutor<'e>,
     ids: &[&str],
     node_id: &str,
-) -> Result<Vec<(String, String)>, sqlx::Error> {
+) -> Result<Vec<SnapshotOfTenant>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, tenant_id FROM sandbox_snapshots
           WHERE id = ANY($1) AND node_id = $2 AND state = 'pending' ORDER BY id",
