@@ -118,19 +118,14 @@ pub async fn uploaded_objects(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let owned: Vec<(String, String)> = sqlx::query_as(
-        "SELECT id, tenant_id FROM sandbox_snapshots
-          WHERE id = ANY($1) AND node_id = $2 AND state = 'pending' ORDER BY id",
-    )
-    .bind(&ids)
-    .bind(&report.node_id)
-    .fetch_all(&ctx.pool)
-    .await?;
+    let owned =
+        vps_projections::sandboxes::pending_tenants_on_node(&ctx.pool, &ids, &report.node_id)
+            .await?;
     Ok(owned
         .into_iter()
-        .map(|(id, tenant)| {
-            let key = vps_domain::sandbox::snapshot::object_key(&tenant, &id);
-            (id, key)
+        .map(|snap| {
+            let key = vps_domain::sandbox::snapshot::object_key(&snap.tenant_id, &snap.id);
+            (snap.id, key)
         })
         .collect())
 }

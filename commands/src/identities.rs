@@ -110,24 +110,16 @@ pub async fn authenticate(
     else {
         return Ok(None);
     };
-    let row: Option<(String, Vec<u8>, Option<String>, bool)> = sqlx::query_as(
-        "SELECT k.identity_id, k.hash, i.tenant_id, i.operator
-           FROM api_keys k JOIN identities i ON i.id = k.identity_id
-          WHERE k.key_id = $1",
-    )
-    .bind(key_id)
-    .fetch_optional(pool)
-    .await?;
-    let Some((identity_id, stored, tenant_id, operator)) = row else {
+    let Some(row) = vps_projections::identities::key_holder(pool, key_id).await? else {
         return Ok(None);
     };
     let presented = Sha256::digest(secret.as_bytes());
-    if !bool::from(presented.as_slice().ct_eq(&stored)) {
+    if !bool::from(presented.as_slice().ct_eq(&row.hash)) {
         return Ok(None);
     }
     Ok(Some(KeyHolder {
-        identity_id,
-        tenant_id,
-        operator,
+        identity_id: row.identity_id,
+        tenant_id: row.tenant_id,
+        operator: row.operator,
     }))
 }

@@ -16,6 +16,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use vps_domain::tenant::{begin_teardown, finish_teardown, Tenant};
 use vps_domain::DomainError;
+use vps_projections::{identities, sandboxes, volumes, webhooks};
 
 use crate::context::Ctx;
 use crate::error::CommandError;
@@ -104,27 +105,27 @@ pub async fn teardown_pass(ctx: &Ctx, tenant_id: &str) -> Result<u64, CommandErr
 /// in the log (configured `[[identities]]` have no keys to revoke: the edge refuses them every
 /// change of a deleted tenant).
 fn revoke_keys<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = "SELECT id FROM identities WHERE tenant_id = $1 AND keys > 0 ORDER BY id LIMIT $2";
-    let left = "SELECT count(*) FROM identities WHERE tenant_id = $1 AND keys > 0";
-    sweep(ctx, tenant_id, due, left, move |id| async move {
+    let due = identities::with_keys_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
+    let left = identities::with_keys_count(&ctx.pool, tenant_id);
+    sweep_reads(due, left, move |id| async move {
         ignore_gone(crate::identities::revoke_keys(ctx, &id).await.map(|_| ()))
     })
 }
 
 /// Deletes the tenant's webhooks.
 fn remove_webhooks<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = "SELECT id FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted' LIMIT $2";
-    let left = "SELECT count(*) FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted'";
-    sweep(ctx, tenant_id, due, left, move |id| async move {
+    let due = webhooks::ids_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
+    let left = webhooks::count_of_tenant(&ctx.pool, tenant_id);
+    sweep_reads(due, left, move |id| async move {
         ignore_gone(crate::webhooks::delete(ctx, &id, None).await)
     })
 }
 
 /// Deletes every live template (the sandbox reconciler then drains their warm pools).
 fn delete_templates<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = "SELECT id FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted LIMIT $2";
-    let left = "SELECT count(*) FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted";
-    sweep(ctx, tenant_id, due, left, move |id| async move {
+    let due = sandboxes::live_template_ids_of(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
+    let left = sandboxes::live_template_count(&ctx.pool, tenant_id);
+    sweep_reads(due, left, move |id| async move {
         let deleted = crate::sandboxes::templates::delete(ctx, tenant_id, &id).await;
         ignore_gone(deleted.map(|_| ()))
     })
@@ -132,10 +133,9 @@ fn delete_templates<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 
 /// Marks open sandboxes deleting (their instances go with them); answers those not yet gone.
 fn delete_sandboxes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = "SELECT id FROM sandboxes WHERE tenant_id = $1
-                 AND state IN ('starting', 'ready', 'failed') ORDER BY id LIMIT $2";
-    let left = "SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state <> 'deleted'";
-    sweep(ctx, tenant_id, due, left, move |id| async move {
+    let due = sandboxes::open_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
+    let left = sandboxes::undeleted_count(&ctx.pool, tenant_id);
+    sweep_reads(due, left, move |id| async move {
         let deleted = crate::sandboxes::lifecycle::delete(ctx, tenant_id, &id).await;
         ignore_gone(deleted.map(|_| ()))
     })
@@ -143,10 +143,9 @@ fn delete_sandboxes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 
 /// Deletes every live snapshot, kept ones included.
 fn delete_snapshots<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = "SELECT id FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted
-                ORDER BY id LIMIT $2";
-    let left = "SELECT count(*) FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted";
-    sweep(ctx, tenant_id, due, left, move |id| async move {
+    let due = sandboxes::live_snapshot_ids_of(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
+    let left = sandboxes::live_snapshot_count(&ctx.pool, tenant_id);
+    sweep_reads(due, left, move |id| async move {
         let deleted = crate::sandboxes::snapshots::delete(ctx, tenant_id, &id).await;
         ignore_gone(deleted.map(|_| ()))
     })
@@ -167,10 +166,9 @@ fn delete_instances<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 /// Deletes volumes no live instance attaches any more (the others wait for their instances);
 /// answers those not yet released (their host lets them go, then the sandbox reconciler).
 fn delete_volumes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = "SELECT id FROM sandbox_volumes WHERE tenant_id = $1
-                 AND state IN ('creating', 'ready') ORDER BY id LIMIT $2";
-    let left = "SELECT count(*) FROM sandbox_volumes WHERE tenant_id = $1 AND state <> 'deleted'";
-    sweep(ctx, tenant_id, due, left, move |id| async move {
+    let due = volumes::live_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
+    let left = volumes::undeleted_count(&ctx.pool, tenant_id);
+    sweep_reads(due, left, move |id| async move {
         match crate::volumes::delete(ctx, tenant_id, &id).await {
             // Still attached: its instances are being deleted; a later pass retries.
             Err(CommandError::Domain(DomainError::ConflictOn { .. })) => Ok(()),
@@ -195,20 +193,32 @@ where
     F: Fn(String) -> Fut + Send + 'a,
     Fut: Future<Output = Result<(), CommandError>> + Send + 'a,
 {
+    let ids = sqlx::query_scalar(due)
+        .bind(tenant_id)
+        .bind(INSTANCES_PER_PASS)
+        .fetch_all(&ctx.pool);
+    let n = sqlx::query_scalar(left)
+        .bind(tenant_id)
+        .fetch_one(&ctx.pool);
+    sweep_reads(ids, n, act)
+}
+
+/// A step's pass: `act` on each id `due` reads (at most a pass's share), then count what
+/// `left` reads remains (`left` runs only once `act` is done).
+fn sweep_reads<'a, F, Fut>(
+    due: impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a,
+    left: impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a,
+    act: F,
+) -> StepFuture<'a>
+where
+    F: Fn(String) -> Fut + Send + 'a,
+    Fut: Future<Output = Result<(), CommandError>> + Send + 'a,
+{
     async move {
-        let ids: Vec<String> = sqlx::query_scalar(due)
-            .bind(tenant_id)
-            .bind(INSTANCES_PER_PASS)
-            .fetch_all(&ctx.pool)
-            .await?;
-        for id in ids {
+        for id in due.await? {
             act(id).await?;
         }
-        let n: i64 = sqlx::query_scalar(left)
-            .bind(tenant_id)
-            .fetch_one(&ctx.pool)
-            .await?;
-        Ok(n as u64)
+        Ok(left.await? as u64)
     }
     .boxed()
 }

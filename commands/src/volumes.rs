@@ -135,14 +135,7 @@ async fn create_facts(
     else {
         return Ok(VolumeFacts::default());
     };
-    let name_taken: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM sandbox_volumes
-                         WHERE tenant_id = $1 AND name = $2 AND state <> 'deleted')",
-    )
-    .bind(&c.tenant_id)
-    .bind(&c.name)
-    .fetch_one(&mut *tx)
-    .await?;
+    let name_taken = vps_projections::volumes::name_taken(&mut *tx, &c.tenant_id, &c.name).await?;
     let (quota_max, quota_used) = facts::quota(tx, &c.pool_id, &c.tenant_id).await?;
     Ok(VolumeFacts {
         pool: Some(pool),
@@ -228,14 +221,8 @@ pub async fn delete(ctx: &Ctx, tenant_id: &str, volume_id: &str) -> Result<Volum
 /// and quota. Skips a volume another worker holds. Whether it released one.
 pub async fn release(ctx: &Ctx, volume_id: &str) -> Result<bool, CommandError> {
     transaction(ctx, volume_id, async |tx| {
-        let free: Option<String> = sqlx::query_scalar(
-            "SELECT id FROM sandbox_volumes WHERE id = $1 AND state = 'deleting'
-                FOR UPDATE SKIP LOCKED",
-        )
-        .bind(volume_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(v) = free.and(load::<Volume>(tx, volume_id).await?) else {
+        let free = vps_projections::volumes::lock_deleting_unless_held(tx, volume_id).await?;
+        let Some(v) = free.then_some(()).and(load::<Volume>(tx, volume_id).await?) else {
             return Ok(false);
         };
         let events = domain::release(&v);
@@ -249,9 +236,5 @@ pub async fn release(ctx: &Ctx, volume_id: &str) -> Result<bool, CommandError> {
 
 /// Locks a volume's row to this transaction's end.
 async fn lock(tx: &mut PgConnection, volume_id: &str) -> Result<(), CommandError> {
-    sqlx::query("SELECT 1 FROM sandbox_volumes WHERE id = $1 FOR UPDATE")
-        .bind(volume_id)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
+    Ok(vps_projections::volumes::lock(tx, volume_id).await?)
 }

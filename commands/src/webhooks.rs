@@ -171,12 +171,7 @@ async fn count_for_owner(tx: &mut PgConnection, owner: Option<&str>) -> Result<u
     .bind(owner)
     .execute(&mut *tx)
     .await?;
-    let count: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM webhooks WHERE tenant_id IS NOT DISTINCT FROM $1 AND state <> 'deleted'",
-    )
-    .bind(owner)
-    .fetch_one(&mut *tx)
-    .await?;
+    let count = vps_projections::webhooks::count_of_owner(&mut *tx, owner).await?;
     Ok(count as usize)
 }
 

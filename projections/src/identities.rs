@@ -66,3 +66,65 @@ pub async fn list<'e>(db: impl PgExecutor<'e>) -> Result<Vec<IdentityView>, sqlx
     .fetch_all(db)
     .await
 }
+
+/// An API key's stored hash and what its identity may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyHolderRow {
+    /// The identity the key belongs to.
+    pub identity_id: String,
+    /// The key secret's SHA-256 (from `api_keys`).
+    pub hash: Vec<u8>,
+    /// The tenant the identity acts for.
+    pub tenant_id: Option<String>,
+    /// Whether it is an operator.
+    pub operator: bool,
+}
+
+/// The key `key_id` (its hash, from `api_keys`) joined with its identity, if both exist.
+pub async fn key_holder<'e>(
+    db: impl PgExecutor<'e>,
+    key_id: &str,
+) -> Result<Option<KeyHolderRow>, sqlx::Error> {
+    let row: Option<(String, Vec<u8>, Option<String>, bool)> = sqlx::query_as(
+        "SELECT k.identity_id, k.hash, i.tenant_id, i.operator
+           FROM api_keys k JOIN identities i ON i.id = k.identity_id
+          WHERE k.key_id = $1",
+    )
+    .bind(key_id)
+    .fetch_optional(db)
+    .await?;
+    Ok(
+        row.map(|(identity_id, hash, tenant_id, operator)| KeyHolderRow {
+            identity_id,
+            hash,
+            tenant_id,
+            operator,
+        }),
+    )
+}
+
+/// A tenant's identities that hold API keys, by id, up to `limit`.
+pub async fn with_keys_of_tenant<'e>(
+    db: impl PgExecutor<'e>,
+    tenant_id: &str,
+    limit: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM identities WHERE tenant_id = $1 AND keys > 0 ORDER BY id LIMIT $2",
+    )
+    .bind(tenant_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// How many of a tenant's identities hold API keys.
+pub async fn with_keys_count<'e>(
+    db: impl PgExecutor<'e>,
+    tenant_id: &str,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM identities WHERE tenant_id = $1 AND keys > 0")
+        .bind(tenant_id)
+        .fetch_one(db)
+        .await
+}

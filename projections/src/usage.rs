@@ -237,6 +237,13 @@ pub async fn count<'e>(db: impl PgExecutor<'e>, q: &UsageQuery) -> Result<i64, s
         .await
 }
 
+/// How many usage records there are (the metering bench's throughput).
+pub async fn record_count<'e>(db: impl PgExecutor<'e>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM usage_records")
+        .fetch_one(db)
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::types::Json;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgExecutor};
 use vps_domain::volume::{charge, InUse, Volume, VolumeEvent, VolumeState};
 use vps_events::RecordedEvent;
 
@@ -259,4 +259,131 @@ pub async fn list(
         .iter()
         .map(|v| VolumeView::new(v, instance_ids(&attached, &v.id)))
         .collect())
+}
+
+/// Whether the tenant has a volume (not deleted) called `name`.
+pub async fn name_taken<'e>(
+    db: impl PgExecutor<'e>,
+    tenant_id: &str,
+    name: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sandbox_volumes
+                         WHERE tenant_id = $1 AND name = $2 AND state <> 'deleted')",
+    )
+    .bind(tenant_id)
+    .bind(name)
+    .fetch_one(db)
+    .await
+}
+
+/// Locks volume `id`'s row to the transaction's end if it is `deleting` and no other
+/// transaction holds it (`FOR UPDATE SKIP LOCKED`). Whether it did.
+pub async fn lock_deleting_unless_held(
+    conn: &mut PgConnection,
+    id: &str,
+) -> Result<bool, sqlx::Error> {
+    let free: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM sandbox_volumes WHERE id = $1 AND state = 'deleting'
+                FOR UPDATE SKIP LOCKED",
+    )
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(free.is_some())
+}
+
+/// Locks volume `id`'s row (if any) to the transaction's end.
+pub async fn lock(conn: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1 FROM sandbox_volumes WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The tenant's volumes (not deleted) of these names, by id, held (`FOR SHARE`) to the
+/// transaction's end.
+pub async fn named_for_share(
+    conn: &mut PgConnection,
+    tenant_id: &str,
+    names: &[&str],
+) -> Result<Vec<Volume>, sqlx::Error> {
+    let found: Vec<Json<Volume>> = sqlx::query_scalar(
+        "SELECT doc FROM sandbox_volumes
+          WHERE tenant_id = $1 AND name = ANY($2) AND state <> 'deleted'
+          ORDER BY id FOR SHARE",
+    )
+    .bind(tenant_id)
+    .bind(names)
+    .fetch_all(conn)
+    .await?;
+    Ok(found.into_iter().map(|j| j.0).collect())
+}
+
+/// The volumes of these ids, by id, locked (`FOR UPDATE`) to the transaction's end.
+pub async fn lock_many(
+    conn: &mut PgConnection,
+    ids: &[String],
+) -> Result<Vec<Volume>, sqlx::Error> {
+    let volumes: Vec<Json<Volume>> = sqlx::query_scalar(
+        "SELECT doc FROM sandbox_volumes WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+    )
+    .bind(ids)
+    .fetch_all(conn)
+    .await?;
+    Ok(volumes.into_iter().map(|j| j.0).collect())
+}
+
+/// Deleting volumes their host let go, by id, up to `limit`: absent from `node_spec_volumes`
+/// (the NodeSpec follower took them out of the spec, at a generation no later than the
+/// node's current one), and the host has applied that generation or is gone.
+pub async fn releasable<'e>(
+    db: impl PgExecutor<'e>,
+    limit: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT v.id FROM sandbox_volumes v
+           LEFT JOIN nodes n ON n.id = v.node_id
+           LEFT JOIN node_heartbeats h ON h.node_id = v.node_id
+          WHERE v.state = 'deleting'
+            AND NOT EXISTS (SELECT 1 FROM node_spec_volumes s WHERE s.volume_id = v.id)
+            AND (n.id IS NULL OR n.state = 'lost'
+                 OR h.applied_generation >= coalesce(
+                        (SELECT generation FROM node_specs s WHERE s.node_id = v.node_id), 0))
+          ORDER BY v.id
+          LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// A tenant's volumes still `creating` or `ready`, by id, up to `limit`.
+pub async fn live_of_tenant<'e>(
+    db: impl PgExecutor<'e>,
+    tenant_id: &str,
+    limit: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM sandbox_volumes WHERE tenant_id = $1
+                 AND state IN ('creating', 'ready') ORDER BY id LIMIT $2",
+    )
+    .bind(tenant_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// How many of a tenant's volumes are not yet deleted.
+pub async fn undeleted_count<'e>(
+    db: impl PgExecutor<'e>,
+    tenant_id: &str,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM sandbox_volumes WHERE tenant_id = $1 AND state <> 'deleted'",
+    )
+    .bind(tenant_id)
+    .fetch_one(db)
+    .await
 }

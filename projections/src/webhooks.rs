@@ -216,3 +216,101 @@ impl FromRow<'_, PgRow> for Webhook {
         })
     }
 }
+
+/// An active subscription as the fan-out matches events against it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveWebhook {
+    /// `whk_…`.
+    pub id: String,
+    /// Type patterns.
+    pub types: Vec<String>,
+    /// When set, only this tenant's events.
+    pub tenant_id: Option<String>,
+    /// Its `webhook.created` event's place in the log: only later events are delivered.
+    pub created: vps_events::Cursor,
+}
+
+/// Every active subscription.
+pub async fn active<'e>(db: impl PgExecutor<'e>) -> Result<Vec<ActiveWebhook>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, types, tenant_id, created_transaction_id::text, created_position
+           FROM webhooks WHERE state = 'active'",
+    )
+    .fetch_all(db)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let txid: String = row.try_get(3)?;
+            Ok(ActiveWebhook {
+                id: row.try_get(0)?,
+                types: row.try_get(1)?,
+                tenant_id: row.try_get(2)?,
+                created: vps_events::Cursor {
+                    transaction_id: txid.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                    position: row.try_get(4)?,
+                },
+            })
+        })
+        .collect()
+}
+
+/// How many subscriptions (not deleted) `owner` has (`None`: operators' all-tenant ones).
+pub async fn count_of_owner<'e>(
+    db: impl PgExecutor<'e>,
+    owner: Option<&str>,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM webhooks WHERE tenant_id IS NOT DISTINCT FROM $1 AND state <> 'deleted'",
+    )
+    .bind(owner)
+    .fetch_one(db)
+    .await
+}
+
+/// A tenant's subscriptions (not deleted), up to `limit`.
+pub async fn ids_of_tenant<'e>(
+    db: impl PgExecutor<'e>,
+    tenant_id: &str,
+    limit: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted' LIMIT $2",
+    )
+    .bind(tenant_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// How many subscriptions (not deleted) a tenant has.
+pub async fn count_of_tenant<'e>(
+    db: impl PgExecutor<'e>,
+    tenant_id: &str,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted'")
+        .bind(tenant_id)
+        .fetch_one(db)
+        .await
+}
+
+/// The disabled subscriptions (`doctor`'s check).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disabled {
+    /// How many.
+    pub count: i64,
+    /// The five most recently disabled, each `id (tenant or operator)`.
+    pub some: Vec<String>,
+}
+
+/// How many subscriptions are disabled, and the latest few.
+pub async fn disabled<'e>(db: impl PgExecutor<'e>) -> Result<Disabled, sqlx::Error> {
+    let (count, some): (i64, Vec<String>) = sqlx::query_as(
+        "SELECT count(*),
+                coalesce((array_agg(id || ' (' || coalesce(tenant_id, 'operator') || ')'
+                                    ORDER BY updated_at DESC))[1:5], '{}'::text[])
+           FROM webhooks WHERE state = 'disabled'",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(Disabled { count, some })
+}

@@ -19,14 +19,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::types::Json;
 use tokio::sync::watch;
 use tracing::Instrument;
 use vps_commands::sandboxes::{lifecycle, snapshots, warm};
 use vps_commands::{CommandError, Ctx};
 use vps_domain::sandbox::Sandbox;
 use vps_domain::state_table::InstanceState;
-use vps_domain::template::Template;
 use vps_store::SnapshotStore;
 
 use self::step::{deadlines, delta, expiry_leads};
@@ -247,45 +245,20 @@ async fn looks(
     let (lead, min_lead) = expiry_leads(timings);
     let horizon = now + lead.max(min_lead);
     let d = deadlines(timings);
-    let rows: Vec<(Json<Sandbox>, Option<String>)> = sqlx::query_as(
-        "SELECT s.doc, i.state FROM sandboxes s LEFT JOIN instances i ON i.id = s.instance_id
-          WHERE s.id IN (
-             (SELECT id FROM sandboxes
-               WHERE state IN ('starting', 'ready', 'failed', 'pausing', 'paused', 'resuming')
-                 AND expires_at <= $1
-               ORDER BY expires_at LIMIT $3)
-             UNION
-             (SELECT id FROM sandboxes
-               WHERE state IN ('starting', 'ready', 'failed', 'pausing', 'paused', 'resuming')
-                 AND expires_at > $1 AND expires_at <= $2 AND NOT (doc->>'expiringSent')::boolean
-               ORDER BY expires_at LIMIT $3)
-             UNION
-             (SELECT id FROM sandboxes
-               WHERE state IN ('starting', 'pausing', 'resuming')
-                 AND COALESCE((doc->>'stateSince')::timestamptz, created_at) <= CASE state
-                       WHEN 'starting' THEN $4 WHEN 'pausing' THEN $5 ELSE $6 END
-               LIMIT $3)
-             UNION
-             (SELECT s.id FROM sandboxes s LEFT JOIN instances i ON i.id = s.instance_id
-               WHERE (s.state IN ('starting', 'resuming') AND i.state = 'running')
-                  OR (s.state = 'pausing' AND i.state = 'paused')
-                  OR (s.state <> 'deleted' AND (i.id IS NULL OR i.state = 'deleted')
-                      AND NOT (s.state = 'failed' AND s.doc->>'reason' LIKE 'deadline:%'))
-               LIMIT 100))",
-    )
-    .bind(now)
-    .bind(horizon)
-    .bind(EXPIRE_PER_PASS)
-    .bind(now - d.starting)
-    .bind(now - d.pausing)
-    .bind(now - d.resuming)
-    .fetch_all(&ctx.pool)
-    .await?;
+    let bounds = vps_projections::sandboxes::LookBounds {
+        now,
+        horizon,
+        limit: EXPIRE_PER_PASS,
+        starting_before: now - d.starting,
+        pausing_before: now - d.pausing,
+        resuming_before: now - d.resuming,
+    };
+    let rows = vps_projections::sandboxes::looks(&ctx.pool, &bounds).await?;
     Ok(rows
         .into_iter()
-        .map(|(Json(sandbox), instance)| Look {
-            sandbox,
-            instance: instance.map(instance_state),
+        .map(|row| Look {
+            sandbox: row.sandbox,
+            instance: row.instance_state.map(instance_state),
         })
         .collect())
 }
@@ -301,22 +274,11 @@ fn instance_state(column: String) -> InstanceState {
 /// tenant being deleted counts as deleted: its pool is drained, never refilled, even if one
 /// slipped past teardown's template step.
 async fn warm_pools(ctx: &Ctx, seen: &WarmSeries) -> Result<bool, CommandError> {
-    let templates: Vec<(String, Option<Json<Template>>)> = sqlx::query_as(
-        "SELECT w.id, t.doc FROM (
-             SELECT id FROM sandbox_templates WHERE NOT deleted AND doc->'warm' IS NOT NULL
-             UNION
-             SELECT DISTINCT warm_template_id FROM instances
-              WHERE warm_template_id IS NOT NULL AND desired_state <> 'deleted'
-         ) w LEFT JOIN sandbox_templates t ON t.id = w.id
-               AND NOT EXISTS (SELECT 1 FROM tenants d WHERE d.id = t.tenant_id)",
-    )
-    .fetch_all(&ctx.pool)
-    .await?;
+    let templates = vps_projections::sandboxes::warm_templates(&ctx.pool).await?;
     let mut changed = false;
     let (mut drained, mut refilled) = (0, 0);
-    for (id, template) in templates {
-        let template = template.map(|Json(t)| t);
-        let plan = warm::upkeep(ctx, &id, template.as_ref()).await?;
+    for w in templates {
+        let plan = warm::upkeep(ctx, &w.id, w.template.as_ref()).await?;
         changed |= plan.create > 0 || !plan.drain.is_empty();
         drained += plan.drain.len();
         refilled += plan.create;

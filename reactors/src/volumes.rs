@@ -13,21 +13,7 @@ pub const RELEASE_PER_PASS: i64 = 100;
 pub async fn release_deleted(ctx: &Ctx) -> Result<usize, CommandError> {
     // Absent from `node_spec_volumes`: the NodeSpec follower has taken it out of the spec, at
     // a generation no later than the node's current one.
-    let due: Vec<String> = sqlx::query_scalar(
-        "SELECT v.id FROM sandbox_volumes v
-           LEFT JOIN nodes n ON n.id = v.node_id
-           LEFT JOIN node_heartbeats h ON h.node_id = v.node_id
-          WHERE v.state = 'deleting'
-            AND NOT EXISTS (SELECT 1 FROM node_spec_volumes s WHERE s.volume_id = v.id)
-            AND (n.id IS NULL OR n.state = 'lost'
-                 OR h.applied_generation >= coalesce(
-                        (SELECT generation FROM node_specs s WHERE s.node_id = v.node_id), 0))
-          ORDER BY v.id
-          LIMIT $1",
-    )
-    .bind(RELEASE_PER_PASS)
-    .fetch_all(&ctx.pool)
-    .await?;
+    let due = vps_projections::volumes::releasable(&ctx.pool, RELEASE_PER_PASS).await?;
     let mut released = 0;
     for id in due {
         if volumes::release(ctx, &id).await? {

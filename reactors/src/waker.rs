@@ -10,11 +10,9 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::types::Json;
 use sqlx::{PgPool, Row};
 use vps_commands::Ctx;
 use vps_domain::instance::Instance;
-use vps_domain::sandbox::Sandbox;
 use vps_events::{Cursor, Follower, RecordedEvent};
 use vps_projections::ProjectionError;
 
@@ -140,12 +138,8 @@ async fn wake_sandboxes(
     if ids.is_empty() {
         return Ok(());
     }
-    let sandboxes: Vec<Json<Sandbox>> =
-        sqlx::query_scalar("SELECT doc FROM sandboxes WHERE id = ANY($1)")
-            .bind(&ids)
-            .fetch_all(&ctx.pool)
-            .await?;
-    let wanted = sandboxes.into_iter().any(|Json(sandbox)| {
+    let sandboxes = vps_projections::sandboxes::load_sandboxes(&ctx.pool, &ids).await?;
+    let wanted = sandboxes.into_iter().any(|sandbox| {
         let instance = looked.get(&sandbox.instance_id).map(|inst| inst.state);
         crate::sandboxes::wants_pass(&crate::sandboxes::Look { sandbox, instance }, now, timings)
     });

@@ -19,17 +19,8 @@ const WARM_WARNING: f64 = 600.0;
 /// expires them every pass, so it is not running, or failing.
 pub async fn expiry(pool: &PgPool, sandbox_pass: f64) -> Result<Finding, sqlx::Error> {
     let grace = PASSES * sandbox_pass;
-    let (overdue, ids, oldest): (i64, Vec<String>, Option<f64>) = sqlx::query_as(
-        "SELECT count(*),
-                coalesce((array_agg(id ORDER BY expires_at))[1:5], '{}'::text[]),
-                max(extract(epoch FROM now() - expires_at))::float8
-           FROM sandboxes
-          WHERE state IN ('starting', 'ready', 'failed')
-            AND expires_at < now() - make_interval(secs => $1)",
-    )
-    .bind(grace)
-    .fetch_one(pool)
-    .await?;
+    let found = vps_projections::sandboxes::overdue(pool, grace).await?;
+    let (overdue, ids, oldest) = (found.count, found.ids, found.oldest_secs);
     if overdue == 0 {
         return Ok(Finding::ok(
             EXPIRY,
@@ -55,20 +46,11 @@ pub async fn expiry(pool: &PgPool, sandbox_pass: f64) -> Result<Finding, sqlx::E
 /// unclaimed) fall short, when neither a refill nor a template change happened for ten
 /// minutes: quota, capacity, a vanished flavor or image, or instances that never settle.
 pub async fn warm(pool: &PgPool) -> Result<Finding, sqlx::Error> {
-    let rows: Vec<(String, i64, i64, f64)> = sqlx::query_as(
-        "SELECT t.id, (t.doc->'warm'->>'min')::bigint,
-                (SELECT count(*) FROM instances i
-                  WHERE i.warm_template_id = t.id AND i.template_version = t.instance_version
-                    AND i.state IN ('stopped', 'paused') AND i.desired_state <> 'deleted'
-                    AND i.doc->>'sandboxId' IS NULL),
-                extract(epoch FROM now() - greatest(t.updated_at,
-                    (SELECT max(i.created_at) FROM instances i WHERE i.warm_template_id = t.id)))::float8
-           FROM sandbox_templates t
-          WHERE NOT t.deleted AND coalesce((t.doc->'warm'->>'min')::bigint, 0) > 0
-          ORDER BY t.id",
-    )
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(String, i64, i64, f64)> = vps_projections::sandboxes::warm_pools(pool)
+        .await?
+        .into_iter()
+        .map(|p| (p.template_id, p.min, p.settled, p.since_secs))
+        .collect();
     Ok(judge_warm(&rows))
 }
 

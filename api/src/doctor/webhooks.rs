@@ -9,14 +9,8 @@ pub const DISABLED: &str = "vps.webhooks.disabled";
 
 /// Disabled subscriptions receive nothing until they are subscribed again.
 pub async fn disabled(pool: &PgPool) -> Result<Finding, sqlx::Error> {
-    let (n, ids): (i64, Vec<String>) = sqlx::query_as(
-        "SELECT count(*),
-                coalesce((array_agg(id || ' (' || coalesce(tenant_id, 'operator') || ')'
-                                    ORDER BY updated_at DESC))[1:5], '{}'::text[])
-           FROM webhooks WHERE state = 'disabled'",
-    )
-    .fetch_one(pool)
-    .await?;
+    let disabled = vps_projections::webhooks::disabled(pool).await?;
+    let (n, ids) = (disabled.count, disabled.some);
     if n == 0 {
         return Ok(Finding::ok(DISABLED, "no webhook subscription is disabled"));
     }

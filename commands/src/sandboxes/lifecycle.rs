@@ -297,14 +297,9 @@ async fn lock_free(
     tx: &mut PgConnection,
     sandbox_id: &str,
 ) -> Result<Option<Sandbox>, CommandError> {
-    let free: Option<String> =
-        sqlx::query_scalar("SELECT id FROM sandboxes WHERE id = $1 FOR UPDATE SKIP LOCKED")
-            .bind(sandbox_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    match free {
-        Some(_) => load::<Sandbox>(tx, sandbox_id).await,
-        None => Ok(None),
+    match vps_projections::sandboxes::lock_unless_held(tx, sandbox_id).await? {
+        true => load::<Sandbox>(tx, sandbox_id).await,
+        false => Ok(None),
     }
 }
 

@@ -71,14 +71,8 @@ async fn check_kept(
         .bind(tenant_id)
         .execute(&mut *tx)
         .await?;
-    let (count, bytes): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), coalesce(sum((doc->>'sizeBytes')::bigint), 0)::bigint
-           FROM sandbox_snapshots
-          WHERE tenant_id = $1 AND keep AND NOT deleted AND state <> 'failed'",
-    )
-    .bind(tenant_id)
-    .fetch_one(&mut *tx)
-    .await?;
+    let kept = vps_projections::sandboxes::kept_snapshots(&mut *tx, tenant_id).await?;
+    let (count, bytes) = (kept.count, kept.bytes);
     let count = u64::try_from(count).unwrap_or(0);
     let gib = u64::try_from(bytes).unwrap_or(0).div_ceil(1 << 30);
     if count + 1 > limits.count {
@@ -189,12 +183,7 @@ async fn sandbox_of(
     tx: &mut PgConnection,
     snapshot_id: &str,
 ) -> Result<Option<String>, CommandError> {
-    Ok(
-        sqlx::query_scalar("SELECT sandbox_id FROM sandbox_snapshots WHERE id = $1")
-            .bind(snapshot_id)
-            .fetch_optional(&mut *tx)
-            .await?,
-    )
+    Ok(vps_projections::sandboxes::sandbox_of_snapshot(&mut *tx, snapshot_id).await?)
 }
 
 /// A snapshot the tenant may see: deleted, unknown or another tenant's is `NOT_FOUND`.
@@ -290,25 +279,18 @@ pub async fn settle(
         return Ok(());
     }
     let ids: Vec<&str> = results.iter().map(|r| r.id.as_str()).collect();
-    let owned: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT id, sandbox_id, tenant_id FROM sandbox_snapshots
-          WHERE id = ANY($1) AND node_id = $2 AND state = 'pending' ORDER BY sandbox_id, id",
-    )
-    .bind(&ids)
-    .bind(node_id)
-    .fetch_all(&mut *tx)
-    .await?;
+    let owned = vps_projections::sandboxes::pending_on_node(&mut *tx, &ids, node_id).await?;
     let cpu_model: Option<String> = sqlx::query_scalar("SELECT cpu_model FROM nodes WHERE id = $1")
         .bind(node_id)
         .fetch_optional(&mut *tx)
         .await?
         .flatten();
-    for (snapshot_id, sandbox_id, tenant) in owned {
-        let Some(result) = results.iter().find(|r| r.id == snapshot_id) else {
+    for snap in owned {
+        let Some(result) = results.iter().find(|r| r.id == snap.id) else {
             continue;
         };
-        let result = checked(result, stored.get(&snapshot_id));
-        change::<Sandbox>(ctx, tx, &sandbox_id, Some(&tenant), |s| {
+        let result = checked(result, stored.get(&snap.id));
+        change::<Sandbox>(ctx, tx, &snap.sandbox_id, Some(&snap.tenant_id), |s| {
             Ok(s.map(|s| domain::settle(s, &result, cpu_model.as_deref()))
                 .unwrap_or_default())
         })
@@ -318,7 +300,7 @@ pub async fn settle(
 }
 
 /// A snapshot as the reconciler finds it: its id, its sandbox's and its tenant.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Found {
     /// `snap_…`.
     pub id: String,
@@ -326,6 +308,16 @@ pub struct Found {
     pub sandbox_id: String,
     /// The tenant.
     pub tenant_id: String,
+}
+
+impl From<vps_projections::sandboxes::SnapshotRef> for Found {
+    fn from(r: vps_projections::sandboxes::SnapshotRef) -> Found {
+        Found {
+            id: r.id,
+            sandbox_id: r.sandbox_id,
+            tenant_id: r.tenant_id,
+        }
+    }
 }
 
 impl Found {
@@ -364,17 +356,8 @@ pub async fn mark_purged(ctx: &Ctx, snap: &Found) -> Result<(), CommandError> {
 /// Deleted snapshots whose object may go (their upload settled, no live instance restores
 /// from them), up to `limit`.
 pub async fn purgeable(tx: &mut PgConnection, limit: i64) -> Result<Vec<Found>, CommandError> {
-    Ok(sqlx::query_as(
-        "SELECT s.id, s.sandbox_id, s.tenant_id FROM sandbox_snapshots s
-          WHERE s.deleted AND NOT s.purged AND s.state <> 'pending'
-            AND NOT EXISTS (SELECT 1 FROM instances i
-                             WHERE i.doc->'restoreFrom'->>'snapshotId' = s.id
-                               AND i.state <> 'deleted')
-          ORDER BY s.id LIMIT $1",
-    )
-    .bind(limit)
-    .fetch_all(&mut *tx)
-    .await?)
+    let found = vps_projections::sandboxes::purgeable(&mut *tx, limit).await?;
+    Ok(found.into_iter().map(Found::from).collect())
 }
 
 /// Pending snapshots asked for before `before`, up to `limit`.
@@ -383,14 +366,8 @@ pub async fn overdue(
     before: chrono::DateTime<chrono::Utc>,
     limit: i64,
 ) -> Result<Vec<Found>, CommandError> {
-    Ok(sqlx::query_as(
-        "SELECT id, sandbox_id, tenant_id FROM sandbox_snapshots
-          WHERE state = 'pending' AND created_at < $1 ORDER BY created_at LIMIT $2",
-    )
-    .bind(before)
-    .bind(limit)
-    .fetch_all(&mut *tx)
-    .await?)
+    let found = vps_projections::sandboxes::overdue_snapshots(&mut *tx, before, limit).await?;
+    Ok(found.into_iter().map(Found::from).collect())
 }
 
 /// What a restore boots from: the caller's own `ready` snapshot, read `FOR SHARE` so a
@@ -403,11 +380,8 @@ pub async fn restore_from(
     template_id: &str,
     runtime: &str,
 ) -> Result<RestoreFrom, CommandError> {
-    let sandbox_id: Option<String> =
-        sqlx::query_scalar("SELECT sandbox_id FROM sandbox_snapshots WHERE id = $1 FOR SHARE")
-            .bind(snapshot_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let sandbox_id =
+        vps_projections::sandboxes::sandbox_of_snapshot_for_share(tx, snapshot_id).await?;
     let source = match sandbox_id {
         Some(id) => load::<Sandbox>(tx, &id).await?,
         None => None,

@@ -173,12 +173,7 @@ async fn create_in(
         .bind(&input.tenant_id)
         .execute(&mut *tx)
         .await?;
-    let live: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted",
-    )
-    .bind(&input.tenant_id)
-    .fetch_one(&mut *tx)
-    .await?;
+    let live = vps_projections::sandboxes::live_template_count(&mut *tx, &input.tenant_id).await?;
     if usize::try_from(live).unwrap_or(usize::MAX) >= max {
         return Err(vps_domain::DomainError::InvalidState {
             message: format!(
@@ -358,15 +353,8 @@ async fn template_facts(
     };
     let read = facts::create_facts(tx, &probe, facts::PoolReads::NONE).await?;
     let refs: Vec<&str> = spec.env.values().map(String::as_str).collect();
-    let name_taken: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM sandbox_templates
-                         WHERE tenant_id = $1 AND name = $2 AND NOT deleted AND id <> $3)",
-    )
-    .bind(tenant_id)
-    .bind(name)
-    .bind(id)
-    .fetch_one(&mut *tx)
-    .await?;
+    let name_taken =
+        vps_projections::sandboxes::template_name_taken(&mut *tx, tenant_id, name, id).await?;
     Ok(TemplateFacts {
         pool: read.pool,
         flavor_exists: read.shape.is_some(),

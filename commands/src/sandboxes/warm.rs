@@ -122,14 +122,9 @@ async fn refill(ctx: &Ctx, t: &Template) -> Result<(), CommandError> {
         key: &key,
     });
     transaction(ctx, &id, async |tx| {
-        let unchanged: Option<bool> = sqlx::query_scalar(
-            "SELECT NOT deleted AND instance_version = $2 FROM sandbox_templates
-              WHERE id = $1 FOR SHARE",
-        )
-        .bind(&t.id)
-        .bind(t.instance_version as i64)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let unchanged =
+            vps_projections::sandboxes::template_unchanged(tx, &t.id, t.instance_version as i64)
+                .await?;
         if unchanged != Some(true) {
             return Ok(());
         }

@@ -5,12 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::types::Json;
 use sqlx::PgConnection;
 use vps_domain::template::Template;
 use vps_domain::volume::{
-    attach as attachments, check_mount_paths, resolve, Attachment, TemplateVolume, Volume,
-    VolumeMount,
+    attach as attachments, check_mount_paths, resolve, Attachment, TemplateVolume, VolumeMount,
 };
 
 use crate::error::CommandError;
@@ -27,16 +25,7 @@ pub async fn resolve_mounts(
     let paths: Vec<&str> = mounts.iter().map(|m| m.mount_path.as_str()).collect();
     check_mount_paths(&paths)?;
     let names: Vec<&str> = mounts.iter().map(|m| m.name.as_str()).collect();
-    let found: Vec<Json<Volume>> = sqlx::query_scalar(
-        "SELECT doc FROM sandbox_volumes
-          WHERE tenant_id = $1 AND name = ANY($2) AND state <> 'deleted'
-          ORDER BY id FOR SHARE",
-    )
-    .bind(tenant_id)
-    .bind(&names)
-    .fetch_all(&mut *tx)
-    .await?;
-    let found: Vec<Volume> = found.into_iter().map(|j| j.0).collect();
+    let found = vps_projections::volumes::named_for_share(tx, tenant_id, &names).await?;
     Ok(resolve(pool_id, mounts, &found)?)
 }
 
@@ -48,13 +37,7 @@ pub async fn attach(tx: &mut PgConnection, t: &Template) -> Result<Vec<Attachmen
         return Ok(Vec::new());
     }
     let ids: Vec<String> = t.spec.volumes.iter().map(|m| m.volume_id.clone()).collect();
-    let volumes: Vec<Json<Volume>> = sqlx::query_scalar(
-        "SELECT doc FROM sandbox_volumes WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *tx)
-    .await?;
-    let volumes: Vec<Volume> = volumes.into_iter().map(|j| j.0).collect();
+    let volumes = vps_projections::volumes::lock_many(tx, &ids).await?;
     let live: BTreeMap<String, Vec<bool>> = vps_projections::volumes::attachments(tx, &ids)
         .await?
         .into_iter()

@@ -372,19 +372,12 @@ impl Lab {
     /// has removed their guests, stops the agent and the server, and kills any QEMU left.
     async fn teardown(mut self) {
         let tidy = async {
-            let sandboxes: Vec<String> = sqlx::query_scalar(
-                "SELECT id FROM sandboxes WHERE state NOT IN ('deleting', 'deleted')",
-            )
-            .fetch_all(&self.db)
-            .await?;
+            let sandboxes = vps_projections::sandboxes::open_ids(&self.db).await?;
             for id in sandboxes {
                 let body = json!({ "tenantId": TENANT, "sandboxId": id });
                 let _ = self.client.call("sandboxes.delete", body).await;
             }
-            let templates: Vec<String> =
-                sqlx::query_scalar("SELECT id FROM sandbox_templates WHERE NOT deleted")
-                    .fetch_all(&self.db)
-                    .await?;
+            let templates = vps_projections::sandboxes::live_template_ids(&self.db).await?;
             for id in templates {
                 let body = json!({ "tenantId": TENANT, "templateId": id });
                 let _ = self.client.call("sandboxTemplates.delete", body).await;

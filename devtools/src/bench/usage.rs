@@ -63,9 +63,7 @@ pub async fn run(server_url: &str, o: &UsageBench) -> anyhow::Result<()> {
         Metering::load(scratch.pool.clone(), &Notifier::local_only(), windows).await?;
     metering.catch_up().await?;
     let seconds = started.elapsed().as_secs_f64();
-    let records: i64 = sqlx::query_scalar("SELECT count(*) FROM usage_records")
-        .fetch_one(&scratch.pool)
-        .await?;
+    let records = vps_projections::usage::record_count(&scratch.pool).await?;
     let per_s = records as f64 / seconds;
     println!(
         "metering: {records} records in {seconds:.2} s = {per_s:.0} records/s \

@@ -293,12 +293,7 @@ async fn template(
     image_id: &str,
     warm: u32,
 ) -> anyhow::Result<String> {
-    let existing: Option<String> = sqlx::query_scalar(
-        "SELECT id FROM sandbox_templates WHERE tenant_id = 'acme' AND name = $1 AND NOT deleted",
-    )
-    .bind(name)
-    .fetch_optional(&ctx.pool)
-    .await?;
+    let existing = vps_projections::sandboxes::live_template_named(&ctx.pool, "acme", name).await?;
     if let Some(id) = existing {
         return Ok(id);
     }

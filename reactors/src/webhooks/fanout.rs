@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use tokio::sync::watch;
 use tracing::Instrument;
 use vps_events::envelope::cloud_event;
@@ -200,26 +200,16 @@ async fn pass(
 }
 
 async fn active_subscriptions(pool: &PgPool) -> Result<Vec<Subscription>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT id, types, tenant_id, created_transaction_id::text, created_position
-           FROM webhooks WHERE state = 'active'",
-    )
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            let txid: String = row.try_get(3)?;
-            Ok(Subscription {
-                id: row.try_get(0)?,
-                types: row.try_get(1)?,
-                tenant_id: row.try_get(2)?,
-                created: Cursor {
-                    transaction_id: txid.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-                    position: row.try_get(4)?,
-                },
-            })
+    let active = vps_projections::webhooks::active(pool).await?;
+    Ok(active
+        .into_iter()
+        .map(|w| Subscription {
+            id: w.id,
+            types: w.types,
+            tenant_id: w.tenant_id,
+            created: w.created,
         })
-        .collect()
+        .collect())
 }
 
 #[cfg(test)]

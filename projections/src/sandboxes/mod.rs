@@ -1,7 +1,8 @@
 //! The `sandbox_templates`, `sandboxes` and `sandbox_snapshots` tables, from their streams.
 //! Each row keeps the aggregate folded so far (`doc`) beside the columns reads and the
 //! reconciler filter on. Snapshots are part of their sandbox's stream; their rows let a
-//! snapshot be found by id, and a node's pending ones listed.
+//! snapshot be found by id, and a node's pending ones listed. What the rest of the workspace
+//! reads of these tables is in `reads`.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -13,6 +14,9 @@ use vps_domain::template::{Template, TemplateEvent};
 use vps_events::RecordedEvent;
 
 use crate::ProjectionError;
+
+mod reads;
+pub use reads::*;
 
 /// Applies one template event.
 pub async fn apply_template(
@@ -121,21 +125,6 @@ fn sandbox_id(e: &RecordedEvent) -> &str {
     e.stream.split_once('-').map_or("", |(_, id)| id)
 }
 
-/// A sandbox's live snapshots, oldest first, from their own rows.
-pub async fn snapshots_of(
-    conn: &mut PgConnection,
-    sandbox_id: &str,
-) -> Result<Vec<Snapshot>, ProjectionError> {
-    let rows: Vec<Json<Snapshot>> = sqlx::query_scalar(
-        "SELECT doc FROM sandbox_snapshots WHERE sandbox_id = $1 AND NOT deleted
-          ORDER BY created_at, id",
-    )
-    .bind(sandbox_id)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(|j| j.0).collect())
-}
-
 /// The snapshot a sandbox event is about.
 fn snapshot_of(event: &SandboxEvent) -> Option<&str> {
     match event {
@@ -183,46 +172,6 @@ fn snapshot_state(state: SnapshotState) -> &'static str {
     }
 }
 
-/// What `sandboxSnapshots.list` selects.
-#[derive(Debug, Clone, Default)]
-pub struct SnapshotFilter {
-    /// The tenant.
-    pub tenant_id: String,
-    /// Only this identity's (`scope: mine`).
-    pub owner: Option<String>,
-    /// Only this sandbox's.
-    pub sandbox_id: Option<String>,
-    /// Page size.
-    pub limit: i64,
-    /// After this snapshot id (the previous page's last).
-    pub cursor: Option<String>,
-}
-
-/// A page of live snapshots, newest first.
-pub async fn snapshot_page(
-    conn: &mut PgConnection,
-    f: &SnapshotFilter,
-) -> Result<Vec<Snapshot>, ProjectionError> {
-    let rows: Vec<Json<Snapshot>> = sqlx::query_scalar(
-        "SELECT doc FROM sandbox_snapshots
-          WHERE tenant_id = $1 AND NOT deleted
-            AND ($2::text IS NULL OR owner_identity_id = $2)
-            AND ($3::text IS NULL OR sandbox_id = $3)
-            AND ($4::text IS NULL OR (created_at, id) <
-                 (SELECT created_at, id FROM sandbox_snapshots WHERE id = $4 AND tenant_id = $1))
-          ORDER BY created_at DESC, id DESC
-          LIMIT $5",
-    )
-    .bind(&f.tenant_id)
-    .bind(&f.owner)
-    .bind(&f.sandbox_id)
-    .bind(&f.cursor)
-    .bind(f.limit)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(|j| j.0).collect())
-}
-
 /// The row's aggregate after `event` (the row's `doc` is the aggregate folded so far).
 pub(crate) async fn evolve<A: Aggregate + DeserializeOwned + Serialize>(
     conn: &mut PgConnection,
@@ -259,82 +208,4 @@ pub(crate) async fn load_doc<A: DeserializeOwned>(
         Some(row) => Ok(Some(row.try_get::<Json<A>, _>(0)?.0)),
         None => Ok(None),
     }
-}
-
-/// A template as stored (deleted ones too).
-pub async fn load_template(
-    conn: &mut PgConnection,
-    id: &str,
-) -> Result<Option<Template>, ProjectionError> {
-    load_doc(conn, "sandbox_templates", id).await
-}
-
-/// A sandbox as stored.
-pub async fn load_sandbox(
-    conn: &mut PgConnection,
-    id: &str,
-) -> Result<Option<Sandbox>, ProjectionError> {
-    load_doc(conn, "sandboxes", id).await
-}
-
-/// A tenant's live templates, by name.
-pub async fn templates_of(
-    conn: &mut PgConnection,
-    tenant_id: &str,
-) -> Result<Vec<Template>, ProjectionError> {
-    let rows: Vec<Json<Template>> = sqlx::query_scalar(
-        "SELECT doc FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted ORDER BY name",
-    )
-    .bind(tenant_id)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(|j| j.0).collect())
-}
-
-/// What `sandboxes.list` selects.
-#[derive(Debug, Clone, Default)]
-pub struct SandboxFilter {
-    /// The tenant.
-    pub tenant_id: String,
-    /// Only this identity's (`scope: mine`).
-    pub owner: Option<String>,
-    /// Deleted ones too.
-    pub deleted: bool,
-    /// Only this template's.
-    pub template_id: Option<String>,
-    /// Page size.
-    pub limit: i64,
-    /// After this sandbox id (the previous page's last).
-    pub cursor: Option<String>,
-    /// Only those carrying every one of these labels.
-    pub labels: vps_domain::labels::Labels,
-}
-
-/// A page of sandboxes, newest first.
-pub async fn page(
-    conn: &mut PgConnection,
-    f: &SandboxFilter,
-) -> Result<Vec<Sandbox>, ProjectionError> {
-    let rows: Vec<Json<Sandbox>> = sqlx::query_scalar(
-        "SELECT doc FROM sandboxes s
-          WHERE tenant_id = $1
-            AND ($2::text IS NULL OR owner_identity_id = $2)
-            AND ($3 OR state <> 'deleted')
-            AND ($4::text IS NULL OR template_id = $4)
-            AND ($5::text IS NULL OR (created_at, id) <
-                 (SELECT created_at, id FROM sandboxes WHERE id = $5 AND tenant_id = $1))
-            AND labels @> $7
-          ORDER BY created_at DESC, id DESC
-          LIMIT $6",
-    )
-    .bind(&f.tenant_id)
-    .bind(&f.owner)
-    .bind(f.deleted)
-    .bind(&f.template_id)
-    .bind(&f.cursor)
-    .bind(f.limit)
-    .bind(Json(&f.labels))
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(|j| j.0).collect())
 }
