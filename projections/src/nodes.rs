@@ -56,3 +56,43 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
     .await?;
     Ok(())
 }
+
+/// Locks `node_ids` (in id order) to the transaction's end.
+pub async fn lock(tx: &mut PgConnection, node_ids: &[String]) -> Result<(), sqlx::Error> {
+    if !node_ids.is_empty() {
+        sqlx::query("SELECT id FROM nodes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(node_ids)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A node's name; `None` when there is no such node.
+pub async fn name(tx: &mut PgConnection, node_id: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT name FROM nodes WHERE id = $1")
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await
+}
+
+/// A node's CPU model; `None` when it stated none or there is no such node.
+pub async fn cpu_model(
+    tx: &mut PgConnection,
+    node_id: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let model: Option<Option<String>> =
+        sqlx::query_scalar("SELECT cpu_model FROM nodes WHERE id = $1")
+            .bind(node_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(model.flatten())
+}
+
+/// The pool of a node; `None` when there is no such node.
+pub async fn pool_id(tx: &mut PgConnection, node_id: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT pool_id FROM nodes WHERE id = $1")
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await
+}

@@ -1,0 +1,189 @@
+//! Reads of the `instances` view (and of the IP leases its projector keeps) beyond
+//! [`super::load`], [`super::page`] and [`super::load_many`]: row locks, the light views the
+//! reconcilers and host reports decide on, and counts.
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
+use vps_domain::instance::{Instance, ReportView};
+use vps_domain::state_table::InstanceState;
+use vps_domain::template::WarmMember;
+
+/// Locks an instance's row to the transaction's end and answers the instance as the locked
+/// row holds it (`None`: no such instance).
+pub async fn lock(
+    tx: &mut PgConnection,
+    instance_id: &str,
+) -> Result<Option<Instance>, sqlx::Error> {
+    let row: Option<Json<Instance>> =
+        sqlx::query_scalar("SELECT doc FROM instances WHERE id = $1 FOR UPDATE")
+            .bind(instance_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(row.map(|doc| doc.0))
+}
+
+/// An instance's `state` column read back as the domain's state; a value the domain does not
+/// know reads as `error`, so it is never taken for a settled state.
+pub fn state_column(state: String) -> InstanceState {
+    serde_json::from_value(serde_json::Value::String(state)).unwrap_or(InstanceState::Error)
+}
+
+/// The oldest settled (`stopped` or `paused`) warm instance of a template's version that is
+/// not being deleted and no concurrent transaction holds, its row locked to the transaction's
+/// end (`FOR UPDATE SKIP LOCKED`: concurrent claims never wait on each other).
+pub async fn lock_warm(
+    tx: &mut PgConnection,
+    template_id: &str,
+    template_version: i64,
+) -> Result<Option<Instance>, sqlx::Error> {
+    let row: Option<Json<Instance>> = sqlx::query_scalar(
+        "SELECT doc FROM instances
+          WHERE warm_template_id = $1 AND template_version = $2
+            AND state IN ('stopped', 'paused') AND desired_state <> 'deleted'
+          ORDER BY created_at, id
+          LIMIT 1
+          FOR UPDATE SKIP LOCKED",
+    )
+    .bind(template_id)
+    .bind(template_version)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(row.map(|Json(i)| i))
+}
+
+/// A template's warm instances that are not being deleted.
+pub async fn warm_members<'e>(
+    db: impl PgExecutor<'e>,
+    template_id: &str,
+) -> Result<Vec<WarmMember>, sqlx::Error> {
+    let rows: Vec<(String, Option<i64>, String, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT id, template_version, state, created_at FROM instances
+          WHERE warm_template_id = $1 AND desired_state <> 'deleted' AND state <> 'deleted'",
+    )
+    .bind(template_id)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, version, state, created_at)| WarmMember {
+            id,
+            template_version: version.unwrap_or(0) as u64,
+            state: state_column(state),
+            created_at,
+        })
+        .collect())
+}
+
+/// How many warm instances (not deleted) each pool holds, by state: `(pool, state, count)`.
+pub async fn warm_counts<'e>(
+    db: impl PgExecutor<'e>,
+) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT pool_id, state, count(*) FROM instances
+          WHERE warm_template_id IS NOT NULL AND state <> 'deleted'
+          GROUP BY 1, 2",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The light views of the live instances placed on a node, as `(id, view)`: what a host
+/// report first compares, without the documents.
+pub async fn report_rows(
+    tx: &mut PgConnection,
+    node_id: &str,
+) -> Result<Vec<(String, ReportView)>, sqlx::Error> {
+    let rows: Vec<(String, String, bool, Json<Vec<String>>)> = sqlx::query_as(
+        "SELECT id, state, coalesce(jsonb_array_length(doc->'conditions'), 0) > 0,
+                coalesce(doc->'addresses', '[]')
+           FROM instances WHERE node_id = $1 AND state <> 'deleted'",
+    )
+    .bind(node_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, state, has_conditions, Json(addresses))| {
+            let view = ReportView {
+                state: state_column(state),
+                has_conditions,
+                addresses,
+            };
+            (id, view)
+        })
+        .collect())
+}
+
+/// The live instances placed on a node, their rows locked in id order (the lock order).
+pub async fn lock_all_placed(
+    tx: &mut PgConnection,
+    node_id: &str,
+) -> Result<Vec<Instance>, sqlx::Error> {
+    let sql = "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted'
+                ORDER BY id FOR UPDATE";
+    let rows: Vec<Json<Instance>> = sqlx::query_scalar(sql)
+        .bind(node_id)
+        .fetch_all(&mut *tx)
+        .await?;
+    Ok(rows.into_iter().map(|Json(i)| i).collect())
+}
+
+/// Locks the rows of `ids` still live on `node_id`, in id order, and answers them as locked.
+pub async fn lock_placed(
+    tx: &mut PgConnection,
+    node_id: &str,
+    ids: &[String],
+) -> Result<Vec<Instance>, sqlx::Error> {
+    let rows: Vec<Json<Instance>> = sqlx::query_scalar(
+        "SELECT doc FROM instances WHERE id = ANY($1) AND node_id = $2 AND state <> 'deleted'
+          ORDER BY id FOR UPDATE",
+    )
+    .bind(ids)
+    .bind(node_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows.into_iter().map(|Json(i)| i).collect())
+}
+
+/// Whether instance `instance_id` is live on `node_id`.
+pub async fn placed_on(
+    conn: &mut PgConnection,
+    instance_id: &str,
+    node_id: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM instances WHERE id = $1 AND node_id = $2 AND state <> 'deleted')")
+        .bind(instance_id)
+        .bind(node_id)
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// Whether another live instance of `tenant_id` than `principal`'s `instance_id` answers to
+/// SSH principal `principal`: the principal itself, or a restore that names it.
+pub async fn shares_principal(
+    tx: &mut PgConnection,
+    instance_id: &str,
+    principal: &str,
+    tenant_id: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM instances
+                         WHERE id <> $1 AND tenant_id = $3 AND state NOT IN ('deleting', 'deleted')
+                           AND desired_state <> 'deleted'
+                           AND (id = $2 OR doc->'restoreFrom'->>'principalInstanceId' = $2))",
+    )
+    .bind(instance_id)
+    .bind(principal)
+    .bind(tenant_id)
+    .fetch_one(&mut *tx)
+    .await
+}
+
+/// How many addresses of a pool are leased.
+pub async fn leased(tx: &mut PgConnection, pool_id: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM ip_leases WHERE pool_id = $1")
+        .bind(pool_id)
+        .fetch_one(&mut *tx)
+        .await
+}
