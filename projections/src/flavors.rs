@@ -53,3 +53,19 @@ pub async fn shape(
     .await?;
     Ok(shape.map(|Json(s)| s))
 }
+
+/// The provider offer a pool's flavor maps to (archived flavors too); `None` when it names
+/// none or there is no such flavor.
+pub async fn offer_id(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    flavor: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let offer: Option<Option<String>> =
+        sqlx::query_scalar("SELECT offer_id FROM flavors WHERE pool_id = $1 AND name = $2")
+            .bind(pool_id)
+            .bind(flavor)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(offer.flatten())
+}

@@ -146,3 +146,38 @@ pub async fn runtime(tx: &mut PgConnection, pool_id: &str) -> Result<Option<Stri
             .await?;
     Ok(runtime.flatten())
 }
+
+/// A pool's provider account; `None` when it has none or there is no such pool.
+pub async fn provider_account_id(
+    tx: &mut PgConnection,
+    pool_id: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let account: Option<Option<String>> =
+        sqlx::query_scalar("SELECT provider_account_id FROM pools WHERE id = $1")
+            .bind(pool_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(account.flatten())
+}
+
+/// A pool's policy document; `RowNotFound` when there is no such pool.
+pub async fn policy(
+    tx: &mut PgConnection,
+    pool_id: &str,
+) -> Result<serde_json::Value, sqlx::Error> {
+    sqlx::query_scalar("SELECT policy FROM pools WHERE id = $1")
+        .bind(pool_id)
+        .fetch_one(&mut *tx)
+        .await
+}
+
+/// The pool named `name`; `None` when there is none.
+pub async fn id_by_name<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    name: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM pools WHERE name = $1")
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}

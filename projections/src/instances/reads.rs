@@ -187,3 +187,118 @@ pub async fn leased(tx: &mut PgConnection, pool_id: &str) -> Result<i64, sqlx::E
         .fetch_one(&mut *tx)
         .await
 }
+
+/// Locks an instance's row to the transaction's end, reading nothing.
+pub async fn lock_row(tx: &mut PgConnection, instance_id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1 FROM instances WHERE id = $1 FOR UPDATE")
+        .bind(instance_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Whether `tenant_id` has a running instance other than `instance_id` on `node_id`.
+pub async fn tenant_runs_on(
+    tx: &mut PgConnection,
+    node_id: &str,
+    tenant_id: &str,
+    instance_id: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM instances WHERE node_id = $1 AND tenant_id = $2 AND id <> $3 AND state = 'running')",
+    )
+    .bind(node_id)
+    .bind(tenant_id)
+    .bind(instance_id)
+    .fetch_one(&mut *tx)
+    .await
+}
+
+/// The instances of a pool waiting for placement (`scheduling`).
+pub async fn scheduling(tx: &mut PgConnection, pool_id: &str) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM instances WHERE pool_id = $1 AND state = 'scheduling'")
+        .bind(pool_id)
+        .fetch_all(&mut *tx)
+        .await
+}
+
+/// Instances `deleting` with no change for over `stuck` seconds: how many, the ids of the
+/// five oldest, and the oldest's age in seconds (`None` when there is none).
+pub async fn stuck_deleting<'e>(
+    db: impl PgExecutor<'e>,
+    stuck: f64,
+) -> Result<(i64, Vec<String>, Option<f64>), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*),
+                coalesce((array_agg(id ORDER BY updated_at))[1:5], '{}'::text[]),
+                max(extract(epoch FROM now() - updated_at))::float8
+           FROM instances
+          WHERE state = 'deleting' AND updated_at < now() - make_interval(secs => $1)",
+    )
+    .bind(stuck)
+    .fetch_one(db)
+    .await
+}
+
+/// The instances not `deleted`, with the template of each warm one.
+pub async fn live_with_template<'e>(
+    db: impl PgExecutor<'e>,
+) -> Result<Vec<(String, Option<String>)>, sqlx::Error> {
+    sqlx::query_as("SELECT id, warm_template_id FROM instances WHERE state <> 'deleted'")
+        .fetch_all(db)
+        .await
+}
+
+/// An instance's `state` column; `None` when there is no such instance.
+pub async fn state<'e>(
+    db: impl PgExecutor<'e>,
+    instance_id: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT state FROM instances WHERE id = $1")
+        .bind(instance_id)
+        .fetch_optional(db)
+        .await
+}
+
+/// How many warm instances of `template_id` are `paused`.
+pub async fn warm_paused<'e>(
+    db: impl PgExecutor<'e>,
+    template_id: &str,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM instances WHERE warm_template_id = $1 AND state = 'paused'",
+    )
+    .bind(template_id)
+    .fetch_one(db)
+    .await
+}
+
+/// How many warm instances of `template_id` are `paused`, and how many instances (of any
+/// template or none) are neither `paused` nor `deleted`.
+pub async fn warm_paused_and_busy<'e>(
+    db: impl PgExecutor<'e>,
+    template_id: &str,
+) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE warm_template_id = $1 AND state = 'paused'),
+                count(*) FILTER (WHERE state NOT IN ('paused', 'deleted'))
+           FROM instances",
+    )
+    .bind(template_id)
+    .fetch_one(db)
+    .await
+}
+
+/// How many instances there are (deleted ones too).
+pub async fn count<'e>(db: impl PgExecutor<'e>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM instances")
+        .fetch_one(db)
+        .await
+}
+
+/// How many instances are in each state, as `(state, count)`.
+pub async fn state_counts<'e>(db: impl PgExecutor<'e>) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT state, count(*) FROM instances GROUP BY state")
+        .fetch_all(db)
+        .await
+}
