@@ -5,12 +5,17 @@
 //!
 //! Projectors are routed by stream category, one module per table family: `pools` (pools and
 //! quota maxima), `nodes`, `flavors`, `images`, `instances` (instance views, quota usage, node
-//! allocations and their sums on the nodes' rows (`bookings`), IP leases), `node_specs` (the
-//! async NodeSpec projector; `node_spec_volumes` its volume part), `provider_accounts`,
-//! `webhooks`, `sandboxes` (templates and sandboxes), `volumes` (sandbox volumes, their
-//! allocations and quota charges), `policies`, `identities`, `tenants` (teardown), `usage`
-//! (usage records and rollups), `views` and `operator_views` (reads), `replay` (rebuild and
-//! verify).
+//! allocations and their sums on the nodes' rows (`bookings`), IP leases; their reads in
+//! `instances::admission` and `instances::reads`), `node_specs` (the async NodeSpec projector;
+//! `node_spec_volumes` its volume part), `provider_accounts`, `webhooks`, `sandboxes`
+//! (templates and sandboxes), `volumes` (sandbox volumes, their allocations and quota charges),
+//! `policies`, `identities`, `tenants` (teardown), `usage` (usage records and rollups), `views`
+//! and `operator_views` (reads), `replay` (rebuild and verify).
+//!
+//! A table family's module also holds the reads of its tables: query functions answering typed
+//! rows (a domain type or a small struct), which commands, reactors, the server and the tools
+//! call instead of naming the tables. A read that joins several tables goes with the one whose
+//! rows it returns; its SQL, locks and round trips are the caller's tuned ones.
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
