@@ -262,16 +262,8 @@ pub async fn lock_instance(
 }
 
 /// A free address of the pool's range, locked to this transaction's end; `None` when the
-/// range is full. Concurrent claims skip each other's locked rows, so creates in one pool never
-/// queue behind one another (SPEC §3.1: any free address may be chosen); the projector removes
-/// the row from the free list when the lease is booked.
-///
-/// Only when every free row is locked does a claim wait: those claims may yet roll back (a
-/// refused create), so "no unlocked row" is not "no free address".
-///
-/// Only an address freed by an older transaction is claimed: the log orders events by
-/// transaction id, and a lease ordered before its address's release would not replay (see
-/// the migration that adds `ip_free.freed_by`).
+/// range is full. How claims skip each other, and which addresses they may take:
+/// [`admission::free_addresses`].
 async fn free_address(
     tx: &mut PgConnection,
     pool_id: &str,
@@ -283,7 +275,7 @@ async fn free_address(
 }
 
 /// Up to `limit` free addresses of the pool other than `claimed` (those this transaction
-/// already holds), each locked to this transaction's end (see [`free_address`]).
+/// already holds), each locked to this transaction's end (see [`admission::free_addresses`]).
 pub(super) async fn free_addresses(
     tx: &mut PgConnection,
     pool_id: &str,
