@@ -46,10 +46,20 @@ pub enum Table {
 }
 
 impl Table {
-    fn versions(self) -> &'static str {
+    /// The versions of the rows among `ids` that exist, as `(id, version)`.
+    async fn versions(
+        self,
+        pool: &PgPool,
+        ids: &[String],
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
         match self {
-            Table::Instances => "SELECT id, version FROM instances WHERE id = ANY($1)",
-            Table::Sandboxes => "SELECT id, version FROM sandboxes WHERE id = ANY($1)",
+            Table::Instances => vps_projections::instances::reads::versions(pool, ids).await,
+            Table::Sandboxes => {
+                sqlx::query_as("SELECT id, version FROM sandboxes WHERE id = ANY($1)")
+                    .bind(ids)
+                    .fetch_all(pool)
+                    .await
+            }
         }
     }
 }
@@ -107,10 +117,7 @@ impl Watched {
         }
         let mut versions = HashMap::new();
         for (table, ids) in wanted {
-            let rows: Vec<(String, i64)> = sqlx::query_as(table.versions())
-                .bind(&ids)
-                .fetch_all(pool)
-                .await?;
+            let rows = table.versions(pool, &ids).await?;
             versions.extend(rows.into_iter().map(|(id, v)| ((table, id), v)));
         }
         let versions = Arc::new(versions);

@@ -154,14 +154,16 @@ fn delete_snapshots<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 
 /// Asks every instance not yet asked to be deleted; answers those not yet gone.
 fn delete_instances<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = "SELECT id FROM instances WHERE tenant_id = $1 AND desired_state <> 'deleted'
-                ORDER BY id LIMIT $2";
-    let left = "SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'";
-    sweep(ctx, tenant_id, due, left, move |id| async move {
-        let delete = Change::DeleteBecause(REASON.into());
-        let deleted = instances::change(ctx, tenant_id, &id, delete).await;
-        ignore_gone(deleted.map(|_| ()))
-    })
+    use vps_projections::instances::reads;
+    async move {
+        for id in reads::undeleted(&ctx.pool, tenant_id, INSTANCES_PER_PASS).await? {
+            let delete = Change::DeleteBecause(REASON.into());
+            let deleted = instances::change(ctx, tenant_id, &id, delete).await;
+            ignore_gone(deleted.map(|_| ()))?;
+        }
+        Ok(reads::not_gone(&ctx.pool, tenant_id).await? as u64)
+    }
+    .boxed()
 }
 
 /// Deletes volumes no live instance attaches any more (the others wait for their instances);
