@@ -159,8 +159,8 @@ pub async fn placed_on(
         .await
 }
 
-/// Whether another live instance of `tenant_id` than `principal`'s `instance_id` answers to
-/// SSH principal `principal`: the principal itself, or a restore that names it.
+/// Whether a live instance of `tenant_id` other than `instance_id` answers to SSH principal
+/// `principal`: the principal itself, or a restore that names it as its principal.
 pub async fn shares_principal(
     tx: &mut PgConnection,
     instance_id: &str,
