@@ -46,19 +46,14 @@ pub enum Table {
 }
 
 impl Table {
-    /// The version of each of `ids`' rows that exists.
+    /// The versions of the rows among `ids` that exist, as `(id, version)`.
     async fn versions(
         self,
         pool: &PgPool,
         ids: &[String],
     ) -> Result<Vec<(String, i64)>, sqlx::Error> {
         match self {
-            Table::Instances => {
-                sqlx::query_as("SELECT id, version FROM instances WHERE id = ANY($1)")
-                    .bind(ids)
-                    .fetch_all(pool)
-                    .await
-            }
+            Table::Instances => vps_projections::instances::reads::versions(pool, ids).await,
             Table::Sandboxes => vps_projections::sandboxes::versions(pool, ids).await,
         }
     }

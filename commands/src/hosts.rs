@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::Utc;
 use serde::Deserialize;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use vps_domain::instance::{AddressMode, Failure, Instance, InstanceCommand, Observed, ReportView};
 use vps_domain::node::{decide, Node, NodeCommand, NodeLiveness};
 use vps_domain::state_table::InstanceState;
@@ -310,26 +310,8 @@ async fn report_views(
     tx: &mut PgConnection,
     node_id: &str,
 ) -> Result<BTreeMap<String, ReportView>, CommandError> {
-    let rows: Vec<(String, String, bool, sqlx::types::Json<Vec<String>>)> = sqlx::query_as(
-        "SELECT id, state, coalesce(jsonb_array_length(doc->'conditions'), 0) > 0,
-                coalesce(doc->'addresses', '[]')
-           FROM instances WHERE node_id = $1 AND state <> 'deleted'",
-    )
-    .bind(node_id)
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, state, has_conditions, addresses)| {
-            let state = crate::instances::facts::state_column(state);
-            let view = ReportView {
-                state,
-                has_conditions,
-                addresses: addresses.0,
-            };
-            (id, view)
-        })
-        .collect())
+    let rows = vps_projections::instances::reads::report_rows(tx, node_id).await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// What one entry of a report asks of the instance it names: an observed state (a recovery
@@ -444,14 +426,8 @@ async fn lock_all_placed(
     tx: &mut PgConnection,
     node_id: &str,
 ) -> Result<BTreeMap<String, Instance>, CommandError> {
-    let sql = "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted'
-                ORDER BY id FOR UPDATE";
-    let rows = sqlx::query(sql).bind(node_id).fetch_all(&mut *tx).await?;
-    Ok(rows
-        .iter()
-        .map(instance_of)
-        .map(|i| (i.id.clone(), i))
-        .collect())
+    let rows = vps_projections::instances::reads::lock_all_placed(tx, node_id).await?;
+    Ok(rows.into_iter().map(|i| (i.id.clone(), i)).collect())
 }
 
 /// Locks the rows of `ids` still live on `node_id`, in id order, and answers them as locked.
@@ -463,20 +439,7 @@ async fn lock_placed(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let rows = sqlx::query(
-        "SELECT doc FROM instances WHERE id = ANY($1) AND node_id = $2 AND state <> 'deleted'
-          ORDER BY id FOR UPDATE",
-    )
-    .bind(ids)
-    .bind(node_id)
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(rows.iter().map(instance_of).collect())
-}
-
-fn instance_of(row: &sqlx::postgres::PgRow) -> Instance {
-    let sqlx::types::Json(i): sqlx::types::Json<Instance> = row.get(0);
-    i
+    Ok(vps_projections::instances::reads::lock_placed(tx, node_id, ids).await?)
 }
 
 /// Marks a silent node lost and its instances lost (`node.lost`, `instance.lost`). Returns the
@@ -517,11 +480,8 @@ pub async fn node_secret(
     };
     let instance_id = reference.strip_prefix("secret://").ok_or_else(not_found)?;
     let mut conn = ctx.pool.acquire().await?;
-    let placed: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM instances WHERE id = $1 AND node_id = $2 AND state <> 'deleted')")
-        .bind(instance_id)
-        .bind(node_id)
-        .fetch_one(&mut *conn)
-        .await?;
+    let placed =
+        vps_projections::instances::reads::placed_on(&mut conn, instance_id, node_id).await?;
     if !placed {
         return Err(not_found());
     }

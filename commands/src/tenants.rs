@@ -107,7 +107,7 @@ pub async fn teardown_pass(ctx: &Ctx, tenant_id: &str) -> Result<u64, CommandErr
 fn revoke_keys<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
     let due = identities::with_keys_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
     let left = identities::with_keys_count(&ctx.pool, tenant_id);
-    sweep_reads(due, left, move |id| async move {
+    sweep(due, left, move |id| async move {
         ignore_gone(crate::identities::revoke_keys(ctx, &id).await.map(|_| ()))
     })
 }
@@ -116,7 +116,7 @@ fn revoke_keys<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 fn remove_webhooks<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
     let due = webhooks::ids_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
     let left = webhooks::count_of_tenant(&ctx.pool, tenant_id);
-    sweep_reads(due, left, move |id| async move {
+    sweep(due, left, move |id| async move {
         ignore_gone(crate::webhooks::delete(ctx, &id, None).await)
     })
 }
@@ -125,7 +125,7 @@ fn remove_webhooks<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 fn delete_templates<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
     let due = sandboxes::live_template_ids_of(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
     let left = sandboxes::live_template_count(&ctx.pool, tenant_id);
-    sweep_reads(due, left, move |id| async move {
+    sweep(due, left, move |id| async move {
         let deleted = crate::sandboxes::templates::delete(ctx, tenant_id, &id).await;
         ignore_gone(deleted.map(|_| ()))
     })
@@ -135,7 +135,7 @@ fn delete_templates<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 fn delete_sandboxes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
     let due = sandboxes::open_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
     let left = sandboxes::undeleted_count(&ctx.pool, tenant_id);
-    sweep_reads(due, left, move |id| async move {
+    sweep(due, left, move |id| async move {
         let deleted = crate::sandboxes::lifecycle::delete(ctx, tenant_id, &id).await;
         ignore_gone(deleted.map(|_| ()))
     })
@@ -145,7 +145,7 @@ fn delete_sandboxes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 fn delete_snapshots<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
     let due = sandboxes::live_snapshot_ids_of(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
     let left = sandboxes::live_snapshot_count(&ctx.pool, tenant_id);
-    sweep_reads(due, left, move |id| async move {
+    sweep(due, left, move |id| async move {
         let deleted = crate::sandboxes::snapshots::delete(ctx, tenant_id, &id).await;
         ignore_gone(deleted.map(|_| ()))
     })
@@ -153,14 +153,16 @@ fn delete_snapshots<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 
 /// Asks every instance not yet asked to be deleted; answers those not yet gone.
 fn delete_instances<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = "SELECT id FROM instances WHERE tenant_id = $1 AND desired_state <> 'deleted'
-                ORDER BY id LIMIT $2";
-    let left = "SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'";
-    sweep(ctx, tenant_id, due, left, move |id| async move {
-        let delete = Change::DeleteBecause(REASON.into());
-        let deleted = instances::change(ctx, tenant_id, &id, delete).await;
-        ignore_gone(deleted.map(|_| ()))
-    })
+    use vps_projections::instances::reads;
+    async move {
+        for id in reads::undeleted(&ctx.pool, tenant_id, INSTANCES_PER_PASS).await? {
+            let delete = Change::DeleteBecause(REASON.into());
+            let deleted = instances::change(ctx, tenant_id, &id, delete).await;
+            ignore_gone(deleted.map(|_| ()))?;
+        }
+        Ok(reads::not_gone(&ctx.pool, tenant_id).await? as u64)
+    }
+    .boxed()
 }
 
 /// Deletes volumes no live instance attaches any more (the others wait for their instances);
@@ -168,7 +170,7 @@ fn delete_instances<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 fn delete_volumes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
     let due = volumes::live_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
     let left = volumes::undeleted_count(&ctx.pool, tenant_id);
-    sweep_reads(due, left, move |id| async move {
+    sweep(due, left, move |id| async move {
         match crate::volumes::delete(ctx, tenant_id, &id).await {
             // Still attached: its instances are being deleted; a later pass retries.
             Err(CommandError::Domain(DomainError::ConflictOn { .. })) => Ok(()),
@@ -180,32 +182,9 @@ fn delete_volumes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 /// What a step's work answers: how many remain.
 type StepFuture<'a> = BoxFuture<'a, Result<u64, CommandError>>;
 
-/// A step's pass: `act` on each id `due` selects for the tenant (`$1`, at most a pass's share
-/// as `$2`), then count what `left` says remains.
-fn sweep<'a, F, Fut>(
-    ctx: &'a Ctx,
-    tenant_id: &'a str,
-    due: &'static str,
-    left: &'static str,
-    act: F,
-) -> StepFuture<'a>
-where
-    F: Fn(String) -> Fut + Send + 'a,
-    Fut: Future<Output = Result<(), CommandError>> + Send + 'a,
-{
-    let ids = sqlx::query_scalar(due)
-        .bind(tenant_id)
-        .bind(INSTANCES_PER_PASS)
-        .fetch_all(&ctx.pool);
-    let n = sqlx::query_scalar(left)
-        .bind(tenant_id)
-        .fetch_one(&ctx.pool);
-    sweep_reads(ids, n, act)
-}
-
 /// A step's pass: `act` on each id `due` reads (at most a pass's share), then count what
 /// `left` reads remains (`left` runs only once `act` is done).
-fn sweep_reads<'a, F, Fut>(
+fn sweep<'a, F, Fut>(
     due: impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a,
     left: impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a,
     act: F,

@@ -120,18 +120,8 @@ async fn create_facts(
     tx: &mut PgConnection,
     c: &CreateVolume,
 ) -> Result<VolumeFacts, CommandError> {
-    let pool: Option<(String, Option<String>, bool)> = sqlx::query_as(
-        "SELECT class, runtime,
-                EXISTS (SELECT 1 FROM quotas q WHERE q.pool_id = p.id AND q.tenant_id = $2 AND q.offered)
-           FROM pools p WHERE p.id = $1",
-    )
-    .bind(&c.pool_id)
-    .bind(&c.tenant_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(pool) = pool
-        .filter(|(_, _, offered)| *offered)
-        .and_then(|(class, runtime, _)| facts::admission_pool(&class, runtime, false, false))
+    let Some(pool) =
+        vps_projections::instances::admission::offered_pool(tx, &c.pool_id, &c.tenant_id).await?
     else {
         return Ok(VolumeFacts::default());
     };

@@ -3,6 +3,7 @@
 use sqlx::types::Json;
 use sqlx::PgConnection;
 use vps_domain::flavor::FlavorEvent;
+use vps_domain::resources::Shape;
 use vps_events::RecordedEvent;
 
 use crate::ProjectionError;
@@ -35,4 +36,36 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
         }
     }
     Ok(())
+}
+
+/// The shape of a pool's flavor that is not archived.
+pub async fn shape(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    flavor: &str,
+) -> Result<Option<Shape>, sqlx::Error> {
+    let shape: Option<Json<Shape>> = sqlx::query_scalar(
+        "SELECT shape FROM flavors WHERE pool_id = $1 AND name = $2 AND NOT archived",
+    )
+    .bind(pool_id)
+    .bind(flavor)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(shape.map(|Json(s)| s))
+}
+
+/// The provider offer a pool's flavor maps to (archived flavors too); `None` when it names
+/// none or there is no such flavor.
+pub async fn offer_id(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    flavor: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let offer: Option<Option<String>> =
+        sqlx::query_scalar("SELECT offer_id FROM flavors WHERE pool_id = $1 AND name = $2")
+            .bind(pool_id)
+            .bind(flavor)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(offer.flatten())
 }

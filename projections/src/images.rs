@@ -39,3 +39,11 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
     }
     Ok(())
 }
+
+/// Whether an image is verified; `None` when there is no such image (deleted ones count).
+pub async fn verified(tx: &mut PgConnection, image_id: &str) -> Result<Option<bool>, sqlx::Error> {
+    sqlx::query_scalar("SELECT verified FROM images WHERE id = $1")
+        .bind(image_id)
+        .fetch_optional(&mut *tx)
+        .await
+}

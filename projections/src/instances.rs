@@ -14,6 +14,9 @@ use vps_events::RecordedEvent;
 use crate::instance_doc::{self, InstanceDoc};
 use crate::{bookings, ProjectionError};
 
+pub mod admission;
+pub mod reads;
+
 /// Applies one `instance.*` event.
 pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), ProjectionError> {
     apply_run(conn, std::slice::from_ref(e), None).await

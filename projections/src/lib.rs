@@ -5,13 +5,13 @@
 //!
 //! Projectors are routed by stream category, one module per table family: `pools` (pools and
 //! quota maxima), `nodes`, `flavors`, `images`, `instances` (instance views, quota usage, node
-//! allocations and their sums on the nodes' rows (`bookings`), IP leases), `node_specs` (the
-//! async NodeSpec projector; `node_spec_volumes` its volume part), `instance_doc` (the stored
-//! form of an instance), `provider_accounts`, `webhooks`, `sandboxes` (templates, sandboxes
-//! and snapshots; `sandboxes::reads` their reads), `volumes` (sandbox volumes, their
-//! allocations and quota charges), `policies`, `identities`, `tenants` (teardown), `usage`
-//! (usage records and rollups), `views` and `operator_views` (reads), `replay` (rebuild and
-//! verify).
+//! allocations and their sums on the nodes' rows (`bookings`), IP leases; their reads in
+//! `instances::admission` and `instances::reads`), `node_specs` (the async NodeSpec projector;
+//! `node_spec_volumes` its volume part), `instance_doc` (the stored form of an instance),
+//! `provider_accounts`, `webhooks`, `sandboxes` (templates, sandboxes and snapshots;
+//! `sandboxes::reads` their reads), `volumes` (sandbox volumes, their allocations and quota
+//! charges), `policies`, `identities`, `tenants` (teardown), `usage` (usage records and
+//! rollups), `views` and `operator_views` (reads), `replay` (rebuild and verify).
 //!
 //! Reads live with their tables: `commands`, `reactors`, `api` and `devtools` read a
 //! projection table through its module's query functions (typed rows, the SQL and locking

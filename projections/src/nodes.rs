@@ -1,5 +1,6 @@
 //! The `nodes` table, from a node's stream (registration, liveness, orphans).
 
+use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::PgConnection;
 use vps_domain::node::NodeEvent;
@@ -55,4 +56,94 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Locks `node_ids` (in id order) to the transaction's end.
+pub async fn lock(tx: &mut PgConnection, node_ids: &[String]) -> Result<(), sqlx::Error> {
+    if !node_ids.is_empty() {
+        sqlx::query("SELECT id FROM nodes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(node_ids)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A node's name; `None` when there is no such node.
+pub async fn name(tx: &mut PgConnection, node_id: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT name FROM nodes WHERE id = $1")
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await
+}
+
+/// A node's CPU model; `None` when it stated none or there is no such node.
+pub async fn cpu_model(
+    tx: &mut PgConnection,
+    node_id: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let model: Option<Option<String>> =
+        sqlx::query_scalar("SELECT cpu_model FROM nodes WHERE id = $1")
+            .bind(node_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(model.flatten())
+}
+
+/// The pool of a node; `None` when there is no such node.
+pub async fn pool_id(tx: &mut PgConnection, node_id: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT pool_id FROM nodes WHERE id = $1")
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await
+}
+
+/// The nodes of pools with `lostAfterSeconds` that have been silent that long, counting from
+/// their last report (`node_heartbeats`, or their registration), but never from before
+/// `resumed`, as of `now`.
+pub async fn silent<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    resumed: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT n.id FROM nodes n
+           JOIN pools p ON p.id = n.pool_id
+           LEFT JOIN node_heartbeats h ON h.node_id = n.id
+          WHERE n.state IN ('ready', 'cordoned', 'unreachable')
+            AND p.policy->>'lostAfterSeconds' IS NOT NULL
+            AND greatest(coalesce(h.last_report_at, n.created_at), $1)
+                < $2 - make_interval(secs => (p.policy->>'lostAfterSeconds')::float8)",
+    )
+    .bind(resumed)
+    .bind(now)
+    .fetch_all(db)
+    .await
+}
+
+/// The nodes `lost` or `unreachable`, or silent for over `silent` seconds (no report in
+/// `node_heartbeats` since, counting from registration), by id: each node's id, name, state
+/// and seconds since its last report (or its registration).
+pub async fn unwell<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    silent: f64,
+) -> Result<Vec<(String, String, String, f64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT n.id, n.name, n.state,
+                extract(epoch FROM now() - coalesce(h.last_report_at, n.created_at))::float8
+           FROM nodes n LEFT JOIN node_heartbeats h ON h.node_id = n.id
+          WHERE n.state IN ('lost', 'unreachable')
+             OR coalesce(h.last_report_at, n.created_at) < now() - make_interval(secs => $1)
+          ORDER BY n.id",
+    )
+    .bind(silent)
+    .fetch_all(db)
+    .await
+}
+
+/// How many nodes there are.
+pub async fn count<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM nodes")
+        .fetch_one(db)
+        .await
 }

@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 use vps_domain::ipam::{leasable_addresses, Ipv4Cidr};
 use vps_domain::operator::IpRangeSet;
 use vps_domain::pool::PoolEvent;
+use vps_domain::quota::Amounts;
 use vps_domain::resources::QuotaResource;
 use vps_events::RecordedEvent;
 
@@ -106,4 +107,77 @@ async fn free_list(conn: &mut PgConnection, range: &IpRangeSet) -> Result<(), Pr
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// A tenant's quota maxima and usage in a pool.
+pub async fn quota(
+    tx: &mut PgConnection,
+    pool_id: &str,
+    tenant_id: &str,
+) -> Result<(Amounts, Amounts), sqlx::Error> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT resource, max, used FROM quotas WHERE pool_id = $1 AND tenant_id = $2",
+    )
+    .bind(pool_id)
+    .bind(tenant_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(amounts(rows))
+}
+
+/// Quota rows `(resource, max, used)` as maxima and usage.
+pub fn amounts(rows: Vec<(String, i64, i64)>) -> (Amounts, Amounts) {
+    let (mut max, mut used) = (Amounts::new(), Amounts::new());
+    for (resource, m, u) in rows {
+        if let Some(resource) = QuotaResource::parse(&resource) {
+            max.insert(resource, m.max(0) as u64);
+            used.insert(resource, u.max(0) as u64);
+        }
+    }
+    (max, used)
+}
+
+/// A pool's runtime; `None` when it names none or there is no such pool.
+pub async fn runtime(tx: &mut PgConnection, pool_id: &str) -> Result<Option<String>, sqlx::Error> {
+    let runtime: Option<Option<String>> =
+        sqlx::query_scalar("SELECT runtime FROM pools WHERE id = $1")
+            .bind(pool_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(runtime.flatten())
+}
+
+/// A pool's provider account; `None` when it has none or there is no such pool.
+pub async fn provider_account_id(
+    tx: &mut PgConnection,
+    pool_id: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let account: Option<Option<String>> =
+        sqlx::query_scalar("SELECT provider_account_id FROM pools WHERE id = $1")
+            .bind(pool_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(account.flatten())
+}
+
+/// A pool's policy document; `RowNotFound` when there is no such pool.
+pub async fn policy(
+    tx: &mut PgConnection,
+    pool_id: &str,
+) -> Result<serde_json::Value, sqlx::Error> {
+    sqlx::query_scalar("SELECT policy FROM pools WHERE id = $1")
+        .bind(pool_id)
+        .fetch_one(&mut *tx)
+        .await
+}
+
+/// The pool named `name`; `None` when there is none.
+pub async fn id_by_name<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    name: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM pools WHERE name = $1")
+        .bind(name)
+        .fetch_optional(db)
+        .await
 }

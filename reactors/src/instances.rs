@@ -135,11 +135,7 @@ async fn hosted_facts(
     timings: &Timings,
 ) -> Result<HostedFacts, CommandError> {
     let recreate_on_host_loss = if inst.state == InstanceState::Lost {
-        let policy: serde_json::Value =
-            sqlx::query_scalar("SELECT policy FROM pools WHERE id = $1")
-                .bind(&inst.pool_id)
-                .fetch_one(&mut *tx)
-                .await?;
+        let policy = vps_projections::pools::policy(tx, &inst.pool_id).await?;
         policy["recreateOnHostLoss"].as_bool() == Some(true)
     } else {
         false
@@ -172,14 +168,10 @@ async fn tenant_runs_on(
     inst: &Instance,
     node: &str,
 ) -> Result<bool, CommandError> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM instances WHERE node_id = $1 AND tenant_id = $2 AND id <> $3 AND state = 'running')",
+    Ok(
+        vps_projections::instances::reads::tenant_runs_on(tx, node, &inst.tenant_id, &inst.id)
+            .await?,
     )
-    .bind(node)
-    .bind(&inst.tenant_id)
-    .bind(&inst.id)
-    .fetch_one(&mut *tx)
-    .await?)
 }
 
 /// The most items one take leases.

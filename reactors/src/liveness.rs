@@ -73,19 +73,7 @@ async fn silent_nodes(
     resumed: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT n.id FROM nodes n
-           JOIN pools p ON p.id = n.pool_id
-           LEFT JOIN node_heartbeats h ON h.node_id = n.id
-          WHERE n.state IN ('ready', 'cordoned', 'unreachable')
-            AND p.policy->>'lostAfterSeconds' IS NOT NULL
-            AND greatest(coalesce(h.last_report_at, n.created_at), $1)
-                < $2 - make_interval(secs => (p.policy->>'lostAfterSeconds')::float8)",
-    )
-    .bind(resumed)
-    .bind(now)
-    .fetch_all(&ctx.pool)
-    .await
+    vps_projections::nodes::silent(&ctx.pool, resumed, now).await
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 mod step;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use vps_commands::pipeline::{apply_commands, commit};
 use vps_commands::provider_accounts as accounts;
 use vps_commands::{CommandError, Ctx};
@@ -107,12 +107,7 @@ async fn read_call_facts(ctx: &Ctx, inst: &Instance, call: Call) -> Result<Prepa
     let account = read_account(&mut tx, ctx, inst).await?;
     let (mut offer_id, mut user_data) = (None, None);
     if matches!(call, Call::Create(_)) {
-        offer_id = sqlx::query("SELECT offer_id FROM flavors WHERE pool_id = $1 AND name = $2")
-            .bind(&inst.pool_id)
-            .bind(&inst.flavor)
-            .fetch_optional(&mut *tx)
-            .await?
-            .and_then(|r| r.get::<Option<String>, _>(0));
+        offer_id = vps_projections::flavors::offer_id(&mut tx, &inst.pool_id, &inst.flavor).await?;
         if let Some(reference) = &inst.user_data_ref {
             user_data = vps_commands::secrets::open(&mut tx, &ctx.secrets, reference)
                 .await?
@@ -134,12 +129,7 @@ async fn read_account(
     ctx: &Ctx,
     inst: &Instance,
 ) -> Result<Account, CommandError> {
-    let account_id: Option<String> =
-        sqlx::query_scalar("SELECT provider_account_id FROM pools WHERE id = $1")
-            .bind(&inst.pool_id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .flatten();
+    let account_id = vps_projections::pools::provider_account_id(tx, &inst.pool_id).await?;
     let Some(account_id) = account_id else {
         return Ok(Account::Unset);
     };
@@ -207,10 +197,7 @@ async fn apply(
     let now = ctx.clock.now();
     let mut tx = ctx.pool.begin().await?;
     // The row lock keeps API commands from appending between the check and our append.
-    sqlx::query("SELECT 1 FROM instances WHERE id = $1 FOR UPDATE")
-        .bind(&planned.id)
-        .execute(&mut *tx)
-        .await?;
+    vps_projections::instances::reads::lock_row(&mut tx, &planned.id).await?;
     let Some(current) = load(&mut tx, &planned.id).await? else {
         return Ok(None);
     };

@@ -295,13 +295,7 @@ async fn warm_pools(ctx: &Ctx, seen: &WarmSeries) -> Result<bool, CommandError> 
 /// fleet (pools × instance states), not by what tenants create; a series that empties is set
 /// to 0 rather than left at its last value.
 async fn warm_gauges(ctx: &Ctx, seen: &WarmSeries) -> Result<(), CommandError> {
-    let counts: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT pool_id, state, count(*) FROM instances
-          WHERE warm_template_id IS NOT NULL AND state <> 'deleted'
-          GROUP BY 1, 2",
-    )
-    .fetch_all(&ctx.pool)
-    .await?;
+    let counts = vps_projections::instances::reads::warm_counts(&ctx.pool).await?;
     let now: BTreeSet<(String, String)> = counts
         .iter()
         .map(|(p, s, _)| (p.clone(), s.clone()))

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use vps_commands::Ctx;
 use vps_domain::instance::Instance;
 use vps_events::{Cursor, Follower, RecordedEvent};
@@ -87,12 +87,8 @@ async fn wake(
     }
     let mut tx = ctx.pool.begin().await?;
     for pool_id in freed_pools(&mut tx, batch).await? {
-        let waiting =
-            sqlx::query("SELECT id FROM instances WHERE pool_id = $1 AND state = 'scheduling'")
-                .bind(&pool_id)
-                .fetch_all(&mut *tx)
-                .await?;
-        instances.extend(waiting.iter().map(|r| r.get::<String, _>(0)));
+        let waiting = vps_projections::instances::reads::scheduling(&mut tx, &pool_id).await?;
+        instances.extend(waiting);
     }
     instances.sort();
     instances.dedup();
@@ -162,10 +158,7 @@ async fn freed_pools(
         if let Some(p) = e.data["poolId"].as_str() {
             pools.push(p.to_string());
         } else if let Some(node) = e.data["nodeId"].as_str() {
-            let p: Option<String> = sqlx::query_scalar("SELECT pool_id FROM nodes WHERE id = $1")
-                .bind(node)
-                .fetch_optional(&mut *tx)
-                .await?;
+            let p = vps_projections::nodes::pool_id(tx, node).await?;
             pools.extend(p);
         }
     }

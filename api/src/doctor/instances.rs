@@ -13,16 +13,8 @@ const STUCK: f64 = 600.0;
 /// Instances `deleting` for over ten minutes: their host must report them gone (or be
 /// declared lost), or their provider must finish the delete.
 pub async fn deleting(pool: &PgPool) -> Result<Finding, sqlx::Error> {
-    let (stuck, ids, oldest): (i64, Vec<String>, Option<f64>) = sqlx::query_as(
-        "SELECT count(*),
-                coalesce((array_agg(id ORDER BY updated_at))[1:5], '{}'::text[]),
-                max(extract(epoch FROM now() - updated_at))::float8
-           FROM instances
-          WHERE state = 'deleting' AND updated_at < now() - make_interval(secs => $1)",
-    )
-    .bind(STUCK)
-    .fetch_one(pool)
-    .await?;
+    let (stuck, ids, oldest) =
+        vps_projections::instances::reads::stuck_deleting(pool, STUCK).await?;
     if stuck == 0 {
         return Ok(Finding::ok(
             DELETING,

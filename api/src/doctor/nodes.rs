@@ -13,20 +13,8 @@ const SILENT: f64 = 60.0;
 
 /// The nodes that are lost or unreachable.
 pub async fn liveness(pool: &PgPool) -> Result<Finding, sqlx::Error> {
-    let rows: Vec<(String, String, String, f64)> = sqlx::query_as(
-        "SELECT n.id, n.name, n.state,
-                extract(epoch FROM now() - coalesce(h.last_report_at, n.created_at))::float8
-           FROM nodes n LEFT JOIN node_heartbeats h ON h.node_id = n.id
-          WHERE n.state IN ('lost', 'unreachable')
-             OR coalesce(h.last_report_at, n.created_at) < now() - make_interval(secs => $1)
-          ORDER BY n.id",
-    )
-    .bind(SILENT)
-    .fetch_all(pool)
-    .await?;
-    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes")
-        .fetch_one(pool)
-        .await?;
+    let rows = vps_projections::nodes::unwell(pool, SILENT).await?;
+    let total = vps_projections::nodes::count(pool).await?;
     Ok(judge(total, &rows))
 }
 

@@ -338,11 +338,8 @@ async fn change_in(
             // A missing or archived flavor is refused by `resize` below, never decided
             // without its shape.
             if let Some(shape) = &facts.shape {
-                let image_verified: Option<bool> =
-                    sqlx::query_scalar("SELECT verified FROM images WHERE id = $1")
-                        .bind(&instance.image_id)
-                        .fetch_optional(&mut *tx)
-                        .await?;
+                let image_verified =
+                    vps_projections::images::verified(tx, &instance.image_id).await?;
                 let draft = vps_domain::authz::InstanceDraft {
                     vcpu: shape.vcpu,
                     memory_gib: shape.memory_gib,

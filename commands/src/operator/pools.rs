@@ -149,10 +149,7 @@ pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Offer, CommandErr
 /// Sets a hosted pool's IPv4 range.
 pub async fn set_ip_pool(ctx: &Ctx, input: SetIpPool) -> Result<PoolView, CommandError> {
     transaction(ctx, &input.pool_id, async |tx| {
-        let leased: i64 = sqlx::query_scalar("SELECT count(*) FROM ip_leases WHERE pool_id = $1")
-            .bind(&input.pool_id)
-            .fetch_one(&mut *tx)
-            .await?;
+        let leased = vps_projections::instances::reads::leased(tx, &input.pool_id).await?;
         let command = PoolCommand::SetIpRange {
             cidr: input.cidr.clone(),
             gateway: input.gateway.clone(),

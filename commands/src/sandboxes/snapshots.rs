@@ -159,11 +159,7 @@ async fn instance_facts(
     let inst = vps_projections::instances::load(tx, instance_id)
         .await?
         .ok_or_else(|| DomainError::invalid_state(format!("instance {instance_id} is gone")))?;
-    let runtime: Option<String> = sqlx::query_scalar("SELECT runtime FROM pools WHERE id = $1")
-        .bind(&inst.pool_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .flatten();
+    let runtime = vps_projections::pools::runtime(tx, &inst.pool_id).await?;
     Ok(InstanceFacts {
         state: inst.state,
         node_id: inst.node_id.clone(),
@@ -280,11 +276,7 @@ pub async fn settle(
     }
     let ids: Vec<&str> = results.iter().map(|r| r.id.as_str()).collect();
     let owned = vps_projections::sandboxes::pending_on_node(&mut *tx, &ids, node_id).await?;
-    let cpu_model: Option<String> = sqlx::query_scalar("SELECT cpu_model FROM nodes WHERE id = $1")
-        .bind(node_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .flatten();
+    let cpu_model = vps_projections::nodes::cpu_model(tx, node_id).await?;
     for snap in owned {
         let Some(result) = results.iter().find(|r| r.id == snap.id) else {
             continue;
@@ -410,15 +402,11 @@ pub async fn shares_identity(
         .as_ref()
         .and_then(|r| r.principal_instance_id.clone())
         .unwrap_or_else(|| instance.id.clone());
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM instances
-                         WHERE id <> $1 AND tenant_id = $3 AND state NOT IN ('deleting', 'deleted')
-                           AND desired_state <> 'deleted'
-                           AND (id = $2 OR doc->'restoreFrom'->>'principalInstanceId' = $2))",
+    Ok(vps_projections::instances::reads::shares_principal(
+        tx,
+        &instance.id,
+        &principal,
+        &instance.tenant_id,
     )
-    .bind(&instance.id)
-    .bind(&principal)
-    .bind(&instance.tenant_id)
-    .fetch_one(&mut *tx)
     .await?)
 }

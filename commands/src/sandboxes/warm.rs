@@ -3,11 +3,11 @@
 //! claim holds, so concurrent creates never wait on each other and never share an instance. The upkeep
 //! (refill, drain) runs in the sandbox reconciler, one template at a time.
 
-use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use vps_domain::instance::{Instance, InstanceCommand, Requester};
 use vps_domain::state_table::DesiredState;
 use vps_domain::template::{warm_plan, Template, WarmMember, WarmPlan, PAUSING_RUNTIMES};
+use vps_projections::instances::reads;
 use vps_projections::node_specs::Moved;
 
 use crate::context::Ctx;
@@ -34,19 +34,8 @@ pub async fn claim(
     t: &Template,
     sandbox_id: &str,
 ) -> Result<Option<(Instance, Moved)>, CommandError> {
-    let row: Option<sqlx::types::Json<Instance>> = sqlx::query_scalar(
-        "SELECT doc FROM instances
-          WHERE warm_template_id = $1 AND template_version = $2
-            AND state IN ('stopped', 'paused') AND desired_state <> 'deleted'
-          ORDER BY created_at, id
-          LIMIT 1
-          FOR UPDATE SKIP LOCKED",
-    )
-    .bind(&t.id)
-    .bind(t.instance_version as i64)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(sqlx::types::Json(instance)) = row else {
+    let row = reads::lock_warm(tx, &t.id, t.instance_version as i64).await?;
+    let Some(instance) = row else {
         return Ok(None);
     };
     if !instance.claimable() || instance.template_version != Some(t.instance_version) {
@@ -94,22 +83,7 @@ pub async fn upkeep(
 
 /// The template's warm instances that are not being deleted.
 async fn members(ctx: &Ctx, template_id: &str) -> Result<Vec<WarmMember>, CommandError> {
-    let rows: Vec<(String, Option<i64>, String, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT id, template_version, state, created_at FROM instances
-          WHERE warm_template_id = $1 AND desired_state <> 'deleted' AND state <> 'deleted'",
-    )
-    .bind(template_id)
-    .fetch_all(&ctx.pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, version, state, created_at)| WarmMember {
-            id,
-            template_version: version.unwrap_or(0) as u64,
-            state: crate::instances::facts::state_column(state),
-            created_at,
-        })
-        .collect())
+    Ok(reads::warm_members(&ctx.pool, template_id).await?)
 }
 
 /// Makes one warm instance of `t`, re-reading the template in the transaction so one deleted

@@ -105,9 +105,7 @@ async fn phases(scratch: &Scratch, o: &ConvergeBench) -> anyhow::Result<Value> {
     let created_seconds = started.elapsed().as_secs_f64();
     let progress = match created {
         Ok(errors) => {
-            let count: i64 = sqlx::query_scalar("SELECT count(*) FROM instances")
-                .fetch_one(&scratch.pool)
-                .await?;
+            let count = vps_projections::instances::reads::count(&scratch.pool).await?;
             println!(
                 "created {count} instances over HTTP in {created_seconds:.1} s ({:.0}/s, {} clients, {errors} retried errors)",
                 count as f64 / created_seconds,
@@ -308,12 +306,8 @@ async fn watch_progress(
 }
 
 async fn state_counts(pool: &PgPool) -> anyhow::Result<BTreeMap<String, i64>> {
-    let rows = sqlx::query("SELECT state, count(*) FROM instances GROUP BY state")
-        .fetch_all(pool)
-        .await?;
-    rows.iter()
-        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
-        .collect()
+    let rows = vps_projections::instances::reads::state_counts(pool).await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// Events in the log by kind, and reconcile passes (the work queue), for telling where the

@@ -384,11 +384,7 @@ impl Lab {
             }
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
-                let live: Vec<(String, Option<String>)> = sqlx::query_as(
-                    "SELECT id, warm_template_id FROM instances WHERE state <> 'deleted'",
-                )
-                .fetch_all(&self.db)
-                .await?;
+                let live = vps_projections::instances::reads::live_with_template(&self.db).await?;
                 if live.is_empty() || Instant::now() > deadline {
                     break;
                 }
@@ -454,11 +450,7 @@ impl Lab {
     async fn await_deleted(&self, instance: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let state: Option<String> =
-                sqlx::query_scalar("SELECT state FROM instances WHERE id = $1")
-                    .bind(instance)
-                    .fetch_optional(&self.db)
-                    .await?;
+            let state = vps_projections::instances::reads::state(&self.db, instance).await?;
             if state.as_deref() == Some("deleted") {
                 return Ok(());
             }
@@ -475,14 +467,8 @@ impl Lab {
     async fn await_quiet_warm_pool(&self, template: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + BOOT_LIMIT;
         loop {
-            let (paused, busy): (i64, i64) = sqlx::query_as(
-                "SELECT count(*) FILTER (WHERE warm_template_id = $1 AND state = 'paused'),
-                        count(*) FILTER (WHERE state NOT IN ('paused', 'deleted'))
-                   FROM instances",
-            )
-            .bind(template)
-            .fetch_one(&self.db)
-            .await?;
+            let (paused, busy) =
+                vps_projections::instances::reads::warm_paused_and_busy(&self.db, template).await?;
             if paused >= 1 && busy == 0 {
                 // Let the agent's report of the pause and its next spec poll settle.
                 tokio::time::sleep(Duration::from_millis(500)).await;

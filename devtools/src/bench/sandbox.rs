@@ -149,12 +149,7 @@ impl Client {
     async fn await_warm(&self, db: &sqlx::PgPool, template: &str, n: usize) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let paused: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM instances WHERE warm_template_id = $1 AND state = 'paused'",
-            )
-            .bind(template)
-            .fetch_one(db)
-            .await?;
+            let paused = vps_projections::instances::reads::warm_paused(db, template).await?;
             if paused as usize >= n {
                 return Ok(());
             }

@@ -198,10 +198,7 @@ struct PoolPlan {
 
 /// The pool `plan` names, created on first run (answers its id, and whether it is new).
 async fn ensure_pool(ctx: &vps_commands::Ctx, plan: PoolPlan) -> anyhow::Result<(String, bool)> {
-    let existing: Option<String> = sqlx::query_scalar("SELECT id FROM pools WHERE name = $1")
-        .bind(plan.name)
-        .fetch_optional(&ctx.pool)
-        .await?;
+    let existing = vps_projections::pools::id_by_name(&ctx.pool, plan.name).await?;
     if let Some(id) = existing {
         return Ok((id, false));
     }

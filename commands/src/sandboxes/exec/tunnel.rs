@@ -94,10 +94,7 @@ pub async fn endpoint(
     template: Option<&str>,
 ) -> Result<String, CommandError> {
     if let Some(template) = template {
-        let name: Option<String> = sqlx::query_scalar("SELECT name FROM nodes WHERE id = $1")
-            .bind(node_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let name = vps_projections::nodes::name(tx, node_id).await?;
         return Ok(render(
             template,
             node_id,

@@ -1,0 +1,341 @@
+//! Reads of the `instances` view (and of the IP leases its projector keeps) beyond
+//! [`super::load`], [`super::page`] and [`super::load_many`]: row locks, the light views the
+//! reconcilers and host reports decide on, and counts.
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
+use vps_domain::instance::{Instance, ReportView};
+use vps_domain::state_table::InstanceState;
+use vps_domain::template::WarmMember;
+
+use crate::instance_doc::{self, InstanceDoc};
+
+/// Locks an instance's row to the transaction's end and answers the instance as the locked
+/// row holds it (`None`: no such instance).
+pub async fn lock(
+    tx: &mut PgConnection,
+    instance_id: &str,
+) -> Result<Option<Instance>, sqlx::Error> {
+    let row: Option<Json<InstanceDoc>> =
+        sqlx::query_scalar("SELECT doc FROM instances WHERE id = $1 FOR UPDATE")
+            .bind(instance_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(row.map(instance_doc::instance))
+}
+
+/// An instance's `state` column read back as the domain's state; a value the domain does not
+/// know reads as `error`, so it is never taken for a settled state.
+pub fn state_column(state: String) -> InstanceState {
+    serde_json::from_value(serde_json::Value::String(state)).unwrap_or(InstanceState::Error)
+}
+
+/// The oldest settled (`stopped` or `paused`) warm instance of a template's version that is
+/// not being deleted and no concurrent transaction holds, its row locked to the transaction's
+/// end (`FOR UPDATE SKIP LOCKED`: concurrent claims never wait on each other).
+pub async fn lock_warm(
+    tx: &mut PgConnection,
+    template_id: &str,
+    template_version: i64,
+) -> Result<Option<Instance>, sqlx::Error> {
+    let row: Option<Json<InstanceDoc>> = sqlx::query_scalar(
+        "SELECT doc FROM instances
+          WHERE warm_template_id = $1 AND template_version = $2
+            AND state IN ('stopped', 'paused') AND desired_state <> 'deleted'
+          ORDER BY created_at, id
+          LIMIT 1
+          FOR UPDATE SKIP LOCKED",
+    )
+    .bind(template_id)
+    .bind(template_version)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(row.map(instance_doc::instance))
+}
+
+/// A template's warm instances that are not being deleted.
+pub async fn warm_members<'e>(
+    db: impl PgExecutor<'e>,
+    template_id: &str,
+) -> Result<Vec<WarmMember>, sqlx::Error> {
+    let rows: Vec<(String, Option<i64>, String, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT id, template_version, state, created_at FROM instances
+          WHERE warm_template_id = $1 AND desired_state <> 'deleted' AND state <> 'deleted'",
+    )
+    .bind(template_id)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, version, state, created_at)| WarmMember {
+            id,
+            template_version: version.unwrap_or(0) as u64,
+            state: state_column(state),
+            created_at,
+        })
+        .collect())
+}
+
+/// How many warm instances (not deleted) each pool holds, by state: `(pool, state, count)`.
+pub async fn warm_counts<'e>(
+    db: impl PgExecutor<'e>,
+) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT pool_id, state, count(*) FROM instances
+          WHERE warm_template_id IS NOT NULL AND state <> 'deleted'
+          GROUP BY 1, 2",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The light views of the live instances placed on a node, as `(id, view)`: what a host
+/// report first compares, without the documents.
+pub async fn report_rows(
+    tx: &mut PgConnection,
+    node_id: &str,
+) -> Result<Vec<(String, ReportView)>, sqlx::Error> {
+    let rows: Vec<(String, String, bool, Json<Vec<String>>)> = sqlx::query_as(
+        "SELECT id, state, coalesce(jsonb_array_length(doc->'conditions'), 0) > 0,
+                coalesce(doc->'addresses', '[]')
+           FROM instances WHERE node_id = $1 AND state <> 'deleted'",
+    )
+    .bind(node_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, state, has_conditions, Json(addresses))| {
+            let view = ReportView {
+                state: state_column(state),
+                has_conditions,
+                addresses,
+            };
+            (id, view)
+        })
+        .collect())
+}
+
+/// The live instances placed on a node, their rows locked in id order (the lock order).
+pub async fn lock_all_placed(
+    tx: &mut PgConnection,
+    node_id: &str,
+) -> Result<Vec<Instance>, sqlx::Error> {
+    let sql = "SELECT doc FROM instances WHERE node_id = $1 AND state <> 'deleted'
+                ORDER BY id FOR UPDATE";
+    let rows: Vec<Json<InstanceDoc>> = sqlx::query_scalar(sql)
+        .bind(node_id)
+        .fetch_all(&mut *tx)
+        .await?;
+    Ok(rows.into_iter().map(instance_doc::instance).collect())
+}
+
+/// Locks the rows of `ids` still live on `node_id`, in id order, and answers them as locked.
+pub async fn lock_placed(
+    tx: &mut PgConnection,
+    node_id: &str,
+    ids: &[String],
+) -> Result<Vec<Instance>, sqlx::Error> {
+    let rows: Vec<Json<InstanceDoc>> = sqlx::query_scalar(
+        "SELECT doc FROM instances WHERE id = ANY($1) AND node_id = $2 AND state <> 'deleted'
+          ORDER BY id FOR UPDATE",
+    )
+    .bind(ids)
+    .bind(node_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows.into_iter().map(instance_doc::instance).collect())
+}
+
+/// Whether instance `instance_id` is live on `node_id`.
+pub async fn placed_on(
+    conn: &mut PgConnection,
+    instance_id: &str,
+    node_id: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM instances WHERE id = $1 AND node_id = $2 AND state <> 'deleted')")
+        .bind(instance_id)
+        .bind(node_id)
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// Whether a live instance of `tenant_id` other than `instance_id` answers to SSH principal
+/// `principal`: the principal itself, or a restore that names it as its principal.
+pub async fn shares_principal(
+    tx: &mut PgConnection,
+    instance_id: &str,
+    principal: &str,
+    tenant_id: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM instances
+                         WHERE id <> $1 AND tenant_id = $3 AND state NOT IN ('deleting', 'deleted')
+                           AND desired_state <> 'deleted'
+                           AND (id = $2 OR doc->'restoreFrom'->>'principalInstanceId' = $2))",
+    )
+    .bind(instance_id)
+    .bind(principal)
+    .bind(tenant_id)
+    .fetch_one(&mut *tx)
+    .await
+}
+
+/// How many addresses of a pool are leased.
+pub async fn leased(tx: &mut PgConnection, pool_id: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM ip_leases WHERE pool_id = $1")
+        .bind(pool_id)
+        .fetch_one(&mut *tx)
+        .await
+}
+
+/// Locks an instance's row to the transaction's end, reading nothing.
+pub async fn lock_row(tx: &mut PgConnection, instance_id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1 FROM instances WHERE id = $1 FOR UPDATE")
+        .bind(instance_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Whether `tenant_id` has a running instance other than `instance_id` on `node_id`.
+pub async fn tenant_runs_on(
+    tx: &mut PgConnection,
+    node_id: &str,
+    tenant_id: &str,
+    instance_id: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM instances WHERE node_id = $1 AND tenant_id = $2 AND id <> $3 AND state = 'running')",
+    )
+    .bind(node_id)
+    .bind(tenant_id)
+    .bind(instance_id)
+    .fetch_one(&mut *tx)
+    .await
+}
+
+/// The instances of a pool waiting for placement (`scheduling`).
+pub async fn scheduling(tx: &mut PgConnection, pool_id: &str) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM instances WHERE pool_id = $1 AND state = 'scheduling'")
+        .bind(pool_id)
+        .fetch_all(&mut *tx)
+        .await
+}
+
+/// Instances `deleting` with no change for over `stuck` seconds: how many, the ids of the
+/// five oldest, and the oldest's age in seconds (`None` when there is none).
+pub async fn stuck_deleting<'e>(
+    db: impl PgExecutor<'e>,
+    stuck: f64,
+) -> Result<(i64, Vec<String>, Option<f64>), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*),
+                coalesce((array_agg(id ORDER BY updated_at))[1:5], '{}'::text[]),
+                max(extract(epoch FROM now() - updated_at))::float8
+           FROM instances
+          WHERE state = 'deleting' AND updated_at < now() - make_interval(secs => $1)",
+    )
+    .bind(stuck)
+    .fetch_one(db)
+    .await
+}
+
+/// The instances not `deleted`, with the template of each warm one.
+pub async fn live_with_template<'e>(
+    db: impl PgExecutor<'e>,
+) -> Result<Vec<(String, Option<String>)>, sqlx::Error> {
+    sqlx::query_as("SELECT id, warm_template_id FROM instances WHERE state <> 'deleted'")
+        .fetch_all(db)
+        .await
+}
+
+/// An instance's `state` column; `None` when there is no such instance.
+pub async fn state<'e>(
+    db: impl PgExecutor<'e>,
+    instance_id: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT state FROM instances WHERE id = $1")
+        .bind(instance_id)
+        .fetch_optional(db)
+        .await
+}
+
+/// How many warm instances of `template_id` are `paused`.
+pub async fn warm_paused<'e>(
+    db: impl PgExecutor<'e>,
+    template_id: &str,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM instances WHERE warm_template_id = $1 AND state = 'paused'",
+    )
+    .bind(template_id)
+    .fetch_one(db)
+    .await
+}
+
+/// How many warm instances of `template_id` are `paused`, and how many instances (of any
+/// template or none) are neither `paused` nor `deleted`.
+pub async fn warm_paused_and_busy<'e>(
+    db: impl PgExecutor<'e>,
+    template_id: &str,
+) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE warm_template_id = $1 AND state = 'paused'),
+                count(*) FILTER (WHERE state NOT IN ('paused', 'deleted'))
+           FROM instances",
+    )
+    .bind(template_id)
+    .fetch_one(db)
+    .await
+}
+
+/// How many instances there are (deleted ones too).
+pub async fn count<'e>(db: impl PgExecutor<'e>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM instances")
+        .fetch_one(db)
+        .await
+}
+
+/// How many instances are in each state, as `(state, count)`.
+pub async fn state_counts<'e>(db: impl PgExecutor<'e>) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT state, count(*) FROM instances GROUP BY state")
+        .fetch_all(db)
+        .await
+}
+
+/// Up to `limit` of a tenant's instances not yet asked to be deleted, by id.
+pub async fn undeleted<'e>(
+    db: impl PgExecutor<'e>,
+    tenant_id: &str,
+    limit: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM instances WHERE tenant_id = $1 AND desired_state <> 'deleted'
+                ORDER BY id LIMIT $2",
+    )
+    .bind(tenant_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// How many of a tenant's instances are not yet `deleted`.
+pub async fn not_gone<'e>(db: impl PgExecutor<'e>, tenant_id: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'")
+        .bind(tenant_id)
+        .fetch_one(db)
+        .await
+}
+
+/// The versions of the instances among `ids` that exist, as `(id, version)`.
+pub async fn versions<'e>(
+    db: impl PgExecutor<'e>,
+    ids: &[String],
+) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT id, version FROM instances WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_all(db)
+        .await
+}
