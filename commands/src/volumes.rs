@@ -132,7 +132,7 @@ async fn create_facts(
         name_taken,
         quota_max,
         quota_used,
-        nodes: facts::candidates(tx, &c.pool_id, None).await?,
+        nodes: vps_projections::instances::admission::candidates(tx, &c.pool_id, None).await?,
     })
 }
 
@@ -171,7 +171,7 @@ async fn resize_in(
         return Ok(v.clone());
     }
     // The node's row is locked (and read) before the quota rows, as admission does.
-    let node = facts::candidates(tx, &v.pool_id, Some(&v.node_id))
+    let node = vps_projections::instances::admission::candidates(tx, &v.pool_id, Some(&v.node_id))
         .await?
         .into_iter()
         .next()

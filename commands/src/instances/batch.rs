@@ -37,7 +37,7 @@ use vps_domain::quota::{charge_of, Amounts};
 use vps_domain::resources::Shape;
 use vps_domain::DomainError;
 use vps_events::NewEvent;
-use vps_projections::instances::ChargedQuota;
+use vps_projections::instances::{admission, ChargedQuota};
 
 use super::{create_command, facts, CreateInput};
 use crate::context::Ctx;
@@ -492,7 +492,7 @@ impl Known {
     ) -> Result<Vec<NodeCandidate>, CommandError> {
         match self.nodes.remove(pool_id) {
             Some(rows) => Ok(rows),
-            None => Ok(facts::candidates(tx, pool_id, None).await?),
+            None => Ok(admission::candidates(tx, pool_id, None).await?),
         }
     }
 
@@ -517,7 +517,8 @@ impl Known {
         let held = self.held.entry(pool_id.to_string()).or_default();
         let claimed = self.addresses.entry(pool_id.to_string()).or_default();
         if claimed.is_empty() {
-            let more = facts::free_addresses(tx, pool_id, self.creates.max(1) as i64, held).await?;
+            let more =
+                admission::free_addresses(tx, pool_id, self.creates.max(1) as i64, held).await?;
             held.extend(more.iter().map(|a| a.to_string()));
             claimed.extend(more);
         }

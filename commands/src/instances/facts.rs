@@ -71,7 +71,7 @@ pub async fn resize(
 ) -> Result<ResizeFacts, CommandError> {
     let (quota_max, quota_used) = quota(tx, &instance.pool_id, &instance.tenant_id).await?;
     let node = match &instance.node_id {
-        Some(node_id) => candidates(tx, &instance.pool_id, Some(node_id))
+        Some(node_id) => admission::candidates(tx, &instance.pool_id, Some(node_id))
             .await?
             .into_iter()
             .next()
@@ -97,7 +97,7 @@ pub async fn placement(
             what: format!("pool {pool_id}"),
         })?;
     let facts = AdmissionFacts {
-        nodes: candidates(tx, pool_id, None).await?,
+        nodes: admission::candidates(tx, pool_id, None).await?,
         free_address: match pool.has_range {
             true => free_address(tx, pool_id).await?,
             false => None,
@@ -176,7 +176,7 @@ pub async fn confirm_placement(
     let Some(node_id) = &instance.node_id else {
         return Ok(());
     };
-    let node = candidates(tx, &instance.pool_id, Some(node_id)).await?;
+    let node = admission::candidates(tx, &instance.pool_id, Some(node_id)).await?;
     if node.first().is_some_and(|n| n.capacity.holds(&n.allocated)) {
         Ok(())
     } else {
@@ -184,15 +184,6 @@ pub async fn confirm_placement(
             "node {node_id} filled up meanwhile"
         )))
     }
-}
-
-/// The pool's nodes with what is booked on them; with `lock`, only that node, locked.
-pub async fn candidates(
-    tx: &mut PgConnection,
-    pool_id: &str,
-    lock: Option<&str>,
-) -> Result<Vec<NodeCandidate>, CommandError> {
-    Ok(admission::candidates(tx, pool_id, lock).await?)
 }
 
 /// Locks the nodes of `bookings` (in id order, to this transaction's end) and checks that each
@@ -268,19 +259,8 @@ async fn free_address(
     tx: &mut PgConnection,
     pool_id: &str,
 ) -> Result<Option<Ipv4Addr>, CommandError> {
-    Ok(free_addresses(tx, pool_id, 1, &[])
+    Ok(admission::free_addresses(tx, pool_id, 1, &[])
         .await?
         .into_iter()
         .next())
-}
-
-/// Up to `limit` free addresses of the pool other than `claimed` (those this transaction
-/// already holds), each locked to this transaction's end (see [`admission::free_addresses`]).
-pub(super) async fn free_addresses(
-    tx: &mut PgConnection,
-    pool_id: &str,
-    limit: i64,
-    claimed: &[String],
-) -> Result<Vec<Ipv4Addr>, CommandError> {
-    Ok(admission::free_addresses(tx, pool_id, limit, claimed).await?)
 }

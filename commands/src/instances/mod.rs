@@ -138,11 +138,16 @@ pub async fn admit_in(
     origin: &Origin,
     policy: domain::Policy<'_>,
 ) -> Result<Instance, CommandError> {
+    // What the input alone decides, before the reads: the command and the user data.
+    let command = create_command(ctx, id, input, origin);
+    let sealed = origin
+        .user_data
+        .clone()
+        .unwrap_or_else(|| user_data(id, input));
     // The batch's facts, for a batch of one.
     let mut known = batch::Known::new(vec![id.to_string()]);
     let facts = known.facts(tx, id, input).await?;
     let now = ctx.clock.now();
-    let command = create_command(ctx, id, input, origin);
     let events = match domain::admit(&facts, command, &new_id("alloc"), now, policy)? {
         Admission::Replay(existing) => return Ok(*existing),
         Admission::Admit(events) => events,
@@ -155,10 +160,6 @@ pub async fn admit_in(
         .map(|n| (n.clone(), vec![&placed.shape]));
     facts::confirm_bookings(tx, &booking.collect()).await?;
     let reference = secrets::user_data_ref(id);
-    let sealed = origin
-        .user_data
-        .clone()
-        .unwrap_or_else(|| user_data(id, input));
     secrets::seal(tx, &ctx.secrets, &reference, id, sealed.as_bytes()).await?;
     let instance = record_instance(ctx, tx, None, events).await?;
     let charge = charge_of(&instance.shape);
