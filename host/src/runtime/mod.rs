@@ -29,6 +29,9 @@ pub struct GuestSpec {
     pub user_data: Option<Vec<u8>>,
     /// Who `sshd` admits: the sandbox CA and the instance's principal.
     pub ssh_ca: Option<SshCa>,
+    /// The host's own public key (`crate::guest_key`), which `sshd` also admits for
+    /// `sandbox`: the tunnel logs in with it once it has checked the client's certificate.
+    pub host_ssh_key: Option<String>,
     /// What the guest may reach (`InstanceSpec.networkPolicy`); `None`: no rules of the
     /// runtime's own (a hosted instance: the pool's network decides).
     pub network: Option<NetworkPolicy>,
