@@ -86,6 +86,77 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
             "{out}"
         );
 
+        // Through the host's SSH relay: `vps sandboxes exec` prints the guest's kernel; `vps
+        // sandboxes cp` carries a file and a tree in and out byte for byte; a pty session
+        // (pty-req, then exec) gets a terminal.
+        let sbx = a["id"].as_str().unwrap();
+        let out = vps_cli(&lab, &["sandboxes", "exec", sbx, "--", "uname", "-r"]).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            release,
+            "exec ran elsewhere"
+        );
+        let local = lab.root.join("cp");
+        std::fs::create_dir_all(local.join("tree/sub")).unwrap();
+        let bytes: Vec<u8> = (0..400_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(local.join("data.bin"), &bytes).unwrap();
+        std::fs::write(local.join("tree/sub/deep.txt"), "deep\n").unwrap();
+        let copies: [(String, String, bool); 4] = [
+            (
+                local.join("data.bin").display().to_string(),
+                format!("{sbx}:/data/in.bin"),
+                false,
+            ),
+            (
+                format!("{sbx}:/data/in.bin"),
+                local.join("back.bin").display().to_string(),
+                false,
+            ),
+            (
+                local.join("tree").display().to_string(),
+                format!("{sbx}:/data/tree"),
+                true,
+            ),
+            (
+                format!("{sbx}:/data/tree"),
+                local.join("tree-back").display().to_string(),
+                true,
+            ),
+        ];
+        for (from, to, recursive) in &copies {
+            let mut args = vec!["sandboxes", "cp", from.as_str(), to.as_str()];
+            if *recursive {
+                args.push("-r");
+            }
+            let out = vps_cli(&lab, &args).await;
+            assert!(
+                out.status.success(),
+                "cp {from} {to}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(
+            std::fs::read(local.join("back.bin")).unwrap() == bytes,
+            "the file came back changed"
+        );
+        let deep = std::fs::read_to_string(local.join("tree-back/sub/deep.txt")).unwrap();
+        assert_eq!(deep, "deep\n");
+        let pty = ssh_with(
+            &keys,
+            &lab.exec_grant(&a, &keys, None).await,
+            "tty",
+            &["-tt"],
+        )
+        .await;
+        assert!(pty.ok && pty.stdout.contains("/dev/pts/"), "{pty:?}");
+
         // Refused exec: a used ticket, an ended certificate, another instance's principal. The
         // host refuses each itself, so a's sshd never sees them: it logs every connection it
         // accepts on a's console (`LogLevel VERBOSE`), and counts none of these.
@@ -939,8 +1010,30 @@ struct Ssh {
     stderr: String,
 }
 
+/// `vps` (the CLI) as alice of acme against the lab's server.
+async fn vps_cli(lab: &Lab, args: &[&str]) -> std::process::Output {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli"))
+        .args(args)
+        .env("VPS_URL", lab.t.server.url())
+        .env("VPS_TOKEN", ALICE)
+        .env("VPS_TENANT", "acme")
+        .env("RUST_LOG", "off")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("the CLI ends")
+        .expect("the CLI runs")
+}
+
 /// The system's `ssh` through `vps tunnel` with the grant's ticket and certificate.
 async fn ssh(keys: &Keys, grant: &Value, command: &str) -> Ssh {
+    ssh_with(keys, grant, command, &[]).await
+}
+
+/// [`ssh`] with more of ssh's options (`-tt`).
+async fn ssh_with(keys: &Keys, grant: &Value, command: &str, options: &[&str]) -> Ssh {
     let cert = keys.dir.join("key-cert.pub");
     std::fs::write(
         &cert,
@@ -964,6 +1057,7 @@ async fn ssh(keys: &Keys, grant: &Value, command: &str) -> Ssh {
         .args(["-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"])
         .arg("-o")
         .arg(format!("ProxyCommand={proxy}"))
+        .args(options)
         .arg(format!("sandbox@{}", grant["instanceId"].as_str().unwrap()))
         .arg(command)
         .stdin(Stdio::null())
