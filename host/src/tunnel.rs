@@ -178,6 +178,7 @@ async fn admit<R: Runtime>(
         client: proxy.client.clone(),
         guest_key: proxy.guest_key.clone(),
         upstream: None,
+        permit_pty: false,
         channels: HashMap::new(),
     })
 }
@@ -224,6 +225,11 @@ struct Relay {
     guest_key: Arc<PrivateKey>,
     /// The host's own session with the guest's `sshd`, opened once the client is admitted.
     upstream: Option<russh::client::Handle<GuestSshd>>,
+    /// Whether the admitted certificate carries `permit-pty`. The host logs in to the guest
+    /// with its own key, which the guest's `sshd` lets do anything, so the host enforces what
+    /// the certificate permits: a terminal only with `permit-pty`, and no forwarding of any
+    /// kind (only session channels are relayed; agent and X11 requests are refused).
+    permit_pty: bool,
     /// The guest's side of each of the client's channels.
     channels: HashMap<ChannelId, Upstream>,
 }
@@ -341,6 +347,7 @@ impl russh::server::Handler for Relay {
                 }
             }
         }
+        self.permit_pty = certificate.extensions().contains_key("permit-pty");
         tracing::info!(instance = %self.instance, key_id, "certificate admitted");
         crate::metrics::tunnel(true);
         Ok(Auth::Accept)
@@ -397,7 +404,7 @@ impl russh::server::Handler for Relay {
         modes: &[(Pty, u32)],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let Some(write) = self.write(channel) else {
+        let Some(write) = self.write(channel).filter(|_| self.permit_pty) else {
             return session.channel_failure(channel);
         };
         write
@@ -406,6 +413,19 @@ impl russh::server::Handler for Relay {
             )
             .await?;
         self.answer(channel, session).await
+    }
+
+    async fn x11_request(
+        &mut self,
+        channel: ChannelId,
+        _single_connection: bool,
+        _protocol: &str,
+        _cookie: &str,
+        _screen: u32,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        // No certificate permits X11 forwarding (`permit-pty` is the one extension signed).
+        session.channel_failure(channel)
     }
 
     async fn env_request(

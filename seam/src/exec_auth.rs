@@ -76,3 +76,91 @@ impl CertificateCheck {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeDelta;
+    use ssh_key::certificate::Builder;
+    use ssh_key::rand_core::UnwrapErr;
+    use ssh_key::{Algorithm, PrivateKey};
+
+    use super::*;
+
+    fn key() -> PrivateKey {
+        PrivateKey::random(
+            &mut UnwrapErr(ssh_key::getrandom::SysRng),
+            Algorithm::Ed25519,
+        )
+        .unwrap()
+    }
+
+    /// A user certificate from `ca` for `principal`, valid from 60 s before `now` to `ends_in`
+    /// seconds after it.
+    fn certificate(
+        ca: &PrivateKey,
+        principal: &str,
+        now: DateTime<Utc>,
+        ends_in: i64,
+    ) -> Certificate {
+        let at = |t: DateTime<Utc>| u64::try_from(t.timestamp()).unwrap();
+        let mut builder = Builder::new_with_random_nonce(
+            &mut UnwrapErr(ssh_key::getrandom::SysRng),
+            key().public_key().key_data().clone(),
+            at(now - TimeDelta::seconds(60)),
+            at(now + TimeDelta::seconds(ends_in)),
+        )
+        .unwrap();
+        builder.cert_type(CertType::User).unwrap();
+        builder.valid_principal(principal).unwrap();
+        builder.extension("permit-pty", "").unwrap();
+        builder.sign(ca).unwrap()
+    }
+
+    fn redeemed(ca: &PrivateKey, principal: &str, valid_before: DateTime<Utc>) -> Redeemed {
+        Redeemed {
+            instance_id: "inst_a".into(),
+            principal: principal.into(),
+            valid_before: Some(valid_before),
+            ca_public_key: Some(ca.public_key().to_openssh().unwrap()),
+        }
+    }
+
+    #[test]
+    fn only_the_cas_certificate_for_the_redeemed_principal_in_its_window_gets_in() {
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let ca = key();
+        let check =
+            CertificateCheck::new(&redeemed(&ca, "inst_a", now + TimeDelta::seconds(60)), true)
+                .unwrap();
+        let good = certificate(&ca, "inst_a", now, 60);
+        assert_eq!(check.admits(ACCOUNT, &good, now), Ok(()));
+        assert_eq!(
+            check.admits("root", &good, now),
+            Err("not the sandbox account")
+        );
+        let other = certificate(&ca, "inst_b", now, 60);
+        assert_eq!(
+            check.admits(ACCOUNT, &other, now),
+            Err("for another principal")
+        );
+        let ended = certificate(&ca, "inst_a", now, -1);
+        assert!(check.admits(ACCOUNT, &ended, now).is_err());
+        let forged = certificate(&key(), "inst_a", now, 60);
+        assert!(check.admits(ACCOUNT, &forged, now).is_err());
+    }
+
+    #[test]
+    fn a_check_held_to_the_ticket_refuses_once_the_grant_ends() {
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let ca = key();
+        let redeemed = redeemed(&ca, "inst_a", now);
+        let long = certificate(&ca, "inst_a", now, 600);
+        let held = CertificateCheck::new(&redeemed, true).unwrap();
+        assert_eq!(
+            held.admits(ACCOUNT, &long, now),
+            Err("the ticket's grant has ended")
+        );
+        let free = CertificateCheck::new(&redeemed, false).unwrap();
+        assert_eq!(free.admits(ACCOUNT, &long, now), Ok(()));
+    }
+}

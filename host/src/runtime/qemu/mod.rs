@@ -823,6 +823,14 @@ impl Qemu {
                     tracing::debug!(status = other, "QEMU reports a running state");
                     GuestState::Running
                 }
+                // The guest powered itself off (or reset, which `-no-reboot` makes an exit):
+                // QEMU is on its way out. How it ended is read from its exit records once it
+                // has gone; asked a moment earlier, it is not an error.
+                "shutdown" if process::wait_gone(pid, dir, EXIT_GRACE).await => {
+                    live.qmp = None;
+                    live.pid = None;
+                    process::ended(dir).await
+                }
                 other => {
                     let console = std::fs::read_to_string(dir.console()).unwrap_or_default();
                     GuestState::Error(process::with_console(
