@@ -229,7 +229,7 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
         assert_eq!(before.len(), 2, "{before:?}");
         host.take().unwrap().stop().await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let _host = lab.start_host().await;
+        let host = lab.start_host().await;
         let reports = lab.reports_after(vps_clock::Clock::system().now()).await;
         assert!(reports, "the restarted agent reports");
         for (sandbox, boot) in [(&a, &a_boot), (&b, &b_boot)] {
@@ -259,6 +259,27 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
         let b_now = lab.instance(&b_instance).await;
         assert_eq!(b_now["state"], "running", "{b_now}");
         assert_eq!(b_now["desiredState"], "running", "{b_now}");
+        // An agent that starts while b is off keeps it off too: it never boots a guest that
+        // powered itself off, restarted or not.
+        host.stop().await;
+        let since = vps_clock::Clock::system().now();
+        let _host = lab.start_host().await;
+        assert!(
+            lab.reports_after(since).await,
+            "the restarted agent reports"
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            qemu_pids(&lab.state).len(),
+            1,
+            "the new agent booted b again"
+        );
+        let reported = lab.reports_guests("stopped", 1).await;
+        assert!(
+            reported,
+            "b is not reported STOPPED: {}",
+            lab.t.metrics().await
+        );
 
         // Delete: QEMU, tap, overlay and config drive go, and the instance is deleted.
         lab.ok(

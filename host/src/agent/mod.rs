@@ -118,6 +118,9 @@ struct Guest {
     retry_after: Option<Duration>,
     /// The agent brought it up (or found it up): if it is found down, it went down on its own.
     up_expected: bool,
+    /// Found powered off by its own doing when the agent started: `memory.ended_on_its_own`
+    /// holds it down, pinned to the first spec entry the agent reads.
+    pin_first_spec: bool,
 }
 
 struct Agent<R> {
@@ -161,6 +164,12 @@ impl<R: Runtime> Agent<R> {
         for (id, (state, _)) in &self.observed {
             let guest = self.guests.entry(id.clone()).or_default();
             guest.up_expected = matches!(state, GuestState::Running | GuestState::Paused);
+            // A guest that powered itself off while no agent ran stays off, as it would have
+            // had this agent been watching: what follows is the server's to ask.
+            if *state == GuestState::Stopped && self.runtime.powered_itself_off(id) {
+                guest.memory.ended_on_its_own = true;
+                guest.pin_first_spec = true;
+            }
         }
         self.publish_targets();
         if self.observed.is_empty() {
@@ -245,6 +254,11 @@ impl<R: Runtime> Agent<R> {
         // A changed entry is a new request: what was held or failed under the old one is over.
         for (id, guest) in &mut self.guests {
             let entry = specs.get(id);
+            if guest.pin_first_spec {
+                guest.pin_first_spec = false;
+                guest.pinned = entry.cloned();
+                continue;
+            }
             if guest.pinned.is_some() && guest.pinned.as_ref() != entry {
                 guest.memory.ended_on_its_own = false;
                 guest.memory.failed = None;

@@ -246,6 +246,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// Where the guest's `sshd` listens, for the tunnel endpoint.
     fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)>;
 
+    /// Whether the guest is down because it powered itself off: not stopped by the runtime,
+    /// not failed. A restarted agent keeps such a guest down, as the agent before it did.
+    fn powered_itself_off(&self, _id: &str) -> bool {
+        false
+    }
+
     /// Takes a snapshot of the guest into one archive under `out_dir` (the `snapshot` host
     /// command). The guest keeps the state it had (running or paused); it is frozen only
     /// while its state is saved. Disk-only snapshots also work on a stopped guest. Upload the

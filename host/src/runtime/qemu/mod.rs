@@ -1155,6 +1155,17 @@ impl Runtime for Qemu {
         observed
     }
 
+    fn powered_itself_off(&self, id: &str) -> bool {
+        let Some(slot) = self.existing_slot(id) else {
+            return false;
+        };
+        let dir = &slot.dir;
+        // `exit_state` reads a stop the runtime asked for as stopped too: that is not this.
+        process::live_pid(dir).is_none()
+            && !dir.stop_requested().exists()
+            && process::exit_state(dir) == GuestState::Stopped
+    }
+
     fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)> {
         let slot = self.existing_slot(id)?;
         let record = lock(&slot.record);
