@@ -33,6 +33,9 @@ pub struct ConfigDrive {
     pub principal: Option<String>,
     /// The deployment's sandbox CA public key, one OpenSSH line.
     pub ssh_ca_public_key: Option<String>,
+    /// The host's own public key, one OpenSSH line (`vps/host-ssh.pub`): the host's tunnel
+    /// checks each client's certificate, then logs in to the guest's `sshd` with this key.
+    pub host_ssh_public_key: Option<String>,
     /// Bumped whenever the guest must take a new identity (a restore or a fork): a new machine
     /// id, new SSH host keys, a reseeded random pool.
     pub identity_generation: u64,
@@ -125,7 +128,12 @@ fn files(drive: &ConfigDrive) -> Result<Vec<(&'static str, Vec<u8>)>, Error> {
     let ca = drive
         .ssh_ca_public_key
         .as_deref()
-        .map(check_ca)
+        .map(|key| check_key_line("ssh_ca_public_key", key))
+        .transpose()?;
+    let host_key = drive
+        .host_ssh_public_key
+        .as_deref()
+        .map(|key| check_key_line("host_ssh_public_key", key))
         .transpose()?;
 
     let mut files = vec![
@@ -158,6 +166,9 @@ fn files(drive: &ConfigDrive) -> Result<Vec<(&'static str, Vec<u8>)>, Error> {
     }
     if let Some(ca) = ca {
         files.push(("vps/ssh-ca.pub", format!("{ca}\n").into_bytes()));
+    }
+    if let Some(key) = host_key {
+        files.push(("vps/host-ssh.pub", format!("{key}\n").into_bytes()));
     }
     if !drive.volumes.is_empty() {
         let mut lines = String::new();
@@ -385,7 +396,7 @@ fn check_principal(principal: &str) -> Result<(), Error> {
 }
 
 /// Returns the key line without surrounding white space.
-fn check_ca(key: &str) -> Result<String, Error> {
+fn check_key_line(field: &'static str, key: &str) -> Result<String, Error> {
     let key = key.trim();
     let mut fields = key.split_ascii_whitespace();
     let kind = fields.next().unwrap_or_default();
@@ -395,7 +406,7 @@ fn check_ca(key: &str) -> Result<String, Error> {
         Ok(key.to_string())
     } else {
         Err(invalid(
-            "ssh_ca_public_key",
+            field,
             "is not one OpenSSH public key line (TYPE BASE64 [COMMENT])",
         ))
     }

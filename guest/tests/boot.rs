@@ -248,6 +248,7 @@ impl Lab {
                 mac: Some(MAC.into()),
                 principal: Some(PRINCIPAL.into()),
                 ssh_ca_public_key: Some(ca),
+                host_ssh_public_key: None,
                 identity_generation,
                 fresh_identity: None,
                 volumes: Vec::new(),

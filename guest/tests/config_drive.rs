@@ -18,6 +18,7 @@ fn drive() -> ConfigDrive {
         mac: Some("52:54:00:AB:cd:01".into()),
         principal: Some("inst_01JTEST".into()),
         ssh_ca_public_key: Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample ca@vps\n".into()),
+        host_ssh_public_key: None,
         identity_generation: 3,
         fresh_identity: None,
         volumes: Vec::new(),
@@ -110,6 +111,32 @@ fn a_drive_without_user_data_or_address_has_no_user_data_file_and_asks_for_dhcp(
     assert!(read(&image, "network-config")
         .unwrap()
         .contains("dhcp4: true"));
+}
+
+#[test]
+fn the_hosts_own_key_is_a_file_of_its_own_and_checked_like_the_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("config.img");
+    let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHost vps-host";
+    let with_key = ConfigDrive {
+        host_ssh_public_key: Some(format!("{key}\n")),
+        ..drive()
+    };
+    config_drive::write(&image, &with_key).unwrap();
+    assert_eq!(
+        read(&image, "vps/host-ssh.pub").unwrap(),
+        format!("{key}\n")
+    );
+    config_drive::write(&image, &drive()).unwrap();
+    assert_eq!(read(&image, "vps/host-ssh.pub"), None);
+    let bad = ConfigDrive {
+        host_ssh_public_key: Some(format!("{key}\nssh-rsa BBBB")),
+        ..drive()
+    };
+    match config_drive::write(&image, &bad) {
+        Err(Error::InvalidConfig { field, .. }) => assert_eq!(field, "host_ssh_public_key"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -7,7 +7,8 @@
 //! - [`agent`]: the loop (long-poll the NodeSpec, converge, report) and, in
 //!   [`agent::converge`], the pure decision of what each guest needs;
 //! - [`runtime`]: the [`runtime::Runtime`] seam and its `qemu` implementation;
-//! - [`tunnel`]: the exec tunnel endpoint (ticket line, redeem, pipe to the guest's `sshd`);
+//! - [`tunnel`]: the exec tunnel endpoint (ticket line, redeem, the SSH session the host
+//!   terminates and relays to the guest's `sshd`), and [`guest_key`], the key it logs in with;
 //! - [`metrics`]: the agent's Prometheus metrics.
 //!
 //! The agent never touches the database or the server's internals: only the node calls. It
@@ -16,6 +17,7 @@
 pub mod agent;
 pub mod config;
 pub mod doctor;
+pub mod guest_key;
 pub mod metrics;
 pub mod runtime;
 pub mod tunnel;
@@ -93,6 +95,10 @@ pub async fn start<R: Runtime>(config: HostConfig, runtime: R) -> anyhow::Result
         memory_mib = limits.memory_mib,
         "host agent starts"
     );
+    let guest_key = guest_key::load_or_create(&config.state_dir).map_err(anyhow::Error::msg)?;
+    let guest_public_key = guest_key::public_line(&guest_key).map_err(anyhow::Error::msg)?;
+    let proxy =
+        tunnel::Proxy::new(guest_key, vps_clock::Clock::system()).map_err(anyhow::Error::msg)?;
     let runtime = Arc::new(runtime);
     let targets = Arc::new(tunnel::Targets::default());
     let tunnel = tokio::spawn(tunnel::serve(
@@ -100,6 +106,7 @@ pub async fn start<R: Runtime>(config: HostConfig, runtime: R) -> anyhow::Result
         runtime.clone(),
         api.clone(),
         targets.clone(),
+        Arc::new(proxy),
     ));
     let parts = agent::AgentParts {
         api,
@@ -108,6 +115,7 @@ pub async fn start<R: Runtime>(config: HostConfig, runtime: R) -> anyhow::Result
         bridge: config.bridge.clone(),
         targets,
         snapshot_dir: config.state_dir.join("snapshots"),
+        guest_public_key,
     };
     let task = tokio::spawn(agent::run(runtime, parts));
     Ok(HostHandle {

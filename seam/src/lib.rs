@@ -6,12 +6,14 @@
 //! - [`client`]: [`NodeApi`], the node calls (`nodes.spec`, `nodes.report`, `nodes.secret`,
 //!   `nodes.redeemTicket`) authenticated with a node token;
 //! - [`pacing`]: when an agent reports and how it backs off after a failed call;
-//! - [`tunnel`]: the first line of an exec tunnel (the ticket) and how a refusal is answered.
+//! - [`tunnel`]: the first line of an exec tunnel (the ticket) and how a refusal is answered;
+//! - [`exec_auth`]: the certificate an exec session must present once its ticket is redeemed.
 //!
 //! This crate knows nothing of the server's internals: only the JSON a host reads and sends.
 //! Unknown fields are ignored, so a newer server may add some.
 
 pub mod client;
+pub mod exec_auth;
 pub mod pacing;
 pub mod spec;
 pub mod tunnel;

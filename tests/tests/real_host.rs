@@ -86,14 +86,101 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
             "{out}"
         );
 
-        // Refused exec: a used ticket, an ended certificate, another instance's principal.
+        // Through the host's SSH relay: `vps sandboxes exec` prints the guest's kernel; `vps
+        // sandboxes cp` carries a file and a tree in and out byte for byte; a pty session
+        // (pty-req, then exec) gets a terminal.
+        let sbx = a["id"].as_str().unwrap();
+        let out = vps_cli(&lab, &["sandboxes", "exec", sbx, "--", "uname", "-r"]).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            release,
+            "exec ran elsewhere"
+        );
+        let local = lab.root.join("cp");
+        std::fs::create_dir_all(local.join("tree/sub")).unwrap();
+        let bytes: Vec<u8> = (0..400_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(local.join("data.bin"), &bytes).unwrap();
+        std::fs::write(local.join("tree/sub/deep.txt"), "deep\n").unwrap();
+        let copies: [(String, String, bool); 4] = [
+            (
+                local.join("data.bin").display().to_string(),
+                format!("{sbx}:/data/in.bin"),
+                false,
+            ),
+            (
+                format!("{sbx}:/data/in.bin"),
+                local.join("back.bin").display().to_string(),
+                false,
+            ),
+            (
+                local.join("tree").display().to_string(),
+                format!("{sbx}:/data/tree"),
+                true,
+            ),
+            (
+                format!("{sbx}:/data/tree"),
+                local.join("tree-back").display().to_string(),
+                true,
+            ),
+        ];
+        for (from, to, recursive) in &copies {
+            let mut args = vec!["sandboxes", "cp", from.as_str(), to.as_str()];
+            if *recursive {
+                args.push("-r");
+            }
+            let out = vps_cli(&lab, &args).await;
+            assert!(
+                out.status.success(),
+                "cp {from} {to}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(
+            std::fs::read(local.join("back.bin")).unwrap() == bytes,
+            "the file came back changed"
+        );
+        let deep = std::fs::read_to_string(local.join("tree-back/sub/deep.txt")).unwrap();
+        assert_eq!(deep, "deep\n");
+        let pty = ssh_with(
+            &keys,
+            &lab.exec_grant(&a, &keys, None).await,
+            "tty",
+            &["-tt"],
+        )
+        .await;
+        assert!(pty.ok && pty.stdout.contains("/dev/pts/"), "{pty:?}");
+
+        // Refused exec: a used ticket, an ended certificate, another instance's principal. The
+        // host refuses each itself, so a's sshd never sees them: it logs every connection it
+        // accepts on a's console (`LogLevel VERBOSE`), and counts none of these.
+        let a_console = lab
+            .state
+            .join("guests")
+            .join(&a_instance)
+            .join("console.log");
+        let seen_before = sshd_connections(&a_console);
+        assert!(
+            seen_before >= 1,
+            "a's sshd logs no connection: {}",
+            tail(&a_console)
+        );
         let again = ssh(&keys, &grant, "echo in").await;
         assert!(
             !again.ok && again.stdout.is_empty(),
             "a used ticket opened: {again:?}"
         );
         let short = lab.exec_grant(&a, &keys, Some(1)).await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let ends: chrono::DateTime<chrono::Utc> =
+            serde_json::from_value(short["validBefore"].clone()).unwrap();
+        let ended_now = wait_for(CHANGE, || vps_clock::Clock::system().now() >= ends).await;
+        assert!(ended_now, "the certificate never ended: {short}");
         let ended = ssh(&keys, &short, "echo in").await;
         assert!(
             !ended.ok && ended.stdout.is_empty(),
@@ -110,6 +197,24 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
             !refused.ok && refused.stdout.is_empty(),
             "b's certificate opened a: {refused:?}"
         );
+        // One exec that gets in: a's sshd logs it, and only it, since the three refused ones.
+        let in_again = ssh(&keys, &lab.exec_grant(&a, &keys, None).await, "echo in").await;
+        assert!(
+            in_again.ok && in_again.stdout.trim() == "in",
+            "{in_again:?}"
+        );
+        let logged = wait_for(CHANGE, || sshd_connections(&a_console) > seen_before).await;
+        assert!(
+            logged,
+            "a's sshd did not log the exec: {}",
+            tail(&a_console)
+        );
+        assert_eq!(
+            sshd_connections(&a_console),
+            seen_before + 1,
+            "a refused exec reached a's sshd: {}",
+            tail(&a_console)
+        );
         let b_boot = ssh_until_up(
             &keys,
             &lab.exec_grant(&b, &keys, None).await,
@@ -124,7 +229,7 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
         assert_eq!(before.len(), 2, "{before:?}");
         host.take().unwrap().stop().await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let _host = lab.start_host().await;
+        let host = lab.start_host().await;
         let reports = lab.reports_after(vps_clock::Clock::system().now()).await;
         assert!(reports, "the restarted agent reports");
         for (sandbox, boot) in [(&a, &a_boot), (&b, &b_boot)] {
@@ -141,12 +246,39 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
         let _ = ssh(&keys, &grant, "poweroff").await;
         let down = wait_for(CHANGE, || qemu_pids(&lab.state).len() == 1).await;
         assert!(down, "b's QEMU did not end: {:?}", qemu_pids(&lab.state));
+        let reported = lab.reports_guests("stopped", 1).await;
+        assert!(
+            reported,
+            "b is not reported STOPPED: {}",
+            lab.t.metrics().await
+        );
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(qemu_pids(&lab.state).len(), 1, "the agent booted b again");
+        // The reference's reconciler: a report that disagrees with `desiredState` waits, so
+        // the instance neither fails nor moves until someone asks for something.
         let b_now = lab.instance(&b_instance).await;
-        eprintln!(
-            "after b's poweroff the server holds b as {}",
-            b_now["state"]
+        assert_eq!(b_now["state"], "running", "{b_now}");
+        assert_eq!(b_now["desiredState"], "running", "{b_now}");
+        // An agent that starts while b is off keeps it off too: it never boots a guest that
+        // powered itself off, restarted or not.
+        host.stop().await;
+        let since = vps_clock::Clock::system().now();
+        let _host = lab.start_host().await;
+        assert!(
+            lab.reports_after(since).await,
+            "the restarted agent reports"
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            qemu_pids(&lab.state).len(),
+            1,
+            "the new agent booted b again"
+        );
+        let reported = lab.reports_guests("stopped", 1).await;
+        assert!(
+            reported,
+            "b is not reported STOPPED: {}",
+            lab.t.metrics().await
         );
 
         // Delete: QEMU, tap, overlay and config drive go, and the instance is deleted.
@@ -276,6 +408,99 @@ fn an_instance_stops_starts_on_the_same_disk_crashes_to_error_and_leaves_nothing
             !links.lines().any(|l| l.starts_with("vps")),
             "a tap is left: {links}"
         );
+    });
+}
+
+#[test]
+fn a_guest_that_powers_itself_off_is_reported_stopped_stays_off_and_starts_again_on_its_disk() {
+    in_netns(|database| async move {
+        let lab = Lab::new("poweroff", &database).await;
+        let _host = lab.start_host().await;
+        // The guest powers itself off from within, once: its first boot's user data runs
+        // `poweroff` a little after the boot, as a tenant's `poweroff` through exec would.
+        let script =
+            "#!/bin/sh\necho \"ran on $(cat /proc/sys/kernel/random/boot_id)\" >> /data/hello\n\
+                      sync\n(sleep 15; poweroff) > /dev/null 2>&1 &\n";
+        let id = lab.instance_create(&lab.image_id, Some(script)).await;
+        let running = lab
+            .wait_instance(&id, BOOT, |i| i["state"] == "running")
+            .await;
+        assert_eq!(running["state"], "running", "{running}");
+        let console = lab.state.join("guests").join(&id).join("console.log");
+        let read_console = || std::fs::read_to_string(&console).unwrap_or_default();
+        let off = wait_for(BOOT, || qemu_pids(&lab.state).is_empty()).await;
+        assert!(off, "the guest did not power off: {}", read_console());
+        assert!(
+            read_console().contains("running the user-data script"),
+            "{}",
+            read_console()
+        );
+
+        // Reported STOPPED, not ERROR; never booted again by the agent; and, as the reference
+        // has it, the instance waits while the report disagrees with `desiredState`.
+        let reported = lab.reports_guests("stopped", 1).await;
+        assert!(reported, "not reported STOPPED: {}", lab.t.metrics().await);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            qemu_pids(&lab.state).is_empty(),
+            "the agent booted it again"
+        );
+        let waiting = lab.instance(&id).await;
+        assert_eq!(waiting["state"], "running", "{waiting}");
+        assert_eq!(waiting["desiredState"], "running", "{waiting}");
+
+        // Stop settles it at once (the report already says stopped); start boots it again on
+        // the same disk: no new file system, no second user-data run (so no second poweroff).
+        lab.ok(
+            ALICE,
+            "instances.stop",
+            json!({ "tenantId": "acme", "instanceId": id }),
+        )
+        .await;
+        let stopped = lab
+            .wait_instance(&id, CHANGE, |i| i["state"] == "stopped")
+            .await;
+        assert_eq!(stopped["state"], "stopped", "{stopped}");
+        assert!(qemu_pids(&lab.state).is_empty());
+        // The agent keeps a guest that ended on its own down until its spec entry changes: it
+        // must have read the stop before the start puts the entry back as it was.
+        let read = lab.agent_applied(&id, "stopped").await;
+        assert!(read, "the agent did not read the stop");
+        let first_console = read_console();
+        lab.ok(
+            ALICE,
+            "instances.start",
+            json!({ "tenantId": "acme", "instanceId": id }),
+        )
+        .await;
+        let again = lab
+            .wait_instance(&id, BOOT, |i| i["state"] == "running")
+            .await;
+        assert_eq!(again["state"], "running", "{again}");
+        let second_boot = || {
+            let all = read_console();
+            match all.strip_prefix(first_console.as_str()) {
+                Some(rest) => rest.to_owned(),
+                None => all,
+            }
+        };
+        let up = wait_for(BOOT, || ends_with_ready(&second_boot())).await;
+        assert!(
+            up,
+            "the second boot's init did not finish: {}",
+            read_console()
+        );
+        let second = second_boot();
+        assert!(second.contains("root disk mounted"), "{second}");
+        assert!(
+            !second.contains("first boot"),
+            "the disk was made again: {second}"
+        );
+        assert!(
+            !second.contains("user-data script"),
+            "user data ran twice: {second}"
+        );
+        assert_eq!(qemu_pids(&lab.state).len(), 1);
     });
 }
 
@@ -736,6 +961,62 @@ impl Lab {
         false
     }
 
+    /// Whether, within [`CHANGE`], the node's spec wants `id` in `desired` and the agent
+    /// reports having applied that spec (or a later one).
+    async fn agent_applied(&self, id: &str, desired: &str) -> bool {
+        let deadline = Instant::now() + CHANGE;
+        let generation = loop {
+            let spec = self
+                .t
+                .call(
+                    &self.node_token,
+                    "nodes.spec",
+                    json!({ "nodeId": self.node_id }),
+                )
+                .await
+                .unwrap_or_else(|a| panic!("nodes.spec: {a:?}"));
+            let entry = spec["instances"]
+                .as_array()
+                .and_then(|all| all.iter().find(|i| i["id"] == id));
+            if entry.is_some_and(|e| e["desiredState"] == desired) {
+                break spec["generation"].as_i64().unwrap();
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        while Instant::now() < deadline {
+            let applied: Option<i64> = sqlx::query_scalar(
+                "SELECT applied_generation FROM node_heartbeats WHERE node_id = $1",
+            )
+            .bind(&self.node_id)
+            .fetch_one(&self.t.server.state.pool)
+            .await
+            .ok()
+            .flatten();
+            if applied.is_some_and(|a| a >= generation) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+
+    /// Whether the agent's report counts `count` guests in `state` (`vps_host_guests`, which
+    /// the agent sets from each report it sends) within [`CHANGE`].
+    async fn reports_guests(&self, state: &str, count: u32) -> bool {
+        let line = format!("vps_host_guests{{state=\"{state}\"}} {count}");
+        let deadline = Instant::now() + CHANGE;
+        while Instant::now() < deadline {
+            if self.t.metrics().await.lines().any(|l| l.trim() == line) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        false
+    }
+
     async fn exec_grant(&self, sandbox: &Value, keys: &Keys, ttl: Option<u64>) -> Value {
         let mut body =
             json!({ "tenantId": "acme", "sandboxId": sandbox["id"], "publicKey": keys.public() });
@@ -796,8 +1077,30 @@ struct Ssh {
     stderr: String,
 }
 
+/// `vps` (the CLI) as alice of acme against the lab's server.
+async fn vps_cli(lab: &Lab, args: &[&str]) -> std::process::Output {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli"))
+        .args(args)
+        .env("VPS_URL", lab.t.server.url())
+        .env("VPS_TOKEN", ALICE)
+        .env("VPS_TENANT", "acme")
+        .env("RUST_LOG", "off")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("the CLI ends")
+        .expect("the CLI runs")
+}
+
 /// The system's `ssh` through `vps tunnel` with the grant's ticket and certificate.
 async fn ssh(keys: &Keys, grant: &Value, command: &str) -> Ssh {
+    ssh_with(keys, grant, command, &[]).await
+}
+
+/// [`ssh`] with more of ssh's options (`-tt`).
+async fn ssh_with(keys: &Keys, grant: &Value, command: &str, options: &[&str]) -> Ssh {
     let cert = keys.dir.join("key-cert.pub");
     std::fs::write(
         &cert,
@@ -821,6 +1124,7 @@ async fn ssh(keys: &Keys, grant: &Value, command: &str) -> Ssh {
         .args(["-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"])
         .arg("-o")
         .arg(format!("ProxyCommand={proxy}"))
+        .args(options)
         .arg(format!("sandbox@{}", grant["instanceId"].as_str().unwrap()))
         .arg(command)
         .stdin(Stdio::null())
@@ -852,6 +1156,22 @@ async fn ssh_until_up(keys: &Keys, first: &Value, command: &str, lab: &Lab) -> S
         let sandbox = json!({ "id": grant["sandboxId"] });
         grant = lab.exec_grant(&sandbox, keys, None).await;
     }
+}
+
+/// The connections a guest's `sshd` accepted, as its console logs them.
+fn sshd_connections(console: &Path) -> usize {
+    std::fs::read_to_string(console)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("Connection from"))
+        .count()
+}
+
+/// The last lines of a console, for a failure's message.
+fn tail(console: &Path) -> String {
+    let text = std::fs::read_to_string(console).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
 /// Whether the last `vps-init` line of a console says `ready`.

@@ -17,8 +17,7 @@ use std::time::Duration;
 
 use russh::server::{Auth, ChannelOpenHandle, Msg, Session};
 use russh::{Channel, ChannelId, MethodKind, MethodSet};
-use ssh_key::certificate::CertType;
-use ssh_key::{Algorithm, Certificate, Fingerprint, HashAlg, PrivateKey, PublicKey};
+use ssh_key::{Algorithm, Certificate, PrivateKey};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -27,10 +26,11 @@ use tracing::Instrument;
 
 use super::{DomainState, Shared};
 use vps_clock::Clock;
+use vps_seam::exec_auth::CertificateCheck;
 use vps_seam::{NodeApi, Redeemed};
 
 /// The one account a guest admits (the reference's `sandboxExec.account` default).
-pub const ACCOUNT: &str = "sandbox";
+pub const ACCOUNT: &str = vps_seam::exec_auth::ACCOUNT;
 /// The largest chunk of a command's output sent at once.
 const CHUNK: usize = 32 * 1024;
 
@@ -119,10 +119,8 @@ async fn admit(
 /// One SSH session with an instance's guest.
 struct Guest {
     instance_id: String,
-    /// The principal the certificate must name (the redeemed one, which is the instance).
-    principal: String,
-    /// The CA the certificate must be signed by.
-    ca: Fingerprint,
+    /// What the certificate must be: the redeemed principal, the sandbox CA's signature.
+    check: CertificateCheck,
     /// The session's working directory (removed when the session ends).
     workdir: PathBuf,
     /// Standard input of the command running on each channel.
@@ -135,13 +133,8 @@ struct Guest {
 
 impl Guest {
     fn new(redeemed: Redeemed, clock: Clock) -> Result<Guest, String> {
-        let ca = redeemed
-            .ca_public_key
-            .as_deref()
-            .ok_or("the server names no sandbox CA")?;
-        let ca = PublicKey::from_openssh(ca)
-            .map_err(|e| format!("the server's CA key: {e}"))?
-            .fingerprint(HashAlg::Sha256);
+        // The emulated guest holds a session to its certificate, not to the ticket's grant.
+        let check = CertificateCheck::new(&redeemed, false)?;
         let workdir = std::env::temp_dir().join(format!(
             "vps-guest-{}-{}",
             redeemed.instance_id,
@@ -150,35 +143,12 @@ impl Guest {
         std::fs::create_dir_all(&workdir).map_err(|e| format!("scratch directory: {e}"))?;
         Ok(Guest {
             instance_id: redeemed.instance_id,
-            principal: redeemed.principal,
-            ca,
+            check,
             workdir,
             stdin: HashMap::new(),
             commands: Vec::new(),
             clock,
         })
-    }
-
-    /// Whether `certificate` lets `user` in: the CA's, a user certificate, for this principal,
-    /// valid now, with no critical option this guest would have to enforce.
-    fn admits(&self, user: &str, certificate: &Certificate) -> Result<(), &'static str> {
-        let now = u64::try_from(self.clock.now().timestamp()).unwrap_or(0);
-        if user != ACCOUNT {
-            return Err("not the sandbox account");
-        }
-        if certificate.cert_type() != CertType::User {
-            return Err("not a user certificate");
-        }
-        if certificate.validate_at(now, [&self.ca]).is_err() {
-            return Err("not signed by the sandbox CA, or outside its validity");
-        }
-        if !certificate.valid_principals().contains(&self.principal) {
-            return Err("for another principal");
-        }
-        if !certificate.critical_options().is_empty() {
-            return Err("carries critical options");
-        }
-        Ok(())
     }
 
     /// Runs `sh -c command` (or `sh`) on `channel`, streaming its output back.
@@ -213,7 +183,7 @@ impl russh::server::Handler for Guest {
         user: &str,
         certificate: &Certificate,
     ) -> Result<Auth, Self::Error> {
-        match self.admits(user, certificate) {
+        match self.check.admits(user, certificate, self.clock.now()) {
             Ok(()) => {
                 tracing::info!(instance = %self.instance_id, key_id = certificate.key_id(), "certificate admitted");
                 Ok(Auth::Accept)

@@ -58,6 +58,8 @@ pub struct AgentParts {
     pub targets: Arc<Targets>,
     /// Where snapshot archives wait for their upload.
     pub snapshot_dir: PathBuf,
+    /// The public half of the key the tunnel logs in to guests with (`crate::guest_key`).
+    pub guest_public_key: String,
 }
 
 /// Runs the loop until its task is aborted. Guests outlive it: the runtime runs them apart.
@@ -73,6 +75,7 @@ pub async fn run<R: Runtime>(runtime: Arc<R>, parts: AgentParts) {
         targets: parts.targets,
         specs: None,
         snapshot_dir: parts.snapshot_dir,
+        guest_public_key: parts.guest_public_key,
         commands: BTreeMap::new(),
         results_tx,
         results_rx,
@@ -115,6 +118,9 @@ struct Guest {
     retry_after: Option<Duration>,
     /// The agent brought it up (or found it up): if it is found down, it went down on its own.
     up_expected: bool,
+    /// Found powered off by its own doing when the agent started: `memory.ended_on_its_own`
+    /// holds it down, pinned to the first spec entry the agent reads.
+    pin_first_spec: bool,
 }
 
 struct Agent<R> {
@@ -127,6 +133,7 @@ struct Agent<R> {
     /// The spec's instances by id; `None` until the first spec.
     specs: Option<BTreeMap<String, InstanceSpec>>,
     snapshot_dir: PathBuf,
+    guest_public_key: String,
     /// The spec's host commands: `None` while one runs, then its outcome, reported until the
     /// spec drops the command.
     commands: BTreeMap<String, Option<CommandResult>>,
@@ -157,6 +164,12 @@ impl<R: Runtime> Agent<R> {
         for (id, (state, _)) in &self.observed {
             let guest = self.guests.entry(id.clone()).or_default();
             guest.up_expected = matches!(state, GuestState::Running | GuestState::Paused);
+            // A guest that powered itself off while no agent ran stays off, as it would have
+            // had this agent been watching: what follows is the server's to ask.
+            if *state == GuestState::Stopped && self.runtime.powered_itself_off(id) {
+                guest.memory.ended_on_its_own = true;
+                guest.pin_first_spec = true;
+            }
         }
         self.publish_targets();
         if self.observed.is_empty() {
@@ -241,6 +254,11 @@ impl<R: Runtime> Agent<R> {
         // A changed entry is a new request: what was held or failed under the old one is over.
         for (id, guest) in &mut self.guests {
             let entry = specs.get(id);
+            if guest.pin_first_spec {
+                guest.pin_first_spec = false;
+                guest.pinned = entry.cloned();
+                continue;
+            }
             if guest.pinned.is_some() && guest.pinned.as_ref() != entry {
                 guest.memory.ended_on_its_own = false;
                 guest.memory.failed = None;
@@ -462,6 +480,7 @@ impl<R: Runtime> Agent<R> {
         let bridge = self.bridge.clone();
         let user_data = self.user_data.clone();
         let volumes = self.volumes.clone();
+        let host_key = self.guest_public_key.clone();
         let done = self.done_tx.clone();
         let span = tracing::info_span!("operation", guest = %id, operation = action.as_str());
         tokio::spawn(
@@ -481,7 +500,7 @@ impl<R: Runtime> Agent<R> {
                                 tracing::warn!(volume = %volume.id, error = %e.0, "volume not ready");
                             }
                         }
-                        match guest_spec(spec, bridge.as_deref(), &api, &user_data).await {
+                        match guest_spec(spec, bridge.as_deref(), &host_key, &api, &user_data).await {
                             Ok(guest) => bring_up(runtime.as_ref(), spec, &guest, action).await,
                             Err(message) => Err(message),
                         }
@@ -627,10 +646,11 @@ async fn snapshot<R: Runtime>(
 }
 
 /// What the runtime needs to run `spec`: its user data unsealed (fetched once), its NICs on
-/// `bridge` when the host names one.
+/// `bridge` when the host names one, and the host's own key for its `sshd` to admit.
 async fn guest_spec(
     spec: &InstanceSpec,
     bridge: Option<&str>,
+    host_ssh_key: &str,
     api: &NodeApi,
     cache: &Mutex<HashMap<String, Option<Vec<u8>>>>,
 ) -> Result<GuestSpec, String> {
@@ -678,6 +698,7 @@ async fn guest_spec(
             public_key: ca.public_key.clone(),
             principal: ca.principal.clone(),
         }),
+        host_ssh_key: Some(host_ssh_key.to_owned()),
         network: spec.network_policy.map(|policy| {
             NetworkPolicy::new(match policy {
                 vps_seam::NetworkPolicy::Egress => NetworkMode::Egress,

@@ -29,6 +29,9 @@ pub struct GuestSpec {
     pub user_data: Option<Vec<u8>>,
     /// Who `sshd` admits: the sandbox CA and the instance's principal.
     pub ssh_ca: Option<SshCa>,
+    /// The host's own public key (`crate::guest_key`), which `sshd` also admits for
+    /// `sandbox`: the tunnel logs in with it once it has checked the client's certificate.
+    pub host_ssh_key: Option<String>,
     /// What the guest may reach (`InstanceSpec.networkPolicy`); `None`: no rules of the
     /// runtime's own (a hosted instance: the pool's network decides).
     pub network: Option<NetworkPolicy>,
@@ -242,6 +245,12 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Where the guest's `sshd` listens, for the tunnel endpoint.
     fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)>;
+
+    /// Whether the guest is down because it powered itself off: not stopped by the runtime,
+    /// not failed. A restarted agent keeps such a guest down, as the agent before it did.
+    fn powered_itself_off(&self, _id: &str) -> bool {
+        false
+    }
 
     /// Takes a snapshot of the guest into one archive under `out_dir` (the `snapshot` host
     /// command). The guest keeps the state it had (running or paused); it is frozen only

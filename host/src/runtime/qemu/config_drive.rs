@@ -29,6 +29,7 @@ pub fn write(
         mac: nic.map(|n| n.mac.clone()),
         principal: spec.ssh_ca.as_ref().map(|c| c.principal.clone()),
         ssh_ca_public_key: spec.ssh_ca.as_ref().map(|c| c.public_key.clone()),
+        host_ssh_public_key: spec.host_ssh_key.clone(),
         identity_generation: generation,
         fresh_identity: fresh,
         volumes: spec

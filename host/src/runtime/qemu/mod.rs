@@ -823,6 +823,14 @@ impl Qemu {
                     tracing::debug!(status = other, "QEMU reports a running state");
                     GuestState::Running
                 }
+                // The guest powered itself off (or reset, which `-no-reboot` makes an exit):
+                // QEMU is on its way out. How it ended is read from its exit records once it
+                // has gone; asked a moment earlier, it is not an error.
+                "shutdown" if process::wait_gone(pid, dir, EXIT_GRACE).await => {
+                    live.qmp = None;
+                    live.pid = None;
+                    process::ended(dir).await
+                }
                 other => {
                     let console = std::fs::read_to_string(dir.console()).unwrap_or_default();
                     GuestState::Error(process::with_console(
@@ -1145,6 +1153,17 @@ impl Runtime for Qemu {
             }
         }
         observed
+    }
+
+    fn powered_itself_off(&self, id: &str) -> bool {
+        let Some(slot) = self.existing_slot(id) else {
+            return false;
+        };
+        let dir = &slot.dir;
+        // `exit_state` reads a stop the runtime asked for as stopped too: that is not this.
+        process::live_pid(dir).is_none()
+            && !dir.stop_requested().exists()
+            && process::exit_state(dir) == GuestState::Stopped
     }
 
     fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)> {
