@@ -16,7 +16,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use vps_domain::tenant::{begin_teardown, finish_teardown, Tenant};
 use vps_domain::DomainError;
-use vps_projections::{identities, sandboxes, volumes, webhooks};
+use vps_projections::tenants::{self, Leftovers};
 
 use crate::context::Ctx;
 use crate::error::CommandError;
@@ -105,27 +105,24 @@ pub async fn teardown_pass(ctx: &Ctx, tenant_id: &str) -> Result<u64, CommandErr
 /// in the log (configured `[[identities]]` have no keys to revoke: the edge refuses them every
 /// change of a deleted tenant).
 fn revoke_keys<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = identities::with_keys_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
-    let left = identities::with_keys_count(&ctx.pool, tenant_id);
-    sweep(due, left, move |id| async move {
-        ignore_gone(crate::identities::revoke_keys(ctx, &id).await.map(|_| ()))
-    })
+    sweep(
+        ctx,
+        tenant_id,
+        &tenants::IDENTITIES_WITH_KEYS,
+        move |id| async move { ignore_gone(crate::identities::revoke_keys(ctx, &id).await.map(|_| ())) },
+    )
 }
 
 /// Deletes the tenant's webhooks.
 fn remove_webhooks<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = webhooks::ids_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
-    let left = webhooks::count_of_tenant(&ctx.pool, tenant_id);
-    sweep(due, left, move |id| async move {
+    sweep(ctx, tenant_id, &tenants::WEBHOOKS, move |id| async move {
         ignore_gone(crate::webhooks::delete(ctx, &id, None).await)
     })
 }
 
 /// Deletes every live template (the sandbox reconciler then drains their warm pools).
 fn delete_templates<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = sandboxes::live_template_ids_of(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
-    let left = sandboxes::live_template_count(&ctx.pool, tenant_id);
-    sweep(due, left, move |id| async move {
+    sweep(ctx, tenant_id, &tenants::TEMPLATES, move |id| async move {
         let deleted = crate::sandboxes::templates::delete(ctx, tenant_id, &id).await;
         ignore_gone(deleted.map(|_| ()))
     })
@@ -133,9 +130,7 @@ fn delete_templates<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 
 /// Marks open sandboxes deleting (their instances go with them); answers those not yet gone.
 fn delete_sandboxes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = sandboxes::open_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
-    let left = sandboxes::undeleted_count(&ctx.pool, tenant_id);
-    sweep(due, left, move |id| async move {
+    sweep(ctx, tenant_id, &tenants::SANDBOXES, move |id| async move {
         let deleted = crate::sandboxes::lifecycle::delete(ctx, tenant_id, &id).await;
         ignore_gone(deleted.map(|_| ()))
     })
@@ -143,9 +138,7 @@ fn delete_sandboxes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 
 /// Deletes every live snapshot, kept ones included.
 fn delete_snapshots<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = sandboxes::live_snapshot_ids_of(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
-    let left = sandboxes::live_snapshot_count(&ctx.pool, tenant_id);
-    sweep(due, left, move |id| async move {
+    sweep(ctx, tenant_id, &tenants::SNAPSHOTS, move |id| async move {
         let deleted = crate::sandboxes::snapshots::delete(ctx, tenant_id, &id).await;
         ignore_gone(deleted.map(|_| ()))
     })
@@ -153,24 +146,17 @@ fn delete_snapshots<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 
 /// Asks every instance not yet asked to be deleted; answers those not yet gone.
 fn delete_instances<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    use vps_projections::instances::reads;
-    async move {
-        for id in reads::undeleted(&ctx.pool, tenant_id, INSTANCES_PER_PASS).await? {
-            let delete = Change::DeleteBecause(REASON.into());
-            let deleted = instances::change(ctx, tenant_id, &id, delete).await;
-            ignore_gone(deleted.map(|_| ()))?;
-        }
-        Ok(reads::not_gone(&ctx.pool, tenant_id).await? as u64)
-    }
-    .boxed()
+    sweep(ctx, tenant_id, &tenants::INSTANCES, move |id| async move {
+        let delete = Change::DeleteBecause(REASON.into());
+        let deleted = instances::change(ctx, tenant_id, &id, delete).await;
+        ignore_gone(deleted.map(|_| ()))
+    })
 }
 
 /// Deletes volumes no live instance attaches any more (the others wait for their instances);
 /// answers those not yet released (their host lets them go, then the sandbox reconciler).
 fn delete_volumes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
-    let due = volumes::live_of_tenant(&ctx.pool, tenant_id, INSTANCES_PER_PASS);
-    let left = volumes::undeleted_count(&ctx.pool, tenant_id);
-    sweep(due, left, move |id| async move {
+    sweep(ctx, tenant_id, &tenants::VOLUMES, move |id| async move {
         match crate::volumes::delete(ctx, tenant_id, &id).await {
             // Still attached: its instances are being deleted; a later pass retries.
             Err(CommandError::Domain(DomainError::ConflictOn { .. })) => Ok(()),
@@ -182,11 +168,12 @@ fn delete_volumes<'a>(ctx: &'a Ctx, tenant_id: &'a str) -> StepFuture<'a> {
 /// What a step's work answers: how many remain.
 type StepFuture<'a> = BoxFuture<'a, Result<u64, CommandError>>;
 
-/// A step's pass: `act` on each id `due` reads (at most a pass's share), then count what
-/// `left` reads remains (`left` runs only once `act` is done).
+/// A step's pass: `act` on each id the step's [`Leftovers`] has due (at most a pass's share),
+/// then count what remains (only once `act` is done).
 fn sweep<'a, F, Fut>(
-    due: impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a,
-    left: impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a,
+    ctx: &'a Ctx,
+    tenant_id: &'a str,
+    leftovers: &'static Leftovers,
     act: F,
 ) -> StepFuture<'a>
 where
@@ -194,10 +181,13 @@ where
     Fut: Future<Output = Result<(), CommandError>> + Send + 'a,
 {
     async move {
-        for id in due.await? {
+        for id in leftovers
+            .due(&ctx.pool, tenant_id, INSTANCES_PER_PASS)
+            .await?
+        {
             act(id).await?;
         }
-        Ok(left.await? as u64)
+        Ok(leftovers.left(&ctx.pool, tenant_id).await? as u64)
     }
     .boxed()
 }

@@ -102,29 +102,3 @@ pub async fn key_holder<'e>(
         }),
     )
 }
-
-/// A tenant's identities that hold API keys, by id, up to `limit`.
-pub async fn with_keys_of_tenant<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-    limit: i64,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM identities WHERE tenant_id = $1 AND keys > 0 ORDER BY id LIMIT $2",
-    )
-    .bind(tenant_id)
-    .bind(limit)
-    .fetch_all(db)
-    .await
-}
-
-/// How many of a tenant's identities hold API keys.
-pub async fn with_keys_count<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM identities WHERE tenant_id = $1 AND keys > 0")
-        .bind(tenant_id)
-        .fetch_one(db)
-        .await
-}

@@ -358,32 +358,3 @@ pub async fn releasable<'e>(
     .fetch_all(db)
     .await
 }
-
-/// A tenant's volumes still `creating` or `ready`, by id, up to `limit`.
-pub async fn live_of_tenant<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-    limit: i64,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM sandbox_volumes WHERE tenant_id = $1
-                 AND state IN ('creating', 'ready') ORDER BY id LIMIT $2",
-    )
-    .bind(tenant_id)
-    .bind(limit)
-    .fetch_all(db)
-    .await
-}
-
-/// How many of a tenant's volumes are not yet deleted.
-pub async fn undeleted_count<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM sandbox_volumes WHERE tenant_id = $1 AND state <> 'deleted'",
-    )
-    .bind(tenant_id)
-    .fetch_one(db)
-    .await
-}

@@ -267,32 +267,6 @@ pub async fn count_of_owner<'e>(
     .await
 }
 
-/// A tenant's subscriptions (not deleted), up to `limit`.
-pub async fn ids_of_tenant<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-    limit: i64,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted' LIMIT $2",
-    )
-    .bind(tenant_id)
-    .bind(limit)
-    .fetch_all(db)
-    .await
-}
-
-/// How many subscriptions (not deleted) a tenant has.
-pub async fn count_of_tenant<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM webhooks WHERE tenant_id = $1 AND state <> 'deleted'")
-        .bind(tenant_id)
-        .fetch_one(db)
-        .await
-}
-
 /// The disabled subscriptions (`doctor`'s check).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Disabled {

@@ -305,30 +305,6 @@ pub async fn state_counts<'e>(db: impl PgExecutor<'e>) -> Result<Vec<(String, i6
         .await
 }
 
-/// Up to `limit` of a tenant's instances not yet asked to be deleted, by id.
-pub async fn undeleted<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-    limit: i64,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM instances WHERE tenant_id = $1 AND desired_state <> 'deleted'
-                ORDER BY id LIMIT $2",
-    )
-    .bind(tenant_id)
-    .bind(limit)
-    .fetch_all(db)
-    .await
-}
-
-/// How many of a tenant's instances are not yet `deleted`.
-pub async fn not_gone<'e>(db: impl PgExecutor<'e>, tenant_id: &str) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM instances WHERE tenant_id = $1 AND state <> 'deleted'")
-        .bind(tenant_id)
-        .fetch_one(db)
-        .await
-}
-
 /// The versions of the instances among `ids` that exist, as `(id, version)`.
 pub async fn versions<'e>(
     db: impl PgExecutor<'e>,

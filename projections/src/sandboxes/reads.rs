@@ -297,53 +297,11 @@ pub async fn open_ids<'e>(db: impl PgExecutor<'e>) -> Result<Vec<String>, sqlx::
         .await
 }
 
-/// A tenant's sandboxes still `starting`, `ready` or `failed`, by id, up to `limit`.
-pub async fn open_of_tenant<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-    limit: i64,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM sandboxes WHERE tenant_id = $1
-                 AND state IN ('starting', 'ready', 'failed') ORDER BY id LIMIT $2",
-    )
-    .bind(tenant_id)
-    .bind(limit)
-    .fetch_all(db)
-    .await
-}
-
-/// How many of a tenant's sandboxes are not yet deleted.
-pub async fn undeleted_count<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state <> 'deleted'")
-        .bind(tenant_id)
-        .fetch_one(db)
-        .await
-}
-
 /// Every live template's id.
 pub async fn live_template_ids<'e>(db: impl PgExecutor<'e>) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar("SELECT id FROM sandbox_templates WHERE NOT deleted")
         .fetch_all(db)
         .await
-}
-
-/// A tenant's live templates' ids, up to `limit`.
-pub async fn live_template_ids_of<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-    limit: i64,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM sandbox_templates WHERE tenant_id = $1 AND NOT deleted LIMIT $2",
-    )
-    .bind(tenant_id)
-    .bind(limit)
-    .fetch_all(db)
-    .await
 }
 
 /// How many live templates a tenant has.
@@ -614,34 +572,5 @@ pub async fn overdue_snapshots<'e>(
     .bind(before)
     .bind(limit)
     .fetch_all(db)
-    .await
-}
-
-/// A tenant's live snapshots' ids (kept ones too), by id, up to `limit`.
-pub async fn live_snapshot_ids_of<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-    limit: i64,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted
-                ORDER BY id LIMIT $2",
-    )
-    .bind(tenant_id)
-    .bind(limit)
-    .fetch_all(db)
-    .await
-}
-
-/// How many live snapshots a tenant has.
-pub async fn live_snapshot_count<'e>(
-    db: impl PgExecutor<'e>,
-    tenant_id: &str,
-) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM sandbox_snapshots WHERE tenant_id = $1 AND NOT deleted",
-    )
-    .bind(tenant_id)
-    .fetch_one(db)
     .await
 }
