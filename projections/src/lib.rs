@@ -15,8 +15,10 @@
 //!
 //! Reads live with their tables: `commands`, `reactors`, `api` and `devtools` read a
 //! projection table through its module's query functions (typed rows, the SQL and locking
-//! their callers tuned), never with SQL of their own. The webhook dispatcher's lease statement
-//! is the exception: it writes `webhook_leases`, its own table, and joins `webhooks` to do it.
+//! their callers tuned), never with SQL of their own. Two statements are the exception, as
+//! each also writes a table of its owner's in the same round trip: the webhook dispatcher's
+//! lease (`webhook_leases`, joining `webhooks`) and a host report's node lock
+//! (`node_heartbeats`, reading `nodes`). See docs/decisions/0022.
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.
