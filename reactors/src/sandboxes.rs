@@ -24,7 +24,6 @@ use tracing::Instrument;
 use vps_commands::sandboxes::{lifecycle, snapshots, warm};
 use vps_commands::{CommandError, Ctx};
 use vps_domain::sandbox::Sandbox;
-use vps_domain::state_table::InstanceState;
 use vps_store::SnapshotStore;
 
 use self::step::{deadlines, delta, expiry_leads};
@@ -258,15 +257,9 @@ async fn looks(
         .into_iter()
         .map(|row| Look {
             sandbox: row.sandbox,
-            instance: row.instance_state.map(instance_state),
+            instance: row.instance_state,
         })
         .collect())
-}
-
-/// An `instances.state` column; one this build does not know counts as `error` (a state a
-/// pass leaves alone).
-fn instance_state(column: String) -> InstanceState {
-    serde_json::from_value(serde_json::Value::String(column)).unwrap_or(InstanceState::Error)
 }
 
 /// Every template with a warm pool, and every template (deleted ones too) that still has warm

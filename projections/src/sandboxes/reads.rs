@@ -202,7 +202,7 @@ pub struct SandboxLook {
     /// As stored.
     pub sandbox: Sandbox,
     /// Its instance's `instances.state`.
-    pub instance_state: Option<String>,
+    pub instance_state: Option<vps_domain::state_table::InstanceState>,
 }
 
 /// The sandboxes a reconciler pass may have work for, with their instances' states: those
@@ -251,7 +251,7 @@ pub async fn looks<'e>(
         .into_iter()
         .map(|(Json(sandbox), instance_state)| SandboxLook {
             sandbox,
-            instance_state,
+            instance_state: instance_state.map(crate::instances::reads::state_column),
         })
         .collect())
 }
