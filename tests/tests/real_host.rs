@@ -228,6 +228,7 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
         let before = qemu_pids(&lab.state);
         assert_eq!(before.len(), 2, "{before:?}");
         host.take().unwrap().stop().await;
+        // Not a wait for a condition: the outage under test, that the guests run through.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let host = lab.start_host().await;
         let reports = lab.reports_after(vps_clock::Clock::system().now()).await;
@@ -252,7 +253,7 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
             "b is not reported STOPPED: {}",
             lab.t.metrics().await
         );
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(lab.passes().await, "the agent reports on");
         assert_eq!(qemu_pids(&lab.state).len(), 1, "the agent booted b again");
         // The reference's reconciler: a report that disagrees with `desiredState` waits, so
         // the instance neither fails nor moves until someone asks for something.
@@ -268,7 +269,7 @@ fn a_sandbox_is_a_real_guest_that_execs_and_outlives_an_agent_restart() {
             lab.reports_after(since).await,
             "the restarted agent reports"
         );
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(lab.passes().await, "the agent reports on");
         assert_eq!(
             qemu_pids(&lab.state).len(),
             1,
@@ -440,7 +441,7 @@ fn a_guest_that_powers_itself_off_is_reported_stopped_stays_off_and_starts_again
         // has it, the instance waits while the report disagrees with `desiredState`.
         let reported = lab.reports_guests("stopped", 1).await;
         assert!(reported, "not reported STOPPED: {}", lab.t.metrics().await);
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(lab.passes().await, "the agent reports on");
         assert!(
             qemu_pids(&lab.state).is_empty(),
             "the agent booted it again"
@@ -959,6 +960,17 @@ impl Lab {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         false
+    }
+
+    /// Waits until the agent has reported twice more: it has made a whole pass since now, so
+    /// what it has not done by then (boot a guest again) it is not about to do.
+    async fn passes(&self) -> bool {
+        for _ in 0..2 {
+            if !self.reports_after(vps_clock::Clock::system().now()).await {
+                return false;
+            }
+        }
+        true
     }
 
     /// Whether, within [`CHANGE`], the node's spec wants `id` in `desired` and the agent
