@@ -15,6 +15,7 @@ use vps_domain::DomainError;
 use crate::context::Ctx;
 use crate::error::CommandError;
 use crate::pipeline::{apply_commands, record_events, transaction};
+use vps_domain::ids::NodeId;
 
 pub use vps_domain::instance::MAX_ADDRESSES;
 pub use vps_domain::node::MAX_ORPHANS;
@@ -24,7 +25,7 @@ pub use vps_domain::node::MAX_ORPHANS;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Report {
     /// The reporting node.
-    pub node_id: String,
+    pub node_id: NodeId,
     /// What its runtime holds.
     #[serde(default)]
     #[schemars(length(max = 10000))]

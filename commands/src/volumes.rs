@@ -21,6 +21,7 @@ use crate::error::CommandError;
 use crate::instances::facts;
 use crate::pipeline::{hold_or_conflict, load, record_events, record_existing, transaction};
 use crate::record::new_id;
+use vps_domain::ids::PoolId;
 
 pub use mounts::{attach, resolve_mounts};
 
@@ -31,7 +32,7 @@ pub struct CreateVolumeInput {
     /// The tenant.
     pub tenant_id: String,
     /// A hosted pool offered to the tenant.
-    pub pool_id: String,
+    pub pool_id: PoolId,
     /// Unique among the tenant's volumes that are not deleted.
     pub name: String,
     /// 1 to 16384.
@@ -71,7 +72,7 @@ pub async fn create(ctx: &Ctx, input: CreateVolumeInput) -> Result<Created, Comm
     let request = CreateVolume {
         id: id.clone(),
         tenant_id: input.tenant_id.clone(),
-        pool_id: input.pool_id.clone(),
+        pool_id: input.pool_id.to_string(),
         name: input.name.clone(),
         size_gib: input.size_gib,
         idempotency_key: input.idempotency_key.clone(),

@@ -11,13 +11,14 @@ use crate::context::Ctx;
 use crate::error::CommandError;
 use crate::pipeline::{change, load, transaction};
 use crate::record::new_id;
+use vps_domain::ids::PoolId;
 
 /// `flavors.create`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateFlavor {
     /// The pool.
-    pub pool_id: String,
+    pub pool_id: PoolId,
     /// Unique in the pool.
     pub name: String,
     /// vCPUs.
@@ -41,7 +42,7 @@ pub async fn create_flavor(ctx: &Ctx, input: CreateFlavor) -> Result<FlavorView,
         let pool = load::<Pool>(tx, &input.pool_id).await?;
         let create = flavor::CreateFlavor {
             id: id.clone(),
-            pool_id: input.pool_id.clone(),
+            pool_id: input.pool_id.to_string(),
             name: input.name.clone(),
             shape: Shape {
                 vcpu: input.vcpu,

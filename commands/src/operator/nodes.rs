@@ -13,13 +13,14 @@ use crate::context::Ctx;
 use crate::error::CommandError;
 use crate::pipeline::{change, load, transaction};
 use crate::record::new_id;
+use vps_domain::ids::PoolId;
 
 /// `nodes.register`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterNode {
     /// A hosted pool.
-    pub pool_id: String,
+    pub pool_id: PoolId,
     /// Unique in the pool.
     pub name: String,
     /// What it offers.
@@ -67,7 +68,7 @@ pub async fn register_node(ctx: &Ctx, input: RegisterNode) -> Result<RegisteredN
         let pool = load::<Pool>(tx, &input.pool_id).await?;
         let register = vps_domain::node::RegisterNode {
             id: id.clone(),
-            pool_id: input.pool_id.clone(),
+            pool_id: input.pool_id.to_string(),
             name: input.name.clone(),
             capacity: input.capacity.clone(),
             labels: input.labels.clone(),

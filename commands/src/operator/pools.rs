@@ -13,6 +13,7 @@ use crate::context::Ctx;
 use crate::error::CommandError;
 use crate::pipeline::{change, transaction};
 use crate::record::new_id;
+use vps_domain::ids::PoolId;
 
 /// `pools.create`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -36,7 +37,7 @@ pub struct CreatePool {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdatePool {
     /// The pool.
-    pub pool_id: String,
+    pub pool_id: PoolId,
     /// A new name.
     pub name: Option<String>,
     /// A new policy.
@@ -48,7 +49,7 @@ pub struct UpdatePool {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OfferPool {
     /// The pool.
-    pub pool_id: String,
+    pub pool_id: PoolId,
     /// The tenant it becomes visible to.
     pub tenant_id: String,
     /// Maxima per resource; a missing one is 0 (at most 16 entries).
@@ -74,7 +75,7 @@ pub struct Offer {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SetIpPool {
     /// The pool.
-    pub pool_id: String,
+    pub pool_id: PoolId,
     /// IPv4 CIDR.
     pub cidr: String,
     /// Default: the first host address.
@@ -140,7 +141,7 @@ pub async fn offer_pool(ctx: &Ctx, input: OfferPool) -> Result<Offer, CommandErr
         })
         .collect();
     Ok(Offer {
-        pool_id: input.pool_id,
+        pool_id: input.pool_id.into(),
         tenant_id: input.tenant_id,
         quota,
     })

@@ -18,6 +18,7 @@ use crate::instances::{admit_in, Origin};
 use crate::pipeline::{load, record_existing, transaction};
 
 use super::template_instance::{instance_input, origin};
+use vps_domain::ids::TemplateId;
 
 /// `sandboxes.create` (without `wait`, which the API handles).
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
@@ -26,7 +27,7 @@ pub struct CreateSandboxInput {
     /// The tenant.
     pub tenant_id: String,
     /// `sbxt_…`.
-    pub template_id: String,
+    pub template_id: TemplateId,
     /// 1 to the template's `maxTtlSeconds` (default: its `defaultTtlSeconds`).
     pub ttl_seconds: Option<u64>,
     /// Makes the create idempotent.
@@ -81,7 +82,7 @@ pub async fn create(
     let request = CreateSandbox {
         id: id.clone(),
         tenant_id: input.tenant_id.clone(),
-        template_id: input.template_id.clone(),
+        template_id: input.template_id.to_string(),
         ttl_seconds: input.ttl_seconds,
         idempotency_key: input.idempotency_key.clone(),
         request_hash: crate::record::request_hash(&input),

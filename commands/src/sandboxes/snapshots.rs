@@ -18,6 +18,7 @@ use crate::error::CommandError;
 use crate::pipeline::transaction;
 use crate::record::new_id;
 use crate::stream::{change, load, record_existing};
+use vps_domain::ids::SandboxId;
 
 /// `sandboxes.snapshot`.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
@@ -26,7 +27,7 @@ pub struct SnapshotInput {
     /// The tenant.
     pub tenant_id: String,
     /// `sbx_…`.
-    pub sandbox_id: String,
+    pub sandbox_id: SandboxId,
     /// With the guest's memory (default true).
     pub include_memory: Option<bool>,
     /// Outlives the sandbox (default false: deleted with it).
@@ -132,7 +133,7 @@ pub async fn take_within(
     transaction(ctx, &id, async |tx| {
         // A key already used on another sandbox is a conflict, whatever that sandbox is now.
         if let Some(other) = sandbox_of(tx, &id).await? {
-            if other != input.sandbox_id {
+            if other != input.sandbox_id.as_str() {
                 return Err(domain::key_conflict(&id).into());
             }
         }

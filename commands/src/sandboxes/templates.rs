@@ -19,6 +19,7 @@ use crate::instances::{facts, CreateInput};
 use crate::pipeline::{change_existing, record_existing, transaction};
 use crate::record::new_id;
 use crate::secrets;
+use vps_domain::ids::{PoolId, TemplateId};
 
 /// `sandboxTemplates.create`.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
@@ -29,7 +30,7 @@ pub struct TemplateInput {
     /// Unique among the tenant's live templates.
     pub name: String,
     /// A hosted pool offered to the tenant.
-    pub pool_id: String,
+    pub pool_id: PoolId,
     /// The flavor's name in the pool.
     pub flavor: String,
     /// The image.
@@ -49,7 +50,7 @@ pub struct TemplatePatch {
     /// The tenant.
     pub tenant_id: String,
     /// `sbxt_…`.
-    pub template_id: String,
+    pub template_id: TemplateId,
     /// A new flavor.
     pub flavor: Option<String>,
     /// A new image.
@@ -218,7 +219,7 @@ async fn create_in(
             id: id.to_string(),
             tenant_id: input.tenant_id.clone(),
             name: input.name.clone(),
-            pool_id: input.pool_id.clone(),
+            pool_id: input.pool_id.to_string(),
             owner_identity_id: ctx.actor.identity.clone(),
             spec,
             labels: input.labels.clone().unwrap_or_default(),

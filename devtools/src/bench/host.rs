@@ -562,7 +562,7 @@ async fn setup_qemu_pool(
     let registered = ops::register_node(
         ctx,
         RegisterNode {
-            pool_id: pool_id.clone(),
+            pool_id: pool_id.parse()?,
             name: "bench-qemu-0".into(),
             // Room for a few guests at once (a warm one, a claimed one, a refill); the agent
             // itself refuses a guest larger than the machine.

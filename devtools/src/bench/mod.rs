@@ -370,7 +370,7 @@ pub async fn pool_with_flavor(
     ops::set_ip_pool(
         ctx,
         SetIpPool {
-            pool_id: pool_id.clone(),
+            pool_id: pool_id.parse()?,
             cidr: range.cidr.into(),
             gateway: range.gateway.map(Into::into),
         },
@@ -383,7 +383,7 @@ pub async fn pool_with_flavor(
     ops::offer_pool(
         ctx,
         OfferPool {
-            pool_id: pool_id.clone(),
+            pool_id: pool_id.parse()?,
             tenant_id: TENANT.into(),
             quota,
         },
@@ -392,7 +392,7 @@ pub async fn pool_with_flavor(
     ops::create_flavor(
         ctx,
         CreateFlavor {
-            pool_id: pool_id.clone(),
+            pool_id: pool_id.parse()?,
             name: FLAVOR.into(),
             vcpu: 1,
             memory_gib: 1,
@@ -444,7 +444,7 @@ pub async fn setup_hosted_pool(
         let registered = ops::register_node(
             ctx,
             RegisterNode {
-                pool_id: pool_id.clone(),
+                pool_id: pool_id.parse()?,
                 name: format!("bench-{n}"),
                 capacity,
                 labels: Default::default(),

@@ -215,7 +215,7 @@ async fn ensure_pool(ctx: &vps_commands::Ctx, plan: PoolPlan) -> anyhow::Result<
     .await?;
     let id = pool.id;
     let range = SetIpPool {
-        pool_id: id.clone(),
+        pool_id: id.parse()?,
         cidr: plan.cidr.into(),
         gateway: plan.gateway.map(Into::into),
     };
@@ -231,14 +231,14 @@ async fn ensure_pool(ctx: &vps_commands::Ctx, plan: PoolPlan) -> anyhow::Result<
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     let offer = OfferPool {
-        pool_id: id.clone(),
+        pool_id: id.parse()?,
         tenant_id: "acme".into(),
         quota,
     };
     ops::offer_pool(ctx, offer).await?;
     for &(name, vcpu, memory_gib, disk_gib) in plan.flavors {
         let flavor = CreateFlavor {
-            pool_id: id.clone(),
+            pool_id: id.parse()?,
             name: name.into(),
             vcpu,
             memory_gib,
@@ -300,7 +300,7 @@ async fn template(
     let input = vps_commands::sandboxes::templates::TemplateInput {
         tenant_id: "acme".into(),
         name: name.into(),
-        pool_id: pool_id.into(),
+        pool_id: pool_id.parse()?,
         flavor: flavor.into(),
         image_id: image_id.into(),
         labels: None,
@@ -353,7 +353,7 @@ async fn nodes(
         let registered = ops::register_node(
             ctx,
             RegisterNode {
-                pool_id: pool_id.into(),
+                pool_id: pool_id.parse()?,
                 name,
                 capacity: Capacity {
                     vcpu: 32,

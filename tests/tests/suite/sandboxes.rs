@@ -380,7 +380,7 @@ async fn a_warm_claim_wakes_its_own_replicas_spec_polls_without_a_notification()
     };
     let input = vps_commands::sandboxes::create::CreateSandboxInput {
         tenant_id: "acme".into(),
-        template_id: tpl.into(),
+        template_id: tpl.parse().unwrap(),
         ttl_seconds: Some(600),
         idempotency_key: "local".into(),
         from_snapshot: None,

@@ -445,8 +445,9 @@ async fn request_lists_past_their_bound_are_refused_naming_the_field() {
         ),
         (
             "sandboxTemplates.create",
-            json!({ "tenantId": "acme", "name": "x", "poolId": "p", "flavor": "small",
-                    "imageId": "i",
+            // A well-formed pool id: an id that is not is NOT_FOUND at once (typed at the edge).
+            json!({ "tenantId": "acme", "name": "x", "poolId": "pool_01kbq7q9d1x2y3z4a5b6c7d8e9",
+                    "flavor": "small", "imageId": "i",
                     "volumes": (0..9).map(|i| json!({ "name": format!("v{i}"), "mountPath": format!("/m{i}") })).collect::<Vec<_>>() }),
             "volumes",
         ),
