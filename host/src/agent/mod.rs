@@ -41,6 +41,10 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// The longest wait before a failed operation is tried again.
 const MAX_RETRY: Duration = Duration::from_secs(300);
+/// How long a report waits for operations just started: one that ends meanwhile (a resume
+/// takes a few ms) is reported done in that report, instead of the loop first sitting through
+/// a round trip that only says "busy" (3-8 ms off each warm claim).
+const REPORT_GRACE: Duration = Duration::from_millis(20);
 
 type SpecPoll = Pin<Box<dyn Future<Output = Result<NodeSpec, CallError>> + Send>>;
 
@@ -90,6 +94,7 @@ pub async fn run<R: Runtime>(runtime: Arc<R>, parts: AgentParts) {
         spec_poll: None,
         pacer: ReportPacer::new(FIRST_BACKOFF, MAX_BACKOFF),
         next_look: Instant::now(),
+        report_hold: None,
     };
     agent.adopt().await;
     for pass in 0u64.. {
@@ -153,6 +158,8 @@ struct Agent<R> {
     spec_poll: Option<SpecPoll>,
     pacer: ReportPacer,
     next_look: Instant,
+    /// Reports wait until then while an operation started in the meantime still runs.
+    report_hold: Option<Instant>,
 }
 
 impl<R: Runtime> Agent<R> {
@@ -239,6 +246,7 @@ impl<R: Runtime> Agent<R> {
         [self.next_look]
             .into_iter()
             .chain(report)
+            .chain(self.report_hold)
             .chain(retries)
             .min()
             .unwrap_or(self.next_look)
@@ -433,6 +441,10 @@ impl<R: Runtime> Agent<R> {
         self.guests.retain(|id, g| {
             g.memory.busy.is_some() || observed.contains_key(id) || specs.contains_key(id)
         });
+        // Never extended: a stream of new operations delays reports by one grace at most.
+        if !start.is_empty() && self.report_hold.is_none() {
+            self.report_hold = Some(Instant::now() + REPORT_GRACE);
+        }
         for (id, action, spec) in start {
             self.start(id, action, spec);
         }
@@ -547,6 +559,14 @@ impl<R: Runtime> Agent<R> {
     /// before the first spec: it would tell the server that every placed instance is gone.
     async fn report_if_needed(&mut self) {
         let now = Instant::now();
+        // Cleared before anything else returns, so a past hold never keeps the loop awake.
+        if let Some(hold) = self.report_hold {
+            let busy = self.guests.values().any(|g| g.memory.busy.is_some());
+            if busy && now < hold {
+                return;
+            }
+            self.report_hold = None;
+        }
         if self.pacer.backing_off(now) || self.specs.is_none() {
             return;
         }

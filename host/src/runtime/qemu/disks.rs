@@ -1,6 +1,8 @@
-//! Guest disks with `qemu-img`: a qcow2 overlay on a cached base, or a blank qcow2.
+//! Guest disks with `qemu-img`: a qcow2 overlay on a cached base, or a blank qcow2 (copied
+//! from one made once per size: a `qemu-img` process costs a cold boot about 10 ms).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Deserialize;
 use tokio::process::Command;
@@ -46,15 +48,49 @@ pub async fn overlay(base: &Path, disk: &Path, disk_gib: u64) -> Result<(), Runt
     qemu_img(command, disk).await
 }
 
-/// Creates `disk` as an empty qcow2 of `disk_gib` GiB (at least 1).
-pub async fn blank(disk: &Path, disk_gib: u64) -> Result<(), RuntimeError> {
-    let size = disk_gib.max(1).saturating_mul(GIB);
+/// Creates `disk` as an empty qcow2 of `disk_gib` GiB (at least 1): a copy of the blank of
+/// that size kept in `blanks`, made there first if it is missing.
+pub async fn blank(disk: &Path, disk_gib: u64, blanks: &Path) -> Result<(), RuntimeError> {
+    let gib = disk_gib.max(1);
+    let template = blanks.join(format!("blank-{gib}g.qcow2"));
+    if !template.exists() {
+        make_blank(&template, gib, blanks).await?;
+    }
+    if let Err(e) = tokio::fs::copy(&template, disk).await {
+        // Nothing half-made is left under the disk's name.
+        let _ = tokio::fs::remove_file(disk).await;
+        return Err(RuntimeError(format!(
+            "creating disk {} from {}: {e}",
+            disk.display(),
+            template.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Makes the blank `template` under a name of its own, then renames it: a blank exists under
+/// its name only once whole, whoever else makes it at the same time.
+async fn make_blank(template: &Path, gib: u64, blanks: &Path) -> Result<(), RuntimeError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    tokio::fs::create_dir_all(blanks)
+        .await
+        .map_err(|e| RuntimeError(format!("cannot make {}: {e}", blanks.display())))?;
+    let staging = blanks.join(format!(
+        ".blank-{gib}g.{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     let mut command = Command::new("qemu-img");
     command
         .args(["create", "-q", "-f", "qcow2"])
-        .arg(disk)
-        .arg(size.to_string());
-    qemu_img(command, disk).await
+        .arg(&staging)
+        .arg(gib.saturating_mul(GIB).to_string());
+    qemu_img(command, &staging).await?;
+    if let Err(e) = tokio::fs::rename(&staging, template).await {
+        let _ = tokio::fs::remove_file(&staging).await;
+        return Err(RuntimeError(format!("{}: {e}", template.display())));
+    }
+    Ok(())
 }
 
 async fn info(image: &Path) -> Result<Info, RuntimeError> {

@@ -458,24 +458,30 @@ impl Qemu {
         if let Some(memory) = memory {
             check_loadable(spec, &image, &memory.manifest, &self.cpu_model())?;
         }
-        if let Some(restore) = restore {
-            // A restore always starts from the snapshot's disk; a failed one leaves no disk.
-            let _ = std::fs::remove_file(dir.disk());
-            disks::overlay(&restore.dir.join("disk.qcow2"), &dir.disk(), spec.disk_gib).await?;
-        } else if !dir.disk().exists() {
-            let made = match &image {
-                Cached::Bundle {
-                    rootfs: Some(base), ..
+        // The disk, the config drive and the taps are independent: they are made at the same
+        // time, and each runs to its end (nothing is left half-made) before a failure counts.
+        let disk = async {
+            if let Some(restore) = restore {
+                // A restore always starts from the snapshot's disk; a failed one leaves no disk.
+                let _ = std::fs::remove_file(dir.disk());
+                disks::overlay(&restore.dir.join("disk.qcow2"), &dir.disk(), spec.disk_gib).await
+            } else if dir.disk().exists() {
+                Ok(())
+            } else {
+                match &image {
+                    Cached::Bundle {
+                        rootfs: Some(base), ..
+                    }
+                    | Cached::Qcow2 { disk: base } => {
+                        disks::overlay(base, &dir.disk(), spec.disk_gib).await
+                    }
+                    Cached::Bundle { rootfs: None, .. } => {
+                        let blanks = self.state_dir.join("blanks");
+                        disks::blank(&dir.disk(), spec.disk_gib, &blanks).await
+                    }
                 }
-                | Cached::Qcow2 { disk: base } => {
-                    disks::overlay(base, &dir.disk(), spec.disk_gib).await
-                }
-                Cached::Bundle { rootfs: None, .. } => {
-                    disks::blank(&dir.disk(), spec.disk_gib).await
-                }
-            };
-            made?;
-        }
+            }
+        };
         let drive = dir.config_drive();
         let spec_copy = spec.clone();
         let generation = record.identity_generation;
@@ -484,18 +490,27 @@ impl Qemu {
             None => None,
         };
         let source_drive = restore.map(|r| r.dir.join("config.img"));
-        tokio::task::spawn_blocking(move || {
-            config_drive::write(&spec_copy, &drive, generation, fresh)?;
-            match source_drive.and_then(|d| std::fs::metadata(d).ok()) {
-                Some(source) => snapshots::pad_to(&drive, source.len()),
-                None => Ok(()),
+        let drive = async move {
+            tokio::task::spawn_blocking(move || {
+                config_drive::write(&spec_copy, &drive, generation, fresh)?;
+                match source_drive.and_then(|d| std::fs::metadata(d).ok()) {
+                    Some(source) => snapshots::pad_to(&drive, source.len()),
+                    None => Ok(()),
+                }
+            })
+            .await
+            .map_err(|e| RuntimeError(format!("config drive: {e}")))?
+        };
+        let taps = async {
+            for (nic, nic_record) in spec.nics.iter().zip(&record.nics) {
+                net::ensure_tap(&nic_record.tap, nic).await?;
             }
-        })
-        .await
-        .map_err(|e| RuntimeError(format!("config drive: {e}")))??;
-        for (nic, nic_record) in spec.nics.iter().zip(&record.nics) {
-            net::ensure_tap(&nic_record.tap, nic).await?;
-        }
+            Ok::<(), RuntimeError>(())
+        };
+        let (disk, drive, taps) = tokio::join!(disk, drive, taps);
+        disk?;
+        drive?;
+        taps?;
         // Before QEMU opens the taps: no packet leaves the guest unfiltered.
         apply_network(&record, dir).await?;
 

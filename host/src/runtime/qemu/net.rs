@@ -17,7 +17,7 @@ pub fn tap_name(id: &str, index: usize) -> String {
 /// Idempotent: an existing tap is reattached and brought up.
 pub async fn ensure_tap(tap: &str, nic: &NicSpec) -> Result<(), RuntimeError> {
     ensure_bridge(nic).await?;
-    if !link_exists(tap).await {
+    if !link_exists(tap) {
         ip(&["tuntap", "add", "dev", tap, "mode", "tap"]).await?;
     }
     ip(&["link", "set", "dev", tap, "master", &nic.bridge, "up"]).await
@@ -25,7 +25,7 @@ pub async fn ensure_tap(tap: &str, nic: &NicSpec) -> Result<(), RuntimeError> {
 
 /// Removes a tap; a tap that does not exist is not an error.
 pub async fn remove_tap(tap: &str) -> Result<(), RuntimeError> {
-    if link_exists(tap).await {
+    if link_exists(tap) {
         ip(&["link", "del", "dev", tap]).await?;
     }
     Ok(())
@@ -38,7 +38,7 @@ async fn ensure_bridge(nic: &NicSpec) -> Result<(), RuntimeError> {
             "bridge name {bridge:?} is not a valid interface name"
         )));
     }
-    if link_exists(bridge).await {
+    if link_exists(bridge) {
         return Ok(());
     }
     let made = async {
@@ -70,12 +70,14 @@ fn gateway_cidr(gateway: &str, address: &str) -> String {
     }
 }
 
-async fn link_exists(name: &str) -> bool {
-    Command::new("ip")
-        .args(["link", "show", "dev", name])
-        .output()
-        .await
-        .is_ok_and(|o| o.status.success())
+/// Whether the interface exists in this network namespace: a system call, not an `ip`
+/// process (about 2 ms each, twice per cold boot).
+fn link_exists(name: &str) -> bool {
+    let Ok(name) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: `name` is a valid NUL-terminated string that outlives the call.
+    unsafe { libc::if_nametoindex(name.as_ptr()) != 0 }
 }
 
 async fn ip(args: &[&str]) -> Result<(), RuntimeError> {
