@@ -2,7 +2,6 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::Value;
 use sqlx::PgExecutor;
 use vps_domain::condition::Condition;
 use vps_domain::instance::Instance;
@@ -88,11 +87,6 @@ impl From<&Instance> for InstanceView {
             version: i.version,
         }
     }
-}
-
-/// The public view of an instance as JSON.
-pub fn instance_json(i: &Instance) -> Value {
-    serde_json::to_value(InstanceView::from(i)).expect("serialises")
 }
 
 /// One tenant's quota of one resource in a pool.

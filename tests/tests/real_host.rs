@@ -342,40 +342,8 @@ fn an_instance_stops_starts_on_the_same_disk_crashes_to_error_and_leaves_nothing
         assert!(qemu_pids(&lab.state).is_empty());
 
         // Start → running on the same disk: no new file system, no second user-data run.
-        lab.ok(
-            ALICE,
-            "instances.start",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
-        let again = lab
-            .wait_instance(&id, BOOT, |i| i["state"] == "running")
+        lab.starts_again_on_its_disk(&id, &console, &first_console)
             .await;
-        assert_eq!(again["state"], "running", "{again}");
-        // The console log of this boot: what follows the first boot's, or a new file.
-        let second_boot = || {
-            let all = std::fs::read_to_string(&console).unwrap_or_default();
-            match all.strip_prefix(first_console.as_str()) {
-                Some(rest) => rest.to_owned(),
-                None => all,
-            }
-        };
-        let up = wait_for(BOOT, || ends_with_ready(&second_boot())).await;
-        assert!(
-            up,
-            "the second boot's init did not finish: {}",
-            read_console()
-        );
-        let second = second_boot();
-        assert!(second.contains("root disk mounted"), "{second}");
-        assert!(
-            !second.contains("first boot"),
-            "the disk was made again: {second}"
-        );
-        assert!(
-            !second.contains("user-data script"),
-            "user data ran twice: {second}"
-        );
 
         // QEMU killed from outside → ERROR, with a message.
         let pids = qemu_pids(&lab.state);
@@ -468,39 +436,8 @@ fn a_guest_that_powers_itself_off_is_reported_stopped_stays_off_and_starts_again
         let read = lab.agent_applied(&id, "stopped").await;
         assert!(read, "the agent did not read the stop");
         let first_console = read_console();
-        lab.ok(
-            ALICE,
-            "instances.start",
-            json!({ "tenantId": "acme", "instanceId": id }),
-        )
-        .await;
-        let again = lab
-            .wait_instance(&id, BOOT, |i| i["state"] == "running")
+        lab.starts_again_on_its_disk(&id, &console, &first_console)
             .await;
-        assert_eq!(again["state"], "running", "{again}");
-        let second_boot = || {
-            let all = read_console();
-            match all.strip_prefix(first_console.as_str()) {
-                Some(rest) => rest.to_owned(),
-                None => all,
-            }
-        };
-        let up = wait_for(BOOT, || ends_with_ready(&second_boot())).await;
-        assert!(
-            up,
-            "the second boot's init did not finish: {}",
-            read_console()
-        );
-        let second = second_boot();
-        assert!(second.contains("root disk mounted"), "{second}");
-        assert!(
-            !second.contains("first boot"),
-            "the disk was made again: {second}"
-        );
-        assert!(
-            !second.contains("user-data script"),
-            "user data ran twice: {second}"
-        );
         assert_eq!(qemu_pids(&lab.state).len(), 1);
     });
 }
@@ -960,6 +897,47 @@ impl Lab {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         false
+    }
+
+    /// `instances.start` of a stopped instance: it runs again, and its console after
+    /// `first_console` shows a boot on the same disk (no new file system, no second run of
+    /// its user data).
+    async fn starts_again_on_its_disk(&self, id: &str, console: &Path, first_console: &str) {
+        self.ok(
+            ALICE,
+            "instances.start",
+            json!({ "tenantId": "acme", "instanceId": id }),
+        )
+        .await;
+        let again = self
+            .wait_instance(id, BOOT, |i| i["state"] == "running")
+            .await;
+        assert_eq!(again["state"], "running", "{again}");
+        let read_console = || std::fs::read_to_string(console).unwrap_or_default();
+        // The console log of this boot: what follows the first boot's, or a new file.
+        let second_boot = || {
+            let all = read_console();
+            match all.strip_prefix(first_console) {
+                Some(rest) => rest.to_owned(),
+                None => all,
+            }
+        };
+        let up = wait_for(BOOT, || ends_with_ready(&second_boot())).await;
+        assert!(
+            up,
+            "the second boot's init did not finish: {}",
+            read_console()
+        );
+        let second = second_boot();
+        assert!(second.contains("root disk mounted"), "{second}");
+        assert!(
+            !second.contains("first boot"),
+            "the disk was made again: {second}"
+        );
+        assert!(
+            !second.contains("user-data script"),
+            "user data ran twice: {second}"
+        );
     }
 
     /// Waits until the agent has reported twice more: it has made a whole pass since now, so

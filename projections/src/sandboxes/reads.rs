@@ -66,14 +66,6 @@ pub async fn snapshot_page(
     Ok(rows.into_iter().map(|j| j.0).collect())
 }
 
-/// A template as stored (deleted ones too).
-pub async fn load_template(
-    conn: &mut PgConnection,
-    id: &str,
-) -> Result<Option<Template>, ProjectionError> {
-    load_doc(conn, "sandbox_templates", id).await
-}
-
 /// A sandbox as stored.
 pub async fn load_sandbox(
     conn: &mut PgConnection,
