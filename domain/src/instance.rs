@@ -156,6 +156,10 @@ pub struct Instance {
     /// When a sandbox claimed it from its template's warm pool.
     #[serde(default)]
     pub claimed_at: Option<DateTime<Utc>>,
+    /// How many times it was asked to start (`instance.starting` events): a host tells a new
+    /// start from the one it already carried out by it (`InstanceSpec.startGeneration`).
+    #[serde(default)]
+    pub starts: u64,
     /// A sandbox template's network rule (`InstanceSpec.networkPolicy`).
     #[serde(default)]
     pub network_policy: Option<crate::network_policy::Network>,
@@ -307,6 +311,7 @@ pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc
         }
         InstanceEvent::Provisioning(d) => inst.external_id = Some(d.external_id.clone()),
         InstanceEvent::Starting(d) => {
+            inst.starts += 1;
             if let Some(owner) = &d.owner_identity_id {
                 inst.owner_identity_id.clone_from(owner);
                 inst.claimed_at = Some(at);
@@ -398,6 +403,7 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         warm_template_id: d.common.warm_template_id.clone(),
         template_version: d.template_version,
         claimed_at: None,
+        starts: 0,
         network_policy: d.network_policy,
         restore_from: d.restore_from.as_deref().cloned(),
         volumes: d.volumes.clone(),

@@ -48,6 +48,8 @@ pub struct InstanceDoc {
     #[serde(default)]
     claimed_at: Option<DateTime<Utc>>,
     #[serde(default)]
+    starts: u64,
+    #[serde(default)]
     network_policy: Option<Network>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     restore_from: Option<RestoreFrom>,
@@ -87,6 +89,7 @@ impl From<&Instance> for InstanceDoc {
             warm_template_id: i.warm_template_id,
             template_version: i.template_version,
             claimed_at: i.claimed_at,
+            starts: i.starts,
             network_policy: i.network_policy,
             restore_from: i.restore_from,
             volumes: i.volumes,
@@ -125,6 +128,7 @@ impl From<InstanceDoc> for Instance {
             warm_template_id: d.warm_template_id,
             template_version: d.template_version,
             claimed_at: d.claimed_at,
+            starts: d.starts,
             network_policy: d.network_policy,
             restore_from: d.restore_from,
             volumes: d.volumes,
@@ -206,6 +210,7 @@ mod tests {
             warm_template_id: Some("tpl_1".into()),
             template_version: Some(3),
             claimed_at: Some(at(2)),
+            starts: 2,
             network_policy: Some(Network::Private),
             restore_from: Some(RestoreFrom {
                 snapshot_id: "snap_1".into(),
@@ -255,6 +260,7 @@ mod tests {
         for key in [
             "templateVersion",
             "claimedAt",
+            "starts",
             "networkPolicy",
             "restoreFrom",
             "volumes",

@@ -60,6 +60,10 @@ pub struct InstanceSpec {
     /// The volumes it attaches.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeAttachment>,
+    /// Moves on every start request (absent before the first): a guest that powered itself
+    /// off is booted again when this moves, not when the entry only looks as it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_generation: Option<u64>,
     /// Served specs only, for sandbox and warm instances of a deployment with a sandbox CA:
     /// whom the guest's `sshd` admits (SPEC §3.11).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -178,6 +178,7 @@ fn entry(
             url: None,
         }),
         volumes: crate::node_spec_volumes::attachments(&inst.volumes),
+        start_generation: (inst.starts > 0).then_some(inst.starts),
         ssh_ca: None,
     };
     serde_json::to_value(spec).expect("a spec entry serialises")
@@ -492,6 +493,7 @@ mod tests {
                     ssh_from_host_only: None,
                     restore_from: None,
                     volumes: vec![],
+                    start_generation: None,
                     ssh_ca: None,
                 };
                 let key = ("node_a".to_string(), id.to_string());

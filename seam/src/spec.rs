@@ -173,6 +173,10 @@ pub struct InstanceSpec {
     /// The volumes it attaches.
     #[serde(default, deserialize_with = "nullable")]
     pub volumes: Vec<VolumeAttachment>,
+    /// Moves on every start request (absent from older servers): with it, a start that follows
+    /// a stop the host never saw still reads as a new request.
+    #[serde(default)]
+    pub start_generation: Option<u64>,
 }
 
 /// The flavor's shape, as the server sends it.

@@ -357,11 +357,14 @@ fn stop_changes_only_the_desired_state_and_announces_stopping() {
 
 #[test]
 fn start_on_a_stopped_instance_wants_it_running_and_keeps_its_state() {
+    let before = state_of(&stopped()).map_or(0, |i| i.starts);
     let inst = given(stopped())
         .when(api_start())
         .then_types(&["instance.starting"]);
     assert_eq!(inst.state, InstanceState::Stopped);
     assert_eq!(inst.desired_state, DesiredState::Running);
+    // Each start is counted, so a host tells it from the start it already carried out.
+    assert_eq!(inst.starts, before + 1);
 }
 
 #[test]
