@@ -70,6 +70,9 @@ pub struct ReportedInstance {
     pub addresses: Option<Vec<String>>,
     /// CPU seconds the guest has used since it started (SPEC §3.11).
     pub cpu_seconds: Option<f64>,
+    /// A memory restore the host gave an SSH identity of its own (machine id, host keys): exec
+    /// certificates name the instance itself from then on. Absent from older hosts.
+    pub identity_rebound: Option<bool>,
 }
 
 /// A host-side instance state.
@@ -298,6 +301,9 @@ fn observed(entry: &ReportedInstance) -> Option<Observed> {
 
 /// Whether an entry surely decides no event on the instance `view` describes.
 fn unchanged(entry: &ReportedInstance, view: &ReportView) -> bool {
+    if view.rebinds(entry.identity_rebound == Some(true)) {
+        return false;
+    }
     match (entry.state, observed(entry)) {
         // Asks nothing.
         (ReportedState::Unspecified, _) => true,
@@ -343,6 +349,9 @@ fn commands_for(
             addresses,
             mode: AddressMode::Add,
         });
+    }
+    if entry.identity_rebound == Some(true) {
+        commands.push(InstanceCommand::ReboundIdentity);
     }
     commands
 }

@@ -310,6 +310,11 @@ pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc
             inst.addresses = vec![d.address.clone()];
         }
         InstanceEvent::Provisioning(d) => inst.external_id = Some(d.external_id.clone()),
+        InstanceEvent::IdentityRebound(_) => {
+            if let Some(restore) = inst.restore_from.as_mut() {
+                restore.principal_instance_id = None;
+            }
+        }
         InstanceEvent::Starting(d) => {
             inst.starts += 1;
             if let Some(owner) = &d.owner_identity_id {

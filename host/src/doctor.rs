@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::config::HostConfig;
-use crate::runtime::qemu::accel::{self, Accel};
+use crate::runtime::qemu::accel::{self, Accel, Chosen};
 
 /// How bad a finding is (the server's doctor uses the same three words).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,7 +106,10 @@ async fn acceleration(qemu: &Path, config: &HostConfig) -> Finding {
     if config.accel == Accel::Tcg {
         return Finding::ok(
             CHECK,
-            "TCG, as configured (slow: no hardware virtualization)",
+            format!(
+                "TCG, as configured (slow: no hardware virtualization); {}",
+                register_as(Chosen::Tcg)
+            ),
         );
     }
     let kernels = accel::probe_kernels(&config.image_dir);
@@ -119,11 +122,17 @@ async fn acceleration(qemu: &Path, config: &HostConfig) -> Finding {
         );
     };
     match accel::probe_kvm(qemu, kernel, PROBE_TIMEOUT).await {
-        Ok(()) => Finding::ok(CHECK, "KVM works (a probe boot reached the kernel)"),
+        Ok(()) => Finding::ok(
+            CHECK,
+            format!(
+                "KVM works (a probe boot reached the kernel); {}",
+                register_as(Chosen::Kvm)
+            ),
+        ),
         Err(why) if config.accel == Accel::Auto => Finding::bad(
             CHECK,
             Severity::Warning,
-            format!("TCG will be used: {why}"),
+            format!("TCG will be used: {why}; {}", register_as(Chosen::Tcg)),
             "enable (nested) virtualization for this machine for KVM's speed",
         ),
         Err(why) => Finding::bad(
@@ -133,6 +142,14 @@ async fn acceleration(qemu: &Path, config: &HostConfig) -> Finding {
             "set accel = \"auto\" or \"tcg\", or enable virtualization",
         ),
     }
+}
+
+/// The `cpuModel` to register the node with, so memory snapshots taken here restore here.
+fn register_as(chosen: Chosen) -> String {
+    format!(
+        "guests' CPU model {:?}: register the node with that cpuModel",
+        crate::runtime::qemu::cpu_model_of(chosen)
+    )
 }
 
 /// The bridge taps attach to: there already, or one the agent can make (root, `/dev/net/tun`).
@@ -187,7 +204,7 @@ fn space(check: &'static str, dir: &Path) -> Finding {
         .ancestors()
         .find(|d| d.exists())
         .unwrap_or(Path::new("/"));
-    let Some(free) = free_bytes(existing) else {
+    let Some(free) = crate::disk::free_bytes(existing) else {
         return Finding::bad(
             check,
             Severity::Warning,
@@ -214,15 +231,6 @@ fn space(check: &'static str, dir: &Path) -> Finding {
     } else {
         Finding::ok(check, message)
     }
-}
-
-fn free_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `path` is a NUL-terminated string and `stat` a valid out-parameter.
-    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
-    (rc == 0).then(|| stat.f_bavail as u64 * stat.f_frsize as u64)
 }
 
 fn is_root() -> bool {

@@ -16,6 +16,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod disk;
 pub mod doctor;
 pub mod guest_key;
 pub mod metrics;

@@ -246,6 +246,82 @@ fn a_memory_snapshot_from_another_cpu_model_is_refused_before_boot() {
     });
 }
 
+#[test]
+fn a_snapshot_that_fills_the_disk_fails_with_a_reason_and_the_source_runs_on() {
+    let bundle = minimal_bundle();
+    in_netns(move || async move {
+        let env = Env::new("full", &bundle);
+        // The snapshot directory on a 4 MiB file system, in this thread's own mount namespace.
+        let _disk = SmallDisk::mount(&env.out, "4m");
+        let runtime = env.runtime();
+        runtime.run(&env.spec(SOURCE, 2)).await.expect("run");
+        // 8 MiB of data on the disk: a flattened copy cannot fit either.
+        env.ssh_until_up(
+            SOURCE,
+            "dd if=/dev/urandom of=/data/big bs=1M count=8 2>/dev/null && sync",
+        );
+        for include_memory in [true, false] {
+            let error = runtime
+                .snapshot(SOURCE, include_memory, &env.out)
+                .await
+                .expect_err("the disk is full");
+            println!("memory {include_memory}: {error}");
+            assert!(error.0.contains("free"), "{error}");
+            assert_eq!(
+                state_of(&runtime, SOURCE).await,
+                GuestState::Running,
+                "the source runs on after a failed snapshot"
+            );
+        }
+        env.ssh(SOURCE, "true").expect("the source still answers");
+        runtime.delete(SOURCE).await.expect("delete");
+        env.assert_no_qemu();
+    });
+}
+
+#[test]
+fn a_guest_that_dies_while_its_memory_is_saved_fails_the_snapshot_with_a_reason() {
+    let bundle = minimal_bundle();
+    in_netns(move || async move {
+        let env = Env::new("dies", &bundle);
+        let runtime = env.runtime();
+        runtime.run(&env.spec(SOURCE, 2)).await.expect("run");
+        env.ssh_until_up(SOURCE, "true");
+        let pid = qemu_pids(&env.state)[0];
+        // Kill the guest's QEMU the moment its memory starts going to the state file.
+        let out = env.out.clone();
+        let killer = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline {
+                if find_file(&out, "memory.state").is_some() {
+                    // SAFETY: kill(2) on this test's own QEMU.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            false
+        });
+        let error = runtime
+            .snapshot(SOURCE, true, &env.out)
+            .await
+            .expect_err("the guest died mid-save");
+        println!("{error}");
+        assert!(killer.join().unwrap(), "the save never began");
+        assert!(!error.0.is_empty());
+        assert!(
+            matches!(state_of(&runtime, SOURCE).await, GuestState::Error(_)),
+            "a QEMU that died is an error"
+        );
+        assert!(
+            find_file(&env.out, "memory.state").is_none(),
+            "no half-saved state is left behind"
+        );
+        runtime.delete(SOURCE).await.expect("delete");
+        env.assert_no_qemu();
+    });
+}
+
 // ---- harness ----------------------------------------------------------------------------
 
 fn check_archive(files: &SnapshotFiles) {
@@ -506,4 +582,43 @@ impl metrics::Recorder for Pauses {
             metrics::Histogram::noop()
         }
     }
+}
+
+/// A small tmpfs at `dir`, mounted in a mount namespace of the calling thread's own (the
+/// machine's mounts are never touched), unmounted when dropped.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> SmallDisk {
+        // SAFETY: unshare(2) with CLONE_NEWNS gives this thread, and what it starts from now on,
+        // a mount namespace of its own.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+        assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
+        run(&["mount", "--make-rprivate", "/"]);
+        std::fs::create_dir_all(dir).unwrap();
+        let options = format!("size={size}");
+        run(&["mount", "-t", "tmpfs", "-o", &options, "tmpfs", dir.to_str().unwrap()]);
+        SmallDisk(dir.to_owned())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The first file named `name` under `dir`.
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, name) {
+                return Some(found);
+            }
+        } else if entry.file_name() == name {
+            return Some(path);
+        }
+    }
+    None
 }

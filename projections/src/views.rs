@@ -52,6 +52,10 @@ pub struct InstanceView {
     /// When a sandbox claimed it from a warm pool.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub claimed_at: Option<DateTime<Utc>>,
+    /// A memory restore: whether its host gave it an SSH identity of its own (until then exec
+    /// is refused while its source or a sibling restore lives).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity_rebound: Option<bool>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -82,6 +86,11 @@ impl From<&Instance> for InstanceView {
             sandbox_id: i.sandbox_id.clone(),
             warm_template_id: i.warm_template_id.clone(),
             claimed_at: i.claimed_at,
+            identity_rebound: i
+                .restore_from
+                .as_ref()
+                .filter(|r| r.include_memory)
+                .map(|r| r.principal_instance_id.is_none()),
             created_at: i.created_at,
             updated_at: i.updated_at,
             version: i.version,

@@ -95,6 +95,9 @@ pub struct RestoreFrom {
     /// The object's SHA-256 (hex).
     #[serde(default, deserialize_with = "nullable")]
     pub sha256: String,
+    /// A memory snapshot (the guest resumes where it was, not booted).
+    #[serde(default, deserialize_with = "nullable")]
+    pub include_memory: bool,
 }
 
 /// A volume the node keeps.
@@ -279,6 +282,10 @@ pub struct ReportEntry {
     /// The guest's addresses.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
+    /// A memory restore this host gave an SSH identity of its own. Sent only when true: a
+    /// server from before it refuses unknown fields.
+    #[serde(rename = "identityRebound", skip_serializing_if = "Option::is_none")]
+    pub identity_rebound: Option<bool>,
 }
 
 /// `null` read as the type's default, as a missing field is.
@@ -346,6 +353,7 @@ mod tests {
             state: ReportState::Error,
             message: Some("boom".into()),
             addresses: vec![],
+            identity_rebound: None,
         };
         assert_eq!(
             serde_json::to_value(&entry).unwrap(),

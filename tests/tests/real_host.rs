@@ -517,6 +517,82 @@ fn a_warm_instance_waits_paused_and_a_claim_resumes_it_without_a_boot() {
     });
 }
 
+#[test]
+fn a_memory_snapshot_through_the_api_restores_a_sandbox_with_its_memory_and_files_under_a_new_identity(
+) {
+    in_netns(|database| async move {
+        let lab = Lab::new("snapshot", &database).await;
+        let _host = lab.start_host().await;
+        let template = lab.template(None).await;
+        let source = lab.sandbox(&template, "source").await;
+        let keys = Keys::new(&lab.root).await;
+        let grant = lab.exec_grant(&source, &keys, None).await;
+        // A counter that lives only in the guest's memory, and a file on its disk.
+        let before = ssh_until_up(
+            &keys,
+            &grant,
+            "echo kept > /data/kept && sync && \
+             setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /run/counter; sleep 1; done' \
+               </dev/null >/dev/null 2>&1 & \
+             cat /proc/sys/kernel/random/boot_id /etc/machine-id",
+            &lab,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let counted = ssh(&keys, &lab.exec_grant(&source, &keys, None).await, "cat /run/counter")
+            .await;
+        let counted: u64 = counted.stdout.trim().parse().expect("a count");
+
+        let snap = lab
+            .ok(
+                ALICE,
+                "sandboxes.snapshot",
+                json!({ "tenantId": "acme", "sandboxId": source["id"], "includeMemory": true }),
+            )
+            .await;
+        let deadline = Instant::now() + BOOT;
+        let ready = loop {
+            let s = lab
+                .ok(
+                    ALICE,
+                    "sandboxSnapshots.get",
+                    json!({ "tenantId": "acme", "snapshotId": snap["id"] }),
+                )
+                .await;
+            if s["state"] != "pending" || Instant::now() > deadline {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        assert_eq!(ready["state"], "ready", "{ready}");
+        assert_eq!(ready["cpuModel"], "tcg:max", "{ready}");
+
+        let restored = lab
+            .sandbox_with(&template, "restored", json!({ "fromSnapshot": snap["id"] }))
+            .await;
+        let grant = lab.exec_grant(&restored, &keys, None).await;
+        let after = ssh_until_up(
+            &keys,
+            &grant,
+            "cat /data/kept /run/counter /proc/sys/kernel/random/boot_id /etc/machine-id",
+            &lab,
+        )
+        .await;
+        let before: Vec<&str> = before.lines().collect();
+        let after: Vec<&str> = after.lines().collect();
+        assert_eq!(after[0], "kept", "the file survives: {after:?}");
+        let count: u64 = after[1].trim().parse().expect("a count");
+        assert!(count >= counted, "the counter goes on from {counted}, not from zero: {count}");
+        assert_eq!(after[2], before[0], "the same boot: no reboot");
+        assert_ne!(after[3], before[1], "the restore has its own machine id");
+        let (a, b) = (
+            lab.instance(source["instanceId"].as_str().unwrap()).await,
+            lab.instance(restored["instanceId"].as_str().unwrap()).await,
+        );
+        assert_ne!(a["addresses"], b["addresses"], "each at its own address");
+    });
+}
+
 /// Runs `test` in a network namespace of its own (see the module's doc), one booting test at a
 /// time. `test` gets the URL of a fresh database it can reach from there.
 fn in_netns<F, Fut>(test: F)
@@ -699,7 +775,8 @@ impl Lab {
                 OPERATOR,
                 "nodes.register",
                 json!({ "poolId": pool_id, "name": "real-0",
-                "capacity": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 50 }, "runtimes": ["qemu"] }),
+                "capacity": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 50 }, "runtimes": ["qemu"],
+                "cpuModel": "tcg:max" }),
             )
             .await;
         // The bridge with the pool's gateway, as the agent makes it when the spec names the
@@ -804,14 +881,17 @@ impl Lab {
     }
 
     async fn sandbox(&self, template: &str, key: &str) -> Value {
-        let s = self
-            .ok(
-                ALICE,
-                "sandboxes.create",
-                json!({ "tenantId": "acme", "templateId": template, "idempotencyKey": key,
-                        "ttlSeconds": 3600, "wait": { "timeoutMs": 1000 } }),
-            )
-            .await;
+        self.sandbox_with(template, key, json!({})).await
+    }
+
+    /// A sandbox created with `extra` fields in its create (`fromSnapshot`), once `ready`.
+    async fn sandbox_with(&self, template: &str, key: &str, extra: Value) -> Value {
+        let mut body = json!({ "tenantId": "acme", "templateId": template, "idempotencyKey": key,
+                               "ttlSeconds": 3600, "wait": { "timeoutMs": 1000 } });
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        let s = self.ok(ALICE, "sandboxes.create", body).await;
         let id = s["id"].as_str().unwrap().to_string();
         let deadline = Instant::now() + BOOT;
         loop {

@@ -267,9 +267,19 @@ enum BenchCommand {
         /// Snapshot-and-restore rounds.
         #[arg(long, default_value_t = 10)]
         rounds: usize,
-        /// The snapshot object's size in MiB.
+        /// The snapshot object's size in MiB (emulated hosts).
         #[arg(long, default_value_t = 64)]
         size_mib: usize,
+        /// `emulated` (in-process emulated hosts) or `qemu` (a real guest and the real host
+        /// agent, in a network namespace of the bench's own; needs root).
+        #[arg(long, default_value = "emulated")]
+        runtime: String,
+        /// The guest bundle for `--runtime qemu` (`vps images build minimal --out FILE`).
+        #[arg(long)]
+        image: Option<PathBuf>,
+        /// kvm, tcg, or auto, for `--runtime qemu`.
+        #[arg(long, default_value = "auto")]
+        accel: vps_host::runtime::qemu::Accel,
     },
     /// The emulated hosts of `bench converge`, in their own process (internal).
     #[command(hide = true)]
@@ -330,6 +340,9 @@ struct HostBenchArgs {
     /// kvm, tcg, or auto (KVM once a probe boot proves it works).
     #[arg(long, default_value = "auto")]
     accel: vps_host::runtime::qemu::Accel,
+    /// Memory snapshot-and-restore rounds instead of boots (`bench snapshot --runtime qemu`).
+    #[arg(long, default_value_t = 0, hide = true)]
+    snapshots: usize,
 }
 
 impl HostBenchArgs {
@@ -339,6 +352,7 @@ impl HostBenchArgs {
             cold: self.cold.clamp(1, 100),
             warm: self.warm.clamp(1, 100),
             accel: self.accel,
+            snapshots: self.snapshots.min(100),
         }
     }
 }
@@ -661,7 +675,31 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
             };
             vps_devtools::bench::sandbox::run(url, &options).await?;
         }
-        BenchCommand::Snapshot { rounds, size_mib } => {
+        BenchCommand::Snapshot {
+            runtime, image, accel, rounds, ..
+        } if runtime == "qemu" => {
+            let image = image.ok_or_else(|| anyhow::anyhow!("--runtime qemu needs --image FILE"))?;
+            let options = vps_devtools::bench::host::HostBench {
+                image,
+                cold: 1,
+                warm: 1,
+                accel,
+                snapshots: rounds.clamp(1, 100),
+            };
+            return Ok(exit_code(
+                vps_devtools::bench::host::run(url, &options).await?,
+            ));
+        }
+        BenchCommand::Snapshot {
+            rounds,
+            size_mib,
+            runtime,
+            ..
+        } => {
+            anyhow::ensure!(
+                runtime == "emulated",
+                "--runtime is emulated or qemu, not {runtime:?}"
+            );
             let options = vps_devtools::bench::snapshot::SnapshotBench {
                 rounds: rounds.clamp(1, 1000),
                 size: size_mib.clamp(1, 4096) << 20,

@@ -52,7 +52,12 @@ pub struct HostBench {
     pub warm: usize,
     /// The acceleration the runtime is configured with.
     pub accel: Accel,
+    /// Memory snapshot-and-restore rounds (`vps bench snapshot --runtime qemu`): when not 0,
+    /// these are measured instead of boots.
+    pub snapshots: usize,
 }
+
+mod snapshot;
 
 /// The targets of issue 38: reported, not asserted.
 const COLD_TARGET_MS: f64 = 50.0;
@@ -129,6 +134,7 @@ async fn run_child(
         .arg("--root")
         .arg(root)
         .args(["--cold", &o.cold.to_string(), "--warm", &o.warm.to_string()])
+        .args(["--snapshots", &o.snapshots.to_string()])
         .args(["--accel", accel_name(o.accel)])
         .args(["--append-ms", &format!("{append_ms:.3}")])
         .env(DATABASE_ENV, database)
@@ -253,8 +259,14 @@ pub async fn in_namespace(o: &HostBench, root: &Path, append_ms: f64) -> anyhow:
             return Err(e);
         }
     };
+    let figures = async {
+        match o.snapshots {
+            0 => measure(&lab, o, append_ms).await,
+            rounds => snapshot::measure(&lab, rounds).await,
+        }
+    };
     let outcome = tokio::select! {
-        figures = measure(&lab, o, append_ms) => figures,
+        figures = figures => figures,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     lab.teardown().await;
@@ -315,11 +327,14 @@ impl Lab {
         let server = vps_api::server::start(config, db.clone()).await?;
         let ctx = vps_api::server::reactor_ctx(&server.state, "bench");
         let setup = async {
-            let (pool_id, node_id, node_token) = setup_qemu_pool(&ctx, &o.image).await?;
             let state_dir = root.join("state");
             let runtime = Qemu::new(&state_dir, root.join("images"), o.accel)?;
             // Decided once, before any guest: `auto` boots a probe under KVM and falls back.
+            // The node is registered with the CPU model guests run with (memory restores).
             let chosen = runtime.chosen_accel().await;
+            let cpu_model = vps_host::runtime::qemu::cpu_model_of(chosen);
+            let (pool_id, node_id, node_token) =
+                setup_qemu_pool(&ctx, &o.image, &cpu_model).await?;
             let timings = vps_host::AgentTimings::default();
             let config = vps_host::HostConfig {
                 server_url: server.url(),
@@ -534,6 +549,7 @@ fn running_ids(spec: &Value) -> HashSet<String> {
 async fn setup_qemu_pool(
     ctx: &vps_commands::Ctx,
     image: &Path,
+    cpu_model: &str,
 ) -> anyhow::Result<(String, String, String)> {
     use vps_commands::operator::{self as ops, RegisterImage, RegisterNode};
     let range = super::BenchRange {
@@ -574,7 +590,7 @@ async fn setup_qemu_pool(
             },
             labels: Default::default(),
             runtimes: Some(vec!["qemu".into()]),
-            cpu_model: None,
+            cpu_model: Some(cpu_model.into()),
         },
     )
     .await?;
@@ -1166,7 +1182,16 @@ impl Qmp {
     }
 
     async fn execute(&mut self, command: &str) -> anyhow::Result<Value> {
-        let request = format!("{}\n", json!({ "execute": command }));
+        self.send(command, json!({ "execute": command })).await
+    }
+
+    async fn execute_with(&mut self, command: &str, arguments: Value) -> anyhow::Result<Value> {
+        self.send(command, json!({ "execute": command, "arguments": arguments }))
+            .await
+    }
+
+    async fn send(&mut self, command: &str, request: Value) -> anyhow::Result<Value> {
+        let request = format!("{request}\n");
         self.writer.write_all(request.as_bytes()).await?;
         loop {
             let message = self.line().await?;

@@ -56,7 +56,7 @@ pub async fn run(mut config: Config, hosts: usize, real_hosts: usize) -> anyhow:
     let ctx = vps_api::server::reactor_ctx(&server.state, "dev");
     let pool_id = demo_pool(&ctx).await?;
     let template_id = template(&ctx, &pool_id, "demo-py", "small", "img_demo", 2).await?;
-    let nodes = nodes(&ctx, &pool_id, hosts, NODES_FILE, "sim", None).await?;
+    let nodes = nodes(&ctx, &pool_id, hosts, NODES_FILE, "sim", None, "emulated").await?;
     let _hosts: Vec<HostHandle> = nodes
         .iter()
         .map(|(node, token)| {
@@ -327,6 +327,7 @@ async fn nodes(
     file: &str,
     prefix: &str,
     runtimes: Option<Vec<String>>,
+    cpu_model: &str,
 ) -> anyhow::Result<Vec<(String, String)>> {
     let saved: Vec<(String, String)> = std::fs::read_to_string(file)
         .ok()
@@ -362,7 +363,7 @@ async fn nodes(
                     gpus: vec![],
                 },
                 labels: Default::default(),
-                cpu_model: runtimes.is_none().then(|| "emulated".into()),
+                cpu_model: Some(cpu_model.into()),
                 runtimes: runtimes.clone(),
             },
         )

@@ -45,6 +45,11 @@ pub async fn start(
     register_image(ctx, &bundle).await?;
     let pool_id = pool(ctx).await?;
     let template_id = super::template(ctx, &pool_id, TEMPLATE, FLAVOR, IMAGE_ID, 1).await?;
+    // KVM or TCG, decided once for every host of this machine (one probe boot at most), and
+    // the CPU model the nodes are registered with: memory snapshots restore onto it.
+    let image_dir = absolute(Path::new(".vps/images"))?;
+    let probe = Qemu::new(absolute(Path::new(".vps/hosts/probe"))?, &image_dir, Accel::Auto)?;
+    let chosen = probe.chosen_accel().await;
     let nodes = super::nodes(
         ctx,
         &pool_id,
@@ -52,6 +57,7 @@ pub async fn start(
         NODES_FILE,
         "qemu",
         Some(vec!["qemu".into()]),
+        &vps_host::runtime::qemu::cpu_model_of(chosen),
     )
     .await?;
     let mut hosts = Vec::new();
@@ -62,11 +68,11 @@ pub async fn start(
             node_id,
             node_token: token,
             state_dir: absolute(&state.join("state"))?,
-            image_dir: absolute(Path::new(".vps/images"))?,
+            image_dir: image_dir.clone(),
             bridge: Some(BRIDGE.into()),
             tunnel_listen: "127.0.0.1:0".into(),
             runtime: RuntimeKind::Qemu,
-            accel: Accel::Auto,
+            accel: chosen.into(),
             metrics_listen: None,
             timings: Default::default(),
         };

@@ -91,6 +91,8 @@ pub enum InstanceCommand {
         /// Add to the list (host reports) or replace it (provider answers).
         mode: AddressMode,
     },
+    /// Its host gave this memory restore an SSH identity of its own (`identityRebound`).
+    ReboundIdentity,
     /// Release node, allocation and lease and schedule again.
     Recreate(RecreateCause),
     /// Its node (or machine) is gone.
@@ -247,6 +249,8 @@ pub struct ReportView {
     pub has_conditions: bool,
     /// Its addresses.
     pub addresses: Vec<String>,
+    /// A memory restore that still answers as the instance its memory was captured on.
+    pub shares_principal: bool,
 }
 
 impl ReportView {
@@ -257,5 +261,11 @@ impl ReportView {
         self.state == observed.as_state()
             && !self.has_conditions
             && reported.iter().all(|a| self.addresses.contains(a))
+    }
+
+    /// Whether a report that says the guest's identity was rebound decides an event: only for
+    /// a memory restore that still shares its source's.
+    pub fn rebinds(&self, identity_rebound: bool) -> bool {
+        identity_rebound && self.shares_principal
     }
 }

@@ -87,6 +87,7 @@ pub fn decide(
                 d.record_addresses(addresses, *mode)?;
             }
         }
+        InstanceCommand::ReboundIdentity => rebound_identity(&mut d)?,
         InstanceCommand::Recreate(cause) => recreate(&mut d, cause)?,
         InstanceCommand::Lose => lose(&mut d)?,
         InstanceCommand::Recover(o) => recover(&mut d, *o)?,
@@ -409,6 +410,20 @@ fn claim(d: &mut Draft, sandbox_id: &str, owner: &str) -> Result<(), DomainError
             owner_identity_id: Some(owner.to_owned()),
         })
     })
+}
+
+/// A memory restore's host regenerated its identity: exec certificates name its own id from
+/// now on. Anything else (not a memory restore, rebound already, deleted) appends nothing.
+fn rebound_identity(d: &mut Draft) -> Result<(), DomainError> {
+    let shares = d
+        .inst
+        .restore_from
+        .as_ref()
+        .is_some_and(|r| r.principal_instance_id.is_some());
+    if !shares || d.inst.state == InstanceState::Deleted {
+        return Ok(());
+    }
+    d.emit_same(InstanceEvent::IdentityRebound)
 }
 
 fn stop(d: &mut Draft, requester: Requester) -> Result<(), DomainError> {

@@ -311,6 +311,10 @@ pub enum InstanceEvent {
     /// `instance.addresses.changed`.
     #[serde(rename = "instance.addresses.changed")]
     AddressesChanged(AddressesChanged),
+    /// `instance.identity.rebound`: the host gave a memory restore an SSH identity of its
+    /// own; it no longer answers as the instance its memory was captured on.
+    #[serde(rename = "instance.identity.rebound")]
+    IdentityRebound(Common),
 }
 
 /// Every wire type an [`InstanceEvent`] can have.
@@ -334,6 +338,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "instance.condition.set",
     "instance.condition.cleared",
     "instance.addresses.changed",
+    "instance.identity.rebound",
 ];
 
 impl InstanceEvent {
@@ -359,6 +364,7 @@ impl InstanceEvent {
             InstanceEvent::ConditionSet(_) => "instance.condition.set",
             InstanceEvent::ConditionCleared(_) => "instance.condition.cleared",
             InstanceEvent::AddressesChanged(_) => "instance.addresses.changed",
+            InstanceEvent::IdentityRebound(_) => "instance.identity.rebound",
         }
     }
 
@@ -383,7 +389,8 @@ impl InstanceEvent {
             | InstanceEvent::Stopped(c)
             | InstanceEvent::Paused(c)
             | InstanceEvent::Recovered(c)
-            | InstanceEvent::Deleted(c) => c,
+            | InstanceEvent::Deleted(c)
+            | InstanceEvent::IdentityRebound(c) => c,
         }
     }
 

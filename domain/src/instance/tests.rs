@@ -1042,7 +1042,9 @@ fn a_report_the_view_calls_unchanged_decides_no_event() {
             state: inst.state,
             has_conditions: !inst.conditions.is_empty(),
             addresses: inst.addresses.clone(),
+            shares_principal: false,
         };
+        assert!(!view.rebinds(true), "nothing to rebind");
         for observed in [Observed::Running, Observed::Stopped, Observed::Paused] {
             for reported in [vec![], inst.addresses.clone()] {
                 if !view.unchanged_by(observed, &reported) {
@@ -1158,4 +1160,46 @@ fn a_replay_and_a_create_naming_something_missing_are_answered_before_the_policy
     .unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound);
     assert!(seen.lock().unwrap().is_empty(), "the policy was not asked");
+}
+
+// ---- a memory restore's identity ------------------------------------------------------------
+
+#[test]
+fn a_memory_restore_answers_as_its_source_until_its_host_rebinds_its_identity() {
+    let mut request = create_in(PoolKind::Hosted);
+    request.restore_from = Some(RestoreFrom {
+        snapshot_id: "snap_1".into(),
+        sha256: "00".into(),
+        include_memory: true,
+        cpu_model: Some("tcg:max".into()),
+        principal_instance_id: Some("inst_source".into()),
+    });
+    let history = after(&[
+        InstanceCommand::Create(Box::new(request)),
+        place(),
+        observe(Observed::Running),
+    ]);
+    let inst = given(history.clone())
+        .when(InstanceCommand::ReboundIdentity)
+        .then_types(&["instance.identity.rebound"]);
+    let restore = inst.restore_from.expect("still a restore");
+    assert_eq!(restore.principal_instance_id, None, "its own identity now");
+    assert!(restore.include_memory);
+    // Once is enough: a second report of the same rebound appends nothing, and an instance
+    // that is no memory restore has nothing to rebind.
+    let mut rebound = history;
+    rebound.extend(
+        decide(
+            state_of(&rebound).as_ref(),
+            &InstanceCommand::ReboundIdentity,
+            t0(),
+        )
+        .unwrap(),
+    );
+    given(rebound)
+        .when(InstanceCommand::ReboundIdentity)
+        .then(vec![]);
+    given(running())
+        .when(InstanceCommand::ReboundIdentity)
+        .then(vec![]);
 }

@@ -327,6 +327,8 @@ impl Domains {
                 },
                 message: record.message(),
                 addresses: record.reported_addresses(),
+                // A memory restore here keeps its source's identity (no fresh host keys).
+                identity_rebound: None,
             })
             .collect()
     }

@@ -178,8 +178,16 @@ pub fn report(
     memory: &Memory,
     refusal: Option<&str>,
 ) -> Option<ReportEntry> {
+    // A memory restore runs only once the runtime gave it a fresh machine id and host keys
+    // (its links stay down until the guest has taken them): its identity is its own.
+    let restored = spec
+        .and_then(|s| s.restore_from.as_ref())
+        .is_some_and(|r| r.include_memory);
     let entry = |state, message: Option<String>, addresses: Vec<String>| ReportEntry {
         id: id.to_owned(),
+        identity_rebound: (restored
+            && matches!(state, ReportState::Running | ReportState::Paused))
+        .then_some(true),
         state,
         message,
         addresses,

@@ -210,6 +210,11 @@ impl<R: Runtime> Agent<R> {
                     Ok(spec) => {
                         self.succeeded();
                         self.take_spec(spec);
+                        // Act on the new spec before looking at every guest: a claimed warm
+                        // guest's `cont` need not wait for a round trip to each QEMU. The
+                        // last look is at most `observe_interval` old, and an operation
+                        // checks its guest again itself.
+                        self.converge();
                     }
                     Err(error) => self.failed("nodes.spec", &error),
                 }

@@ -96,9 +96,10 @@ pub async fn report_rows(
     tx: &mut PgConnection,
     node_id: &str,
 ) -> Result<Vec<(String, ReportView)>, sqlx::Error> {
-    let rows: Vec<(String, String, bool, Json<Vec<String>>)> = sqlx::query_as(
+    let rows: Vec<(String, String, bool, Json<Vec<String>>, bool)> = sqlx::query_as(
         "SELECT id, state, coalesce(jsonb_array_length(doc->'conditions'), 0) > 0,
-                coalesce(doc->'addresses', '[]')
+                coalesce(doc->'addresses', '[]'),
+                doc->'restoreFrom'->>'principalInstanceId' IS NOT NULL
            FROM instances WHERE node_id = $1 AND state <> 'deleted'",
     )
     .bind(node_id)
@@ -106,11 +107,12 @@ pub async fn report_rows(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, state, has_conditions, Json(addresses))| {
+        .map(|(id, state, has_conditions, Json(addresses), shares_principal)| {
             let view = ReportView {
                 state: state_column(state),
                 has_conditions,
                 addresses,
+                shares_principal,
             };
             (id, view)
         })

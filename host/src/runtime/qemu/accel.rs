@@ -30,6 +30,15 @@ pub enum Chosen {
     Tcg,
 }
 
+impl From<Chosen> for Accel {
+    fn from(chosen: Chosen) -> Accel {
+        match chosen {
+            Chosen::Kvm => Accel::Kvm,
+            Chosen::Tcg => Accel::Tcg,
+        }
+    }
+}
+
 impl FromStr for Accel {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -615,6 +615,8 @@ impl Qemu {
         let result = self
             .snapshot_into(&slot, include_memory, out_dir, &work)
             .await;
+        // Measured before the partial files go: a snapshot that filled the disk says so.
+        let result = result.map_err(|e| RuntimeError(crate::disk::explain_full(e.0, out_dir)));
         let _ = tokio::fs::remove_dir_all(&work).await;
         result
     }
@@ -1068,11 +1070,8 @@ impl Runtime for Qemu {
     }
 
     fn cpu_model(&self) -> String {
-        match self.accel() {
-            Some(Chosen::Kvm) => format!("kvm:{}", host_cpu_model()),
-            Some(Chosen::Tcg) => "tcg:max".to_owned(),
-            None => "unknown".to_owned(),
-        }
+        self.accel()
+            .map_or_else(|| "unknown".to_owned(), cpu_model_of)
     }
 
     async fn adopt(&self) -> Vec<Observed> {
@@ -1136,15 +1135,16 @@ impl Runtime for Qemu {
             .iter()
             .map(|(id, slot)| (id.clone(), slot.clone()))
             .collect();
-        let mut observed = Vec::with_capacity(slots.len());
-        for (id, slot) in slots {
+        // Each guest's QMP round trip at once: a look at many guests costs about one.
+        let mut observed = futures::future::join_all(slots.iter().map(|(id, slot)| async move {
             // A guest busy with an operation (a download, a stop) reports what it last was.
             let state = match slot.live.try_lock() {
-                Ok(mut live) => self.refresh(&slot, &mut live).await,
+                Ok(mut live) => self.refresh(slot, &mut live).await,
                 Err(_) => lock(&slot.last).clone(),
             };
-            observed.push(self.observed(&id, &slot, state));
-        }
+            self.observed(id, slot, state)
+        }))
+        .await;
         observed.sort_by(|a, b| a.id.cmp(&b.id));
         observed
     }
@@ -1486,6 +1486,15 @@ fn host_memory_mib() -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024)
+}
+
+/// The CPU model guests run with under `chosen`, as the agent reports it and as a node should
+/// be registered with (`cpuModel`): a memory snapshot restores only onto a node of its model.
+pub fn cpu_model_of(chosen: Chosen) -> String {
+    match chosen {
+        Chosen::Kvm => format!("kvm:{}", host_cpu_model()),
+        Chosen::Tcg => "tcg:max".to_owned(),
+    }
 }
 
 fn host_cpu_model() -> String {

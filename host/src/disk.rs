@@ -1,0 +1,30 @@
+//! Free space on the host's file systems (the doctor's check, a failed snapshot's reason).
+
+use std::path::Path;
+
+/// The bytes an unprivileged writer may still use on the file system holding `dir`.
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value of it.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string and `stat` a valid out-parameter.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
+    (rc == 0).then(|| stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+/// Below this, a failed write is most likely a full disk: the reason says how much was free.
+pub const NEARLY_FULL: u64 = 64 << 20;
+
+/// `error` with the free space of `dir` added when its file system is nearly full, so a
+/// failure that a full disk caused says so even when the tool that failed did not.
+pub fn explain_full(error: String, dir: &Path) -> String {
+    match free_bytes(dir) {
+        Some(free) if free < NEARLY_FULL => format!(
+            "{error} (the disk is nearly full: {} KiB free in {})",
+            free / 1024,
+            dir.display()
+        ),
+        _ => error,
+    }
+}
