@@ -41,8 +41,8 @@ pub use decide::{decide, decide_all, MAX_IDEMPOTENCY_KEY, MAX_SSH_KEYS};
 pub use event::starting;
 pub use event::{
     AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
-    InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled, Starting,
-    EVENT_TYPES,
+    InstanceEvent, Labeled, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled,
+    Starting, EVENT_TYPES,
 };
 
 /// After this many re-placements away from refusing hosts, the next refusal fails the instance.
@@ -165,6 +165,9 @@ pub struct Instance {
     /// The sandbox volumes it attaches (`InstanceSpec.volumes`); it runs only on their node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::attachment::Attachment>,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
     /// When it was created (the `instance.created` event's time).
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -349,6 +352,7 @@ pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc
             .conditions
             .retain(|c| c.condition_type != d.condition_type),
         InstanceEvent::AddressesChanged(d) => inst.addresses.clone_from(&d.addresses),
+        InstanceEvent::Labeled(d) => inst.labels.clone_from(&d.labels),
         InstanceEvent::Stopping(_)
         | InstanceEvent::Pausing(_)
         | InstanceEvent::Deleting(_)
@@ -401,6 +405,7 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         network_policy: d.network_policy,
         restore_from: d.restore_from.as_deref().cloned(),
         volumes: d.volumes.clone(),
+        labels: d.labels.clone(),
         created_at: at,
         updated_at: at,
         version: 1,

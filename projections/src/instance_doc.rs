@@ -12,6 +12,7 @@ use sqlx::types::Json;
 use vps_domain::attachment::Attachment;
 use vps_domain::condition::Condition;
 use vps_domain::instance::{Instance, PoolKind, Refusal, RestoreFrom};
+use vps_domain::labels::Labels;
 use vps_domain::network_policy::Network;
 use vps_domain::resources::Shape;
 use vps_domain::state_table::{DesiredState, InstanceState};
@@ -53,6 +54,9 @@ pub struct InstanceDoc {
     restore_from: Option<RestoreFrom>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     volumes: Vec<Attachment>,
+    // The `labels` column is generated from this key (a `list` filter's GIN index).
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    labels: Labels,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     version: u64,
@@ -90,6 +94,7 @@ impl From<&Instance> for InstanceDoc {
             network_policy: i.network_policy,
             restore_from: i.restore_from,
             volumes: i.volumes,
+            labels: i.labels,
             created_at: i.created_at,
             updated_at: i.updated_at,
             version: i.version,
@@ -128,6 +133,7 @@ impl From<InstanceDoc> for Instance {
             network_policy: d.network_policy,
             restore_from: d.restore_from,
             volumes: d.volumes,
+            labels: d.labels,
             created_at: d.created_at,
             updated_at: d.updated_at,
             version: d.version,
@@ -221,6 +227,7 @@ mod tests {
                 mount_path: "/data".into(),
                 read_only: false,
             }],
+            labels: Default::default(),
             created_at: at(0),
             updated_at: at(3),
             version: 7,

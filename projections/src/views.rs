@@ -52,6 +52,8 @@ pub struct InstanceView {
     /// When a sandbox claimed it from a warm pool.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub claimed_at: Option<DateTime<Utc>>,
+    /// Its labels.
+    pub labels: vps_domain::labels::Labels,
     /// When it was created.
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -82,6 +84,7 @@ impl From<&Instance> for InstanceView {
             sandbox_id: i.sandbox_id.clone(),
             warm_template_id: i.warm_template_id.clone(),
             claimed_at: i.claimed_at,
+            labels: i.labels.clone(),
             created_at: i.created_at,
             updated_at: i.updated_at,
             version: i.version,

@@ -45,6 +45,7 @@ pub fn instance(kind: PoolKind, state: InstanceState, desired: DesiredState) -> 
         network_policy: None,
         restore_from: None,
         volumes: Vec::new(),
+        labels: Default::default(),
         claimed_at: None,
         created_at: now() - chrono::TimeDelta::hours(1),
         updated_at: now() - chrono::TimeDelta::minutes(1),

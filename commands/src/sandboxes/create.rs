@@ -153,6 +153,7 @@ async fn create_in(
         gpus: shape.gpu_count(),
         disk_gib: shape.disk_gib,
         from_snapshot: c.from_snapshot.clone(),
+        labels: c.labels.clone(),
     };
     policy(&c.id, &draft)?;
     // A restore boots its snapshot: it never claims a warm instance.

@@ -99,6 +99,8 @@ pub enum InstanceCommand {
     Recover(Observed),
     /// Teardown finished (complete host report without it, provider delete done).
     Release,
+    /// `instances.setLabels`: the labels replace the instance's.
+    SetLabels(crate::labels::Labels),
 }
 
 /// Everything an admitted create needs, already validated and resolved by the caller.
@@ -144,6 +146,8 @@ pub struct CreateInstance {
     pub restore_from: Option<super::RestoreFrom>,
     /// A sandbox's volumes, from its template.
     pub volumes: Vec<crate::attachment::Attachment>,
+    /// Its labels.
+    pub labels: crate::labels::Labels,
 }
 
 /// A placement the caller made (node chosen, allocation booked, address leased).

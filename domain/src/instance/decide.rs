@@ -18,7 +18,7 @@ use super::command::{
 use super::event::{starting, Starting};
 use super::event::{
     AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
-    InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled,
+    InstanceEvent, Labeled, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled,
 };
 use super::{apply, Instance, PoolKind, MAX_EXHAUSTED_REPLACEMENTS};
 
@@ -91,6 +91,7 @@ pub fn decide(
         InstanceCommand::Lose => lose(&mut d)?,
         InstanceCommand::Recover(o) => recover(&mut d, *o)?,
         InstanceCommand::Release => release(&mut d)?,
+        InstanceCommand::SetLabels(labels) => set_labels(&mut d, labels)?,
     }
     Ok(d.events)
 }
@@ -314,7 +315,19 @@ fn create_instance(
         network_policy: c.network_policy,
         restore_from: c.restore_from.clone().map(Box::new),
         volumes: c.volumes.clone(),
+        labels: c.labels.clone(),
     })])
+}
+
+/// `instances.setLabels`: the labels replace the instance's; the same labels decide nothing.
+fn set_labels(d: &mut Draft, labels: &crate::labels::Labels) -> Result<(), DomainError> {
+    crate::labels::check("labels", labels)?;
+    refuse_if_deleted(d)?;
+    if d.inst.labels == *labels {
+        return Ok(());
+    }
+    let labels = labels.clone();
+    d.emit_same(|common| InstanceEvent::Labeled(Labeled { common, labels }))
 }
 
 fn place(d: &mut Draft, p: &PlaceInstance) -> Result<(), DomainError> {
@@ -780,6 +793,7 @@ pub(super) fn check_create_request(c: &CreateInstance) -> Result<(), DomainError
             return Err(DomainError::invalid_input(field, "must not be empty"));
         }
     }
+    crate::labels::check("labels", &c.labels)?;
     if c.idempotency_key.len() > MAX_IDEMPOTENCY_KEY {
         return Err(DomainError::invalid_input(
             "idempotencyKey",

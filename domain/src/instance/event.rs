@@ -76,6 +76,20 @@ pub struct Created {
     /// The sandbox volumes it attaches (from its template).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::attachment::Attachment>,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
+}
+
+/// `instance.labeled`: the instance's labels now (they replace the earlier ones).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Labeled {
+    /// State and ownership.
+    #[serde(flatten)]
+    pub common: Common,
+    /// The labels.
+    pub labels: crate::labels::Labels,
 }
 
 /// `instance.starting`: `start` was called, the state moved to `starting`, or a sandbox
@@ -311,6 +325,9 @@ pub enum InstanceEvent {
     /// `instance.addresses.changed`.
     #[serde(rename = "instance.addresses.changed")]
     AddressesChanged(AddressesChanged),
+    /// `instance.labeled` (`labels`).
+    #[serde(rename = "instance.labeled")]
+    Labeled(Labeled),
 }
 
 /// Every wire type an [`InstanceEvent`] can have.
@@ -334,6 +351,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "instance.condition.set",
     "instance.condition.cleared",
     "instance.addresses.changed",
+    "instance.labeled",
 ];
 
 impl InstanceEvent {
@@ -359,6 +377,7 @@ impl InstanceEvent {
             InstanceEvent::ConditionSet(_) => "instance.condition.set",
             InstanceEvent::ConditionCleared(_) => "instance.condition.cleared",
             InstanceEvent::AddressesChanged(_) => "instance.addresses.changed",
+            InstanceEvent::Labeled(_) => "instance.labeled",
         }
     }
 
@@ -377,6 +396,7 @@ impl InstanceEvent {
             InstanceEvent::ConditionSet(d) => &d.common,
             InstanceEvent::ConditionCleared(d) => &d.common,
             InstanceEvent::AddressesChanged(d) => &d.common,
+            InstanceEvent::Labeled(d) => &d.common,
             InstanceEvent::Stopping(c)
             | InstanceEvent::Pausing(c)
             | InstanceEvent::Running(c)

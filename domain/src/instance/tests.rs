@@ -157,6 +157,7 @@ fn create_in(kind: PoolKind) -> CreateInstance {
         network_policy: None,
         restore_from: None,
         volumes: Vec::new(),
+        labels: Default::default(),
     }
 }
 
@@ -1121,6 +1122,7 @@ fn admission_asks_the_policy_about_the_draft_and_a_refusal_admits_nothing() {
         image_id: "ubuntu-24.04".into(),
         image_verified: true,
         project_id: Some("proj_1".into()),
+        labels: Default::default(),
     };
     assert_eq!(seen, vec![(id, draft)]);
 }

@@ -14,6 +14,7 @@ mod hosts;
 mod identities;
 mod instances;
 mod isolation;
+mod labels;
 mod lease_property;
 mod lifecycle;
 mod mcp;
