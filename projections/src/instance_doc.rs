@@ -57,6 +57,11 @@ pub struct InstanceDoc {
     // The `labels` column is generated from this key (a `list` filter's GIN index).
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     labels: Labels,
+    // Deadlines read `stateSince` in SQL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state_since: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    desired_since: Option<DateTime<Utc>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     version: u64,
@@ -95,6 +100,8 @@ impl From<&Instance> for InstanceDoc {
             restore_from: i.restore_from,
             volumes: i.volumes,
             labels: i.labels,
+            state_since: i.state_since,
+            desired_since: i.desired_since,
             created_at: i.created_at,
             updated_at: i.updated_at,
             version: i.version,
@@ -134,6 +141,8 @@ impl From<InstanceDoc> for Instance {
             restore_from: d.restore_from,
             volumes: d.volumes,
             labels: d.labels,
+            state_since: d.state_since,
+            desired_since: d.desired_since,
             created_at: d.created_at,
             updated_at: d.updated_at,
             version: d.version,
@@ -228,6 +237,8 @@ mod tests {
                 read_only: false,
             }],
             labels: Default::default(),
+            state_since: None,
+            desired_since: None,
             created_at: at(0),
             updated_at: at(3),
             version: 7,

@@ -46,6 +46,8 @@ pub fn instance(kind: PoolKind, state: InstanceState, desired: DesiredState) -> 
         restore_from: None,
         volumes: Vec::new(),
         labels: Default::default(),
+        state_since: None,
+        desired_since: None,
         claimed_at: None,
         created_at: now() - chrono::TimeDelta::hours(1),
         updated_at: now() - chrono::TimeDelta::minutes(1),

@@ -92,6 +92,10 @@ pub fn decide(
         InstanceCommand::Recover(o) => recover(&mut d, *o)?,
         InstanceCommand::Release => release(&mut d)?,
         InstanceCommand::SetLabels(labels) => set_labels(&mut d, labels)?,
+        InstanceCommand::PastDeadline { state } => past_deadline(&mut d, state)?,
+        InstanceCommand::ForceDelete { requester, reason } => {
+            force_delete(&mut d, *requester, reason)?
+        }
     }
     Ok(d.events)
 }
@@ -470,6 +474,46 @@ fn delete(d: &mut Draft, requester: Requester, reason: &Option<String>) -> Resul
         release(d)?;
     }
     Ok(())
+}
+
+fn past_deadline(d: &mut Draft, state: &str) -> Result<(), DomainError> {
+    if d.inst.transitional().map(|(s, _)| s) != Some(state) {
+        return Ok(());
+    }
+    let reason = format!("deadline:{state}");
+    if d.inst.state != InstanceState::Deleting {
+        let to = transition(d.inst.state, Verb::Fail)?;
+        let desired = d.inst.desired_state;
+        let node_id = d.inst.node_id.clone();
+        let message = format!("it stood in {state} past its deadline");
+        d.emit(to, desired, |common| {
+            InstanceEvent::Failed(Failed {
+                common,
+                reason: reason.clone(),
+                message: Some(message),
+                node_id,
+            })
+        })?;
+    }
+    force_delete(d, Requester::System, &reason)
+}
+
+fn force_delete(d: &mut Draft, requester: Requester, reason: &str) -> Result<(), DomainError> {
+    d.refuse_if_owned(requester)?;
+    if d.inst.pool_kind == PoolKind::Provider {
+        // Its machine is deleted at the provider first; nothing may leak there.
+        return delete(d, requester, &Some(reason.to_string()));
+    }
+    let to = match d.inst.state {
+        InstanceState::Deleted => return Ok(()),
+        InstanceState::Deleting => InstanceState::Deleting,
+        from => transition(from, Verb::Delete)?,
+    };
+    let reason = Some(reason.to_string());
+    d.emit(to, DesiredState::Deleted, |common| {
+        InstanceEvent::Deleting(Deleting { common, reason })
+    })?;
+    release(d)
 }
 
 fn resize(d: &mut Draft, r: &ResizeInstance) -> Result<(), DomainError> {

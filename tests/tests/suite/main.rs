@@ -6,6 +6,7 @@ mod api_registry;
 mod churn;
 mod cli;
 mod console;
+mod deadlines;
 mod doctor;
 mod events;
 mod exec;
