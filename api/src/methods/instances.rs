@@ -58,6 +58,19 @@ pub struct InstanceRef {
     instance_id: InstanceId,
 }
 
+/// `instances.delete`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeleteBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `inst_…`.
+    instance_id: InstanceId,
+    /// Delete at once without waiting for the host: everything is released now, and a host
+    /// that still holds the instance is told to let it go.
+    force: Option<bool>,
+}
+
 /// `instances.get`.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -165,8 +178,18 @@ pub fn methods() -> Vec<Method> {
             "instances",
             "delete",
             Tenant,
-            "Deletes the instance.",
-            |c: Call, q: InstanceRef| change(c, q, Change::Delete),
+            "Deletes the instance (`force`: at once, without waiting for the host).",
+            |c: Call, q: DeleteBody| {
+                let how = match q.force {
+                    Some(true) => Change::ForceDelete,
+                    _ => Change::Delete,
+                };
+                let r = InstanceRef {
+                    tenant_id: q.tenant_id,
+                    instance_id: q.instance_id,
+                };
+                change(c, r, how)
+            },
         ),
         Method::new(
             "instances",

@@ -258,6 +258,9 @@ pub enum Change {
     Stop,
     /// Desired deleted.
     Delete,
+    /// Deleted at once, without waiting for the host (`delete { force: true }`): everything
+    /// released; a host that still holds it gets it back as an orphan.
+    ForceDelete,
     /// Desired deleted by the control plane (tenant teardown), sandbox and warm instances
     /// too; `instance.deleting` carries the reason.
     DeleteBecause(String),
@@ -348,6 +351,13 @@ async fn change_in(
             let delete = InstanceCommand::Delete {
                 requester,
                 reason: None,
+            };
+            domain::decide(Some(&instance), &delete, now)?
+        }
+        Change::ForceDelete => {
+            let delete = InstanceCommand::ForceDelete {
+                requester,
+                reason: "force".into(),
             };
             domain::decide(Some(&instance), &delete, now)?
         }

@@ -70,6 +70,26 @@ pub async fn delete(ctx: &Ctx, tenant_id: &str, sandbox_id: &str) -> Result<Sand
     .await
 }
 
+/// Deletes a sandbox at once (`delete { force: true }`): `deleting`, and its instance is
+/// released without waiting for the host (`instance.deleting` with `reason: force`, then
+/// `instance.deleted`), so the sandbox is `deleted` in the same transaction. A deleting
+/// sandbox is finished the same way; a deleted one changes nothing.
+pub async fn force_delete(
+    ctx: &Ctx,
+    tenant_id: &str,
+    sandbox_id: &str,
+) -> Result<Sandbox, CommandError> {
+    transaction(ctx, sandbox_id, async |tx| {
+        let s = super::visible(tx, tenant_id, sandbox_id).await?;
+        if s.state == SandboxState::Deleted {
+            return Ok(s);
+        }
+        force_end(ctx, tx, &s, "force").await?;
+        load_existing::<Sandbox>(tx, sandbox_id).await
+    })
+    .await
+}
+
 /// Ends a sandbox that stood in `deleting` past `deadline` at `now` like a force delete
 /// (its instance's deletion carrying `reason: deadline:deleting`). Skips a sandbox another
 /// worker holds. Whether it ended one.

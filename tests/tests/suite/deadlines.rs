@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use vps_emulators::host::HostHandle;
-use vps_tests::{acme_instance, quota, TestServer, ALICE, OPERATOR, PATIENCE, SSH_KEY};
+use vps_tests::{
+    acme_instance, acme_sandbox, eventually, quota, TestServer, ALICE, EVE, OPERATOR, PATIENCE,
+    SSH_KEY,
+};
 
 const BOOT: Duration = Duration::from_millis(50);
 
@@ -150,5 +153,103 @@ async fn an_instance_stuck_deleting_on_a_silent_host_is_released_at_its_deadline
         "deadline:deleting"
     );
     assert_eq!(held(&t, &pool).await, empty);
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test]
+async fn a_force_delete_on_a_silent_host_releases_everything_at_once_and_the_host_lets_it_go() {
+    let t = server(|_| {}).await;
+    let (pool, host) = pool_with_host(&t).await;
+    let empty = held(&t, &pool).await;
+    let id = running(&t, &pool, "forced").await;
+    assert!(host.domains().contains_key(&id));
+    host.set_reporting(false);
+    // Another tenant cannot force it.
+    let body = json!({ "tenantId": "globex", "instanceId": id, "force": true });
+    assert_eq!(
+        t.err(EVE, "instances.delete", body).await.body["code"],
+        "NOT_FOUND"
+    );
+    let body = json!({ "tenantId": "acme", "instanceId": id, "force": true });
+    let gone = t.ok(ALICE, "instances.delete", body.clone()).await;
+    assert_eq!(
+        gone["state"], "deleted",
+        "at once, without the host: {gone}"
+    );
+    assert_eq!(held(&t, &pool).await, empty);
+    let events = history(&t, &id).await;
+    assert_eq!(
+        find(&events, "instance.deleting")["data"]["reason"],
+        "force"
+    );
+    // Again: nothing more happens.
+    let again = t.ok(ALICE, "instances.delete", body).await;
+    assert_eq!(again["version"], gone["version"]);
+    // The host comes back still holding it: it is told to let it go.
+    assert!(
+        host.domains().contains_key(&id),
+        "the silent host still holds it"
+    );
+    host.set_reporting(true);
+    eventually("the host lets the instance go", PATIENCE, || async {
+        if host.domains().contains_key(&id) {
+            Err(host.last_orphans())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = t.ok(ALICE, "instances.get", acme_instance(&id)).await;
+    assert_eq!(after["state"], "deleted");
+    assert_eq!(
+        after["version"], gone["version"],
+        "the host's return changes nothing"
+    );
+    assert_eq!(held(&t, &pool).await, empty);
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test]
+async fn a_force_delete_of_a_sandbox_on_a_silent_host_ends_it_at_once() {
+    let t = server(|_| {}).await;
+    let (pool, host) = pool_with_host(&t).await;
+    let empty = held(&t, &pool).await;
+    let tpl = t.sandbox_template(&pool, "t", json!({})).await;
+    let s = t.ready_sandbox(&tpl["id"], "s", json!({})).await;
+    let id = s["id"].as_str().unwrap();
+    let instance = s["instanceId"].as_str().unwrap().to_string();
+    host.set_reporting(false);
+    let body = json!({ "tenantId": "globex", "sandboxId": id, "force": true });
+    assert_eq!(
+        t.err(EVE, "sandboxes.delete", body).await.body["code"],
+        "NOT_FOUND"
+    );
+    let mut body = acme_sandbox(id);
+    body["force"] = json!(true);
+    let gone = t.ok(ALICE, "sandboxes.delete", body).await;
+    assert_eq!(gone["state"], "deleted", "{gone}");
+    let inst = t
+        .ok(OPERATOR, "instances.get", acme_instance(&instance))
+        .await;
+    assert_eq!(inst["state"], "deleted", "{inst}");
+    assert_eq!(held(&t, &pool).await, empty);
+    host.set_reporting(true);
+    eventually(
+        "the host lets the sandbox's instance go",
+        PATIENCE,
+        || async {
+            if host.domains().contains_key(&instance) {
+                Err(())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        t.ok(ALICE, "sandboxes.get", acme_sandbox(id)).await["state"],
+        "deleted"
+    );
     assert!(t.replay_equal().await);
 }
