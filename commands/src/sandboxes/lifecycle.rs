@@ -241,7 +241,18 @@ pub async fn set_labels(
     transaction(ctx, sandbox_id, async |tx| {
         let s = super::visible(tx, tenant_id, sandbox_id).await?;
         let events = domain::set_labels(&s, labels.clone())?;
-        record_existing(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await
+        if events.is_empty() {
+            return Ok(s);
+        }
+        // The instance's row first, as everywhere; it carries its sandbox's labels, so its
+        // usage records do.
+        let instance = lock_instance(tx, &s.instance_id).await?;
+        let after = record_existing(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await?;
+        if let Some(inst) = instance {
+            let label = InstanceCommand::SetLabels(labels.clone());
+            apply_commands(ctx, tx, &inst, &[label], ctx.clock.now()).await?;
+        }
+        Ok(after)
     })
     .await
 }

@@ -298,6 +298,21 @@ async fn usage_records_carry_labels_and_usage_groups_by_a_label_key() {
         t.until(ALICE, "acme", id, PATIENCE, |i| i["state"] == "running")
             .await;
     }
+    // A sandbox's instance carries the sandbox's labels, and follows a setLabels.
+    let tpl = t.sandbox_template(&pool, "t", json!({})).await;
+    let s = t
+        .ready_sandbox(
+            &tpl["id"],
+            "s",
+            json!({ "labels": { "team": "sbx", "x": "1" } }),
+        )
+        .await;
+    let body = json!({ "tenantId": "acme", "sandboxId": s["id"], "labels": { "team": "sbx" } });
+    t.ok(ALICE, "sandboxes.setLabels", body).await;
+    let inst = t
+        .ok(OPERATOR, "instances.get", acme_instance(&s["instanceId"]))
+        .await;
+    assert_eq!(inst["labels"], json!({ "team": "sbx" }), "{inst}");
     let groups = || async {
         t.ok(
             ALICE,
@@ -316,7 +331,7 @@ async fn usage_records_carry_labels_and_usage_groups_by_a_label_key() {
             .iter()
             .map(|g| g["value"].clone())
             .collect();
-        if values == [json!("ml"), json!("web"), Value::Null] {
+        if values == [json!("ml"), json!("sbx"), json!("web"), Value::Null] {
             Ok(answer)
         } else {
             Err(answer)
