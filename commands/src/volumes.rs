@@ -40,6 +40,9 @@ pub struct CreateVolumeInput {
     pub size_gib: u32,
     /// Makes the create idempotent (the id derives from it).
     pub idempotency_key: String,
+    /// Its labels: at most 32, Kubernetes label syntax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<vps_domain::labels::Labels>,
 }
 
 /// What a create decided.
@@ -79,6 +82,7 @@ pub async fn create(ctx: &Ctx, input: CreateVolumeInput) -> Result<Created, Comm
         request_hash: crate::record::request_hash(&input),
         owner_identity_id: ctx.actor.identity.clone(),
         allocation_id: String::new(),
+        labels: input.labels.clone().unwrap_or_default(),
     };
     transaction(ctx, &id, async |tx| {
         let c = CreateVolume {
@@ -188,6 +192,22 @@ async fn resize_in(
     let after = record_existing(ctx, tx, volume_id, Some(v), events, Some(tenant_id)).await?;
     facts::confirm_quota(tx, &v.pool_id, &v.tenant_id, &growth).await?;
     Ok(after)
+}
+
+/// Replaces a volume's labels (`sandbox.volume.labeled`); the same labels change nothing.
+pub async fn set_labels(
+    ctx: &Ctx,
+    tenant_id: &str,
+    volume_id: &str,
+    labels: vps_domain::labels::Labels,
+) -> Result<Volume, CommandError> {
+    transaction(ctx, volume_id, async |tx| {
+        let before = load::<Volume>(tx, volume_id).await?;
+        let v = domain::visible(before.as_ref(), tenant_id, volume_id)?;
+        let events = domain::set_labels(v, labels.clone())?;
+        record_existing(ctx, tx, volume_id, Some(v), events, Some(tenant_id)).await
+    })
+    .await
 }
 
 /// Deletes a volume: `deleting` at once (it leaves its node's spec); the booking and quota are

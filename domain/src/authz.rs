@@ -27,7 +27,9 @@ use crate::DomainError;
 /// Every entity type and the attributes policies can test, in Cedar schema syntax. `tenant`
 /// is the tenant a resource belongs to (absent for the fleet's own resources: pools, nodes,
 /// flavors, public images, provider accounts). Attributes a handler supplies (the draft's
-/// shape) are required, so policies test them without `has`.
+/// shape) are required, so policies test them without `has`. Instances, sandboxes, templates
+/// and volumes carry their labels as Cedar tags: `resource.hasTag("team") &&
+/// resource.getTag("team") == "ml"` (a record of arbitrary keys cannot pass strict validation).
 pub const ENTITY_TYPES: &str = r#"
 entity Identity = { operator: Bool, tenant?: String };
 entity Node;
@@ -35,14 +37,14 @@ entity Tenant = { tenant?: String };
 entity Instance = {
   tenant?: String, vcpu: Long, memoryGiB: Long, gpus: Long, diskGiB: Long,
   imageId: String, imageVerified: Bool, projectId?: String
-};
+} tags String;
 entity Sandbox = {
   tenant?: String, templateId: String, ttlSeconds: Long, warm: Bool,
   vcpu: Long, memoryGiB: Long, gpus: Long, diskGiB: Long, fromSnapshot?: String
-};
-entity Template = { tenant?: String };
+} tags String;
+entity Template = { tenant?: String } tags String;
 entity Snapshot = { tenant?: String };
-entity Volume = { tenant?: String, sizeGiB: Long };
+entity Volume = { tenant?: String, sizeGiB: Long } tags String;
 entity Pool = { tenant?: String };
 entity Flavor = { tenant?: String };
 entity Image = { tenant?: String };
@@ -282,6 +284,8 @@ pub struct Resource {
     pub tenant: Option<String>,
     /// Further attributes.
     pub attrs: Vec<(&'static str, Attr)>,
+    /// Its labels, as Cedar tags (only the labeled kinds declare tags).
+    pub labels: crate::labels::Labels,
 }
 
 /// An instance being created, as `compute:instances:create` sees it.
@@ -301,6 +305,8 @@ pub struct InstanceDraft {
     pub image_verified: bool,
     /// The project, when given.
     pub project_id: Option<String>,
+    /// Its labels (the create's, or the instance's).
+    pub labels: crate::labels::Labels,
 }
 
 /// A sandbox being created or extended, as `compute:sandboxes:create|update` sees it.
@@ -322,6 +328,8 @@ pub struct SandboxDraft {
     pub disk_gib: u32,
     /// The snapshot it restores, when any.
     pub from_snapshot: Option<String>,
+    /// Its labels.
+    pub labels: crate::labels::Labels,
 }
 
 impl Resource {
@@ -332,7 +340,14 @@ impl Resource {
             id: id.into(),
             tenant,
             attrs: Vec::new(),
+            labels: crate::labels::Labels::new(),
         }
+    }
+
+    /// Sets its labels (Cedar tags).
+    pub fn labeled(mut self, labels: &crate::labels::Labels) -> Resource {
+        self.labels.clone_from(labels);
+        self
     }
 
     /// Adds an attribute.
@@ -349,7 +364,8 @@ impl Resource {
             .with("gpus", Attr::Long(d.gpus.into()))
             .with("diskGiB", Attr::Long(d.disk_gib.into()))
             .with("imageId", Attr::Text(d.image_id.clone()))
-            .with("imageVerified", Attr::Bool(d.image_verified));
+            .with("imageVerified", Attr::Bool(d.image_verified))
+            .labeled(&d.labels);
         match &d.project_id {
             Some(p) => r.with("projectId", Attr::Text(p.clone())),
             None => r,
@@ -365,7 +381,8 @@ impl Resource {
             .with("vcpu", Attr::Long(d.vcpu.into()))
             .with("memoryGiB", Attr::Long(d.memory_gib.into()))
             .with("gpus", Attr::Long(d.gpus.into()))
-            .with("diskGiB", Attr::Long(d.disk_gib.into()));
+            .with("diskGiB", Attr::Long(d.disk_gib.into()))
+            .labeled(&d.labels);
         match &d.from_snapshot {
             Some(s) => r.with("fromSnapshot", Attr::Text(s.clone())),
             None => r,
@@ -720,7 +737,11 @@ fn resource_entity(uid: EntityUid, resource: &Resource) -> Result<Entity, String
         };
         attrs.insert(name.to_string(), value);
     }
-    Entity::new(uid, attrs, HashSet::new()).map_err(|e| e.to_string())
+    let tags = resource
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), RestrictedExpression::new_string(v.clone())));
+    Entity::new_with_tags(uid, attrs, HashSet::new(), tags).map_err(|e| e.to_string())
 }
 
 mod combine;

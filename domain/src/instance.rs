@@ -41,8 +41,8 @@ pub use decide::{decide, decide_all, MAX_IDEMPOTENCY_KEY, MAX_SSH_KEYS};
 pub use event::starting;
 pub use event::{
     AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
-    InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled, Starting,
-    EVENT_TYPES,
+    InstanceEvent, Labeled, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled,
+    Starting, EVENT_TYPES,
 };
 
 /// After this many re-placements away from refusing hosts, the next refusal fails the instance.
@@ -169,6 +169,15 @@ pub struct Instance {
     /// The sandbox volumes it attaches (`InstanceSpec.volumes`); it runs only on their node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::attachment::Attachment>,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
+    /// When it entered its current state (`None`: at creation); deadlines count from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_since: Option<DateTime<Utc>>,
+    /// When its desired state last changed (`None`: at creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_since: Option<DateTime<Utc>>,
     /// When it was created (the `instance.created` event's time).
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -263,6 +272,30 @@ impl Instance {
         self.volumes.first().map(|a| a.node_id.as_str())
     }
 
+    /// When it entered its current state.
+    pub fn in_state_since(&self) -> DateTime<Utc> {
+        self.state_since.unwrap_or(self.created_at)
+    }
+
+    /// The transitional state a deadline applies to, and since when it stands: `provisioning`,
+    /// `starting`, `resizing`, `deleting`, and `stopping` (running or paused, wanted
+    /// stopped). `None` for a settled instance.
+    pub fn transitional(&self) -> Option<(&'static str, DateTime<Utc>)> {
+        let since = self.in_state_since();
+        Some(match self.state {
+            InstanceState::Provisioning => ("provisioning", since),
+            InstanceState::Starting => ("starting", since),
+            InstanceState::Resizing => ("resizing", since),
+            InstanceState::Deleting => ("deleting", since),
+            InstanceState::Running | InstanceState::Paused
+                if self.desired_state == DesiredState::Stopped =>
+            {
+                ("stopping", since.max(self.desired_since.unwrap_or(since)))
+            }
+            _ => return None,
+        })
+    }
+
     /// Whether `instances.list` hides it (warm instances are hidden).
     pub fn is_warm(&self) -> bool {
         self.warm_template_id.is_some()
@@ -296,6 +329,12 @@ pub fn evolve(
 /// counting the version).
 pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc>) {
     let common = event.common();
+    if inst.state != common.state {
+        inst.state_since = Some(at);
+    }
+    if inst.desired_state != common.desired_state {
+        inst.desired_since = Some(at);
+    }
     inst.state = common.state;
     inst.desired_state = common.desired_state;
     inst.sandbox_id.clone_from(&common.sandbox_id);
@@ -359,6 +398,7 @@ pub(crate) fn apply(inst: &mut Instance, event: &InstanceEvent, at: DateTime<Utc
             .conditions
             .retain(|c| c.condition_type != d.condition_type),
         InstanceEvent::AddressesChanged(d) => inst.addresses.clone_from(&d.addresses),
+        InstanceEvent::Labeled(d) => inst.labels.clone_from(&d.labels),
         InstanceEvent::Stopping(_)
         | InstanceEvent::Pausing(_)
         | InstanceEvent::Deleting(_)
@@ -412,6 +452,9 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         network_policy: d.network_policy,
         restore_from: d.restore_from.as_deref().cloned(),
         volumes: d.volumes.clone(),
+        labels: d.labels.clone(),
+        state_since: None,
+        desired_since: None,
         created_at: at,
         updated_at: at,
         version: 1,

@@ -304,6 +304,7 @@ impl Sandbox {
             gpus: shape.and_then(|x| x.gpus.as_ref()).map_or(0, |g| g.count),
             disk_gib: shape.map_or(0, |x| x.disk_gib),
             from_snapshot: None,
+            labels: self.labels.clone(),
         }
     }
 

@@ -25,7 +25,7 @@ use crate::placement::{check_resize_in_place, fitting, NodeCandidate, PlacementR
 use crate::quota::{check, Amounts, Delta};
 use crate::resources::{Capacity, QuotaResource, Shape};
 
-pub use event::{VolumeCreated, VolumeEvent, VolumeIds, VolumeResized, VolumeSized};
+pub use event::{VolumeCreated, VolumeEvent, VolumeIds, VolumeLabeled, VolumeResized, VolumeSized};
 pub use mounts::{
     attach, check_mount_paths, resolve, Attachment, TemplateVolume, VolumeMount, MAX_MOUNTS,
     SYSTEM_PATHS, SYSTEM_TREES,
@@ -132,6 +132,9 @@ pub struct Volume {
     /// When it was released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deleted_at: Option<DateTime<Utc>>,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
     /// Events folded.
     pub version: u64,
 }
@@ -184,6 +187,7 @@ impl Aggregate for Volume {
         match event {
             VolumeEvent::Created(_) => {}
             VolumeEvent::Resized(r) => self.size_gib = r.size_gib,
+            VolumeEvent::Labeled(l) => self.labels.clone_from(&l.labels),
             VolumeEvent::Deleting(_) => self.state = VolumeState::Deleting,
             VolumeEvent::Deleted(_) => {
                 self.state = VolumeState::Deleted;
@@ -220,6 +224,7 @@ fn from_created(c: &VolumeCreated, at: DateTime<Utc>) -> Volume {
         created_at: at,
         updated_at: at,
         deleted_at: None,
+        labels: c.labels.clone(),
         version: 1,
     }
 }
@@ -245,6 +250,8 @@ pub struct CreateVolume {
     pub owner_identity_id: String,
     /// The allocation the booking gets.
     pub allocation_id: String,
+    /// Its labels.
+    pub labels: crate::labels::Labels,
 }
 
 /// What a create reads before it decides.
@@ -284,6 +291,7 @@ pub fn replay(existing: &Volume, c: &CreateVolume) -> Result<Volume, DomainError
 pub fn admit(c: &CreateVolume, facts: &VolumeFacts) -> Result<VolumeCreated, DomainError> {
     check_key(c)?;
     crate::operator::check_name("name", &c.name)?;
+    crate::labels::check("labels", &c.labels)?;
     check_size(c.size_gib)?;
     let pool = facts.pool.as_ref().ok_or_else(|| DomainError::NotFound {
         what: format!("pool {}", c.pool_id),
@@ -317,7 +325,31 @@ pub fn admit(c: &CreateVolume, facts: &VolumeFacts) -> Result<VolumeCreated, Dom
         owner_identity_id: c.owner_identity_id.clone(),
         idempotency_key: c.idempotency_key.clone(),
         request_hash: c.request_hash.clone(),
+        labels: c.labels.clone(),
     })
+}
+
+/// Decides `sandboxVolumes.setLabels`: the labels replace the volume's
+/// (`sandbox.volume.labeled`); the same labels decide nothing. A deleted volume is
+/// `INVALID_STATE`.
+pub fn set_labels(
+    v: &Volume,
+    labels: crate::labels::Labels,
+) -> Result<Vec<VolumeEvent>, DomainError> {
+    crate::labels::check("labels", &labels)?;
+    if v.state == VolumeState::Deleted {
+        return Err(DomainError::invalid_state(format!(
+            "volume {} is deleted",
+            v.id
+        )));
+    }
+    if v.labels == labels {
+        return Ok(Vec::new());
+    }
+    Ok(vec![VolumeEvent::Labeled(VolumeLabeled {
+        ids: v.ids(),
+        labels,
+    })])
 }
 
 fn check_key(c: &CreateVolume) -> Result<(), DomainError> {

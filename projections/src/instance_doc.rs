@@ -12,6 +12,7 @@ use sqlx::types::Json;
 use vps_domain::attachment::Attachment;
 use vps_domain::condition::Condition;
 use vps_domain::instance::{Instance, PoolKind, Refusal, RestoreFrom};
+use vps_domain::labels::Labels;
 use vps_domain::network_policy::Network;
 use vps_domain::resources::Shape;
 use vps_domain::state_table::{DesiredState, InstanceState};
@@ -55,6 +56,14 @@ pub struct InstanceDoc {
     restore_from: Option<RestoreFrom>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     volumes: Vec<Attachment>,
+    // The `labels` column is generated from this key (a `list` filter's GIN index).
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    labels: Labels,
+    // Deadlines read `stateSince` in SQL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state_since: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    desired_since: Option<DateTime<Utc>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     version: u64,
@@ -93,6 +102,9 @@ impl From<&Instance> for InstanceDoc {
             network_policy: i.network_policy,
             restore_from: i.restore_from,
             volumes: i.volumes,
+            labels: i.labels,
+            state_since: i.state_since,
+            desired_since: i.desired_since,
             created_at: i.created_at,
             updated_at: i.updated_at,
             version: i.version,
@@ -132,6 +144,9 @@ impl From<InstanceDoc> for Instance {
             network_policy: d.network_policy,
             restore_from: d.restore_from,
             volumes: d.volumes,
+            labels: d.labels,
+            state_since: d.state_since,
+            desired_since: d.desired_since,
             created_at: d.created_at,
             updated_at: d.updated_at,
             version: d.version,
@@ -226,6 +241,9 @@ mod tests {
                 mount_path: "/data".into(),
                 read_only: false,
             }],
+            labels: Default::default(),
+            state_since: None,
+            desired_since: None,
             created_at: at(0),
             updated_at: at(3),
             version: 7,

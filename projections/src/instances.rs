@@ -140,6 +140,8 @@ pub struct InstanceFilter {
     pub pool_id: Option<String>,
     /// Only older than this (created at, id): the previous page's last item.
     pub before: Option<(chrono::DateTime<chrono::Utc>, String)>,
+    /// Only those carrying every one of these labels.
+    pub labels: vps_domain::labels::Labels,
 }
 
 /// Up to `limit` instances matching `filter`, newest first.
@@ -155,6 +157,7 @@ pub async fn page<'e>(
             AND ($3::text IS NULL OR state = $3)
             AND ($4::text IS NULL OR pool_id = $4)
             AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6))
+            AND labels @> $8
           ORDER BY created_at DESC, id DESC
           LIMIT $7",
     )
@@ -165,6 +168,7 @@ pub async fn page<'e>(
     .bind(filter.before.as_ref().map(|b| b.0))
     .bind(filter.before.as_ref().map(|b| b.1.as_str()))
     .bind(limit)
+    .bind(Json(&filter.labels))
     .fetch_all(db)
     .await?;
     Ok(rows.into_iter().map(instance_doc::instance).collect())

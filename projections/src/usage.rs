@@ -63,10 +63,10 @@ async fn insert_records(
     let column = |f: fn(&UsageRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<_>>();
     sqlx::query_scalar(
         "INSERT INTO usage_records (id, tenant_id, meter, resource_id, pool_id, identity_id, unit,
-                                    quantity, window_start, window_end)
+                                    quantity, window_start, window_end, labels)
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                               $6::text[], $7::text[], $8::numeric[], $9::timestamptz[],
-                              $10::timestamptz[])
+                              $10::timestamptz[], $11::jsonb[])
          ON CONFLICT DO NOTHING
          RETURNING id",
     )
@@ -85,6 +85,12 @@ async fn insert_records(
     .bind(records.iter().map(|r| r.quantity).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.window_start).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.window_end).collect::<Vec<_>>())
+    .bind(
+        records
+            .iter()
+            .map(|r| sqlx::types::Json(&r.labels))
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(conn)
     .await
     .map(HashSet::from_iter)
@@ -186,6 +192,27 @@ pub struct UsageItem {
     pub resource_id: String,
     /// Its pool.
     pub pool_id: String,
+    /// The resource's labels while it accrued this.
+    #[sqlx(json)]
+    pub labels: vps_domain::labels::Labels,
+}
+
+/// Usage summed per value of one label key (cost per label), meter and unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageGroup {
+    /// The label key grouped by.
+    pub label: String,
+    /// Its value; absent for the records of resources without the label.
+    pub value: Option<String>,
+    /// The meter.
+    pub meter: String,
+    /// Its unit.
+    pub unit: String,
+    /// The exact sum, as a string.
+    pub quantity: String,
+    /// How many records it sums.
+    pub records: i64,
 }
 
 /// The `WHERE` clause of a [`UsageQuery`]: `$1` tenant, `$2`/`$3` window start range, `$4`
@@ -215,7 +242,7 @@ pub async fn list<'e>(
     let (after_start, after_id) = q.after.clone().unzip();
     let sql = format!(
         "SELECT id, meter, quantity::text, unit, window_start, window_end, tenant_id,
-                identity_id, resource_id, pool_id
+                identity_id, resource_id, pool_id, labels
            FROM usage_records {MATCHING}
             AND ($6::timestamptz IS NULL OR (window_start, id) > ($6, $7))
           ORDER BY window_start, id
@@ -225,6 +252,26 @@ pub async fn list<'e>(
         .bind(after_start)
         .bind(after_id)
         .bind(q.limit)
+        .fetch_all(db)
+        .await
+}
+
+/// The records matching `q` (its `after` and `limit` aside) summed per value of label `key`,
+/// meter and unit: by value (resources without the label last), then meter.
+pub async fn group_by_label<'e>(
+    db: impl PgExecutor<'e>,
+    q: &UsageQuery,
+    key: &str,
+) -> Result<Vec<UsageGroup>, sqlx::Error> {
+    let sql = format!(
+        "SELECT $6::text AS label, labels->>$6 AS value, meter, unit, sum(quantity)::text AS quantity,
+                count(*) AS records
+           FROM usage_records {MATCHING}
+          GROUP BY labels->>$6, meter, unit
+          ORDER BY labels->>$6 NULLS LAST, meter, unit"
+    );
+    sqlx::query_as_with(&sql, matching(q)?)
+        .bind(key)
         .fetch_all(db)
         .await
 }
@@ -260,6 +307,7 @@ mod tests {
             identity_id: None,
             resource_id: "inst_a".into(),
             pool_id: "pool_a".into(),
+            labels: Default::default(),
         };
         let day = 1_800_000_000 - 1_800_000_000 % 86_400;
         let records = [

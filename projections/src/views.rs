@@ -56,6 +56,8 @@ pub struct InstanceView {
     /// is refused while its source or a sibling restore lives).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity_rebound: Option<bool>,
+    /// Its labels.
+    pub labels: vps_domain::labels::Labels,
     /// When it was created.
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -91,6 +93,7 @@ impl From<&Instance> for InstanceView {
                 .as_ref()
                 .filter(|r| r.include_memory)
                 .map(|r| r.principal_instance_id.is_none()),
+            labels: i.labels.clone(),
             created_at: i.created_at,
             updated_at: i.updated_at,
             version: i.version,

@@ -63,7 +63,7 @@ pub async fn apply(conn: &mut PgConnection, e: &RecordedEvent) -> Result<(), Pro
                 .await?;
             charge_quota(conn, &v.pool_id, &v.tenant_id, &charge(v.size_gib), -1).await?;
         }
-        VolumeEvent::Deleting(_) => {}
+        VolumeEvent::Deleting(_) | VolumeEvent::Labeled(_) => {}
     }
     sqlx::query(
         "INSERT INTO sandbox_volumes (id, tenant_id, pool_id, name, node_id, state, size_gib,
@@ -125,6 +125,8 @@ pub struct VolumeView {
     pub updated_at: DateTime<Utc>,
     /// When it was released.
     pub deleted_at: Option<DateTime<Utc>>,
+    /// Its labels.
+    pub labels: vps_domain::labels::Labels,
     /// Its stream version.
     pub version: u64,
 }
@@ -146,6 +148,7 @@ impl VolumeView {
             created_at: v.created_at,
             updated_at: v.updated_at,
             deleted_at: v.deleted_at,
+            labels: v.labels.clone(),
             version: v.version,
         }
     }
@@ -229,6 +232,8 @@ pub struct VolumeFilter {
     pub include_deleted: bool,
     /// At most this many.
     pub limit: i64,
+    /// Only those carrying every one of these labels.
+    pub labels: vps_domain::labels::Labels,
 }
 
 /// The volumes `filter` selects, oldest first, with what attaches them.
@@ -242,6 +247,7 @@ pub async fn list(
             AND ($2::text IS NULL OR owner_identity_id = $2)
             AND ($3::text IS NULL OR pool_id = $3)
             AND ($4 OR state <> 'deleted')
+            AND labels @> $6
           ORDER BY created_at, id
           LIMIT $5",
     )
@@ -250,6 +256,7 @@ pub async fn list(
     .bind(&f.pool_id)
     .bind(f.include_deleted)
     .bind(f.limit)
+    .bind(Json(&f.labels))
     .fetch_all(&mut *conn)
     .await?;
     let volumes: Vec<Volume> = rows.into_iter().map(|Json(v)| v).collect();

@@ -303,6 +303,7 @@ fn create(id: &str) -> CreateInstance {
         network_policy: None,
         restore_from: None,
         volumes: Vec::new(),
+        labels: Default::default(),
     }
 }
 

@@ -3,6 +3,7 @@
 //!
 //! A reactor pass is idempotent under at-least-once delivery and records what it did as
 //! commands; it never holds a database transaction open across a network call.
+pub mod deadlines;
 #[cfg(test)]
 mod fixtures;
 pub mod instances;

@@ -153,6 +153,7 @@ async fn pass_seen(
     for (action, s) in due {
         act(ctx, action, &s.id, now, timings).await?;
     }
+    crate::deadlines::sweep(ctx, now, timings).await?;
     crate::volumes::release_deleted(ctx).await?;
     let changed = warm_pools(ctx, seen).await?;
     snapshot_timeouts(ctx, now, timings).await?;

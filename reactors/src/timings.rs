@@ -72,6 +72,19 @@ timings! {
     deadline_sandbox_pausing = 300.0,
     /// How long a sandbox may stay `resuming`.
     deadline_sandbox_resuming = 300.0,
+    /// How long a sandbox may stay `deleting` before its instance is released without its host.
+    deadline_sandbox_deleting = 600.0,
+    /// How long an instance may stay `provisioning` before it fails (`reason:
+    /// deadline:provisioning`) and is released.
+    deadline_instance_provisioning = 600.0,
+    /// How long an instance may stay `starting`.
+    deadline_instance_starting = 600.0,
+    /// How long an instance may stay `stopping` (running or paused, wanted stopped).
+    deadline_instance_stopping = 300.0,
+    /// How long an instance may stay `resizing`.
+    deadline_instance_resizing = 600.0,
+    /// How long an instance may stay `deleting` before it is released without its host.
+    deadline_instance_deleting = 600.0,
 }
 
 /// Seconds as a duration. The configuration is validated at load (positive, at most a day); a

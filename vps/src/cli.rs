@@ -110,6 +110,9 @@ enum UsageCommand {
         /// Only this resource.
         #[arg(long)]
         resource_id: Option<String>,
+        /// `label:<key>`: the sums per value of that label, meter and unit (cost per label).
+        #[arg(long)]
+        group_by: Option<String>,
         /// The tenant (operators: any; tenants: their own).
         #[arg(long, env = "VPS_TENANT")]
         tenant: Option<String>,
@@ -137,6 +140,10 @@ enum UsageCommand {
         /// Output format.
         #[arg(long, value_enum, default_value = "csv")]
         format: vps_api::tools::usage::Format,
+        /// `label:<key>`: the sums per value of that label, meter and unit (cost per label)
+        /// instead of the records.
+        #[arg(long)]
+        group_by: Option<String>,
     },
     /// Recompute every window in [from, to) from the log and compare, record for record;
     /// exits 1 naming the first difference.
@@ -545,6 +552,7 @@ async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
         to,
         meter,
         resource_id,
+        group_by,
         tenant,
         url,
         token,
@@ -552,7 +560,8 @@ async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
     } = cmd
     {
         let body = serde_json::json!({ "from": from, "to": to, "meter": meter,
-                                       "resourceId": resource_id, "tenantId": tenant });
+                                       "resourceId": resource_id, "tenantId": tenant,
+                                       "groupBy": group_by });
         let body = vps_cli::client::without_nulls(body);
         let client = vps_cli::client::Client::new(&url, &token);
         return Ok(match client.call("usage.list", &body).await {
@@ -571,9 +580,29 @@ async fn usage(config: &Config, cmd: UsageCommand) -> anyhow::Result<i32> {
             to,
             tenant,
             format,
+            group_by,
         } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            vps_api::tools::usage::export(&db.pool, from, to, tenant, format, &mut out).await?;
+            match group_by {
+                Some(group_by) => {
+                    let key = match vps_api::methods::usage::group_key(&group_by) {
+                        Ok(key) => key,
+                        Err(e) => {
+                            eprintln!("--group-by: {}", e.message);
+                            return Ok(2);
+                        }
+                    };
+                    let range = (from, to);
+                    vps_api::tools::usage::export_groups(
+                        &db.pool, range, tenant, &key, format, &mut out,
+                    )
+                    .await?;
+                }
+                None => {
+                    vps_api::tools::usage::export(&db.pool, from, to, tenant, format, &mut out)
+                        .await?;
+                }
+            }
             Ok(0)
         }
         UsageCommand::Verify { from, to } => {

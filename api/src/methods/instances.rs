@@ -58,6 +58,19 @@ pub struct InstanceRef {
     instance_id: InstanceId,
 }
 
+/// `instances.delete`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeleteBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `inst_…`.
+    instance_id: InstanceId,
+    /// Delete at once without waiting for the host: everything is released now, and a host
+    /// that still holds the instance is told to let it go.
+    force: Option<bool>,
+}
+
 /// `instances.get`.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -98,6 +111,20 @@ pub struct ListBody {
     limit: Option<i64>,
     /// The previous page's cursor.
     cursor: Option<String>,
+    /// Only instances carrying every one of these labels (at most 32 pairs).
+    labels: Option<vps_domain::labels::Labels>,
+}
+
+/// `instances.setLabels`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetLabelsBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `inst_…`.
+    instance_id: InstanceId,
+    /// The labels (they replace the instance's): at most 32, Kubernetes label syntax.
+    labels: vps_domain::labels::Labels,
 }
 
 /// A page of instances, newest first.
@@ -151,8 +178,18 @@ pub fn methods() -> Vec<Method> {
             "instances",
             "delete",
             Tenant,
-            "Deletes the instance.",
-            |c: Call, q: InstanceRef| change(c, q, Change::Delete),
+            "Deletes the instance (`force`: at once, without waiting for the host).",
+            |c: Call, q: DeleteBody| {
+                let how = match q.force {
+                    Some(true) => Change::ForceDelete,
+                    _ => Change::Delete,
+                };
+                let r = InstanceRef {
+                    tenant_id: q.tenant_id,
+                    instance_id: q.instance_id,
+                };
+                change(c, r, how)
+            },
         ),
         Method::new(
             "instances",
@@ -169,6 +206,13 @@ pub fn methods() -> Vec<Method> {
                     Change::Resize(q.flavor),
                 )
             },
+        ),
+        Method::new(
+            "instances",
+            "setLabels",
+            Tenant,
+            "Replaces an instance's labels.",
+            set_labels,
         ),
         Method::new(
             "instances",
@@ -229,6 +273,15 @@ async fn change(c: Call, q: InstanceRef, change: Change) -> Result<InstanceView,
     Ok(InstanceView::from(&instance))
 }
 
+async fn set_labels(c: Call, q: SetLabelsBody) -> Result<InstanceView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    // Decided on the labels the instance would carry.
+    let labeled = Resource::new("Instance", q.instance_id.as_str(), Some(tenant.clone()));
+    c.authorize(&labeled.labeled(&q.labels))?;
+    let instance = instances::set_labels(&c.ctx, &tenant, &q.instance_id, q.labels).await?;
+    Ok(InstanceView::from(&instance))
+}
+
 async fn history(c: Call, q: InstanceRef) -> Result<Items<CloudEvent>, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let mut conn = c.ctx.pool.acquire().await?;
@@ -248,6 +301,7 @@ async fn list(c: Call, q: ListBody) -> Result<InstancePage, ApiError> {
         state: q.state.map(|s| s.as_str().to_string()),
         pool_id: q.pool_id.map(String::from),
         before: q.cursor.as_deref().map(parse_cursor).transpose()?,
+        labels: super::sandboxes::label_filter(q.labels)?,
     };
     let items = vps_projections::instances::page(&c.ctx.pool, &filter, limit + 1)
         .await

@@ -48,6 +48,19 @@ pub struct SandboxRef {
     sandbox_id: SandboxId,
 }
 
+/// `sandboxes.delete`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeleteBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `sbx_…`.
+    sandbox_id: String,
+    /// Delete at once without waiting for the host: its instance is released now, and a host
+    /// that still holds it is told to let it go.
+    force: Option<bool>,
+}
+
 /// `sandboxes.setLabels`.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -241,7 +254,7 @@ pub fn methods() -> Vec<Method> {
             "sandboxes",
             "delete",
             Tenant,
-            "Deletes a sandbox and its instance.",
+            "Deletes a sandbox and its instance (`force`: at once, without waiting for the host).",
             delete,
         ),
         Method::new(
@@ -461,9 +474,12 @@ async fn extend(c: Call, q: ExtendBody) -> Result<SandboxView, ApiError> {
     Ok(SandboxView::from(&s))
 }
 
-async fn delete(c: Call, q: SandboxRef) -> Result<SandboxView, ApiError> {
+async fn delete(c: Call, q: DeleteBody) -> Result<SandboxView, ApiError> {
     let tenant = c.caller.tenant(&q.tenant_id)?;
-    let s = lifecycle::delete(&c.ctx, &tenant, &q.sandbox_id).await?;
+    let s = match q.force {
+        Some(true) => lifecycle::force_delete(&c.ctx, &tenant, &q.sandbox_id).await?,
+        _ => lifecycle::delete(&c.ctx, &tenant, &q.sandbox_id).await?,
+    };
     vps_reactors::sandboxes::wake(&c.ctx);
     Ok(SandboxView::from(&s))
 }

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use vps_domain::ErrorCode;
-use vps_projections::usage::{self as views, UsageItem, UsageQuery, MAX_PAGE};
+use vps_projections::usage::{self as views, UsageGroup, UsageItem, UsageQuery, MAX_PAGE};
 
 use crate::error::ApiError;
 use crate::registry::{Access::Tenant, Call, Method};
@@ -27,6 +27,9 @@ pub struct ListUsage {
     limit: Option<i64>,
     /// Where the previous page stopped.
     cursor: Option<String>,
+    /// `label:<key>`: instead of records, the sums per value of that label, meter and unit
+    /// (`groups`; cost per label). `limit` and `cursor` do not apply.
+    group_by: Option<String>,
 }
 
 /// A page of usage records.
@@ -37,6 +40,19 @@ pub struct UsagePage {
     /// Present when more may follow: pass it as `cursor`.
     #[serde(skip_serializing_if = "Option::is_none")]
     cursor: Option<String>,
+    /// With `groupBy`: the sums per label value, meter and unit (`items` is then empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    groups: Option<Vec<UsageGroup>>,
+}
+
+/// The label key of a `groupBy` (`label:<key>`), checked like a label key.
+pub fn group_key(group_by: &str) -> Result<String, ApiError> {
+    let key = group_by
+        .strip_prefix("label:")
+        .ok_or_else(|| ApiError::invalid("groupBy", "label:<key>, e.g. label:team"))?;
+    let probe = vps_domain::labels::Labels::from([(key.to_string(), String::new())]);
+    vps_domain::labels::check("groupBy", &probe).map_err(vps_commands::CommandError::from)?;
+    Ok(key.to_string())
 }
 
 /// The methods of the group.
@@ -71,6 +87,7 @@ async fn list(c: Call, q: ListUsage) -> Result<UsagePage, ApiError> {
             "nodes do not read usage",
         ));
     }
+    let group = q.group_by.as_deref().map(group_key).transpose()?;
     let query = UsageQuery {
         tenant_id,
         from: q.from,
@@ -80,6 +97,14 @@ async fn list(c: Call, q: ListUsage) -> Result<UsagePage, ApiError> {
         after: q.cursor.as_deref().map(parse_cursor).transpose()?,
         limit,
     };
+    if let Some(key) = group {
+        let groups = views::group_by_label(&c.ctx.pool, &query, &key).await?;
+        return Ok(UsagePage {
+            items: Vec::new(),
+            cursor: None,
+            groups: Some(groups),
+        });
+    }
     let items = views::list(&c.ctx.pool, &query).await?;
     let cursor = (items.len() as i64 == limit)
         .then(|| {
@@ -88,7 +113,11 @@ async fn list(c: Call, q: ListUsage) -> Result<UsagePage, ApiError> {
                 .map(|i| format!("{}~{}", i.window_start.timestamp_micros(), i.id))
         })
         .flatten();
-    Ok(UsagePage { items, cursor })
+    Ok(UsagePage {
+        items,
+        cursor,
+        groups: None,
+    })
 }
 
 /// Refuses times the database cannot hold (it stores years 1 to 9999 here).

@@ -51,6 +51,20 @@ pub struct ListBody {
     scope: Option<String>,
     /// Deleted ones too.
     include_deleted: Option<bool>,
+    /// Only volumes carrying every one of these labels (at most 32 pairs).
+    labels: Option<vps_domain::labels::Labels>,
+}
+
+/// `sandboxVolumes.setLabels`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetLabelsBody {
+    /// The tenant.
+    tenant_id: String,
+    /// `vol_…`.
+    volume_id: VolumeId,
+    /// The labels (they replace the volume's): at most 32, Kubernetes label syntax.
+    labels: vps_domain::labels::Labels,
 }
 
 /// The methods of the group.
@@ -80,6 +94,13 @@ pub fn methods() -> Vec<Method> {
         ),
         Method::new(
             "sandboxVolumes",
+            "setLabels",
+            Tenant,
+            "Replaces a volume's labels.",
+            set_labels,
+        ),
+        Method::new(
+            "sandboxVolumes",
             "delete",
             Tenant,
             "Deletes a volume no sandbox attaches and no template names.",
@@ -97,7 +118,8 @@ async fn create(c: Call, mut q: CreateVolumeInput) -> Result<VolumeView, ApiErro
     // A key already used is answered by the create itself (a replay or a conflict), without a
     // new decision; a new volume is decided with the size it would have.
     if volumes::stored(&c.ctx, &id).await?.is_none() {
-        c.authorize(&Resource::volume(&id, &q.tenant_id, q.size_gib.into()))?;
+        let labels = q.labels.clone().unwrap_or_default();
+        c.authorize(&Resource::volume(&id, &q.tenant_id, q.size_gib.into()).labeled(&labels))?;
     }
     let created = volumes::create(&c.ctx, q).await?;
     view(&c, &created.volume).await
@@ -118,6 +140,7 @@ async fn list(c: Call, q: ListBody) -> Result<Items<VolumeView>, ApiError> {
         pool_id: q.pool_id.map(String::from),
         include_deleted: q.include_deleted.unwrap_or(false),
         limit: LIST_LIMIT,
+        labels: super::sandboxes::label_filter(q.labels)?,
     };
     let mut conn = c.ctx.pool.acquire().await?;
     let items = vps_projections::volumes::list(&mut conn, &filter)
@@ -134,8 +157,17 @@ async fn resize(c: Call, q: ResizeBody) -> Result<VolumeView, ApiError> {
     if !domain::resize_target(&v, q.size_gib).map_err(CommandError::from)? {
         return view(&c, &v).await;
     }
-    c.authorize(&Resource::volume(&v.id, &tenant, q.size_gib.into()))?;
+    c.authorize(&Resource::volume(&v.id, &tenant, q.size_gib.into()).labeled(&v.labels))?;
     let v = volumes::resize(&c.ctx, &tenant, &q.volume_id, q.size_gib).await?;
+    view(&c, &v).await
+}
+
+async fn set_labels(c: Call, q: SetLabelsBody) -> Result<VolumeView, ApiError> {
+    let tenant = c.caller.tenant(&q.tenant_id)?;
+    let v = visible(&c, &tenant, &q.volume_id).await?;
+    // Decided on the labels the volume would carry.
+    c.authorize(&Resource::volume(&v.id, &tenant, v.size_gib.into()).labeled(&q.labels))?;
+    let v = volumes::set_labels(&c.ctx, &tenant, &q.volume_id, q.labels).await?;
     view(&c, &v).await
 }
 

@@ -83,6 +83,51 @@ pub async fn export(
     Ok(written)
 }
 
+/// Writes the records whose window starts in `[from, to)` summed per value of label `key`,
+/// meter and unit (cost per label): CSV `label,value,meter,unit,quantity,records`, or one
+/// JSON object per line. Returns how many groups were written.
+pub async fn export_groups(
+    pool: &PgPool,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    tenant_id: Option<String>,
+    key: &str,
+    format: Format,
+    out: &mut impl Write,
+) -> anyhow::Result<u64> {
+    let query = UsageQuery {
+        tenant_id,
+        from,
+        to,
+        meter: None,
+        resource_id: None,
+        after: None,
+        limit: 0,
+    };
+    let groups = views::group_by_label(pool, &query, key).await?;
+    if format == Format::Csv {
+        writeln!(out, "label,value,meter,unit,quantity,records")?;
+    }
+    for g in &groups {
+        match format {
+            Format::Csv => {
+                let fields = [
+                    g.label.clone(),
+                    g.value.clone().unwrap_or_default(),
+                    g.meter.clone(),
+                    g.unit.clone(),
+                    g.quantity.clone(),
+                    g.records.to_string(),
+                ];
+                let line: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
+                writeln!(out, "{}", line.join(","))?;
+            }
+            Format::Jsonl => writeln!(out, "{}", serde_json::to_string(g)?)?,
+        }
+    }
+    out.flush()?;
+    Ok(groups.len() as u64)
+}
+
 fn csv_line(item: &UsageItem) -> String {
     let time = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
     [

@@ -3,7 +3,7 @@
 //! prefix before anything is sent. The reference CLI's conveniences: `--tenant` (or
 //! `VPS_TENANT`), `--key` (a fresh idempotency key when absent), `--ssh-key FILE[,FILE]` (public
 //! keys only), `--user-data FILE`, `--wait`, `--all` (`scope: all`), durations like `15m` for
-//! any `…Seconds`, and its flag names (`--pool`, `--image`, `--ttl`, `--size`, …) as aliases.
+//! any `…Seconds`, `--label KEY=VALUE` (repeated) for `labels`, and its flag names (`--pool`, `--image`, `--ttl`, `--size`, …) as aliases.
 
 use clap::{Arg, ArgAction, ArgMatches};
 use schemars::generate::SchemaSettings;
@@ -144,6 +144,7 @@ fn flag(p: &Property) -> String {
         "tenantId" => "tenant".into(),
         "idempotencyKey" => "key".into(),
         "sshKeys" => "ssh-key".into(),
+        "labels" => "label".into(),
         // `--url` is the server's.
         "url" => "href".into(),
         name => kebab(name),
@@ -159,6 +160,7 @@ fn reference_alias(p: &Property) -> Option<String> {
         "templateId" => Some("template".into()),
         "volumeId" => Some("volume".into()),
         "sizeGiB" => Some("size".into()),
+        "labels" => Some("labels".into()),
         name if p.kind == Kind::Integer => name.strip_suffix("Seconds").map(kebab),
         _ => None,
     }
@@ -176,7 +178,7 @@ pub fn for_method(m: &Method) -> Vec<Arg> {
             args.push(Arg::new(p.name.clone()).required(true).help(about));
             continue;
         }
-        let mut arg = Arg::new(p.name.clone()).long(flag(p)).help(about);
+        let mut arg = Arg::new(p.name.clone()).long(flag(p)).help(about.clone());
         // An alias never takes another property's flag.
         if let Some(alias) = reference_alias(p).filter(|a| !flags.contains(a)) {
             arg = arg.visible_alias(alias);
@@ -194,6 +196,12 @@ pub fn for_method(m: &Method) -> Vec<Arg> {
                 .value_name("FILE")
                 .help("OpenSSH public key files (comma-separated, or repeat the flag)"),
             ("userData", _) => arg.value_name("FILE").help("A file of user data"),
+            ("labels", _) => arg
+                .action(ArgAction::Append)
+                .value_name("KEY=VALUE")
+                .help(format!(
+                    "{about} (repeat the flag; a JSON object works too)"
+                )),
             (_, Kind::Boolean) => arg
                 .num_args(0..=1)
                 .default_missing_value("true")
@@ -248,6 +256,10 @@ pub fn body(m: &Method, matches: &ArgMatches) -> Result<Value, UsageError> {
                 }
                 None => None,
             },
+            "labels" => match matches.get_many::<String>(&p.name) {
+                Some(pairs) => Some(labels(pairs)?),
+                None => None,
+            },
             "scope" if matches.get_flag("all") => Some(json!("all")),
             _ => value(p, matches)?,
         };
@@ -293,6 +305,22 @@ pub fn seconds(text: &str) -> Result<i64, String> {
     }
     let delta = vps_domain::sandbox::parse_duration(text)?;
     Ok(delta.num_seconds())
+}
+
+/// The labels of `--label KEY=VALUE` flags (each may also be a JSON object), merged.
+fn labels<'a>(given: impl Iterator<Item = &'a String>) -> Result<Value, UsageError> {
+    let mut out = Map::new();
+    for text in given {
+        if let Ok(Value::Object(map)) = serde_json::from_str::<Value>(text) {
+            out.extend(map);
+            continue;
+        }
+        let (key, value) = text
+            .split_once('=')
+            .ok_or_else(|| UsageError(format!("--label {text:?}: KEY=VALUE")))?;
+        out.insert(key.to_string(), Value::from(value));
+    }
+    Ok(Value::Object(out))
 }
 
 /// The public keys in `files`; a private key is refused.
@@ -370,6 +398,23 @@ mod tests {
             body(m, &matches).unwrap(),
             json!({ "tenantId": "acme", "templateId": "sbxt_x", "ttlSeconds": 1800,
                     "idempotencyKey": "build-7" })
+        );
+    }
+
+    #[test]
+    fn labels_are_given_as_repeated_key_value_flags() {
+        let m = vps_api::methods::registry()
+            .get("instances", "list")
+            .unwrap();
+        let command = clap::Command::new("list").args(for_method(m));
+        let matches = command
+            .try_get_matches_from([
+                "list", "--tenant", "acme", "--label", "team=ml", "--label", "tier=",
+            ])
+            .unwrap();
+        assert_eq!(
+            body(m, &matches).unwrap()["labels"],
+            json!({ "team": "ml", "tier": "" })
         );
     }
 

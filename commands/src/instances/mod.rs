@@ -60,6 +60,9 @@ pub struct CreateInput {
     pub desired_state: Option<DesiredState>,
     /// Makes the create idempotent.
     pub idempotency_key: String,
+    /// Its labels: at most 32, Kubernetes label syntax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<vps_domain::labels::Labels>,
 }
 
 /// The hash that tells a replay from a conflicting reuse of an idempotency key. It is keyed
@@ -198,6 +201,7 @@ fn create_command(ctx: &Ctx, id: &str, input: &CreateInput, origin: &Origin) -> 
         network_policy: origin.network_policy,
         restore_from: origin.restore_from.clone(),
         volumes: origin.volumes.clone(),
+        labels: input.labels.clone().unwrap_or_default(),
     }
 }
 
@@ -254,11 +258,34 @@ pub enum Change {
     Stop,
     /// Desired deleted.
     Delete,
+    /// Deleted at once, without waiting for the host (`delete { force: true }`): everything
+    /// released; a host that still holds it gets it back as an orphan.
+    ForceDelete,
     /// Desired deleted by the control plane (tenant teardown), sandbox and warm instances
     /// too; `instance.deleting` carries the reason.
     DeleteBecause(String),
     /// A new flavor (stopped, hosted).
     Resize(String),
+}
+
+/// Replaces an instance's labels (`instance.labeled`); the same labels change nothing.
+pub async fn set_labels(
+    ctx: &Ctx,
+    tenant_id: &str,
+    instance_id: &str,
+    labels: vps_domain::labels::Labels,
+) -> Result<Instance, CommandError> {
+    transaction(ctx, instance_id, async |tx| {
+        let instance = owned_by(
+            facts::lock_instance(tx, instance_id).await?,
+            tenant_id,
+            instance_id,
+        )?;
+        let command = InstanceCommand::SetLabels(labels.clone());
+        let events = domain::decide(Some(&instance), &command, ctx.clock.now())?;
+        record_instance(ctx, tx, Some(&instance), events).await
+    })
+    .await
 }
 
 /// Applies a tenant's change to an instance and returns it. A resize is decided by no
@@ -327,6 +354,13 @@ async fn change_in(
             };
             domain::decide(Some(&instance), &delete, now)?
         }
+        Change::ForceDelete => {
+            let delete = InstanceCommand::ForceDelete {
+                requester,
+                reason: "force".into(),
+            };
+            domain::decide(Some(&instance), &delete, now)?
+        }
         Change::DeleteBecause(reason) => {
             let delete = InstanceCommand::Delete {
                 requester: Requester::System,
@@ -349,6 +383,7 @@ async fn change_in(
                     image_id: instance.image_id.clone(),
                     image_verified: image_verified.unwrap_or(false),
                     project_id: instance.project_id.clone(),
+                    labels: instance.labels.clone(),
                 };
                 policy(&instance.id, &draft)?;
             }

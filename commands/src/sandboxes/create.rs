@@ -153,6 +153,7 @@ async fn create_in(
         gpus: shape.gpu_count(),
         disk_gib: shape.disk_gib,
         from_snapshot: c.from_snapshot.clone(),
+        labels: c.labels.clone(),
     };
     policy(&c.id, &draft)?;
     // A restore boots its snapshot: it never claims a warm instance.
@@ -167,8 +168,15 @@ async fn create_in(
         None => super::warm::claim(ctx, tx, t, &c.id).await?,
     };
     let (instance, moved) = match claimed {
-        Some((claimed, moved)) => (claimed, Some(moved)),
-        None => (cold(ctx, tx, t, &c.id, restore).await?, None),
+        Some((claimed, moved)) => {
+            // A warm instance takes its sandbox's labels (a cold one is created with them), so
+            // its usage records carry them.
+            let label = vps_domain::instance::InstanceCommand::SetLabels(c.labels.clone());
+            let now = ctx.clock.now();
+            let labeled = crate::pipeline::apply_commands(ctx, tx, &claimed, &[label], now).await?;
+            (labeled.unwrap_or(claimed), Some(moved))
+        }
+        None => (cold(ctx, tx, t, c, restore).await?, None),
     };
     let warm = moved.is_some();
     let ids = Lifecycle {
@@ -189,9 +197,10 @@ async fn cold(
     ctx: &Ctx,
     tx: &mut PgConnection,
     t: &Template,
-    sandbox_id: &str,
+    c: &CreateSandbox,
     restore_from: Option<vps_domain::instance::RestoreFrom>,
 ) -> Result<Instance, CommandError> {
+    let sandbox_id = c.id.as_str();
     let id = vps_domain::ids::instance_id(vps_domain::ids::Origin {
         tenant: &t.tenant_id,
         caller: sandbox_id,
@@ -204,11 +213,13 @@ async fn cold(
         volumes: crate::volumes::attach(tx, t).await?,
         ..origin(ctx, tx, t).await?
     };
+    let mut input = instance_input(t, sandbox_id, DesiredState::Running);
+    input.labels = Some(c.labels.clone()).filter(|l| !l.is_empty());
     admit_in(
         ctx,
         tx,
         &id,
-        &instance_input(t, sandbox_id, DesiredState::Running),
+        &input,
         &origin,
         &vps_domain::instance::authorized_before,
     )

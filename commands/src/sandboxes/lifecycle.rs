@@ -70,6 +70,89 @@ pub async fn delete(ctx: &Ctx, tenant_id: &str, sandbox_id: &str) -> Result<Sand
     .await
 }
 
+/// Deletes a sandbox at once (`delete { force: true }`): `deleting`, and its instance is
+/// released without waiting for the host (`instance.deleting` with `reason: force`, then
+/// `instance.deleted`), so the sandbox is `deleted` in the same transaction. A deleting
+/// sandbox is finished the same way; a deleted one changes nothing.
+pub async fn force_delete(
+    ctx: &Ctx,
+    tenant_id: &str,
+    sandbox_id: &str,
+) -> Result<Sandbox, CommandError> {
+    transaction(ctx, sandbox_id, async |tx| {
+        let s = super::visible(tx, tenant_id, sandbox_id).await?;
+        if s.state == SandboxState::Deleted {
+            return Ok(s);
+        }
+        force_end(ctx, tx, &s, "force").await?;
+        load_existing::<Sandbox>(tx, sandbox_id).await
+    })
+    .await
+}
+
+/// Ends a sandbox that stood in `deleting` past `deadline` at `now` like a force delete
+/// (its instance's deletion carrying `reason: deadline:deleting`). Skips a sandbox another
+/// worker holds. Whether it ended one.
+pub async fn end_past_deadline(
+    ctx: &Ctx,
+    sandbox_id: &str,
+    now: DateTime<Utc>,
+    deadline: TimeDelta,
+) -> Result<bool, CommandError> {
+    transaction(ctx, sandbox_id, async |tx| {
+        let free: Option<String> =
+            sqlx::query_scalar("SELECT id FROM sandboxes WHERE id = $1 FOR UPDATE SKIP LOCKED")
+                .bind(sandbox_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(s) = free.and(load::<Sandbox>(tx, sandbox_id).await?) else {
+            return Ok(false);
+        };
+        if s.state != SandboxState::Deleting || now - s.in_state_since() < deadline {
+            return Ok(false);
+        }
+        force_end(ctx, tx, &s, "deadline:deleting").await?;
+        Ok(true)
+    })
+    .await
+}
+
+/// Records the sandbox's delete (unless it is already deleting) and force-deletes its
+/// instance: the instance's `deleted` makes the sandbox follow to `deleted` (a sandbox failed
+/// by a deadline, whose end waits for a delete, is ended here).
+async fn force_end(
+    ctx: &Ctx,
+    tx: &mut PgConnection,
+    s: &Sandbox,
+    reason: &str,
+) -> Result<(), CommandError> {
+    let instance = lock_instance(tx, &s.instance_id).await?;
+    let after = record_events(
+        ctx,
+        tx,
+        &s.id,
+        Some(s),
+        domain::delete(s),
+        Some(&s.tenant_id),
+    )
+    .await?
+    .unwrap_or_else(|| s.clone());
+    let force = InstanceCommand::ForceDelete {
+        requester: Requester::System,
+        reason: reason.to_string(),
+    };
+    let released = match instance {
+        Some(inst) => apply_commands(ctx, tx, &inst, &[force], ctx.clock.now()).await?,
+        None => None,
+    };
+    // Its instance was gone already (or deleted before this delete): end the sandbox here.
+    if released.is_none() {
+        let events = domain::deleted(&after);
+        record_events(ctx, tx, &s.id, Some(&after), events, Some(&s.tenant_id)).await?;
+    }
+    Ok(())
+}
+
 /// Records `events` (a delete or an expiry) and deletes the sandbox's instance.
 async fn end(
     ctx: &Ctx,
@@ -158,7 +241,18 @@ pub async fn set_labels(
     transaction(ctx, sandbox_id, async |tx| {
         let s = super::visible(tx, tenant_id, sandbox_id).await?;
         let events = domain::set_labels(&s, labels.clone())?;
-        record_existing(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await
+        if events.is_empty() {
+            return Ok(s);
+        }
+        // The instance's row first, as everywhere; it carries its sandbox's labels, so its
+        // usage records do.
+        let instance = lock_instance(tx, &s.instance_id).await?;
+        let after = record_existing(ctx, tx, sandbox_id, Some(&s), events, Some(tenant_id)).await?;
+        if let Some(inst) = instance {
+            let label = InstanceCommand::SetLabels(labels.clone());
+            apply_commands(ctx, tx, &inst, &[label], ctx.clock.now()).await?;
+        }
+        Ok(after)
     })
     .await
 }

@@ -23,6 +23,7 @@ pub fn instance_input(t: &Template, key: &str, desired: DesiredState) -> CreateI
         project_id: None,
         desired_state: Some(desired),
         idempotency_key: key.to_string(),
+        labels: None,
     }
 }
 

@@ -351,6 +351,7 @@ async fn template_facts(
         project_id: None,
         desired_state: None,
         idempotency_key: String::new(),
+        labels: None,
     };
     let read = facts::create_facts(tx, &probe, facts::PoolReads::NONE).await?;
     let refs: Vec<&str> = spec.env.values().map(String::as_str).collect();

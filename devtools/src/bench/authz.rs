@@ -138,6 +138,7 @@ fn decisions_per_second(book: &PolicyBook, action: &str, phase: Duration) -> f64
         image_id: "img_ubuntu".into(),
         image_verified: true,
         project_id: None,
+        labels: Default::default(),
     };
     let resource = Resource::instance_draft("inst_bench", "acme", &draft);
     let started = Instant::now();

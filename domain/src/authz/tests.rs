@@ -71,6 +71,7 @@ fn sandbox(ttl_seconds: i64, gpus: u32) -> Resource {
             gpus,
             disk_gib: 20,
             from_snapshot: None,
+            labels: Default::default(),
         },
     )
 }
@@ -321,7 +322,7 @@ proptest! {
         for (vcpu, memory_gib, gpus, image, verified, project, tenant, operator) in requests {
             let draft = InstanceDraft {
                 vcpu, memory_gib, gpus, disk_gib: 20, image_id: image.into(), image_verified: verified,
-                project_id: project,
+                project_id: project, labels: Default::default(),
             };
             let principal = Principal::Identity {
                 id: "id_x".into(),
@@ -363,11 +364,11 @@ proptest! {
         let (vcpu, memory_gib, gpus, disk_gib) = shape;
         let instance = Resource::instance_draft("inst_1", "acme", &InstanceDraft {
             vcpu, memory_gib, gpus, disk_gib, image_id: "img_a".into(), image_verified: true,
-            project_id: None,
+            project_id: None, labels: Default::default(),
         });
         let sandbox = Resource::sandbox_draft("sbx_1", "acme", &SandboxDraft {
             template_id: "sbxt_1".into(), ttl_seconds: 60, warm: false,
-            vcpu, memory_gib, gpus, disk_gib, from_snapshot: None,
+            vcpu, memory_gib, gpus, disk_gib, from_snapshot: None, labels: Default::default(),
         });
         for (action, resource) in [
             ("compute:instances:create", &instance),

@@ -117,6 +117,7 @@ pub fn admit(
             image_id: create.image_id.clone(),
             image_verified: facts.image_verified,
             project_id: create.project_id.clone(),
+            labels: create.labels.clone(),
         },
     )?;
     match pool.kind {

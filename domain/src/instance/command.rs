@@ -101,6 +101,27 @@ pub enum InstanceCommand {
     Recover(Observed),
     /// Teardown finished (complete host report without it, provider delete done).
     Release,
+    /// `instances.setLabels`: the labels replace the instance's.
+    SetLabels(crate::labels::Labels),
+    /// Its transitional `state` (see [`super::Instance::transitional`]) stood past its
+    /// deadline: it fails (`instance.failed`, `reason: deadline:<state>`) and is released at
+    /// once like a force delete; one past `deleting` is released. A settled instance, or one
+    /// in another transitional state by now, changes nothing.
+    PastDeadline {
+        /// The state whose deadline passed.
+        state: String,
+    },
+    /// A force delete (`delete { force: true }`, or a deadline past in `deleting`): the control
+    /// plane stops waiting for the host and releases everything at once (`instance.deleting`
+    /// with `reason`, then `instance.deleted`). A host that still holds it reports it as an
+    /// orphan and is told to let it go. Provider-pool instances are deleted as usual: their
+    /// machine must be deleted at the provider.
+    ForceDelete {
+        /// Who asks.
+        requester: Requester,
+        /// Why (`force`, `deadline:deleting`).
+        reason: String,
+    },
 }
 
 /// Everything an admitted create needs, already validated and resolved by the caller.
@@ -146,6 +167,8 @@ pub struct CreateInstance {
     pub restore_from: Option<super::RestoreFrom>,
     /// A sandbox's volumes, from its template.
     pub volumes: Vec<crate::attachment::Attachment>,
+    /// Its labels.
+    pub labels: crate::labels::Labels,
 }
 
 /// A placement the caller made (node chosen, allocation booked, address leased).

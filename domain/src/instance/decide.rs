@@ -18,7 +18,7 @@ use super::command::{
 use super::event::{starting, Starting};
 use super::event::{
     AddressesChanged, Common, ConditionCleared, ConditionSet, Created, Deleting, Failed,
-    InstanceEvent, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled,
+    InstanceEvent, Labeled, Lost, Provisioning, RecreateReason, Recreating, Resized, Scheduled,
 };
 use super::{apply, Instance, PoolKind, MAX_EXHAUSTED_REPLACEMENTS};
 
@@ -92,6 +92,11 @@ pub fn decide(
         InstanceCommand::Lose => lose(&mut d)?,
         InstanceCommand::Recover(o) => recover(&mut d, *o)?,
         InstanceCommand::Release => release(&mut d)?,
+        InstanceCommand::SetLabels(labels) => set_labels(&mut d, labels)?,
+        InstanceCommand::PastDeadline { state } => past_deadline(&mut d, state)?,
+        InstanceCommand::ForceDelete { requester, reason } => {
+            force_delete(&mut d, *requester, reason)?
+        }
     }
     Ok(d.events)
 }
@@ -315,7 +320,19 @@ fn create_instance(
         network_policy: c.network_policy,
         restore_from: c.restore_from.clone().map(Box::new),
         volumes: c.volumes.clone(),
+        labels: c.labels.clone(),
     })])
+}
+
+/// `instances.setLabels`: the labels replace the instance's; the same labels decide nothing.
+fn set_labels(d: &mut Draft, labels: &crate::labels::Labels) -> Result<(), DomainError> {
+    crate::labels::check("labels", labels)?;
+    refuse_if_deleted(d)?;
+    if d.inst.labels == *labels {
+        return Ok(());
+    }
+    let labels = labels.clone();
+    d.emit_same(|common| InstanceEvent::Labeled(Labeled { common, labels }))
 }
 
 fn place(d: &mut Draft, p: &PlaceInstance) -> Result<(), DomainError> {
@@ -472,6 +489,46 @@ fn delete(d: &mut Draft, requester: Requester, reason: &Option<String>) -> Resul
         release(d)?;
     }
     Ok(())
+}
+
+fn past_deadline(d: &mut Draft, state: &str) -> Result<(), DomainError> {
+    if d.inst.transitional().map(|(s, _)| s) != Some(state) {
+        return Ok(());
+    }
+    let reason = format!("deadline:{state}");
+    if d.inst.state != InstanceState::Deleting {
+        let to = transition(d.inst.state, Verb::Fail)?;
+        let desired = d.inst.desired_state;
+        let node_id = d.inst.node_id.clone();
+        let message = format!("it stood in {state} past its deadline");
+        d.emit(to, desired, |common| {
+            InstanceEvent::Failed(Failed {
+                common,
+                reason: reason.clone(),
+                message: Some(message),
+                node_id,
+            })
+        })?;
+    }
+    force_delete(d, Requester::System, &reason)
+}
+
+fn force_delete(d: &mut Draft, requester: Requester, reason: &str) -> Result<(), DomainError> {
+    d.refuse_if_owned(requester)?;
+    if d.inst.pool_kind == PoolKind::Provider {
+        // Its machine is deleted at the provider first; nothing may leak there.
+        return delete(d, requester, &Some(reason.to_string()));
+    }
+    let to = match d.inst.state {
+        InstanceState::Deleted => return Ok(()),
+        InstanceState::Deleting => InstanceState::Deleting,
+        from => transition(from, Verb::Delete)?,
+    };
+    let reason = Some(reason.to_string());
+    d.emit(to, DesiredState::Deleted, |common| {
+        InstanceEvent::Deleting(Deleting { common, reason })
+    })?;
+    release(d)
 }
 
 fn resize(d: &mut Draft, r: &ResizeInstance) -> Result<(), DomainError> {
@@ -795,6 +852,7 @@ pub(super) fn check_create_request(c: &CreateInstance) -> Result<(), DomainError
             return Err(DomainError::invalid_input(field, "must not be empty"));
         }
     }
+    crate::labels::check("labels", &c.labels)?;
     if c.idempotency_key.len() > MAX_IDEMPOTENCY_KEY {
         return Err(DomainError::invalid_input(
             "idempotencyKey",

@@ -76,6 +76,20 @@ pub struct Created {
     /// The sandbox volumes it attaches (from its template).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::attachment::Attachment>,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
+}
+
+/// `instance.labeled`: the instance's labels now (they replace the earlier ones).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Labeled {
+    /// State and ownership.
+    #[serde(flatten)]
+    pub common: Common,
+    /// The labels.
+    pub labels: crate::labels::Labels,
 }
 
 /// `instance.starting`: `start` was called, the state moved to `starting`, or a sandbox
@@ -315,6 +329,9 @@ pub enum InstanceEvent {
     /// own; it no longer answers as the instance its memory was captured on.
     #[serde(rename = "instance.identity.rebound")]
     IdentityRebound(Common),
+    /// `instance.labeled` (`labels`).
+    #[serde(rename = "instance.labeled")]
+    Labeled(Labeled),
 }
 
 /// Every wire type an [`InstanceEvent`] can have.
@@ -339,6 +356,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "instance.condition.cleared",
     "instance.addresses.changed",
     "instance.identity.rebound",
+    "instance.labeled",
 ];
 
 impl InstanceEvent {
@@ -365,6 +383,7 @@ impl InstanceEvent {
             InstanceEvent::ConditionCleared(_) => "instance.condition.cleared",
             InstanceEvent::AddressesChanged(_) => "instance.addresses.changed",
             InstanceEvent::IdentityRebound(_) => "instance.identity.rebound",
+            InstanceEvent::Labeled(_) => "instance.labeled",
         }
     }
 
@@ -383,6 +402,7 @@ impl InstanceEvent {
             InstanceEvent::ConditionSet(d) => &d.common,
             InstanceEvent::ConditionCleared(d) => &d.common,
             InstanceEvent::AddressesChanged(d) => &d.common,
+            InstanceEvent::Labeled(d) => &d.common,
             InstanceEvent::Stopping(c)
             | InstanceEvent::Pausing(c)
             | InstanceEvent::Running(c)

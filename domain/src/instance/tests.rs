@@ -157,6 +157,7 @@ fn create_in(kind: PoolKind) -> CreateInstance {
         network_policy: None,
         restore_from: None,
         volumes: Vec::new(),
+        labels: Default::default(),
     }
 }
 
@@ -1126,6 +1127,7 @@ fn admission_asks_the_policy_about_the_draft_and_a_refusal_admits_nothing() {
         image_id: "ubuntu-24.04".into(),
         image_verified: true,
         project_id: Some("proj_1".into()),
+        labels: Default::default(),
     };
     assert_eq!(seen, vec![(id, draft)]);
 }
@@ -1202,4 +1204,73 @@ fn a_memory_restore_answers_as_its_source_until_its_host_rebinds_its_identity() 
     given(running())
         .when(InstanceCommand::ReboundIdentity)
         .then(vec![]);
+}
+// ---- deadlines and force deletes (issue 40) ------------------------------------------------
+
+fn force(reason: &str) -> InstanceCommand {
+    InstanceCommand::ForceDelete {
+        requester: Requester::Api,
+        reason: reason.into(),
+    }
+}
+
+#[test]
+fn a_force_delete_releases_at_once_and_a_second_appends_nothing() {
+    let inst = given(running())
+        .when(force("force"))
+        .then_types(&["instance.deleting", "instance.deleted"]);
+    assert_eq!(inst.state, InstanceState::Deleted);
+    assert_eq!(inst.allocation_id, None);
+    assert!(inst.addresses.is_empty());
+    let mut history = running();
+    history.extend(after_on(&running(), &[force("force")]));
+    given(history).when(force("force")).then(vec![]);
+}
+
+#[test]
+fn a_force_delete_finishes_a_delete_that_waits_for_its_host() {
+    let mut history = running();
+    history.extend(after_on(&running(), &[api_delete()]));
+    let events = given(history).when(force("force")).result.unwrap();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type()).collect();
+    assert_eq!(types, ["instance.deleting", "instance.deleted"]);
+    assert_eq!(events[0].data()["reason"], json!("force"));
+}
+
+#[test]
+fn a_deadline_fails_the_instance_in_the_state_it_names_and_releases_it() {
+    let history = after(&[create(), place()]);
+    let inst = given(history.clone())
+        .when(InstanceCommand::PastDeadline {
+            state: "provisioning".into(),
+        })
+        .then_types(&["instance.failed", "instance.deleting", "instance.deleted"]);
+    assert_eq!(inst.state, InstanceState::Deleted);
+    let events = given(history.clone())
+        .when(InstanceCommand::PastDeadline {
+            state: "provisioning".into(),
+        })
+        .result
+        .unwrap();
+    assert_eq!(events[0].data()["reason"], json!("deadline:provisioning"));
+    // A deadline of a state it has left since decides nothing.
+    given(history)
+        .when(InstanceCommand::PastDeadline {
+            state: "starting".into(),
+        })
+        .then(vec![]);
+}
+
+#[test]
+fn a_stop_that_never_lands_is_a_stopping_instance() {
+    let mut history = running();
+    history.extend(after_on(&running(), &[api_stop()]));
+    let inst = given(history.clone()).when(api_stop()).then_types(&[]);
+    let (state, _) = inst.transitional().expect("stopping");
+    assert_eq!(state, "stopping");
+    given(history)
+        .when(InstanceCommand::PastDeadline {
+            state: "stopping".into(),
+        })
+        .then_types(&["instance.failed", "instance.deleting", "instance.deleted"]);
 }

@@ -49,6 +49,9 @@ pub struct Payer {
     pub identity_id: Option<String>,
     /// The pool the allocation is in.
     pub pool_id: String,
+    /// The resource's labels (a change of them closes the segment).
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
 }
 
 /// A stretch of time over which a resource accrued the same lines for the same payer.
@@ -115,6 +118,9 @@ pub struct InstanceMeter {
     /// Whether its instance is in error (it accrues nothing).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub errored: bool,
+    /// Its labels (from its `created` and `labeled` events).
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
     /// The latest time a change applied at: an event recorded earlier (its transaction started
     /// before, committed after) counts as happening now, so segments never run backwards.
     pub changed_at: Micros,
@@ -148,6 +154,14 @@ struct Facts {
     shape: Option<Shape>,
     /// An instance event's `state`.
     state: Option<String>,
+    /// The labels, when the event carries them (`created`, `labeled`).
+    labels: Option<crate::labels::Labels>,
+}
+
+/// An event's `labels`, when it carries them.
+fn labels_of(data: &Value) -> Option<crate::labels::Labels> {
+    data.get("labels")
+        .and_then(|l| crate::labels::Labels::deserialize(l).ok())
 }
 
 impl Facts {
@@ -167,6 +181,7 @@ impl Facts {
             owner: text("ownerIdentityId"),
             shape: data.get("shape").and_then(|s| Shape::deserialize(s).ok()),
             state: text("state"),
+            labels: labels_of(data),
         }
     }
 
@@ -189,6 +204,7 @@ impl Facts {
                 .and_then(|s| u32::try_from(s).ok())
                 .map(crate::volume::disk),
             state: None,
+            labels: labels_of(data),
         }
     }
 }
@@ -215,6 +231,7 @@ impl Facts {
                 .and_then(|g| u32::try_from(g).ok())
                 .map(crate::volume::disk),
             state: None,
+            labels: None,
         }
     }
 }
@@ -234,6 +251,7 @@ impl InstanceMeter {
             deleted: false,
             paused: false,
             errored: false,
+            labels: facts.labels.clone().unwrap_or_default(),
             changed_at: at,
             segments: Vec::new(),
             accrued: BTreeMap::new(),
@@ -257,6 +275,7 @@ impl InstanceMeter {
                 .then(|| self.owner_identity_id.clone())
                 .flatten(),
             pool_id: self.pool_id.clone(),
+            labels: self.labels.clone(),
         };
         (!lines.is_empty()).then_some((payer, lines))
     }
@@ -279,6 +298,9 @@ impl InstanceMeter {
         // A claim's event names the sandbox's owner; so may later events.
         self.owner_identity_id = facts.owner.or(self.owner_identity_id.take());
         self.warm = facts.warm;
+        if let Some(labels) = facts.labels {
+            self.labels = labels;
+        }
         if let Some(state) = facts.state.as_deref() {
             self.paused = state == "paused";
             self.errored = state == "error";
@@ -365,6 +387,7 @@ impl Segment {
                 identity_id: self.payer.identity_id.clone(),
                 resource_id: resource_id.to_string(),
                 pool_id: self.payer.pool_id.clone(),
+                labels: self.payer.labels.clone(),
             }
         })
     }

@@ -36,6 +36,9 @@ pub struct UsageRecord {
     pub resource_id: String,
     /// Its pool.
     pub pool_id: String,
+    /// The resource's labels while it accrued this.
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
 }
 
 impl UsageRecord {
@@ -119,6 +122,7 @@ mod tests {
             identity_id: None,
             resource_id: "inst_a".into(),
             pool_id: "pool_a".into(),
+            labels: Default::default(),
         };
         let data = record.data();
         assert_eq!(data["quantity"], "0.166666666667");

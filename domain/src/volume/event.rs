@@ -40,6 +40,20 @@ pub struct VolumeCreated {
     pub idempotency_key: String,
     /// Hash of the create request, for replay vs `CONFLICT`.
     pub request_hash: String,
+    /// Its labels.
+    #[serde(default, skip_serializing_if = "crate::labels::Labels::is_empty")]
+    pub labels: crate::labels::Labels,
+}
+
+/// `sandbox.volume.labeled`: the volume's labels now (they replace the earlier ones).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeLabeled {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: VolumeIds,
+    /// The labels.
+    pub labels: crate::labels::Labels,
 }
 
 /// `sandbox.volume.resized`: it grew, on its node and in the quota.
@@ -80,5 +94,7 @@ crate::event_enum! {
         Deleting(VolumeSized) = "sandbox.volume.deleting",
         /// `sandbox.volume.deleted`: its host let it go; booking and quota released.
         Deleted(VolumeSized) = "sandbox.volume.deleted",
+        /// `sandbox.volume.labeled`: its labels were replaced.
+        Labeled(VolumeLabeled) = "sandbox.volume.labeled",
     }
 }

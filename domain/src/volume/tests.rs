@@ -58,6 +58,7 @@ fn request(size: u32) -> CreateVolume {
         request_hash: "h".into(),
         owner_identity_id: "id_alice".into(),
         allocation_id: "alloc_1".into(),
+        labels: Default::default(),
     }
 }
 

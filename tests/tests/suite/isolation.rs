@@ -162,6 +162,10 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
             json!({ "tenantId": "globex", "instanceId": g.instance, "flavor": "small" }),
             json!({ "tenantId": "acme", "instanceId": g.instance, "flavor": "small" }),
         ]),
+        "instances.setLabels" => NotFound(vec![
+            json!({ "tenantId": "globex", "instanceId": g.instance, "labels": { "team": "x" } }),
+            json!({ "tenantId": "acme", "instanceId": g.instance, "labels": { "team": "x" } }),
+        ]),
         "instances.list" => NotFound(vec![json!({ "tenantId": "globex" })]),
         "flavors.list" => NotFound(vec![json!({ "poolId": g.pool })]),
         "images.list" => NotFound(vec![json!({ "tenantId": "globex" })]),
@@ -238,6 +242,10 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
         "sandboxVolumes.resize" => NotFound(vec![
             json!({ "tenantId": "globex", "volumeId": g.volume, "sizeGiB": 20 }),
             json!({ "tenantId": "acme", "volumeId": g.volume, "sizeGiB": 20 }),
+        ]),
+        "sandboxVolumes.setLabels" => NotFound(vec![
+            json!({ "tenantId": "globex", "volumeId": g.volume, "labels": { "team": "x" } }),
+            json!({ "tenantId": "acme", "volumeId": g.volume, "labels": { "team": "x" } }),
         ]),
         "sandboxVolumes.list" => NotFound(vec![json!({ "tenantId": "globex" })]),
         "secrets.put" => NotFound(vec![
