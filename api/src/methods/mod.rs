@@ -9,6 +9,7 @@ pub mod instances;
 pub mod nodes;
 pub mod policies;
 pub mod pools;
+pub mod previews;
 pub mod provider_accounts;
 pub mod sandbox_exec;
 pub mod sandboxes;
@@ -36,6 +37,7 @@ pub fn all() -> Vec<Method> {
         sandboxes::methods(),
         snapshots::methods(),
         sandbox_exec::methods(),
+        previews::methods(),
         volumes::methods(),
         provider_accounts::methods(),
         webhooks::methods(),

@@ -12,12 +12,15 @@
 //! - [`template_instance`], what every instance of a template is admitted with.
 //! - [`snapshots`], taking, settling, deleting and purging snapshots, and what a restore
 //!   boots from.
+//! - [`preview`], `sandboxes.expose` and `sandboxes.unexpose`, and the tunnel a preview URL's
+//!   request goes through.
 //! - [`warm`], claiming a warm instance, and the warm pools' refill and drain.
 
 pub mod create;
 pub mod exec;
 pub mod follow;
 pub mod lifecycle;
+pub mod preview;
 pub mod snapshots;
 pub mod template_instance;
 pub mod templates;

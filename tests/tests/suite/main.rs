@@ -18,6 +18,7 @@ mod lease_property;
 mod lifecycle;
 mod mcp;
 mod policies;
+mod preview;
 mod provider_pools;
 mod replay_property;
 mod sandbox_property;
