@@ -232,3 +232,47 @@ async fn expose_refuses_bad_ports_long_ttls_other_tenants_and_sandboxes_not_read
     // A deleted sandbox's URL answers nothing.
     assert_eq!(get(&t, exposed["url"].as_str().unwrap()).await.0, 404);
 }
+
+#[tokio::test]
+async fn the_cli_exposes_a_port_printing_the_url_and_unexposes_it() {
+    let t = TestServer::start_with(vps_tests::fast_sandboxes).await;
+    let (s, _hosts) = setup(&t).await;
+    let id = s["id"].as_str().unwrap();
+    let cli = |args: Vec<&str>| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli"))
+            .args(args)
+            .env("VPS_URL", t.server.url())
+            .env("VPS_TOKEN", ALICE)
+            .env("VPS_TENANT", "acme")
+            .env("RUST_LOG", "off")
+            .output()
+    };
+    let out = cli(vec!["sandboxes", "expose", id, "8080", "--ttl", "5m"])
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let url = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(url.starts_with("http://"), "{url}");
+    let (status, page) = get(&t, &url).await;
+    assert_eq!(status, 200, "{page}");
+    let out = cli(vec!["sandboxes", "unexpose", id, "8080"])
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(get(&t, &url).await.0, 404);
+    let out = cli(vec!["sandboxes", "expose", id, "0"]).await.unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("port"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
