@@ -4,6 +4,7 @@
 
 mod event;
 pub mod exec;
+pub mod fork;
 pub mod preview;
 pub mod snapshot;
 #[cfg(test)]
@@ -20,8 +21,8 @@ use crate::labels::Labels;
 
 pub use event::{
     ExpiryAction, Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExecIssued,
-    SandboxExpiry, SandboxExposed, SandboxFailed, SandboxLabeled, SandboxReady, SandboxUnexposed,
-    SnapshotFailed, SnapshotReady, SnapshotRef, SnapshotRequested,
+    SandboxExpiry, SandboxExposed, SandboxFailed, SandboxForked, SandboxLabeled, SandboxReady,
+    SandboxUnexposed, SnapshotFailed, SnapshotReady, SnapshotRef, SnapshotRequested,
 };
 pub use snapshot::{Snapshot, SnapshotState};
 
@@ -279,6 +280,9 @@ pub struct Sandbox {
     /// is gone, an ended one stays until it is exposed again or revoked.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub exposures: BTreeMap<u16, DateTime<Utc>>,
+    /// Its forks by idempotency key: the sandboxes each one made (`sandboxes.fork`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub forks: BTreeMap<String, Vec<String>>,
 }
 
 impl Sandbox {
@@ -413,6 +417,10 @@ impl Sandbox {
             SandboxEvent::Unexposed(e) => {
                 self.exposures.remove(&e.port);
             }
+            SandboxEvent::Forked(e) => {
+                self.forks
+                    .insert(e.idempotency_key.clone(), e.sandbox_ids.clone());
+            }
         }
         self.updated_at = at;
     }
@@ -489,6 +497,7 @@ fn from_created(c: &SandboxCreated, at: DateTime<Utc>) -> Sandbox {
         state_since: None,
         snapshots: BTreeMap::new(),
         exposures: BTreeMap::new(),
+        forks: BTreeMap::new(),
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod events;
 pub mod flavors;
+pub mod forks;
 pub mod identities;
 pub mod images;
 pub mod instances;
@@ -38,6 +39,7 @@ pub fn all() -> Vec<Method> {
         snapshots::methods(),
         sandbox_exec::methods(),
         previews::methods(),
+        forks::methods(),
         volumes::methods(),
         provider_accounts::methods(),
         webhooks::methods(),

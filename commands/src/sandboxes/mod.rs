@@ -6,6 +6,7 @@
 //! - [`templates`], the `sandboxTemplates` methods.
 //! - [`create`], `sandboxes.create` (claim or cold create, in one transaction).
 //! - [`exec`], `sandboxes.exec` (a short certificate and a tunnel ticket) and `nodes.redeemTicket`.
+//! - [`fork`], the record of `sandboxes.fork` (a memory snapshot restored `count` times).
 //! - [`lifecycle`], extend, delete, and the reconciler's expiry and fallbacks.
 //! - [`follow`], the sandbox's side of an instance change (ready, failed, deleted), recorded
 //!   in the instance change's own transaction.
@@ -19,6 +20,7 @@
 pub mod create;
 pub mod exec;
 pub mod follow;
+pub mod fork;
 pub mod lifecycle;
 pub mod preview;
 pub mod snapshots;

@@ -258,6 +258,24 @@ pub struct SandboxUnexposed {
     pub port: u16,
 }
 
+/// `sandbox.forked` (on the source's stream): one memory snapshot of the source was restored
+/// into `sandboxIds`, each a sandbox of its own (address, identity, lifetime).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxForked {
+    /// Ids (of the source).
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// The source, named again for readers of the new sandboxes' side.
+    pub source_sandbox_id: String,
+    /// The memory snapshot every fork restored.
+    pub snapshot_id: String,
+    /// The new sandboxes, in order.
+    pub sandbox_ids: Vec<String>,
+    /// The fork's idempotency key.
+    pub idempotency_key: String,
+}
+
 crate::event_enum! {
     /// What happens to a sandbox.
     pub enum SandboxEvent {
@@ -304,5 +322,7 @@ crate::event_enum! {
         Exposed(SandboxExposed) = "sandbox.exposed",
         /// `sandbox.unexposed`.
         Unexposed(SandboxUnexposed) = "sandbox.unexposed",
+        /// `sandbox.forked`.
+        Forked(SandboxForked) = "sandbox.forked",
     }
 }

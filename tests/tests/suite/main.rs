@@ -10,6 +10,7 @@ mod doctor;
 mod events;
 mod exec;
 mod files;
+mod fork;
 mod hosts;
 mod identities;
 mod instances;
