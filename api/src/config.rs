@@ -46,6 +46,18 @@ pub struct Config {
     /// `sandboxes.exec`: the sandbox CA and where tunnels go.
     #[serde(default)]
     pub sandbox_exec: SandboxExecConfig,
+    /// Preview URLs (`sandboxes.expose`).
+    #[serde(default)]
+    pub preview: PreviewConfig,
+}
+
+/// `[preview]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewConfig {
+    /// Where browsers reach this server's `/preview/…` route, e.g. `https://vps.example`
+    /// (default: `http://` and the address it listens on).
+    pub public_url: Option<String>,
 }
 
 /// `[sandbox_exec]`.
@@ -344,6 +356,14 @@ impl Config {
                 )
             })?;
         }
+        if let Some(url) = &self.preview.public_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(err(
+                    "preview.public_url",
+                    "must start with http:// or https://".into(),
+                ));
+            }
+        }
         self.validate_timings(&err)?;
         self.validate_identities(&err)
     }
@@ -514,6 +534,17 @@ impl Config {
             .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
             .ok_or_else(|| anyhow::anyhow!("[secrets] key: not base64 of 32 bytes"))?;
         Ok(bytes)
+    }
+
+    /// Where preview URLs start: `[preview] public_url`, else `http://` and `addr` (where this
+    /// server listens).
+    pub fn preview_url(&self, addr: SocketAddr) -> String {
+        self.preview
+            .public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"))
+            .trim_end_matches('/')
+            .to_string()
     }
 
     /// The parsed listen address.

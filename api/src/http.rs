@@ -1,16 +1,18 @@
 //! The API's HTTP/1.1 accept loop. It is axum's `serve` with one addition: a connection that
 //! sends no request head for [`IDLE_CONNECTION`] is closed. axum's `serve` starts no timer, so
 //! an idle keep-alive connection (a host's spare, a client that stalls mid-head) would hold
-//! its task and buffers on the server for as long as the peer keeps it open.
+//! its task and buffers on the server for as long as the peer keeps it open. Connections
+//! may be upgraded (a preview URL's WebSocket), so the graceful stop is kept here: hyper-util's
+//! `GracefulShutdown` watches no upgradeable HTTP/1 connection.
 
 use std::future::Future;
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 /// How long a connection may wait for its next request head: longer than any client's pause
 /// between calls that keep it busy (a host reports every second or so), short enough that
@@ -30,7 +32,9 @@ pub async fn serve(
 ) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(idle);
-    let graceful = GracefulShutdown::new();
+    // Every connection holds a receiver: a stop is sent on it, and the drain ends when the
+    // last one is dropped.
+    let (stop, stopping) = watch::channel(false);
     let open = metrics::gauge!("vps_http_connections_open");
     tokio::pin!(shutdown);
     loop {
@@ -48,23 +52,33 @@ pub async fn serve(
         };
         // The router takes hyper's body as it is (any body of `Bytes`).
         let service = TowerToHyperService::new(router.clone());
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
         let open = open.clone();
+        let mut stopping = stopping.clone();
         open.increment(1.0);
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                _ = async { stopping.wait_for(|s| *s).await.map(|_| ()) } => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 // A timed-out head, a peer gone mid-request: the peer's business.
                 tracing::trace!(error = %e, "connection ended");
             }
             open.decrement(1.0);
+            drop(stopping);
         });
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    drop(stopping);
+    let _ = stop.send(true);
+    if tokio::time::timeout(DRAIN, stop.closed()).await.is_err() {
         tracing::warn!("requests still in flight at the end of the drain; dropping them");
     }
 }

@@ -6,7 +6,8 @@
 //! module per group, and the registry of them all), `rpc` (dispatch), `openapi` (the document generated from the registry),
 //! `state`, `wait`, `guards` (bounds on open streams and long-polls), `server` (router,
 //! background parts), `http` (the accept loop, which closes idle connections), `supervisor` (restarts failed or panicked parts), `health`, `doctor` (operator self-checks), `telemetry`, `tools` (events, history, audit,
-//! replay, usage), `console` (the web console's embedded page).
+//! replay, usage), `console` (the web console's embedded page), `preview` (preview URLs' tokens
+//! and the proxy to a guest's port).
 //!
 //! The client (`vps-cli`), the developer tools (`vps-devtools`) and the binary (`vps`) sit
 //! above it; it ships no emulator and no test helper.
@@ -22,6 +23,7 @@ pub mod health;
 pub mod http;
 pub mod methods;
 pub mod openapi;
+pub mod preview;
 pub mod registry;
 pub mod request;
 pub mod rpc;

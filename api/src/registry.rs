@@ -65,6 +65,8 @@ pub struct Call {
     pub snapshots: vps_store::SnapshotStore,
     /// The sandbox CA, when one is configured.
     pub sandbox_ca: Option<Arc<vps_commands::sandboxes::exec::ca::SandboxCa>>,
+    /// Where preview URLs start.
+    pub preview_url: Arc<str>,
     /// This replica's copy of its nodes' spec entries.
     pub specs: Arc<vps_projections::node_specs::SpecCache>,
     /// The spec generations this replica has heard of, per node.

@@ -64,6 +64,7 @@ pub async fn dispatch(
         authz: state.authz.clone(),
         snapshots: state.snapshots.clone(),
         sandbox_ca: state.sandbox_ca.clone(),
+        preview_url: state.preview_url.clone(),
         specs: state.specs.clone(),
         spec_signals: state.spec_signals.clone(),
     };

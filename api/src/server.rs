@@ -32,6 +32,18 @@ pub fn app(state: AppState) -> Router {
             get(crate::snapshot_objects::get).put(crate::snapshot_objects::put),
         )
         .route(
+            "/preview/{token}",
+            axum::routing::any(crate::preview::proxy),
+        )
+        .route(
+            "/preview/{token}/",
+            axum::routing::any(crate::preview::proxy),
+        )
+        .route(
+            "/preview/{token}/{*rest}",
+            axum::routing::any(crate::preview::proxy),
+        )
+        .route(
             "/api/compute/{group}/{method}",
             axum::routing::post(crate::rpc::dispatch),
         )
@@ -106,6 +118,7 @@ pub async fn start_with_clock(
         authz: authz.clone(),
         snapshots: config.snapshot_store(&config.secret_bytes()?, addr, clock.clone())?,
         sandbox_ca,
+        preview_url: config.preview_url(addr).into(),
         specs: Arc::default(),
         spec_signals: Arc::default(),
         readiness: Arc::default(),

@@ -31,6 +31,8 @@ pub struct AppState {
     pub snapshots: vps_store::SnapshotStore,
     /// `[sandbox_exec] ca_key`, loaded (absent: `sandboxes.exec` is `UNSUPPORTED`).
     pub sandbox_ca: Option<Arc<vps_commands::sandboxes::exec::ca::SandboxCa>>,
+    /// Where preview URLs start (`[preview] public_url`, else this server's address).
+    pub preview_url: Arc<str>,
     /// This replica's copy of its nodes' spec entries.
     pub specs: Arc<vps_projections::node_specs::SpecCache>,
     /// The spec generations this replica has heard of, per node (long-polls wait on them).

@@ -4,6 +4,8 @@
 
 mod event;
 pub mod exec;
+pub mod fork;
+pub mod preview;
 pub mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -19,8 +21,8 @@ use crate::labels::Labels;
 
 pub use event::{
     ExpiryAction, Lifecycle, SandboxCreated, SandboxDeleted, SandboxEvent, SandboxExecIssued,
-    SandboxExpiry, SandboxFailed, SandboxLabeled, SandboxReady, SnapshotFailed, SnapshotReady,
-    SnapshotRef, SnapshotRequested,
+    SandboxExpiry, SandboxExposed, SandboxFailed, SandboxForked, SandboxLabeled, SandboxReady,
+    SandboxUnexposed, SnapshotFailed, SnapshotReady, SnapshotRef, SnapshotRequested,
 };
 pub use snapshot::{Snapshot, SnapshotState};
 
@@ -274,6 +276,13 @@ pub struct Sandbox {
     /// holds them; the `sandboxes` projection's document does not (they have their own rows).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub snapshots: BTreeMap<String, Snapshot>,
+    /// Its exposed ports and when each preview URL ends (`sandboxes.expose`); a revoked one
+    /// is gone, an ended one stays until it is exposed again or revoked.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exposures: BTreeMap<u16, DateTime<Utc>>,
+    /// Its forks by idempotency key: the sandboxes each one made (`sandboxes.fork`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub forks: BTreeMap<String, Vec<String>>,
 }
 
 impl Sandbox {
@@ -403,6 +412,16 @@ impl Sandbox {
             | SandboxEvent::SnapshotPurged(_) => snapshot::evolve(self, event, at),
             // Entering a sandbox changes nothing about it: only the stream moves on.
             SandboxEvent::ExecIssued(_) => return,
+            SandboxEvent::Exposed(e) => {
+                self.exposures.insert(e.port, e.expires_at);
+            }
+            SandboxEvent::Unexposed(e) => {
+                self.exposures.remove(&e.port);
+            }
+            SandboxEvent::Forked(e) => {
+                self.forks
+                    .insert(e.idempotency_key.clone(), e.sandbox_ids.clone());
+            }
         }
         self.updated_at = at;
     }
@@ -478,6 +497,8 @@ fn from_created(c: &SandboxCreated, at: DateTime<Utc>) -> Sandbox {
         labels: c.labels.clone(),
         state_since: None,
         snapshots: BTreeMap::new(),
+        exposures: BTreeMap::new(),
+        forks: BTreeMap::new(),
     }
 }
 

@@ -16,6 +16,11 @@
 //! channel both ways: `exec`, `shell`, `pty-req`, `env`, `subsystem`, window changes, signals,
 //! data, EOF, close and the exit status or signal. A certificate the host refuses never reaches
 //! the guest: its `sshd` sees only connections the host has already let in.
+//!
+//! A preview URL's ticket (`sandboxes.expose`) also names a guest port: the host checks that
+//! the URL has not ended and the guest runs here, then connects the rest of the stream to that
+//! port of the guest as plain TCP. No SSH session is involved; the server's proxy speaks HTTP
+//! over it.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -121,7 +126,8 @@ pub async fn serve<R: Runtime>(
     }
 }
 
-/// One tunnel: the ticket line, its redeem and checks, then the SSH session.
+/// One tunnel: the ticket line, its redeem and checks, then the SSH session (or, for a
+/// preview URL's ticket, the guest's port).
 async fn connection<R: Runtime>(
     mut stream: TcpStream,
     runtime: Arc<R>,
@@ -131,7 +137,11 @@ async fn connection<R: Runtime>(
 ) {
     let admitted = admit(&mut stream, runtime.as_ref(), &api, &targets, &proxy).await;
     let relay = match admitted {
-        Ok(relay) => relay,
+        Ok(Admitted::Ssh(relay)) => *relay,
+        Ok(Admitted::Port { instance, target }) => {
+            forward(stream, &instance, target).await;
+            return;
+        }
         Err(refusal) => {
             tracing::info!(%refusal, "tunnel refused");
             crate::metrics::tunnel(false);
@@ -153,6 +163,49 @@ async fn connection<R: Runtime>(
     }
 }
 
+/// What a redeemed ticket opens.
+enum Admitted {
+    /// An exec tunnel: the host's SSH session, relayed to the guest's `sshd`.
+    Ssh(Box<Relay>),
+    /// A preview URL's tunnel: the stream, as it is, to a port of the guest.
+    Port {
+        instance: String,
+        target: SocketAddr,
+    },
+}
+
+/// Connects a preview URL's tunnel to the guest's port and copies bytes both ways until either
+/// side ends. What the guest serves is its own business: the server's proxy speaks HTTP.
+async fn forward(mut stream: TcpStream, instance: &str, target: SocketAddr) {
+    let connected = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await;
+    let mut guest = match connected {
+        Ok(Ok(guest)) => guest,
+        Ok(Err(e)) => {
+            let refusal = format!("port {} of {instance} does not answer: {e}", target.port());
+            tracing::info!(%refusal, "tunnel refused");
+            vps_seam::tunnel::refuse(&mut stream, &refusal).await;
+            return;
+        }
+        Err(_) => {
+            let refusal = format!(
+                "port {} of {instance} does not answer in time",
+                target.port()
+            );
+            tracing::info!(%refusal, "tunnel refused");
+            vps_seam::tunnel::refuse(&mut stream, &refusal).await;
+            return;
+        }
+    };
+    crate::metrics::tunnel(true);
+    tracing::info!(%instance, %target, "tunnel admitted: guest port");
+    let _ = stream.set_nodelay(true);
+    let _ = guest.set_nodelay(true);
+    match tokio::io::copy_bidirectional(&mut stream, &mut guest).await {
+        Ok((up, down)) => tracing::debug!(%instance, up, down, "port tunnel closed"),
+        Err(error) => tracing::debug!(%instance, %error, "port tunnel ended"),
+    }
+}
+
 /// Reads and redeems the ticket, and answers the session for its guest.
 async fn admit<R: Runtime>(
     stream: &mut TcpStream,
@@ -160,7 +213,7 @@ async fn admit<R: Runtime>(
     api: &NodeApi,
     targets: &Targets,
     proxy: &Proxy,
-) -> Result<Relay, String> {
+) -> Result<Admitted, String> {
     let ticket = vps_seam::tunnel::read_ticket(stream).await?;
     let redeemed = api
         .redeem_ticket(&ticket)
@@ -168,9 +221,17 @@ async fn admit<R: Runtime>(
         .map_err(|e| format!("ticket: {e}"))?;
     let admits = targets.principal(&redeemed.instance_id);
     let address = runtime.ssh_address(&redeemed.instance_id);
+    if let Some(port) = redeemed.port {
+        let running = admits.is_some();
+        let target = check_port(&redeemed, running, address, port, proxy.clock.now())?;
+        return Ok(Admitted::Port {
+            instance: redeemed.instance_id,
+            target,
+        });
+    }
     let guest = check(&redeemed, admits.as_deref(), address, proxy.clock.now())?;
     let certificate = CertificateCheck::new(&redeemed, true)?;
-    Ok(Relay {
+    Ok(Admitted::Ssh(Box::new(Relay {
         instance: redeemed.instance_id,
         guest,
         certificate,
@@ -180,7 +241,31 @@ async fn admit<R: Runtime>(
         upstream: None,
         permit_pty: false,
         channels: HashMap::new(),
-    })
+    })))
+}
+
+/// Whether a preview URL's redeemed ticket opens `port` of its guest: the URL has not ended,
+/// the guest runs here (`running`) and has an address (`address`, where its `sshd` listens).
+pub fn check_port(
+    redeemed: &Redeemed,
+    running: bool,
+    address: Option<(IpAddr, u16)>,
+    port: u16,
+    now: DateTime<Utc>,
+) -> Result<SocketAddr, String> {
+    let instance = &redeemed.instance_id;
+    match redeemed.valid_before {
+        Some(end) if end > now => {}
+        Some(end) => return Err(format!("the preview URL ended at {end}")),
+        None => return Err("the server named no end for the preview URL".into()),
+    }
+    if !running {
+        return Err(format!("instance {instance} is not running here"));
+    }
+    let Some((ip, _)) = address else {
+        return Err(format!("instance {instance} has no address to reach"));
+    };
+    Ok(SocketAddr::new(ip, port))
 }
 
 /// Whether a redeemed ticket opens a tunnel: `admits` is the principal the instance's `sshd`
@@ -653,6 +738,7 @@ mod tests {
             principal: principal.into(),
             valid_before: Some(now + TimeDelta::seconds(ends_in)),
             ca_public_key: None,
+            port: None,
         }
     }
 
@@ -685,6 +771,19 @@ mod tests {
         assert!(e.contains("not running here"), "{e}");
         let e = check(&redeemed("inst_a", 60, now), Some("inst_a"), None, now).unwrap_err();
         assert!(e.contains("no address"), "{e}");
+    }
+
+    #[test]
+    fn a_preview_ticket_reaches_its_port_on_the_guest_address_while_it_lasts() {
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let mut r = redeemed("inst_a", 60, now);
+        r.port = Some(8080);
+        let at = check_port(&r, true, SSHD, 8080, now).unwrap();
+        assert_eq!(at.to_string(), "10.0.0.2:8080");
+        assert!(check_port(&r, false, SSHD, 8080, now).is_err());
+        assert!(check_port(&r, true, None, 8080, now).is_err());
+        let ended = redeemed("inst_a", 0, now);
+        assert!(check_port(&ended, true, SSHD, 8080, now).is_err());
     }
 
     #[test]

@@ -71,6 +71,11 @@ pub struct Redeemed {
     /// The CA the certificate must be signed by.
     #[serde(default)]
     pub ca_public_key: Option<String>,
+    /// A preview URL's tunnel (`sandboxes.expose`): the guest port to connect the stream to,
+    /// as plain TCP with no SSH session. Absent (a server before preview URLs, or an exec
+    /// ticket): the guest's `sshd`, as before.
+    #[serde(default)]
+    pub port: Option<u16>,
 }
 
 /// The server's error body, `{ code, message, details }`.

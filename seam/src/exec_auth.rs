@@ -122,6 +122,7 @@ mod tests {
             principal: principal.into(),
             valid_before: Some(valid_before),
             ca_public_key: Some(ca.public_key().to_openssh().unwrap()),
+            port: None,
         }
     }
 

@@ -593,6 +593,79 @@ fn a_memory_snapshot_through_the_api_restores_a_sandbox_with_its_memory_and_file
     });
 }
 
+#[test]
+fn a_preview_url_serves_a_page_of_the_guests_httpd_and_a_forged_token_does_not() {
+    in_netns(|database| async move {
+        let lab = Lab::new("preview", &database).await;
+        let _host = lab.start_host().await;
+        let template = lab.template(None).await;
+        let s = lab.sandbox(&template, "web").await;
+        let id = s["id"].as_str().unwrap().to_string();
+        let keys = Keys::new(&lab.root).await;
+        let grant = lab.exec_grant(&s, &keys, None).await;
+        // busybox's httpd daemonizes: the exec ends, the server stays.
+        let started = ssh_until_up(
+            &keys,
+            &grant,
+            &format!(
+                "mkdir -p /tmp/www && echo 'hello from {id}' > /tmp/www/index.html && \
+                 busybox httpd -p 8080 -h /tmp/www && echo started"
+            ),
+            &lab,
+        )
+        .await;
+        assert!(started.contains("started"), "{started}");
+
+        let exposed = lab
+            .ok(
+                ALICE,
+                "sandboxes.expose",
+                json!({ "tenantId": "acme", "sandboxId": id, "port": 8080, "ttlSeconds": 600 }),
+            )
+            .await;
+        let url = exposed["url"].as_str().unwrap().to_string();
+        // `vps serve` proxies it: a tunnel ticket to the agent, which connects the tunnel to the
+        // guest's port 8080, where the guest's own httpd answers.
+        for path in ["", "index.html"] {
+            let response = lab.t.http.get(format!("{url}{path}")).send().await.unwrap();
+            let status = response.status().as_u16();
+            let page = response.text().await.unwrap();
+            assert_eq!(status, 200, "{url}{path}: {page}");
+            assert_eq!(page, format!("hello from {id}\n"));
+        }
+        let missing = lab
+            .t
+            .http
+            .get(format!("{url}nothing"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(missing.status().as_u16(), 404, "the guest's own 404");
+
+        // A forged token opens nothing, and neither does the real one once revoked.
+        let token = url.trim_end_matches('/').rsplit('/').next().unwrap();
+        let (payload, mac) = token.split_once('.').unwrap();
+        let flipped = if mac.starts_with('0') { "1" } else { "0" };
+        let forged = format!(
+            "{}/preview/{payload}.{flipped}{}/",
+            lab.t.server.url(),
+            &mac[1..]
+        );
+        let response = lab.t.http.get(&forged).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 404);
+        assert_eq!(response.text().await.unwrap(), "no such preview\n");
+        lab.ok(
+            ALICE,
+            "sandboxes.unexpose",
+            json!({ "tenantId": "acme", "sandboxId": id, "port": 8080 }),
+        )
+        .await;
+        let response = lab.t.http.get(&url).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 404);
+        assert_eq!(response.text().await.unwrap(), "no such preview\n");
+    });
+}
+
 /// Runs `test` in a network namespace of its own (see the module's doc), one booting test at a
 /// time. `test` gets the URL of a fresh database it can reach from there.
 fn in_netns<F, Fut>(test: F)

@@ -3,12 +3,14 @@
 
 pub mod events;
 pub mod flavors;
+pub mod forks;
 pub mod identities;
 pub mod images;
 pub mod instances;
 pub mod nodes;
 pub mod policies;
 pub mod pools;
+pub mod previews;
 pub mod provider_accounts;
 pub mod sandbox_exec;
 pub mod sandboxes;
@@ -36,6 +38,8 @@ pub fn all() -> Vec<Method> {
         sandboxes::methods(),
         snapshots::methods(),
         sandbox_exec::methods(),
+        previews::methods(),
+        forks::methods(),
         volumes::methods(),
         provider_accounts::methods(),
         webhooks::methods(),

@@ -93,6 +93,10 @@ pub struct Redeemed {
     valid_before: DateTime<Utc>,
     /// The CA the client's certificate must be signed by.
     ca_public_key: Option<String>,
+    /// A preview URL's tunnel: the guest port to connect the stream to (plain TCP, no SSH
+    /// session). Absent: an exec tunnel to the guest's `sshd`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    port: Option<u16>,
 }
 
 /// The methods.
@@ -171,5 +175,6 @@ async fn redeem(c: Call, q: RedeemBody) -> Result<Redeemed, ApiError> {
         principal: redeemed.principal,
         valid_before: redeemed.valid_before,
         ca_public_key: c.sandbox_ca.as_ref().map(|ca| ca.public_key().to_string()),
+        port: redeemed.port,
     })
 }

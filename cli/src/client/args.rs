@@ -4,6 +4,7 @@
 //! `VPS_TENANT`), `--key` (a fresh idempotency key when absent), `--ssh-key FILE[,FILE]` (public
 //! keys only), `--user-data FILE`, `--wait`, `--all` (`scope: all`), durations like `15m` for
 //! any `…Seconds`, `--label KEY=VALUE` (repeated) for `labels`, and its flag names (`--pool`, `--image`, `--ttl`, `--size`, …) as aliases.
+//! A required `port` is a second positional argument after the id.
 
 use clap::{Arg, ArgAction, ArgMatches};
 use schemars::generate::SchemaSettings;
@@ -175,7 +176,18 @@ pub fn for_method(m: &Method) -> Vec<Arg> {
     for p in &props {
         let about = p.about.lines().next().unwrap_or("").to_string();
         if Some(&p.name) == id.as_ref() {
-            args.push(Arg::new(p.name.clone()).required(true).help(about));
+            args.push(Arg::new(p.name.clone()).required(true).index(1).help(about));
+            continue;
+        }
+        // A required port follows the id: `vps sandboxes expose sbx_… 8080`.
+        if p.name == "port" && p.required && id.is_some() {
+            args.push(
+                Arg::new(p.name.clone())
+                    .required(true)
+                    .index(2)
+                    .value_name("PORT")
+                    .help(about),
+            );
             continue;
         }
         let mut arg = Arg::new(p.name.clone()).long(flag(p)).help(about.clone());

@@ -240,6 +240,8 @@ pub async fn run(group: &str, matches: &ArgMatches) -> i32 {
             match (query, method.name, json) {
                 (Some(path), _, _) => output::print_field(&value, path),
                 (None, "history", false) => output::print_events(&value),
+                // `vps sandboxes expose` prints the URL alone, for a browser or a pipe.
+                (None, "expose", false) => output::print_field(&value, "url"),
                 (None, _, json) => output::print(&value, json),
             }
             0

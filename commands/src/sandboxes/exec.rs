@@ -130,6 +130,7 @@ async fn issue_in(
         instance_id: &instance.id,
         principal: &window.principal,
         valid_before: window.valid_before,
+        port: None,
     };
     let ticket_expires_at = tunnel::store(tx, &ticket, &binding, now).await?;
     let events = domain::issued(&s, serial, &window);

@@ -6,18 +6,23 @@
 //! - [`templates`], the `sandboxTemplates` methods.
 //! - [`create`], `sandboxes.create` (claim or cold create, in one transaction).
 //! - [`exec`], `sandboxes.exec` (a short certificate and a tunnel ticket) and `nodes.redeemTicket`.
+//! - [`fork`], the record of `sandboxes.fork` (a memory snapshot restored `count` times).
 //! - [`lifecycle`], extend, delete, and the reconciler's expiry and fallbacks.
 //! - [`follow`], the sandbox's side of an instance change (ready, failed, deleted), recorded
 //!   in the instance change's own transaction.
 //! - [`template_instance`], what every instance of a template is admitted with.
 //! - [`snapshots`], taking, settling, deleting and purging snapshots, and what a restore
 //!   boots from.
+//! - [`preview`], `sandboxes.expose` and `sandboxes.unexpose`, and the tunnel a preview URL's
+//!   request goes through.
 //! - [`warm`], claiming a warm instance, and the warm pools' refill and drain.
 
 pub mod create;
 pub mod exec;
 pub mod follow;
+pub mod fork;
 pub mod lifecycle;
+pub mod preview;
 pub mod snapshots;
 pub mod template_instance;
 pub mod templates;

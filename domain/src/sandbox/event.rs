@@ -233,6 +233,49 @@ pub struct SandboxExecIssued {
     pub valid_before: DateTime<Utc>,
 }
 
+/// `sandbox.exposed`: a port of the sandbox's guest is reachable at a preview URL until
+/// `expiresAt`. The URL's token is never recorded; the port and the expiry name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxExposed {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// The guest's port.
+    pub port: u16,
+    /// When the preview URL stops answering.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `sandbox.unexposed`: the port's preview URL was revoked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxUnexposed {
+    /// Ids.
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// The guest's port.
+    pub port: u16,
+}
+
+/// `sandbox.forked` (on the source's stream): one memory snapshot of the source was restored
+/// into `sandboxIds`, each a sandbox of its own (address, identity, lifetime).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxForked {
+    /// Ids (of the source).
+    #[serde(flatten)]
+    pub ids: Lifecycle,
+    /// The source, named again for readers of the new sandboxes' side.
+    pub source_sandbox_id: String,
+    /// The memory snapshot every fork restored.
+    pub snapshot_id: String,
+    /// The new sandboxes, in order.
+    pub sandbox_ids: Vec<String>,
+    /// The fork's idempotency key.
+    pub idempotency_key: String,
+}
+
 crate::event_enum! {
     /// What happens to a sandbox.
     pub enum SandboxEvent {
@@ -275,5 +318,11 @@ crate::event_enum! {
         SnapshotPurged(SnapshotRef) = "sandbox.snapshot.purged",
         /// `sandbox.exec.issued`.
         ExecIssued(SandboxExecIssued) = "sandbox.exec.issued",
+        /// `sandbox.exposed`.
+        Exposed(SandboxExposed) = "sandbox.exposed",
+        /// `sandbox.unexposed`.
+        Unexposed(SandboxUnexposed) = "sandbox.unexposed",
+        /// `sandbox.forked`.
+        Forked(SandboxForked) = "sandbox.forked",
     }
 }

@@ -15,12 +15,14 @@
 //! - `deleted`, or missing from the spec: the domain is destroyed, except stray domains.
 //!
 //! With [`HostConfig::tunnel_listen`], the host also accepts `sandboxes.exec` tunnels there
-//! (see [`tunnel`]) and states the endpoint in its reports (`tunnelUrl`).
+//! (see [`tunnel`]) and states the endpoint in its reports (`tunnelUrl`); a preview URL's
+//! tunnel reaches the guest's emulated service (`service`).
 //!
 //! The [`HostHandle`] injects what tests need: failures, refused starts, strays, silence.
 
 mod agent;
 mod domains;
+mod service;
 mod snapshots;
 pub mod tunnel;
 

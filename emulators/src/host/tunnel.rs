@@ -8,6 +8,9 @@
 //! with an OpenSSH user certificate from that CA, naming that principal, inside its validity
 //! window. An `exec` request runs `sh -c <command>`, a `shell` request runs `sh`, in a
 //! scratch directory of the session's own; the client gets stdout, stderr and the exit status.
+//!
+//! A preview URL's ticket also names a port: the rest of the connection goes to the emulated
+//! guest's service on that port ([`super::service`]), with no SSH session.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -64,7 +67,8 @@ fn ssh_config() -> russh::server::Config {
     }
 }
 
-/// One tunnel: the ticket line, its redeem, then the SSH session.
+/// One tunnel: the ticket line, its redeem, then the SSH session (or, for a preview URL's
+/// ticket, the guest's emulated service on its port).
 async fn connection(
     mut stream: TcpStream,
     shared: Arc<Shared>,
@@ -73,7 +77,11 @@ async fn connection(
     clock: Clock,
 ) {
     let guest = match admit(&mut stream, &shared, &api, clock).await {
-        Ok(guest) => guest,
+        Ok(Admitted::Ssh(guest)) => *guest,
+        Ok(Admitted::Port(instance, port)) => {
+            super::service::serve(stream, &instance, port).await;
+            return;
+        }
         Err(refusal) => {
             tracing::info!(%refusal, "tunnel refused");
             vps_seam::tunnel::refuse(&mut stream, &refusal).await;
@@ -90,13 +98,21 @@ async fn connection(
     }
 }
 
+/// What a redeemed ticket opens.
+enum Admitted {
+    /// An exec tunnel: an SSH session with the guest.
+    Ssh(Box<Guest>),
+    /// A preview URL's tunnel: the instance's port.
+    Port(String, u16),
+}
+
 /// Reads and redeems the ticket, and checks that the instance it names runs here.
 async fn admit(
     stream: &mut TcpStream,
     shared: &Shared,
     api: &NodeApi,
     clock: Clock,
-) -> Result<Guest, String> {
+) -> Result<Admitted, String> {
     let ticket = vps_seam::tunnel::read_ticket(stream).await?;
     let redeemed = api
         .redeem_ticket(&ticket)
@@ -113,7 +129,14 @@ async fn admit(
             redeemed.instance_id
         ));
     }
-    Guest::new(redeemed, clock)
+    if let Some(port) = redeemed.port {
+        // As the real host: the preview URL's end is the ticket's certificate end.
+        if redeemed.valid_before.is_none_or(|end| end <= clock.now()) {
+            return Err("the preview URL has ended".into());
+        }
+        return Ok(Admitted::Port(redeemed.instance_id, port));
+    }
+    Guest::new(redeemed, clock).map(|g| Admitted::Ssh(Box::new(g)))
 }
 
 /// One SSH session with an instance's guest.

@@ -231,6 +231,14 @@ fn fixture(method: &str, g: &Globex) -> Option<Fixture> {
             json!({ "tenantId": "globex", "sandboxId": g.sandbox, "publicKey": SSH_KEY }),
             json!({ "tenantId": "acme", "sandboxId": g.sandbox, "publicKey": SSH_KEY }),
         ]),
+        "sandboxes.fork" => NotFound(vec![
+            json!({ "tenantId": "globex", "sandboxId": g.sandbox, "count": 1, "idempotencyKey": "x" }),
+            json!({ "tenantId": "acme", "sandboxId": g.sandbox, "count": 1, "idempotencyKey": "x" }),
+        ]),
+        "sandboxes.expose" | "sandboxes.unexpose" => NotFound(vec![
+            json!({ "tenantId": "globex", "sandboxId": g.sandbox, "port": 8080 }),
+            json!({ "tenantId": "acme", "sandboxId": g.sandbox, "port": 8080 }),
+        ]),
         "sandboxVolumes.create" => NotFound(vec![
             json!({ "tenantId": "globex", "poolId": g.pool, "name": "x", "sizeGiB": 1, "idempotencyKey": "x" }),
             json!({ "tenantId": "acme", "poolId": g.pool, "name": "x", "sizeGiB": 1, "idempotencyKey": "x" }),

@@ -27,6 +27,8 @@ pub struct Redeemed {
     pub principal: String,
     /// When the certificate ends.
     pub valid_before: DateTime<Utc>,
+    /// A preview URL's tunnel: the guest port to connect to instead of its `sshd`.
+    pub port: Option<u16>,
 }
 
 /// A new ticket: what the caller is given, and what is stored.
@@ -125,6 +127,8 @@ pub struct Binding<'a> {
     pub principal: &'a str,
     /// The certificate's end.
     pub valid_before: DateTime<Utc>,
+    /// A preview URL's tunnel: the guest port the host connects it to (no SSH session).
+    pub port: Option<u16>,
 }
 
 /// Stores `ticket` (its hash) bound to `binding`, valid until `now` + [`TICKET_TTL`], and
@@ -139,8 +143,8 @@ pub async fn store(
     let expires_at = now + TICKET_TTL;
     sqlx::query(
         "INSERT INTO exec_tickets (ticket_hash, node_id, instance_id, principal, valid_before,
-                                   expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+                                   expires_at, port)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(&ticket.hash)
     .bind(binding.node_id)
@@ -148,6 +152,7 @@ pub async fn store(
     .bind(binding.principal)
     .bind(binding.valid_before)
     .bind(expires_at)
+    .bind(binding.port.map(i32::from))
     .execute(&mut *tx)
     .await?;
     Ok(expires_at)
@@ -161,10 +166,10 @@ pub async fn redeem(
     ticket: &str,
     now: DateTime<Utc>,
 ) -> Result<Redeemed, CommandError> {
-    let row: Option<(String, String, DateTime<Utc>)> = sqlx::query_as(
+    let row: Option<(String, String, DateTime<Utc>, Option<i32>)> = sqlx::query_as(
         "DELETE FROM exec_tickets
           WHERE ticket_hash = $1 AND node_id = $2 AND expires_at > $3
-         RETURNING instance_id, principal, valid_before",
+         RETURNING instance_id, principal, valid_before, port",
     )
     .bind(hash(ticket))
     .bind(node_id)
@@ -172,13 +177,15 @@ pub async fn redeem(
     .fetch_optional(&mut *conn)
     .await?;
     sweep(conn, now).await?;
-    let (instance_id, principal, valid_before) = row.ok_or_else(|| DomainError::NotFound {
-        what: "ticket".into(),
-    })?;
+    let (instance_id, principal, valid_before, port) =
+        row.ok_or_else(|| DomainError::NotFound {
+            what: "ticket".into(),
+        })?;
     Ok(Redeemed {
         instance_id,
         principal,
         valid_before,
+        port: port.and_then(|p| u16::try_from(p).ok()),
     })
 }
 
