@@ -18,7 +18,8 @@ pub const RUNTIMES: &[&str] = &[
 ];
 
 /// The runtimes that take snapshots (and restore them); any other is `UNSUPPORTED`.
-pub const RUNTIMES_WITH_SNAPSHOTS: &[&str] = &["libvirt-kvm", "cloud-hypervisor", "firecracker", "qemu"];
+pub const RUNTIMES_WITH_SNAPSHOTS: &[&str] =
+    &["libvirt-kvm", "cloud-hypervisor", "firecracker", "qemu"];
 
 /// Checks a resource name: 1 to 63 letters, digits, `-`, `_` or `.`.
 pub fn check_name(field: &str, name: &str) -> Result<(), DomainError> {

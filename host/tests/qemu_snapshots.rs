@@ -597,7 +597,15 @@ impl SmallDisk {
         run(&["mount", "--make-rprivate", "/"]);
         std::fs::create_dir_all(dir).unwrap();
         let options = format!("size={size}");
-        run(&["mount", "-t", "tmpfs", "-o", &options, "tmpfs", dir.to_str().unwrap()]);
+        run(&[
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            &options,
+            "tmpfs",
+            dir.to_str().unwrap(),
+        ]);
         SmallDisk(dir.to_owned())
     }
 }

@@ -539,8 +539,12 @@ fn a_memory_snapshot_through_the_api_restores_a_sandbox_with_its_memory_and_file
         )
         .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let counted = ssh(&keys, &lab.exec_grant(&source, &keys, None).await, "cat /run/counter")
-            .await;
+        let counted = ssh(
+            &keys,
+            &lab.exec_grant(&source, &keys, None).await,
+            "cat /run/counter",
+        )
+        .await;
         let counted: u64 = counted.stdout.trim().parse().expect("a count");
 
         let snap = lab
@@ -582,7 +586,10 @@ fn a_memory_snapshot_through_the_api_restores_a_sandbox_with_its_memory_and_file
         let after: Vec<&str> = after.lines().collect();
         assert_eq!(after[0], "kept", "the file survives: {after:?}");
         let count: u64 = after[1].trim().parse().expect("a count");
-        assert!(count >= counted, "the counter goes on from {counted}, not from zero: {count}");
+        assert!(
+            count >= counted,
+            "the counter goes on from {counted}, not from zero: {count}"
+        );
         assert_eq!(after[2], before[0], "the same boot: no reboot");
         assert_ne!(after[3], before[1], "the restore has its own machine id");
         let (a, b) = (
@@ -663,6 +670,63 @@ fn a_preview_url_serves_a_page_of_the_guests_httpd_and_a_forged_token_does_not()
         let response = lab.t.http.get(&url).send().await.unwrap();
         assert_eq!(response.status().as_u16(), 404);
         assert_eq!(response.text().await.unwrap(), "no such preview\n");
+    });
+}
+
+#[test]
+fn a_fork_of_three_makes_three_guests_with_their_own_addresses_and_identities_holding_the_source_file(
+) {
+    in_netns(|database| async move {
+        let lab = Lab::new("fork", &database).await;
+        let _host = lab.start_host().await;
+        let template = lab.template(None).await;
+        let source = lab.sandbox(&template, "source").await;
+        let keys = Keys::new(&lab.root).await;
+        let grant = lab.exec_grant(&source, &keys, None).await;
+        let identity = "cat /data/kept /etc/machine-id /etc/ssh/ssh_host_ed25519_key.pub";
+        let before = ssh_until_up(
+            &keys,
+            &grant,
+            &format!("echo kept > /data/kept && sync && {identity}"),
+            &lab,
+        )
+        .await;
+        let forked = lab
+            .ok(
+                ALICE,
+                "sandboxes.fork",
+                json!({ "tenantId": "acme", "sandboxId": source["id"], "count": 3,
+                        "idempotencyKey": "fork-1" }),
+            )
+            .await;
+        let made: Vec<String> = forked["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(made.len(), 3, "{forked}");
+        let mut identities = vec![before.lines().skip(1).collect::<Vec<_>>().join("\n")];
+        let mut addresses =
+            vec![lab.instance(source["instanceId"].as_str().unwrap()).await["addresses"].clone()];
+        for id in &made {
+            let s = lab.ready(id).await;
+            let grant = lab.exec_grant(&s, &keys, None).await;
+            let out = ssh_until_up(&keys, &grant, identity, &lab).await;
+            let lines: Vec<&str> = out.lines().collect();
+            assert_eq!(lines[0], "kept", "the source's file is in {id}: {out}");
+            identities.push(lines[1..].join("\n"));
+            addresses
+                .push(lab.instance(s["instanceId"].as_str().unwrap()).await["addresses"].clone());
+        }
+        let distinct = |v: &[String]| v.iter().collect::<std::collections::HashSet<_>>().len();
+        assert_eq!(
+            distinct(&identities),
+            4,
+            "machine ids and host keys: {identities:?}"
+        );
+        let addresses: Vec<String> = addresses.iter().map(Value::to_string).collect();
+        assert_eq!(distinct(&addresses), 4, "addresses: {addresses:?}");
     });
 }
 
@@ -848,7 +912,7 @@ impl Lab {
                 OPERATOR,
                 "nodes.register",
                 json!({ "poolId": pool_id, "name": "real-0",
-                "capacity": { "vcpu": 2, "memoryGiB": 4, "diskGiB": 50 }, "runtimes": ["qemu"],
+                "capacity": { "vcpu": 8, "memoryGiB": 8, "diskGiB": 50 }, "runtimes": ["qemu"],
                 "cpuModel": "tcg:max" }),
             )
             .await;
@@ -957,15 +1021,8 @@ impl Lab {
         self.sandbox_with(template, key, json!({})).await
     }
 
-    /// A sandbox created with `extra` fields in its create (`fromSnapshot`), once `ready`.
-    async fn sandbox_with(&self, template: &str, key: &str, extra: Value) -> Value {
-        let mut body = json!({ "tenantId": "acme", "templateId": template, "idempotencyKey": key,
-                               "ttlSeconds": 3600, "wait": { "timeoutMs": 1000 } });
-        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
-            body.extend(extra.clone());
-        }
-        let s = self.ok(ALICE, "sandboxes.create", body).await;
-        let id = s["id"].as_str().unwrap().to_string();
+    /// The sandbox `id` once it is `ready`.
+    async fn ready(&self, id: &str) -> Value {
         let deadline = Instant::now() + BOOT;
         loop {
             let s = self
@@ -981,6 +1038,17 @@ impl Lab {
             assert!(Instant::now() < deadline, "sandbox {id} not ready: {s}");
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// A sandbox created with `extra` fields in its create (`fromSnapshot`), once `ready`.
+    async fn sandbox_with(&self, template: &str, key: &str, extra: Value) -> Value {
+        let mut body = json!({ "tenantId": "acme", "templateId": template, "idempotencyKey": key,
+                               "ttlSeconds": 3600, "wait": { "timeoutMs": 1000 } });
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        let s = self.ok(ALICE, "sandboxes.create", body).await;
+        self.ready(s["id"].as_str().unwrap()).await
     }
 
     async fn instance_create(&self, image: &str, user_data: Option<&str>) -> String {

@@ -705,9 +705,14 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
             vps_devtools::bench::sandbox::run(url, &options).await?;
         }
         BenchCommand::Snapshot {
-            runtime, image, accel, rounds, ..
+            runtime,
+            image,
+            accel,
+            rounds,
+            ..
         } if runtime == "qemu" => {
-            let image = image.ok_or_else(|| anyhow::anyhow!("--runtime qemu needs --image FILE"))?;
+            let image =
+                image.ok_or_else(|| anyhow::anyhow!("--runtime qemu needs --image FILE"))?;
             let options = vps_devtools::bench::host::HostBench {
                 image,
                 cold: 1,

@@ -1186,8 +1186,11 @@ impl Qmp {
     }
 
     async fn execute_with(&mut self, command: &str, arguments: Value) -> anyhow::Result<Value> {
-        self.send(command, json!({ "execute": command, "arguments": arguments }))
-            .await
+        self.send(
+            command,
+            json!({ "execute": command, "arguments": arguments }),
+        )
+        .await
     }
 
     async fn send(&mut self, command: &str, request: Value) -> anyhow::Result<Value> {

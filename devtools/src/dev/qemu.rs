@@ -48,7 +48,11 @@ pub async fn start(
     // KVM or TCG, decided once for every host of this machine (one probe boot at most), and
     // the CPU model the nodes are registered with: memory snapshots restore onto it.
     let image_dir = absolute(Path::new(".vps/images"))?;
-    let probe = Qemu::new(absolute(Path::new(".vps/hosts/probe"))?, &image_dir, Accel::Auto)?;
+    let probe = Qemu::new(
+        absolute(Path::new(".vps/hosts/probe"))?,
+        &image_dir,
+        Accel::Auto,
+    )?;
     let chosen = probe.chosen_accel().await;
     let nodes = super::nodes(
         ctx,

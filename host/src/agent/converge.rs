@@ -185,9 +185,8 @@ pub fn report(
         .is_some_and(|r| r.include_memory);
     let entry = |state, message: Option<String>, addresses: Vec<String>| ReportEntry {
         id: id.to_owned(),
-        identity_rebound: (restored
-            && matches!(state, ReportState::Running | ReportState::Paused))
-        .then_some(true),
+        identity_rebound: (restored && matches!(state, ReportState::Running | ReportState::Paused))
+            .then_some(true),
         state,
         message,
         addresses,

@@ -107,15 +107,17 @@ pub async fn report_rows(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, state, has_conditions, Json(addresses), shares_principal)| {
-            let view = ReportView {
-                state: state_column(state),
-                has_conditions,
-                addresses,
-                shares_principal,
-            };
-            (id, view)
-        })
+        .map(
+            |(id, state, has_conditions, Json(addresses), shares_principal)| {
+                let view = ReportView {
+                    state: state_column(state),
+                    has_conditions,
+                    addresses,
+                    shares_principal,
+                };
+                (id, view)
+            },
+        )
         .collect())
 }
 

@@ -105,7 +105,9 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
             )
             .await?;
 
-        let alone = baseline.save_and_load(&lab.root.join("baseline-snap"), i).await?;
+        let alone = baseline
+            .save_and_load(&lab.root.join("baseline-snap"), i)
+            .await?;
         state_bytes = alone.state_bytes;
         println!(
             "  round {i}: snapshot to ready {snapshot_ms:.0} ms (archive {} MiB), restore to ready {restore_ms:.0} ms; QEMU alone: save {:.0} ms, load to running {:.0} ms (state {} MiB)",
@@ -176,7 +178,11 @@ pub(super) struct SaveAndLoad {
 impl BaselineTemplate {
     /// Boots QEMU alone to its guest's init, saves its state to a file as the runtime does
     /// (timed), then starts a second QEMU that loads it and runs (timed). Both are killed.
-    pub(super) async fn save_and_load(&self, dir: &Path, round: usize) -> anyhow::Result<SaveAndLoad> {
+    pub(super) async fn save_and_load(
+        &self,
+        dir: &Path,
+        round: usize,
+    ) -> anyhow::Result<SaveAndLoad> {
         self.prepare(dir).await?;
         let state = dir.join("memory.state");
         let mut source = self.spawn(dir, &format!("vpssave{round}"))?;
@@ -201,7 +207,9 @@ impl BaselineTemplate {
         }
         .await;
         let _ = source.kill().await;
-        let save_ms = saved.with_context(|| format!("QEMU alone, saving: {}", super::tail(&dir.join("qemu.log"))))?;
+        let save_ms = saved.with_context(|| {
+            format!("QEMU alone, saving: {}", super::tail(&dir.join("qemu.log")))
+        })?;
         let state_bytes = std::fs::metadata(&state)?.len();
 
         // The same disk and config drive, in a fresh QEMU that waits for the state.
@@ -230,7 +238,10 @@ impl BaselineTemplate {
                 if status["status"] == "running" {
                     break;
                 }
-                anyhow::ensure!(started.elapsed() < BOOT_LIMIT, "QEMU alone, loading: {status}");
+                anyhow::ensure!(
+                    started.elapsed() < BOOT_LIMIT,
+                    "QEMU alone, loading: {status}"
+                );
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             anyhow::Ok(ms(started.elapsed()))
@@ -238,7 +249,10 @@ impl BaselineTemplate {
         .await;
         let _ = target.kill().await;
         let load_ms = loaded.with_context(|| {
-            format!("QEMU alone, loading: {}", super::tail(&dir.join("qemu-load.log")))
+            format!(
+                "QEMU alone, loading: {}",
+                super::tail(&dir.join("qemu-load.log"))
+            )
         })?;
         let _ = std::fs::remove_dir_all(dir);
         Ok(SaveAndLoad {
