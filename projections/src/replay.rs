@@ -19,7 +19,7 @@ pub struct TableDiff {
 }
 
 /// What a verify found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReplayReport {
     /// Events replayed.
     pub events: u64,
@@ -27,6 +27,33 @@ pub struct ReplayReport {
     pub diffs: Vec<TableDiff>,
     /// Tables not compared because their async projector had not caught up.
     pub skipped: Vec<String>,
+    /// Where the time went.
+    pub timings: Timings,
+}
+
+/// Where a replay's time went, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timings {
+    /// Reading the log (and decoding it).
+    pub read: f64,
+    /// Folding events (in memory, or by the SQL projectors, which also write).
+    pub fold: f64,
+    /// Writing folded rows into the scratch tables.
+    pub write: f64,
+    /// Building indexes after the load (and the NodeSpecs from the rebuilt views).
+    pub index: f64,
+    /// Comparing the rebuilt tables with the live ones.
+    pub compare: f64,
+}
+
+impl std::fmt::Display for Timings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "read {:.2} s, fold {:.2} s, write {:.2} s, indexes {:.2} s, comparison {:.2} s",
+            self.read, self.fold, self.write, self.index, self.compare
+        )
+    }
 }
 
 /// Replays the whole log into a scratch schema and compares every projection table with the
@@ -53,28 +80,58 @@ pub async fn verify(
     }
     tx.execute(format!("SET LOCAL search_path = {schema}, public").as_str())
         .await?;
+    let mut timings = Timings::default();
     let mut cursor = Cursor::START;
     let mut events = 0u64;
     loop {
         // Within one snapshot nothing can commit late, so read all it sees, in the agreed order.
+        let at = std::time::Instant::now();
         let page = read_all_visible(&mut tx, cursor, 2000).await?;
+        timings.read += at.elapsed().as_secs_f64();
         let Some(last) = page.last() else { break };
         cursor = last.cursor();
+        let at = std::time::Instant::now();
         for event in &page {
             apply(&mut tx, event).await?;
         }
+        timings.fold += at.elapsed().as_secs_f64();
         events += page.len() as u64;
         progress(events);
     }
+    let at = std::time::Instant::now();
     crate::node_specs::refresh_all(&mut tx).await?;
+    timings.index += at.elapsed().as_secs_f64();
+    let at = std::time::Instant::now();
     let behind = behind(&mut tx, &schema, cursor).await?;
     let (diffs, skipped) = compare_all(&mut tx, &schema, &behind).await?;
+    timings.compare += at.elapsed().as_secs_f64();
     tx.rollback().await?;
     Ok(ReplayReport {
         events,
         diffs,
         skipped,
+        timings,
     })
+}
+
+/// Projects every event after `after` into the tables `search_path` names, in the caller's
+/// transaction, as the inline projectors would have; answers the last event's cursor. For
+/// tools that build a log without running its commands (`vps bench replay`).
+pub async fn project_after(
+    conn: &mut PgConnection,
+    after: Cursor,
+) -> Result<Cursor, ProjectionError> {
+    let mut cursor = after;
+    loop {
+        let page = vps_events::read::read_after(&mut *conn, cursor, 5000).await?;
+        let Some(last) = page.last() else {
+            return Ok(cursor);
+        };
+        cursor = last.cursor();
+        for event in &page {
+            apply(conn, event).await?;
+        }
+    }
 }
 
 /// The prefixes of the tables whose projector runs behind the log and has not yet caught up

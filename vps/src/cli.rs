@@ -290,6 +290,13 @@ enum BenchCommand {
         #[arg(long, default_value_t = 24)]
         hours: i64,
     },
+    /// replay --verify and audit verify over a pre-built log of instances and sandboxes with
+    /// churn (usage records included) vs a follower reading that log.
+    Replay {
+        /// Events of churn to build (the goal is set at 1,000,000).
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+    },
     /// Append → JetStream and append → webhook latency vs core NATS publish → subscribe.
     Delivery {
         /// Events appended per second.
@@ -674,6 +681,13 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 hours: hours.clamp(1, 24 * 31),
             };
             vps_devtools::bench::usage::run(url, &options).await?;
+        }
+        BenchCommand::Replay { events } => {
+            let options = vps_devtools::bench::replay::ReplayBench {
+                events: events.clamp(1000, 100_000_000),
+            };
+            let figures = vps_devtools::bench::replay::run(url, &options).await?;
+            return Ok(exit_code(figures.equal && figures.chain_intact));
         }
         BenchCommand::Delivery { rate, seconds } => {
             let options = vps_devtools::bench::delivery::DeliveryBench {
