@@ -56,10 +56,22 @@ impl std::fmt::Display for Timings {
     }
 }
 
+/// Events read from the log in one page.
+const PAGE: i64 = 20_000;
+
+/// Events folded in memory before their rows are written (bounds the memory a replay holds).
+const FLUSH_EVERY: usize = 200_000;
+
 /// Replays the whole log into a scratch schema and compares every projection table with the
 /// live one. The scratch schema is dropped afterwards. `progress(events_done)` is called per
 /// page. Live writers may append meanwhile: the comparison runs in one repeatable-read
 /// transaction, and the rebuild replays exactly the events that snapshot can see.
+///
+/// The rebuild folds the busy streams in memory (instances, sandboxes, usage records: see
+/// [`Rebuild`]) and writes their rows in batches; every other event goes through its SQL
+/// projector. The scratch tables get their unique indexes first (the projectors' upserts need
+/// them) and the others after the load. Each table is compared by a hash of its rows; only a
+/// table whose hashes differ is searched for the rows that differ.
 pub async fn verify(
     pool: &PgPool,
     mut progress: impl FnMut(u64),
@@ -67,38 +79,35 @@ pub async fn verify(
     let schema = format!("replay_{}", std::process::id());
     let mut conn = pool.acquire().await?;
     let conn: &mut PgConnection = &mut conn;
+    sweep(conn).await?;
     let mut tx = conn.begin().await?;
     tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .await?;
-    tx.execute(format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}").as_str())
-        .await?;
-    for table in TABLES {
-        tx.execute(
-            format!("CREATE TABLE {schema}.{table} (LIKE public.{table} INCLUDING ALL)").as_str(),
-        )
-        .await?;
-    }
+    let mut timings = Timings::default();
+    let later_indexes = scratch_schema(&mut tx, &schema).await?;
     tx.execute(format!("SET LOCAL search_path = {schema}, public").as_str())
         .await?;
-    let mut timings = Timings::default();
+    let mut rebuild = Rebuild::default();
     let mut cursor = Cursor::START;
     let mut events = 0u64;
     loop {
         // Within one snapshot nothing can commit late, so read all it sees, in the agreed order.
         let at = std::time::Instant::now();
-        let page = read_all_visible(&mut tx, cursor, 2000).await?;
+        let page = read_all_visible(&mut tx, cursor, PAGE).await?;
         timings.read += at.elapsed().as_secs_f64();
         let Some(last) = page.last() else { break };
         cursor = last.cursor();
-        let at = std::time::Instant::now();
-        for event in &page {
-            apply(&mut tx, event).await?;
-        }
-        timings.fold += at.elapsed().as_secs_f64();
+        rebuild.apply_page(&mut tx, &page).await?;
         events += page.len() as u64;
         progress(events);
     }
+    rebuild.flush(&mut tx).await?;
+    timings.fold += rebuild.fold_seconds;
+    timings.write += rebuild.write_seconds;
     let at = std::time::Instant::now();
+    for index in &later_indexes {
+        tx.execute(index.as_str()).await?;
+    }
     crate::node_specs::refresh_all(&mut tx).await?;
     timings.index += at.elapsed().as_secs_f64();
     let at = std::time::Instant::now();
@@ -114,24 +123,177 @@ pub async fn verify(
     })
 }
 
+/// Drops the scratch schemas of replays that ended without dropping theirs. A replay's schema
+/// lives in its rolled-back transaction and so never outlasts it; this catches any left by an
+/// older version or by hand.
+async fn sweep(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let left: Vec<String> = sqlx::query_scalar(
+        r"SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'replay\_%'",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    for schema in left {
+        conn.execute(format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str())
+            .await?;
+    }
+    Ok(())
+}
+
+/// Creates `schema` with an empty copy of every projection table and its unique indexes
+/// (which the projectors' upserts need); answers the other indexes, to build after the load.
+async fn scratch_schema(tx: &mut PgConnection, schema: &str) -> Result<Vec<String>, sqlx::Error> {
+    tx.execute(format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}").as_str())
+        .await?;
+    let mut later = Vec::new();
+    for table in TABLES {
+        tx.execute(
+            format!(
+                "CREATE TABLE {schema}.{table} (LIKE public.{table} INCLUDING ALL EXCLUDING INDEXES)"
+            )
+            .as_str(),
+        )
+        .await?;
+        let indexes: Vec<(String, bool)> = sqlx::query_as(
+            "SELECT pg_get_indexdef(i.indexrelid), i.indisunique
+               FROM pg_index i
+              WHERE i.indrelid = ('public.' || $1)::regclass
+              ORDER BY i.indexrelid",
+        )
+        .bind(table)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (definition, unique) in indexes {
+            let here = definition.replacen(
+                &format!(" ON public.{table} "),
+                &format!(" ON {schema}.{table} "),
+                1,
+            );
+            if unique {
+                tx.execute(here.as_str()).await?;
+            } else {
+                later.push(here);
+            }
+        }
+    }
+    Ok(later)
+}
+
+/// The projectors run over many events: instance, sandbox and usage-record events are folded
+/// in memory and their rows written in batches (`instances::batch`, `SandboxBatch`,
+/// `usage::apply_records`); any other event a projector takes is applied by it after the
+/// batches are written, so it sees the tables as the event-by-event projection would.
+#[derive(Default)]
+pub(crate) struct Rebuild {
+    instances: crate::instances::batch::Batch,
+    sandboxes: crate::sandboxes::SandboxBatch,
+    records: Vec<(String, vps_domain::usage::UsageRecord)>,
+    record_ids: std::collections::HashSet<String>,
+    pending: usize,
+    fold_seconds: f64,
+    write_seconds: f64,
+}
+
+impl Rebuild {
+    /// Applies a page of events in order.
+    pub(crate) async fn apply_page(
+        &mut self,
+        conn: &mut PgConnection,
+        page: &[vps_events::RecordedEvent],
+    ) -> Result<(), ProjectionError> {
+        let at = std::time::Instant::now();
+        let written = self.write_seconds;
+        for e in page {
+            self.apply(conn, e).await?;
+        }
+        self.fold_seconds += at.elapsed().as_secs_f64() - (self.write_seconds - written);
+        Ok(())
+    }
+
+    async fn apply(
+        &mut self,
+        conn: &mut PgConnection,
+        e: &vps_events::RecordedEvent,
+    ) -> Result<(), ProjectionError> {
+        use vps_domain::sandbox::SandboxEvent;
+        match e.category() {
+            "instance" => self.instances.fold(conn, e).await?,
+            "sandbox" => {
+                let event = crate::typed::<SandboxEvent>(e)?;
+                if crate::sandboxes::SandboxBatch::takes(&event) {
+                    self.sandboxes.fold(conn, e, &event).await?;
+                } else {
+                    self.flush(conn).await?;
+                    apply(conn, e).await?;
+                    self.sandboxes.forget(crate::sandboxes::sandbox_id(e));
+                }
+            }
+            "tenant" if e.event_type == vps_domain::usage::record::EVENT_TYPE => {
+                let record = vps_domain::usage::UsageRecord::from_data(&e.data).map_err(|err| {
+                    ProjectionError::Malformed {
+                        event_id: e.id.clone(),
+                        event_type: e.event_type.clone(),
+                        message: err.to_string(),
+                    }
+                })?;
+                // A record applied twice in one statement would be summed twice.
+                if self.record_ids.insert(e.id.clone()) {
+                    self.records.push((e.id.clone(), record));
+                }
+            }
+            "tenant" => return Ok(()),
+            _ => {
+                self.flush(conn).await?;
+                return apply(conn, e).await;
+            }
+        }
+        self.pending += 1;
+        if self.pending >= FLUSH_EVERY {
+            self.flush(conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes everything folded so far.
+    pub(crate) async fn flush(&mut self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
+        if self.pending == 0 {
+            return Ok(());
+        }
+        let at = std::time::Instant::now();
+        if !self.instances.is_empty() {
+            self.instances.flush(conn).await?;
+        }
+        if !self.sandboxes.is_empty() {
+            self.sandboxes.flush(conn).await?;
+        }
+        let records: Vec<(String, &vps_domain::usage::UsageRecord)> =
+            self.records.iter().map(|(id, r)| (id.clone(), r)).collect();
+        crate::usage::apply_records(conn, &records).await?;
+        self.records.clear();
+        self.record_ids.clear();
+        self.pending = 0;
+        self.write_seconds += at.elapsed().as_secs_f64();
+        Ok(())
+    }
+}
+
 /// Projects every event after `after` into the tables `search_path` names, in the caller's
-/// transaction, as the inline projectors would have; answers the last event's cursor. For
-/// tools that build a log without running its commands (`vps bench replay`).
+/// transaction, as the inline projectors would have (batched as a replay does); answers the
+/// last event's cursor. For tools that build a log without running its commands (`vps bench
+/// replay`).
 pub async fn project_after(
     conn: &mut PgConnection,
     after: Cursor,
 ) -> Result<Cursor, ProjectionError> {
     let mut cursor = after;
+    let mut rebuild = Rebuild::default();
     loop {
-        let page = vps_events::read::read_after(&mut *conn, cursor, 5000).await?;
-        let Some(last) = page.last() else {
-            return Ok(cursor);
-        };
+        let page = vps_events::read::read_after(&mut *conn, cursor, PAGE).await?;
+        let Some(last) = page.last() else { break };
         cursor = last.cursor();
-        for event in &page {
-            apply(conn, event).await?;
-        }
+        rebuild.apply_page(conn, &page).await?;
     }
+    rebuild.flush(conn).await?;
+    Ok(cursor)
 }
 
 /// The prefixes of the tables whose projector runs behind the log and has not yet caught up
