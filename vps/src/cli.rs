@@ -57,6 +57,10 @@ enum Command {
         /// Compare with the live tables (the only mode).
         #[arg(long, default_value_t = true)]
         verify: bool,
+        /// Check only what changed after the checkpoint a verified run recorded at this
+        /// position (`audit.verified`): the streams with events since, and the chain from it.
+        #[arg(long, value_name = "POSITION")]
+        from: Option<i64>,
     },
     /// Measure a capability against its baseline.
     #[command(subcommand)]
@@ -418,9 +422,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 vps_api::tools::history::print(&db.pool, &id, json).await?,
             ))
         }
-        Command::Replay { .. } => {
+        Command::Replay { from, .. } => {
             let db = Database::open(&config, 4).await?;
-            Ok(exit_code(vps_api::tools::replay::verify(&db.pool).await?))
+            Ok(exit_code(
+                vps_api::tools::replay::verify(&db.pool, from).await?,
+            ))
         }
         Command::Bench(cmd) => bench(&config, cmd).await,
         Command::Usage(cmd) => usage(&config, cmd).await,

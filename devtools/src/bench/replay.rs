@@ -478,24 +478,44 @@ async fn settle_usage(pool: &PgPool, until: DateTime<Utc>) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Runs the chainer until the whole log is chained.
+/// Runs the chainer until the whole log is chained. Another database's open transaction on
+/// the same server holds the read horizon back for a while (README, "The log"): it waits.
 async fn chain_all(pool: &PgPool) -> anyhow::Result<()> {
     let notifier = Notifier::local_only();
     let mut chainer = Follower::load(pool.clone(), vps_events::chain::CHAINER, &notifier).await?;
-    while vps_events::chain::chain_batch(pool, &mut chainer, 20_000).await? > 0 {}
+    let total = event_count(pool).await?;
+    let mut chained = 0;
+    while chained < total {
+        match vps_events::chain::chain_batch(pool, &mut chainer, 20_000).await? {
+            0 => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+            n => chained += n as u64,
+        }
+    }
     Ok(())
 }
 
-/// The cursor of the log's last event.
+async fn event_count(pool: &PgPool) -> anyhow::Result<u64> {
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(pool)
+        .await?;
+    Ok(n as u64)
+}
+
+/// The cursor of the log's last event (every append has committed).
 async fn last_cursor(pool: &PgPool) -> anyhow::Result<Cursor> {
-    let mut cursor = Cursor::START;
-    loop {
-        let page = vps_events::read::read_after(pool, cursor, 10_000).await?;
-        match page.last() {
-            Some(last) => cursor = last.cursor(),
-            None => return Ok(cursor),
-        }
-    }
+    let last: Option<(String, i64)> = sqlx::query_as(
+        "SELECT transaction_id::text, position FROM events
+          ORDER BY transaction_id DESC, position DESC LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(match last {
+        Some((txid, position)) => Cursor {
+            transaction_id: txid.parse()?,
+            position,
+        },
+        None => Cursor::START,
+    })
 }
 
 /// Projects the churn (everything after `after`) into the live tables as the inline
@@ -515,13 +535,17 @@ async fn project_live(pool: &PgPool, after: Cursor) -> anyhow::Result<()> {
 async fn follow_all(pool: &PgPool) -> anyhow::Result<u64> {
     let notifier = Notifier::local_only();
     let mut follower = Follower::load(pool.clone(), "bench-follower", &notifier).await?;
+    let total = event_count(pool).await?;
     let mut read = 0u64;
-    loop {
+    while read < total {
         let page = follower.next_batch(5000).await?;
         let Some(last) = page.last() else {
-            return Ok(read);
+            // Held back by another database's open transaction (see `chain_all`).
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            continue;
         };
         follower.advance(last.cursor());
         read += page.len() as u64;
     }
+    Ok(read)
 }

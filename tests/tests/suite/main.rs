@@ -20,6 +20,7 @@ mod mcp;
 mod policies;
 mod provider_pools;
 mod replay_property;
+mod replay_tools;
 mod sandbox_property;
 mod sandboxes;
 mod security;
