@@ -70,14 +70,19 @@ impl Batch {
         let id = event.instance_id().to_string();
         let before = if e.version == 1 {
             None
-        } else if let Some(v) = self.views.get(&id) {
-            Some(v.clone())
+        } else if let Some(v) = self.views.remove(&id) {
+            Some(v)
         } else {
             super::load(conn, &id).await?
         };
-        let after =
-            evolve(before.clone(), &event, e.recorded_at).map_err(|err| malformed(e, err))?;
-        self.side_effects(e, &event, before.as_ref(), &after)?;
+        // Only a delete reads the state before it (the shape to refund): no clone otherwise.
+        let before_shape = match (&event, &before) {
+            (InstanceEvent::Deleted(_), Some(b)) => Some(b.shape.clone()),
+            _ => None,
+        };
+        let created = before.is_none();
+        let after = evolve(before, &event, e.recorded_at).map_err(|err| malformed(e, err))?;
+        self.side_effects(e, &event, created, before_shape.as_ref(), &after)?;
         if self.dirty_set.insert(after.id.clone()) {
             self.dirty.push(after.id.clone());
         }
@@ -90,16 +95,19 @@ impl Batch {
         self.dirty.is_empty()
     }
 
+    /// `created`: there was no state before the event; `before_shape`: a delete's shape before
+    /// it.
     fn side_effects(
         &mut self,
         e: &RecordedEvent,
         event: &InstanceEvent,
-        before: Option<&Instance>,
+        created: bool,
+        before_shape: Option<&Shape>,
         after: &Instance,
     ) -> Result<(), ProjectionError> {
         match event {
             InstanceEvent::Created(_) => {
-                if before.is_none() {
+                if created {
                     self.fresh.insert(after.id.clone());
                 }
                 self.charge(after, &charge_of(&after.shape), 1);
@@ -134,7 +142,7 @@ impl Batch {
             InstanceEvent::Recreating(_) => self.release(&after.id),
             InstanceEvent::Deleted(_) => {
                 self.release(&after.id);
-                let shape = before.map(|b| &b.shape).unwrap_or(&after.shape);
+                let shape = before_shape.unwrap_or(&after.shape);
                 self.charge(after, &charge_of(shape), -1);
             }
             _ => {}
