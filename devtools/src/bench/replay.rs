@@ -277,7 +277,7 @@ fn one_life(
         "inst_{}",
         ulid::Ulid::from(serial as u128).to_string().to_lowercase()
     );
-    let sandbox = (slot % 5 == 0).then(|| {
+    let sandbox = slot.is_multiple_of(5).then(|| {
         format!(
             "sbx_{}",
             ulid::Ulid::from(serial as u128).to_string().to_lowercase()
