@@ -120,17 +120,45 @@ pub struct ChainBreak {
 /// called as it goes.
 pub async fn verify(
     pool: &PgPool,
+    progress: impl FnMut(u64, u64),
+) -> Result<VerifyReport, sqlx::Error> {
+    verify_from(pool, Cursor::START, GENESIS, progress).await
+}
+
+/// The stored hash of the event at `at` (the link a check from there starts after).
+pub async fn stored_hash(pool: &PgPool, at: Cursor) -> Result<Option<[u8; 32]>, sqlx::Error> {
+    let hash: Option<Vec<u8>> = sqlx::query_scalar(
+        "SELECT hash FROM event_hashes WHERE transaction_id = $1::text::xid8 AND position = $2",
+    )
+    .bind(at.transaction_id.to_string())
+    .bind(at.position)
+    .fetch_optional(pool)
+    .await?;
+    Ok(hash.and_then(|h| <[u8; 32]>::try_from(h.as_slice()).ok()))
+}
+
+/// [`verify`] of the events after `after` only, whose link before them is `previous` (the
+/// stored hash at `after`, trusted: a check that ended there verified it). Counts are of
+/// those events.
+pub async fn verify_from(
+    pool: &PgPool,
+    after: Cursor,
+    previous: [u8; 32],
     mut progress: impl FnMut(u64, u64),
 ) -> Result<VerifyReport, sqlx::Error> {
-    const PAGE: i64 = 5000;
-    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM event_hashes")
-        .fetch_one(pool)
-        .await?;
-    let all_events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
-        .fetch_one(pool)
-        .await?;
-    let mut previous = GENESIS;
-    let mut after = Cursor::START;
+    const PAGE: i64 = 20_000;
+    let (total, all_events): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM event_hashes
+                  WHERE (transaction_id, position) > ($1::text::xid8, $2)),
+                (SELECT count(*) FROM events
+                  WHERE (transaction_id, position) > ($1::text::xid8, $2))",
+    )
+    .bind(after.transaction_id.to_string())
+    .bind(after.position)
+    .fetch_one(pool)
+    .await?;
+    let mut previous = previous;
+    let mut after = after;
     let mut verified = 0u64;
     let sql = format!(
         "SELECT h.position, h.transaction_id::text, h.hash, e.position IS NOT NULL, {}

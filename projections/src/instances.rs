@@ -15,6 +15,7 @@ use crate::instance_doc::{self, InstanceDoc};
 use crate::{bookings, ProjectionError};
 
 pub mod admission;
+pub(crate) mod batch;
 pub mod reads;
 
 /// Applies one `instance.*` event.
@@ -191,17 +192,26 @@ pub async fn load_many(
         .collect())
 }
 
+/// What storing a view changes of a row that exists: the columns an event can change (the
+/// batched rebuild stores with the same clause).
+macro_rules! store_conflict {
+    () => {
+        " ON CONFLICT (id) DO UPDATE SET state = excluded.state, desired_state = excluded.desired_state,
+            node_id = excluded.node_id, doc = excluded.doc, updated_at = excluded.updated_at,
+            version = excluded.version, owner_identity_id = excluded.owner_identity_id,
+            warm = excluded.warm, warm_template_id = excluded.warm_template_id"
+    };
+}
+use store_conflict;
+
 async fn store(conn: &mut PgConnection, i: &Instance) -> Result<(), ProjectionError> {
-    sqlx::query(
+    sqlx::query(concat!(
         "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
                                 owner_identity_id, warm, doc, created_at, updated_at, version,
                                 warm_template_id, template_version)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-         ON CONFLICT (id) DO UPDATE SET state = excluded.state, desired_state = excluded.desired_state,
-            node_id = excluded.node_id, doc = excluded.doc, updated_at = excluded.updated_at,
-            version = excluded.version, owner_identity_id = excluded.owner_identity_id,
-            warm = excluded.warm, warm_template_id = excluded.warm_template_id",
-    )
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        store_conflict!()
+    ))
     .bind(&i.id)
     .bind(&i.tenant_id)
     .bind(&i.pool_id)
@@ -281,6 +291,27 @@ async fn resize_allocation(
     Ok(())
 }
 
+/// Whether the address `$t.address` of pool `p` (joined) is one the pool leases: a released
+/// address goes back to the free list only then.
+macro_rules! in_range {
+    ($t:literal) => {
+        concat!(
+            "inet(",
+            $t,
+            ".address) << inet(p.ip_cidr) AND ",
+            $t,
+            ".address <> p.ip_gateway
+             AND inet(",
+            $t,
+            ".address) <> network(inet(p.ip_cidr))
+             AND inet(",
+            $t,
+            ".address) <> broadcast(inet(p.ip_cidr))"
+        )
+    };
+}
+use in_range;
+
 async fn release_placement(
     conn: &mut PgConnection,
     instance_id: &str,
@@ -294,15 +325,14 @@ async fn release_placement(
         .execute(&mut *conn)
         .await?;
     // A released address goes back to the free list (when still in the pool's range).
-    sqlx::query(
+    sqlx::query(concat!(
         "WITH gone AS (DELETE FROM ip_leases WHERE instance_id = $1 RETURNING pool_id, address)
          INSERT INTO ip_free (pool_id, address)
          SELECT g.pool_id, g.address FROM gone g JOIN pools p ON p.id = g.pool_id
-          WHERE inet(g.address) << inet(p.ip_cidr) AND g.address <> p.ip_gateway
-             AND inet(g.address) <> network(inet(p.ip_cidr))
-             AND inet(g.address) <> broadcast(inet(p.ip_cidr))
-         ON CONFLICT DO NOTHING",
-    )
+          WHERE ",
+        in_range!("g"),
+        " ON CONFLICT DO NOTHING"
+    ))
     .bind(instance_id)
     .execute(conn)
     .await?;

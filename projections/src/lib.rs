@@ -98,6 +98,24 @@ pub const TABLES: &[&str] = &[
     "usage_rollups",
 ];
 
+/// The stream categories some inline projector takes (`apply` leaves every other event be).
+pub(crate) const PROJECTED: &[&str] = &[
+    "instance",
+    "pool",
+    "node",
+    "flavor",
+    "image",
+    "provider_account",
+    "webhook",
+    "tenant",
+    "template",
+    "sandbox",
+    "volume",
+    "policy",
+    "identity",
+    "tenancy",
+];
+
 /// Applies every inline projector to one event, in the caller's transaction.
 pub async fn apply(conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), ProjectionError> {
     match event.category() {

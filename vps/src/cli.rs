@@ -57,6 +57,10 @@ enum Command {
         /// Compare with the live tables (the only mode).
         #[arg(long, default_value_t = true)]
         verify: bool,
+        /// Check only what changed after the checkpoint a verified run recorded at this
+        /// position (`audit.verified`): the streams with events since, and the chain from it.
+        #[arg(long, value_name = "POSITION")]
+        from: Option<i64>,
     },
     /// Measure a capability against its baseline.
     #[command(subcommand)]
@@ -307,6 +311,13 @@ enum BenchCommand {
         #[arg(long, default_value_t = 24)]
         hours: i64,
     },
+    /// replay --verify and audit verify over a pre-built log of instances and sandboxes with
+    /// churn (usage records included) vs a follower reading that log.
+    Replay {
+        /// Events of churn to build (the goal is set at 1,000,000).
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+    },
     /// Append → JetStream and append → webhook latency vs core NATS publish → subscribe.
     Delivery {
         /// Events appended per second.
@@ -432,9 +443,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 vps_api::tools::history::print(&db.pool, &id, json).await?,
             ))
         }
-        Command::Replay { .. } => {
+        Command::Replay { from, .. } => {
             let db = Database::open(&config, 4).await?;
-            Ok(exit_code(vps_api::tools::replay::verify(&db.pool).await?))
+            Ok(exit_code(
+                vps_api::tools::replay::verify(&db.pool, from).await?,
+            ))
         }
         Command::Bench(cmd) => bench(&config, cmd).await,
         Command::Usage(cmd) => usage(&config, cmd).await,
@@ -746,6 +759,13 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 hours: hours.clamp(1, 24 * 31),
             };
             vps_devtools::bench::usage::run(url, &options).await?;
+        }
+        BenchCommand::Replay { events } => {
+            let options = vps_devtools::bench::replay::ReplayBench {
+                events: events.clamp(1000, 100_000_000),
+            };
+            let figures = vps_devtools::bench::replay::run(url, &options).await?;
+            return Ok(exit_code(figures.equal && figures.chain_intact));
         }
         BenchCommand::Delivery { rate, seconds } => {
             let options = vps_devtools::bench::delivery::DeliveryBench {

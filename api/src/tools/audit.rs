@@ -1,28 +1,30 @@
 //! `vps audit verify`: recompute the hash chain and name the first event that no longer
 //! matches.
 
-use indicatif::{ProgressBar, ProgressStyle};
 use sqlx::PgPool;
+use vps_events::chain::VerifyReport;
 
 /// Verifies the chain; `Ok(false)` when it is broken (the binary exits non-zero).
 pub async fn verify(pool: &PgPool) -> anyhow::Result<bool> {
-    let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("verifying {bar:40} {pos}/{len} events ({per_sec})")
-            .expect("static template"),
-    );
+    let bar = super::replay::events_bar("verifying", 0);
     let report = vps_events::chain::verify(pool, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })
     .await?;
     bar.finish_and_clear();
-    match report.first_break {
+    Ok(print_chain(&report))
+}
+
+/// Prints what a chain check found; whether the chain is intact.
+pub fn print_chain(report: &VerifyReport) -> bool {
+    match &report.first_break {
         None => {
             println!(
                 "chain intact: {} events verified, {} not chained yet",
                 report.verified, report.unchained
             );
-            Ok(true)
+            true
         }
         Some(b) => {
             eprintln!(
@@ -33,7 +35,7 @@ pub async fn verify(pool: &PgPool) -> anyhow::Result<bool> {
                 b.reason,
                 report.verified
             );
-            Ok(false)
+            false
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod converge;
 pub mod delivery;
 pub mod host;
 pub mod log;
+pub mod replay;
 pub mod sandbox;
 pub mod snapshot;
 pub mod usage;

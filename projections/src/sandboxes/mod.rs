@@ -18,6 +18,16 @@ use crate::ProjectionError;
 mod reads;
 pub use reads::*;
 
+/// What storing a sandbox changes of a row that exists (the batched rebuild stores with the
+/// same clause).
+macro_rules! sandbox_conflict {
+    () => {
+        " ON CONFLICT (id) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at,
+            doc = excluded.doc, updated_at = excluded.updated_at, version = excluded.version,
+            labels = excluded.labels"
+    };
+}
+
 /// Applies one template event.
 pub async fn apply_template(
     conn: &mut PgConnection,
@@ -92,14 +102,12 @@ pub async fn apply_sandbox(
         snapshots: Default::default(),
         ..s.clone()
     };
-    sqlx::query(
+    sqlx::query(concat!(
         "INSERT INTO sandboxes (id, tenant_id, template_id, instance_id, owner_identity_id, state,
                                 expires_at, doc, created_at, updated_at, version, labels)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-         ON CONFLICT (id) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at,
-            doc = excluded.doc, updated_at = excluded.updated_at, version = excluded.version,
-            labels = excluded.labels",
-    )
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        sandbox_conflict!()
+    ))
     .bind(&s.id)
     .bind(&s.tenant_id)
     .bind(&s.template_id)
@@ -120,8 +128,111 @@ pub async fn apply_sandbox(
     Ok(())
 }
 
+/// [`apply_sandbox`] for many events at once (a replay): every sandbox event but the snapshot
+/// ones folded in memory with the same `evolve`, the rows written with one statement. A
+/// snapshot event goes through [`apply_sandbox`] after a flush, and its sandbox is then read
+/// back ([`SandboxBatch::forget`]).
+#[derive(Default)]
+pub(crate) struct SandboxBatch {
+    /// Stored documents (without snapshots) as they stand after the events folded.
+    views: std::collections::HashMap<String, Sandbox>,
+    dirty: Vec<String>,
+    dirty_set: std::collections::HashSet<String>,
+}
+
+impl SandboxBatch {
+    /// Whether [`SandboxBatch::fold`] takes the event (else: [`apply_sandbox`]).
+    pub(crate) fn takes(event: &SandboxEvent) -> bool {
+        snapshot_of(event).is_none()
+    }
+
+    /// Folds one sandbox event that [`SandboxBatch::takes`].
+    pub(crate) async fn fold(
+        &mut self,
+        conn: &mut PgConnection,
+        e: &RecordedEvent,
+        event: &SandboxEvent,
+    ) -> Result<(), ProjectionError> {
+        let id = sandbox_id(e);
+        let before = if e.version == 1 {
+            None
+        } else if let Some(s) = self.views.get(id) {
+            Some(s.clone())
+        } else {
+            load_doc::<Sandbox>(conn, "sandboxes", id).await?
+        };
+        let s = Sandbox::evolve(before, event, e.recorded_at).map_err(|err| {
+            ProjectionError::Malformed {
+                event_id: e.id.clone(),
+                event_type: e.event_type.clone(),
+                message: err.to_string(),
+            }
+        })?;
+        let document = Sandbox {
+            snapshots: Default::default(),
+            ..s
+        };
+        if self.dirty_set.insert(document.id.clone()) {
+            self.dirty.push(document.id.clone());
+        }
+        self.views.insert(document.id.clone(), document);
+        Ok(())
+    }
+
+    /// Forgets a sandbox another projector wrote (read back at its next event).
+    pub(crate) fn forget(&mut self, id: &str) {
+        self.views.remove(id);
+    }
+
+    /// Whether anything waits to be written.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.dirty.is_empty()
+    }
+
+    /// Writes the changed rows; deleted sandboxes are then forgotten.
+    pub(crate) async fn flush(&mut self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
+        let all: Vec<&Sandbox> = self
+            .dirty
+            .iter()
+            .filter_map(|id| self.views.get(id))
+            .collect();
+        if !all.is_empty() {
+            let text = |f: fn(&Sandbox) -> &str| all.iter().map(|s| f(s)).collect::<Vec<_>>();
+            sqlx::query(concat!(
+                "INSERT INTO sandboxes (id, tenant_id, template_id, instance_id, owner_identity_id,
+                                        state, expires_at, doc, created_at, updated_at, version,
+                                        labels)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                      $6::text[], $7::timestamptz[], $8::jsonb[],
+                                      $9::timestamptz[], $10::timestamptz[], $11::bigint[],
+                                      $12::jsonb[])",
+                sandbox_conflict!()
+            ))
+            .bind(text(|s| &s.id))
+            .bind(text(|s| &s.tenant_id))
+            .bind(text(|s| &s.template_id))
+            .bind(text(|s| &s.instance_id))
+            .bind(text(|s| &s.owner_identity_id))
+            .bind(text(|s| s.state.as_str()))
+            .bind(all.iter().map(|s| s.expires_at).collect::<Vec<_>>())
+            .bind(all.iter().map(|s| Json(*s)).collect::<Vec<_>>())
+            .bind(all.iter().map(|s| s.created_at).collect::<Vec<_>>())
+            .bind(all.iter().map(|s| s.updated_at).collect::<Vec<_>>())
+            .bind(all.iter().map(|s| s.version as i64).collect::<Vec<_>>())
+            .bind(all.iter().map(|s| Json(&s.labels)).collect::<Vec<_>>())
+            .execute(conn)
+            .await?;
+        }
+        self.dirty.clear();
+        self.dirty_set.clear();
+        self.views
+            .retain(|_, s| s.state != vps_domain::sandbox::SandboxState::Deleted);
+        Ok(())
+    }
+}
+
 /// The sandbox a sandbox event's stream names.
-fn sandbox_id(e: &RecordedEvent) -> &str {
+pub(crate) fn sandbox_id(e: &RecordedEvent) -> &str {
     e.stream.split_once('-').map_or("", |(_, id)| id)
 }
 

@@ -24,6 +24,7 @@ mod policies;
 mod preview;
 mod provider_pools;
 mod replay_property;
+mod replay_tools;
 mod sandbox_property;
 mod sandboxes;
 mod security;
