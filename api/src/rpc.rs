@@ -45,6 +45,7 @@ pub async fn dispatch(
         request_id: Some(vps_commands::record::new_id("req")),
         clock: state.clock.clone(),
         wakeups: state.wakeups.clone(),
+        reports: state.reports.clone(),
     };
     let span = tracing::info_span!("command", method = %method.full_name(), identity = %caller.actor.identity);
     metrics::counter!("vps_api_requests_total", "method" => method.full_name()).increment(1);
