@@ -247,6 +247,25 @@ async fn stream_plan(db: &PgPool, stream: &str) -> anyhow::Result<String> {
     Ok(lines.join(" / "))
 }
 
+/// Row `i`'s id of kind `prefix`: a well-formed 52-character body whose order is `i`'s (`i`
+/// in base 26 with the letters alone, which sort as they count).
+fn bench_id(prefix: &str, i: usize) -> String {
+    let mut body = [b'a'; 52];
+    let mut n = i;
+    for b in body.iter_mut().rev().take(8) {
+        *b = b'a' + (n % 26) as u8;
+        n /= 26;
+    }
+    format!("{prefix}_{}", String::from_utf8_lossy(&body))
+}
+
+/// The `i` of a [`bench_id`].
+#[cfg(test)]
+fn bench_number(id: &str) -> usize {
+    let body = id.split_once('_').map_or("", |(_, b)| b);
+    body.bytes().fold(0, |n, b| n * 26 + usize::from(b - b'a'))
+}
+
 fn id_of(item: &Value) -> String {
     item["id"].as_str().unwrap_or_default().to_string()
 }
@@ -355,8 +374,8 @@ fn life(
     templates: &[String],
     metadata: &Metadata,
 ) -> [(String, Vec<NewEvent>); 2] {
-    let instance_id = format!("inst_bench{i:07}");
-    let sandbox_id = format!("sbx_bench{i:07}");
+    let instance_id = bench_id("inst", i);
+    let sandbox_id = bench_id("sbx", i);
     let template_id = templates[i % templates.len()].clone();
     let deleted = i % 4 == 0;
     let common = |state, desired_state| instance::Common {
@@ -469,6 +488,18 @@ fn life(
 mod tests {
     use super::*;
 
+    #[test]
+    fn bench_ids_are_well_formed_and_sort_as_their_numbers() {
+        let ids: Vec<String> = [0, 1, 25, 26, 99_999, 100_000]
+            .map(|i| bench_id("inst", i))
+            .into();
+        for (id, i) in ids.iter().zip([0, 1, 25, 26, 99_999, 100_000]) {
+            assert!(vps_domain::ids::is_valid_id("inst", id), "{id}");
+            assert_eq!(bench_number(id), i);
+        }
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    }
+
     fn ids(items: &[Value]) -> Vec<String> {
         items.iter().map(id_of).collect()
     }
@@ -495,11 +526,7 @@ mod tests {
                 .unwrap()
         };
         // Ids are numbered in creation order, so newest first is descending ids.
-        let n = |id: &str| {
-            id.trim_start_matches(|c: char| !c.is_ascii_digit())
-                .parse::<usize>()
-                .unwrap()
-        };
+        let n = bench_number;
         let check = |name: &str, want: &dyn Fn(usize, &Value) -> bool| {
             let q = q(name);
             let all: Vec<String> = ids(&q.pages.0).into_iter().chain(ids(&q.pages.1)).collect();

@@ -131,8 +131,19 @@ pub async fn page(
             .push_bind(&f.tenant_id)
             .push(")");
     }
+    // Alone, a label filter is served by the labels' GIN index (a rare label is a few index
+    // entries). Beside a template, the function form, which no index serves, leaves the plan
+    // to the template's ordered walk: the planner takes a template and a label for
+    // independent, and sorting the bitmap of a common label cost 56 ms at 100,000 rows.
     if !f.labels.is_empty() {
-        q.push(" AND labels @> ").push_bind(Json(&f.labels));
+        let contains = match f.template_id {
+            None => " AND labels @> ",
+            Some(_) => " AND jsonb_contains(labels, ",
+        };
+        q.push(contains).push_bind(Json(&f.labels));
+        if f.template_id.is_some() {
+            q.push(")");
+        }
     }
     q.push(" ORDER BY created_at DESC, id DESC LIMIT ")
         .push_bind(f.limit);
