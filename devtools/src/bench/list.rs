@@ -144,7 +144,7 @@ pub async fn measure(server_url: &str, o: &ListBench) -> anyhow::Result<ListFigu
             server.shutdown().await;
             done
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     };
     scratch.drop_database().await?;
     result
@@ -377,7 +377,7 @@ fn life(
     let instance_id = bench_id("inst", i);
     let sandbox_id = bench_id("sbx", i);
     let template_id = templates[i % templates.len()].clone();
-    let deleted = i % 4 == 0;
+    let deleted = i.is_multiple_of(4);
     let common = |state, desired_state| instance::Common {
         instance_id: instance_id.clone(),
         tenant_id: TENANT.into(),

@@ -119,7 +119,7 @@ pub async fn measure(server_url: &str, o: &ReportBench) -> anyhow::Result<Report
             server.shutdown().await;
             done
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     };
     scratch.drop_database().await?;
     result
