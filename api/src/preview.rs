@@ -143,22 +143,14 @@ fn not_found() -> Response {
     (StatusCode::NOT_FOUND, "no such preview\n").into_response()
 }
 
-/// A command context for the proxy: it records nothing, so its actor is the proxy itself.
+/// A command context for the proxy: it records nothing, so its actor is the proxy itself
+/// (not an operator).
 fn ctx(state: &AppState) -> Ctx {
-    Ctx {
-        pool: state.pool.clone(),
-        notifier: state.notifier.clone(),
-        spec_signals: state.spec_signals.clone(),
-        secrets: state.secrets.clone(),
-        actor: vps_commands::context::Actor {
-            identity: "preview-proxy".into(),
-            tenant: None,
-            operator: false,
-        },
-        request_id: Some(vps_commands::record::new_id("req")),
-        clock: state.clock.clone(),
-        wakeups: state.wakeups.clone(),
-    }
+    let mut ctx = crate::server::reactor_ctx(state, "preview-proxy");
+    ctx.actor.identity = "preview-proxy".into();
+    ctx.actor.operator = false;
+    ctx.request_id = Some(vps_commands::record::new_id("req"));
+    ctx
 }
 
 /// Opens the tunnel, sends `request` over it as HTTP/1.1 for `path`, and answers the guest's

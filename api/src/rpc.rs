@@ -2,9 +2,8 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
-use axum::Json;
-use serde_json::Value;
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 use vps_commands::Ctx;
 use vps_domain::ErrorCode;
@@ -21,7 +20,7 @@ pub async fn dispatch(
     Path((group, method)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let caller = authenticate(&state, &headers).await?;
     let method = registry()
         .get(&group, &method)
@@ -45,6 +44,7 @@ pub async fn dispatch(
         request_id: Some(vps_commands::record::new_id("req")),
         clock: state.clock.clone(),
         wakeups: state.wakeups.clone(),
+        reports: state.reports.clone(),
     };
     let span = tracing::info_span!("command", method = %method.full_name(), identity = %caller.actor.identity);
     metrics::counter!("vps_api_requests_total", "method" => method.full_name()).increment(1);
@@ -68,5 +68,6 @@ pub async fn dispatch(
         specs: state.specs.clone(),
         spec_signals: state.spec_signals.clone(),
     };
-    method.call(call, &body).instrument(span).await.map(Json)
+    let answer = method.call(call, &body).instrument(span).await?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], answer).into_response())
 }

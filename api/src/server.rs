@@ -124,6 +124,7 @@ pub async fn start_with_clock(
         readiness: Arc::default(),
         clock,
         wakeups: Default::default(),
+        reports: Arc::default(),
     };
     let (stop, mut stopped) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -207,6 +208,7 @@ pub fn reactor_ctx(state: &AppState, name: &str) -> vps_commands::Ctx {
         request_id: None,
         clock: state.clock.clone(),
         wakeups: state.wakeups.clone(),
+        reports: state.reports.clone(),
     }
 }
 

@@ -43,4 +43,6 @@ pub struct AppState {
     pub clock: vps_clock::Clock,
     /// This server's wake-ups of its background loops.
     pub wakeups: vps_commands::wakeups::Wakeups,
+    /// This replica's copy of each node's report views.
+    pub reports: Arc<vps_commands::hosts::ReportViews>,
 }

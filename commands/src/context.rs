@@ -40,6 +40,8 @@ pub struct Ctx {
     pub clock: Clock,
     /// This server's wake-ups of its background loops.
     pub wakeups: Wakeups,
+    /// This replica's copy of each node's report views (`nodes.report`).
+    pub reports: Arc<crate::hosts::ReportViews>,
 }
 
 impl Ctx {

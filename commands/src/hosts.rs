@@ -17,6 +17,9 @@ use crate::error::CommandError;
 use crate::pipeline::{apply_commands, record_events, transaction};
 use vps_domain::ids::NodeId;
 
+mod views;
+pub use views::ReportViews;
+
 pub use vps_domain::instance::MAX_ADDRESSES;
 pub use vps_domain::node::MAX_ORPHANS;
 
@@ -225,8 +228,10 @@ async fn report_in(
     // Sorted first on light views (state, conditions, addresses), unlocked: most entries of a
     // complete report change nothing, and loading every instance of the node made each report
     // cost the node's size, while locking them all would make each claim or change on it wait
-    // for the whole report. Only the rest are locked, loaded and decided.
-    let views = report_views(tx, node_id).await?;
+    // for the whole report. Only the rest are locked, loaded and decided. The views are this
+    // replica's copy, brought up to date with what changed since the node's last report.
+    let held = views::current(&ctx.reports, tx, node_id).await?;
+    let views = &held.views;
     let mut candidates = BTreeSet::new();
     let mut orphans = Vec::new();
     for entry in &report.instances {
@@ -278,6 +283,7 @@ async fn report_in(
     record_events(ctx, tx, node_id, node.as_ref(), announced, None).await?;
     crate::sandboxes::snapshots::settle(ctx, tx, node_id, &report.command_results, &report.stored)
         .await?;
+    ctx.reports.put(node_id, held);
     orphans.sort();
     orphans.truncate(MAX_ORPHANS);
     Ok(ReportOutcome {
@@ -310,15 +316,6 @@ fn unchanged(entry: &ReportedInstance, view: &ReportView) -> bool {
         (_, Some(o)) => view.unchanged_by(o, entry.addresses.as_deref().unwrap_or_default()),
         (_, None) => false,
     }
-}
-
-/// The light views of the instances placed on a node, by id.
-async fn report_views(
-    tx: &mut PgConnection,
-    node_id: &str,
-) -> Result<BTreeMap<String, ReportView>, CommandError> {
-    let rows = vps_projections::instances::reads::report_rows(tx, node_id).await?;
-    Ok(rows.into_iter().collect())
 }
 
 /// What one entry of a report asks of the instance it names: an observed state (a recovery

@@ -221,9 +221,10 @@ pub fn decide(state: Option<&Node>, command: &NodeCommand) -> Result<Vec<NodeEve
 fn register(r: &RegisterNode) -> Result<NodeEvent, DomainError> {
     check_name("name", &r.name)?;
     let c = &r.capacity;
+    // A sandbox host runs thousands of microVMs of a vCPU each (issue 41): up to 65,536.
     if c.vcpu == 0
         || c.memory_gib == 0
-        || c.vcpu > 4096
+        || c.vcpu > 65_536
         || c.memory_gib > 65_536
         || c.disk_gib > 1_048_576
     {

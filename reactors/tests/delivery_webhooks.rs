@@ -285,6 +285,7 @@ fn ctx(pool: &PgPool, notifier: &Notifier, identity: &str) -> Ctx {
         request_id: None,
         clock: Default::default(),
         wakeups: Default::default(),
+        reports: Default::default(),
     }
 }
 

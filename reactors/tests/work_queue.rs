@@ -268,6 +268,7 @@ async fn an_idle_loop_wakes_on_another_replicas_announcement_and_on_the_next_due
         request_id: None,
         clock: Default::default(),
         wakeups: Default::default(),
+        reports: Default::default(),
     };
     tokio::spawn(listen(pool.clone(), ctx.wakeups.clone()));
     let notify = || async {

@@ -292,6 +292,29 @@ enum BenchCommand {
         #[arg(long, default_value = "auto")]
         accel: vps_host::runtime::qemu::Accel,
     },
+    /// instances.list and sandboxes.list with filters and a cursor at `--rows` rows vs a
+    /// plain indexed SELECT; instances.get asOf and history on that log.
+    List {
+        /// Sandboxes (and their instances) in the tables.
+        #[arg(long, default_value_t = 100_000)]
+        rows: usize,
+        /// Calls measured of each query.
+        #[arg(long, default_value_t = 200)]
+        calls: usize,
+    },
+    /// One node's complete report of many guests (nothing changed, one guest changed) vs a
+    /// node of 10, and each node's NodeSpec.
+    Report {
+        /// Guests on the big node.
+        #[arg(long, default_value_t = 10_000)]
+        guests: usize,
+        /// Guests on the small node (the baseline).
+        #[arg(long, default_value_t = 10)]
+        small: usize,
+        /// Reports measured of each kind.
+        #[arg(long, default_value_t = 30)]
+        repeats: usize,
+    },
     /// The emulated hosts of `bench converge`, in their own process (internal).
     #[command(hide = true)]
     ConvergeHosts {
@@ -766,6 +789,25 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
             };
             let figures = vps_devtools::bench::replay::run(url, &options).await?;
             return Ok(exit_code(figures.equal && figures.chain_intact));
+        }
+        BenchCommand::List { rows, calls } => {
+            let options = vps_devtools::bench::list::ListBench {
+                rows: rows.clamp(200, 10_000_000),
+                calls: calls.clamp(1, 100_000),
+            };
+            vps_devtools::bench::list::run(url, &options).await?;
+        }
+        BenchCommand::Report {
+            guests,
+            small,
+            repeats,
+        } => {
+            let options = vps_devtools::bench::report::ReportBench {
+                guests: guests.clamp(1, 10_000),
+                small: small.clamp(1, 10_000),
+                repeats: repeats.clamp(1, 10_000),
+            };
+            vps_devtools::bench::report::run(url, &options).await?;
         }
         BenchCommand::Delivery { rate, seconds } => {
             let options = vps_devtools::bench::delivery::DeliveryBench {

@@ -152,6 +152,7 @@ async fn setup(pool: &PgPool) -> anyhow::Result<Setup> {
         request_id: None,
         clock: vps_clock::Clock::system(),
         wakeups: Default::default(),
+        reports: Arc::default(),
     };
     let range = BenchRange {
         name: "replay",

@@ -90,35 +90,110 @@ pub async fn warm_counts<'e>(
     .await
 }
 
+/// The columns of a [`ReportView`] row, for [`report_view`].
+macro_rules! report_view_columns {
+    () => {
+        "SELECT id, state, coalesce(jsonb_array_length(doc->'conditions'), 0) > 0,
+                coalesce(doc->'addresses', '[]'),
+                doc->'restoreFrom'->>'principalInstanceId' IS NOT NULL"
+    };
+}
+
 /// The light views of the live instances placed on a node, as `(id, view)`: what a host
 /// report first compares, without the documents.
 pub async fn report_rows(
     tx: &mut PgConnection,
     node_id: &str,
 ) -> Result<Vec<(String, ReportView)>, sqlx::Error> {
-    let rows: Vec<(String, String, bool, Json<Vec<String>>, bool)> = sqlx::query_as(
-        "SELECT id, state, coalesce(jsonb_array_length(doc->'conditions'), 0) > 0,
-                coalesce(doc->'addresses', '[]'),
-                doc->'restoreFrom'->>'principalInstanceId' IS NOT NULL
-           FROM instances WHERE node_id = $1 AND state <> 'deleted'",
-    )
+    let rows = sqlx::query_as(concat!(
+        report_view_columns!(),
+        " FROM instances
+           WHERE node_id = $1 AND state <> 'deleted'"
+    ))
     .bind(node_id)
     .fetch_all(&mut *tx)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(id, state, has_conditions, Json(addresses), shares_principal)| {
-                let view = ReportView {
-                    state: state_column(state),
-                    has_conditions,
-                    addresses,
-                    shares_principal,
-                };
-                (id, view)
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(report_view).collect())
+}
+
+/// [`report_rows`] of only the instances among `ids`.
+pub async fn report_rows_of(
+    tx: &mut PgConnection,
+    node_id: &str,
+    ids: &[String],
+) -> Result<Vec<(String, ReportView)>, sqlx::Error> {
+    let rows = sqlx::query_as(concat!(
+        report_view_columns!(),
+        " FROM instances
+           WHERE id = ANY($2) AND node_id = $1 AND state <> 'deleted'"
+    ))
+    .bind(node_id)
+    .bind(ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows.into_iter().map(report_view).collect())
+}
+
+fn report_view(
+    (id, state, has_conditions, Json(addresses), shares_principal): (
+        String,
+        String,
+        bool,
+        Json<Vec<String>>,
+        bool,
+    ),
+) -> (String, ReportView) {
+    let view = ReportView {
+        state: state_column(state),
+        has_conditions,
+        addresses,
+        shares_principal,
+    };
+    (id, view)
+}
+
+/// Where a reader of report views stands, to ask later which instances changed since: the
+/// statement's snapshot, and the reading transaction's own id when it has one (its own writes
+/// count as seen by its snapshot, though a later reader must read them again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkPoint {
+    snapshot: String,
+    own: Option<String>,
+}
+
+/// The point a transaction stands at now.
+pub async fn mark_point(tx: &mut PgConnection) -> Result<MarkPoint, sqlx::Error> {
+    let (snapshot, own) = sqlx::query_as(
+        "SELECT pg_current_snapshot()::text, pg_current_xact_id_if_assigned()::text",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(MarkPoint { snapshot, own })
+}
+
+/// The instances placed on (or taken off) a node by writes `since` did not see, with the
+/// point now: `instance_marks`, which a trigger on `instances` keeps, one row a placement,
+/// read through the index of the node's recent transactions (only those not older than the
+/// oldest one running at `since`).
+pub async fn marked_since(
+    tx: &mut PgConnection,
+    node_id: &str,
+    since: &MarkPoint,
+) -> Result<(MarkPoint, Vec<String>), sqlx::Error> {
+    let (snapshot, own, marked) = sqlx::query_as(
+        "SELECT pg_current_snapshot()::text, pg_current_xact_id_if_assigned()::text,
+                ARRAY(SELECT instance_id FROM instance_marks
+                       WHERE node_id = $1
+                         AND transaction_id >= pg_snapshot_xmin($2::pg_snapshot)
+                         AND (NOT pg_visible_in_snapshot(transaction_id, $2::pg_snapshot)
+                              OR transaction_id = $3::xid8))",
+    )
+    .bind(node_id)
+    .bind(&since.snapshot)
+    .bind(&since.own)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok((MarkPoint { snapshot, own }, marked))
 }
 
 /// The live instances placed on a node, their rows locked in id order (the lock order).

@@ -107,34 +107,50 @@ pub struct SandboxFilter {
     pub labels: vps_domain::labels::Labels,
 }
 
-/// A page of sandboxes, newest first.
+/// A page of sandboxes, newest first. Only the filter's conditions are in the statement, so
+/// each combination's plan can walk the index that serves it (see `instances::page`).
 pub async fn page(
     conn: &mut PgConnection,
     f: &SandboxFilter,
 ) -> Result<Vec<Sandbox>, ProjectionError> {
-    let rows: Vec<Json<Sandbox>> = sqlx::query_scalar(
-        "SELECT doc FROM sandboxes s
-          WHERE tenant_id = $1
-            AND ($2::text IS NULL OR owner_identity_id = $2)
-            AND ($3 OR state <> 'deleted')
-            AND ($4::text IS NULL OR template_id = $4)
-            AND ($5::text IS NULL OR (created_at, id) <
-                 (SELECT created_at, id FROM sandboxes WHERE id = $5 AND tenant_id = $1))
-            AND labels @> $7
-          ORDER BY created_at DESC, id DESC
-          LIMIT $6",
-    )
-    .bind(&f.tenant_id)
-    .bind(&f.owner)
-    .bind(f.deleted)
-    .bind(&f.template_id)
-    .bind(&f.cursor)
-    .bind(f.limit)
-    .bind(Json(&f.labels))
-    .fetch_all(conn)
-    .await?;
+    let mut q = sqlx::QueryBuilder::new("SELECT doc FROM sandboxes WHERE tenant_id = ");
+    q.push_bind(&f.tenant_id);
+    if let Some(owner) = &f.owner {
+        q.push(" AND owner_identity_id = ").push_bind(owner);
+    }
+    if !f.deleted {
+        q.push(" AND state <> 'deleted'");
+    }
+    if let Some(template_id) = &f.template_id {
+        q.push(" AND template_id = ").push_bind(template_id);
+    }
+    if let Some(cursor) = &f.cursor {
+        q.push(" AND (created_at, id) < (SELECT created_at, id FROM sandboxes WHERE id = ")
+            .push_bind(cursor)
+            .push(" AND tenant_id = ")
+            .push_bind(&f.tenant_id)
+            .push(")");
+    }
+    // Alone, a label filter is served by the labels' GIN index (a rare label is a few index
+    // entries). Beside a template, the function form, which no index serves, leaves the plan
+    // to the template's ordered walk: the planner takes a template and a label for
+    // independent, and sorting the bitmap of a common label cost 56 ms at 100,000 rows.
+    if !f.labels.is_empty() {
+        let contains = match f.template_id {
+            None => " AND labels @> ",
+            Some(_) => " AND jsonb_contains(labels, ",
+        };
+        q.push(contains).push_bind(Json(&f.labels));
+        if f.template_id.is_some() {
+            q.push(")");
+        }
+    }
+    q.push(" ORDER BY created_at DESC, id DESC LIMIT ")
+        .push_bind(f.limit);
+    let rows: Vec<Json<Sandbox>> = q.build_query_scalar().fetch_all(conn).await?;
     Ok(rows.into_iter().map(|j| j.0).collect())
 }
+
 /// Locks sandbox `id`'s row to the transaction's end unless another transaction holds it
 /// (`FOR UPDATE SKIP LOCKED`). Whether it did (`false` too when there is no such row).
 pub async fn lock_unless_held(conn: &mut PgConnection, id: &str) -> Result<bool, sqlx::Error> {

@@ -1,0 +1,66 @@
+//! A replica's copy of each node's report views (state, conditions, addresses of the live
+//! instances placed on it), so a report reads only the instances that changed since the last
+//! one: a complete report of a node of 10,000 guests that changes nothing then reads no
+//! instance row. What changed is what `instance_marks` (a trigger on `instances`) names for
+//! writes the copy's read did not see; a replica that restarts, or whose report failed, reads
+//! the node's views whole once.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use sqlx::PgConnection;
+use vps_domain::instance::ReportView;
+use vps_projections::instances::reads::{self, MarkPoint};
+
+/// Each node's views, by node id. A node's reports apply one at a time (its row is locked
+/// first), so the copy is taken out for a report and put back when it succeeded.
+#[derive(Debug, Default)]
+pub struct ReportViews {
+    nodes: Mutex<HashMap<String, Held>>,
+}
+
+/// One node's views as of `point`: every write `point` saw is in them.
+#[derive(Debug)]
+pub(super) struct Held {
+    point: MarkPoint,
+    /// By instance id.
+    pub(super) views: HashMap<String, ReportView>,
+}
+
+impl ReportViews {
+    fn take(&self, node_id: &str) -> Option<Held> {
+        self.nodes.lock().ok()?.remove(node_id)
+    }
+
+    /// Keeps `held` as the node's copy.
+    pub(super) fn put(&self, node_id: &str, held: Held) {
+        if let Ok(mut nodes) = self.nodes.lock() {
+            nodes.insert(node_id.to_string(), held);
+        }
+    }
+}
+
+/// The node's views now, in the report's transaction (after the node's row is locked): the
+/// copy brought up to date with the instances marked since it was read, or a whole read.
+pub(super) async fn current(
+    cache: &ReportViews,
+    tx: &mut PgConnection,
+    node_id: &str,
+) -> Result<Held, sqlx::Error> {
+    let Some(mut held) = cache.take(node_id) else {
+        // The point first: what the read below sees is at least what the point saw.
+        let point = reads::mark_point(tx).await?;
+        let views = reads::report_rows(tx, node_id).await?.into_iter().collect();
+        return Ok(Held { point, views });
+    };
+    let (point, marked) = reads::marked_since(tx, node_id, &held.point).await?;
+    if !marked.is_empty() {
+        for id in &marked {
+            held.views.remove(id);
+        }
+        held.views
+            .extend(reads::report_rows_of(tx, node_id, &marked).await?);
+    }
+    held.point = point;
+    Ok(held)
+}
