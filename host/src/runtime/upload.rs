@@ -60,3 +60,56 @@ pub async fn upload(
         body.trim()
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A store that reads the request and answers `status` with a short reason.
+    async fn store_answering(status: &'static str) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/snapshots/acme/snap_1",
+            listener.local_addr().unwrap()
+        );
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buffer = vec![0; 64 * 1024];
+            let _ = stream.read(&mut buffer).await;
+            let body = "the bucket refuses";
+            let answer = format!(
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_store_that_refuses_the_upload_is_a_failure_naming_its_status_and_reason() {
+        let dir = std::env::temp_dir().join(format!("vps-upload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let archive = dir.join("archive.tar");
+        std::fs::write(&archive, b"snapshot bytes").unwrap();
+        let url = store_answering("403 Forbidden").await;
+        let error = upload(&archive, &url, &BTreeMap::new())
+            .await
+            .expect_err("a refused upload is an error");
+        assert!(
+            error.0.contains("403") && error.0.contains("the bucket refuses"),
+            "{error}"
+        );
+        // A port nothing listens on: the connection itself is refused.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gone = format!("http://{}/x", closed.local_addr().unwrap());
+        drop(closed);
+        let error = upload(&archive, &gone, &BTreeMap::new())
+            .await
+            .expect_err("no store");
+        assert!(error.0.starts_with("upload failed"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
