@@ -379,6 +379,24 @@ impl Lab {
         }
     }
 
+    /// The first create, which fetches and unpacks the image (never a sample), and the
+    /// baseline made from its QEMU's command line; the instance is deleted again.
+    async fn first_create(&self) -> anyhow::Result<(ColdSample, BaselineTemplate)> {
+        let first = cold_create(self, "first").await?;
+        let template = BaselineTemplate::of(
+            &self.guest_dir(&first.instance),
+            &self.root.join("baseline-config.img"),
+        )?;
+        self.client
+            .call(
+                "instances.delete",
+                json!({ "tenantId": TENANT, "instanceId": first.instance }),
+            )
+            .await?;
+        self.await_deleted(&first.instance).await?;
+        Ok((first, template))
+    }
+
     fn guest_dir(&self, instance: &str) -> PathBuf {
         self.state_dir.join("guests").join(instance)
     }
@@ -617,24 +635,11 @@ async fn measure(lab: &Lab, o: &HostBench, append_ms: f64) -> anyhow::Result<Val
         lab.root.display()
     );
 
-    // The first create fetches and unpacks the image: not a sample. Its QEMU's command line
-    // is the baseline's.
-    let first = cold_create(lab, "first").await?;
+    let (first, template) = lab.first_create().await?;
     println!(
         "first create to running (image fetched and unpacked): {:.1} ms",
         first.total_ms
     );
-    let template = BaselineTemplate::of(
-        &lab.guest_dir(&first.instance),
-        &lab.root.join("baseline-config.img"),
-    )?;
-    lab.client
-        .call(
-            "instances.delete",
-            json!({ "tenantId": TENANT, "instanceId": first.instance }),
-        )
-        .await?;
-    lab.await_deleted(&first.instance).await?;
 
     // Cold, each create beside one boot of QEMU alone, alternated so both see the same machine.
     let mut cold = Vec::new();

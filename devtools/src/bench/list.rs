@@ -164,18 +164,7 @@ async fn phases(
         quota: 1_000_000_000,
     };
     let pool_id = super::pool_with_flavor(&ctx, &range).await?;
-    vps_commands::operator::register_image(
-        &ctx,
-        vps_commands::operator::RegisterImage {
-            image_id: IMAGE.into(),
-            tenant_id: None,
-            url: "https://images.example/bench.raw".into(),
-            sha256: "0".repeat(64),
-            format: "raw".into(),
-            verified: true,
-        },
-    )
-    .await?;
+    super::register_bench_image(&ctx).await?;
     let mut templates = Vec::new();
     for t in 0..10 {
         templates.push(client.template(&pool_id, &format!("t{t}"), None).await?);

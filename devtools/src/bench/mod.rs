@@ -414,7 +414,7 @@ pub async fn setup_hosted_pool(
     ctx: &vps_commands::Ctx,
     spec: &BenchPool,
 ) -> anyhow::Result<(String, Vec<(String, String)>)> {
-    use vps_commands::operator::{self as ops, RegisterImage, RegisterNode};
+    use vps_commands::operator::{self as ops, RegisterNode};
     let range = BenchRange {
         name: "bench",
         runtime: None,
@@ -423,18 +423,7 @@ pub async fn setup_hosted_pool(
         quota: spec.quota,
     };
     let pool_id = pool_with_flavor(ctx, &range).await?;
-    ops::register_image(
-        ctx,
-        RegisterImage {
-            image_id: IMAGE.into(),
-            tenant_id: None,
-            url: "https://images.example/bench.raw".into(),
-            sha256: "0".repeat(64),
-            format: "raw".into(),
-            verified: true,
-        },
-    )
-    .await?;
+    register_bench_image(ctx).await?;
     let mut nodes = Vec::with_capacity(spec.nodes);
     for n in 0..spec.nodes {
         let size = spec.node_size;
@@ -459,4 +448,22 @@ pub async fn setup_hosted_pool(
         nodes.push((registered.node.id, registered.node_token));
     }
     Ok((pool_id, nodes))
+}
+
+/// The bench image [`IMAGE`], public, registered as every emulated-host bench uses it (the
+/// emulated hosts never fetch it).
+pub(crate) async fn register_bench_image(ctx: &vps_commands::Ctx) -> anyhow::Result<()> {
+    vps_commands::operator::register_image(
+        ctx,
+        vps_commands::operator::RegisterImage {
+            image_id: IMAGE.into(),
+            tenant_id: None,
+            url: "https://images.example/bench.raw".into(),
+            sha256: "0".repeat(64),
+            format: "raw".into(),
+            verified: true,
+        },
+    )
+    .await?;
+    Ok(())
 }

@@ -138,7 +138,7 @@ struct Setup {
 /// A pool with a /16 range, [`TENANT`]'s quota, the bench flavor and image, and 16 nodes, all
 /// through the operator commands.
 async fn setup(pool: &PgPool) -> anyhow::Result<Setup> {
-    use vps_commands::operator::{self as ops, RegisterImage, RegisterNode};
+    use vps_commands::operator::{self as ops, RegisterNode};
     let ctx = vps_commands::Ctx {
         pool: pool.clone(),
         notifier: Notifier::local_only(),
@@ -162,18 +162,7 @@ async fn setup(pool: &PgPool) -> anyhow::Result<Setup> {
         quota: 1_000_000_000,
     };
     let pool_id = super::pool_with_flavor(&ctx, &range).await?;
-    ops::register_image(
-        &ctx,
-        RegisterImage {
-            image_id: super::IMAGE.into(),
-            tenant_id: None,
-            url: "https://images.example/bench.raw".into(),
-            sha256: "0".repeat(64),
-            format: "raw".into(),
-            verified: true,
-        },
-    )
-    .await?;
+    super::register_bench_image(&ctx).await?;
     let mut nodes = Vec::new();
     for n in 0..16 {
         let capacity = vps_domain::resources::Capacity {

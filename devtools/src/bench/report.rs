@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::{percentile, round, run_writers, BenchRange, Creates, Scratch, Stop, IMAGE};
+use super::{percentile, round, run_writers, BenchRange, Creates, Scratch, Stop};
 
 /// Knobs.
 #[derive(Debug, Clone)]
@@ -241,7 +241,7 @@ async fn phases(
         quota: total * 2,
     };
     let pool_id = super::pool_with_flavor(&ctx, &range).await?;
-    register_image(&ctx).await?;
+    super::register_bench_image(&ctx).await?;
     let http = reqwest::Client::builder().no_proxy().build()?;
     let creates = Creates::new(http.clone(), &server.url(), token, &pool_id);
 
@@ -319,24 +319,6 @@ async fn phases(
         samples.sort_by(f64::total_cmp);
     }
     Ok(f)
-}
-
-/// [`IMAGE`], public.
-async fn register_image(ctx: &vps_commands::Ctx) -> anyhow::Result<()> {
-    use vps_commands::operator::{self as ops, RegisterImage};
-    ops::register_image(
-        ctx,
-        RegisterImage {
-            image_id: IMAGE.into(),
-            tenant_id: None,
-            url: "https://images.example/bench.raw".into(),
-            sha256: "0".repeat(64),
-            format: "raw".into(),
-            verified: true,
-        },
-    )
-    .await?;
-    Ok(())
 }
 
 /// A node with room for exactly `guests` [`super::FLAVOR`] instances.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::{cold_create, median, ms, range, round, wait_for_console, BaselineTemplate, Lab, Qmp};
+use super::{median, ms, range, round, wait_for_console, BaselineTemplate, Lab, Qmp};
 use super::{BOOT_LIMIT, INIT_LINE, TENANT};
 
 /// The minimal guest's init logs this last, then execs busybox init (docs/guest-contract.md).
@@ -35,20 +35,7 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
         lab.node_id,
         lab.root.display()
     );
-    // The first create fetches and unpacks the image; its QEMU's command line is the
-    // baseline's.
-    let first = cold_create(lab, "first").await?;
-    let baseline = BaselineTemplate::of(
-        &lab.guest_dir(&first.instance),
-        &lab.root.join("baseline-config.img"),
-    )?;
-    lab.client
-        .call(
-            "instances.delete",
-            json!({ "tenantId": TENANT, "instanceId": first.instance }),
-        )
-        .await?;
-    lab.await_deleted(&first.instance).await?;
+    let (_, baseline) = lab.first_create().await?;
 
     let template = lab.client.template(&lab.pool_id, "snap", None).await?;
     let create = |key: String, from: Option<String>| {
