@@ -146,7 +146,7 @@ fn not_found() -> Response {
 /// A command context for the proxy: it records nothing, so its actor is the proxy itself
 /// (not an operator).
 fn ctx(state: &AppState) -> Ctx {
-    let mut ctx = crate::server::reactor_ctx(state, "preview-proxy");
+    let mut ctx = crate::state::reactor_ctx(state, "preview-proxy");
     ctx.actor.identity = "preview-proxy".into();
     ctx.actor.operator = false;
     ctx.request_id = Some(vps_commands::record::new_id("req"));

@@ -193,24 +193,8 @@ fn secret_key(config: &Config) -> anyhow::Result<vps_commands::secrets::SecretKe
     ))
 }
 
-/// A context for background parts acting as `reactor:<name>`.
-pub fn reactor_ctx(state: &AppState, name: &str) -> vps_commands::Ctx {
-    vps_commands::Ctx {
-        pool: state.pool.clone(),
-        notifier: state.notifier.clone(),
-        spec_signals: state.spec_signals.clone(),
-        secrets: state.secrets.clone(),
-        actor: vps_commands::Actor {
-            identity: format!("reactor:{name}"),
-            tenant: None,
-            operator: true,
-        },
-        request_id: None,
-        clock: state.clock.clone(),
-        wakeups: state.wakeups.clone(),
-        reports: state.reports.clone(),
-    }
-}
+/// Kept here for callers that start a server and act beside it.
+pub use crate::state::reactor_ctx;
 
 /// The reactor delays from `[timings]`.
 pub fn timings(config: &Config) -> vps_reactors::timings::Timings {

@@ -44,5 +44,24 @@ pub struct AppState {
     /// This server's wake-ups of its background loops.
     pub wakeups: vps_commands::wakeups::Wakeups,
     /// This replica's copy of each node's report views.
-    pub reports: Arc<vps_commands::hosts::ReportViews>,
+    pub reports: Arc<vps_commands::report_views::ReportViews>,
+}
+
+/// A context for background parts acting as `reactor:<name>`.
+pub fn reactor_ctx(state: &AppState, name: &str) -> vps_commands::Ctx {
+    vps_commands::Ctx {
+        pool: state.pool.clone(),
+        notifier: state.notifier.clone(),
+        spec_signals: state.spec_signals.clone(),
+        secrets: state.secrets.clone(),
+        actor: vps_commands::Actor {
+            identity: format!("reactor:{name}"),
+            tenant: None,
+            operator: true,
+        },
+        request_id: None,
+        clock: state.clock.clone(),
+        wakeups: state.wakeups.clone(),
+        reports: state.reports.clone(),
+    }
 }

@@ -41,7 +41,7 @@ pub struct Ctx {
     /// This server's wake-ups of its background loops.
     pub wakeups: Wakeups,
     /// This replica's copy of each node's report views (`nodes.report`).
-    pub reports: Arc<crate::hosts::ReportViews>,
+    pub reports: Arc<crate::report_views::ReportViews>,
 }
 
 impl Ctx {

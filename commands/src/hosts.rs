@@ -17,8 +17,7 @@ use crate::error::CommandError;
 use crate::pipeline::{apply_commands, record_events, transaction};
 use vps_domain::ids::NodeId;
 
-mod views;
-pub use views::ReportViews;
+use crate::report_views as views;
 
 pub use vps_domain::instance::MAX_ADDRESSES;
 pub use vps_domain::node::MAX_ORPHANS;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::common::Wait;
 use chrono::{DateTime, Datelike, Utc};
 use serde::{Deserialize, Serialize};
 use vps_commands::instances::{self, Change, CreateInput};
@@ -28,24 +29,6 @@ pub struct CreateBody {
     input: CreateInput,
     /// Answer once the instance settles, or after the timeout.
     wait: Option<Wait>,
-}
-
-/// How long a create may wait for its instance to settle.
-#[derive(Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Wait {
-    /// At most 30000.
-    timeout_ms: u64,
-}
-
-impl Wait {
-    /// The wait, checked (at most 30 s).
-    pub fn duration(&self) -> Result<Duration, ApiError> {
-        if self.timeout_ms > 30_000 {
-            return Err(ApiError::invalid("wait.timeoutMs", "at most 30000"));
-        }
-        Ok(Duration::from_millis(self.timeout_ms))
-    }
 }
 
 /// An instance by id.
@@ -301,7 +284,7 @@ async fn list(c: Call, q: ListBody) -> Result<InstancePage, ApiError> {
         state: q.state.map(|s| s.as_str().to_string()),
         pool_id: q.pool_id.map(String::from),
         before: q.cursor.as_deref().map(parse_cursor).transpose()?,
-        labels: super::sandboxes::label_filter(q.labels)?,
+        labels: super::common::label_filter(q.labels)?,
     };
     let items = vps_projections::instances::page(&c.ctx.pool, &filter, limit + 1)
         .await

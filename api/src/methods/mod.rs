@@ -1,6 +1,7 @@
 //! The API's methods, one module per group; each module declares its methods once
 //! ([`crate::registry::Method`]) and the registry collects them here.
 
+pub mod common;
 pub mod events;
 pub mod flavors;
 pub mod forks;

@@ -27,7 +27,7 @@ pub struct ExecBody {
     /// expiry.
     ttl_seconds: Option<u64>,
     /// With a template's `autoResume`: how long to wait for a paused sandbox to resume.
-    wait: Option<crate::methods::instances::Wait>,
+    wait: Option<crate::methods::common::Wait>,
 }
 
 /// Where to open the tunnel, and the ticket that opens it once.

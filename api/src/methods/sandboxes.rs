@@ -14,7 +14,7 @@ use vps_projections::sandboxes::SandboxFilter;
 use vps_projections::views::{SandboxView, TemplateView};
 
 use crate::error::ApiError;
-use crate::methods::instances::Wait;
+use crate::methods::common::{label_filter, Wait};
 use crate::registry::{Access::Tenant, Call, Items, Method};
 use vps_domain::ids::{SandboxId, TemplateId};
 
@@ -337,15 +337,6 @@ async fn set_labels(c: Call, q: SetSandboxLabels) -> Result<SandboxView, ApiErro
     let tenant = c.caller.tenant(&q.tenant_id)?;
     let s = lifecycle::set_labels(&c.ctx, &tenant, &q.sandbox_id, q.labels).await?;
     Ok(SandboxView::from(&s))
-}
-
-/// A `list` call's label filter, checked like labels (at most 32 pairs).
-pub(crate) fn label_filter(
-    labels: Option<vps_domain::labels::Labels>,
-) -> Result<vps_domain::labels::Labels, ApiError> {
-    let labels = labels.unwrap_or_default();
-    vps_domain::labels::check("labels", &labels).map_err(vps_commands::CommandError::from)?;
-    Ok(labels)
 }
 
 async fn delete_template(c: Call, q: TemplateRef) -> Result<TemplateView, ApiError> {

@@ -17,7 +17,7 @@ pub struct TakeBody {
     #[serde(flatten)]
     input: SnapshotInput,
     /// With a template's `autoResume`: how long to wait for a paused sandbox to resume.
-    wait: Option<crate::methods::instances::Wait>,
+    wait: Option<crate::methods::common::Wait>,
 }
 
 /// A snapshot by id.

@@ -140,7 +140,7 @@ async fn list(c: Call, q: ListBody) -> Result<Items<VolumeView>, ApiError> {
         pool_id: q.pool_id.map(String::from),
         include_deleted: q.include_deleted.unwrap_or(false),
         limit: LIST_LIMIT,
-        labels: super::sandboxes::label_filter(q.labels)?,
+        labels: super::common::label_filter(q.labels)?,
     };
     let mut conn = c.ctx.pool.acquire().await?;
     let items = vps_projections::volumes::list(&mut conn, &filter)

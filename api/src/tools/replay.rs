@@ -2,7 +2,6 @@
 //! them with the live tables, while the hash chain is verified beside it; a run that finds
 //! both intact records its checkpoint in the log (`audit.verified`).
 
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use sqlx::PgPool;
 use vps_events::{append, Cursor, ExpectedVersion, Metadata, NewEvent};
@@ -11,15 +10,6 @@ use vps_events::{append, Cursor, ExpectedVersion, Metadata, NewEvent};
 pub const CHECKPOINTS: &str = "audit-replay";
 /// A checkpoint's event type.
 pub const VERIFIED: &str = "audit.verified";
-
-/// The progress bar of a pass over `total` events: events done, events/s, ETA.
-pub fn events_bar(verb: &str, total: u64) -> ProgressBar {
-    let template =
-        format!("{verb} {{bar:40}} {{human_pos}}/{{human_len}} events ({{per_sec}}, ETA {{eta}})");
-    ProgressBar::new(total).with_style(
-        ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar()),
-    )
-}
 
 /// Runs the comparison and the chain check side by side (from the checkpoint at `from`, when
 /// given); `Ok(false)` when a projection differs or the chain is broken (the binary exits
@@ -32,7 +22,7 @@ pub async fn verify(pool: &PgPool, from: Option<i64>) -> anyhow::Result<bool> {
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
         .fetch_one(pool)
         .await?;
-    let bar = events_bar("replaying", total as u64);
+    let bar = super::audit::events_bar("replaying", total as u64);
     let progress = |done| bar.set_position(done);
     let (report, chain) = match checkpoint {
         None => tokio::join!(
