@@ -324,13 +324,16 @@ fn a_guest_that_dies_while_its_memory_is_saved_fails_the_snapshot_with_a_reason(
 
 // ---- harness ----------------------------------------------------------------------------
 
-fn check_archive(files: &SnapshotFiles) {
-    assert!(files.archive.is_file(), "{files:?}");
-    assert_eq!(sha256_file(&files.archive), files.sha256);
-    assert_eq!(
-        std::fs::metadata(&files.archive).unwrap().len(),
-        files.size_bytes
-    );
+/// Writes the archive the agent would upload beside the snapshot's files (once), checks it is
+/// as long as announced and hashed as answered: its path and digest.
+fn check_archive(files: &SnapshotFiles) -> (PathBuf, String) {
+    let path = files.dir.with_extension("tar");
+    let file = std::fs::File::create(&path).unwrap();
+    let (sha256, written) = vps_host::runtime::archive::write(files, file).expect("archive");
+    assert_eq!(sha256_file(&path), sha256);
+    assert_eq!(written, files.size_bytes);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), files.size_bytes);
+    (path, sha256)
 }
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -433,10 +436,11 @@ impl Env {
     }
 
     fn source(&self, files: &SnapshotFiles) -> RestoreSource {
+        let (archive, sha256) = check_archive(files);
         RestoreSource {
             snapshot_id: "snap_test".into(),
-            url: format!("file://{}", files.archive.display()),
-            sha256: files.sha256.clone(),
+            url: format!("file://{}", archive.display()),
+            sha256,
         }
     }
 

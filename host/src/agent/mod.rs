@@ -657,13 +657,19 @@ async fn snapshot<R: Runtime>(
         .snapshot(&command.instance_id, command.include_memory, dir)
         .await
         .map_err(|e| e.0)?;
-    crate::runtime::upload(&files.archive, url, &command.upload_headers)
+    let uploading = std::time::Instant::now();
+    let sha256 = crate::runtime::upload(&files, url, &command.upload_headers)
         .await
         .map_err(|e| e.0)?;
+    tracing::info!(
+        upload_ms = uploading.elapsed().as_millis() as u64,
+        "snapshot uploaded"
+    );
+    runtime.keep_snapshot(&files, &sha256).await;
     Ok(CommandResult {
         id: command.id.clone(),
         ok: true,
-        sha256: Some(files.sha256),
+        sha256: Some(sha256),
         size_bytes: Some(files.size_bytes),
         cpu_model: files.cpu_model,
         reason: None,

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+pub mod archive;
 pub mod qemu;
 mod upload;
 
@@ -170,15 +171,16 @@ pub struct RestoreSource {
     pub sha256: String,
 }
 
-/// What [`Runtime::snapshot`] made: one archive, ready to upload.
+/// What [`Runtime::snapshot`] made: the snapshot's files in one directory, which [`upload`]
+/// streams as one archive ([`archive`]). The caller removes the directory once uploaded, or
+/// hands it to [`Runtime::keep_snapshot`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotFiles {
-    /// The archive (an uncompressed tar), under the `out_dir` the caller gave. The caller
-    /// removes it once uploaded.
-    pub archive: PathBuf,
-    /// Hex SHA-256 of the archive: the `sha256` of the command's result.
-    pub sha256: String,
-    /// The archive's length: the `sizeBytes` of the command's result.
+    /// Under the `out_dir` the caller gave.
+    pub dir: PathBuf,
+    /// The files of `dir` in archive order.
+    pub names: Vec<String>,
+    /// The archive's exact length: the `sizeBytes` of the command's result.
     pub size_bytes: u64,
     /// Whether it holds the guest's memory and device state.
     pub include_memory: bool,
@@ -252,16 +254,22 @@ pub trait Runtime: Send + Sync + 'static {
         false
     }
 
-    /// Takes a snapshot of the guest into one archive under `out_dir` (the `snapshot` host
+    /// Takes a snapshot of the guest into a directory under `out_dir` (the `snapshot` host
     /// command). The guest keeps the state it had (running or paused); it is frozen only
-    /// while its state is saved. Disk-only snapshots also work on a stopped guest. Upload the
-    /// archive with [`upload`], then remove it.
+    /// while its state is saved. Disk-only snapshots also work on a stopped guest. Upload it
+    /// with [`upload`], then remove it or give it to [`Runtime::keep_snapshot`].
     fn snapshot(
         &self,
         id: &str,
         include_memory: bool,
         out_dir: &Path,
     ) -> impl Future<Output = Result<SnapshotFiles, RuntimeError>> + Send;
+
+    /// Keeps an uploaded snapshot's files as the restore cache's entry for its archive digest
+    /// `sha256`, so a restore on this host needs no download (the files move; a runtime
+    /// that cannot keep them leaves them for the caller to remove).
+    fn keep_snapshot(&self, files: &SnapshotFiles, sha256: &str)
+        -> impl Future<Output = ()> + Send;
 
     /// [`Runtime::run`] for a spec with `restoreFrom`: a guest that does not exist yet is
     /// made from the snapshot (downloaded once per digest and checked), with an identity of

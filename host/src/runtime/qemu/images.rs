@@ -50,6 +50,12 @@ impl ImageCache {
         }
     }
 
+    /// The lock of one cache entry.
+    fn lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(key.to_owned()).or_default().clone()
+    }
+
     /// The checked image, downloading and unpacking it first if needed.
     pub async fn get(&self, image: &ImageRef) -> Result<Cached, RuntimeError> {
         let digest = image.sha256.to_ascii_lowercase();
@@ -65,10 +71,7 @@ impl ImageCache {
                 image.format
             )));
         }
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            locks.entry(digest.clone()).or_default().clone()
-        };
+        let lock = self.lock(&digest);
         let _guard = lock.lock().await;
         let dir = self.dir.join(&digest);
         if let Some(cached) = cached(&dir, &image.format) {
@@ -108,13 +111,7 @@ impl ImageCache {
                 from.snapshot_id, from.sha256
             )));
         }
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            locks
-                .entry(format!("snapshot:{digest}"))
-                .or_default()
-                .clone()
-        };
+        let lock = self.lock(&format!("snapshot:{digest}"));
         let _guard = lock.lock().await;
         let root = self.dir.join("snapshots");
         let dir = root.join(&digest);
@@ -154,6 +151,28 @@ impl ImageCache {
         let _ = tokio::fs::remove_dir_all(&staging).await;
         result?;
         Ok(dir)
+    }
+
+    /// Makes the snapshot files in `files` (a snapshot this host took and uploaded, whose
+    /// archive is `sha256`) the cache's entry for that digest, by moving them: a restore here
+    /// then starts from them with no download. Nothing moves if the entry exists already or
+    /// the files are on another file system.
+    pub async fn adopt_snapshot(&self, files: &Path, sha256: &str) {
+        let digest = sha256.to_ascii_lowercase();
+        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return;
+        }
+        let lock = self.lock(&format!("snapshot:{digest}"));
+        let _guard = lock.lock().await;
+        let root = self.dir.join("snapshots");
+        let dir = root.join(&digest);
+        if snapshot_complete(&dir) || tokio::fs::create_dir_all(&root).await.is_err() {
+            return;
+        }
+        match tokio::fs::rename(files, &dir).await {
+            Ok(()) => tracing::debug!(sha256 = %digest, "snapshot kept for restores here"),
+            Err(error) => tracing::debug!(%error, "snapshot not kept for restores here"),
+        }
     }
 
     async fn fill(

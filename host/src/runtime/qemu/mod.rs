@@ -582,10 +582,16 @@ impl Qemu {
             return Ok(());
         }
         let generation = record.identity_generation;
+        let waiting = Instant::now();
+        tracing::info!(load_ms = loaded.as_millis() as u64, "restore loaded");
         if !snapshots::wait_reidentified(&dir.console(), generation, self.identity_timeout).await {
             tracing::warn!(generation, timeout = ?self.identity_timeout,
                 "the restored guest did not take its new identity; its links come up anyway");
         }
+        tracing::info!(
+            identity_ms = waiting.elapsed().as_millis() as u64,
+            "restore reidentified"
+        );
         for link in &links {
             qmp.execute(
                 "set_link",
@@ -612,12 +618,12 @@ impl Qemu {
         let work = snapshots::work_dir(out_dir, id);
         std::fs::create_dir_all(&work)
             .map_err(|e| RuntimeError(format!("cannot make {}: {e}", work.display())))?;
-        let result = self
-            .snapshot_into(&slot, include_memory, out_dir, &work)
-            .await;
+        let result = self.snapshot_into(&slot, include_memory, &work).await;
         // Measured before the partial files go: a snapshot that filled the disk says so.
         let result = result.map_err(|e| RuntimeError(crate::disk::explain_full(e.0, out_dir)));
-        let _ = tokio::fs::remove_dir_all(&work).await;
+        if result.is_err() {
+            let _ = tokio::fs::remove_dir_all(&work).await;
+        }
         result
     }
 
@@ -625,7 +631,6 @@ impl Qemu {
         &self,
         slot: &Slot,
         include_memory: bool,
-        out_dir: &Path,
         work: &Path,
     ) -> Result<SnapshotFiles, RuntimeError> {
         let dir = &slot.dir;
@@ -699,8 +704,10 @@ impl Qemu {
                 qemu_save,
             )
         };
+        let flattening = Instant::now();
         snapshots::flatten(&overlay, &work.join("disk.qcow2")).await?;
         let _ = tokio::fs::remove_file(&overlay).await;
+        let flattened = flattening.elapsed();
         let cpu_model = self.cpu_model();
         let manifest = Manifest {
             format: 1,
@@ -716,29 +723,21 @@ impl Qemu {
             identity_generation: record.identity_generation,
             qemu_version: snapshots::qemu_version(&self.qemu_binary).await,
         };
-        let archive = out_dir.join(format!("{}-{}.tar", record.id, process::unix_ms()));
-        let (work_owned, archive_owned) = (work.to_owned(), archive.clone());
-        let written = tokio::task::spawn_blocking(move || {
-            snapshots::write_archive(&work_owned, &manifest, &archive_owned)
-        })
-        .await
-        .map_err(|e| RuntimeError(format!("writing the archive: {e}")))?;
-        let (sha256, size_bytes) = match written {
-            Ok(done) => done,
-            Err(error) => {
-                let _ = tokio::fs::remove_file(&archive).await;
-                return Err(error);
-            }
-        };
-        Ok(SnapshotFiles {
-            archive,
-            sha256,
-            size_bytes,
+        snapshots::write_manifest(work, &manifest)?;
+        let mut files = SnapshotFiles {
+            dir: work.to_owned(),
+            names: snapshots::archive_names(include_memory),
+            size_bytes: 0,
             include_memory,
             cpu_model: include_memory.then_some(cpu_model),
             paused_ms: paused.as_millis() as u64,
             qemu_save_ms: qemu_save.map(|d| d.as_millis() as u64),
-        })
+        };
+        files.size_bytes = crate::runtime::archive::len(&files)?;
+        tracing::info!(paused_ms = files.paused_ms, qemu_save_ms = ?files.qemu_save_ms,
+            flatten_ms = flattened.as_millis() as u64, size_bytes = files.size_bytes,
+            "snapshot taken");
+        Ok(files)
     }
 
     async fn restore_inner(
@@ -753,6 +752,7 @@ impl Qemu {
         if slot.dir.disk().exists() {
             return self.run_locked(spec, &slot, &mut live).await;
         }
+        let fetching = Instant::now();
         let fetched = async {
             let dir = self.images.snapshot(from).await?;
             let manifest = Manifest::read(&dir)?;
@@ -787,7 +787,15 @@ impl Qemu {
             }
         };
         end_broken(&slot.dir, &mut live).await?;
-        self.boot(spec, &slot, &mut live, Some(&restoring)).await
+        let fetched_ms = fetching.elapsed().as_millis() as u64;
+        let booting = Instant::now();
+        let booted = self.boot(spec, &slot, &mut live, Some(&restoring)).await;
+        tracing::info!(
+            fetched_ms,
+            boot_ms = booting.elapsed().as_millis() as u64,
+            "restore done"
+        );
+        booted
     }
 
     /// The guest's state now, reconnecting to a live QEMU if needed. Takes the guest's lock.
@@ -1199,6 +1207,10 @@ impl Runtime for Qemu {
         self.snapshot_inner(id, include_memory, out_dir)
             .instrument(span)
             .await
+    }
+
+    async fn keep_snapshot(&self, files: &SnapshotFiles, sha256: &str) {
+        self.images.adopt_snapshot(&files.dir, sha256).await;
     }
 
     async fn restore(&self, spec: &GuestSpec, from: &RestoreSource) -> Result<(), RuntimeError> {

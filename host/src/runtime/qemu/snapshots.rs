@@ -16,11 +16,13 @@
 //! - QMP `cont` (only if it ran before), which reactivates the disks.
 //!
 //! That time is `vps_host_snapshot_pause_seconds`. The copy is then flattened with
-//! `qemu-img convert` and archived with the guest running. The guest's own lock is held
-//! only while it is frozen.
+//! `qemu-img convert` with the guest running. The guest's own lock is held only while it is
+//! frozen. No archive is written here: the agent's upload makes it as it sends it
+//! (`runtime::archive`), and the files then become this host's restore cache entry for the
+//! archive's digest.
 //!
 //! **Restoring one.** The archive is downloaded once per digest and checked (the image
-//! cache's code); the new guest's disk is a qcow2 overlay on the unpacked `disk.qcow2`, so
+//! cache's code), unless this host took it; the new guest's disk is a qcow2 overlay on the unpacked `disk.qcow2`, so
 //! a fork of N shares one copy. A disk-only snapshot boots from that disk. A memory snapshot
 //! starts QEMU with the same machine, CPU model, memory, vCPUs and devices plus `-incoming
 //! defer`, loads the state with `migrate-incoming exec:cat memory.state`, and is resumed with
@@ -38,13 +40,11 @@
 //! clone under its source's MAC or address. A guest that never says so (an image without the
 //! watcher) gets its links back after `identity_timeout` and keeps its source's identity.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tokio::process::Command;
 
 use super::config_drive::FreshIdentity;
@@ -196,61 +196,22 @@ pub async fn flatten(overlay: &Path, out: &Path) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// Writes the archive of the files in `work` to `archive`, hashing it as it is written.
-/// Answers its SHA-256 and size.
-pub fn write_archive(
-    work: &Path,
-    manifest: &Manifest,
-    archive: &Path,
-) -> Result<(String, u64), RuntimeError> {
-    let io = |e: std::io::Error| RuntimeError(format!("writing {}: {e}", archive.display()));
-    let json = serde_json::to_vec_pretty(manifest)
-        .map_err(|e| RuntimeError(format!("snapshot manifest: {e}")))?;
-    std::fs::write(work.join(MANIFEST), json).map_err(io)?;
-    let file = std::fs::File::create(archive).map_err(io)?;
-    let mut builder = tar::Builder::new(HashingWriter {
-        inner: std::io::BufWriter::with_capacity(1 << 20, file),
-        hasher: Sha256::new(),
-        written: 0,
-    });
+/// The files of a snapshot, in archive order: the manifest first, so a reader knows what
+/// it holds before the large files.
+pub fn archive_names(include_memory: bool) -> Vec<String> {
     let mut names = vec![MANIFEST, "disk.qcow2", "config.img"];
-    if manifest.include_memory {
+    if include_memory {
         names.push("memory.state");
     }
-    for name in names {
-        builder
-            .append_path_with_name(work.join(name), name)
-            .map_err(io)?;
-    }
-    let mut writer = builder.into_inner().map_err(io)?;
-    writer.flush().map_err(io)?;
-    let HashingWriter {
-        inner,
-        hasher,
-        written,
-    } = writer;
-    let file = inner.into_inner().map_err(|e| io(e.into_error()))?;
-    file.sync_all().map_err(io)?;
-    Ok((data_encoding::HEXLOWER.encode(&hasher.finalize()), written))
+    names.into_iter().map(String::from).collect()
 }
 
-struct HashingWriter<W> {
-    inner: W,
-    hasher: Sha256,
-    written: u64,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.written += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
+/// Writes `manifest` beside the files it describes.
+pub fn write_manifest(work: &Path, manifest: &Manifest) -> Result<(), RuntimeError> {
+    let json = serde_json::to_vec_pretty(manifest)
+        .map_err(|e| RuntimeError(format!("snapshot manifest: {e}")))?;
+    std::fs::write(work.join(MANIFEST), json)
+        .map_err(|e| RuntimeError(format!("writing the snapshot manifest: {e}")))
 }
 
 /// A new identity from this host's CSPRNG: machine id, random seed, ed25519 and ECDSA P-256
