@@ -17,6 +17,8 @@ use vps_host::runtime::qemu::{policy, Qemu};
 use vps_host::runtime::{NetworkMode, NetworkPolicy, Runtime};
 
 const GUEST: &str = "inst_dnsallowed0000000000000";
+/// Its list names no domain: the resolver never answers it.
+const NO_NAMES: &str = "inst_dnsnonames0000000000000";
 
 /// HTTP on port 80 of every address (`GET /` answers the address it was reached at), and a
 /// DNS server on UDP `203.0.113.1:53` (A records only, TTL 60; AAAA: no records; other
@@ -119,8 +121,8 @@ fn the_internet(env: &Env) -> (Owned, Owned) {
 
 /// `command` in the guest over SSH, on a blocking thread: the resolver answers on this
 /// test's single-threaded runtime meanwhile.
-async fn ssh(env: &Env, command: &str) -> Result<String, String> {
-    let mut ssh = env.ssh_command(GUEST);
+async fn ssh(env: &Env, id: &str, command: &str) -> Result<String, String> {
+    let mut ssh = env.ssh_command(id);
     ssh.arg(command).stdin(Stdio::null());
     let output = tokio::task::spawn_blocking(move || ssh.output())
         .await
@@ -140,6 +142,7 @@ async fn ssh(env: &Env, command: &str) -> Result<String, String> {
 async fn get(env: &Env, address: &str) -> Result<String, String> {
     let out = ssh(
         env,
+        GUEST,
         &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {address} 80"),
     )
     .await?;
@@ -150,11 +153,11 @@ async fn get(env: &Env, address: &str) -> Result<String, String> {
     }
 }
 
-/// busybox `nslookup NAME SERVER` in the guest: the IPv4 addresses it printed for the name
+/// busybox `nslookup NAME SERVER` in guest `id`: the IPv4 addresses it printed for the name
 /// (empty when it did not resolve), and its whole output.
-async fn lookup(env: &Env, name: &str, server: &str) -> (Vec<String>, String) {
+async fn lookup_in(env: &Env, id: &str, name: &str, server: &str) -> (Vec<String>, String) {
     let command = format!("nslookup -type=a {name} {server} 2>&1; echo status=$?");
-    let out = ssh(env, &command).await.expect("nslookup runs");
+    let out = ssh(env, id, &command).await.expect("nslookup runs");
     let answer = out.split_once(name).map_or("", |(_, rest)| rest);
     let addresses = answer
         .lines()
@@ -163,6 +166,10 @@ async fn lookup(env: &Env, name: &str, server: &str) -> (Vec<String>, String) {
         .filter(|a| a.parse::<std::net::Ipv4Addr>().is_ok())
         .collect();
     (addresses, out)
+}
+
+async fn lookup(env: &Env, name: &str, server: &str) -> (Vec<String>, String) {
+    lookup_in(env, GUEST, name, server).await
 }
 
 fn host_runtime(env: &Env) -> Qemu {
@@ -183,9 +190,17 @@ fn an_allowed_name_resolves_and_connects_and_nothing_else_does() {
             allow: vec!["allowed.test".into()],
             ..NetworkPolicy::new(NetworkMode::Egress)
         });
-        runtime.run(&spec).await.expect("run");
-        assert!(policy::present(GUEST).await, "the guest has its tables");
+        let mut no_names = env.spec(NO_NAMES, 3);
+        no_names.network = Some(NetworkPolicy {
+            allow: vec!["203.0.113.1/32".into()],
+            ..NetworkPolicy::new(NetworkMode::Egress)
+        });
+        for spec in [&spec, &no_names] {
+            runtime.run(spec).await.expect("run");
+            assert!(policy::present(&spec.id).await, "the guest has its tables");
+        }
         env.ssh_until_up(GUEST, "true");
+        env.ssh_until_up(NO_NAMES, "true");
 
         // Not resolved yet: the allowed name's address is not reached.
         get(&env, "198.51.100.1")
@@ -223,6 +238,14 @@ fn an_allowed_name_resolves_and_connects_and_nothing_else_does() {
             .await
             .expect_err("the upstream's own address");
 
+        // A guest whose list names no domain keeps its own DNS, and the host's resolver does
+        // not answer it.
+        let (addresses, out) = lookup_in(&env, NO_NAMES, "denied.test", "203.0.113.1").await;
+        assert_eq!(addresses, ["198.51.100.2"], "its own server: {out}");
+        let (addresses, out) = lookup_in(&env, NO_NAMES, "allowed.test", "10.83.0.1").await;
+        assert!(addresses.is_empty(), "{out}");
+        assert!(out.contains("timed out"), "no answer at all: {out}");
+
         // A restarted agent answers the guest's names again (it re-adopts the guest).
         drop(runtime);
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -232,8 +255,10 @@ fn an_allowed_name_resolves_and_connects_and_nothing_else_does() {
         assert_eq!(addresses, ["198.51.100.1"], "after a restart: {out}");
 
         // The rules and their sets go with the guest.
-        runtime.delete(GUEST).await.expect("delete");
-        assert!(!policy::present(GUEST).await, "its tables are gone");
+        for id in [GUEST, NO_NAMES] {
+            runtime.delete(id).await.expect("delete");
+            assert!(!policy::present(id).await, "{id}'s tables are gone");
+        }
         env.assert_no_qemu();
     });
 }
