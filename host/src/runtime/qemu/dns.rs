@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::{DNSClass, RData};
@@ -160,6 +160,10 @@ struct Client {
     gateway: Ipv4Addr,
     patterns: Arc<[DomainPattern]>,
     upstream: Option<SocketAddr>,
+    /// Until when each address is in the guest's set (as far as this registration made it),
+    /// so a name looked up again and again costs one `nft` call per half TTL, not one per
+    /// query. Shared by the guest's NICs; new with each registration, as the sets are.
+    allowed_until: Arc<Mutex<HashMap<Ipv4Addr, Instant>>>,
 }
 
 #[derive(Default)]
@@ -209,6 +213,7 @@ impl Resolver {
                 "no dns_upstream and no nameserver in /etc/resolv.conf: allowed names get SERVFAIL");
         }
         let patterns: Arc<[DomainPattern]> = r.patterns.into();
+        let allowed_until = Arc::default();
         let mut clients = lock(&self.clients);
         for &(address, gateway) in &r.nics {
             if !clients.listeners.contains_key(&gateway) {
@@ -235,6 +240,7 @@ impl Resolver {
                     gateway,
                     patterns: patterns.clone(),
                     upstream,
+                    allowed_until: Arc::clone(&allowed_until),
                 },
             );
         }
@@ -392,14 +398,41 @@ async fn forward(client: &Client, query: &Message, raw: &[u8]) -> Result<Vec<u8>
                 _ => None,
             })
             .collect();
-        let script = set_elements(&client.table, &addresses);
-        if !script.is_empty() {
-            super::policy::nft(&script).await.map_err(|e| e.0)?;
-        }
+        allow(client, &addresses).await?;
         let mut bytes = buf[..n].to_vec();
         bytes[..2].copy_from_slice(&query.metadata.id.to_be_bytes());
         return Ok(bytes);
     }
+}
+
+/// Puts `addresses` (address, TTL) in the guest's set, but those already there for at least
+/// half their (clamped) TTL.
+async fn allow(client: &Client, addresses: &[(Ipv4Addr, u32)]) -> Result<(), String> {
+    let now = Instant::now();
+    let lasting = |ttl: u32| Duration::from_secs(u64::from(ttl.clamp(MIN_TTL, MAX_TTL)));
+    let stale: Vec<(Ipv4Addr, u32)> = {
+        let known = lock(&client.allowed_until);
+        addresses
+            .iter()
+            .copied()
+            .filter(|(a, ttl)| {
+                known
+                    .get(a)
+                    .is_none_or(|until| *until < now + lasting(*ttl) / 2)
+            })
+            .collect()
+    };
+    let script = set_elements(&client.table, &stale);
+    if script.is_empty() {
+        return Ok(());
+    }
+    super::policy::nft(&script).await.map_err(|e| e.0)?;
+    let mut known = lock(&client.allowed_until);
+    known.retain(|_, until| *until > now);
+    for (address, ttl) in stale {
+        known.insert(address, now + lasting(ttl));
+    }
+    Ok(())
 }
 
 /// A host name: dot-separated labels of 1 to 63 letters, digits, `-` or `_` (not at a
@@ -516,6 +549,7 @@ mod tests {
             gateway: Ipv4Addr::new(10, 0, 0, 1),
             patterns: patterns(&["allowed.test"]).into(),
             upstream,
+            allowed_until: Arc::default(),
         }
     }
 
@@ -543,6 +577,22 @@ mod tests {
         assert!(answer(&client(None), &response.to_vec().unwrap())
             .await
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn an_address_already_allowed_long_enough_costs_no_nft_call() {
+        let client = client(None);
+        let address = Ipv4Addr::new(198, 51, 100, 1);
+        let until = Instant::now() + Duration::from_secs(3600);
+        lock(&client.allowed_until).insert(address, until);
+        allow(&client, &[(address, 60)])
+            .await
+            .expect("nothing to do");
+        // Past half its TTL it is refreshed: `nft` runs (and fails: there is no such table).
+        lock(&client.allowed_until).insert(address, Instant::now() + Duration::from_secs(10));
+        allow(&client, &[(address, 60)])
+            .await
+            .expect_err("nft was asked");
     }
 
     #[tokio::test]
