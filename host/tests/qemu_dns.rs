@@ -221,6 +221,9 @@ fn an_allowed_name_resolves_and_connects_and_nothing_else_does() {
             set.contains("198.51.100.1 timeout 1m"),
             "the record's TTL: {set}"
         );
+        // The connection keeps its address in use, past the record's TTL while it lasts.
+        let in_use = run(&["nft", "list", "set", "bridge", &table, policy::IN_USE_SET]);
+        assert!(in_use.contains("198.51.100.1"), "{in_use}");
 
         // A denied name does not resolve, though the server asked knows it: direct DNS to
         // another server does not get past the allow-list.

@@ -579,6 +579,21 @@ mod tests {
             .is_none());
     }
 
+    #[test]
+    fn a_guest_without_names_is_not_served() {
+        let resolver = Resolver::default();
+        let registration = |patterns| Registration {
+            id: "inst_a",
+            table: "vps_a".into(),
+            nics: vec![(Ipv4Addr::new(10, 0, 0, 7), Ipv4Addr::new(10, 0, 0, 1))],
+            patterns,
+            upstream: None,
+        };
+        resolver.register(registration(Vec::new())).unwrap();
+        assert!(!resolver.serves("inst_a"));
+        assert!(lock(&resolver.clients).listeners.is_empty());
+    }
+
     #[tokio::test]
     async fn an_address_already_allowed_long_enough_costs_no_nft_call() {
         let client = client(None);
