@@ -61,6 +61,9 @@ pub struct HostConfig {
     pub accel: Accel,
     /// Where the agent serves its Prometheus metrics (`/metrics`); none: not served.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Where the resolver for allow-listed domains asks (`IP` or `IP:PORT`); none: the first
+    /// `nameserver` of /etc/resolv.conf.
+    pub dns_upstream: Option<std::net::SocketAddr>,
     /// How the loop is paced: not in the file, tests shorten it.
     pub timings: AgentTimings,
 }
@@ -116,6 +119,7 @@ struct HostTable {
     runtime: Option<String>,
     accel: Option<String>,
     metrics_listen: Option<String>,
+    dns_upstream: Option<String>,
 }
 
 /// Reads and checks a `host.toml`.
@@ -201,6 +205,22 @@ pub fn parse(text: &str, file: &str) -> Result<HostConfig, ConfigError> {
             })
         })
         .transpose()?;
+    let dns_upstream = host
+        .dns_upstream
+        .map(|text| {
+            text.parse::<std::net::SocketAddr>()
+                .or_else(|_| {
+                    text.parse::<std::net::IpAddr>()
+                        .map(|ip| std::net::SocketAddr::new(ip, 53))
+                })
+                .map_err(|_| {
+                    err(
+                        "host.dns_upstream",
+                        format!("{text:?} is not an IP address or IP:PORT"),
+                    )
+                })
+        })
+        .transpose()?;
     let state_dir = host
         .state_dir
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
@@ -216,6 +236,7 @@ pub fn parse(text: &str, file: &str) -> Result<HostConfig, ConfigError> {
         runtime,
         accel,
         metrics_listen,
+        dns_upstream,
         timings: AgentTimings::default(),
     })
 }
@@ -279,6 +300,22 @@ mod tests {
         assert_eq!(
             parse(&text, "host.toml").unwrap_err().key,
             "host.metrics_listen"
+        );
+    }
+
+    #[test]
+    fn the_dns_upstream_takes_an_address_with_or_without_a_port() {
+        assert_eq!(parse(MINIMAL, "host.toml").unwrap().dns_upstream, None);
+        let text = format!("{MINIMAL}dns_upstream = \"192.0.2.53\"\n");
+        let c = parse(&text, "host.toml").unwrap();
+        assert_eq!(c.dns_upstream, Some("192.0.2.53:53".parse().unwrap()));
+        let text = format!("{MINIMAL}dns_upstream = \"192.0.2.53:5353\"\n");
+        let c = parse(&text, "host.toml").unwrap();
+        assert_eq!(c.dns_upstream, Some("192.0.2.53:5353".parse().unwrap()));
+        let text = format!("{MINIMAL}dns_upstream = \"resolver.example\"\n");
+        assert_eq!(
+            parse(&text, "host.toml").unwrap_err().key,
+            "host.dns_upstream"
         );
     }
 

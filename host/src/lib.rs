@@ -47,8 +47,11 @@ pub async fn run(config: HostConfig) -> anyhow::Result<()> {
     }
     let runtime = match config.runtime {
         RuntimeKind::Qemu => {
-            runtime::qemu::Qemu::new(&config.state_dir, &config.image_dir, config.accel)
-                .context("the qemu runtime")?
+            let mut qemu =
+                runtime::qemu::Qemu::new(&config.state_dir, &config.image_dir, config.accel)
+                    .context("the qemu runtime")?;
+            qemu.dns_upstream = config.dns_upstream;
+            qemu
         }
     };
     let chosen = runtime.chosen_accel().await;

@@ -1,6 +1,6 @@
 //! The agent's Prometheus metrics (`metrics` crate; the binary installs the recorder and
 //! serves it). The runtime adds its own: `vps_host_boot_seconds`, `vps_host_qmp_errors_total`,
-//! `vps_host_image_cache_{hits,misses}_total`.
+//! `vps_host_image_cache_{hits,misses}_total`, and its resolver `vps_host_dns_queries_total`.
 
 use std::collections::BTreeMap;
 
@@ -50,6 +50,13 @@ pub fn reported() {
 pub fn tunnel(opened: bool) {
     let outcome = if opened { "opened" } else { "refused" };
     metrics::counter!("vps_host_tunnels_total", "outcome" => outcome).increment(1);
+}
+
+/// `vps_host_dns_queries_total{outcome}`: guests' DNS queries for the domains of their
+/// allow-lists: `answered` (forwarded upstream), `refused` (not allowed: NXDOMAIN), `failed`
+/// (SERVFAIL: the upstream did not answer), `dropped` (too many at once).
+pub fn dns_query(outcome: &'static str) {
+    metrics::counter!("vps_host_dns_queries_total", "outcome" => outcome).increment(1);
 }
 
 /// `vps_host_info{runtime, accel, cpu_model}`: 1, naming what this host runs guests with.

@@ -957,6 +957,7 @@ impl Lab {
             runtime: RuntimeKind::Qemu,
             accel: Accel::Tcg,
             metrics_listen: None,
+            dns_upstream: None,
             timings: AgentTimings {
                 report_interval: Duration::from_millis(300),
                 poll_wait: Duration::from_secs(1),

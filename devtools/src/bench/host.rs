@@ -347,6 +347,7 @@ impl Lab {
                 runtime: vps_host::RuntimeKind::Qemu,
                 accel: o.accel,
                 metrics_listen: None,
+                dns_upstream: None,
                 timings: timings.clone(),
             };
             let host = vps_host::start(config, runtime).await?;

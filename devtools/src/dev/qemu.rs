@@ -78,6 +78,7 @@ pub async fn start(
             runtime: RuntimeKind::Qemu,
             accel: chosen.into(),
             metrics_listen: None,
+            dns_upstream: None,
             timings: Default::default(),
         };
         let runtime = Qemu::new(&config.state_dir, &config.image_dir, config.accel)?;

@@ -9,11 +9,13 @@
 //! `images` (the image and snapshot cache), `disks` (qemu-img), `net` (bridge and taps),
 //! `accel` (the KVM probe), `config_drive` (the NoCloud drive, written by `vps-guest-image`),
 //! `snapshots` (snapshot archives and restores: read its docs for the design), `policy` (a
-//! guest's network policy in nftables and tc), `volumes` (the volume store).
+//! guest's network policy in nftables and tc), `dns` (the resolver for the domains of a
+//! policy's allow-list), `volumes` (the volume store).
 
 pub mod accel;
 mod config_drive;
 mod disks;
+pub mod dns;
 mod images;
 mod net;
 pub mod policy;
@@ -24,7 +26,7 @@ mod tool;
 mod volumes;
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -56,6 +58,11 @@ pub struct Qemu {
     volume_store: VolumeStore,
     /// Serialises volume creation, growth and removal.
     volume_lock: tokio::sync::Mutex<()>,
+    /// Answers the DNS of guests whose allow-list names domains.
+    resolver: dns::Resolver,
+    /// Where the resolver asks for allowed names (`dns_upstream`); `None`: the first
+    /// `nameserver` of /etc/resolv.conf.
+    pub dns_upstream: Option<SocketAddr>,
     /// The QEMU binary (`qemu-system-x86_64`).
     pub qemu_binary: PathBuf,
     /// How long `stop` waits for the guest to power off before it `quit`s QEMU.
@@ -128,6 +135,9 @@ struct NicRecord {
     mac: String,
     address: String,
     tap: String,
+    /// The pool's gateway (the resolver listens there); absent from older records.
+    #[serde(default)]
+    gateway: Option<String>,
 }
 
 /// How long a QEMU whose QMP socket is gone may take to exit before it counts as broken.
@@ -156,6 +166,8 @@ impl Qemu {
         Ok(Qemu {
             volume_store: VolumeStore(state_dir.join("volumes")),
             volume_lock: tokio::sync::Mutex::new(()),
+            resolver: dns::Resolver::default(),
+            dns_upstream: None,
             images: ImageCache::new(image_dir.clone()),
             state_dir,
             image_dir,
@@ -274,13 +286,59 @@ impl Qemu {
             return Ok(());
         }
         record.network = spec.network.clone();
-        apply_network(&record, &slot.dir).await?;
+        self.apply_network(&record, &slot.dir).await?;
         let json = serde_json::to_vec_pretty(&record)
             .map_err(|e| RuntimeError(format!("guest record: {e}")))?;
         std::fs::write(slot.dir.record(), json)
             .map_err(|e| RuntimeError(format!("writing {}: {e}", slot.dir.record().display())))?;
         *lock(&slot.record) = Some(record);
         Ok(())
+    }
+
+    /// Applies the record's network policy to its taps, and has the resolver answer its
+    /// domains; a guest with none has no tables (one that had a policy before loses it). A
+    /// marker in the guest's directory says tables were made, so a guest that never had a
+    /// policy costs no `nft` call on its boots.
+    async fn apply_network(
+        &self,
+        record: &GuestRecord,
+        dir: &GuestDir,
+    ) -> Result<(), RuntimeError> {
+        let marker = dir.0.join("network.applied");
+        let Some(network) = &record.network else {
+            self.resolver.forget(&record.id);
+            if marker.exists() {
+                policy::remove(&record.id).await?;
+                let _ = std::fs::remove_file(&marker);
+            }
+            return Ok(());
+        };
+        let nics = policy_nics(record)?;
+        // Marked first: tables half made by a failed apply are still removed later.
+        std::fs::write(&marker, b"")
+            .map_err(|e| RuntimeError(format!("cannot write {}: {e}", marker.display())))?;
+        policy::apply(&record.id, &nics, network).await?;
+        self.serve_dns(record)
+    }
+
+    /// Has the resolver answer guest `record`'s DNS by its allow-list, or not at all when the
+    /// list names no domain.
+    fn serve_dns(&self, record: &GuestRecord) -> Result<(), RuntimeError> {
+        let Some(network) = record.network.as_ref().filter(|n| policy::resolving(n)) else {
+            self.resolver.forget(&record.id);
+            return Ok(());
+        };
+        let nics = policy_nics(record)?
+            .into_iter()
+            .filter_map(|n| Some((n.address, n.gateway?)))
+            .collect();
+        self.resolver.register(dns::Registration {
+            id: &record.id,
+            table: policy::table_name(&record.id),
+            nics,
+            patterns: dns::domains(&network.allow),
+            upstream: self.dns_upstream,
+        })
     }
 
     async fn ensure_volume_inner(
@@ -434,6 +492,7 @@ impl Qemu {
                     mac: nic.mac.clone(),
                     address: nic.address.clone(),
                     tap: net::tap_name(&spec.id, i),
+                    gateway: nic.gateway.clone(),
                 })
                 .collect(),
             network: spec.network.clone(),
@@ -512,7 +571,7 @@ impl Qemu {
         drive?;
         taps?;
         // Before QEMU opens the taps: no packet leaves the guest unfiltered.
-        apply_network(&record, dir).await?;
+        self.apply_network(&record, dir).await?;
 
         let mut args = qemu_args(spec, &record, &image, chosen, dir, &self.volume_store);
         if memory.is_some() {
@@ -1059,6 +1118,7 @@ impl Qemu {
             net::remove_tap(&tap).await?;
         }
         policy::remove(id).await?;
+        self.resolver.forget(id);
         // A socket kept outside the directory (a deep state directory) goes too.
         let _ = tokio::fs::remove_file(dir.qmp()).await;
         match tokio::fs::remove_dir_all(&dir.0).await {
@@ -1102,6 +1162,10 @@ impl Runtime for Qemu {
                 continue;
             };
             let slot = self.slot(&id);
+            // Its tables are still there; the resolver its list needs starts again.
+            if let Err(e) = self.serve_dns(&record) {
+                tracing::warn!(guest = %id, error = %e.0, "the guest's names cannot be resolved");
+            }
             *lock(&slot.record) = Some(record);
             let mut live = slot.live.lock().await;
             let state = self.refresh(&slot, &mut live).await;
@@ -1220,27 +1284,15 @@ impl Runtime for Qemu {
     }
 }
 
-/// Applies the record's network policy to its taps; a guest with none has no tables (one
-/// that had a policy before loses it). A marker in the guest's directory says tables were
-/// made, so a guest that never had a policy costs no `nft` call on its boots.
-async fn apply_network(record: &GuestRecord, dir: &GuestDir) -> Result<(), RuntimeError> {
-    let marker = dir.0.join("network.applied");
-    let Some(network) = &record.network else {
-        if marker.exists() {
-            policy::remove(&record.id).await?;
-            let _ = std::fs::remove_file(&marker);
-        }
-        return Ok(());
-    };
-    let nics = record
+/// The record's NICs as the policy sees them.
+fn policy_nics(record: &GuestRecord) -> Result<Vec<policy::PolicyNic>, RuntimeError> {
+    record
         .nics
         .iter()
-        .map(|n| policy::PolicyNic::new(&n.tap, &n.mac, &n.address))
-        .collect::<Result<Vec<_>, _>>()?;
-    // Marked first: tables half made by a failed apply are still removed later.
-    std::fs::write(&marker, b"")
-        .map_err(|e| RuntimeError(format!("cannot write {}: {e}", marker.display())))?;
-    policy::apply(&record.id, &nics, network).await
+        .map(|n| {
+            policy::PolicyNic::new(&n.tap, &n.mac, &n.address)?.with_gateway(n.gateway.as_deref())
+        })
+        .collect()
 }
 
 /// The machine a guest of `image_format` runs on (see [`qemu_args`]).

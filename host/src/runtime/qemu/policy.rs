@@ -19,9 +19,24 @@
 //! Modes, by destination of what the guest sends: `none`: only replies from its `sshd` (TCP
 //! from port 22, never a SYN); `private`: the pool's range (its network, which holds the
 //! gateway); `egress`: the pool's range, then the allow-list when there is one, else anything
-//! but [`PRIVATE_RANGES`]. An allow-list names IPv4 addresses or CIDRs; a domain needs the
-//! per-guest resolver, which is not built yet: it is skipped with a warning, so it allows
-//! nothing (the list still narrows).
+//! but [`PRIVATE_RANGES`].
+//!
+//! An allow-list names IPv4 addresses or CIDRs, which go straight into the bridge rules, and
+//! domains (`example.com`, `*.example.com`), served by the host's resolver (`dns`):
+//! - the guest's DNS (UDP and TCP port 53, to any address) passes the bridge and is DNATed by
+//!   its `inet` table to the resolver on its NIC's gateway, which answers by this guest's list;
+//!   DNS forwarded past the host is dropped all the same, so no server but the resolver is
+//!   ever asked;
+//! - the addresses the resolver answers for an allowed name go into the bridge table's
+//!   [`RESOLVED_SET`] for the record's TTL (at least `dns::MIN_TTL`), and the guest may send
+//!   to them;
+//! - an address of that set the guest sends to is also kept in [`IN_USE_SET`] until
+//!   [`IN_USE_IDLE`] passes without a frame to it, so a connection outlives its record's TTL
+//!   while it carries traffic (the bridge has no connection tracking to tell otherwise).
+//!
+//! Both sets live in the guest's own table, so they go with it. A NIC without a gateway has no
+//! resolver; what is neither an IPv4 network nor a domain (IPv6) allows nothing, with a
+//! warning (the list still narrows).
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
@@ -49,6 +64,15 @@ pub const PRIVATE_RANGES: &[&str] = &[
     "240.0.0.0/4",
 ];
 
+/// The bridge table's set of addresses the resolver answered for allowed names.
+pub const RESOLVED_SET: &str = "resolved";
+/// The bridge table's set of resolved addresses the guest keeps sending to.
+pub const IN_USE_SET: &str = "in_use";
+/// How long an address of [`IN_USE_SET`] stays allowed after the guest's last frame to it.
+pub const IN_USE_IDLE: &str = "10m";
+/// The most addresses [`IN_USE_SET`] holds per guest.
+const IN_USE_MAX: u32 = 4096;
+
 /// One NIC as the rules see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyNic {
@@ -58,6 +82,8 @@ pub struct PolicyNic {
     pub address: Ipv4Addr,
     /// The pool's range: the lease's network (`10.0.0.0/24`).
     pub pool: String,
+    /// The gateway on the host (the resolver listens there); none: no resolver for this NIC.
+    pub gateway: Option<Ipv4Addr>,
 }
 
 impl PolicyNic {
@@ -92,7 +118,23 @@ impl PolicyNic {
             mac,
             address,
             pool: format!("{network}/{prefix}"),
+            gateway: None,
         })
+    }
+
+    /// With the gateway `gateway` (an address, with or without a prefix length).
+    pub fn with_gateway(mut self, gateway: Option<&str>) -> Result<PolicyNic, RuntimeError> {
+        self.gateway = gateway
+            .map(|g| {
+                let bare = g.split('/').next().unwrap_or(g);
+                bare.parse::<Ipv4Addr>().map_err(|_| {
+                    RuntimeError(format!(
+                        "network policy: gateway {g:?} is not an IPv4 address"
+                    ))
+                })
+            })
+            .transpose()?;
+        Ok(self)
     }
 }
 
@@ -133,6 +175,8 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
     let table = table_name(id);
     let (allowed, _) = allowed_networks(&policy.allow);
     let restricted = !policy.allow.is_empty();
+    // Names on the list: the resolver answers them, its answers fill the sets.
+    let dns = resolving(policy);
     let mbit = policy.bandwidth_mbit.max(1);
     // nft's kbytes are KiB: Mbit/s × 10⁶ / 8 / 1024.
     let rate_kbytes = (u64::from(mbit) * 1_000_000 / 8 / 1024).max(1);
@@ -143,6 +187,14 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
     // `table … {}` then `delete`: replacing works whether or not the table exists.
     let _ = writeln!(s, "table bridge {table} {{}}\ndelete table bridge {table}");
     let _ = writeln!(s, "table bridge {table} {{");
+    if dns {
+        let _ = writeln!(
+            s,
+            "  set {RESOLVED_SET} {{\n    type ipv4_addr; flags timeout;\n  }}\n  \
+             set {IN_USE_SET} {{\n    type ipv4_addr; size {IN_USE_MAX}; flags dynamic,timeout; \
+             timeout {IN_USE_IDLE};\n  }}"
+        );
+    }
     let _ = writeln!(
         s,
         "  chain g_pre {{\n    type filter hook prerouting priority -200; policy accept;"
@@ -195,6 +247,18 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
                 if restricted {
                     if !allowed.is_empty() {
                         let _ = writeln!(s, "    ip daddr {{ {} }} accept", allowed.join(", "));
+                    }
+                    if dns && nic.gateway.is_some() {
+                        // DNS goes up to the host, whose inet table hands it to the resolver.
+                        let _ = writeln!(s, "    meta l4proto {{ tcp, udp }} th dport 53 accept");
+                        let _ = writeln!(
+                            s,
+                            "    ip daddr @{IN_USE_SET} update @{IN_USE_SET} {{ ip daddr }} accept"
+                        );
+                        let _ = writeln!(
+                            s,
+                            "    ip daddr @{RESOLVED_SET} update @{IN_USE_SET} {{ ip daddr }} accept"
+                        );
                     }
                 } else {
                     let _ = writeln!(s, "    ip daddr {{ {private} }} drop");
@@ -264,8 +328,34 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
         if policy.mode == NetworkMode::None {
             let _ = writeln!(s, "    ip saddr {a} drop");
         }
+        if dns {
+            // Only the resolver answers this guest's DNS: none is routed past the host.
+            let _ = writeln!(
+                s,
+                "    ip saddr {a} meta l4proto {{ tcp, udp }} th dport 53 drop"
+            );
+        }
     }
     let _ = writeln!(s, "  }}");
+    if dns {
+        let _ = writeln!(
+            s,
+            "  chain g_dns {{\n    type nat hook prerouting priority dstnat; policy accept;"
+        );
+        for nic in nics {
+            if let Some(gateway) = nic.gateway {
+                for proto in ["udp", "tcp"] {
+                    let _ = writeln!(
+                        s,
+                        "    ip saddr {} {proto} dport 53 dnat ip to {gateway}:{}",
+                        nic.address,
+                        super::dns::PORT
+                    );
+                }
+            }
+        }
+        let _ = writeln!(s, "  }}");
+    }
     if policy.mode == NetworkMode::Egress {
         let _ = writeln!(
             s,
@@ -284,6 +374,12 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
     s
 }
 
+/// Whether `policy`'s guest has its DNS answered by the resolver: `egress` narrowed by a list
+/// that names domains.
+pub fn resolving(policy: &NetworkPolicy) -> bool {
+    policy.mode == NetworkMode::Egress && !super::dns::domains(&policy.allow).is_empty()
+}
+
 /// Applies `policy` to guest `id`'s NICs: its tables (replaced atomically), a shaper on each
 /// tap and, for `egress`, IPv4 forwarding. Idempotent.
 pub async fn apply(
@@ -292,9 +388,17 @@ pub async fn apply(
     policy: &NetworkPolicy,
 ) -> Result<(), RuntimeError> {
     let (_, skipped) = allowed_networks(&policy.allow);
-    if !skipped.is_empty() {
-        tracing::warn!(guest = %id, ?skipped,
-            "network allow-list entries that are not IPv4 addresses or CIDRs allow nothing (no per-guest resolver yet)");
+    let unusable: Vec<&String> = skipped
+        .iter()
+        .filter(|e| super::dns::DomainPattern::parse(e).is_none())
+        .collect();
+    if !unusable.is_empty() {
+        tracing::warn!(guest = %id, ?unusable,
+            "network allow-list entries that are neither IPv4 addresses, CIDRs nor domains allow nothing");
+    }
+    if resolving(policy) && nics.iter().any(|n| n.gateway.is_none()) {
+        tracing::warn!(guest = %id,
+            "a NIC without a gateway has no DNS resolver: the allow-list's domains allow nothing there");
     }
     nft(&ruleset(id, nics, policy)).await?;
     for nic in nics {
@@ -377,7 +481,8 @@ async fn enable_forwarding() -> Result<(), RuntimeError> {
         .map_err(|e| RuntimeError(format!("network policy: cannot enable {PATH}: {e}")))
 }
 
-async fn nft(script: &str) -> Result<(), RuntimeError> {
+/// Runs `script` with `nft -f -`.
+pub(super) async fn nft(script: &str) -> Result<(), RuntimeError> {
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(std::process::Stdio::piped())
@@ -462,5 +567,51 @@ mod tests {
         assert!(!none.contains("masquerade"));
         assert_eq!(table_name("inst_a"), table_name("inst_a"));
         assert_ne!(table_name("inst_a"), table_name("inst_b"));
+    }
+
+    #[test]
+    fn domains_on_the_list_send_the_guests_dns_to_the_resolver() {
+        let nic = nic().with_gateway(Some("10.80.0.1/24")).unwrap();
+        assert_eq!(nic.gateway, Some(Ipv4Addr::new(10, 80, 0, 1)));
+        let policy = NetworkPolicy {
+            allow: vec!["198.51.100.1/32".into(), "allowed.test".into()],
+            ..NetworkPolicy::new(NetworkMode::Egress)
+        };
+        assert!(resolving(&policy));
+        let rules = ruleset("inst_a", std::slice::from_ref(&nic), &policy);
+        if std::env::var_os("VPS_PRINT_RULES").is_some() {
+            eprintln!("{rules}");
+        }
+        for wanted in [
+            "set resolved {\n    type ipv4_addr; flags timeout;",
+            "set in_use {\n    type ipv4_addr; size 4096; flags dynamic,timeout; timeout 10m;",
+            "    ip daddr { 198.51.100.1/32 } accept\n    meta l4proto { tcp, udp } th dport 53 accept\n",
+            "    ip daddr @in_use update @in_use { ip daddr } accept\n",
+            "    ip daddr @resolved update @in_use { ip daddr } accept\n    drop\n",
+            "type nat hook prerouting priority dstnat;",
+            "    ip saddr 10.80.0.7 udp dport 53 dnat ip to 10.80.0.1:53\n",
+            "    ip saddr 10.80.0.7 tcp dport 53 dnat ip to 10.80.0.1:53\n",
+            "    ip saddr 10.80.0.7 meta l4proto { tcp, udp } th dport 53 drop\n",
+        ] {
+            assert!(rules.contains(wanted), "{wanted:?} in\n{rules}");
+        }
+
+        // Without a domain, or in another mode, DNS is the guest's own business.
+        for policy in [
+            NetworkPolicy {
+                allow: vec!["198.51.100.1/32".into()],
+                ..NetworkPolicy::new(NetworkMode::Egress)
+            },
+            NetworkPolicy::new(NetworkMode::Egress),
+            NetworkPolicy {
+                allow: vec!["allowed.test".into()],
+                ..NetworkPolicy::new(NetworkMode::Private)
+            },
+        ] {
+            assert!(!resolving(&policy));
+            let rules = ruleset("inst_a", std::slice::from_ref(&nic), &policy);
+            assert!(!rules.contains("dport 53"), "{rules}");
+            assert!(!rules.contains("resolved"), "{rules}");
+        }
     }
 }

@@ -1,0 +1,633 @@
+//! The resolver that serves the domains of `network.allow`: one per runtime (so per agent
+//! process), listening on UDP port 53 of each bridge gateway a guest with domain entries sits
+//! behind. That guest's own `inet` table DNATs its DNS (UDP and TCP port 53, to any address)
+//! there (see `policy`), so asking another server directly reaches this one all the same.
+//!
+//! A query is answered by the allow-list of the guest whose address sent it:
+//! - from an address that is no such guest: no answer at all (dropped);
+//! - malformed (not a query of one question, class IN): dropped;
+//! - a name the list does not allow: NXDOMAIN, so the guest's lookup fails at once as "no such
+//!   name" (REFUSED would send a stub resolver on to its next server);
+//! - an allowed name: forwarded to the upstream (host config `dns_upstream`, default the first
+//!   `nameserver` of /etc/resolv.conf). The A records of its answer go into the guest's
+//!   [`RESOLVED_SET`](super::policy::RESOLVED_SET) for their TTL, clamped to
+//!   [`MIN_TTL`]..=[`MAX_TTL`] seconds, *before* the answer is passed on, so a connection right
+//!   after the lookup works. Addresses in [`PRIVATE_RANGES`] are not added (a public name
+//!   must not open the host's neighbourhood; a CIDR entry can). No answer within
+//!   [`UPSTREAM_TIMEOUT`], or one that does not answer this query: SERVFAIL.
+//!
+//! Entries: `example.com` allows exactly that name; `*.example.com` every name under it, at any
+//! depth, but not `example.com` itself (list both for both). Names compare case-insensitively.
+//! Only UDP is served: a query over TCP (after a truncated answer) is reset by the host.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::{DNSClass, RData};
+use tokio::net::UdpSocket;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use super::policy::{PRIVATE_RANGES, RESOLVED_SET};
+use crate::runtime::RuntimeError;
+
+/// The port the resolver listens on (on each gateway address).
+pub const PORT: u16 = 53;
+/// The least time an answered address stays allowed: a connection right after the lookup
+/// works even when the record's TTL is 0.
+pub const MIN_TTL: u32 = 30;
+/// The most: a record that claims more keeps its address allowed this long.
+pub const MAX_TTL: u32 = 86_400;
+/// How long the upstream has to answer before the guest gets SERVFAIL.
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
+/// Queries forwarded at once, over all guests; past it a query is dropped (the guest retries).
+const MAX_IN_FLIGHT: usize = 256;
+
+/// An allow-list entry that names a domain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DomainPattern {
+    /// `example.com`: that name only.
+    Exact(String),
+    /// `*.example.com`: every name under `example.com`, not the name itself.
+    Under(String),
+}
+
+impl DomainPattern {
+    /// An entry as a domain pattern: lower case, without a trailing dot; `None` when it is not
+    /// a host name (an address, a CIDR, IPv6, a wildcard anywhere but the first label).
+    pub fn parse(entry: &str) -> Option<DomainPattern> {
+        let entry = entry.trim().trim_end_matches('.').to_ascii_lowercase();
+        match entry.strip_prefix("*.") {
+            Some(rest) => is_host_name(rest).then(|| DomainPattern::Under(rest.to_owned())),
+            None => is_host_name(&entry).then_some(DomainPattern::Exact(entry)),
+        }
+    }
+
+    /// Whether `name` (lower case, no trailing dot) matches.
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            DomainPattern::Exact(exact) => name == exact,
+            DomainPattern::Under(parent) => name
+                .strip_suffix(parent.as_str())
+                .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        }
+    }
+}
+
+/// The domain entries of an allow-list.
+pub fn domains(allow: &[String]) -> Vec<DomainPattern> {
+    allow
+        .iter()
+        .filter_map(|e| DomainPattern::parse(e))
+        .collect()
+}
+
+/// Whether `patterns` allow the queried `name` (any case, a trailing dot or not).
+pub fn allows(patterns: &[DomainPattern], name: &str) -> bool {
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    patterns.iter().any(|p| p.matches(&name))
+}
+
+/// The `nft -f` script that allows `answers` (address, TTL) in table `table`'s
+/// [`RESOLVED_SET`], each for its TTL clamped to `MIN_TTL..=MAX_TTL`. An address already there
+/// takes the new timeout (add, delete, add: one transaction, so it is never absent).
+pub fn set_elements(table: &str, answers: &[(Ipv4Addr, u32)]) -> String {
+    let mut longest: Vec<(Ipv4Addr, u32)> = Vec::new();
+    for &(address, ttl) in answers {
+        if is_private(address) {
+            continue;
+        }
+        let ttl = ttl.clamp(MIN_TTL, MAX_TTL);
+        match longest.iter_mut().find(|(a, _)| *a == address) {
+            Some((_, t)) => *t = (*t).max(ttl),
+            None => longest.push((address, ttl)),
+        }
+    }
+    let mut s = String::new();
+    for (address, ttl) in longest {
+        let element = format!("bridge {table} {RESOLVED_SET} {{ {address}");
+        let _ = writeln!(s, "add element {element} timeout {ttl}s }}");
+        let _ = writeln!(s, "delete element {element} }}");
+        let _ = writeln!(s, "add element {element} timeout {ttl}s }}");
+    }
+    s
+}
+
+/// Whether `address` is in one of [`PRIVATE_RANGES`].
+pub fn is_private(address: Ipv4Addr) -> bool {
+    PRIVATE_RANGES.iter().any(|range| {
+        let Some((network, prefix)) = range.split_once('/') else {
+            return false;
+        };
+        let (Ok(network), Ok(prefix)) = (network.parse::<Ipv4Addr>(), prefix.parse::<u32>()) else {
+            return false;
+        };
+        let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+        u32::from(address) & mask == u32::from(network) & mask
+    })
+}
+
+/// The first `nameserver` of /etc/resolv.conf, port 53: the upstream when the host config
+/// names none.
+pub fn system_upstream() -> Option<SocketAddr> {
+    let text = std::fs::read_to_string("/etc/resolv.conf").ok()?;
+    first_nameserver(&text)
+}
+
+fn first_nameserver(resolv_conf: &str) -> Option<SocketAddr> {
+    resolv_conf.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("nameserver") {
+            return None;
+        }
+        let address: std::net::IpAddr = words.next()?.parse().ok()?;
+        Some(SocketAddr::new(address, 53))
+    })
+}
+
+/// One guest address the resolver answers, and how.
+#[derive(Clone, Debug)]
+struct Client {
+    /// `inst_…`.
+    id: String,
+    /// Its tables' name (`policy::table_name`).
+    table: String,
+    /// The gateway its queries arrive at.
+    gateway: Ipv4Addr,
+    patterns: Arc<[DomainPattern]>,
+    upstream: Option<SocketAddr>,
+    /// Until when each address is in the guest's set (as far as this registration made it),
+    /// so a name looked up again and again costs one `nft` call per half TTL, not one per
+    /// query. Shared by the guest's NICs; new with each registration, as the sets are.
+    allowed_until: Arc<Mutex<HashMap<Ipv4Addr, Instant>>>,
+}
+
+#[derive(Default)]
+struct Clients {
+    by_address: HashMap<Ipv4Addr, Client>,
+    listeners: HashMap<Ipv4Addr, JoinHandle<()>>,
+}
+
+/// The resolver: the guests it answers, by address, and a listener per gateway.
+pub struct Resolver {
+    clients: Arc<Mutex<Clients>>,
+    in_flight: Arc<Semaphore>,
+}
+
+/// A guest as the resolver serves it.
+pub struct Registration<'a> {
+    pub id: &'a str,
+    pub table: String,
+    /// Each NIC's address and the gateway its queries are DNATed to.
+    pub nics: Vec<(Ipv4Addr, Ipv4Addr)>,
+    pub patterns: Vec<DomainPattern>,
+    /// `None`: [`system_upstream`].
+    pub upstream: Option<SocketAddr>,
+}
+
+impl Default for Resolver {
+    fn default() -> Self {
+        Resolver {
+            clients: Arc::default(),
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        }
+    }
+}
+
+impl Resolver {
+    /// Answers guest `r.id` from now on (replacing what it had), listening on each of its
+    /// gateways (UDP port 53) unless already. A guest whose list has no domain is forgotten.
+    /// Must run inside the tokio runtime (in the guests' network namespace).
+    pub fn register(&self, r: Registration<'_>) -> Result<(), RuntimeError> {
+        self.forget(r.id);
+        if r.patterns.is_empty() || r.nics.is_empty() {
+            return Ok(());
+        }
+        let upstream = r.upstream.or_else(system_upstream);
+        if upstream.is_none() {
+            tracing::warn!(guest = %r.id,
+                "no dns_upstream and no nameserver in /etc/resolv.conf: allowed names get SERVFAIL");
+        }
+        let patterns: Arc<[DomainPattern]> = r.patterns.into();
+        let allowed_until = Arc::default();
+        let mut clients = lock(&self.clients);
+        for &(address, gateway) in &r.nics {
+            if !clients.listeners.contains_key(&gateway) {
+                let listener = self.listen(gateway).map_err(|e| {
+                    RuntimeError(format!(
+                        "network policy: the DNS resolver cannot listen on {gateway}:{PORT}: {e}"
+                    ))
+                });
+                let listener = match listener {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        drop(clients);
+                        self.forget(r.id);
+                        return Err(e);
+                    }
+                };
+                clients.listeners.insert(gateway, listener);
+            }
+            clients.by_address.insert(
+                address,
+                Client {
+                    id: r.id.to_owned(),
+                    table: r.table.clone(),
+                    gateway,
+                    patterns: patterns.clone(),
+                    upstream,
+                    allowed_until: Arc::clone(&allowed_until),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// No longer answers guest `id`; a gateway no guest is served at any more stops listening.
+    pub fn forget(&self, id: &str) {
+        let mut clients = lock(&self.clients);
+        clients.by_address.retain(|_, c| c.id != id);
+        let used: Vec<Ipv4Addr> = clients.by_address.values().map(|c| c.gateway).collect();
+        clients.listeners.retain(|gateway, listener| {
+            let keep = used.contains(gateway);
+            if !keep {
+                listener.abort();
+            }
+            keep
+        });
+    }
+
+    /// Whether guest `id` is answered (for tests).
+    pub fn serves(&self, id: &str) -> bool {
+        lock(&self.clients).by_address.values().any(|c| c.id == id)
+    }
+
+    fn listen(&self, gateway: Ipv4Addr) -> std::io::Result<JoinHandle<()>> {
+        let socket = std::net::UdpSocket::bind(SocketAddrV4::new(gateway, PORT))?;
+        socket.set_nonblocking(true)?;
+        let socket = Arc::new(UdpSocket::from_std(socket)?);
+        tracing::info!(%gateway, port = PORT, "DNS resolver listening for guests' allow-lists");
+        Ok(tokio::spawn(serve(
+            socket,
+            self.clients.clone(),
+            self.in_flight.clone(),
+        )))
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        for listener in lock(&self.clients).listeners.values() {
+            listener.abort();
+        }
+    }
+}
+
+/// One gateway's loop: each query is answered on a task of its own, so a slow upstream
+/// never holds up the next query.
+async fn serve(socket: Arc<UdpSocket>, clients: Arc<Mutex<Clients>>, in_flight: Arc<Semaphore>) {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, peer) = match socket.recv_from(&mut buf).await {
+            Ok(got) => got,
+            Err(e) => {
+                tracing::warn!(error = %e, "DNS resolver: receive failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let SocketAddr::V4(peer) = peer else {
+            continue;
+        };
+        let Some(client) = lock(&clients).by_address.get(peer.ip()).cloned() else {
+            continue;
+        };
+        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+            crate::metrics::dns_query("dropped");
+            continue;
+        };
+        let query = buf[..n].to_vec();
+        let socket = socket.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Some(reply) = answer(&client, &query).await {
+                let _ = socket.send_to(&reply, peer).await;
+            }
+        });
+    }
+}
+
+/// The reply to `raw` from `client`, or `None` to drop it.
+async fn answer(client: &Client, raw: &[u8]) -> Option<Vec<u8>> {
+    let query = Message::from_vec(raw).ok()?;
+    let well_formed = query.metadata.message_type == MessageType::Query
+        && query.metadata.op_code == OpCode::Query
+        && query.queries.len() == 1
+        && query.queries[0].query_class() == DNSClass::IN;
+    if !well_formed {
+        return None;
+    }
+    let name = query.queries[0].name().to_ascii();
+    if !allows(&client.patterns, &name) {
+        crate::metrics::dns_query("refused");
+        tracing::debug!(guest = %client.id, %name, "DNS: not on the allow-list");
+        return error_reply(&query, ResponseCode::NXDomain);
+    }
+    match forward(client, &query, raw).await {
+        Ok(reply) => {
+            crate::metrics::dns_query("answered");
+            Some(reply)
+        }
+        Err(why) => {
+            crate::metrics::dns_query("failed");
+            tracing::warn!(guest = %client.id, %name, %why, "DNS: SERVFAIL");
+            error_reply(&query, ResponseCode::ServFail)
+        }
+    }
+}
+
+fn error_reply(query: &Message, code: ResponseCode) -> Option<Vec<u8>> {
+    let mut reply = Message::error_msg(query.metadata.id, query.metadata.op_code, code);
+    reply.metadata.recursion_desired = query.metadata.recursion_desired;
+    reply.metadata.recursion_available = true;
+    reply.add_queries(query.queries.clone());
+    reply.to_vec().ok()
+}
+
+/// Asks the upstream (a socket of its own, a fresh id), allows the answered addresses, and
+/// gives the answer back under the guest's id.
+async fn forward(client: &Client, query: &Message, raw: &[u8]) -> Result<Vec<u8>, String> {
+    let upstream = client.upstream.ok_or("no upstream resolver")?;
+    let id: u16 = rand::random();
+    let mut out = raw.to_vec();
+    out[..2].copy_from_slice(&id.to_be_bytes());
+    let local: SocketAddr = if upstream.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = UdpSocket::bind(local).await.map_err(|e| e.to_string())?;
+    socket.connect(upstream).await.map_err(|e| e.to_string())?;
+    socket.send(&out).await.map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 65_535];
+    let deadline = tokio::time::Instant::now() + UPSTREAM_TIMEOUT;
+    loop {
+        let n = tokio::time::timeout_at(deadline, socket.recv(&mut buf))
+            .await
+            .map_err(|_| format!("{upstream} did not answer in {UPSTREAM_TIMEOUT:?}"))?
+            .map_err(|e| format!("{upstream}: {e}"))?;
+        // Anything but the answer to this query (a late or forged datagram) is ignored.
+        let Ok(reply) = Message::from_vec(&buf[..n]) else {
+            continue;
+        };
+        if reply.metadata.id != id
+            || reply.metadata.message_type != MessageType::Response
+            || reply.queries != query.queries
+        {
+            continue;
+        }
+        let addresses: Vec<(Ipv4Addr, u32)> = reply
+            .answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some((a.0, r.ttl)),
+                _ => None,
+            })
+            .collect();
+        allow(client, &addresses).await?;
+        let mut bytes = buf[..n].to_vec();
+        bytes[..2].copy_from_slice(&query.metadata.id.to_be_bytes());
+        return Ok(bytes);
+    }
+}
+
+/// Puts `addresses` (address, TTL) in the guest's set, but those already there for at least
+/// half their (clamped) TTL.
+async fn allow(client: &Client, addresses: &[(Ipv4Addr, u32)]) -> Result<(), String> {
+    let now = Instant::now();
+    let lasting = |ttl: u32| Duration::from_secs(u64::from(ttl.clamp(MIN_TTL, MAX_TTL)));
+    let stale: Vec<(Ipv4Addr, u32)> = {
+        let known = lock(&client.allowed_until);
+        addresses
+            .iter()
+            .copied()
+            .filter(|(a, ttl)| {
+                known
+                    .get(a)
+                    .is_none_or(|until| *until < now + lasting(*ttl) / 2)
+            })
+            .collect()
+    };
+    let script = set_elements(&client.table, &stale);
+    if script.is_empty() {
+        return Ok(());
+    }
+    super::policy::nft(&script).await.map_err(|e| e.0)?;
+    let mut known = lock(&client.allowed_until);
+    known.retain(|_, until| *until > now);
+    for (address, ttl) in stale {
+        known.insert(address, now + lasting(ttl));
+    }
+    Ok(())
+}
+
+/// A host name: dot-separated labels of 1 to 63 letters, digits, `-` or `_` (not at a
+/// label's ends for `-`), at most 253 bytes, and not all digits at the end (an address).
+fn is_host_name(name: &str) -> bool {
+    if name.is_empty() || name.len() > 253 {
+        return false;
+    }
+    let labels_ok = name.split('.').all(|label| {
+        (1..=63).contains(&label.len())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    });
+    let last = name.rsplit('.').next().unwrap_or(name);
+    labels_ok && !last.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The data is whole between statements: a panic elsewhere cannot leave it half-written.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn patterns(entries: &[&str]) -> Vec<DomainPattern> {
+        domains(&entries.iter().map(|e| e.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn only_host_names_are_domain_entries() {
+        let found = patterns(&[
+            "Allowed.Test.",
+            "*.example.com",
+            "198.51.100.7",
+            "203.0.113.0/24",
+            "2001:db8::/32",
+            "a.*.example.com",
+            "*",
+            "-bad.example",
+            "1.2.3.999",
+            "",
+        ]);
+        assert_eq!(
+            found,
+            [
+                DomainPattern::Exact("allowed.test".into()),
+                DomainPattern::Under("example.com".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_exact_entry_allows_its_name_and_a_wildcard_the_names_under_it() {
+        let allow = patterns(&["allowed.test", "*.example.com"]);
+        assert!(allows(&allow, "allowed.test."));
+        assert!(allows(&allow, "ALLOWED.test"));
+        assert!(!allows(&allow, "www.allowed.test"));
+        assert!(!allows(&allow, "denied.test"));
+        assert!(!allows(&allow, "notallowed.test"));
+        assert!(allows(&allow, "www.example.com."));
+        assert!(allows(&allow, "a.b.example.com"));
+        assert!(!allows(&allow, "example.com"));
+        assert!(!allows(&allow, "badexample.com"));
+        assert!(!allows(&[], "allowed.test"));
+    }
+
+    #[test]
+    fn answers_become_set_elements_for_their_clamped_ttl() {
+        let script = set_elements(
+            "vps_abc",
+            &[
+                (Ipv4Addr::new(198, 51, 100, 1), 5),
+                (Ipv4Addr::new(198, 51, 100, 2), 300),
+                (Ipv4Addr::new(198, 51, 100, 2), 600),
+                (Ipv4Addr::new(203, 0, 113, 9), u32::MAX),
+                (Ipv4Addr::new(10, 0, 0, 1), 300),
+                (Ipv4Addr::new(169, 254, 169, 254), 300),
+            ],
+        );
+        assert_eq!(
+            script,
+            "add element bridge vps_abc resolved { 198.51.100.1 timeout 30s }\n\
+             delete element bridge vps_abc resolved { 198.51.100.1 }\n\
+             add element bridge vps_abc resolved { 198.51.100.1 timeout 30s }\n\
+             add element bridge vps_abc resolved { 198.51.100.2 timeout 600s }\n\
+             delete element bridge vps_abc resolved { 198.51.100.2 }\n\
+             add element bridge vps_abc resolved { 198.51.100.2 timeout 600s }\n\
+             add element bridge vps_abc resolved { 203.0.113.9 timeout 86400s }\n\
+             delete element bridge vps_abc resolved { 203.0.113.9 }\n\
+             add element bridge vps_abc resolved { 203.0.113.9 timeout 86400s }\n"
+        );
+        assert_eq!(set_elements("vps_abc", &[]), "");
+    }
+
+    #[test]
+    fn the_upstream_defaults_to_the_first_nameserver() {
+        let conf = "# comment\nsearch example\nnameserver 192.0.2.53\nnameserver 192.0.2.54\n";
+        assert_eq!(
+            first_nameserver(conf),
+            Some("192.0.2.53:53".parse().unwrap())
+        );
+        assert_eq!(first_nameserver("search example\n"), None);
+    }
+
+    fn client(upstream: Option<SocketAddr>) -> Client {
+        Client {
+            id: "inst_a".into(),
+            table: "vps_a".into(),
+            gateway: Ipv4Addr::new(10, 0, 0, 1),
+            patterns: patterns(&["allowed.test"]).into(),
+            upstream,
+            allowed_until: Arc::default(),
+        }
+    }
+
+    fn query(name: &str) -> Vec<u8> {
+        let mut q = Message::query();
+        q.metadata.id = 0x1234;
+        q.metadata.recursion_desired = true;
+        q.add_query(hickory_proto::op::Query::query(
+            name.parse().unwrap(),
+            hickory_proto::rr::RecordType::A,
+        ));
+        q.to_vec().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_denied_name_is_nxdomain_and_malformed_queries_get_nothing() {
+        let reply = answer(&client(None), &query("denied.test.")).await.unwrap();
+        let reply = Message::from_vec(&reply).unwrap();
+        assert_eq!(reply.metadata.id, 0x1234);
+        assert_eq!(reply.metadata.response_code, ResponseCode::NXDomain);
+        assert_eq!(reply.queries[0].name().to_ascii(), "denied.test.");
+        assert!(answer(&client(None), b"\x12\x34garbage").await.is_none());
+        let mut response = Message::from_vec(&query("allowed.test.")).unwrap();
+        response.metadata.message_type = MessageType::Response;
+        assert!(answer(&client(None), &response.to_vec().unwrap())
+            .await
+            .is_none());
+    }
+
+    #[test]
+    fn a_guest_without_names_is_not_served() {
+        let resolver = Resolver::default();
+        let registration = |patterns| Registration {
+            id: "inst_a",
+            table: "vps_a".into(),
+            nics: vec![(Ipv4Addr::new(10, 0, 0, 7), Ipv4Addr::new(10, 0, 0, 1))],
+            patterns,
+            upstream: None,
+        };
+        resolver.register(registration(Vec::new())).unwrap();
+        assert!(!resolver.serves("inst_a"));
+        assert!(lock(&resolver.clients).listeners.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_address_already_allowed_long_enough_costs_no_nft_call() {
+        let client = client(None);
+        let address = Ipv4Addr::new(198, 51, 100, 1);
+        let until = Instant::now() + Duration::from_secs(3600);
+        lock(&client.allowed_until).insert(address, until);
+        allow(&client, &[(address, 60)])
+            .await
+            .expect("nothing to do");
+        // Past half its TTL it is refreshed: `nft` runs (and fails: there is no such table).
+        lock(&client.allowed_until).insert(address, Instant::now() + Duration::from_secs(10));
+        allow(&client, &[(address, 60)])
+            .await
+            .expect_err("nft was asked");
+    }
+
+    #[tokio::test]
+    async fn a_silent_upstream_is_servfail_in_bounded_time() {
+        // A bound socket that never answers.
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let upstream = silent.local_addr().unwrap();
+        let started = std::time::Instant::now();
+        let reply = answer(&client(Some(upstream)), &query("allowed.test."))
+            .await
+            .unwrap();
+        assert!(started.elapsed() < UPSTREAM_TIMEOUT + Duration::from_secs(2));
+        let reply = Message::from_vec(&reply).unwrap();
+        assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
+        let reply = answer(&client(None), &query("allowed.test."))
+            .await
+            .unwrap();
+        assert_eq!(
+            Message::from_vec(&reply).unwrap().metadata.response_code,
+            ResponseCode::ServFail
+        );
+    }
+}
