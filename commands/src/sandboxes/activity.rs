@@ -10,7 +10,8 @@
 //! idle`. Replay neither rebuilds nor compares it.
 //!
 //! - [`arm`]: a sandbox that becomes ready (or ready again) gets a row, its clock starting
-//!   then; the reconciler [`prune`]s the rows of sandboxes that are no longer ready.
+//!   then ([`follow_template`]: a template update reaches its ready sandboxes); the
+//!   reconciler [`prune`]s the rows of sandboxes that are no longer ready.
 //! - [`sample`]: a host report's CPU seconds, at most one sample per [`SAMPLE_EVERY`] per
 //!   guest. A sample is busy when the guest used at least `idleCpuPercent` of one vCPU since
 //!   the last one, or its counter went back (a new process), or it is the first (nothing is
@@ -53,6 +54,32 @@ pub async fn arm(
     .bind(&s.id)
     .bind(now)
     .bind(&s.template_id)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// After an update of the template `template_id` at `now`: its ready sandboxes' rows take
+/// its idle settings (their clocks run on), and those without one get one when it now sets
+/// `idleTimeoutSeconds`.
+pub async fn follow_template(
+    tx: &mut PgConnection,
+    template_id: &str,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO sandbox_activity (instance_id, sandbox_id, idle_timeout, busy_rate,
+                                       active_at, idle)
+         SELECT s.instance_id, s.id, (t.doc->>'idleTimeoutSeconds')::float8,
+                coalesce((t.doc->>'idleCpuPercent')::float8, 2) / 100, $2, false
+           FROM sandbox_templates t JOIN sandboxes s ON s.template_id = t.id
+          WHERE t.id = $1 AND t.doc ? 'idleTimeoutSeconds' AND s.state = 'ready'
+         ON CONFLICT (instance_id) DO UPDATE
+            SET idle_timeout = excluded.idle_timeout, busy_rate = excluded.busy_rate,
+                idle = false",
+    )
+    .bind(template_id)
+    .bind(now)
     .execute(&mut *tx)
     .await?;
     Ok(())

@@ -274,7 +274,9 @@ async fn update_in(
     let events = domain::update(before.as_ref(), &p.tenant_id, &p.template_id, spec, &facts)?;
     seal_user_data(ctx, tx, &t.id, version, p.settings.user_data.as_deref()).await?;
     let tenant = Some(p.tenant_id.as_str());
-    record_existing(ctx, tx, &p.template_id, before.as_ref(), events, tenant).await
+    let after = record_existing(ctx, tx, &p.template_id, before.as_ref(), events, tenant).await?;
+    super::activity::follow_template(tx, &p.template_id, ctx.clock.now()).await?;
+    Ok(after)
 }
 
 /// Replaces a template's labels (`template.labeled`).

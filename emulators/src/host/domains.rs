@@ -474,6 +474,34 @@ mod tests {
     }
 
     #[test]
+    fn a_running_domain_reports_the_cpu_seconds_it_accrues_at_its_rate() {
+        let mut domains = Domains::default();
+        let now = Instant::now();
+        let delay = Duration::from_secs(1);
+        let two = serde_json::json!([
+            { "id": "inst_a", "desiredState": "running", "runtime": "qemu" },
+            { "id": "inst_b", "desiredState": "running", "runtime": "qemu" }
+        ]);
+        domains.apply_spec(spec(1, two));
+        domains.set_cpu_rate(None, 0.25);
+        domains.set_cpu_rate(Some("inst_b"), 1.0);
+        let t0 = chrono::Utc::now();
+        domains.converge(now, delay);
+        domains.accrue(t0);
+        let cpu = |d: &Domains| d.report().iter().map(|e| e.cpu_seconds).collect::<Vec<_>>();
+        assert_eq!(cpu(&domains), vec![None, None], "booting: nothing to say");
+        domains.converge(now + delay, delay);
+        domains.accrue(t0);
+        assert_eq!(
+            cpu(&domains),
+            vec![Some(0.0), Some(0.0)],
+            "it ran for no time yet"
+        );
+        domains.accrue(t0 + chrono::TimeDelta::seconds(8));
+        assert_eq!(cpu(&domains), vec![Some(2.0), Some(8.0)]);
+    }
+
+    #[test]
     fn an_instance_with_user_data_waits_for_it_before_it_has_a_domain() {
         let mut domains = Domains::default();
         let now = Instant::now();

@@ -170,6 +170,22 @@ async fn with_on_timeout_delete_an_idle_sandbox_expires_naming_idle() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_update_that_sets_an_idle_timeout_reaches_its_ready_sandboxes() {
+    let (t, _host, tpl) = setup(json!({})).await;
+    let s = t
+        .ready_sandbox(&tpl, "later", json!({ "ttlSeconds": 3600 }))
+        .await;
+    let (id, instance) = (s["id"].as_str().unwrap(), s["instanceId"].as_str().unwrap());
+    t.advance(Duration::from_secs(61));
+    stays_ready(&t, id, "no idle timeout yet").await;
+    let update = json!({ "tenantId": "acme", "templateId": tpl, "idleTimeoutSeconds": 60 });
+    t.ok(ALICE, "sandboxTemplates.update", update).await;
+    next_sample(&t, instance, None).await;
+    advance_and_sample(&t, instance, 61).await;
+    reaches(&t, id, "deleted").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_reports_no_cpu_seconds_never_idles_a_sandbox_out() {
     let (t, host, tpl) = setup(json!({ "idleTimeoutSeconds": 60 })).await;
     host.report_cpu(false);
