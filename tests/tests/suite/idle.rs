@@ -154,6 +154,22 @@ async fn an_exec_session_starts_the_idle_clock_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_request_starts_the_idle_clock_again() {
+    let (t, _host, tpl) = setup(json!({ "idleTimeoutSeconds": 60, "onTimeout": "pause" })).await;
+    let (id, instance) = sampled_sandbox(&t, &tpl, "preview").await;
+    let body = json!({ "tenantId": "acme", "sandboxId": id, "port": 8080, "ttlSeconds": 3600 });
+    let exposed = t.ok(ALICE, "sandboxes.expose", body).await;
+    advance_and_sample(&t, &instance, 40).await;
+    let url = exposed["url"].as_str().unwrap();
+    let answer = t.http.get(url).send().await.unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    advance_and_sample(&t, &instance, 40).await;
+    stays_ready(&t, &id, "the preview request 40 s ago keeps it").await;
+    advance_and_sample(&t, &instance, 21).await;
+    reaches(&t, &id, "paused").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_on_timeout_delete_an_idle_sandbox_expires_naming_idle() {
     let (t, _host, tpl) = setup(json!({ "idleTimeoutSeconds": 60 })).await;
     let (id, instance) = sampled_sandbox(&t, &tpl, "delete").await;
