@@ -22,6 +22,9 @@
 //! - [`take_idle`]: the reconciler's pause or expiry claims an idle row (and drops it).
 //!
 //! Lock order: a sandbox's row (its projection) before its activity row, on every path.
+//! [`arm`], [`follow_template`] and [`prune`] read `sandbox_templates` and `sandboxes` in the
+//! statement that writes the activity rows, like a report's node lock reads `nodes` (one round
+//! trip; docs/decisions/0022).
 
 use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::{PgConnection, PgExecutor};
