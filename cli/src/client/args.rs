@@ -423,6 +423,36 @@ mod tests {
     }
 
     #[test]
+    fn a_number_flag_need_not_be_whole_and_an_idle_timeout_is_a_duration() {
+        let m = vps_api::methods::registry()
+            .get("sandboxTemplates", "update")
+            .unwrap();
+        let command = clap::Command::new("update").args(for_method(m));
+        let parse = |cpu: &str| {
+            let matches = command
+                .clone()
+                .try_get_matches_from([
+                    "update",
+                    "sbxt_01jzzzzzzzzzzzzzzzzzzzzzzz",
+                    "--tenant",
+                    "acme",
+                    "--idle-timeout",
+                    "10m",
+                    "--idle-cpu-percent",
+                    cpu,
+                ])
+                .unwrap();
+            body(m, &matches)
+        };
+        let sent = parse("0.5").unwrap();
+        assert_eq!(
+            (&sent["idleTimeoutSeconds"], &sent["idleCpuPercent"]),
+            (&json!(600), &json!(0.5))
+        );
+        assert!(parse("lots").is_err());
+    }
+
+    #[test]
     fn labels_are_given_as_repeated_key_value_flags() {
         let m = vps_api::methods::registry()
             .get("instances", "list")
