@@ -274,6 +274,14 @@ async fn report_in(
             changed.push(instance.id.clone());
         }
     }
+    // Only sandboxes' guests: their CPU seconds are what idle pause samples.
+    let samples: Vec<(String, f64)> = report
+        .instances
+        .iter()
+        .filter(|e| views.get(&e.id).is_some_and(|v| v.drives_sandbox))
+        .filter_map(|e| Some((e.id.clone(), e.cpu_seconds?)))
+        .collect();
+    crate::sandboxes::activity::sample(tx, &samples, now).await?;
     let record = NodeCommand::RecordOrphans {
         orphans: orphans.clone(),
         complete: report.complete,

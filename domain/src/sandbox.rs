@@ -263,9 +263,13 @@ pub struct Sandbox {
     /// When it was last asked to pause (while pausing or paused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_at: Option<DateTime<Utc>>,
-    /// Why it ended, when not a plain delete (`ttl`, `paused-ttl`, `deadline:<state>`).
+    /// Why it ended, when not a plain delete (`ttl`, `paused-ttl`, `idle`,
+    /// `deadline:<state>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Why it is pausing or paused when nobody asked (`idle`); `sandbox.paused` repeats it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_reason: Option<String>,
     /// Its labels.
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
@@ -389,6 +393,7 @@ impl Sandbox {
                 self.expires_at = e.expires_at;
                 self.paused_at = Some(at);
                 self.expiring_sent = false;
+                self.pause_reason.clone_from(&e.reason);
             }
             SandboxEvent::Paused(_) => self.state = SandboxState::Paused,
             SandboxEvent::Resuming(e) => {
@@ -397,6 +402,7 @@ impl Sandbox {
                 self.lifetime_from = Some(at);
                 self.paused_at = None;
                 self.expiring_sent = false;
+                self.pause_reason = None;
             }
             SandboxEvent::Resumed(_) => self.state = SandboxState::Ready,
             SandboxEvent::Labeled(e) => self.labels.clone_from(&e.labels),
@@ -494,6 +500,7 @@ fn from_created(c: &SandboxCreated, at: DateTime<Utc>) -> Sandbox {
         lifetime_from: None,
         paused_at: None,
         reason: None,
+        pause_reason: None,
         labels: c.labels.clone(),
         state_since: None,
         snapshots: BTreeMap::new(),
@@ -751,10 +758,36 @@ pub fn paused(s: &Sandbox) -> Vec<SandboxEvent> {
     if s.state != SandboxState::Pausing {
         return Vec::new();
     }
-    vec![SandboxEvent::Paused(SandboxExpiry::new(
-        s.lifecycle(),
-        s.expires_at,
-    ))]
+    vec![SandboxEvent::Paused(SandboxExpiry {
+        reason: s.pause_reason.clone(),
+        ..SandboxExpiry::new(s.lifecycle(), s.expires_at)
+    })]
+}
+
+/// What ends an idle sandbox (`idleTimeoutSeconds`), as the expiry's `reason`.
+pub const IDLE: &str = "idle";
+
+/// Decides an idle sandbox at `now`: a ready one whose lifetime ends in a pause
+/// (`onTimeout: pause`) is paused for `paused_ttl` (`sandbox.pausing`, then `sandbox.paused`,
+/// with `reason: idle`); one that ends in a delete, or whose runtime cannot pause
+/// (`paused_ttl` `None`), is expired (`sandbox.expired`, `action: deleted`, `reason: idle`).
+/// Anything but a ready sandbox decides nothing.
+pub fn idle(s: &Sandbox, now: DateTime<Utc>, paused_ttl: Option<TimeDelta>) -> Vec<SandboxEvent> {
+    if s.state != SandboxState::Ready {
+        return Vec::new();
+    }
+    let reason = Some(IDLE.to_string());
+    match paused_ttl.filter(|_| s.on_timeout == OnTimeout::Pause) {
+        Some(ttl) => vec![SandboxEvent::Pausing(SandboxExpiry {
+            reason,
+            ..SandboxExpiry::new(s.lifecycle(), now + ttl)
+        })],
+        None => vec![SandboxEvent::Expired(SandboxExpiry {
+            action: Some(ExpiryAction::Deleted),
+            reason,
+            ..SandboxExpiry::new(s.lifecycle(), s.expires_at)
+        })],
+    }
 }
 
 /// Decides `sandbox.ready` once its instance runs (nothing when it already is or is ending);

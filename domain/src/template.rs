@@ -77,10 +77,53 @@ pub struct TemplateSpec {
     /// `exec` and `snapshot` on a paused sandbox resume it first instead of refusing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub auto_resume: bool,
+    /// A ready sandbox idle this long is paused (or, with `onTimeout: delete`, expired);
+    /// `None`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<u64>,
+    /// Below this share of one vCPU its guest counts as idle.
+    #[serde(default, skip_serializing_if = "CpuPercent::is_default")]
+    pub idle_cpu_percent: CpuPercent,
 }
 
 fn default_paused_ttl() -> u64 {
     crate::sandbox::DEFAULT_PAUSED_TTL_SECONDS
+}
+
+/// The shortest `idleTimeoutSeconds`: a minute.
+pub const MIN_IDLE_TIMEOUT_SECONDS: u64 = 60;
+/// The longest `idleTimeoutSeconds`: 7 days.
+pub const MAX_IDLE_TIMEOUT_SECONDS: u64 = 7 * 86_400;
+/// The smallest `idleCpuPercent`.
+pub const MIN_IDLE_CPU_PERCENT: f64 = 0.1;
+/// The largest `idleCpuPercent`: a whole vCPU.
+pub const MAX_IDLE_CPU_PERCENT: f64 = 100.0;
+
+/// A share of one vCPU in percent (`idleCpuPercent`, default 2): CPU seconds per second of
+/// wall time, times 100, as `top` shows a process. A finite number once checked, so it
+/// compares as an equivalence.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CpuPercent(pub f64);
+
+impl Eq for CpuPercent {}
+
+impl Default for CpuPercent {
+    fn default() -> Self {
+        CpuPercent(2.0)
+    }
+}
+
+impl CpuPercent {
+    /// Whether it is the default (left out of events and documents).
+    pub fn is_default(&self) -> bool {
+        *self == CpuPercent::default()
+    }
+
+    /// CPU seconds per second at this share.
+    pub fn rate(self) -> f64 {
+        self.0 / 100.0
+    }
 }
 
 /// Whether `runtime` can pause a booted guest.
@@ -443,6 +486,23 @@ pub fn check_bounds(spec: &TemplateSpec) -> Result<(), DomainError> {
             format!("1 to {max_paused}"),
         ));
     }
+    let (min_idle, max_idle) = (MIN_IDLE_TIMEOUT_SECONDS, MAX_IDLE_TIMEOUT_SECONDS);
+    if spec
+        .idle_timeout_seconds
+        .is_some_and(|t| !(min_idle..=max_idle).contains(&t))
+    {
+        return Err(DomainError::invalid_input(
+            "idleTimeoutSeconds",
+            format!("{min_idle} to {max_idle}"),
+        ));
+    }
+    let cpu = spec.idle_cpu_percent.0;
+    if !(cpu.is_finite() && (MIN_IDLE_CPU_PERCENT..=MAX_IDLE_CPU_PERCENT).contains(&cpu)) {
+        return Err(DomainError::invalid_input(
+            "idleCpuPercent",
+            format!("{MIN_IDLE_CPU_PERCENT} to {MAX_IDLE_CPU_PERCENT}"),
+        ));
+    }
     if let Some(w) = spec.warm {
         if w.min > w.max || w.max > MAX_WARM {
             return Err(DomainError::invalid_input(
@@ -564,6 +624,8 @@ mod tests {
                 paused_ttl_seconds: crate::sandbox::DEFAULT_PAUSED_TTL_SECONDS,
                 on_timeout: OnTimeout::Delete,
                 auto_resume: false,
+                idle_timeout_seconds: None,
+                idle_cpu_percent: CpuPercent::default(),
             },
             version: 1,
             instance_version,
@@ -581,6 +643,34 @@ mod tests {
             state,
             created_at: Utc.timestamp_opt(1_800_000_000 + age, 0).unwrap(),
         }
+    }
+
+    #[test]
+    fn idle_settings_out_of_bounds_are_refused_naming_the_field() {
+        let spec = |timeout: Option<u64>, cpu: f64| TemplateSpec {
+            idle_timeout_seconds: timeout,
+            idle_cpu_percent: CpuPercent(cpu),
+            ..template(0, 0, 1).spec
+        };
+        let field = |spec: TemplateSpec| match check_bounds(&spec) {
+            Err(DomainError::InvalidInput { field, .. }) => Some(field),
+            _ => None,
+        };
+        assert_eq!(field(spec(None, 2.0)), None);
+        assert_eq!(field(spec(Some(60), 0.1)), None);
+        assert_eq!(field(spec(Some(7 * 86_400), 100.0)), None);
+        for (timeout, cpu, named) in [
+            (Some(59), 2.0, "idleTimeoutSeconds"),
+            (Some(7 * 86_400 + 1), 2.0, "idleTimeoutSeconds"),
+            (Some(600), 0.05, "idleCpuPercent"),
+            (Some(600), 100.5, "idleCpuPercent"),
+            (None, f64::NAN, "idleCpuPercent"),
+        ] {
+            assert_eq!(field(spec(timeout, cpu)).as_deref(), Some(named));
+        }
+        // The default stays out of the template's events.
+        let json = serde_json::to_value(spec(None, 2.0)).unwrap();
+        assert!(json.get("idleCpuPercent").is_none() && json.get("idleTimeoutSeconds").is_none());
     }
 
     #[test]

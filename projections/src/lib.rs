@@ -15,10 +15,12 @@
 //!
 //! Reads live with their tables: `commands`, `reactors`, `api` and `devtools` read a
 //! projection table through its module's query functions (typed rows, the SQL and locking
-//! their callers tuned), never with SQL of their own. Two statements are the exception, as
+//! their callers tuned), never with SQL of their own. A few statements are the exception, as
 //! each also writes a table of its owner's in the same round trip: the webhook dispatcher's
-//! lease (`webhook_leases`, joining `webhooks`) and a host report's node lock
-//! (`node_heartbeats`, reading `nodes`). See docs/decisions/0022.
+//! lease (`webhook_leases`, joining `webhooks`), a host report's node lock
+//! (`node_heartbeats`, reading `nodes`), and idle pause's activity rows (`sandbox_activity`,
+//! reading `sandbox_templates` and `sandboxes`: `commands::sandboxes::activity`). See
+//! docs/decisions/0022.
 //!
 //! Nothing outside this crate writes a projection table. Projector SQL names tables without a
 //! schema, so a replay can point `search_path` at a scratch schema.

@@ -225,6 +225,11 @@ pub struct TemplateView {
     pub on_timeout: vps_domain::sandbox::OnTimeout,
     /// `exec` and `snapshot` on a paused sandbox resume it first.
     pub auto_resume: bool,
+    /// How long a ready sandbox may stay idle before it is paused or expired.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<u64>,
+    /// Below this share of one vCPU, in percent, its guest counts as idle.
+    pub idle_cpu_percent: f64,
     /// Rises with every update.
     pub version: u64,
     /// When it was made.
@@ -254,6 +259,8 @@ impl From<&vps_domain::template::Template> for TemplateView {
             paused_ttl_seconds: t.spec.paused_ttl_seconds,
             on_timeout: t.spec.on_timeout,
             auto_resume: t.spec.auto_resume,
+            idle_timeout_seconds: t.spec.idle_timeout_seconds,
+            idle_cpu_percent: t.spec.idle_cpu_percent.0,
             version: t.version,
             created_at: t.created_at,
             updated_at: t.updated_at,

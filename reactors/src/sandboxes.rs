@@ -1,11 +1,11 @@
 //! The sandbox reconciler (SPEC §3.8): one worker across replicas, a pass every `sandbox_pass`
 //! and when woken. A pass warns sandboxes about to expire (once per expiry), expires at most
 //! [`EXPIRE_PER_PASS`] whose time has come (`SKIP LOCKED`), fails those past a transitional
-//! state's deadline, settles `ready`, `paused` and `deleted` where the instance path's own
-//! stamps did not, releases deleted volumes whose host let them go ([`crate::volumes`]), keeps
-//! every template's warm pool, fails snapshots whose host command never settled
-//! (`snapshot_timeout`), and removes deleted snapshots' objects from the store once nothing can
-//! still need them.
+//! state's deadline, pauses or expires idle sandboxes (`idleTimeoutSeconds`), settles
+//! `ready`, `paused` and `deleted` where the instance path's own stamps did not, releases
+//! deleted volumes whose host let them go ([`crate::volumes`]), keeps every template's warm
+//! pool, fails snapshots whose host command never settled (`snapshot_timeout`), and removes
+//! deleted snapshots' objects from the store once nothing can still need them.
 //!
 //! The per-sandbox work has the instance reconciler's shape: the pass reads the candidate
 //! sandboxes with their instances' states ([`Look`]), the pure [`step`] decides what each is
@@ -21,7 +21,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tracing::Instrument;
-use vps_commands::sandboxes::{lifecycle, snapshots, warm};
+use vps_commands::sandboxes::{activity, lifecycle, snapshots, warm};
 use vps_commands::{CommandError, Ctx};
 use vps_domain::sandbox::Sandbox;
 use vps_store::SnapshotStore;
@@ -153,12 +153,30 @@ async fn pass_seen(
     for (action, s) in due {
         act(ctx, action, &s.id, now, timings).await?;
     }
+    idle(ctx, now).await?;
     crate::deadlines::sweep(ctx, now, timings).await?;
     crate::volumes::release_deleted(ctx).await?;
     let changed = warm_pools(ctx, seen).await?;
     snapshot_timeouts(ctx, now, timings).await?;
     purges(ctx, store).await?;
     Ok(changed)
+}
+
+/// Pauses or expires the sandboxes whose activity says they are idle (at most
+/// [`EXPIRE_PER_PASS`]), after dropping the activity of those no longer ready. Idleness is
+/// judged from `sandbox_activity`, which host reports, exec sessions and preview requests
+/// keep beside the log (see `vps_commands::sandboxes::activity` for why); only the pause or
+/// expiry it leads to is an event.
+async fn idle(ctx: &Ctx, now: DateTime<Utc>) -> Result<(), CommandError> {
+    activity::prune(&ctx.pool).await?;
+    let due = activity::idle_sandboxes(&ctx.pool, EXPIRE_PER_PASS).await?;
+    for id in due {
+        if let Some(end) = lifecycle::idle_out(ctx, &id, now).await? {
+            metrics::counter!("vps_sandbox_idle_total").increment(1);
+            tracing::info!(sandbox = %id, ?end, "idle sandbox ended");
+        }
+    }
+    Ok(())
 }
 
 /// Most snapshots timed out, and most objects purged, per pass.

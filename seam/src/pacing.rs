@@ -10,6 +10,11 @@ use crate::{CallError, CommandResult, ReportEntry};
 /// What a report carried: the inventory, the applied generation, the command results.
 type Sent = (Vec<ReportEntry>, Option<u64>, Vec<CommandResult>);
 
+/// Whether two inventories say the same, the guests' CPU seconds aside.
+fn same_entries(a: &[ReportEntry], b: &[ReportEntry]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_but_cpu(y))
+}
+
 /// The pacing state of an agent's loop: the back-off after a failed server call and the
 /// last report the server accepted.
 #[derive(Debug)]
@@ -67,7 +72,7 @@ impl ReportPacer {
             .last_sent
             .as_ref()
             .is_none_or(|(sent, generation, sent_results)| {
-                sent != entries || *generation != applied || sent_results != results
+                !same_entries(sent, entries) || *generation != applied || sent_results != results
             });
         let due = self.last_report_at.is_none_or(|at| now >= at + interval);
         (changed || due).then_some(changed)

@@ -270,7 +270,7 @@ pub enum ReportState {
 }
 
 /// One line of a status report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ReportEntry {
     /// `inst_…`.
     pub id: String,
@@ -286,6 +286,22 @@ pub struct ReportEntry {
     /// server from before it refuses unknown fields.
     #[serde(rename = "identityRebound", skip_serializing_if = "Option::is_none")]
     pub identity_rebound: Option<bool>,
+    /// CPU seconds the guest has used since it started (idle pause reads them); absent when
+    /// the host cannot tell.
+    #[serde(rename = "cpuSeconds", skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+}
+
+impl ReportEntry {
+    /// Whether `other` says the same about the guest, its CPU seconds aside: they move while
+    /// a guest runs, and a report is not due for that alone.
+    pub fn same_but_cpu(&self, other: &ReportEntry) -> bool {
+        self.id == other.id
+            && self.state == other.state
+            && self.message == other.message
+            && self.addresses == other.addresses
+            && self.identity_rebound == other.identity_rebound
+    }
 }
 
 /// `null` read as the type's default, as a missing field is.
@@ -354,6 +370,7 @@ mod tests {
             message: Some("boom".into()),
             addresses: vec![],
             identity_rebound: None,
+            cpu_seconds: None,
         };
         assert_eq!(
             serde_json::to_value(&entry).unwrap(),

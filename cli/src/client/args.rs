@@ -18,6 +18,8 @@ use vps_api::registry::Method;
 enum Kind {
     Text,
     Integer,
+    /// A JSON number that need not be whole (`idleCpuPercent`).
+    Number,
     Boolean,
     /// A list of strings: the flag repeats.
     TextList,
@@ -132,7 +134,8 @@ fn kind(p: &Value) -> Kind {
     let non_null: Vec<&str> = types.into_iter().filter(|t| *t != "null").collect();
     match non_null.as_slice() {
         ["string"] => Kind::Text,
-        ["integer"] | ["number"] => Kind::Integer,
+        ["integer"] => Kind::Integer,
+        ["number"] => Kind::Number,
         ["boolean"] => Kind::Boolean,
         ["array"] if p["items"]["type"] == "string" => Kind::TextList,
         _ => Kind::Json,
@@ -305,6 +308,12 @@ fn value(p: &Property, matches: &ArgMatches) -> Result<Option<Value>, UsageError
             Value::from(seconds(text).map_err(|e| bad(&e))?)
         }
         Kind::Integer => Value::from(text.parse::<i64>().map_err(|_| bad("not a whole number"))?),
+        Kind::Number => Value::from(
+            text.parse::<f64>()
+                .ok()
+                .filter(|n| n.is_finite())
+                .ok_or_else(|| bad("not a number"))?,
+        ),
         Kind::Json => serde_json::from_str(text).unwrap_or_else(|_| Value::from(text.clone())),
         Kind::TextList => unreachable!("handled above"),
     }))
@@ -411,6 +420,36 @@ mod tests {
             json!({ "tenantId": "acme", "templateId": "sbxt_x", "ttlSeconds": 1800,
                     "idempotencyKey": "build-7" })
         );
+    }
+
+    #[test]
+    fn a_number_flag_need_not_be_whole_and_an_idle_timeout_is_a_duration() {
+        let m = vps_api::methods::registry()
+            .get("sandboxTemplates", "update")
+            .unwrap();
+        let command = clap::Command::new("update").args(for_method(m));
+        let parse = |cpu: &str| {
+            let matches = command
+                .clone()
+                .try_get_matches_from([
+                    "update",
+                    "sbxt_01jzzzzzzzzzzzzzzzzzzzzzzz",
+                    "--tenant",
+                    "acme",
+                    "--idle-timeout",
+                    "10m",
+                    "--idle-cpu-percent",
+                    cpu,
+                ])
+                .unwrap();
+            body(m, &matches)
+        };
+        let sent = parse("0.5").unwrap();
+        assert_eq!(
+            (&sent["idleTimeoutSeconds"], &sent["idleCpuPercent"]),
+            (&json!(600), &json!(0.5))
+        );
+        assert!(parse("lots").is_err());
     }
 
     #[test]

@@ -135,6 +135,8 @@ async fn issue_in(
     let ticket_expires_at = tunnel::store(tx, &ticket, &binding, now).await?;
     let events = domain::issued(&s, serial, &window);
     record_events(ctx, tx, &s.id, Some(&s), events, Some(&s.tenant_id)).await?;
+    // An exec session is a sign of life (after the sandbox's row: the lock order).
+    super::activity::touch(&mut *tx, &instance.id, now).await?;
     let ExecWindow {
         principal,
         valid_before,

@@ -60,6 +60,11 @@ pub async fn instance_changed(
         Ok(decided.clone())
     })
     .await?;
+    let ran = |e: &SandboxEvent| matches!(e, SandboxEvent::Ready(_) | SandboxEvent::Resumed(_));
+    if let (Some(s), true) = (&sandbox, decided.iter().any(ran)) {
+        // Its idle clock starts now (the sandbox's row is locked already: the lock order).
+        super::activity::arm(tx, s, ctx.clock.now()).await?;
+    }
     if let (Some(s), true) = (
         sandbox,
         decided.iter().any(|e| matches!(e, SandboxEvent::Ready(_))),

@@ -1,6 +1,7 @@
 //! `sandboxes.extend`, `sandboxes.delete`, `sandboxes.pause` and `sandboxes.resume`, and the
 //! reconciler's per-sandbox work: the expiry warning, the expiry itself (a delete, or a pause
-//! with `onTimeout: pause`), and the fallbacks for `ready`, `paused`, `resumed` and `deleted`.
+//! with `onTimeout: pause`), an idle sandbox's pause or expiry, and the fallbacks for `ready`,
+//! `paused`, `resumed` and `deleted`.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::PgConnection;
@@ -353,6 +354,51 @@ pub async fn expire(
             record_events(ctx, tx, sandbox_id, Some(&s), events, Some(&s.tenant_id)).await?;
         }
         Ok(expired.then(|| now - s.expires_at))
+    })
+    .await
+}
+
+/// What an idle sandbox's end was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleEnd {
+    /// Paused (`onTimeout: pause`): `sandbox.pausing`, `reason: idle`.
+    Paused,
+    /// Expired: `sandbox.expired`, `reason: idle`, and its instance deleted.
+    Expired,
+}
+
+/// Ends a ready sandbox whose activity row says it is idle (see [`super::activity`]): paused
+/// when its lifetime ends in a pause and its runtime can pause, else expired. Decided again
+/// on the locked rows, so an exec session or a busy sample that came since keeps it; skips a
+/// sandbox another worker holds.
+pub async fn idle_out(
+    ctx: &Ctx,
+    sandbox_id: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<IdleEnd>, CommandError> {
+    transaction(ctx, sandbox_id, async |tx| {
+        let Some(s) = lock_free(tx, sandbox_id).await? else {
+            return Ok(None);
+        };
+        if !super::activity::take_idle(tx, &s.instance_id).await? {
+            return Ok(None);
+        }
+        let t = super::template(tx, &s.template_id).await?;
+        let (can_pause, paused_ttl) = pause_terms(t.as_ref());
+        let paused_ttl = can_pause.then(|| TimeDelta::seconds(paused_ttl as i64));
+        let events = domain::idle(&s, now, paused_ttl);
+        if events.is_empty() {
+            return Ok(None);
+        }
+        if events.iter().any(|e| matches!(e, SandboxEvent::Pausing(_))) {
+            let pause = InstanceCommand::Pause {
+                requester: Requester::System,
+            };
+            drive(ctx, tx, &s, events, pause).await?;
+            return Ok(Some(IdleEnd::Paused));
+        }
+        end(ctx, tx, &s, events).await?;
+        Ok(Some(IdleEnd::Expired))
     })
     .await
 }

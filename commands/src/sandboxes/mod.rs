@@ -16,7 +16,9 @@
 //! - [`preview`], `sandboxes.expose` and `sandboxes.unexpose`, and the tunnel a preview URL's
 //!   request goes through.
 //! - [`warm`], claiming a warm instance, and the warm pools' refill and drain.
+//! - [`activity`], idle pause's data: CPU samples and signs of life, beside the log.
 
+pub mod activity;
 pub mod create;
 pub mod exec;
 pub mod follow;

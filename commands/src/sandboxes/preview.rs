@@ -130,6 +130,8 @@ async fn open_in(
         port: Some(port),
     };
     tunnel::store(conn, &ticket, &binding, now).await?;
+    // A preview request is a sign of life.
+    super::activity::touch(&mut *conn, &instance.id, now).await?;
     Ok(Some(PreviewTunnel {
         url,
         ticket: ticket.text,

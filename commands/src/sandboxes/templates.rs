@@ -92,6 +92,14 @@ pub struct TemplateSettings {
     pub on_timeout: Option<vps_domain::sandbox::OnTimeout>,
     /// `exec` and `snapshot` on a paused sandbox resume it first (default false).
     pub auto_resume: Option<bool>,
+    /// A ready sandbox whose guest stays under `idleCpuPercent` with no exec session and no
+    /// preview request for this long is paused (`onTimeout: pause`) or expired (`reason:
+    /// idle`): 60 to 604800 (7 days); absent on a create: never. Needs hosts that report
+    /// their guests' CPU seconds.
+    pub idle_timeout_seconds: Option<u64>,
+    /// Below this share of one vCPU, in percent, the guest counts as idle: 0.1 to 100
+    /// (default 2).
+    pub idle_cpu_percent: Option<f64>,
 }
 
 /// `env`: at most [`domain::MAX_ENV`] entries.
@@ -128,6 +136,10 @@ impl TemplateSettings {
             paused_ttl_seconds: self.paused_ttl_seconds.unwrap_or(spec.paused_ttl_seconds),
             on_timeout: self.on_timeout.unwrap_or(spec.on_timeout),
             auto_resume: self.auto_resume.unwrap_or(spec.auto_resume),
+            idle_timeout_seconds: self.idle_timeout_seconds.or(spec.idle_timeout_seconds),
+            idle_cpu_percent: self
+                .idle_cpu_percent
+                .map_or(spec.idle_cpu_percent, domain::CpuPercent),
             ..spec
         }
     }
@@ -199,6 +211,8 @@ async fn create_in(
         paused_ttl_seconds: vps_domain::sandbox::DEFAULT_PAUSED_TTL_SECONDS,
         on_timeout: Default::default(),
         auto_resume: false,
+        idle_timeout_seconds: None,
+        idle_cpu_percent: Default::default(),
     };
     let spec = input.settings.applied(defaults, user_data_ref(id, 1));
     let facts =
@@ -260,7 +274,9 @@ async fn update_in(
     let events = domain::update(before.as_ref(), &p.tenant_id, &p.template_id, spec, &facts)?;
     seal_user_data(ctx, tx, &t.id, version, p.settings.user_data.as_deref()).await?;
     let tenant = Some(p.tenant_id.as_str());
-    record_existing(ctx, tx, &p.template_id, before.as_ref(), events, tenant).await
+    let after = record_existing(ctx, tx, &p.template_id, before.as_ref(), events, tenant).await?;
+    super::activity::follow_template(tx, &p.template_id, ctx.clock.now()).await?;
+    Ok(after)
 }
 
 /// Replaces a template's labels (`template.labeled`).
@@ -384,6 +400,8 @@ mod tests {
             paused_ttl_seconds: 3600,
             on_timeout: Default::default(),
             auto_resume: false,
+            idle_timeout_seconds: None,
+            idle_cpu_percent: Default::default(),
         }
     }
 

@@ -274,6 +274,8 @@ pub struct ReportView {
     pub addresses: Vec<String>,
     /// A memory restore that still answers as the instance its memory was captured on.
     pub shares_principal: bool,
+    /// A sandbox drives it (its guest's CPU seconds may decide an idle pause).
+    pub drives_sandbox: bool,
 }
 
 impl ReportView {

@@ -1044,6 +1044,7 @@ fn a_report_the_view_calls_unchanged_decides_no_event() {
             has_conditions: !inst.conditions.is_empty(),
             addresses: inst.addresses.clone(),
             shares_principal: false,
+            drives_sandbox: false,
         };
         assert!(!view.rebinds(true), "nothing to rebind");
         for observed in [Observed::Running, Observed::Stopped, Observed::Paused] {

@@ -98,7 +98,8 @@ pub struct SandboxExpiry {
     /// pause`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<ExpiryAction>,
-    /// `sandbox.expired`: which clock ran out (`ttl`, `paused-ttl`).
+    /// `sandbox.expired`: which clock ran out (`ttl`, `paused-ttl`, `idle`);
+    /// `sandbox.pausing` and `sandbox.paused`: `idle` when idleness paused it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

@@ -281,3 +281,49 @@ fn a_sandbox_past_its_deadline_fails_naming_the_state_and_stays_failed() {
     };
     assert_eq!(f.reason, "deadline:pausing");
 }
+
+#[test]
+fn an_idle_sandbox_pauses_with_its_reason_or_expires_and_only_when_ready() {
+    let starting = sandbox(600);
+    let ttl = Some(TimeDelta::seconds(3600));
+    assert!(idle(&starting, at(5), ttl).is_empty(), "not ready yet");
+    let ready_one = step(starting.clone(), &ready(&starting), 1);
+
+    // onTimeout: delete (the default): expired, reason idle.
+    let expired = idle(&ready_one, at(100), ttl);
+    let [SandboxEvent::Expired(e)] = &expired[..] else {
+        panic!("{expired:?}")
+    };
+    assert_eq!(
+        (e.action, e.reason.as_deref()),
+        (Some(ExpiryAction::Deleted), Some(IDLE))
+    );
+    let gone = step(ready_one.clone(), &expired, 100);
+    assert_eq!(
+        (gone.state, gone.reason.as_deref()),
+        (SandboxState::Deleting, Some(IDLE))
+    );
+
+    // onTimeout: pause: pausing then paused, both naming idle; a resume forgets it.
+    let mut pausing_one = ready_one.clone();
+    pausing_one.on_timeout = OnTimeout::Pause;
+    let pausing = idle(&pausing_one, at(100), ttl);
+    let [SandboxEvent::Pausing(p)] = &pausing[..] else {
+        panic!("{pausing:?}")
+    };
+    assert_eq!((p.reason.as_deref(), p.expires_at), (Some(IDLE), at(3700)));
+    let s = step(pausing_one.clone(), &pausing, 100);
+    assert!(idle(&s, at(200), ttl).is_empty(), "already pausing");
+    let done = paused(&s);
+    let [SandboxEvent::Paused(p)] = &done[..] else {
+        panic!("{done:?}")
+    };
+    assert_eq!(p.reason.as_deref(), Some(IDLE));
+    let s = step(s, &done, 101);
+    let s = step(s.clone(), &resume(&s, 600, at(200)).unwrap(), 200);
+    assert_eq!(s.pause_reason, None);
+
+    // A runtime that cannot pause expires it instead.
+    let expired = idle(&pausing_one, at(100), None);
+    assert!(matches!(expired[..], [SandboxEvent::Expired(_)]));
+}

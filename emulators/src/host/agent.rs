@@ -215,10 +215,16 @@ impl Agent {
         if self.pacer.backing_off(now) {
             return;
         }
-        let (entries, applied) = {
-            let domains = self.shared.domains();
+        let (mut entries, applied) = {
+            let mut domains = self.shared.domains();
+            domains.accrue(self.config.clock.now());
             (domains.report(), domains.applied_generation())
         };
+        if !self.shared.report_cpu.load(Ordering::SeqCst) {
+            for entry in &mut entries {
+                entry.cpu_seconds = None;
+            }
+        }
         let results = self.shared.commands().results();
         if applied.is_none() {
             return;

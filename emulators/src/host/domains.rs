@@ -47,6 +47,8 @@ struct Record {
     stray: bool,
     /// A restore: the snapshot it booted from, once downloaded and its digest checked.
     restored: Option<String>,
+    /// CPU seconds used since it started, accrued at its rate while it runs.
+    cpu_seconds: f64,
 }
 
 impl Record {
@@ -61,6 +63,7 @@ impl Record {
             addresses: Vec::new(),
             stray: false,
             restored: None,
+            cpu_seconds: 0.0,
         }
     }
 
@@ -102,6 +105,11 @@ pub(super) struct Domains {
     /// `None` until the first spec: nothing is destroyed before the host knows what is wanted.
     spec: Option<NodeSpec>,
     refuse_new: Option<String>,
+    /// Set rates by domain id (kept for domains not made yet); others use `default_cpu_rate`.
+    cpu_rates: BTreeMap<String, f64>,
+    default_cpu_rate: f64,
+    /// Until when CPU seconds are accrued (the host's clock).
+    accrued_to: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Domains {
@@ -329,6 +337,8 @@ impl Domains {
                 addresses: record.reported_addresses(),
                 // A memory restore here keeps its source's identity (no fresh host keys).
                 identity_rebound: None,
+                cpu_seconds: matches!(record.power, Power::On | Power::Paused)
+                    .then_some(record.cpu_seconds),
             })
             .collect()
     }
@@ -374,6 +384,36 @@ impl Domains {
 
     pub fn remove(&mut self, id: &str) {
         self.records.remove(id);
+    }
+
+    /// Sets the CPU seconds per second a domain uses while it runs (`None`: every domain
+    /// without a rate of its own).
+    pub fn set_cpu_rate(&mut self, id: Option<&str>, rate: f64) {
+        match id {
+            Some(id) => {
+                self.cpu_rates.insert(id.to_owned(), rate);
+            }
+            None => self.default_cpu_rate = rate,
+        }
+    }
+
+    /// Accrues each running domain's CPU seconds up to `now` (the host's clock) at its rate.
+    pub fn accrue(&mut self, now: chrono::DateTime<chrono::Utc>) {
+        let since = self.accrued_to.replace(now).unwrap_or(now);
+        let seconds = (now - since).num_milliseconds().max(0) as f64 / 1e3;
+        for (id, record) in &mut self.records {
+            let rate = self
+                .cpu_rates
+                .get(id)
+                .copied()
+                .unwrap_or(self.default_cpu_rate);
+            match record.power {
+                Power::On => record.cpu_seconds += rate * seconds,
+                // A guest that boots again counts from zero, as a new QEMU process does.
+                Power::Off | Power::Booting { .. } => record.cpu_seconds = 0.0,
+                Power::Paused => {}
+            }
+        }
     }
 }
 
@@ -431,6 +471,34 @@ mod tests {
         domains.converge(now + delay, delay);
         assert_eq!(state(&domains, "inst_a"), Some(DomainState::Running));
         assert_eq!(domains.report()[0].addresses, vec!["10.0.0.2".to_owned()]);
+    }
+
+    #[test]
+    fn a_running_domain_reports_the_cpu_seconds_it_accrues_at_its_rate() {
+        let mut domains = Domains::default();
+        let now = Instant::now();
+        let delay = Duration::from_secs(1);
+        let two = serde_json::json!([
+            { "id": "inst_a", "desiredState": "running", "runtime": "qemu" },
+            { "id": "inst_b", "desiredState": "running", "runtime": "qemu" }
+        ]);
+        domains.apply_spec(spec(1, two));
+        domains.set_cpu_rate(None, 0.25);
+        domains.set_cpu_rate(Some("inst_b"), 1.0);
+        let t0 = chrono::Utc::now();
+        domains.converge(now, delay);
+        domains.accrue(t0);
+        let cpu = |d: &Domains| d.report().iter().map(|e| e.cpu_seconds).collect::<Vec<_>>();
+        assert_eq!(cpu(&domains), vec![None, None], "booting: nothing to say");
+        domains.converge(now + delay, delay);
+        domains.accrue(t0);
+        assert_eq!(
+            cpu(&domains),
+            vec![Some(0.0), Some(0.0)],
+            "it ran for no time yet"
+        );
+        domains.accrue(t0 + chrono::TimeDelta::seconds(8));
+        assert_eq!(cpu(&domains), vec![Some(2.0), Some(8.0)]);
     }
 
     #[test]

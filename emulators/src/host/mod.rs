@@ -128,6 +128,7 @@ impl EmulatedHost {
             commands: Mutex::new(snapshots::Commands::default()),
             corrupt_uploads: AtomicBool::new(false),
             hold_commands: AtomicBool::new(false),
+            report_cpu: AtomicBool::new(true),
         });
         let node_id = config.node_id.clone();
         let listener = config.tunnel_listen.as_deref().and_then(|at| {
@@ -188,6 +189,8 @@ pub(crate) struct Shared {
     corrupt_uploads: AtomicBool,
     /// Snapshot commands are never run (the server's timeout fails them).
     hold_commands: AtomicBool,
+    /// Reports carry each guest's CPU seconds (false: an older host that sends none).
+    report_cpu: AtomicBool,
 }
 
 impl Shared {
@@ -283,6 +286,20 @@ impl HostHandle {
     /// While `true`, the host never runs snapshot commands (they time out on the server).
     pub fn hold_commands(&self, on: bool) {
         self.shared.hold_commands.store(on, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+    }
+
+    /// Sets how many CPU seconds per second of the host's clock the domain `id` uses while
+    /// it runs (`None`: every domain without a rate of its own; the default is 0, an idle
+    /// guest). Reports carry the seconds accrued (`cpuSeconds`).
+    pub fn set_cpu_rate(&self, id: Option<&str>, rate: f64) {
+        self.shared.domains().set_cpu_rate(id, rate);
+        self.shared.wake.notify_one();
+    }
+
+    /// `false` makes the host report no `cpuSeconds`, as a host from before them does.
+    pub fn report_cpu(&self, on: bool) {
+        self.shared.report_cpu.store(on, Ordering::SeqCst);
         self.shared.wake.notify_one();
     }
 

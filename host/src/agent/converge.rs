@@ -190,6 +190,7 @@ pub fn report(
         state,
         message,
         addresses,
+        cpu_seconds: None,
     };
     if let Some(why) = refusal {
         return Some(entry(ReportState::Error, Some(why.to_owned()), Vec::new()));

@@ -549,13 +549,17 @@ impl<R: Runtime> Agent<R> {
         ids.into_iter()
             .filter_map(|id| {
                 let guest = self.guests.get(id).unwrap_or(&idle);
-                converge::report(
+                let mut entry = converge::report(
                     id,
                     specs.get(id),
                     self.observed.get(id),
                     &guest.memory,
                     self.refusals.get(id).map(String::as_str),
-                )
+                )?;
+                if matches!(entry.state, ReportState::Running | ReportState::Paused) {
+                    entry.cpu_seconds = self.runtime.cpu_seconds(id);
+                }
+                Some(entry)
             })
             .collect()
     }

@@ -248,6 +248,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// Where the guest's `sshd` listens, for the tunnel endpoint.
     fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)>;
 
+    /// CPU seconds the guest has used since its process started, when the runtime can tell
+    /// (`cpuSeconds` in reports; idle pause reads them).
+    fn cpu_seconds(&self, _id: &str) -> Option<f64> {
+        None
+    }
+
     /// Whether the guest is down because it powered itself off: not stopped by the runtime,
     /// not failed. A restarted agent keeps such a guest down, as the agent before it did.
     fn powered_itself_off(&self, _id: &str) -> bool {

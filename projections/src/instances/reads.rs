@@ -95,7 +95,8 @@ macro_rules! report_view_columns {
     () => {
         "SELECT id, state, coalesce(jsonb_array_length(doc->'conditions'), 0) > 0,
                 coalesce(doc->'addresses', '[]'),
-                doc->'restoreFrom'->>'principalInstanceId' IS NOT NULL"
+                doc->'restoreFrom'->>'principalInstanceId' IS NOT NULL,
+                doc->>'sandboxId' IS NOT NULL"
     };
 }
 
@@ -135,11 +136,12 @@ pub async fn report_rows_of(
 }
 
 fn report_view(
-    (id, state, has_conditions, Json(addresses), shares_principal): (
+    (id, state, has_conditions, Json(addresses), shares_principal, drives_sandbox): (
         String,
         String,
         bool,
         Json<Vec<String>>,
+        bool,
         bool,
     ),
 ) -> (String, ReportView) {
@@ -148,6 +150,7 @@ fn report_view(
         has_conditions,
         addresses,
         shares_principal,
+        drives_sandbox,
     };
     (id, view)
 }

@@ -253,3 +253,121 @@ async fn a_force_delete_of_a_sandbox_on_a_silent_host_ends_it_at_once() {
     );
     assert!(t.replay_equal().await);
 }
+
+/// Takes the instance `id` through `call` on a silent host, checks it waits there, then moves
+/// the clock past the state's deadline: it fails with `reason: deadline:<state>` and is
+/// released, leaving the pool as it held before it was made.
+async fn stuck_until_deadline(
+    t: &TestServer,
+    pool: &str,
+    host: &HostHandle,
+    id: &str,
+    call: (&str, Value),
+    state: &str,
+    empty: (usize, i64, i64),
+) {
+    host.set_reporting(false);
+    let (method, body) = call;
+    let moved = t.ok(ALICE, method, body).await;
+    // Stopping is a running instance wanted stopped.
+    let entered = match state {
+        "stopping" => moved["desiredState"] == "stopped",
+        _ => moved["state"] == state,
+    };
+    assert!(entered, "{moved}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let inst = t.ok(ALICE, "instances.get", acme_instance(id)).await;
+    assert_ne!(
+        inst["state"], "deleted",
+        "nothing happens before the deadline: {inst}"
+    );
+    assert_ne!(
+        inst["state"], "error",
+        "nothing happens before the deadline: {inst}"
+    );
+    t.advance(Duration::from_secs(31));
+    reaches(t, id, "deleted").await;
+    let events = history(t, id).await;
+    let reason = format!("deadline:{state}");
+    assert_eq!(find(&events, "instance.failed")["data"]["reason"], reason);
+    assert_eq!(find(&events, "instance.deleting")["data"]["reason"], reason);
+    find(&events, "instance.deleted");
+    assert_eq!(
+        held(t, pool).await,
+        empty,
+        "everything the instance stuck {state} held is free"
+    );
+    assert!(t.replay_equal().await);
+}
+
+#[tokio::test]
+async fn an_instance_stuck_starting_on_a_silent_host_fails_at_its_deadline_and_releases_everything()
+{
+    let t = server(|c| c.timings.deadline_instance_starting = 30.0).await;
+    let (pool, host) = pool_with_host(&t).await;
+    let empty = held(&t, &pool).await;
+    let id = running(&t, &pool, "starting").await;
+    // The host fails the guest; a start of the failed instance is `starting` until the host
+    // says otherwise, and the host falls silent.
+    host.fail_instance(&id, "the guest crashed");
+    reaches(&t, &id, "error").await;
+    let start = ("instances.start", acme_instance(&id));
+    stuck_until_deadline(&t, &pool, &host, &id, start, "starting", empty).await;
+}
+
+#[tokio::test]
+async fn an_instance_stuck_stopping_on_a_silent_host_fails_at_its_deadline_and_releases_everything()
+{
+    let t = server(|c| c.timings.deadline_instance_stopping = 30.0).await;
+    let (pool, host) = pool_with_host(&t).await;
+    let empty = held(&t, &pool).await;
+    let id = running(&t, &pool, "stopping").await;
+    let stop = ("instances.stop", acme_instance(&id));
+    stuck_until_deadline(&t, &pool, &host, &id, stop, "stopping", empty).await;
+}
+
+#[tokio::test]
+async fn a_sandbox_stuck_deleting_on_a_silent_host_is_deleted_at_its_deadline_and_releases_everything(
+) {
+    let t = server(|c| c.timings.deadline_sandbox_deleting = 30.0).await;
+    let (pool, host) = pool_with_host(&t).await;
+    let empty = held(&t, &pool).await;
+    let tpl = t.sandbox_template(&pool, "t", json!({})).await;
+    let s = t.ready_sandbox(&tpl["id"], "s", json!({})).await;
+    let id = s["id"].as_str().unwrap();
+    let instance = s["instanceId"].as_str().unwrap().to_string();
+    host.set_reporting(false);
+    let deleting = t.ok(ALICE, "sandboxes.delete", acme_sandbox(id)).await;
+    assert_eq!(deleting["state"], "deleting", "{deleting}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        t.ok(ALICE, "sandboxes.get", acme_sandbox(id)).await["state"],
+        "deleting",
+        "nothing happens before the deadline"
+    );
+    t.advance(Duration::from_secs(31));
+    eventually("the stuck sandbox is deleted", PATIENCE, || async {
+        let now = t.ok(ALICE, "sandboxes.get", acme_sandbox(id)).await;
+        if now["state"] == "deleted" {
+            Ok(())
+        } else {
+            Err(now["state"].clone())
+        }
+    })
+    .await;
+    let events = t
+        .ok(OPERATOR, "instances.history", acme_instance(&instance))
+        .await;
+    let events = events["items"].as_array().unwrap();
+    assert_eq!(
+        find(events, "instance.deleting")["data"]["reason"],
+        "deadline:deleting"
+    );
+    find(events, "instance.deleted");
+    assert_eq!(
+        held(&t, &pool).await,
+        empty,
+        "everything the sandbox held is free"
+    );
+    assert!(t.replay_equal().await);
+}

@@ -14,6 +14,7 @@ mod files;
 mod fork;
 mod hosts;
 mod identities;
+mod idle;
 mod instances;
 mod isolation;
 mod labels;

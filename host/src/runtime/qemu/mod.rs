@@ -1253,6 +1253,10 @@ impl Runtime for Qemu {
             && process::exit_state(dir) == GuestState::Stopped
     }
 
+    fn cpu_seconds(&self, id: &str) -> Option<f64> {
+        process::cpu_seconds(&self.existing_slot(id)?.dir)
+    }
+
     fn ssh_address(&self, id: &str) -> Option<(IpAddr, u16)> {
         let slot = self.existing_slot(id)?;
         let record = lock(&slot.record);

@@ -214,6 +214,31 @@ pub fn is_alive(pid: i32, dir: &GuestDir) -> bool {
     String::from_utf8_lossy(&cmdline).contains(needle.as_ref())
 }
 
+/// The CPU seconds (user and system) the guest's live QEMU has used, from
+/// `/proc/<pid>/stat`'s `utime` and `stime` in clock ticks.
+pub fn cpu_seconds(dir: &GuestDir) -> Option<f64> {
+    let pid = live_pid(dir)?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    ticks_to_seconds(&stat, clock_ticks()?)
+}
+
+/// `utime + stime` of a `/proc/<pid>/stat` line in seconds. The fields after the
+/// parenthesised command name (which may hold spaces) start at the state, field 3; `utime`
+/// and `stime` are fields 14 and 15.
+fn ticks_to_seconds(stat: &str, ticks_per_second: f64) -> Option<f64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / ticks_per_second)
+}
+
+fn clock_ticks() -> Option<f64> {
+    // SAFETY: sysconf(3) reads a constant of the system; it has no memory effects.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then_some(ticks as f64)
+}
+
 /// Sends `signal` to the guest's QEMU if it is still that process.
 pub fn signal(pid: i32, dir: &GuestDir, signal: i32) {
     if is_alive(pid, dir) {
@@ -368,5 +393,12 @@ mod tests {
     #[test]
     fn quoting_survives_single_quotes() {
         assert_eq!(quote("a'b"), r"'a'\''b'");
+    }
+
+    #[test]
+    fn cpu_seconds_are_utime_and_stime_over_the_tick_rate_whatever_the_name_holds() {
+        let stat = "4242 (qemu (a) b) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 150 0 0 20 0 3";
+        assert_eq!(ticks_to_seconds(stat, 100.0), Some(4.0));
+        assert_eq!(ticks_to_seconds("4242 (qemu) S 1", 100.0), None);
     }
 }
