@@ -428,3 +428,34 @@ async fn a_webhook_subscribed_to_usage_receives_the_usage_records() {
         assert!(event["data"]["quantity"].is_string());
     }
 }
+
+#[tokio::test]
+async fn an_errored_instance_stops_accruing_at_the_event_that_made_it_errored() {
+    let window = 1.0;
+    let t = server(window).await;
+    let (pool, host) = pool_with_host(&t).await;
+    let id = create(&t, &pool, "errored").await;
+    let scheduled = recorded(&t, &id, "instance.scheduled").await;
+    host.fail_instance(&id, "the guest crashed");
+    let errored = t
+        .until(ALICE, "acme", &id, PATIENCE, |i| i["state"] == "error")
+        .await;
+    assert_eq!(errored["state"], "error");
+    let failed = recorded(&t, &id, "instance.failed").await;
+    // Two more windows in error, still holding its place on the host: none of them billed.
+    let later = failed + Duration::seconds(2);
+    wait_until("two windows in error", PATIENCE, || async {
+        vps_clock::Clock::system().now() >= later
+    })
+    .await;
+    settled_past(&t, later).await;
+
+    for (meter, rate) in [("vps.vcpu.hours", 2), ("vps.memory.gib.hours", 4)] {
+        let billed = records(&t, ALICE, &id, meter).await;
+        assert_contiguous(&billed, scheduled, failed);
+        let sum: Decimal = billed.iter().map(quantity).sum();
+        assert_eq!(sum, exact(rate, scheduled, failed), "{meter}: {billed:#?}");
+    }
+    assert!(verify(&t).await.first_difference.is_none());
+    assert!(t.replay_equal().await);
+}
