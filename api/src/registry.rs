@@ -88,8 +88,21 @@ impl Call {
     }
 }
 
-/// A handler answers its answer's JSON text: serialized once, straight from the typed answer
-/// (a NodeSpec of 10,000 entries is megabytes; no intermediate `Value` tree).
+/// An answer's JSON text. Every `Serialize` answer is written by serde, once, straight from
+/// the typed answer (no intermediate `Value` tree); an answer that holds JSON text already
+/// (a NodeSpec's stored entries: megabytes at 10,000) writes that text as it is.
+pub trait Answer {
+    /// The JSON text.
+    fn to_json(&self) -> Vec<u8>;
+}
+
+impl<T: Serialize> Answer for T {
+    fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("serialises")
+    }
+}
+
+/// A handler answers its answer's JSON text ([`Answer`]).
 type Handler =
     Box<dyn Fn(Call, &[u8]) -> BoxFuture<'static, Result<Vec<u8>, ApiError>> + Send + Sync>;
 
@@ -136,7 +149,7 @@ impl Method {
     ) -> Method
     where
         Req: DeserializeOwned + JsonSchema + Send + 'static,
-        Ans: Serialize + JsonSchema,
+        Ans: Answer + JsonSchema,
         F: Fn(Call, Req) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Ans, ApiError>> + Send + 'static,
     {
@@ -159,7 +172,7 @@ impl Method {
             max_body: MAX_BODY,
             handler: Box::new(move |call, body| match parse::<Req>(body) {
                 Ok(request) => handler(call, request)
-                    .map(|answer| answer.map(|a| serde_json::to_vec(&a).expect("serialises")))
+                    .map(|answer| answer.map(|a| a.to_json()))
                     .boxed(),
                 Err(e) => futures::future::ready(Err(e)).boxed(),
             }),

@@ -229,7 +229,7 @@ async fn report_in(
     // cost the node's size, while locking them all would make each claim or change on it wait
     // for the whole report. Only the rest are locked, loaded and decided. The views are this
     // replica's copy, brought up to date with what changed since the node's last report.
-    let held = views::current(&ctx.reports, tx, node_id).await?;
+    let held = views::current(&ctx.reports, tx, node_id, now).await?;
     let views = &held.views;
     let mut candidates = BTreeSet::new();
     let mut orphans = Vec::new();

@@ -3,11 +3,14 @@
 //! one: a complete report of a node of 10,000 guests that changes nothing then reads no
 //! instance row. What changed is what `instance_marks` (a trigger on `instances`) names for
 //! writes the copy's read did not see; a replica that restarts, or whose report failed, reads
-//! the node's views whole once.
+//! the node's views whole once, and so does a copy older than
+//! `reads::COPY_READ_WHOLE_AFTER` (the marks of instances gone from a node are pruned after
+//! `reads::MARKS_KEPT`, so no copy may be older than that).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use vps_domain::instance::ReportView;
 use vps_projections::instances::reads::{self, MarkPoint};
@@ -23,6 +26,8 @@ pub struct ReportViews {
 #[derive(Debug)]
 pub(super) struct Held {
     point: MarkPoint,
+    /// When the views were read whole (on the context's clock).
+    read_at: DateTime<Utc>,
     /// By instance id.
     pub(super) views: HashMap<String, ReportView>,
 }
@@ -46,12 +51,22 @@ pub(super) async fn current(
     cache: &ReportViews,
     tx: &mut PgConnection,
     node_id: &str,
+    now: DateTime<Utc>,
 ) -> Result<Held, sqlx::Error> {
-    let Some(mut held) = cache.take(node_id) else {
+    let fresh = |held: &Held| {
+        now.signed_duration_since(held.read_at)
+            .to_std()
+            .is_ok_and(|age| age < reads::COPY_READ_WHOLE_AFTER)
+    };
+    let Some(mut held) = cache.take(node_id).filter(fresh) else {
         // The point first: what the read below sees is at least what the point saw.
         let point = reads::mark_point(tx).await?;
         let views = reads::report_rows(tx, node_id).await?.into_iter().collect();
-        return Ok(Held { point, views });
+        return Ok(Held {
+            point,
+            read_at: now,
+            views,
+        });
     };
     let (point, marked) = reads::marked_since(tx, node_id, &held.point).await?;
     if !marked.is_empty() {

@@ -71,6 +71,9 @@ pub enum ProjectionError {
     /// The database failed.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+    /// A replay's reader of the log stopped without answering (it panicked).
+    #[error("the replay's reader of the log stopped: {0}")]
+    Reader(String),
 }
 
 /// Every projection table, in the order a rebuild creates and compares them.

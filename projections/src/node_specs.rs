@@ -223,26 +223,62 @@ impl SpecCache {
     }
 }
 
-/// A node's spec with its generation (an empty spec at generation 0 before any instance),
-/// and its host commands: the snapshots it has to take, until it reports them. A command
-/// names its object (`objectKey`); the upload URL is signed when the spec is served.
+/// A node's spec as stored, with its generation (an empty spec at generation 0 before any
+/// instance): its instance entries as the JSON text of each [`InstanceSpec`] (shared with the
+/// replica's copy, so serving them costs no parse), its volumes, and its host commands: the
+/// snapshots it has to take, until it reports them. A command names its object
+/// (`objectKey`); the upload URL is signed when the spec is served.
+#[derive(Debug, Clone)]
+pub struct StoredSpec {
+    /// `node_…`.
+    pub node_id: String,
+    /// Moves whenever the content changes, and only then.
+    pub generation: i64,
+    /// Each instance's entry (an [`InstanceSpec`] as JSON text), by instance id.
+    pub entries: Arc<BTreeMap<String, Arc<str>>>,
+    /// The volumes the host keeps.
+    pub volumes: Vec<NodeVolume>,
+    /// Host commands (snapshots) to run until their outcome is reported.
+    pub commands: Vec<HostCommand>,
+}
+
+impl StoredSpec {
+    /// The spec typed (every entry parsed), as a host reads it before the serving-time
+    /// additions.
+    pub fn typed(&self) -> Result<NodeSpec, serde_json::Error> {
+        Ok(NodeSpec {
+            node_id: self.node_id.clone(),
+            generation: self.generation,
+            instances: self
+                .entries
+                .values()
+                .map(|text| serde_json::from_str(text))
+                .collect::<Result<_, _>>()?,
+            volumes: self.volumes.clone(),
+            commands: self.commands.clone(),
+        })
+    }
+}
+
+/// The node's stored spec; its instance entries from the replica's copy, reading only those
+/// written after the generation the copy was read at.
 pub async fn load(
     conn: &mut PgConnection,
     cache: &SpecCache,
     node_id: &str,
-) -> Result<NodeSpec, sqlx::Error> {
+) -> Result<StoredSpec, sqlx::Error> {
     // The generation is read first: entries newer than it only make the host's next poll
     // answer at once, and a change committed after the read is never labelled as seen.
     let generation = generation(&mut *conn, node_id).await?;
     let held = cache.held(node_id).filter(|h| h.generation <= generation);
-    let entries = match instance_entries(conn, node_id, held.as_ref()).await? {
-        Some(entries) => entries,
-        // The copy lacks an entry it should hold: read them all.
-        None => instance_entries(conn, node_id, None)
-            .await?
-            .unwrap_or_default(),
+    let entries = match held {
+        Some(held) => match changed_entries(conn, node_id, &held).await? {
+            Some(entries) => entries,
+            // An entry left the node since: read them all.
+            None => all_entries(conn, node_id).await?,
+        },
+        None => all_entries(conn, node_id).await?,
     };
-    let entries = Arc::new(entries);
     cache.hold(
         node_id,
         Held {
@@ -276,45 +312,58 @@ pub async fn load(
             upload_headers: None,
         })
         .collect();
-    Ok(NodeSpec {
+    Ok(StoredSpec {
         node_id: node_id.to_string(),
         generation,
-        instances: entries
-            .values()
-            .map(|text| serde_json::from_str(text))
-            .collect::<Result<_, _>>()
-            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        entries,
         volumes: volumes.into_iter().map(|v| v.0).collect(),
         commands,
     })
 }
 
-/// The node's instance entries by instance id: those written after `held`'s generation read,
-/// the rest taken from `held`; `None` when `held` lacks one of the rest.
-async fn instance_entries(
+/// Every instance entry of the node.
+async fn all_entries(
     conn: &mut PgConnection,
     node_id: &str,
-    held: Option<&Held>,
-) -> Result<Option<BTreeMap<String, Arc<str>>>, sqlx::Error> {
-    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
-        "SELECT instance_id, CASE WHEN generation > $2 THEN entry::text END
-           FROM node_spec_entries WHERE node_id = $1",
+) -> Result<Arc<BTreeMap<String, Arc<str>>>, sqlx::Error> {
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT instance_id, entry::text FROM node_spec_entries WHERE node_id = $1")
+            .bind(node_id)
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(Arc::new(
+        rows.into_iter().map(|(id, e)| (id, Arc::from(e))).collect(),
+    ))
+}
+
+/// `held`'s entries with those written after its generation read (through the index of the
+/// node's generations, not a scan of its entries); `None` when an entry left the node since
+/// (the node's count of entries is not that of the copy and the entries read).
+async fn changed_entries(
+    conn: &mut PgConnection,
+    node_id: &str,
+    held: &Held,
+) -> Result<Option<Arc<BTreeMap<String, Arc<str>>>>, sqlx::Error> {
+    let (count, ids, texts): (i64, Vec<String>, Vec<String>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM node_spec_entries WHERE node_id = $1),
+                ARRAY(SELECT instance_id FROM node_spec_entries
+                       WHERE node_id = $1 AND generation > $2 ORDER BY instance_id),
+                ARRAY(SELECT entry::text FROM node_spec_entries
+                       WHERE node_id = $1 AND generation > $2 ORDER BY instance_id)",
     )
     .bind(node_id)
-    .bind(held.map_or(-1, |h| h.generation))
-    .fetch_all(&mut *conn)
+    .bind(held.generation)
+    .fetch_one(&mut *conn)
     .await?;
-    let mut entries = BTreeMap::new();
-    for (id, entry) in rows {
-        let Some(entry) = entry
-            .map(Arc::from)
-            .or_else(|| held?.entries.get(&id).cloned())
-        else {
-            return Ok(None);
-        };
-        entries.insert(id, entry);
+    if ids.is_empty() {
+        return Ok((count as usize == held.entries.len()).then(|| held.entries.clone()));
     }
-    Ok(Some(entries))
+    let mut entries = (*held.entries).clone();
+    for (id, text) in ids.into_iter().zip(texts) {
+        entries.insert(id, Arc::from(text));
+    }
+    // The copy and what was read name every entry there is (and maybe some that left).
+    Ok((count as usize == entries.len()).then(|| Arc::new(entries)))
 }
 
 /// The follower's (and lease's) name.
@@ -522,15 +571,17 @@ mod tests {
         let mut conn = db.acquire().await.unwrap();
         let held = SpecCache::default();
         write_entries(&mut conn, &["a", "b"], &[("a", 1), ("b", 1)]).await;
-        let first = load(&mut conn, &held, "node_a").await.unwrap();
+        async fn spec(conn: &mut PgConnection, cache: &SpecCache) -> NodeSpec {
+            let stored = load(conn, cache, "node_a").await.unwrap();
+            stored.typed().unwrap()
+        }
+        let first = spec(&mut conn, &held).await;
         assert_eq!(first.instances.len(), 2);
 
         // One entry changes, one goes, one comes: the held copy must follow all three.
         write_entries(&mut conn, &["a", "b", "c"], &[("a", 2), ("c", 1)]).await;
-        let served = load(&mut conn, &held, "node_a").await.unwrap();
-        let fresh = load(&mut conn, &SpecCache::default(), "node_a")
-            .await
-            .unwrap();
+        let served = spec(&mut conn, &held).await;
+        let fresh = spec(&mut conn, &SpecCache::default()).await;
         assert_eq!(served, fresh);
         assert_eq!(
             allocations(&served),
@@ -539,6 +590,12 @@ mod tests {
         assert!(served.generation > first.generation);
 
         // Unchanged: the same spec at the same generation.
-        assert_eq!(load(&mut conn, &held, "node_a").await.unwrap(), served);
+        assert_eq!(spec(&mut conn, &held).await, served);
+
+        // One goes and nothing comes: the count tells the copy it holds one too many.
+        write_entries(&mut conn, &["c"], &[]).await;
+        let served = spec(&mut conn, &held).await;
+        assert_eq!(served, spec(&mut conn, &SpecCache::default()).await);
+        assert_eq!(allocations(&served), [("a", Some("alloc_2"))]);
     }
 }

@@ -70,8 +70,9 @@ const FLUSH_EVERY: usize = 500_000;
 
 /// Replays the whole log into a scratch schema and compares every projection table with the
 /// live one. The scratch schema is dropped afterwards. `progress(events_read)` is called per
-/// page. Live writers may append meanwhile: the comparison runs in one repeatable-read
-/// transaction, and the rebuild replays exactly the events that snapshot can see.
+/// page. Live writers may append meanwhile: the log and the live tables are read in one
+/// repeatable-read transaction, and the rebuild replays exactly the events that snapshot can
+/// see.
 ///
 /// The rebuild folds the busy streams in memory (instances, sandboxes, usage records: see
 /// [`Rebuild`]) and writes their rows in batches; every other event goes through its SQL
@@ -82,7 +83,7 @@ pub async fn verify(
     pool: &PgPool,
     progress: impl FnMut(u64),
 ) -> Result<ReplayReport, ProjectionError> {
-    run(pool, None, progress).await
+    run(pool, pool, None, progress).await
 }
 
 /// [`verify`] of what changed after `after` (a verified checkpoint): the streams with events
@@ -95,47 +96,83 @@ pub async fn verify_changed(
     after: Cursor,
     progress: impl FnMut(u64),
 ) -> Result<ReplayReport, ProjectionError> {
-    run(pool, Some(after), progress).await
+    run(pool, pool, Some(after), progress).await
 }
 
+/// [`verify`] (or [`verify_changed`], given `after`) across two databases: the log and the
+/// live tables are read from `live`, which may be a read replica (only read-only statements
+/// run there), and the scratch schema is built in `scratch`, a migrated database (it may be
+/// the same one). Each table is hashed on its own side; where hashes differ, the rows' hashes
+/// are fetched from both sides and only the differing rows are named.
+pub async fn verify_across(
+    live: &PgPool,
+    scratch: &PgPool,
+    after: Option<Cursor>,
+    progress: impl FnMut(u64),
+) -> Result<ReplayReport, ProjectionError> {
+    run(live, scratch, after, progress).await
+}
+
+/// Pages read ahead of the fold: the log's reader runs beside the fold and the writes.
+const READ_AHEAD: usize = 2;
+
 async fn run(
-    pool: &PgPool,
+    live: &PgPool,
+    scratch: &PgPool,
     changed_after: Option<Cursor>,
     mut progress: impl FnMut(u64),
 ) -> Result<ReplayReport, ProjectionError> {
     let schema = format!("replay_{}", std::process::id());
-    let mut conn = pool.acquire().await?;
+    let mut live_tx = live.begin().await?;
+    live_tx
+        .execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .await?;
+    let mut conn = scratch.acquire().await?;
     let conn: &mut PgConnection = &mut conn;
     sweep(conn).await?;
     let mut tx = conn.begin().await?;
-    tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .await?;
+    same_text_forms(&mut live_tx, &mut tx).await?;
     let mut timings = Timings::default();
     let later_indexes = scratch_schema(&mut tx, &schema).await?;
     let scope = match changed_after {
-        Some(after) => Some(scope(&mut tx, &schema, after).await?),
+        Some(after) => Some(scope(&mut live_tx, after).await?),
         None => None,
     };
     tx.execute(format!("SET LOCAL search_path = {schema}, public").as_str())
         .await?;
+    // The log is read on its own connection in a task of its own, a page or two ahead of
+    // the fold, so reading and decoding overlap folding and writing.
+    let (pages, mut next_page) = tokio::sync::mpsc::channel(READ_AHEAD);
+    let reader = tokio::spawn(async move {
+        let (mut cursor, mut seconds) = (Cursor::START, 0.0);
+        loop {
+            // Within one snapshot nothing can commit late, so read all it sees, in order.
+            let at = std::time::Instant::now();
+            let page = read_all_visible(&mut live_tx, cursor, PAGE).await?;
+            seconds += at.elapsed().as_secs_f64();
+            let Some(last) = page.last() else { break };
+            cursor = last.cursor();
+            if pages.send(page).await.is_err() {
+                break; // The fold failed and stopped listening.
+            }
+        }
+        Ok::<_, sqlx::Error>((live_tx, cursor, seconds))
+    });
     let mut rebuild = Rebuild::default();
-    let mut cursor = Cursor::START;
     let (mut read, mut events) = (0u64, 0u64);
-    loop {
-        // Within one snapshot nothing can commit late, so read all it sees, in the agreed order.
-        let at = std::time::Instant::now();
-        let mut page = read_all_visible(&mut tx, cursor, PAGE).await?;
-        timings.read += at.elapsed().as_secs_f64();
-        let Some(last) = page.last() else { break };
-        cursor = last.cursor();
+    while let Some(mut page) = next_page.recv().await {
         read += page.len() as u64;
         if let Some(streams) = &scope {
-            page.retain(|e| streams.contains(&e.stream));
+            page.retain(|e: &vps_events::RecordedEvent| streams.contains(&e.stream));
         }
-        rebuild.apply_page(&mut tx, &page).await?;
         events += page.len() as u64;
+        rebuild.apply_page(&mut tx, page).await?;
         progress(read);
     }
+    let (mut live_tx, cursor, read_seconds) = reader
+        .await
+        .map_err(|e| ProjectionError::Reader(e.to_string()))??;
+    timings.read += read_seconds;
     rebuild.flush(&mut tx).await?;
     timings.fold += rebuild.fold_seconds;
     timings.write += rebuild.write_seconds;
@@ -148,9 +185,15 @@ async fn run(
     }
     timings.index += at.elapsed().as_secs_f64();
     let at = std::time::Instant::now();
-    let behind = behind(&mut tx, &schema, cursor).await?;
-    let compared = compare_all(&mut tx, &schema, &behind, scope.is_some()).await?;
+    let behind = behind(&mut live_tx, &mut tx, &schema, cursor).await?;
+    let sides = Sides {
+        live: &mut live_tx,
+        scratch: &mut tx,
+        schema: &schema,
+    };
+    let compared = compare_all(sides, &behind, scope.as_ref()).await?;
     timings.compare += at.elapsed().as_secs_f64();
+    live_tx.rollback().await?;
     tx.rollback().await?;
     Ok(ReplayReport {
         events,
@@ -163,23 +206,44 @@ async fn run(
     })
 }
 
-/// The streams with events after `after`, kept in `schema.replay_scope` for the comparison.
+/// Gives the scratch transaction the live one's text forms of values (time zone, date and
+/// interval styles, float digits): rows are hashed as text on each side, and two databases
+/// (or roles) may default to different forms.
+async fn same_text_forms(
+    live: &mut PgConnection,
+    scratch: &mut PgConnection,
+) -> Result<(), sqlx::Error> {
+    const SETTINGS: [&str; 4] = [
+        "TimeZone",
+        "DateStyle",
+        "IntervalStyle",
+        "extra_float_digits",
+    ];
+    for setting in SETTINGS {
+        let value: String = sqlx::query_scalar("SELECT current_setting($1)")
+            .bind(setting)
+            .fetch_one(&mut *live)
+            .await?;
+        sqlx::query("SELECT set_config($1, $2, true)")
+            .bind(setting)
+            .bind(value)
+            .execute(&mut *scratch)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The streams with events after `after`.
 async fn scope(
-    tx: &mut PgConnection,
-    schema: &str,
+    live: &mut PgConnection,
     after: Cursor,
 ) -> Result<std::collections::HashSet<String>, sqlx::Error> {
-    tx.execute(format!("CREATE TABLE {schema}.replay_scope (stream text PRIMARY KEY)").as_str())
-        .await?;
-    sqlx::query_scalar(&format!(
-        "INSERT INTO {schema}.replay_scope
-         SELECT DISTINCT stream FROM public.events
-          WHERE (transaction_id, position) > ($1::text::xid8, $2)
-         RETURNING stream"
-    ))
+    sqlx::query_scalar(
+        "SELECT DISTINCT stream FROM events WHERE (transaction_id, position) > ($1::text::xid8, $2)",
+    )
     .bind(after.transaction_id.to_string())
     .bind(after.position)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut *live)
     .await
     .map(|streams: Vec<String>| streams.into_iter().collect())
 }
@@ -206,10 +270,12 @@ async fn scratch_schema(tx: &mut PgConnection, schema: &str) -> Result<Vec<Strin
     tx.execute(format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}").as_str())
         .await?;
     let mut later = Vec::new();
+    // Unlogged: the scratch tables live in a transaction that is rolled back, so their writes
+    // need no WAL.
     for table in TABLES {
         tx.execute(
             format!(
-                "CREATE TABLE {schema}.{table} (LIKE public.{table} INCLUDING ALL EXCLUDING INDEXES)"
+                "CREATE UNLOGGED TABLE {schema}.{table} (LIKE public.{table} INCLUDING ALL EXCLUDING INDEXES)"
             )
             .as_str(),
         )
@@ -259,12 +325,12 @@ impl Rebuild {
     pub(crate) async fn apply_page(
         &mut self,
         conn: &mut PgConnection,
-        page: &[vps_events::RecordedEvent],
+        page: Vec<vps_events::RecordedEvent>,
     ) -> Result<(), ProjectionError> {
         let at = std::time::Instant::now();
         let written = self.write_seconds;
-        for e in page {
-            self.apply(conn, e).await?;
+        for mut e in page {
+            self.apply(conn, &mut e).await?;
         }
         self.fold_seconds += at.elapsed().as_secs_f64() - (self.write_seconds - written);
         Ok(())
@@ -273,7 +339,7 @@ impl Rebuild {
     async fn apply(
         &mut self,
         conn: &mut PgConnection,
-        e: &vps_events::RecordedEvent,
+        e: &mut vps_events::RecordedEvent,
     ) -> Result<(), ProjectionError> {
         use vps_domain::sandbox::SandboxEvent;
         match e.category() {
@@ -354,7 +420,7 @@ pub async fn project_after(
         let page = read_all_visible(&mut *conn, cursor, PAGE).await?;
         let Some(last) = page.last() else { break };
         cursor = last.cursor();
-        rebuild.apply_page(conn, &page).await?;
+        rebuild.apply_page(conn, page).await?;
     }
     rebuild.flush(conn).await?;
     Ok(cursor)
@@ -367,7 +433,8 @@ pub async fn project_after(
 ///   log first and projects them in a transaction of its own: it is behind while the log
 ///   holds a record past the window it marked settled with its projection.
 async fn behind(
-    tx: &mut PgConnection,
+    live: &mut PgConnection,
+    scratch: &mut PgConnection,
     schema: &str,
     cursor: Cursor,
 ) -> Result<Vec<&'static str>, sqlx::Error> {
@@ -375,7 +442,7 @@ async fn behind(
         "SELECT transaction_id::text, position FROM follower_checkpoints WHERE name = $1",
     )
     .bind(crate::node_specs::FOLLOWER)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut *live)
     .await?;
     let specs_done = specs_at
         .and_then(|(t, p)| {
@@ -385,13 +452,18 @@ async fn behind(
             })
         })
         .is_some_and(|at| at >= cursor);
+    // As text with its offset, so it reads back alike whatever the other side's time zone.
+    let settled: Option<String> =
+        sqlx::query_scalar("SELECT max(settled_until)::text FROM usage_progress")
+            .fetch_one(&mut *live)
+            .await?;
     let usage_done: bool = sqlx::query_scalar(&format!(
         "SELECT NOT EXISTS (
              SELECT 1 FROM {schema}.usage_records
-              WHERE window_end > coalesce((SELECT max(settled_until) FROM public.usage_progress),
-                                          '-infinity'))"
+              WHERE window_end > coalesce($1::text::timestamptz, '-infinity'))"
     ))
-    .fetch_one(&mut *tx)
+    .bind(settled)
+    .fetch_one(&mut *scratch)
     .await?;
     let mut behind = Vec::new();
     if !specs_done {
@@ -403,15 +475,28 @@ async fn behind(
     Ok(behind)
 }
 
-/// Compares every projection table of `schema` with the live one: the tables that differ,
-/// those not compared because their async projector had not caught up, and the hash of each
-/// table found equal.
+/// The two transactions a comparison reads: the live tables' (public) and the rebuild's
+/// (`schema`), on connections of their own, possibly to different databases.
+struct Sides<'a> {
+    live: &'a mut PgConnection,
+    scratch: &'a mut PgConnection,
+    schema: &'a str,
+}
+
+/// Compares every projection table of the scratch schema with the live one: the tables that
+/// differ, those not compared because their async projector had not caught up, and the hash
+/// of each table found equal. Both sides of a table are hashed at once, each by its own
+/// database.
 async fn compare_all(
-    tx: &mut PgConnection,
-    schema: &str,
+    sides: Sides<'_>,
     behind: &[&str],
-    scoped: bool,
+    scope: Option<&std::collections::HashSet<String>>,
 ) -> Result<Compared, ProjectionError> {
+    let Sides {
+        live,
+        scratch,
+        schema,
+    } = sides;
     let mut compared = Compared::default();
     for table in TABLES {
         // A generation counts changes, not content: the entries are what is compared.
@@ -422,60 +507,71 @@ async fn compare_all(
             compared.skipped.push(table.to_string());
             continue;
         }
-        let (live, rebuilt) = if scoped {
-            let Some(owned) = owned_by_scope(table, schema) else {
-                compared.unscoped.push(table.to_string());
-                continue;
-            };
-            let only = |from: &str| format!("(SELECT * FROM {from} t WHERE {owned}) AS {table}");
-            (
-                only(&format!("public.{table}")),
-                only(&format!("{schema}.{table}")),
-            )
-        } else {
-            (comparable(table, "public"), comparable(table, schema))
+        let (live_from, rebuilt_from, owned) = match scope {
+            Some(streams) => {
+                let Some((column, category)) = owned_by_scope(table) else {
+                    compared.unscoped.push(table.to_string());
+                    continue;
+                };
+                let only = |from: &str| {
+                    format!("(SELECT * FROM {from} t WHERE t.{column} = ANY($1)) AS {table}")
+                };
+                let prefix = format!("{category}-");
+                let ids: Vec<String> = streams
+                    .iter()
+                    .filter_map(|s| s.strip_prefix(&prefix).map(str::to_string))
+                    .collect();
+                (
+                    only(&format!("public.{table}")),
+                    only(&format!("{schema}.{table}")),
+                    Some(ids),
+                )
+            }
+            None => (comparable(table, "public"), comparable(table, schema), None),
         };
-        let (live_hash, rebuilt_hash): (String, String) =
-            sqlx::query_as(&format!("SELECT ({}), ({})", hash(&live), hash(&rebuilt)))
-                .fetch_one(&mut *tx)
-                .await?;
+        let live_side = Side {
+            sql: &live_from,
+            owned: owned.as_deref(),
+        };
+        let rebuilt_side = Side {
+            sql: &rebuilt_from,
+            owned: owned.as_deref(),
+        };
+        let (live_hash, rebuilt_hash) = tokio::try_join!(
+            hash(&mut *live, &live_side),
+            hash(&mut *scratch, &rebuilt_side)
+        )?;
         if live_hash == rebuilt_hash {
             compared.hashes.insert(table.to_string(), rebuilt_hash);
             continue;
         }
+        let (only_live, only_rebuilt) =
+            compare(&mut *live, &mut *scratch, &live_side, &rebuilt_side).await?;
         // Rows whose text differs may still be equal values: only the rows decide.
-        let diff = compare(&mut *tx, &live, &rebuilt).await?;
-        if diff.0.is_empty() && diff.1.is_empty() {
+        if only_live.is_empty() && only_rebuilt.is_empty() {
             compared.hashes.insert(table.to_string(), rebuilt_hash);
         } else {
             compared.diffs.push(TableDiff {
                 table: table.to_string(),
-                only_live: diff.0,
-                only_rebuilt: diff.1,
+                only_live,
+                only_rebuilt,
             });
         }
     }
     Ok(compared)
 }
 
-/// Of the rows of `table`, those the streams in `schema.replay_scope` own (a condition on
-/// `t`); `None`: a table whose rows many streams add to.
-fn owned_by_scope(table: &str, schema: &str) -> Option<String> {
-    let ids = |category: &str| {
-        format!(
-            "(SELECT substr(stream, {}) FROM {schema}.replay_scope WHERE stream LIKE '{category}-%')",
-            category.len() + 2
-        )
-    };
-    let condition = match table {
-        "instances" => format!("t.id IN {}", ids("instance")),
-        "node_allocations" | "ip_leases" => format!("t.instance_id IN {}", ids("instance")),
-        "sandboxes" => format!("t.id IN {}", ids("sandbox")),
-        "sandbox_snapshots" => format!("t.sandbox_id IN {}", ids("sandbox")),
-        "usage_records" => format!("t.tenant_id IN {}", ids("tenant")),
+/// Of the rows of `table`, those the streams in scope own: the column holding the owner's id
+/// and the owner's stream category; `None`: a table whose rows many streams add to.
+fn owned_by_scope(table: &str) -> Option<(&'static str, &'static str)> {
+    Some(match table {
+        "instances" => ("id", "instance"),
+        "node_allocations" | "ip_leases" => ("instance_id", "instance"),
+        "sandboxes" => ("id", "sandbox"),
+        "sandbox_snapshots" => ("sandbox_id", "sandbox"),
+        "usage_records" => ("tenant_id", "tenant"),
         _ => return None,
-    };
-    Some(condition)
+    })
 }
 
 /// What [`compare_all`] found.
@@ -487,15 +583,51 @@ struct Compared {
     hashes: std::collections::BTreeMap<String, String>,
 }
 
-/// The query of a hash of the rows of `from` (a [`comparable`] from-item): the row count and
-/// the sums of the two halves of each row's md5, so equal rows in any physical order hash
-/// alike, with no sort.
-fn hash(from: &str) -> String {
-    format!(
-        "SELECT count(*) || ':' || coalesce(sum(('x' || substr(h, 1, 16))::bit(64)::bigint::numeric), 0)
-                || ':' || coalesce(sum(('x' || substr(h, 17, 16))::bit(64)::bigint::numeric), 0)
-           FROM (SELECT md5(x::text) AS h FROM (SELECT * FROM {from}) x) hashed"
-    )
+/// One side of a table's comparison: a from-item ([`comparable`], or the rows in scope, whose
+/// owners' ids are bound as `$1`).
+struct Side<'a> {
+    sql: &'a str,
+    owned: Option<&'a [String]>,
+}
+
+impl Side<'_> {
+    /// `sql` (over the from-item) with `$1` bound when the from-item takes the owners' ids.
+    fn query<'q, O>(
+        &'q self,
+        sql: &'q str,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>
+    where
+        O: Send + Unpin,
+        (O,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        let query = sqlx::query_scalar(sql);
+        match self.owned {
+            Some(ids) => query.bind(ids),
+            None => query,
+        }
+    }
+
+    /// The number of the first parameter after the from-item's own.
+    fn next_parameter(&self) -> usize {
+        if self.owned.is_some() {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+/// A hash of the rows of `from`: the row count and the sums of the two halves of each row's
+/// md5, so equal rows in any physical order hash alike, with no sort. `sum(bigint)` is exact
+/// (it answers numeric) and adds in 128 bits, much faster than summing numerics.
+async fn hash(conn: &mut PgConnection, from: &Side<'_>) -> Result<String, sqlx::Error> {
+    let sql = format!(
+        "SELECT count(*) || ':' || coalesce(sum(('x' || substr(h, 1, 16))::bit(64)::bigint), 0)
+                || ':' || coalesce(sum(('x' || substr(h, 17, 16))::bit(64)::bigint), 0)
+           FROM (SELECT md5(x::text) AS h FROM (SELECT * FROM {}) x) hashed",
+        from.sql
+    );
+    from.query(&sql).fetch_one(conn).await
 }
 
 async fn read_all_visible(
@@ -524,19 +656,79 @@ fn comparable(table: &str, schema: &str) -> String {
     }
 }
 
+/// Rows named per side when a table differs.
+const NAMED: i64 = 20;
+
+/// Rows fetched per side to find those that differ by value (rows whose text differs but
+/// whose values are equal are left out by comparing them as `jsonb`).
+const CANDIDATES: usize = 1_000;
+
+/// The rows (as JSON) only the live side has and only the rebuilt side has, at most [`NAMED`]
+/// each: each side answers its rows' md5s; those not matched on the other side (as a
+/// multiset) are fetched, and compared by value on the scratch connection.
 async fn compare(
-    conn: &mut PgConnection,
-    live: &str,
-    rebuilt: &str,
+    live: &mut PgConnection,
+    scratch: &mut PgConnection,
+    live_side: &Side<'_>,
+    rebuilt_side: &Side<'_>,
 ) -> Result<(Vec<String>, Vec<String>), sqlx::Error> {
-    let diff = |a: &str, b: &str| {
-        format!("SELECT to_jsonb(x)::text FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b}) x LIMIT 20")
+    let hashes =
+        |side: &Side<'_>| format!("SELECT md5(x::text) FROM (SELECT * FROM {}) x", side.sql);
+    let (live_sql, rebuilt_sql) = (hashes(live_side), hashes(rebuilt_side));
+    let (live_hashes, rebuilt_hashes): (Vec<String>, Vec<String>) = tokio::try_join!(
+        live_side.query(&live_sql).fetch_all(&mut *live),
+        rebuilt_side.query(&rebuilt_sql).fetch_all(&mut *scratch)
+    )?;
+    let mut balance: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for h in live_hashes {
+        *balance.entry(h).or_default() += 1;
+    }
+    for h in rebuilt_hashes {
+        *balance.entry(h).or_default() -= 1;
+    }
+    let pick = |sign: i64| -> Vec<String> {
+        balance
+            .iter()
+            .filter(|(_, n)| n.signum() == sign)
+            .map(|(h, _)| h.clone())
+            .take(CANDIDATES)
+            .collect()
     };
-    let only_live = sqlx::query_scalar(&diff(live, rebuilt))
-        .fetch_all(&mut *conn)
+    let (live_only, rebuilt_only) = (pick(1), pick(-1));
+    let rows = |side: &Side<'_>| {
+        format!(
+            "SELECT to_jsonb(x)::text FROM (SELECT * FROM {}) x WHERE md5(x::text) = ANY(${})",
+            side.sql,
+            side.next_parameter()
+        )
+    };
+    let (live_sql, rebuilt_sql) = (rows(live_side), rows(rebuilt_side));
+    let (live_rows, rebuilt_rows): (Vec<String>, Vec<String>) = tokio::try_join!(
+        live_side
+            .query(&live_sql)
+            .bind(&live_only)
+            .fetch_all(&mut *live),
+        rebuilt_side
+            .query(&rebuilt_sql)
+            .bind(&rebuilt_only)
+            .fetch_all(&mut *scratch)
+    )?;
+    let diff = |a: u8, b: u8| {
+        format!(
+            "SELECT r::text FROM (SELECT unnest(${a}::text[])::jsonb AS r
+                                  EXCEPT ALL SELECT unnest(${b}::text[])::jsonb) d LIMIT {NAMED}"
+        )
+    };
+    let (first, second) = (diff(1, 2), diff(2, 1));
+    let only_live = sqlx::query_scalar(&first)
+        .bind(&live_rows)
+        .bind(&rebuilt_rows)
+        .fetch_all(&mut *scratch)
         .await?;
-    let only_rebuilt = sqlx::query_scalar(&diff(rebuilt, live))
-        .fetch_all(&mut *conn)
+    let only_rebuilt = sqlx::query_scalar(&second)
+        .bind(&live_rows)
+        .bind(&rebuilt_rows)
+        .fetch_all(&mut *scratch)
         .await?;
     Ok((only_live, only_rebuilt))
 }

@@ -8,6 +8,9 @@
 //!
 //! Silence is measured on the context's clock, which stamps the reports; a stall of this
 //! checker on the process's own monotonic time, which no moved clock is mistaken for.
+//!
+//! The same loop prunes, every [`PRUNE_MARKS_EVERY`], the `instance_marks` of instances no
+//! longer on their node (they would otherwise grow with every instance ever placed).
 
 use std::time::Duration;
 
@@ -20,13 +23,25 @@ use crate::work_queue;
 /// The lease that keeps liveness checks on one replica.
 pub const LEASE: &str = "node-liveness";
 
+/// How often the marks of instances gone from their node are pruned.
+pub const PRUNE_MARKS_EVERY: Duration = Duration::from_secs(600);
+
 /// Checks liveness every `timings.liveness_check()`, for as long as the task lives.
 pub async fn run(ctx: Ctx, timings: Timings) -> Result<(), sqlx::Error> {
     let _lease = vps_events::lease::Lease::acquire(&ctx.pool, LEASE, Duration::from_secs(2)).await;
     let mut resumed = ctx.clock.now();
     let mut last_check = tokio::time::Instant::now();
+    let mut pruned_at: Option<DateTime<Utc>> = None;
     loop {
         let now = ctx.clock.now();
+        if pruned_at.is_none_or(|at| {
+            (now - at)
+                .to_std()
+                .is_ok_and(|since| since >= PRUNE_MARKS_EVERY)
+        }) {
+            prune_marks(&ctx, now).await;
+            pruned_at = Some(now);
+        }
         let gap = last_check.elapsed();
         if stalled(gap, &timings) {
             tracing::info!(
@@ -74,6 +89,30 @@ async fn silent_nodes(
     now: DateTime<Utc>,
 ) -> Result<Vec<String>, sqlx::Error> {
     vps_projections::nodes::silent(&ctx.pool, resumed, now).await
+}
+
+/// Prunes the marks of instances gone from their node that moved more than `MARKS_KEPT` ago;
+/// a failure is logged and left for the next pass.
+async fn prune_marks(ctx: &Ctx, now: DateTime<Utc>) {
+    use vps_projections::instances::reads;
+    let Some(before) = chrono::TimeDelta::from_std(reads::MARKS_KEPT)
+        .ok()
+        .and_then(|kept| now.checked_sub_signed(kept))
+    else {
+        return;
+    };
+    let pruned = match ctx.pool.acquire().await {
+        Ok(mut conn) => reads::prune_marks(&mut conn, before).await,
+        Err(e) => Err(e),
+    };
+    match pruned {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(
+            marks = n,
+            "pruned the marks of instances gone from their node"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot prune instance marks"),
+    }
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use anyhow::Context;
 use vps_api::config::Config;
-use vps_api::database::Database;
+use vps_api::database::{redact, Database};
 
 /// vps: an event-sourced control plane for virtual machines.
 #[derive(Debug, Parser)]
@@ -61,6 +62,10 @@ enum Command {
         /// position (`audit.verified`): the streams with events since, and the chain from it.
         #[arg(long, value_name = "POSITION")]
         from: Option<i64>,
+        /// Build the scratch tables in this database (migrated on open) instead of the
+        /// configured one, which is then only read and may be a read replica.
+        #[arg(long, value_name = "URL")]
+        scratch_database_url: Option<String>,
     },
     /// Measure a capability against its baseline.
     #[command(subcommand)]
@@ -466,10 +471,40 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 vps_api::tools::history::print(&db.pool, &id, json).await?,
             ))
         }
-        Command::Replay { from, .. } => {
-            let db = Database::open(&config, 4).await?;
+        Command::Replay {
+            from,
+            scratch_database_url: None,
+            ..
+        } => {
+            let db = Database::open(&config, 6).await?;
             Ok(exit_code(
-                vps_api::tools::replay::verify(&db.pool, from).await?,
+                vps_api::tools::replay::verify(&db.pool, &db.pool, from).await?,
+            ))
+        }
+        Command::Replay {
+            from,
+            scratch_database_url: Some(scratch_url),
+            ..
+        } => {
+            // The configured database may be a read replica: it is not migrated.
+            let (url, _cluster) = vps_api::database::server_url(&config).await?;
+            let options = vps_events::DbOptions { max_connections: 4 };
+            let live = vps_events::connect(&url, &options)
+                .await
+                .with_context(|| format!("connect to the database at {}", redact(&url)))?;
+            let scratch = vps_events::connect(&scratch_url, &options)
+                .await
+                .with_context(|| {
+                    format!(
+                        "connect to the scratch database at {}",
+                        redact(&scratch_url)
+                    )
+                })?;
+            vps_events::migrate(&scratch)
+                .await
+                .context("apply migrations to the scratch database")?;
+            Ok(exit_code(
+                vps_api::tools::replay::verify(&live, &scratch, from).await?,
             ))
         }
         Command::Bench(cmd) => bench(&config, cmd).await,

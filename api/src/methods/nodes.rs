@@ -2,6 +2,7 @@
 //! long-poll, `report`, `secret`). A node calls with its own token and speaks only for
 //! itself; operators may read and report for any node.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -9,13 +10,14 @@ use vps_commands::hosts::{self, Report};
 use vps_commands::operator::{self as ops, RegisterNode};
 use vps_commands::sandboxes::snapshots::StoredObject;
 use vps_domain::image::STORE_SCHEME;
-use vps_projections::node_spec_payload::{NodeSpec, SshCa};
+use vps_projections::node_spec_payload::{HostCommand, InstanceSpec, NodeSpec, SshCa};
+use vps_projections::node_specs::StoredSpec;
 use vps_projections::operator_views::{self, NodeView};
 use vps_projections::views;
 
 use super::missing;
 use crate::error::ApiError;
-use crate::registry::{Access, Call, Items, Method};
+use crate::registry::{Access, Answer, Call, Items, Method};
 use vps_domain::ids::{NodeId, PoolId};
 
 /// A node by id.
@@ -164,7 +166,7 @@ async fn list(c: Call, q: NodeList) -> Result<Items<NodeView>, ApiError> {
         .into())
 }
 
-async fn spec(c: Call, q: SpecQuery) -> Result<NodeSpec, ApiError> {
+async fn spec(c: Call, q: SpecQuery) -> Result<ServedSpec, ApiError> {
     let wait = Duration::from_millis(q.wait_ms.unwrap_or(0));
     if wait > MAX_WAIT {
         return Err(ApiError::invalid("waitMs", "at most 30000"));
@@ -189,74 +191,165 @@ async fn spec(c: Call, q: SpecQuery) -> Result<NodeSpec, ApiError> {
         .await?;
     }
     let mut conn = c.ctx.pool.acquire().await?;
-    let spec = vps_projections::node_specs::load(&mut conn, &c.specs, &q.node_id).await?;
+    let stored = vps_projections::node_specs::load(&mut conn, &c.specs, &q.node_id).await?;
+    drop(conn);
     let ttl = c.config.timings.snapshot_timeout();
-    let spec = sign_objects(&c.snapshots, spec, ttl).await?;
-    Ok(with_ssh_ca(spec, c.sandbox_ca.as_deref()))
+    let ca = c.sandbox_ca.as_deref();
+    // Only the entries that get something at serving time are parsed; the rest are written
+    // as stored.
+    let mut edited = HashMap::new();
+    for (id, text) in stored.entries.iter() {
+        if !served_with_more(text, ca.is_some()) {
+            continue;
+        }
+        let mut entry: InstanceSpec =
+            serde_json::from_str(text).map_err(|e| crate::error::internal(&e))?;
+        sign_entry(&c.snapshots, &mut entry, ttl).await?;
+        with_ssh_ca(&mut entry, ca);
+        edited.insert(id.clone(), entry);
+    }
+    let mut commands = stored.commands.clone();
+    sign_commands(&c.snapshots, &mut commands, ttl).await?;
+    Ok(ServedSpec {
+        stored,
+        edited,
+        commands,
+    })
+}
+
+/// A NodeSpec as served: the stored entries as their JSON text, but for those completed when
+/// served (`edited`: signed URLs, the sandbox CA), and the commands with their upload URLs.
+/// Its JSON is [`NodeSpec`]'s.
+struct ServedSpec {
+    stored: StoredSpec,
+    edited: HashMap<String, InstanceSpec>,
+    commands: Vec<HostCommand>,
+}
+
+impl Answer for ServedSpec {
+    fn to_json(&self) -> Vec<u8> {
+        let entries = &self.stored.entries;
+        let mut out =
+            Vec::with_capacity(entries.values().map(|e| e.len() + 1).sum::<usize>() + 256);
+        out.extend_from_slice(b"{\"nodeId\":");
+        write(&mut out, &self.stored.node_id);
+        out.extend_from_slice(b",\"generation\":");
+        write(&mut out, &self.stored.generation);
+        out.extend_from_slice(b",\"instances\":[");
+        for (n, (id, text)) in entries.iter().enumerate() {
+            if n > 0 {
+                out.push(b',');
+            }
+            match self.edited.get(id) {
+                Some(entry) => write(&mut out, entry),
+                None => out.extend_from_slice(text.as_bytes()),
+            }
+        }
+        out.extend_from_slice(b"],\"volumes\":");
+        write(&mut out, &self.stored.volumes);
+        out.extend_from_slice(b",\"commands\":");
+        write(&mut out, &self.commands);
+        out.push(b'}');
+        out
+    }
+}
+
+/// Appends `value`'s JSON (as the registry writes a typed answer).
+fn write(out: &mut Vec<u8>, value: &impl Serialize) {
+    serde_json::to_writer(out, value).expect("serialises");
+}
+
+impl schemars::JsonSchema for ServedSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        NodeSpec::schema_name()
+    }
+
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        NodeSpec::schema_id()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        NodeSpec::json_schema(generator)
+    }
+}
+
+/// Whether a stored entry gets something when served: a signed URL (an image kept in the
+/// store, a restore's object) or, with a sandbox CA, the CA its guest's `sshd` admits. A
+/// look at the text, no parse: a field it lacks is not there (absent fields are left out).
+fn served_with_more(text: &str, with_ca: bool) -> bool {
+    text.contains(STORE_SCHEME)
+        || text.contains("\"restoreFrom\"")
+        || (with_ca && text.contains("\"sshFromHostOnly\""))
 }
 
 /// Tells each sandbox and warm instance whom its guest's `sshd` admits: the deployment's
 /// sandbox CA, for the principal exec certificates name (the instance id). Added when served,
 /// as the CA is configuration, not part of the log.
 fn with_ssh_ca(
-    mut spec: NodeSpec,
+    instance: &mut InstanceSpec,
     ca: Option<&vps_commands::sandboxes::exec::ca::SandboxCa>,
-) -> NodeSpec {
+) {
     let Some(ca) = ca else {
-        return spec;
+        return;
     };
-    for instance in &mut spec.instances {
-        if instance.ssh_from_host_only == Some(true) {
-            instance.ssh_ca = Some(SshCa {
-                public_key: ca.public_key().to_string(),
-                principal: instance.id.clone(),
-            });
-        }
+    if instance.ssh_from_host_only == Some(true) {
+        instance.ssh_ca = Some(SshCa {
+            public_key: ca.public_key().to_string(),
+            principal: instance.id.clone(),
+        });
     }
-    spec
 }
 
 /// How long a poll trusts its node's signals before reading the generation again (a lost
 /// notification delays an answer at most this much).
 const RECHECK: Duration = Duration::from_secs(1);
 
-/// Replaces every `objectKey` the stored spec names with a URL signed now: an upload URL
-/// (and its headers) on each snapshot command, a download URL on each `restoreFrom` and on
-/// each image kept in the store (`store://…`). Signed
-/// when served, so a URL never outlives its use by much and never sits in a table.
-async fn sign_objects(
+/// Replaces the `objectKey` of each command with an upload URL (and its headers) signed now.
+/// Signed when served, so a URL never outlives its use by much and never sits in a table.
+async fn sign_commands(
     store: &vps_store::SnapshotStore,
-    mut spec: NodeSpec,
+    commands: &mut [HostCommand],
     ttl: Duration,
-) -> Result<NodeSpec, ApiError> {
-    let unsigned = |e: vps_store::StoreError| crate::error::internal(&e);
-    for command in &mut spec.commands {
+) -> Result<(), ApiError> {
+    for command in commands {
         let Some(key) = command.object_key.take() else {
             continue;
         };
-        let upload = store.upload(&key, ttl).await.map_err(unsigned)?;
+        let upload = store
+            .upload(&key, ttl)
+            .await
+            .map_err(|e| crate::error::internal(&e))?;
         command.upload_url = Some(upload.url);
         command.upload_headers = Some(upload.headers);
     }
-    for instance in &mut spec.instances {
-        // An imported image: its object, for as long as a restore's.
-        let stored = instance
-            .image
-            .url
-            .as_deref()
-            .and_then(|u| u.strip_prefix(STORE_SCHEME));
-        if let Some(key) = stored {
-            instance.image.url = Some(store.download(key, ttl).await.map_err(unsigned)?);
-        }
-        let Some(restore) = instance.restore_from.as_mut() else {
-            continue;
-        };
-        let Some(key) = restore.object_key.take() else {
-            continue;
-        };
-        restore.url = Some(store.download(&key, ttl).await.map_err(unsigned)?);
+    Ok(())
+}
+
+/// Replaces an entry's object references with download URLs signed now: its `restoreFrom`'s
+/// object, and its image when the store keeps it (`store://…`).
+async fn sign_entry(
+    store: &vps_store::SnapshotStore,
+    instance: &mut InstanceSpec,
+    ttl: Duration,
+) -> Result<(), ApiError> {
+    let unsigned = |e: vps_store::StoreError| crate::error::internal(&e);
+    // An imported image: its object, for as long as a restore's.
+    let stored = instance
+        .image
+        .url
+        .as_deref()
+        .and_then(|u| u.strip_prefix(STORE_SCHEME));
+    if let Some(key) = stored {
+        instance.image.url = Some(store.download(key, ttl).await.map_err(unsigned)?);
     }
-    Ok(spec)
+    let Some(restore) = instance.restore_from.as_mut() else {
+        return Ok(());
+    };
+    let Some(key) = restore.object_key.take() else {
+        return Ok(());
+    };
+    restore.url = Some(store.download(&key, ttl).await.map_err(unsigned)?);
+    Ok(())
 }
 
 async fn report(c: Call, mut report: Report) -> Result<ReportAnswer, ApiError> {

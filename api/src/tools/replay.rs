@@ -13,8 +13,10 @@ pub const VERIFIED: &str = "audit.verified";
 
 /// Runs the comparison and the chain check side by side (from the checkpoint at `from`, when
 /// given); `Ok(false)` when a projection differs or the chain is broken (the binary exits
-/// non-zero).
-pub async fn verify(pool: &PgPool, from: Option<i64>) -> anyhow::Result<bool> {
+/// non-zero). The log and the live tables are read from `pool`, which may be a read replica
+/// when `scratch` (where the rebuild is written) is another database; the checkpoint is then
+/// not recorded, as a replica takes no append.
+pub async fn verify(pool: &PgPool, scratch: &PgPool, from: Option<i64>) -> anyhow::Result<bool> {
     let checkpoint = match from {
         Some(position) => Some(checkpoint(pool, position).await?),
         None => None,
@@ -26,11 +28,11 @@ pub async fn verify(pool: &PgPool, from: Option<i64>) -> anyhow::Result<bool> {
     let progress = |done| bar.set_position(done);
     let (report, chain) = match checkpoint {
         None => tokio::join!(
-            vps_projections::replay::verify(pool, progress),
+            vps_projections::replay::verify_across(pool, scratch, None, progress),
             vps_events::chain::verify(pool, |_, _| {}),
         ),
         Some((after, previous)) => tokio::join!(
-            vps_projections::replay::verify_changed(pool, after, progress),
+            vps_projections::replay::verify_across(pool, scratch, Some(after), progress),
             vps_events::chain::verify_from(pool, after, previous, |_, _| {}),
         ),
     };

@@ -58,15 +58,18 @@ struct Allocation {
 }
 
 impl Batch {
-    /// Folds one `instance.*` event. Needs the view of an instance not seen yet: `load`
-    /// reads it (flushed rows only; the caller flushes first when in doubt).
+    /// Folds one `instance.*` event, whose data is taken (the caller holds the event only for
+    /// this fold). Needs the view of an instance not seen yet: `load` reads it (flushed rows
+    /// only; the caller flushes first when in doubt).
     pub(crate) async fn fold(
         &mut self,
         conn: &mut PgConnection,
-        e: &RecordedEvent,
+        e: &mut RecordedEvent,
     ) -> Result<(), ProjectionError> {
-        let event = InstanceEvent::from_parts(&e.event_type, e.data.clone())
-            .map_err(|err| malformed(e, err))?;
+        let data = std::mem::take(&mut e.data);
+        let event =
+            InstanceEvent::from_parts(&e.event_type, data).map_err(|err| malformed(e, err))?;
+        let e: &RecordedEvent = e;
         let id = event.instance_id().to_string();
         let before = if e.version == 1 {
             None

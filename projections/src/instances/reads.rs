@@ -199,6 +199,35 @@ pub async fn marked_since(
     Ok((MarkPoint { snapshot, own }, marked))
 }
 
+/// Deletes the marks of instances no longer live on the marked node (deleted, gone, or moved
+/// off it) that last moved before `before`; answers how many. A mark is needed only by copies
+/// of the node's views read before it moved, and a copy is read whole again once it is older
+/// than [`MARKS_KEPT`] (commands' `report_views`), so `before` is at least that long ago.
+pub async fn prune_marks(
+    conn: &mut PgConnection,
+    before: chrono::DateTime<chrono::Utc>,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM instance_marks m
+          WHERE m.marked_at < $1
+            AND NOT EXISTS (SELECT 1 FROM instances i
+                             WHERE i.id = m.instance_id AND i.node_id = m.node_id
+                               AND i.state <> 'deleted')",
+    )
+    .bind(before)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// How long the mark of an instance no longer on its node is kept: well beyond the age at
+/// which a copy of the node's views is read whole again.
+pub const MARKS_KEPT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The age at which a copy of a node's views is read whole again instead of brought up to date
+/// from the marks (so marks older than [`MARKS_KEPT`] are needed by no copy).
+pub const COPY_READ_WHOLE_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// The live instances placed on a node, their rows locked in id order (the lock order).
 pub async fn lock_all_placed(
     tx: &mut PgConnection,

@@ -720,3 +720,53 @@ async fn a_complete_report_of_ten_thousand_guests_fits_and_one_over_the_limit_ke
         refused.body
     );
 }
+
+/// The marks a report reads to find which instances changed on its node (`instance_marks`)
+/// are pruned for an instance deleted from the node once they are an hour old; the mark of an
+/// instance still on the node stays, and the node's reports still change what they report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_marks_of_a_deleted_instance_are_pruned_after_an_hour() {
+    let t = fast_server().await;
+    let pool = pool(&t).await;
+    let (node, token) = t.register_node(&pool, "host-a").await;
+    let host = t.host(&node, &token, BOOT);
+    let gone = create(&t, &pool, "gone").await;
+    let kept = create(&t, &pool, "kept").await;
+    for id in [&gone, &kept] {
+        t.until(ALICE, "acme", id, WAIT, state("running")).await;
+    }
+    t.ok(ALICE, "instances.delete", acme_instance(&gone)).await;
+    t.until(ALICE, "acme", &gone, WAIT, state("deleted")).await;
+    let db = t.server.state.pool.clone();
+    let marks = |id: String| {
+        let db = db.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM instance_marks WHERE instance_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&db)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(
+        marks(gone.clone()).await,
+        1,
+        "a deleted instance's mark is kept a while"
+    );
+    assert_eq!(marks(kept.clone()).await, 1);
+
+    t.advance(Duration::from_secs(2 * 3600));
+    vps_tests::wait_until("the deleted instance's mark pruned", WAIT, || {
+        let count = marks(gone.clone());
+        async move { count.await == 0 }
+    })
+    .await;
+    assert_eq!(marks(kept.clone()).await, 1, "a live instance's mark stays");
+    // The node's views are read whole after the hour: its reports still act on changes.
+    t.ok(ALICE, "instances.stop", acme_instance(&kept)).await;
+    t.until(ALICE, "acme", &kept, WAIT, state("stopped")).await;
+    assert!(host.domain(&gone).is_none());
+    assert!(t.replay_equal().await);
+}

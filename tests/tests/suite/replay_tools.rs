@@ -137,6 +137,101 @@ async fn a_replay_sweeps_leftovers_and_names_the_first_altered_event() {
     );
 }
 
+/// `url` on connections that refuse every write, as a read replica's do.
+fn read_only(url: &str) -> String {
+    let join = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{join}options=-c%20default_transaction_read_only%3Don")
+}
+
+/// `vps replay --verify --scratch-database-url` reads the log and the live tables only (here
+/// through connections that refuse every write, as a read replica's do) and builds the
+/// rebuild in another database: equal projections pass, a planted difference is named by its
+/// row on each side, and the scratch database keeps no scratch schema.
+#[tokio::test]
+async fn a_replay_reads_a_replica_builds_elsewhere_and_names_a_planted_difference() {
+    let t = TestServer::start().await;
+    let pool = t
+        .hosted_pool(
+            "10.0.0.0/28",
+            1,
+            json!({ "vcpu": 8, "memoryGiB": 64, "diskGiB": 500 }),
+        )
+        .await;
+    let mut ids = Vec::new();
+    for key in ["a", "b"] {
+        let created = t
+            .ok(
+                ALICE,
+                "instances.create",
+                json!({ "tenantId": "acme", "poolId": pool, "flavor": "small",
+                        "imageId": "img_ubuntu", "sshKeys": [SSH_KEY], "idempotencyKey": key }),
+            )
+            .await;
+        ids.push(created["id"].as_str().unwrap().to_string());
+    }
+    t.quiescent().await;
+    let replica = read_only(&database_url(&t).await);
+    let mut probe = <sqlx::PgConnection as sqlx::Connection>::connect(&replica)
+        .await
+        .unwrap();
+    let refused = sqlx::query("UPDATE instances SET desired_state = desired_state")
+        .execute(&mut probe)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("read-only transaction"),
+        "{refused}"
+    );
+    let scratch = vps_pg::testing::fresh_database().await;
+    let args = ["replay", "--verify", "--scratch-database-url", &*scratch];
+    let (code, stdout, stderr) = vps(&replica, &args).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("projections equal the log"), "{stdout}");
+    assert!(stdout.contains("chain intact"), "{stdout}");
+    assert!(
+        stderr.contains("the checkpoint was not recorded"),
+        "a replica takes no append: {stderr}"
+    );
+
+    sqlx::query("UPDATE instances SET desired_state = 'stopped' WHERE id = $1")
+        .bind(&ids[0])
+        .execute(&t.server.state.pool)
+        .await
+        .unwrap();
+    let (code, _, stderr) = vps(&replica, &args).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("table instances differs"), "{stderr}");
+    let named = |side: &str| {
+        stderr
+            .lines()
+            .filter(|l| l.trim_start().starts_with(side))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let (only_live, only_rebuilt) = (named("only live:"), named("only rebuilt:"));
+    assert_eq!(only_live.len(), 1, "{stderr}");
+    assert_eq!(only_rebuilt.len(), 1, "{stderr}");
+    assert!(
+        only_live[0].contains(&ids[0]) && only_live[0].contains("\"stopped\""),
+        "{stderr}"
+    );
+    assert!(only_rebuilt[0].contains(&ids[0]), "{stderr}");
+    assert!(
+        !stderr.contains(&ids[1]),
+        "the equal row is not named: {stderr}"
+    );
+
+    let mut scratch_db = <sqlx::PgConnection as sqlx::Connection>::connect(&scratch)
+        .await
+        .unwrap();
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'replay\\_%'")
+            .fetch_one(&mut scratch_db)
+            .await
+            .unwrap();
+    assert_eq!(left, 0, "no scratch schema is left behind");
+}
+
 /// `vps bench replay` at a small size: the replay finds the projections equal, the chain
 /// intact, and the JSON line (last) carries every figure.
 #[tokio::test]
