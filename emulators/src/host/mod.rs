@@ -128,6 +128,7 @@ impl EmulatedHost {
             commands: Mutex::new(snapshots::Commands::default()),
             corrupt_uploads: AtomicBool::new(false),
             hold_commands: AtomicBool::new(false),
+            refuse_snapshots: AtomicBool::new(false),
         });
         let node_id = config.node_id.clone();
         let listener = config.tunnel_listen.as_deref().and_then(|at| {
@@ -188,6 +189,8 @@ pub(crate) struct Shared {
     corrupt_uploads: AtomicBool,
     /// Snapshot commands are never run (the server's timeout fails them).
     hold_commands: AtomicBool,
+    /// Snapshot commands fail at once, without an upload.
+    refuse_snapshots: AtomicBool,
 }
 
 impl Shared {
@@ -283,6 +286,14 @@ impl HostHandle {
     /// While `true`, the host never runs snapshot commands (they time out on the server).
     pub fn hold_commands(&self, on: bool) {
         self.shared.hold_commands.store(on, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+    }
+
+    /// While `true`, the host refuses snapshot commands: each fails at once, reported with the
+    /// reason `snapshots refused by this host` (a host out of snapshot space, or one that
+    /// cannot capture its guests).
+    pub fn refuse_snapshots(&self, on: bool) {
+        self.shared.refuse_snapshots.store(on, Ordering::SeqCst);
         self.shared.wake.notify_one();
     }
 
