@@ -93,6 +93,8 @@ pub struct Outcome {
     /// Events missing at the webhook receiver / delivered more than once.
     pub webhook_missing: u64,
     pub webhook_duplicates: u64,
+    /// Events whose reason is a passed deadline (`deadline:<state>`).
+    pub deadlines: u64,
     /// Seconds of faults, and from their end to the last check.
     pub fault_seconds: f64,
     pub settle_seconds: f64,
@@ -116,6 +118,7 @@ impl Outcome {
             "nats_duplicates": self.nats_duplicates,
             "webhook_missing": self.webhook_missing,
             "webhook_duplicates": self.webhook_duplicates,
+            "deadlines": self.deadlines,
             "fault_seconds": self.fault_seconds,
             "settle_seconds": self.settle_seconds,
         })
@@ -180,17 +183,68 @@ pub async fn run(server_url: &str, o: &ChaosBench) -> anyhow::Result<Outcome> {
     Ok(outcome)
 }
 
-/// What the faults strike: the hosts, the second replica and NATS.
+/// What the faults strike: the hosts, the replicas and NATS.
 struct Lab {
     /// Each node's host (`None` while killed) and its configuration.
     hosts: Vec<(Option<HostHandle>, HostConfig)>,
-    /// Replica B (`None` while killed) and its own pool.
-    replica: Option<(RunningServer, PgPool)>,
-    replica_config: Config,
-    database_url: String,
+    /// The two replicas.
+    replicas: [Replica; 2],
     nats: NatsServer,
     faults: u64,
     started: Instant,
+}
+
+/// A server replica on its own pool (`None` while killed), as a `vps serve` process is.
+struct Replica {
+    running: Option<(RunningServer, PgPool)>,
+    /// Its configuration: after the first start, listening where it first did, so a restarted
+    /// replica is where its hosts and clients look for it.
+    config: Config,
+    database_url: String,
+}
+
+impl Replica {
+    async fn start(config: &Config, database_url: &str) -> anyhow::Result<Replica> {
+        let mut replica = Replica {
+            running: None,
+            config: config.clone(),
+            database_url: database_url.to_string(),
+        };
+        replica.config.http.listen = "127.0.0.1:0".into();
+        replica.restart().await?;
+        if let Some((server, _)) = &replica.running {
+            replica.config.http.listen = server.addr.to_string();
+        }
+        Ok(replica)
+    }
+
+    async fn restart(&mut self) -> anyhow::Result<()> {
+        let pool = vps_events::connect(
+            &self.database_url,
+            &vps_events::DbOptions {
+                max_connections: 15,
+            },
+        )
+        .await?;
+        let server = vps_api::server::start(self.config.clone(), pool.clone())
+            .await
+            .context("start a replica")?;
+        self.running = Some((server, pool));
+        Ok(())
+    }
+
+    /// Stops its every task at once (requests in flight fail) and closes its pool, which
+    /// ends the leases it held.
+    async fn kill(&mut self) {
+        if let Some((server, pool)) = self.running.take() {
+            server.shutdown().await;
+            pool.close().await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.config.http.listen)
+    }
 }
 
 async fn phases(
@@ -212,16 +266,25 @@ async fn phases(
         node_size: 1024,
         quota: 1_000_000,
     };
-    let hosted = HostedServer::start(&scratch.pool, config.clone(), &spec).await?;
-    let mut replica_config = config;
-    replica_config.http.listen = "127.0.0.1:0".into();
-    let replica_pool = replica_pool(&scratch.url).await?;
-    let replica = vps_api::server::start(replica_config.clone(), replica_pool.clone()).await?;
-    // A restarted replica listens where its hosts and clients look for it.
-    replica_config.http.listen = replica.addr.to_string();
-    let urls = [hosted.server.url(), replica.url()];
-    let hosts = hosted
-        .nodes
+    // A server sets the pool up, then the two replicas take over.
+    let HostedServer {
+        server,
+        pool_id,
+        nodes,
+    } = HostedServer::start(&scratch.pool, config.clone(), &spec).await?;
+    server.shutdown().await;
+    let mut lab = Lab {
+        hosts: Vec::new(),
+        replicas: [
+            Replica::start(&config, &scratch.url).await?,
+            Replica::start(&config, &scratch.url).await?,
+        ],
+        nats,
+        faults: 0,
+        started: Instant::now(),
+    };
+    let urls = [lab.replicas[0].url(), lab.replicas[1].url()];
+    lab.hosts = nodes
         .iter()
         .enumerate()
         .map(|(k, (node, token))| {
@@ -231,27 +294,34 @@ async fn phases(
             (Some(EmulatedHost::start(c.clone())), c)
         })
         .collect();
-    let mut lab = Lab {
-        hosts,
-        replica: Some((replica, replica_pool)),
-        replica_config,
-        database_url: scratch.url.clone(),
-        nats,
-        faults: 0,
-        started: Instant::now(),
+    let setup = Setup {
+        db: &scratch.pool,
+        config: &config,
+        pool_id: &pool_id,
+        urls: &urls,
+        token: &token,
     };
-    let result = chaos(&hosted, &mut lab, &urls, &token, o).await;
+    let result = chaos(&setup, &mut lab, o).await;
     for (host, _) in lab.hosts.drain(..) {
         if let Some(h) = host {
             h.stop().await;
         }
     }
-    if let Some((server, pool)) = lab.replica.take() {
-        server.shutdown().await;
-        pool.close().await;
+    for replica in &mut lab.replicas {
+        replica.kill().await;
     }
-    hosted.server.shutdown().await;
     result
+}
+
+/// What the run works with.
+struct Setup<'a> {
+    /// The scratch database, for the checks.
+    db: &'a PgPool,
+    /// The replicas' configuration.
+    config: &'a Config,
+    pool_id: &'a str,
+    urls: &'a [String; 2],
+    token: &'a str,
 }
 
 /// Short reactor delays and deadlines, so a short run sees the faults' effects end.
@@ -275,25 +345,12 @@ fn fast_timings(config: &mut Config, deadline: f64) {
     t.deadline_instance_deleting = deadline;
 }
 
-async fn replica_pool(url: &str) -> anyhow::Result<PgPool> {
-    Ok(vps_events::connect(
-        url,
-        &vps_events::DbOptions {
-            max_connections: 15,
-        },
-    )
-    .await?)
-}
-
-async fn chaos(
-    hosted: &HostedServer,
-    lab: &mut Lab,
-    urls: &[String; 2],
-    token: &str,
-    o: &ChaosBench,
-) -> anyhow::Result<Outcome> {
-    let db = &hosted.server.state.pool;
-    let ctx = vps_api::server::reactor_ctx(&hosted.server.state, "bench");
+async fn chaos(setup: &Setup<'_>, lab: &mut Lab, o: &ChaosBench) -> anyhow::Result<Outcome> {
+    let db = setup.db;
+    let ctx = match &lab.replicas[0].running {
+        Some((server, _)) => vps_api::server::reactor_ctx(&server.state, "bench"),
+        None => anyhow::bail!("replica A is not running"),
+    };
 
     // Subscribers first: the webhook receiver and a durable JetStream consumer.
     let receiver = Receiver::start().await?;
@@ -304,7 +361,7 @@ async fn chaos(
             types: HOOK_TYPES.iter().map(|t| t.to_string()).collect(),
             tenant_id: None,
             tenant_scope: None,
-            allow_private: hosted.server.state.config.webhooks.allowed_networks(),
+            allow_private: setup.config.webhooks.allowed_networks(),
         },
     )
     .await
@@ -327,15 +384,15 @@ async fn chaos(
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .build()?,
-        urls: urls.clone(),
-        token: token.to_string(),
+        urls: setup.urls.clone(),
+        token: setup.token.to_string(),
         counts: Arc::default(),
         last_failure: Arc::default(),
     };
     let template = api
         .call(
             "sandboxTemplates.create",
-            json!({ "tenantId": TENANT, "name": "chaos", "poolId": hosted.pool_id,
+            json!({ "tenantId": TENANT, "name": "chaos", "poolId": setup.pool_id,
                     "flavor": FLAVOR, "imageId": IMAGE }),
         )
         .await
@@ -346,7 +403,7 @@ async fn chaos(
     let workload = Arc::new(Workload {
         api: api.clone(),
         template,
-        pool_id: hosted.pool_id.clone(),
+        pool_id: setup.pool_id.to_string(),
         sandboxes: (0..o.sandboxes).map(|_| Mutex::default()).collect(),
         instances: (0..o.instances).map(|_| Mutex::default()).collect(),
     });
@@ -368,7 +425,9 @@ async fn chaos(
             }
         })
     };
-    let (ran, struck) = tokio::join!(writers, strike(lab, duration));
+    // A silent host stays silent past the deadlines, so what it held stuck is released by them.
+    let silence = Duration::from_secs_f64(o.deadline + 5.0);
+    let (ran, struck) = tokio::join!(writers, strike(lab, duration, silence));
     ran?;
     struck?;
     let fault_seconds = lab.started.elapsed().as_secs_f64();
@@ -391,9 +450,14 @@ async fn chaos(
     tokio::time::sleep(Duration::from_secs_f64(o.deadline)).await;
     let transitional = settle(db).await?;
     print_states(db).await?;
+    let deadlines: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE data->>'reason' LIKE 'deadline:%'")
+            .fetch_one(db)
+            .await?;
+    println!("events with a deadline's reason: {deadlines}");
     let leaked = leaks(db).await?;
     let replay_equal = replay_equal(db).await?;
-    let usage_verified = usage_verified(db, &hosted.server.state.config).await?;
+    let usage_verified = usage_verified(db, setup.config).await?;
     let delivery = delivered(db, &receiver, &tally).await?;
     consuming.abort();
     let settle_seconds = settling.elapsed().as_secs_f64();
@@ -412,6 +476,7 @@ async fn chaos(
         nats_duplicates: delivery.nats_duplicates,
         webhook_missing: delivery.webhook_missing,
         webhook_duplicates: delivery.webhook_duplicates,
+        deadlines: deadlines as u64,
         fault_seconds: round(fault_seconds, 1),
         settle_seconds: round(settle_seconds, 1),
     })
@@ -605,7 +670,7 @@ fn gone(answer: &Result<Value, CallError>) -> bool {
 
 /// The faults, one after another in a fixed rotation until `duration` has passed (the last
 /// one ends after it); each restores what it broke before the next starts.
-async fn strike(lab: &mut Lab, duration: Duration) -> anyhow::Result<()> {
+async fn strike(lab: &mut Lab, duration: Duration, silence: Duration) -> anyhow::Result<()> {
     const GAP: Duration = Duration::from_secs(2);
     let hosts = lab.hosts.len();
     let mut k = 0usize;
@@ -619,17 +684,14 @@ async fn strike(lab: &mut Lab, duration: Duration) -> anyhow::Result<()> {
                 lab.nats.restart()?;
             }
             1 => {
-                lab.note("replica B killed, restarted after 5 s");
-                if let Some((server, pool)) = lab.replica.take() {
-                    server.shutdown().await;
-                    pool.close().await;
-                }
+                let r = (k / 5) % 2;
+                lab.note(&format!(
+                    "replica {} killed, restarted after 5 s",
+                    ["A", "B"][r]
+                ));
+                lab.replicas[r].kill().await;
                 tokio::time::sleep(Duration::from_secs(5)).await;
-                let pool = replica_pool(&lab.database_url).await?;
-                let server = vps_api::server::start(lab.replica_config.clone(), pool.clone())
-                    .await
-                    .context("restart replica B")?;
-                lab.replica = Some((server, pool));
+                lab.replicas[r].restart().await?;
             }
             2 => {
                 lab.note(&format!("host {host} killed, restarted after 3 s"));
@@ -642,9 +704,12 @@ async fn strike(lab: &mut Lab, duration: Duration) -> anyhow::Result<()> {
             }
             3 => {
                 let host = (host + 1) % hosts;
-                lab.note(&format!("host {host} silent for 8 s"));
+                lab.note(&format!(
+                    "host {host} silent for {:.0} s",
+                    silence.as_secs_f64()
+                ));
                 lab.host(host, |h| h.set_reporting(false));
-                tokio::time::sleep(Duration::from_secs(8)).await;
+                tokio::time::sleep(silence).await;
                 lab.host(host, |h| h.set_reporting(true));
             }
             _ => {
