@@ -487,8 +487,8 @@ async fn core_round_trips(url: &str, n: usize, interval: Duration) -> anyhow::Re
 pub(crate) struct Receiver {
     pub(crate) url: String,
     pub(crate) arrivals: Arc<Mutex<HashMap<String, Instant>>>,
-    /// Every request by `webhook-id`: more than one is a duplicate delivery.
-    pub(crate) counts: Arc<Mutex<HashMap<String, u32>>>,
+    /// When each request came, by `webhook-id`: more than one is a duplicate delivery.
+    pub(crate) requests: Arc<Mutex<HashMap<String, Vec<Instant>>>>,
     pub(crate) secret: Arc<OnceLock<WebhookSecret>>,
     pub(crate) bad_signatures: Arc<AtomicUsize>,
 }
@@ -499,7 +499,7 @@ impl Receiver {
         let receiver = Receiver {
             url: format!("http://{}/hook", listener.local_addr()?),
             arrivals: Arc::default(),
-            counts: Arc::default(),
+            requests: Arc::default(),
             secret: Arc::default(),
             bad_signatures: Arc::default(),
         };
@@ -538,11 +538,12 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> 
         .expect("not poisoned")
         .entry(id.to_string())
         .or_insert(at);
-    *r.counts
+    r.requests
         .lock()
         .expect("not poisoned")
         .entry(id.to_string())
-        .or_default() += 1;
+        .or_default()
+        .push(at);
     StatusCode::OK
 }
 
