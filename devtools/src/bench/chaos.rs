@@ -198,7 +198,7 @@ struct Lab {
     nats: NatsServer,
     faults: u64,
     started: Instant,
-    /// When a replica was killed.
+    /// When each replica kill was done (its tasks aborted, its pool closed).
     kills: Vec<Instant>,
 }
 
@@ -699,8 +699,8 @@ async fn strike(lab: &mut Lab, duration: Duration, silence: Duration) -> anyhow:
                     "replica {} killed, restarted after 5 s",
                     ["A", "B"][r]
                 ));
-                lab.kills.push(Instant::now());
                 lab.replicas[r].kill().await;
+                lab.kills.push(Instant::now());
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 lab.replicas[r].restart().await?;
             }
@@ -944,14 +944,17 @@ impl Delivery {
 /// How long before a replica's kill an event it POSTed may have gone unrecorded: the run of
 /// POSTs whose outcomes are recorded together takes well under a second.
 const UNRECORDED: Duration = Duration::from_secs(5);
+/// How long after a kill (the moment its tasks were aborted) its last POST may still arrive:
+/// one already sent when its task was cancelled.
+const IN_FLIGHT: Duration = Duration::from_secs(2);
 
 /// Whether a repeated webhook request is a killed replica's unrecorded POST sent again: the
-/// first came shortly before a kill, the next after it.
+/// first came around a kill (shortly before it, or in flight at it), the next after it.
 fn after_kill(requests: &[Instant], kills: &[Instant]) -> bool {
     match requests {
-        [first, again, ..] => kills
-            .iter()
-            .any(|k| first <= k && k < again && k.duration_since(*first) <= UNRECORDED),
+        [first, again, ..] => kills.iter().any(|k| {
+            *first + UNRECORDED >= *k && *first <= *k + IN_FLIGHT && *again > *k + IN_FLIGHT
+        }),
         _ => false,
     }
 }
@@ -1019,6 +1022,18 @@ async fn delivered(
         let at_hook = receiver.requests.lock().unwrap_or_else(|e| e.into_inner());
         let repeated: Vec<&Vec<Instant>> = at_hook.values().filter(|r| r.len() > 1).collect();
         let after = repeated.iter().filter(|r| after_kill(r, kills)).count();
+        // The others, timed from the kill before their second request, if any.
+        for r in repeated.iter().filter(|r| !after_kill(r, kills)) {
+            let since = |t: &Instant| match kills.iter().rev().find(|k| *k <= t) {
+                Some(k) => format!("{:+.1} s", t.duration_since(*k).as_secs_f64()),
+                None => "before any kill".into(),
+            };
+            let times: Vec<String> = r.iter().map(since).collect();
+            println!(
+                "  webhook POSTed again, not after a kill: requests at {} from the last kill",
+                times.join(", ")
+            );
+        }
         (repeated.len() as u64, after as u64)
     };
     println!(
