@@ -1133,3 +1133,24 @@ async fn consume_once(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeat_is_a_killed_replicas_only_when_its_first_request_came_around_the_kill() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let kills = [at(100)];
+        // Shortly before the kill, again once the lease ran out.
+        assert!(after_kill(&[at(97), at(140)], &kills));
+        // In flight while the replica's tasks were being aborted.
+        assert!(after_kill(&[at(101), at(140)], &kills));
+        // Long before the kill, or both after it: a live worker's repeat.
+        assert!(!after_kill(&[at(60), at(140)], &kills));
+        assert!(!after_kill(&[at(110), at(150)], &kills));
+        // Once is not a repeat.
+        assert!(!after_kill(&[at(99)], &kills));
+    }
+}
