@@ -346,6 +346,29 @@ enum BenchCommand {
         #[arg(long, default_value_t = 1_000_000)]
         events: u64,
     },
+    /// Sandboxes and instances churned at random while hosts, a replica and NATS fail; then
+    /// nothing transitional, nothing leaked, replay equal, usage verified, every event
+    /// delivered once (exit 1 otherwise).
+    Chaos {
+        /// Sandbox slots.
+        #[arg(long, default_value_t = 300)]
+        sandboxes: usize,
+        /// Instance slots.
+        #[arg(long, default_value_t = 100)]
+        instances: usize,
+        /// How long the workload and the faults last.
+        #[arg(long, default_value_t = 120.0)]
+        seconds: f64,
+        /// Concurrent workers.
+        #[arg(long, default_value_t = 8)]
+        workers: usize,
+        /// Emulated hosts.
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
+        /// Every `deadline_<resource>_<state>`, in seconds.
+        #[arg(long, default_value_t = 20.0)]
+        deadline: f64,
+    },
     /// Append → JetStream and append → webhook latency vs core NATS publish → subscribe.
     Delivery {
         /// Events appended per second.
@@ -850,6 +873,25 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 seconds: seconds.clamp(0.5, 600.0),
             };
             vps_devtools::bench::delivery::run(url, &options).await?;
+        }
+        BenchCommand::Chaos {
+            sandboxes,
+            instances,
+            seconds,
+            workers,
+            hosts,
+            deadline,
+        } => {
+            let options = vps_devtools::bench::chaos::ChaosBench {
+                sandboxes: sandboxes.clamp(0, 100_000),
+                instances: instances.clamp(0, 100_000),
+                seconds: seconds.clamp(10.0, 86_400.0),
+                workers: workers.clamp(1, 256),
+                hosts: hosts.clamp(2, 1000),
+                deadline: deadline.clamp(1.0, 3600.0),
+            };
+            let outcome = vps_devtools::bench::chaos::run(url, &options).await?;
+            return Ok(exit_code(outcome.passed()));
         }
         BenchCommand::Host(args) => {
             return Ok(exit_code(

@@ -37,7 +37,7 @@ use vps_api::config::{Config, NatsConfig};
 /// waker ignores it).
 const EVENT_TYPE: &str = "instance.bench";
 /// The stream the server's publisher writes to (its default).
-const STREAM: &str = "VPS_EVENTS";
+pub(crate) const STREAM: &str = "VPS_EVENTS";
 /// Concurrent appenders: enough that a slow commit does not hold the schedule back.
 const APPENDERS: usize = 8;
 /// How long to wait for the last deliveries after the last append.
@@ -481,21 +481,25 @@ async fn core_round_trips(url: &str, n: usize, interval: Duration) -> anyhow::Re
     Ok(out)
 }
 
-/// The webhook endpoint: answers 200 and records each `webhook-id`'s first arrival.
+/// The webhook endpoint: answers 200 and records each `webhook-id`'s first arrival and how
+/// many times it came.
 #[derive(Clone)]
-struct Receiver {
-    url: String,
-    arrivals: Arc<Mutex<HashMap<String, Instant>>>,
-    secret: Arc<OnceLock<WebhookSecret>>,
-    bad_signatures: Arc<AtomicUsize>,
+pub(crate) struct Receiver {
+    pub(crate) url: String,
+    pub(crate) arrivals: Arc<Mutex<HashMap<String, Instant>>>,
+    /// When each request came, by `webhook-id`: more than one is a duplicate delivery.
+    pub(crate) requests: Arc<Mutex<HashMap<String, Vec<Instant>>>>,
+    pub(crate) secret: Arc<OnceLock<WebhookSecret>>,
+    pub(crate) bad_signatures: Arc<AtomicUsize>,
 }
 
 impl Receiver {
-    async fn start() -> anyhow::Result<Receiver> {
+    pub(crate) async fn start() -> anyhow::Result<Receiver> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let receiver = Receiver {
             url: format!("http://{}/hook", listener.local_addr()?),
             arrivals: Arc::default(),
+            requests: Arc::default(),
             secret: Arc::default(),
             bad_signatures: Arc::default(),
         };
@@ -534,22 +538,29 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> 
         .expect("not poisoned")
         .entry(id.to_string())
         .or_insert(at);
+    r.requests
+        .lock()
+        .expect("not poisoned")
+        .entry(id.to_string())
+        .or_default()
+        .push(at);
     StatusCode::OK
 }
 
 /// A `nats-server -js` child on a free port with a temporary store, stopped and removed on drop.
-struct NatsServer {
-    child: Child,
+pub(crate) struct NatsServer {
+    binary: PathBuf,
+    child: Option<Child>,
     port: u16,
     store: PathBuf,
 }
 
 impl NatsServer {
-    fn start() -> anyhow::Result<NatsServer> {
+    pub(crate) fn start() -> anyhow::Result<NatsServer> {
         let binary = nats_server_binary().ok_or_else(|| {
             anyhow::anyhow!(
-                "vps bench delivery needs a nats-server binary: install it (Debian: apt-get \
-                 install nats-server) or give its path in VPS_NATS_SERVER"
+                "vps bench needs a nats-server binary: install it (Debian: apt-get install \
+                 nats-server) or give its path in VPS_NATS_SERVER"
             )
         })?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -559,17 +570,39 @@ impl NatsServer {
             "vps-bench-nats-{}",
             ulid::Ulid::generate().to_string().to_lowercase()
         ));
-        let child = Command::new(&binary)
+        let mut server = NatsServer {
+            binary,
+            child: None,
+            port,
+            store,
+        };
+        server.restart()?;
+        Ok(server)
+    }
+
+    /// Kills the server (its clients see the connection drop); [`NatsServer::restart`] brings
+    /// it back on the same port and store.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server (again) on its port and store, and waits until it listens.
+    pub(crate) fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        let (binary, port) = (&self.binary, self.port);
+        let mut child = Command::new(binary)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&store)
+            .arg(&self.store)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("start {}", binary.display()))?;
-        let mut server = NatsServer { child, port, store };
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = server.child.try_wait()? {
+            if let Some(status) = child.try_wait()? {
                 anyhow::bail!("{} exited at start: {status}", binary.display());
             }
             anyhow::ensure!(
@@ -578,18 +611,18 @@ impl NatsServer {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(server)
+        self.child = Some(child);
+        Ok(())
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 }
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
         let _ = std::fs::remove_dir_all(&self.store);
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod authz;
+pub mod chaos;
 pub mod converge;
 pub mod delivery;
 pub mod host;

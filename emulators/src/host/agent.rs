@@ -284,6 +284,9 @@ async fn snapshot(
         cpu_model: None,
         reason: Some(reason),
     };
+    if shared.refuse_snapshots.load(Ordering::SeqCst) {
+        return failed("snapshots refused by this host".into());
+    }
     if !shared.domains().is_up(&command.instance_id) {
         return failed(format!(
             "instance {} is not up on this host",

@@ -129,6 +129,7 @@ impl EmulatedHost {
             corrupt_uploads: AtomicBool::new(false),
             hold_commands: AtomicBool::new(false),
             report_cpu: AtomicBool::new(true),
+            refuse_snapshots: AtomicBool::new(false),
         });
         let node_id = config.node_id.clone();
         let listener = config.tunnel_listen.as_deref().and_then(|at| {
@@ -191,6 +192,8 @@ pub(crate) struct Shared {
     hold_commands: AtomicBool,
     /// Reports carry each guest's CPU seconds (false: an older host that sends none).
     report_cpu: AtomicBool,
+    /// Snapshot commands fail at once, without an upload.
+    refuse_snapshots: AtomicBool,
 }
 
 impl Shared {
@@ -300,6 +303,14 @@ impl HostHandle {
     /// `false` makes the host report no `cpuSeconds`, as a host from before them does.
     pub fn report_cpu(&self, on: bool) {
         self.shared.report_cpu.store(on, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+    }
+
+    /// While `true`, the host refuses snapshot commands: each fails at once, reported with the
+    /// reason `snapshots refused by this host` (a host out of snapshot space, or one that
+    /// cannot capture its guests).
+    pub fn refuse_snapshots(&self, on: bool) {
+        self.shared.refuse_snapshots.store(on, Ordering::SeqCst);
         self.shared.wake.notify_one();
     }
 

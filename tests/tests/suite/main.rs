@@ -3,6 +3,7 @@
 //! of its own because it reads process-wide gauges that the other tests would move.
 
 mod api_registry;
+mod chaos;
 mod churn;
 mod cli;
 mod console;
