@@ -16,9 +16,7 @@
 //!   must not open the host's neighbourhood; a CIDR entry can). No answer within
 //!   [`UPSTREAM_TIMEOUT`], or one that does not answer this query: SERVFAIL.
 //!
-//! Entries: `example.com` allows exactly that name; `*.example.com` every name under it, at any
-//! depth, but not `example.com` itself (list both for both). Names compare case-insensitively.
-//! Only UDP is served: a query over TCP (after a truncated answer) is reset by the host.
+//! Which entries are names, and what they match: `allow`. Only UDP is served: a query over TCP (after a truncated answer) is reset by the host.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -32,11 +30,12 @@ use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
+use super::allow::{allows, DomainPattern};
 use super::policy::{PRIVATE_RANGES, RESOLVED_SET};
 use crate::runtime::RuntimeError;
 
 /// The port the resolver listens on (on each gateway address).
-pub const PORT: u16 = 53;
+pub const PORT: u16 = super::allow::DNS_PORT;
 /// The least time an answered address stays allowed: a connection right after the lookup
 /// works even when the record's TTL is 0.
 pub const MIN_TTL: u32 = 30;
@@ -46,51 +45,6 @@ pub const MAX_TTL: u32 = 86_400;
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
 /// Queries forwarded at once, over all guests; past it a query is dropped (the guest retries).
 const MAX_IN_FLIGHT: usize = 256;
-
-/// An allow-list entry that names a domain.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DomainPattern {
-    /// `example.com`: that name only.
-    Exact(String),
-    /// `*.example.com`: every name under `example.com`, not the name itself.
-    Under(String),
-}
-
-impl DomainPattern {
-    /// An entry as a domain pattern: lower case, without a trailing dot; `None` when it is not
-    /// a host name (an address, a CIDR, IPv6, a wildcard anywhere but the first label).
-    pub fn parse(entry: &str) -> Option<DomainPattern> {
-        let entry = entry.trim().trim_end_matches('.').to_ascii_lowercase();
-        match entry.strip_prefix("*.") {
-            Some(rest) => is_host_name(rest).then(|| DomainPattern::Under(rest.to_owned())),
-            None => is_host_name(&entry).then_some(DomainPattern::Exact(entry)),
-        }
-    }
-
-    /// Whether `name` (lower case, no trailing dot) matches.
-    pub fn matches(&self, name: &str) -> bool {
-        match self {
-            DomainPattern::Exact(exact) => name == exact,
-            DomainPattern::Under(parent) => name
-                .strip_suffix(parent.as_str())
-                .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
-        }
-    }
-}
-
-/// The domain entries of an allow-list.
-pub fn domains(allow: &[String]) -> Vec<DomainPattern> {
-    allow
-        .iter()
-        .filter_map(|e| DomainPattern::parse(e))
-        .collect()
-}
-
-/// Whether `patterns` allow the queried `name` (any case, a trailing dot or not).
-pub fn allows(patterns: &[DomainPattern], name: &str) -> bool {
-    let name = name.trim_end_matches('.').to_ascii_lowercase();
-    patterns.iter().any(|p| p.matches(&name))
-}
 
 /// The `nft -f` script that allows `answers` (address, TTL) in table `table`'s
 /// [`RESOLVED_SET`], each for its TTL clamped to `MIN_TTL..=MAX_TTL`. An address already there
@@ -435,24 +389,6 @@ async fn allow(client: &Client, addresses: &[(Ipv4Addr, u32)]) -> Result<(), Str
     Ok(())
 }
 
-/// A host name: dot-separated labels of 1 to 63 letters, digits, `-` or `_` (not at a
-/// label's ends for `-`), at most 253 bytes, and not all digits at the end (an address).
-fn is_host_name(name: &str) -> bool {
-    if name.is_empty() || name.len() > 253 {
-        return false;
-    }
-    let labels_ok = name.split('.').all(|label| {
-        (1..=63).contains(&label.len())
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-    });
-    let last = name.rsplit('.').next().unwrap_or(name);
-    labels_ok && !last.bytes().all(|b| b.is_ascii_digit())
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The data is whole between statements: a panic elsewhere cannot leave it half-written.
     mutex.lock().unwrap_or_else(|e| e.into_inner())
@@ -461,48 +397,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn patterns(entries: &[&str]) -> Vec<DomainPattern> {
-        domains(&entries.iter().map(|e| e.to_string()).collect::<Vec<_>>())
-    }
-
-    #[test]
-    fn only_host_names_are_domain_entries() {
-        let found = patterns(&[
-            "Allowed.Test.",
-            "*.example.com",
-            "198.51.100.7",
-            "203.0.113.0/24",
-            "2001:db8::/32",
-            "a.*.example.com",
-            "*",
-            "-bad.example",
-            "1.2.3.999",
-            "",
-        ]);
-        assert_eq!(
-            found,
-            [
-                DomainPattern::Exact("allowed.test".into()),
-                DomainPattern::Under("example.com".into()),
-            ]
-        );
-    }
-
-    #[test]
-    fn an_exact_entry_allows_its_name_and_a_wildcard_the_names_under_it() {
-        let allow = patterns(&["allowed.test", "*.example.com"]);
-        assert!(allows(&allow, "allowed.test."));
-        assert!(allows(&allow, "ALLOWED.test"));
-        assert!(!allows(&allow, "www.allowed.test"));
-        assert!(!allows(&allow, "denied.test"));
-        assert!(!allows(&allow, "notallowed.test"));
-        assert!(allows(&allow, "www.example.com."));
-        assert!(allows(&allow, "a.b.example.com"));
-        assert!(!allows(&allow, "example.com"));
-        assert!(!allows(&allow, "badexample.com"));
-        assert!(!allows(&[], "allowed.test"));
-    }
 
     #[test]
     fn answers_become_set_elements_for_their_clamped_ttl() {
@@ -547,7 +441,7 @@ mod tests {
             id: "inst_a".into(),
             table: "vps_a".into(),
             gateway: Ipv4Addr::new(10, 0, 0, 1),
-            patterns: patterns(&["allowed.test"]).into(),
+            patterns: super::super::allow::domains(&["allowed.test".to_string()]).into(),
             upstream,
             allowed_until: Arc::default(),
         }

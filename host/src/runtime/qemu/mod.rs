@@ -9,10 +9,12 @@
 //! `images` (the image and snapshot cache), `disks` (qemu-img), `net` (bridge and taps),
 //! `accel` (the KVM probe), `config_drive` (the NoCloud drive, written by `vps-guest-image`),
 //! `snapshots` (snapshot archives and restores: read its docs for the design), `policy` (a
-//! guest's network policy in nftables and tc), `dns` (the resolver for the domains of a
-//! policy's allow-list), `volumes` (the volume store).
+//! guest's network policy in nftables and tc), `allow` (which allow-list entries are names),
+//! `dns` (the resolver for the domains of a policy's allow-list), `volumes` (the volume
+//! store).
 
 pub mod accel;
+pub mod allow;
 mod config_drive;
 mod disks;
 pub mod dns;
@@ -336,7 +338,7 @@ impl Qemu {
             id: &record.id,
             table: policy::table_name(&record.id),
             nics,
-            patterns: dns::domains(&network.allow),
+            patterns: allow::domains(&network.allow),
             upstream: self.dns_upstream,
         })
     }

@@ -349,7 +349,7 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
                         s,
                         "    ip saddr {} {proto} dport 53 dnat ip to {gateway}:{}",
                         nic.address,
-                        super::dns::PORT
+                        super::allow::DNS_PORT
                     );
                 }
             }
@@ -377,7 +377,7 @@ pub fn ruleset(id: &str, nics: &[PolicyNic], policy: &NetworkPolicy) -> String {
 /// Whether `policy`'s guest has its DNS answered by the resolver: `egress` narrowed by a list
 /// that names domains.
 pub fn resolving(policy: &NetworkPolicy) -> bool {
-    policy.mode == NetworkMode::Egress && !super::dns::domains(&policy.allow).is_empty()
+    policy.mode == NetworkMode::Egress && !super::allow::domains(&policy.allow).is_empty()
 }
 
 /// Applies `policy` to guest `id`'s NICs: its tables (replaced atomically), a shaper on each
@@ -390,7 +390,7 @@ pub async fn apply(
     let (_, skipped) = allowed_networks(&policy.allow);
     let unusable: Vec<&String> = skipped
         .iter()
-        .filter(|e| super::dns::DomainPattern::parse(e).is_none())
+        .filter(|e| super::allow::DomainPattern::parse(e).is_none())
         .collect();
     if !unusable.is_empty() {
         tracing::warn!(guest = %id, ?unusable,
