@@ -206,8 +206,8 @@ pub struct TemplateView {
     /// `egress`, `private` or `none`.
     pub network: vps_domain::template::Network,
     /// The allow-list narrowing `egress` (absent: none).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub network_allow: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network_allow: Option<Vec<String>>,
     /// The guest's bandwidth bound in Mbit/s each way (absent: the host's default, 100).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network_bandwidth_mbit: Option<u32>,
@@ -253,7 +253,7 @@ impl From<&vps_domain::template::Template> for TemplateView {
             image_id: t.spec.image_id.clone(),
             runtime: t.runtime.clone(),
             network: t.spec.network,
-            network_allow: t.spec.network_rules.allow.clone(),
+            network_allow: Some(t.spec.network_rules.allow.clone()).filter(|a| !a.is_empty()),
             network_bandwidth_mbit: t.spec.network_rules.bandwidth_mbit,
             network_max_connections: t.spec.network_rules.max_connections,
             env: t.spec.env.clone(),
