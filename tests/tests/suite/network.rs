@@ -122,6 +122,9 @@ async fn a_template_s_allow_list_and_bounds_reach_its_sandboxes_node_spec_entrie
     assert!(cleared.get("networkAllow").is_none(), "{cleared}");
     let entry = entry_of_new_sandbox(&t, id, "narrowed-3").await;
     assert!(entry.get("networkAllow").is_none(), "{entry}");
+    // The templates, instances and entries with their rules rebuild exactly from the log.
+    t.quiescent().await;
+    assert!(t.replay_equal().await, "replay differs from live");
 }
 
 #[tokio::test]
