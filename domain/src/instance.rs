@@ -456,7 +456,7 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         claimed_at: None,
         starts: 0,
         network_policy: d.network_policy,
-        network_rules: d.network_rules.clone(),
+        network_rules: (*d.network_rules).clone(),
         restore_from: d.restore_from.as_deref().cloned(),
         volumes: d.volumes.clone(),
         labels: d.labels.clone(),

@@ -71,8 +71,9 @@ pub struct Created {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<Network>,
     /// A sandbox template's allow-list and bounds (absent: none, the host's default bounds).
+    // Boxed: most instances have none, and it would make every event as large as this one.
     #[serde(default, skip_serializing_if = "NetworkRules::is_empty")]
-    pub network_rules: NetworkRules,
+    pub network_rules: Box<NetworkRules>,
     /// A restore: the snapshot it boots from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<Box<super::RestoreFrom>>,
