@@ -163,6 +163,12 @@ pub struct Instance {
     /// A sandbox template's network rule (`InstanceSpec.networkPolicy`).
     #[serde(default)]
     pub network_policy: Option<crate::network_policy::Network>,
+    /// A sandbox template's allow-list and bounds (`InstanceSpec.networkAllow`, …).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::network_policy::NetworkRules::is_empty"
+    )]
+    pub network_rules: crate::network_policy::NetworkRules,
     /// A restore: the snapshot it boots from (`InstanceSpec.restoreFrom`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<RestoreFrom>,
@@ -450,6 +456,7 @@ fn from_created(d: &Created, at: DateTime<Utc>) -> Instance {
         claimed_at: None,
         starts: 0,
         network_policy: d.network_policy,
+        network_rules: (*d.network_rules).clone(),
         restore_from: d.restore_from.as_deref().cloned(),
         volumes: d.volumes.clone(),
         labels: d.labels.clone(),

@@ -15,7 +15,7 @@ use crate::instance::{AdmissionPool, PoolKind};
 use crate::operator::{check_name, check_name_free};
 
 use crate::labels::Labels;
-pub use crate::network_policy::Network;
+pub use crate::network_policy::{Network, NetworkRules, NetworkSetting};
 pub use crate::sandbox::OnTimeout;
 
 /// Default `defaultTtlSeconds`.
@@ -58,6 +58,9 @@ pub struct TemplateSpec {
     pub env: BTreeMap<String, String>,
     /// What the guest may reach.
     pub network: Network,
+    /// The allow-list and bounds beside `network` (absent: none, the host's default bounds).
+    #[serde(default, skip_serializing_if = "NetworkRules::is_empty")]
+    pub network_rules: NetworkRules,
     /// A sandbox's lifetime when the create names none.
     pub default_ttl_seconds: u64,
     /// The longest lifetime, extensions included.
@@ -139,6 +142,7 @@ impl TemplateSpec {
             || self.user_data_ref != other.user_data_ref
             || self.env != other.env
             || self.network != other.network
+            || self.network_rules != other.network_rules
             || self.volumes != other.volumes
     }
 }
@@ -617,6 +621,7 @@ mod tests {
                 user_data_ref: None,
                 env: BTreeMap::new(),
                 network: Network::Egress,
+                network_rules: NetworkRules::default(),
                 default_ttl_seconds: 60,
                 max_ttl_seconds: 600,
                 warm: Some(Warm { min, max }),

@@ -13,7 +13,7 @@ use vps_domain::attachment::Attachment;
 use vps_domain::condition::Condition;
 use vps_domain::instance::{Instance, PoolKind, Refusal, RestoreFrom};
 use vps_domain::labels::Labels;
-use vps_domain::network_policy::Network;
+use vps_domain::network_policy::{Network, NetworkRules};
 use vps_domain::resources::Shape;
 use vps_domain::state_table::{DesiredState, InstanceState};
 
@@ -52,6 +52,8 @@ pub struct InstanceDoc {
     starts: u64,
     #[serde(default)]
     network_policy: Option<Network>,
+    #[serde(default, skip_serializing_if = "NetworkRules::is_empty")]
+    network_rules: NetworkRules,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     restore_from: Option<RestoreFrom>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -100,6 +102,7 @@ impl From<&Instance> for InstanceDoc {
             claimed_at: i.claimed_at,
             starts: i.starts,
             network_policy: i.network_policy,
+            network_rules: i.network_rules,
             restore_from: i.restore_from,
             volumes: i.volumes,
             labels: i.labels,
@@ -142,6 +145,7 @@ impl From<InstanceDoc> for Instance {
             claimed_at: d.claimed_at,
             starts: d.starts,
             network_policy: d.network_policy,
+            network_rules: d.network_rules,
             restore_from: d.restore_from,
             volumes: d.volumes,
             labels: d.labels,
@@ -226,7 +230,12 @@ mod tests {
             template_version: Some(3),
             claimed_at: Some(at(2)),
             starts: 2,
-            network_policy: Some(Network::Private),
+            network_policy: Some(Network::Egress),
+            network_rules: NetworkRules {
+                allow: vec!["10.1.0.0/16".into(), "*.example.com".into()],
+                bandwidth_mbit: Some(20),
+                max_connections: Some(64),
+            },
             restore_from: Some(RestoreFrom {
                 snapshot_id: "snap_1".into(),
                 sha256: "00ff".into(),
@@ -280,6 +289,7 @@ mod tests {
             "claimedAt",
             "starts",
             "networkPolicy",
+            "networkRules",
             "restoreFrom",
             "volumes",
         ] {

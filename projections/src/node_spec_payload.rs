@@ -51,6 +51,16 @@ pub struct InstanceSpec {
     /// A sandbox template's network rule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<Network>,
+    /// A sandbox template's allow-list narrowing `egress`: IPv4 addresses, CIDRs, domains
+    /// (`*.example.com`). Absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_allow: Vec<String>,
+    /// The guest's bandwidth bound, Mbit/s each way. Absent: the host's default (100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_bandwidth_mbit: Option<u32>,
+    /// The guest's connection bound. Absent: the host's default (512).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_max_connections: Option<u32>,
     /// Sandbox and warm instances: SSH only from the host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_from_host_only: Option<bool>,

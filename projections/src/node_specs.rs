@@ -168,6 +168,9 @@ fn entry(
             .collect(),
         // Sandbox and warm instances: the template's network rule, and SSH only from the host.
         network_policy: inst.network_policy,
+        network_allow: inst.network_rules.allow.clone(),
+        network_bandwidth_mbit: inst.network_rules.bandwidth_mbit,
+        network_max_connections: inst.network_rules.max_connections,
         ssh_from_host_only: sandboxed.then_some(true),
         // The download URL is signed when the spec is served; the entry names the object.
         restore_from: inst.restore_from.as_ref().map(|r| SpecRestore {
@@ -539,6 +542,9 @@ mod tests {
                     gpus: vec![],
                     nics: vec![],
                     network_policy: None,
+                    network_allow: vec![],
+                    network_bandwidth_mbit: None,
+                    network_max_connections: None,
                     ssh_from_host_only: None,
                     restore_from: None,
                     volumes: vec![],

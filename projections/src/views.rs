@@ -205,6 +205,15 @@ pub struct TemplateView {
     pub runtime: String,
     /// `egress`, `private` or `none`.
     pub network: vps_domain::template::Network,
+    /// The allow-list narrowing `egress` (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network_allow: Option<Vec<String>>,
+    /// The guest's bandwidth bound in Mbit/s each way (absent: the host's default, 100).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network_bandwidth_mbit: Option<u32>,
+    /// The guest's connection bound (absent: the host's default, 512).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network_max_connections: Option<u32>,
     /// The names of the environment variables (their values are secret references).
     pub env: std::collections::BTreeMap<String, String>,
     /// Whether the template has user data.
@@ -249,6 +258,9 @@ impl From<&vps_domain::template::Template> for TemplateView {
             image_id: t.spec.image_id.clone(),
             runtime: t.runtime.clone(),
             network: t.spec.network,
+            network_allow: Some(t.spec.network_rules.allow.clone()).filter(|a| !a.is_empty()),
+            network_bandwidth_mbit: t.spec.network_rules.bandwidth_mbit,
+            network_max_connections: t.spec.network_rules.max_connections,
             env: t.spec.env.clone(),
             has_user_data: t.spec.user_data_ref.is_some(),
             default_ttl_seconds: t.spec.default_ttl_seconds,

@@ -301,6 +301,7 @@ fn create(id: &str) -> CreateInstance {
         warm_template_id: None,
         template_version: None,
         network_policy: None,
+        network_rules: Default::default(),
         restore_from: None,
         volumes: Vec::new(),
         labels: Default::default(),

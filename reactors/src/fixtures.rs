@@ -43,6 +43,7 @@ pub fn instance(kind: PoolKind, state: InstanceState, desired: DesiredState) -> 
         warm_template_id: None,
         template_version: None,
         network_policy: None,
+        network_rules: Default::default(),
         restore_from: None,
         volumes: Vec::new(),
         labels: Default::default(),

@@ -173,6 +173,15 @@ pub struct InstanceSpec {
     /// A sandbox template's network rule.
     #[serde(default)]
     pub network_policy: Option<NetworkPolicy>,
+    /// The allow-list narrowing `egress` (absent from older servers: none).
+    #[serde(default, deserialize_with = "nullable")]
+    pub network_allow: Vec<String>,
+    /// The bandwidth bound in Mbit/s each way (absent: the host's default).
+    #[serde(default)]
+    pub network_bandwidth_mbit: Option<u32>,
+    /// The connection bound (absent: the host's default).
+    #[serde(default)]
+    pub network_max_connections: Option<u32>,
     /// The volumes it attaches.
     #[serde(default, deserialize_with = "nullable")]
     pub volumes: Vec<VolumeAttachment>,

@@ -120,6 +120,8 @@ pub struct Origin {
     pub warm: Option<(String, u64)>,
     /// The template's network rule.
     pub network_policy: Option<vps_domain::template::Network>,
+    /// The template's allow-list and bounds.
+    pub network_rules: vps_domain::template::NetworkRules,
     /// The owner, when not the caller (a warm instance belongs to its template's author).
     pub owner_identity_id: Option<String>,
     /// The user data to seal, when not the input's (a template's, with its environment).
@@ -199,6 +201,7 @@ fn create_command(ctx: &Ctx, id: &str, input: &CreateInput, origin: &Origin) -> 
         warm_template_id: origin.warm.as_ref().map(|(t, _)| t.clone()),
         template_version: origin.warm.as_ref().map(|(_, v)| *v),
         network_policy: origin.network_policy,
+        network_rules: origin.network_rules.clone(),
         restore_from: origin.restore_from.clone(),
         volumes: origin.volumes.clone(),
         labels: input.labels.clone().unwrap_or_default(),

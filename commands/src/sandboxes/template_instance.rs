@@ -66,6 +66,7 @@ pub async fn origin(
     };
     Ok(Origin {
         network_policy: Some(t.spec.network),
+        network_rules: t.spec.network_rules.clone(),
         user_data: Some(vps_domain::cloud_config::sandbox_user_data(&base, &env)),
         ..Origin::default()
     })

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use vps_domain::template::{
-    self as domain, CreateTemplate, Network, Template, TemplateFacts, TemplateSpec, Warm,
-    DEFAULT_MAX_TTL_SECONDS, DEFAULT_TTL_SECONDS,
+    self as domain, CreateTemplate, Network, NetworkSetting, Template, TemplateFacts, TemplateSpec,
+    Warm, DEFAULT_MAX_TTL_SECONDS, DEFAULT_TTL_SECONDS,
 };
 
 use vps_domain::volume::{TemplateVolume, VolumeMount};
@@ -72,8 +72,10 @@ pub struct TemplateSettings {
     #[serde(default, deserialize_with = "bounded_env")]
     #[schemars(extend("maxProperties" = 64))]
     pub env: Option<BTreeMap<String, String>>,
-    /// `egress` (default), `private` or `none`.
-    pub network: Option<Network>,
+    /// `egress` (default), `private` or `none`; or `{ mode?, allow?, bandwidthMbit?,
+    /// maxConnections? }` to narrow `egress` to an allow-list and bound the guest's bandwidth
+    /// and connections (the mode alone clears them).
+    pub network: Option<NetworkSetting>,
     /// A sandbox's lifetime when its create names none (default 3600).
     pub default_ttl_seconds: Option<u64>,
     /// The longest lifetime, extensions included (default 86400).
@@ -129,7 +131,11 @@ impl TemplateSettings {
                 .map(|_| user_data_ref)
                 .or(spec.user_data_ref),
             env: self.env.clone().unwrap_or(spec.env),
-            network: self.network.unwrap_or(spec.network),
+            network: self.network.as_ref().map_or(spec.network, |n| n.split().0),
+            network_rules: self
+                .network
+                .as_ref()
+                .map_or(spec.network_rules, |n| n.split().1),
             default_ttl_seconds: self.default_ttl_seconds.unwrap_or(spec.default_ttl_seconds),
             max_ttl_seconds: self.max_ttl_seconds.unwrap_or(spec.max_ttl_seconds),
             warm: self.warm.or(spec.warm),
@@ -204,6 +210,7 @@ async fn create_in(
         user_data_ref: None,
         env: BTreeMap::new(),
         network: Network::default(),
+        network_rules: Default::default(),
         default_ttl_seconds: DEFAULT_TTL_SECONDS,
         max_ttl_seconds: DEFAULT_MAX_TTL_SECONDS,
         warm: None,
@@ -393,6 +400,7 @@ mod tests {
             user_data_ref: Some("secret://sbxt_a/user-data-1".into()),
             env: BTreeMap::from([("A".into(), "secret://acme/a".into())]),
             network: Network::default(),
+            network_rules: Default::default(),
             default_ttl_seconds: 60,
             max_ttl_seconds: 120,
             warm: None,

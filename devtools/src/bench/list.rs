@@ -395,6 +395,7 @@ fn life(
         request_hash: "0".repeat(64),
         template_version: Some(1),
         network_policy: None,
+        network_rules: Default::default(),
         restore_from: None,
         volumes: vec![],
         labels: Default::default(),

@@ -163,6 +163,8 @@ pub struct CreateInstance {
     pub template_version: Option<u64>,
     /// A sandbox template's network rule.
     pub network_policy: Option<crate::network_policy::Network>,
+    /// A sandbox template's allow-list and bounds.
+    pub network_rules: crate::network_policy::NetworkRules,
     /// A restore: the snapshot it boots from.
     pub restore_from: Option<super::RestoreFrom>,
     /// A sandbox's volumes, from its template.

@@ -318,6 +318,7 @@ fn create_instance(
         request_hash: c.request_hash.clone(),
         template_version: c.template_version,
         network_policy: c.network_policy,
+        network_rules: Box::new(c.network_rules.clone()),
         restore_from: c.restore_from.clone().map(Box::new),
         volumes: c.volumes.clone(),
         labels: c.labels.clone(),

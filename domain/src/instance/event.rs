@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::condition::{Condition, ConditionType};
-use crate::network_policy::Network;
+use crate::network_policy::{Network, NetworkRules};
 use crate::resources::Shape;
 use crate::state_table::{DesiredState, InstanceState};
 
@@ -70,6 +70,10 @@ pub struct Created {
     /// A sandbox template's network rule (absent: the pool's network).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<Network>,
+    /// A sandbox template's allow-list and bounds (absent: none, the host's default bounds).
+    // Boxed: most instances have none, and it would make every event as large as this one.
+    #[serde(default, skip_serializing_if = "NetworkRules::is_empty")]
+    pub network_rules: Box<NetworkRules>,
     /// A restore: the snapshot it boots from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<Box<super::RestoreFrom>>,

@@ -155,6 +155,7 @@ fn create_in(kind: PoolKind) -> CreateInstance {
         warm_template_id: None,
         template_version: None,
         network_policy: None,
+        network_rules: Default::default(),
         restore_from: None,
         volumes: Vec::new(),
         labels: Default::default(),

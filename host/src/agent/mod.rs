@@ -734,13 +734,7 @@ async fn guest_spec(
             principal: ca.principal.clone(),
         }),
         host_ssh_key: Some(host_ssh_key.to_owned()),
-        network: spec.network_policy.map(|policy| {
-            NetworkPolicy::new(match policy {
-                vps_seam::NetworkPolicy::Egress => NetworkMode::Egress,
-                vps_seam::NetworkPolicy::Private => NetworkMode::Private,
-                vps_seam::NetworkPolicy::None => NetworkMode::None,
-            })
-        }),
+        network: network_policy(spec),
         volumes: spec
             .volumes
             .iter()
@@ -754,6 +748,27 @@ async fn guest_spec(
     })
 }
 
+/// The entry's network policy: its mode, allow-list and bounds, the defaults for what a server
+/// leaves out (an older one sends the mode alone). None without a mode: the pool's network.
+fn network_policy(spec: &InstanceSpec) -> Option<NetworkPolicy> {
+    let mode = match spec.network_policy? {
+        vps_seam::NetworkPolicy::Egress => NetworkMode::Egress,
+        vps_seam::NetworkPolicy::Private => NetworkMode::Private,
+        vps_seam::NetworkPolicy::None => NetworkMode::None,
+    };
+    let defaults = NetworkPolicy::new(mode);
+    Some(NetworkPolicy {
+        allow: spec.network_allow.clone(),
+        bandwidth_mbit: spec
+            .network_bandwidth_mbit
+            .unwrap_or(defaults.bandwidth_mbit),
+        max_connections: spec
+            .network_max_connections
+            .unwrap_or(defaults.max_connections),
+        ..defaults
+    })
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The data is whole between statements: a panic elsewhere cannot leave it half-written.
     mutex.lock().unwrap_or_else(|e| e.into_inner())
@@ -764,5 +779,50 @@ async fn outstanding(poll: &mut Option<SpecPoll>) -> Result<NodeSpec, CallError>
     match poll {
         Some(poll) => poll.await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn spec(network: serde_json::Value) -> InstanceSpec {
+        let mut entry = json!({ "id": "inst_a", "desiredState": "running" });
+        if let (Some(entry), Some(network)) = (entry.as_object_mut(), network.as_object()) {
+            entry.extend(network.clone());
+        }
+        serde_json::from_value(entry).unwrap()
+    }
+
+    #[test]
+    fn the_entry_s_allow_list_and_bounds_reach_the_policy_with_defaults_for_the_rest() {
+        assert_eq!(network_policy(&spec(json!({}))), None);
+        assert_eq!(
+            network_policy(&spec(json!({ "networkPolicy": "private" }))),
+            Some(NetworkPolicy::new(NetworkMode::Private))
+        );
+        let full = spec(json!({
+            "networkPolicy": "egress",
+            "networkAllow": ["203.0.113.0/24", "*.example.com"],
+            "networkBandwidthMbit": 20,
+            "networkMaxConnections": 64,
+        }));
+        assert_eq!(
+            network_policy(&full),
+            Some(NetworkPolicy {
+                mode: NetworkMode::Egress,
+                allow: vec!["203.0.113.0/24".into(), "*.example.com".into()],
+                bandwidth_mbit: 20,
+                max_connections: 64,
+            })
+        );
+        let bounds_only = spec(json!({ "networkPolicy": "none", "networkMaxConnections": 8 }));
+        let policy = network_policy(&bounds_only);
+        assert_eq!(
+            policy.map(|p| (p.allow.len(), p.bandwidth_mbit, p.max_connections)),
+            Some((0, crate::runtime::DEFAULT_BANDWIDTH_MBIT, 8))
+        );
     }
 }

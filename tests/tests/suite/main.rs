@@ -22,6 +22,7 @@ mod labels;
 mod lease_property;
 mod lifecycle;
 mod mcp;
+mod network;
 mod policies;
 mod preview;
 mod provider_pools;
