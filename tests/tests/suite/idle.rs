@@ -157,7 +157,7 @@ async fn an_exec_session_starts_the_idle_clock_again() {
 async fn a_preview_request_starts_the_idle_clock_again() {
     let (t, _host, tpl) = setup(json!({ "idleTimeoutSeconds": 60, "onTimeout": "pause" })).await;
     let (id, instance) = sampled_sandbox(&t, &tpl, "preview").await;
-    let body = json!({ "tenantId": "acme", "sandboxId": id, "port": 8080, "ttlSeconds": 3600 });
+    let body = json!({ "tenantId": "acme", "sandboxId": id, "port": 8080, "ttlSeconds": 600 });
     let exposed = t.ok(ALICE, "sandboxes.expose", body).await;
     advance_and_sample(&t, &instance, 40).await;
     let url = exposed["url"].as_str().unwrap();
