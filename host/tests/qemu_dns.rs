@@ -9,10 +9,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use common::{in_netns, run, Env};
+use common::{in_netns, run, Env, Owned};
 use vps_host::runtime::qemu::{policy, Qemu};
 use vps_host::runtime::{NetworkMode, NetworkPolicy, Runtime};
 
@@ -62,61 +62,15 @@ threading.Thread(target=dns, daemon=True).start()
 S(("0.0.0.0", 80), H).serve_forever()
 "#;
 
-/// A process this test started, killed by its id when dropped.
-struct Owned(Child);
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The second namespace: a process holding it, its veth, its addresses and its servers.
 fn the_internet(env: &Env) -> (Owned, Owned) {
-    let script = env.root.join("servers.py");
-    std::fs::write(&script, SERVERS).unwrap();
-    let holder = Owned(
-        Command::new("unshare")
-            .args(["-n", "--", "sleep", "3600"])
-            .spawn()
-            .expect("unshare"),
-    );
-    let pid = holder.0.id().to_string();
-    for _ in 0..100 {
-        let ours = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
-        if std::fs::read_link(format!("/proc/{pid}/ns/net")).is_ok_and(|ns| ns != ours) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    run(&[
-        "ip", "link", "add", "vinet", "type", "veth", "peer", "name", "vpeer",
-    ]);
-    run(&["ip", "link", "set", "vpeer", "netns", &pid]);
-    for address in ["198.51.100.254/24", "203.0.113.254/24"] {
-        run(&["ip", "addr", "add", address, "dev", "vinet"]);
-    }
-    run(&["ip", "link", "set", "vinet", "up"]);
-    let inside = |args: &[&str]| {
-        let mut all = vec!["nsenter", "-t", &pid, "-n"];
-        all.extend_from_slice(args);
-        run(&all);
-    };
-    inside(&["ip", "link", "set", "lo", "up"]);
-    for address in ["198.51.100.1/24", "198.51.100.2/24", "203.0.113.1/24"] {
-        inside(&["ip", "addr", "add", address, "dev", "vpeer"]);
-    }
-    inside(&["ip", "link", "set", "vpeer", "up"]);
-    let servers = Owned(
-        Command::new("nsenter")
-            .args(["-t", &pid, "-n", "python3"])
-            .arg(&script)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("python3"),
-    );
-    (holder, servers)
+    common::the_internet(
+        &env.root,
+        "servers.py",
+        SERVERS,
+        &["198.51.100.254/24", "203.0.113.254/24"],
+        &["198.51.100.1/24", "198.51.100.2/24", "203.0.113.1/24"],
+    )
 }
 
 /// `command` in the guest over SSH, on a blocking thread: the resolver answers on this

@@ -8,10 +8,9 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
-use common::{in_netns, run, Env};
+use common::{in_netns, run, Env, Owned};
 use vps_host::runtime::qemu::policy;
 use vps_host::runtime::{NetworkMode, NetworkPolicy, Runtime};
 
@@ -57,62 +56,15 @@ threading.Thread(target=hold, daemon=True).start()
 S(("0.0.0.0", 80), H).serve_forever()
 "#;
 
-/// A process this test started, killed by its id when dropped.
-struct Owned(Child);
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The second namespace: a process holding it, its veth, its addresses and its server.
 fn the_internet(env: &Env) -> (Owned, Owned) {
-    let script = env.root.join("server.py");
-    std::fs::write(&script, SERVER).unwrap();
-    let holder = Owned(
-        Command::new("unshare")
-            .args(["-n", "--", "sleep", "3600"])
-            .spawn()
-            .expect("unshare"),
-    );
-    let pid = holder.0.id().to_string();
-    // Wait until the holder runs in its own namespace.
-    for _ in 0..100 {
-        let ours = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
-        if std::fs::read_link(format!("/proc/{pid}/ns/net")).is_ok_and(|ns| ns != ours) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    run(&[
-        "ip", "link", "add", "vinet", "type", "veth", "peer", "name", "vpeer",
-    ]);
-    run(&["ip", "link", "set", "vpeer", "netns", &pid]);
-    for address in ["198.51.100.254/24", "203.0.113.254/24", "10.99.0.254/24"] {
-        run(&["ip", "addr", "add", address, "dev", "vinet"]);
-    }
-    run(&["ip", "link", "set", "vinet", "up"]);
-    let inside = |args: &[&str]| {
-        let mut all = vec!["nsenter", "-t", &pid, "-n"];
-        all.extend_from_slice(args);
-        run(&all);
-    };
-    inside(&["ip", "link", "set", "lo", "up"]);
-    for address in ["198.51.100.1/24", "203.0.113.1/24", "10.99.0.1/24"] {
-        inside(&["ip", "addr", "add", address, "dev", "vpeer"]);
-    }
-    inside(&["ip", "link", "set", "vpeer", "up"]);
-    let server = Owned(
-        Command::new("nsenter")
-            .args(["-t", &pid, "-n", "python3"])
-            .arg(&script)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("python3"),
-    );
-    (holder, server)
+    common::the_internet(
+        &env.root,
+        "server.py",
+        SERVER,
+        &["198.51.100.254/24", "203.0.113.254/24", "10.99.0.254/24"],
+        &["198.51.100.1/24", "203.0.113.1/24", "10.99.0.1/24"],
+    )
 }
 
 /// `GET path` of `host:port` from inside guest `id` (busybox `nc`: the guest's static busybox

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -332,4 +332,70 @@ fn guest_sources_fingerprint() -> u64 {
         }
     }
     hash
+}
+
+/// A process a test started, killed when dropped.
+pub struct Owned(pub Child);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A second network namespace that plays "the internet": a process holding it, a veth pair
+/// (`vinet` here with `here` addresses, `vpeer` there with `there` addresses) and `python3
+/// script` (written to `root/name`) serving there.
+pub fn the_internet(
+    root: &Path,
+    name: &str,
+    script: &str,
+    here: &[&str],
+    there: &[&str],
+) -> (Owned, Owned) {
+    let path = root.join(name);
+    std::fs::write(&path, script).unwrap();
+    let holder = Owned(
+        Command::new("unshare")
+            .args(["-n", "--", "sleep", "3600"])
+            .spawn()
+            .expect("unshare"),
+    );
+    let pid = holder.0.id().to_string();
+    // Wait until the holder runs in its own namespace.
+    for _ in 0..100 {
+        let ours = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
+        if std::fs::read_link(format!("/proc/{pid}/ns/net")).is_ok_and(|ns| ns != ours) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run(&[
+        "ip", "link", "add", "vinet", "type", "veth", "peer", "name", "vpeer",
+    ]);
+    run(&["ip", "link", "set", "vpeer", "netns", &pid]);
+    for address in here {
+        run(&["ip", "addr", "add", address, "dev", "vinet"]);
+    }
+    run(&["ip", "link", "set", "vinet", "up"]);
+    let inside = |args: &[&str]| {
+        let mut all = vec!["nsenter", "-t", &pid, "-n"];
+        all.extend_from_slice(args);
+        run(&all);
+    };
+    inside(&["ip", "link", "set", "lo", "up"]);
+    for address in there {
+        inside(&["ip", "addr", "add", address, "dev", "vpeer"]);
+    }
+    inside(&["ip", "link", "set", "vpeer", "up"]);
+    let servers = Owned(
+        Command::new("nsenter")
+            .args(["-t", &pid, "-n", "python3"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("python3"),
+    );
+    (holder, servers)
 }
