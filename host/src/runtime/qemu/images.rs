@@ -4,10 +4,12 @@
 //! `image.qcow2`. Anything in a digest's directory has therefore been checked.
 //!
 //! Snapshot archives (restores) are kept the same way under `<image_dir>/snapshots/<sha256>/`,
-//! unpacked: each restore of one snapshot layers its disk on the same checked copy.
+//! unpacked as they stream in (the archive itself is never written) and used only once the
+//! digest of everything received matches: each restore of one snapshot layers its disk on the
+//! same checked copy. The host that took a snapshot puts its files there itself.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -129,19 +131,18 @@ impl ImageCache {
         let span =
             tracing::info_span!("snapshot.fetch", snapshot = %from.snapshot_id, sha256 = %digest);
         let result = async {
-            let download = staging.join("download");
-            let actual = self.download(&from.url, &download).await?;
+            // Unpacked as it streams in; nothing of it is used unless the digest matches.
+            let out = staging.clone();
+            let (actual, unpacked) = self
+                .fetch(&from.url, move |body| unpack_snapshot(body, &out))
+                .await?;
             if actual != digest {
                 return Err(RuntimeError(format!(
                     "snapshot {} digest mismatch: expected sha256 {digest}, got {actual}",
                     from.snapshot_id
                 )));
             }
-            let (tar, out) = (download.clone(), staging.clone());
-            tokio::task::spawn_blocking(move || unpack_snapshot(&tar, &out))
-                .await
-                .map_err(|e| RuntimeError(format!("unpacking snapshot: {e}")))??;
-            let _ = tokio::fs::remove_file(&download).await;
+            unpacked?;
             tokio::fs::rename(&staging, &dir)
                 .await
                 .map_err(|e| RuntimeError(format!("snapshot cache {}: {e}", dir.display())))
@@ -208,44 +209,42 @@ impl ImageCache {
             .map_err(|e| RuntimeError(format!("image cache {}: {e}", dir.display())))
     }
 
-    /// Streams `url` to `to` and returns the hex SHA-256 of what it wrote.
+    /// Streams `url` to `to` (fsynced) and returns the hex SHA-256 of what it wrote.
     async fn download(&self, url: &str, to: &Path) -> Result<String, RuntimeError> {
-        let parsed =
-            url::Url::parse(url).map_err(|e| RuntimeError(format!("image URL {url:?}: {e}")))?;
-        let write_error =
-            |e: std::io::Error| RuntimeError(format!("writing {}: {e}", to.display()));
-        let mut file = std::fs::File::create(to).map_err(write_error)?;
-        let mut hasher = Sha256::new();
+        let to = to.to_owned();
+        let (digest, written) = self
+            .fetch(url, move |body| {
+                let error =
+                    |e: std::io::Error| RuntimeError(format!("writing {}: {e}", to.display()));
+                let mut file = std::fs::File::create(&to).map_err(error)?;
+                std::io::copy(body, &mut file).map_err(error)?;
+                file.sync_all().map_err(error)
+            })
+            .await?;
+        written.map(|()| digest)
+    }
+
+    /// Streams `url` (`http(s)://` or `file://`) through `sink` on a blocking thread, hashing
+    /// every byte, what `sink` left unread included: the hex SHA-256 of the whole body, and
+    /// what `sink` answered (whose work is to be trusted only when the digest is the one
+    /// expected).
+    async fn fetch<T: Send + 'static>(
+        &self,
+        url: &str,
+        sink: impl FnOnce(&mut dyn Read) -> Result<T, RuntimeError> + Send + 'static,
+    ) -> Result<(String, Result<T, RuntimeError>), RuntimeError> {
+        let parsed = url::Url::parse(url).map_err(|e| RuntimeError(format!("URL {url:?}: {e}")))?;
+        let joined = |e: tokio::task::JoinError| RuntimeError(format!("reading {url}: {e}"));
         match parsed.scheme() {
             "file" => {
                 let path = parsed
                     .to_file_path()
-                    .map_err(|()| RuntimeError(format!("image URL {url:?} is not a local path")))?;
-                let to = to.to_owned();
-                let digest =
-                    tokio::task::spawn_blocking(move || -> Result<String, RuntimeError> {
-                        let mut src = std::fs::File::open(&path)
-                            .map_err(|e| RuntimeError(format!("image {}: {e}", path.display())))?;
-                        let mut buf = vec![0u8; 1 << 20];
-                        loop {
-                            let n = std::io::Read::read(&mut src, &mut buf).map_err(|e| {
-                                RuntimeError(format!("reading image {}: {e}", path.display()))
-                            })?;
-                            if n == 0 {
-                                break;
-                            }
-                            hasher.update(&buf[..n]);
-                            file.write_all(&buf[..n]).map_err(|e| {
-                                RuntimeError(format!("writing {}: {e}", to.display()))
-                            })?;
-                        }
-                        file.sync_all()
-                            .map_err(|e| RuntimeError(format!("writing {}: {e}", to.display())))?;
-                        Ok(data_encoding::HEXLOWER.encode(&hasher.finalize()))
-                    })
+                    .map_err(|()| RuntimeError(format!("URL {url:?} is not a local path")))?;
+                let file = std::fs::File::open(&path)
+                    .map_err(|e| RuntimeError(format!("{}: {e}", path.display())))?;
+                tokio::task::spawn_blocking(move || through(file, sink))
                     .await
-                    .map_err(|e| RuntimeError(format!("image copy: {e}")))??;
-                Ok(digest)
+                    .map_err(joined)?
             }
             "http" | "https" => {
                 let mut response = self
@@ -254,22 +253,95 @@ impl ImageCache {
                     .send()
                     .await
                     .and_then(|r| r.error_for_status())
-                    .map_err(|e| RuntimeError(format!("image URL {url} does not answer: {e}")))?;
-                while let Some(chunk) = response
-                    .chunk()
-                    .await
-                    .map_err(|e| RuntimeError(format!("downloading image {url}: {e}")))?
-                {
-                    hasher.update(&chunk);
-                    file.write_all(&chunk).map_err(write_error)?;
+                    .map_err(|e| RuntimeError(format!("URL {url} does not answer: {e}")))?;
+                let (tx, rx) = tokio::sync::mpsc::channel(8);
+                let reader = ChannelReader {
+                    rx,
+                    chunk: Vec::new(),
+                    at: 0,
+                };
+                let consumer = tokio::task::spawn_blocking(move || through(reader, sink));
+                let mut broken = None;
+                loop {
+                    let chunk = match response.chunk().await {
+                        Ok(Some(chunk)) => Ok(chunk.to_vec()),
+                        Ok(None) => break,
+                        Err(error) => {
+                            let message = format!("downloading {url}: {error}");
+                            broken = Some(message.clone());
+                            Err(std::io::Error::other(message))
+                        }
+                    };
+                    // A consumer that is gone has failed: its error is the news.
+                    if tx.send(chunk).await.is_err() || broken.is_some() {
+                        break;
+                    }
                 }
-                file.sync_all().map_err(write_error)?;
-                Ok(data_encoding::HEXLOWER.encode(&hasher.finalize()))
+                drop(tx);
+                let consumed = consumer.await.map_err(joined)?;
+                // A body cut short would only show as a wrong digest: say what happened.
+                match broken {
+                    Some(message) => Err(RuntimeError(message)),
+                    None => consumed,
+                }
             }
             other => Err(RuntimeError(format!(
-                "image URL scheme {other:?} is not supported"
+                "URL scheme {other:?} is not supported"
             ))),
         }
+    }
+}
+
+/// Runs `sink` over `body`, then reads what it left, hashing it all.
+fn through<T>(
+    body: impl Read,
+    sink: impl FnOnce(&mut dyn Read) -> Result<T, RuntimeError>,
+) -> Result<(String, Result<T, RuntimeError>), RuntimeError> {
+    let mut hashing = HashingReader {
+        inner: body,
+        hasher: Sha256::new(),
+    };
+    let done = sink(&mut hashing);
+    std::io::copy(&mut hashing, &mut std::io::sink())
+        .map_err(|e| RuntimeError(format!("reading: {e}")))?;
+    Ok((
+        data_encoding::HEXLOWER.encode(&hashing.hasher.finalize()),
+        done,
+    ))
+}
+
+struct HashingReader<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// A response body's chunks, read on a blocking thread.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    at: usize,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.chunk.len() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => (self.chunk, self.at) = (chunk?, 0),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.at);
+        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
     }
 }
 
@@ -281,9 +353,9 @@ fn snapshot_complete(dir: &Path) -> bool {
 }
 
 /// Unpacks the snapshot archive's known regular files into `out`.
-fn unpack_snapshot(tar: &Path, out: &Path) -> Result<(), RuntimeError> {
+fn unpack_snapshot(body: impl Read, out: &Path) -> Result<(), RuntimeError> {
     let required = ["manifest.json", "disk.qcow2", "config.img"];
-    unpack_known(tar, out, "snapshot archive", &SNAPSHOT_FILES, &required)
+    unpack_known(body, out, "snapshot archive", &SNAPSHOT_FILES, &required)
 }
 
 /// What a complete cache directory holds, if it is complete.
@@ -304,8 +376,10 @@ fn cached(dir: &Path, format: &str) -> Option<Cached> {
 
 /// Unpacks the bundle's known regular files into `out`.
 fn unpack_bundle(tar: &Path, out: &Path) -> Result<(), RuntimeError> {
+    let file = std::fs::File::open(tar)
+        .map_err(|e| RuntimeError(format!("image bundle {}: {e}", tar.display())))?;
     unpack_known(
-        tar,
+        file,
         out,
         "image bundle",
         &BUNDLE_FILES,
@@ -317,15 +391,14 @@ fn unpack_bundle(tar: &Path, out: &Path) -> Result<(), RuntimeError> {
 /// anything else in the tar is ignored, so a hostile member name can never write outside
 /// `out`. Each of `required` must be there; `what` names the archive in errors.
 fn unpack_known(
-    tar: &Path,
+    body: impl Read,
     out: &Path,
     what: &str,
     known: &[&str],
     required: &[&str],
 ) -> Result<(), RuntimeError> {
     let bad = |e: std::io::Error| RuntimeError(format!("{what} is not a readable tar: {e}"));
-    let file = std::fs::File::open(tar).map_err(bad)?;
-    let mut archive = tar::Archive::new(file);
+    let mut archive = tar::Archive::new(body);
     let mut found = Vec::new();
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
@@ -354,5 +427,119 @@ fn unpack_known(
     match required.iter().find(|r| !found.iter().any(|f| f == *r)) {
         Some(missing) => Err(RuntimeError(format!("{what} has no {missing}"))),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A snapshot archive of small files, and its digest.
+    fn archive() -> (Vec<u8>, String) {
+        let mut tar = tar::Builder::new(Vec::new());
+        for (name, data) in [
+            ("manifest.json", b"{}".to_vec()),
+            ("disk.qcow2", vec![1; 3000]),
+            ("config.img", vec![2; 512]),
+            ("memory.state", vec![3; 200_000]),
+            ("extra.bin", vec![4; 10]),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            tar.append_data(&mut header, name, data.as_slice()).unwrap();
+        }
+        let bytes = tar.into_inner().unwrap();
+        let digest = data_encoding::HEXLOWER.encode(&Sha256::digest(&bytes));
+        (bytes, digest)
+    }
+
+    /// Serves `body` to one GET, in pieces.
+    async fn serve(body: Vec<u8>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/snap", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = vec![0; 4096];
+            let _ = stream.read(&mut request).await;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            stream.write_all(head.as_bytes()).await.unwrap();
+            for piece in body.chunks(7_000) {
+                stream.write_all(piece).await.unwrap();
+            }
+        });
+        url
+    }
+
+    fn source(url: String, sha256: &str) -> RestoreSource {
+        RestoreSource {
+            snapshot_id: "snap_t".into(),
+            url,
+            sha256: sha256.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_is_unpacked_as_it_streams_in_and_kept_under_its_digest() {
+        let root = std::env::temp_dir().join(format!("vps-images-ok-{}", std::process::id()));
+        let cache = ImageCache::new(root.clone());
+        let (bytes, digest) = archive();
+        let dir = cache
+            .snapshot(&source(serve(bytes).await, &digest))
+            .await
+            .expect("restored");
+        assert_eq!(dir, root.join("snapshots").join(&digest));
+        assert_eq!(
+            std::fs::read(dir.join("memory.state")).unwrap(),
+            vec![3; 200_000]
+        );
+        assert_eq!(
+            std::fs::read(dir.join("disk.qcow2")).unwrap(),
+            vec![1; 3000]
+        );
+        assert!(
+            !dir.join("extra.bin").exists(),
+            "only the files a snapshot has"
+        );
+        // Cached: no second download (nothing serves it now).
+        let again = cache
+            .snapshot(&source("http://127.0.0.1:9/gone".into(), &digest))
+            .await
+            .expect("cached");
+        assert_eq!(again, dir);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_whose_bytes_are_not_its_digest_leaves_nothing_and_names_both() {
+        let root = std::env::temp_dir().join(format!("vps-images-bad-{}", std::process::id()));
+        let cache = ImageCache::new(root.clone());
+        let (bytes, actual) = archive();
+        let claimed = "ab".repeat(32);
+        let error = cache
+            .snapshot(&source(serve(bytes).await, &claimed))
+            .await
+            .expect_err("a wrong digest");
+        assert!(
+            error.0.contains(&claimed) && error.0.contains(&actual),
+            "{error}"
+        );
+        let left: Vec<_> = std::fs::read_dir(root.join("snapshots")).unwrap().collect();
+        assert!(left.is_empty(), "nothing kept: {left:?}");
+        // Not a tar at all: the digest is still what is reported.
+        let garbage = b"some other bytes".to_vec();
+        let actual = data_encoding::HEXLOWER.encode(&Sha256::digest(&garbage));
+        let error = cache
+            .snapshot(&source(serve(garbage).await, &claimed))
+            .await
+            .expect_err("not a snapshot");
+        assert!(error.0.contains(&actual), "{error}");
+        let _ = std::fs::remove_dir_all(&root);
     }
 }
