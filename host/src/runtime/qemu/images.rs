@@ -517,6 +517,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_snapshot_this_host_took_is_restored_from_its_own_files_without_a_download() {
+        let root = std::env::temp_dir().join(format!("vps-images-own-{}", std::process::id()));
+        let taken = root.join("taken");
+        std::fs::create_dir_all(&taken).unwrap();
+        for name in ["manifest.json", "disk.qcow2", "config.img", "memory.state"] {
+            std::fs::write(taken.join(name), name).unwrap();
+        }
+        let cache = ImageCache::new(root.join("images"));
+        let digest = "cd".repeat(32);
+        cache.adopt_snapshot(&taken, &digest).await;
+        assert!(!taken.exists(), "the files moved");
+        // Nothing serves the archive: only the kept files can answer.
+        let dir = cache
+            .snapshot(&source("http://127.0.0.1:9/gone".into(), &digest))
+            .await
+            .expect("restored from the kept files");
+        assert_eq!(
+            std::fs::read(dir.join("memory.state")).unwrap(),
+            b"memory.state"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
     async fn a_snapshot_whose_bytes_are_not_its_digest_leaves_nothing_and_names_both() {
         let root = std::env::temp_dir().join(format!("vps-images-bad-{}", std::process::id()));
         let cache = ImageCache::new(root.clone());
