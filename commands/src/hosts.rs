@@ -2,7 +2,7 @@
 //! from node liveness (`node.lost` and its instances). Every instance change is an ordinary
 //! decision on the instance's stream.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::Utc;
 use serde::Deserialize;
@@ -188,32 +188,39 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
     }
     let mut report = report;
     for (i, entry) in report.instances.iter_mut().enumerate() {
-        if let Some(addresses) = entry.addresses.take() {
-            entry.addresses = Some(checked_addresses(i, addresses)?);
+        if let Some(addresses) = entry.addresses.as_mut() {
+            check_addresses(i, addresses)?;
         }
     }
     if let Some(url) = &report.tunnel_url {
         vps_domain::tunnel_url::parse("tunnelUrl", url)?;
     }
     check_facts(&report)?;
-    let ids: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
-    if ids.len() != report.instances.len() {
-        return Err(DomainError::InvalidInput {
-            field: "instances".into(),
-            message: "an instance is listed twice".into(),
+    // Hashed, not ordered: a full host lists thousands, and each entry is looked up again.
+    let mut entries = HashMap::with_capacity(report.instances.len());
+    for entry in &report.instances {
+        if entries.insert(entry.id.as_str(), entry).is_some() {
+            return Err(DomainError::InvalidInput {
+                field: "instances".into(),
+                message: "an instance is listed twice".into(),
+            }
+            .into());
         }
-        .into());
     }
     transaction(ctx, &report.node_id, async |tx| {
-        report_in(ctx, tx, &report).await
+        report_in(ctx, tx, &report, &entries).await
     })
     .await
 }
+
+/// The report's entries by instance id.
+type Entries<'a> = HashMap<&'a str, &'a ReportedInstance>;
 
 async fn report_in(
     ctx: &Ctx,
     tx: &mut PgConnection,
     report: &Report,
+    entries: &Entries<'_>,
 ) -> Result<ReportOutcome, CommandError> {
     let now = ctx.clock.now();
     let node_id = &report.node_id;
@@ -243,21 +250,15 @@ async fn report_in(
         }
     }
     if report.complete {
-        let reported: BTreeSet<&str> = report.instances.iter().map(|i| i.id.as_str()).collect();
         candidates.extend(
             views
                 .iter()
                 .filter(|(id, v)| {
-                    !reported.contains(id.as_str()) && v.state == InstanceState::Deleting
+                    v.state == InstanceState::Deleting && !entries.contains_key(id.as_str())
                 })
                 .map(|(id, _)| id.clone()),
         );
     }
-    let entries: BTreeMap<&str, &ReportedInstance> = report
-        .instances
-        .iter()
-        .map(|i| (i.id.as_str(), i))
-        .collect();
     let ids: Vec<String> = candidates.into_iter().collect();
     let mut changed = Vec::new();
     for instance in lock_placed(tx, node_id, &ids).await? {
@@ -360,10 +361,10 @@ fn commands_for(
     commands
 }
 
-/// A reported instance's addresses, each an IPv4 or IPv6 address (a `/prefix` suffix is
-/// dropped), at most [`MAX_ADDRESSES`] of them: a host's word is recorded in the log and shown
-/// to the tenant, so it is held to a shape.
-fn checked_addresses(entry: usize, addresses: Vec<String>) -> Result<Vec<String>, DomainError> {
+/// Holds a reported instance's addresses to a shape, in place: each an IPv4 or IPv6 address
+/// (a `/prefix` suffix is dropped, IPv6 is written in its canonical form), at most
+/// [`MAX_ADDRESSES`] of them. A host's word is recorded in the log and shown to the tenant.
+fn check_addresses(entry: usize, addresses: &mut [String]) -> Result<(), DomainError> {
     let field = || format!("instances[{entry}].addresses");
     if addresses.len() > MAX_ADDRESSES {
         return Err(DomainError::invalid_input(
@@ -371,20 +372,22 @@ fn checked_addresses(entry: usize, addresses: Vec<String>) -> Result<Vec<String>
             format!("at most {MAX_ADDRESSES} addresses"),
         ));
     }
-    addresses
-        .iter()
-        .map(|a| {
-            let (ip, prefix) = a.split_once('/').unwrap_or((a, ""));
-            let parsed: std::net::IpAddr = ip.parse().map_err(|_| {
-                DomainError::invalid_input(field(), "each must be an IPv4 or IPv6 address")
-            })?;
-            let max = if parsed.is_ipv4() { 32 } else { 128 };
-            if !prefix.is_empty() && prefix.parse::<u8>().map_or(true, |p| p > max) {
-                return Err(DomainError::invalid_input(field(), "a bad prefix length"));
-            }
-            Ok(parsed.to_string())
-        })
-        .collect()
+    for a in addresses {
+        let (ip, prefix) = a.split_once('/').unwrap_or((a, ""));
+        let parsed: std::net::IpAddr = ip.parse().map_err(|_| {
+            DomainError::invalid_input(field(), "each must be an IPv4 or IPv6 address")
+        })?;
+        let max = if parsed.is_ipv4() { 32 } else { 128 };
+        if !prefix.is_empty() && prefix.parse::<u8>().map_or(true, |p| p > max) {
+            return Err(DomainError::invalid_input(field(), "a bad prefix length"));
+        }
+        // The IPv4 parser takes only the canonical dotted quad: such an entry (nearly every
+        // one) is kept as it came, without a new string.
+        if !(parsed.is_ipv4() && prefix.is_empty()) {
+            *a = parsed.to_string();
+        }
+    }
+    Ok(())
 }
 
 /// Locks a node's row to commit, so one node's reports and liveness decisions apply one at a
@@ -503,4 +506,30 @@ pub async fn node_secret(
         .await?
         .ok_or_else(not_found)?;
     String::from_utf8(value).map_err(|_| not_found())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_addresses;
+
+    #[test]
+    fn addresses_lose_their_prefix_and_take_their_canonical_form() {
+        let mut addresses: Vec<String> = ["10.0.0.5", "10.0.0.6/24", "FD00:0::1/64", "fd00::2"]
+            .map(String::from)
+            .to_vec();
+        check_addresses(0, &mut addresses).unwrap();
+        assert_eq!(addresses, ["10.0.0.5", "10.0.0.6", "fd00::1", "fd00::2"]);
+    }
+
+    #[test]
+    fn a_malformed_address_or_prefix_is_refused_naming_the_entry() {
+        for bad in ["010.0.0.5", "10.0.0.5/33", "fd00::1/129", "host"] {
+            let mut addresses = vec![bad.to_string()];
+            let refused = check_addresses(3, &mut addresses).unwrap_err();
+            assert!(
+                refused.to_string().contains("instances[3].addresses"),
+                "{bad}: {refused}"
+            );
+        }
+    }
 }

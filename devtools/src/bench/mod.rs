@@ -114,6 +114,38 @@ pub fn round(x: f64, decimals: i32) -> f64 {
     (x * scale).round() / scale
 }
 
+/// Waits until the log and every follower's checkpoint have stood still for `quiet` (at most
+/// `limit`): a bench that builds its fleet first measures the capability, not the reactors still
+/// catching up with the build. Answers how long it waited.
+pub async fn await_quiet(
+    db: &PgPool,
+    quiet: Duration,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut last: Option<(Option<i64>, Option<chrono::DateTime<chrono::Utc>>)> = None;
+    let mut still_since = Instant::now();
+    loop {
+        let now: (Option<i64>, Option<chrono::DateTime<chrono::Utc>>) = sqlx::query_as(
+            "SELECT (SELECT max(position) FROM events),
+                    (SELECT max(updated_at) FROM follower_checkpoints)",
+        )
+        .fetch_one(db)
+        .await?;
+        if last != Some(now) {
+            last = Some(now);
+            still_since = Instant::now();
+        } else if still_since.elapsed() >= quiet {
+            return Ok(started.elapsed());
+        }
+        anyhow::ensure!(
+            started.elapsed() < limit,
+            "the log or a follower still moved after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// A count over the time it took.
 #[derive(Debug, Clone, Copy)]
 pub struct Rate {

@@ -271,6 +271,12 @@ async fn phases(
     let (answer, ms) = big.timed("report", big.report_body(&entries, true)).await?;
     f.first_ms = ms;
     f.first_updated = answer["updated"].as_u64().unwrap_or_default();
+    let waited =
+        super::await_quiet(&ctx.pool, Duration::from_secs(3), Duration::from_secs(600)).await?;
+    println!(
+        "reactors caught up with the build {:.1} s after the first report",
+        waited.as_secs_f64()
+    );
     // Warm both paths (plans, caches) before the samples.
     for _ in 0..3 {
         big.post("report", big.report_body(&entries, true)).await?;
