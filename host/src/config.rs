@@ -64,6 +64,8 @@ pub struct HostConfig {
     /// Where the resolver for allow-listed domains asks (`IP` or `IP:PORT`); none: the first
     /// `nameserver` of /etc/resolv.conf.
     pub dns_upstream: Option<std::net::SocketAddr>,
+    /// The image cache's budget in bytes; none: half the file system holding `image_dir`.
+    pub image_cache_max_bytes: Option<u64>,
     /// How the loop is paced: not in the file, tests shorten it.
     pub timings: AgentTimings,
 }
@@ -120,6 +122,7 @@ struct HostTable {
     accel: Option<String>,
     metrics_listen: Option<String>,
     dns_upstream: Option<String>,
+    image_cache_max_bytes: Option<u64>,
 }
 
 /// Reads and checks a `host.toml`.
@@ -237,6 +240,7 @@ pub fn parse(text: &str, file: &str) -> Result<HostConfig, ConfigError> {
         accel,
         metrics_listen,
         dns_upstream,
+        image_cache_max_bytes: host.image_cache_max_bytes,
         timings: AgentTimings::default(),
     })
 }
@@ -317,6 +321,19 @@ mod tests {
             parse(&text, "host.toml").unwrap_err().key,
             "host.dns_upstream"
         );
+    }
+
+    #[test]
+    fn the_image_cache_budget_is_a_byte_count_or_left_to_the_runtime() {
+        assert_eq!(
+            parse(MINIMAL, "host.toml").unwrap().image_cache_max_bytes,
+            None
+        );
+        let text = format!("{MINIMAL}image_cache_max_bytes = 10737418240\n");
+        let c = parse(&text, "host.toml").unwrap();
+        assert_eq!(c.image_cache_max_bytes, Some(10 << 30));
+        let text = format!("{MINIMAL}image_cache_max_bytes = -1\n");
+        assert_eq!(parse(&text, "host.toml").unwrap_err().key, "line 5");
     }
 
     #[test]

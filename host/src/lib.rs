@@ -51,6 +51,9 @@ pub async fn run(config: HostConfig) -> anyhow::Result<()> {
                 runtime::qemu::Qemu::new(&config.state_dir, &config.image_dir, config.accel)
                     .context("the qemu runtime")?;
             qemu.dns_upstream = config.dns_upstream;
+            if let Some(max) = config.image_cache_max_bytes {
+                qemu.image_cache_max_bytes = max;
+            }
             qemu
         }
     };

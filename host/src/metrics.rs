@@ -1,6 +1,7 @@
 //! The agent's Prometheus metrics (`metrics` crate; the binary installs the recorder and
 //! serves it). The runtime adds its own: `vps_host_boot_seconds`, `vps_host_qmp_errors_total`,
-//! `vps_host_image_cache_{hits,misses}_total`, and its resolver `vps_host_dns_queries_total`.
+//! `vps_host_image_cache_{hits,misses}_total`, `vps_host_image_cache_bytes`,
+//! `vps_host_image_cache_evictions_total{kind}`, and its resolver `vps_host_dns_queries_total`.
 
 use std::collections::BTreeMap;
 

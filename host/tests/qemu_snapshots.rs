@@ -169,6 +169,63 @@ fn a_memory_snapshot_restores_a_guest_that_goes_on_without_a_reboot_under_a_new_
 }
 
 #[test]
+fn under_a_tiny_cache_budget_a_second_snapshot_evicts_the_first_while_its_restore_runs() {
+    let bundle = minimal_bundle();
+    in_netns(move || async move {
+        let env = Env::new("cache", &bundle);
+        let mut runtime = env.runtime();
+        let source = env.spec(SOURCE, 2);
+        runtime.run(&source).await.expect("run");
+        env.ssh_until_up(SOURCE, "echo one > /data/file && sync");
+        let first = runtime
+            .snapshot(SOURCE, false, &env.out)
+            .await
+            .expect("first snapshot");
+        let first_from = env.source(&first);
+        // Kept by the host that took it, as the agent does once it is uploaded.
+        runtime.keep_snapshot(&first, &first_from.sha256).await;
+        let cached = |sha256: &str| env.images.join("snapshots").join(sha256);
+        assert!(cached(&first_from.sha256).join("disk.qcow2").is_file());
+
+        runtime.image_cache_max_bytes = 1;
+        env.ssh(SOURCE, "echo two > /data/file && sync")
+            .expect("write");
+        let second = runtime
+            .snapshot(SOURCE, false, &env.out)
+            .await
+            .expect("second snapshot");
+        let second_from = env.source(&second);
+        let clone = env.spec(CLONE, 3);
+        runtime
+            .restore(&clone, &second_from)
+            .await
+            .expect("restore of the second");
+        let second_sha256 = second_from.sha256;
+        assert!(
+            !cached(&first_from.sha256).exists(),
+            "the first snapshot, needed by no guest, is evicted"
+        );
+        assert!(
+            cached(&second_sha256).join("disk.qcow2").is_file(),
+            "the second stays: the clone's disk is layered on it"
+        );
+        let image = env.images.join(bundle_digest(&env.bundle));
+        assert!(image.join("vmlinuz").is_file(), "the guests' image stays");
+        let after = env.ssh_until_up(CLONE, "cat /data/file");
+        assert_eq!(after.trim(), "two");
+        env.ssh(SOURCE, "true").expect("the source runs on");
+
+        // What only a deleted guest needed goes with it.
+        runtime.delete(CLONE).await.expect("delete");
+        assert!(!cached(&second_sha256).exists());
+        assert!(image.join("vmlinuz").is_file(), "the source still needs it");
+        runtime.delete(SOURCE).await.expect("delete");
+        assert!(!image.exists(), "no guest needs the image");
+        env.assert_no_qemu();
+    });
+}
+
+#[test]
 fn a_restore_whose_archive_is_not_its_digest_is_an_error_naming_both_and_nothing_boots() {
     let bundle = minimal_bundle();
     in_netns(move || async move {

@@ -958,6 +958,7 @@ impl Lab {
             accel: Accel::Tcg,
             metrics_listen: None,
             dns_upstream: None,
+            image_cache_max_bytes: None,
             timings: AgentTimings {
                 report_interval: Duration::from_millis(300),
                 poll_wait: Duration::from_secs(1),

@@ -348,6 +348,7 @@ impl Lab {
                 accel: o.accel,
                 metrics_listen: None,
                 dns_upstream: None,
+                image_cache_max_bytes: None,
                 timings: timings.clone(),
             };
             let host = vps_host::start(config, runtime).await?;

@@ -79,6 +79,7 @@ pub async fn start(
             accel: chosen.into(),
             metrics_listen: None,
             dns_upstream: None,
+            image_cache_max_bytes: None,
             timings: Default::default(),
         };
         let runtime = Qemu::new(&config.state_dir, &config.image_dir, config.accel)?;

@@ -7,11 +7,20 @@
 //! unpacked as they stream in (the archive itself is never written) and used only once the
 //! digest of everything received matches: each restore of one snapshot layers its disk on the
 //! same checked copy. The host that took a snapshot puts its files there itself.
+//!
+//! The cache is bounded ([`ImageCache::prune`]): over its byte budget, the entries used least
+//! recently go first, but never one a guest of this host still needs (its record names the
+//! image or the snapshot its overlay is layered on), one a boot is using ([`Pin`]) or one
+//! being filled (its digest's lock is held). Sizes and the order of use are kept in memory,
+//! read once from the directory at start; a use also moves the entry directory's mtime, so
+//! that order survives a restart.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 use tracing::Instrument;
@@ -36,20 +45,234 @@ pub struct ImageCache {
     dir: PathBuf,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     http: reqwest::Client,
+    index: Mutex<Index>,
+    pins: Arc<Mutex<HashMap<Entry, usize>>>,
 }
+
+/// One entry of the cache: an image's directory or an unpacked snapshot's, by digest.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Entry {
+    /// `<image_dir>/<sha256>/`.
+    Image(String),
+    /// `<image_dir>/snapshots/<sha256>/`.
+    Snapshot(String),
+}
+
+/// Keeps an entry from eviction while held: a boot holds its image's (and a restore its
+/// snapshot's) until the guest is started, by when the guest's record names the entry.
+#[derive(Debug)]
+pub struct Pin {
+    entry: Entry,
+    pins: Arc<Mutex<HashMap<Entry, usize>>>,
+}
+
+/// What the cache holds: each entry's size and when it was last used (a tick of this index).
+#[derive(Default)]
+struct Index {
+    entries: HashMap<Entry, Use>,
+    tick: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Use {
+    bytes: u64,
+    tick: u64,
+}
+
+/// The prefix of an entry directory on its way out (renamed first, so it never looks cached).
+const EVICTING: &str = ".evicting-";
 
 const BUNDLE_FILES: [&str; 3] = ["vmlinuz", "initrd", "rootfs.qcow2"];
 
 /// What a snapshot archive may hold (`snapshots::MANIFEST` and the files it names).
 pub const SNAPSHOT_FILES: [&str; 4] = ["manifest.json", "disk.qcow2", "config.img", "memory.state"];
 
+impl Entry {
+    fn kind(&self) -> &'static str {
+        match self {
+            Entry::Image(_) => "image",
+            Entry::Snapshot(_) => "snapshot",
+        }
+    }
+
+    fn digest(&self) -> &str {
+        match self {
+            Entry::Image(digest) | Entry::Snapshot(digest) => digest,
+        }
+    }
+
+    /// Its directory under the cache's `root`.
+    fn dir(&self, root: &Path) -> PathBuf {
+        match self {
+            Entry::Image(digest) => root.join(digest),
+            Entry::Snapshot(digest) => root.join("snapshots").join(digest),
+        }
+    }
+
+    /// The name of the lock that fills it.
+    fn lock_key(&self) -> String {
+        match self {
+            Entry::Image(digest) => digest.clone(),
+            Entry::Snapshot(digest) => format!("snapshot:{digest}"),
+        }
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let mut pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = pins.get_mut(&self.entry) {
+            *count -= 1;
+            if *count == 0 {
+                pins.remove(&self.entry);
+            }
+        }
+    }
+}
+
 impl ImageCache {
+    /// The cache in `dir`, whose entries (and their sizes) are read once here.
     pub fn new(dir: PathBuf) -> ImageCache {
+        let index = load(&dir);
+        metrics::gauge!("vps_host_image_cache_bytes").set(index.bytes() as f64);
         ImageCache {
             dir,
             locks: Mutex::default(),
             http: reqwest::Client::new(),
+            index: Mutex::new(index),
+            pins: Arc::default(),
         }
+    }
+
+    /// The bytes the cache's entries take on disk.
+    pub fn bytes(&self) -> u64 {
+        self.index().bytes()
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `entry` from eviction until the pin is dropped. Taken under the entry's lock, so
+    /// a prune (which looks at pins under that lock too) sees it.
+    fn pin(&self, entry: &Entry) -> Pin {
+        let mut pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+        *pins.entry(entry.clone()).or_default() += 1;
+        Pin {
+            entry: entry.clone(),
+            pins: self.pins.clone(),
+        }
+    }
+
+    fn pinned(&self, entry: &Entry) -> bool {
+        let pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+        pins.contains_key(entry)
+    }
+
+    /// Marks `entry` used now; `fresh` (just filled) measures it again. Called under its lock.
+    fn touch(&self, entry: &Entry, fresh: bool) {
+        let dir = entry.dir(&self.dir);
+        // The order of use outlives the agent as the directory's mtime (best effort).
+        let _ = std::fs::File::open(&dir).and_then(|f| f.set_modified(SystemTime::now()));
+        let mut index = self.index();
+        index.tick += 1;
+        let tick = index.tick;
+        let known = index.entries.get(entry).map(|u| u.bytes);
+        let bytes = match known {
+            Some(bytes) if !fresh => bytes,
+            _ => entry_bytes(&dir),
+        };
+        index.entries.insert(entry.clone(), Use { bytes, tick });
+        metrics::gauge!("vps_host_image_cache_bytes").set(index.bytes() as f64);
+    }
+
+    /// Evicts entries, least recently used first, until the cache takes at most `max_bytes`.
+    /// An entry being filled (its lock is held), pinned by a boot, or in `in_use` (asked only
+    /// when something is to go, once the candidates' locks are held, so a guest whose boot
+    /// has let go of its pin is seen by its record) stays. Costs nothing under the budget.
+    pub async fn prune(&self, max_bytes: u64, in_use: impl FnOnce() -> HashSet<Entry>) {
+        let mut candidates: Vec<(Entry, Use)> = {
+            let index = self.index();
+            if index.bytes() <= max_bytes {
+                return;
+            }
+            index.entries.iter().map(|(e, u)| (e.clone(), *u)).collect()
+        };
+        candidates.sort_by_key(|(_, u)| u.tick);
+        // Each candidate's lock is held from here until it is gone or kept: no fill, no use.
+        let mut held = Vec::new();
+        for (entry, used) in candidates {
+            let Ok(guard) = self.lock(&entry.lock_key()).try_lock_owned() else {
+                continue;
+            };
+            if !self.pinned(&entry) {
+                held.push((entry, used, guard));
+            }
+        }
+        if held.is_empty() {
+            return;
+        }
+        let in_use = in_use();
+        for (entry, used, _guard) in held {
+            if self.bytes() <= max_bytes {
+                break;
+            }
+            if in_use.contains(&entry) {
+                continue;
+            }
+            self.evict(&entry, used).await;
+        }
+        let left = self.bytes();
+        if left > max_bytes {
+            tracing::info!(
+                bytes = left,
+                max_bytes,
+                "the image cache is over its budget with entries in use"
+            );
+        }
+    }
+
+    /// Removes `entry` (its lock held): renamed aside first, so a crash midway leaves nothing
+    /// that looks cached.
+    async fn evict(&self, entry: &Entry, used: Use) {
+        let dir = entry.dir(&self.dir);
+        let Some(parent) = dir.parent() else {
+            return;
+        };
+        let aside = parent.join(format!("{EVICTING}{}", entry.digest()));
+        let renamed = tokio::fs::rename(&dir, &aside).await;
+        let gone = |index: &mut Index| {
+            index.entries.remove(entry);
+            index.bytes()
+        };
+        match renamed {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Removed by someone else: only the index still had it.
+                let total = gone(&mut self.index());
+                metrics::gauge!("vps_host_image_cache_bytes").set(total as f64);
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(kind = entry.kind(), sha256 = entry.digest(), %error,
+                    "cannot evict a cache entry");
+                return;
+            }
+        }
+        if let Err(error) = tokio::fs::remove_dir_all(&aside).await {
+            tracing::warn!(path = %aside.display(), %error, "an evicted cache entry stays on disk");
+        }
+        let total = gone(&mut self.index());
+        metrics::gauge!("vps_host_image_cache_bytes").set(total as f64);
+        metrics::counter!("vps_host_image_cache_evictions_total", "kind" => entry.kind())
+            .increment(1);
+        tracing::info!(
+            kind = entry.kind(),
+            sha256 = entry.digest(),
+            bytes = used.bytes,
+            cache_bytes = total,
+            "cache entry evicted (least recently used)"
+        );
     }
 
     /// The lock of one cache entry.
@@ -58,8 +281,9 @@ impl ImageCache {
         locks.entry(key.to_owned()).or_default().clone()
     }
 
-    /// The checked image, downloading and unpacking it first if needed.
-    pub async fn get(&self, image: &ImageRef) -> Result<Cached, RuntimeError> {
+    /// The checked image, downloading and unpacking it first if needed, pinned until the
+    /// [`Pin`] is dropped.
+    pub async fn get(&self, image: &ImageRef) -> Result<(Cached, Pin), RuntimeError> {
         let digest = image.sha256.to_ascii_lowercase();
         if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(RuntimeError(format!(
@@ -76,9 +300,11 @@ impl ImageCache {
         let lock = self.lock(&digest);
         let _guard = lock.lock().await;
         let dir = self.dir.join(&digest);
+        let entry = Entry::Image(digest.clone());
         if let Some(cached) = cached(&dir, &image.format) {
             metrics::counter!("vps_host_image_cache_hits_total").increment(1);
-            return Ok(cached);
+            self.touch(&entry, false);
+            return Ok((cached, self.pin(&entry)));
         }
         metrics::counter!("vps_host_image_cache_misses_total").increment(1);
         tokio::fs::create_dir_all(&self.dir)
@@ -97,15 +323,18 @@ impl ImageCache {
             .await;
         let _ = tokio::fs::remove_dir_all(&staging).await;
         result?;
-        cached(&dir, &image.format).ok_or_else(|| {
+        let cached = cached(&dir, &image.format).ok_or_else(|| {
             RuntimeError(format!(
                 "image {digest}: the cache entry is incomplete after download"
             ))
-        })
+        })?;
+        self.touch(&entry, true);
+        Ok((cached, self.pin(&entry)))
     }
 
-    /// The checked, unpacked snapshot archive of `from`, downloading it first if needed.
-    pub async fn snapshot(&self, from: &RestoreSource) -> Result<PathBuf, RuntimeError> {
+    /// The checked, unpacked snapshot archive of `from`, downloading it first if needed,
+    /// pinned until the [`Pin`] is dropped.
+    pub async fn snapshot(&self, from: &RestoreSource) -> Result<(PathBuf, Pin), RuntimeError> {
         let digest = from.sha256.to_ascii_lowercase();
         if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(RuntimeError(format!(
@@ -117,8 +346,10 @@ impl ImageCache {
         let _guard = lock.lock().await;
         let root = self.dir.join("snapshots");
         let dir = root.join(&digest);
+        let entry = Entry::Snapshot(digest.clone());
         if snapshot_complete(&dir) {
-            return Ok(dir);
+            self.touch(&entry, false);
+            return Ok((dir, self.pin(&entry)));
         }
         tokio::fs::create_dir_all(&root)
             .await
@@ -151,7 +382,8 @@ impl ImageCache {
         .await;
         let _ = tokio::fs::remove_dir_all(&staging).await;
         result?;
-        Ok(dir)
+        self.touch(&entry, true);
+        Ok((dir, self.pin(&entry)))
     }
 
     /// Makes the snapshot files in `files` (a snapshot this host took and uploaded, whose
@@ -171,7 +403,10 @@ impl ImageCache {
             return;
         }
         match tokio::fs::rename(files, &dir).await {
-            Ok(()) => tracing::debug!(sha256 = %digest, "snapshot kept for restores here"),
+            Ok(()) => {
+                self.touch(&Entry::Snapshot(digest.clone()), true);
+                tracing::debug!(sha256 = %digest, "snapshot kept for restores here")
+            }
             Err(error) => tracing::debug!(%error, "snapshot not kept for restores here"),
         }
     }
@@ -290,6 +525,71 @@ impl ImageCache {
             ))),
         }
     }
+}
+
+/// The budget when `image_cache_max_bytes` is not set: half the file system holding `dir`
+/// (guests' overlays often share it), or 20 GiB when that cannot be read.
+pub fn default_budget(dir: &Path) -> u64 {
+    crate::disk::total_bytes(dir).map_or(20 << 30, |total| total / 2)
+}
+
+impl Index {
+    fn bytes(&self) -> u64 {
+        self.entries.values().map(|u| u.bytes).sum()
+    }
+}
+
+/// The entries under `dir`, ordered by their directories' mtimes (the last use of a previous
+/// run); what an interrupted eviction left is removed.
+fn load(dir: &Path) -> Index {
+    let mut found: Vec<(SystemTime, Entry, u64)> = Vec::new();
+    for (root, snapshots) in [(dir.to_owned(), false), (dir.join("snapshots"), true)] {
+        for item in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let name = item.file_name().to_string_lossy().into_owned();
+            let path = item.path();
+            if name.starts_with(EVICTING) {
+                let _ = std::fs::remove_dir_all(&path);
+                continue;
+            }
+            let Ok(meta) = item.metadata() else {
+                continue;
+            };
+            if !meta.is_dir() || !is_digest(&name) {
+                continue;
+            }
+            let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            let entry = match snapshots {
+                true => Entry::Snapshot(name),
+                false => Entry::Image(name),
+            };
+            found.push((used, entry, entry_bytes(&path)));
+        }
+    }
+    found.sort_by_key(|(used, _, _)| *used);
+    let mut index = Index::default();
+    for (_, entry, bytes) in found {
+        index.tick += 1;
+        let tick = index.tick;
+        index.entries.insert(entry, Use { bytes, tick });
+    }
+    index
+}
+
+/// The disk space of the files in an entry's directory (allocated blocks: disks are sparse).
+fn entry_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|item| item.metadata().ok())
+        .filter(|meta| meta.is_file())
+        .map(|meta| meta.blocks() * 512)
+        .sum()
+}
+
+/// A lowercase hex SHA-256, as entries are named.
+fn is_digest(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Runs `sink` over `body`, then reads what it left, hashing it all.
@@ -490,7 +790,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("vps-images-ok-{}", std::process::id()));
         let cache = ImageCache::new(root.clone());
         let (bytes, digest) = archive();
-        let dir = cache
+        let (dir, _pin) = cache
             .snapshot(&source(serve(bytes).await, &digest))
             .await
             .expect("restored");
@@ -508,7 +808,7 @@ mod tests {
             "only the files a snapshot has"
         );
         // Cached: no second download (nothing serves it now).
-        let again = cache
+        let (again, _pin) = cache
             .snapshot(&source("http://127.0.0.1:9/gone".into(), &digest))
             .await
             .expect("cached");
@@ -529,13 +829,119 @@ mod tests {
         cache.adopt_snapshot(&taken, &digest).await;
         assert!(!taken.exists(), "the files moved");
         // Nothing serves the archive: only the kept files can answer.
-        let dir = cache
+        let (dir, _pin) = cache
             .snapshot(&source("http://127.0.0.1:9/gone".into(), &digest))
             .await
             .expect("restored from the kept files");
         assert_eq!(
             std::fs::read(dir.join("memory.state")).unwrap(),
             b"memory.state"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// Snapshot files as the host that took them would adopt, under digest `n` repeated.
+    async fn adopted(cache: &ImageCache, root: &Path, n: u8) -> String {
+        let digest = format!("{n:02x}").repeat(32);
+        let taken = root.join(format!("taken-{n}"));
+        std::fs::create_dir_all(&taken).unwrap();
+        for (name, len) in [
+            ("manifest.json", 2),
+            ("disk.qcow2", 64 << 10),
+            ("config.img", 512),
+        ] {
+            std::fs::write(taken.join(name), vec![n; len]).unwrap();
+        }
+        cache.adopt_snapshot(&taken, &digest).await;
+        digest
+    }
+
+    fn kept(root: &Path, digest: &str) -> bool {
+        snapshot_complete(&root.join("snapshots").join(digest))
+    }
+
+    #[tokio::test]
+    async fn over_its_budget_the_cache_evicts_the_least_recently_used_first_even_after_a_restart() {
+        let root = std::env::temp_dir().join(format!("vps-images-lru-{}", std::process::id()));
+        let images = root.join("images");
+        let cache = ImageCache::new(images.clone());
+        let a = adopted(&cache, &root, 0xa1).await;
+        let b = adopted(&cache, &root, 0xb2).await;
+        let c = adopted(&cache, &root, 0xc3).await;
+        // A restore of the oldest makes it the most recently used.
+        drop(
+            cache
+                .snapshot(&source("http://127.0.0.1:9/gone".into(), &a))
+                .await,
+        );
+        let total = cache.bytes();
+        assert!(total >= 3 * (64 << 10), "sizes are counted: {total}");
+        cache.prune(total, HashSet::new).await;
+        assert!(
+            [&a, &b, &c].iter().all(|d| kept(&images, d)),
+            "within budget"
+        );
+
+        cache.prune(total - 1, HashSet::new).await;
+        assert!(!kept(&images, &b), "the least recently used goes");
+        assert!(kept(&images, &a) && kept(&images, &c));
+        assert!(!images.join("snapshots").join(&b).exists());
+        let left = cache.bytes();
+        assert!(left < total);
+
+        // A restarted agent reads the same sizes and the same order from the directory.
+        let again = ImageCache::new(images.clone());
+        assert_eq!(again.bytes(), left);
+        again.prune(left - 1, HashSet::new).await;
+        assert!(
+            !kept(&images, &c) && kept(&images, &a),
+            "c was used before a"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn a_budget_of_zero_keeps_only_what_is_in_use_pinned_or_being_filled() {
+        let root = std::env::temp_dir().join(format!("vps-images-use-{}", std::process::id()));
+        let images = root.join("images");
+        let cache = ImageCache::new(images.clone());
+        let pinned = adopted(&cache, &root, 0x11).await;
+        let needed = adopted(&cache, &root, 0x22).await;
+        let filling = adopted(&cache, &root, 0x33).await;
+        let unused = adopted(&cache, &root, 0x44).await;
+        // An image (a qcow2 disk from a file) is an entry too.
+        let disk = root.join("disk.qcow2");
+        std::fs::write(&disk, vec![7; 32 << 10]).unwrap();
+        let image = ImageRef {
+            url: format!("file://{}", disk.display()),
+            sha256: data_encoding::HEXLOWER.encode(&Sha256::digest(vec![7; 32 << 10])),
+            format: "qcow2".into(),
+        };
+        let (cached, image_pin) = cache.get(&image).await.expect("image");
+        assert!(matches!(cached, Cached::Qcow2 { .. }));
+        drop(image_pin);
+
+        let (_, pin) = cache
+            .snapshot(&source("http://127.0.0.1:9/gone".into(), &pinned))
+            .await
+            .expect("cached");
+        let lock = cache.lock(&format!("snapshot:{filling}"));
+        let fill = lock.lock().await;
+        let in_use = || HashSet::from([Entry::Snapshot(needed.clone())]);
+        cache.prune(0, in_use).await;
+        assert!(!kept(&images, &unused), "nothing needs it");
+        assert!(!images.join(&image.sha256).exists(), "nor the image");
+        for digest in [&pinned, &needed, &filling] {
+            assert!(kept(&images, digest), "{digest} stays");
+        }
+
+        drop((pin, fill));
+        cache.prune(0, in_use).await;
+        assert!(kept(&images, &needed), "a guest's overlay is layered on it");
+        assert!(!kept(&images, &pinned) && !kept(&images, &filling));
+        assert_eq!(
+            cache.bytes(),
+            entry_bytes(&images.join("snapshots").join(&needed))
         );
         let _ = std::fs::remove_dir_all(&root);
     }

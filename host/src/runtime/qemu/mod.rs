@@ -27,7 +27,7 @@ mod snapshots;
 mod tool;
 mod volumes;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 pub use accel::{Accel, Chosen};
-use images::{Cached, ImageCache};
+use images::{Cached, ImageCache, Pin};
 use process::GuestDir;
 use qmp::Qmp;
 
@@ -80,6 +80,9 @@ pub struct Qemu {
     /// How long a memory-restored guest has to take its new identity (`restored: identity N`
     /// on its console) before its links come up anyway.
     pub identity_timeout: Duration,
+    /// The image cache's budget (`image_cache_max_bytes`): past it, entries no guest here
+    /// needs go, least recently used first.
+    pub image_cache_max_bytes: u64,
 }
 
 /// One guest: its directory, the lock that serialises operations on it, and what is known
@@ -124,11 +127,13 @@ struct GuestRecord {
     volumes: Vec<VolumeAttachment>,
 }
 
-/// A restore in progress: the unpacked, checked snapshot and its manifest.
+/// A restore in progress: the unpacked, checked snapshot (kept in the cache while this
+/// lives) and its manifest.
 struct Restoring {
     dir: PathBuf,
     manifest: Manifest,
     sha256: String,
+    _pin: Pin,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -165,6 +170,7 @@ impl Qemu {
             // A probe made since the host booted still holds.
             Accel::Auto => tokio::sync::OnceCell::new_with(remembered_accel(&state_dir)),
         };
+        let image_cache_max_bytes = images::default_budget(&image_dir);
         Ok(Qemu {
             volume_store: VolumeStore(state_dir.join("volumes")),
             volume_lock: tokio::sync::Mutex::new(()),
@@ -183,6 +189,7 @@ impl Qemu {
             kvm_probe_timeout: Duration::from_secs(10),
             migration_timeout: Duration::from_secs(300),
             identity_timeout: Duration::from_secs(60),
+            image_cache_max_bytes,
         })
     }
 
@@ -506,7 +513,9 @@ impl Qemu {
             .map_err(|e| RuntimeError(format!("writing {}: {e}", dir.record().display())))?;
         *lock(&slot.record) = Some(record.clone());
 
-        let image = self.images.get(&spec.image).await?;
+        // Pinned until QEMU has opened it; the record written above keeps it from then on.
+        let (image, _pin) = self.images.get(&spec.image).await?;
+        self.prune_cache().await;
         let chosen = self.chosen_accel().await;
         if chosen == Chosen::Kvm {
             std::fs::OpenOptions::new()
@@ -815,7 +824,7 @@ impl Qemu {
         }
         let fetching = Instant::now();
         let fetched = async {
-            let dir = self.images.snapshot(from).await?;
+            let (dir, pin) = self.images.snapshot(from).await?;
             let manifest = Manifest::read(&dir)?;
             if manifest.include_memory {
                 // Before anything boots: a state saved under another CPU model cannot load.
@@ -834,9 +843,11 @@ impl Qemu {
                 dir,
                 manifest,
                 sha256: from.sha256.to_ascii_lowercase(),
+                _pin: pin,
             })
         }
         .await;
+        self.prune_cache().await;
         let restoring = match fetched {
             Ok(restoring) => restoring,
             Err(error) => {
@@ -1130,7 +1141,36 @@ impl Qemu {
         }
         drop(live);
         lock(&self.guests).remove(id);
+        // What only this guest needed may go now.
+        self.prune_cache().await;
         Ok(())
+    }
+
+    /// Bounds the image cache to `image_cache_max_bytes`, keeping what guests here need.
+    async fn prune_cache(&self) {
+        self.images
+            .prune(self.image_cache_max_bytes, || self.cache_in_use())
+            .await;
+    }
+
+    /// The cache entries a guest of this host needs: its image (a bundle's kernel, the base of
+    /// its overlay) and the snapshot it was restored from (the base of a restore's overlay),
+    /// as the records on disk say, so a stopped guest keeps them too.
+    fn cache_in_use(&self) -> HashSet<images::Entry> {
+        let mut in_use = HashSet::new();
+        let guests = std::fs::read_dir(self.state_dir.join("guests"));
+        for item in guests.into_iter().flatten().flatten() {
+            let Some(record) = read_record(&GuestDir(item.path())) else {
+                continue;
+            };
+            in_use.insert(images::Entry::Image(
+                record.image_sha256.to_ascii_lowercase(),
+            ));
+            if let Some(sha256) = record.restored_from {
+                in_use.insert(images::Entry::Snapshot(sha256.to_ascii_lowercase()));
+            }
+        }
+        in_use
     }
 }
 
@@ -1181,6 +1221,8 @@ impl Runtime for Qemu {
             drop(live);
             observed.push(self.observed(&id, &slot, state));
         }
+        // At start: a cache over its budget (a lower one configured) shrinks now.
+        self.prune_cache().await;
         observed
     }
 
@@ -1281,6 +1323,7 @@ impl Runtime for Qemu {
 
     async fn keep_snapshot(&self, files: &SnapshotFiles, sha256: &str) {
         self.images.adopt_snapshot(&files.dir, sha256).await;
+        self.prune_cache().await;
     }
 
     async fn restore(&self, spec: &GuestSpec, from: &RestoreSource) -> Result<(), RuntimeError> {
