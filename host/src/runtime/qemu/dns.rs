@@ -42,7 +42,7 @@ use tokio::task::JoinHandle;
 
 use super::allow::{allows, DomainPattern};
 use super::policy::{PRIVATE_RANGES, RESOLVED_SET};
-use crate::runtime::RuntimeError;
+use crate::runtime::{NetworkMode, NetworkPolicy, RuntimeError};
 
 /// The port the resolver listens on (on each gateway address).
 pub const PORT: u16 = super::allow::DNS_PORT;
@@ -96,16 +96,56 @@ pub fn set_elements(table: &str, answers: &[(Ipv4Addr, u32)]) -> String {
 
 /// Whether `address` is in one of [`PRIVATE_RANGES`].
 pub fn is_private(address: Ipv4Addr) -> bool {
-    PRIVATE_RANGES.iter().any(|range| {
-        let Some((network, prefix)) = range.split_once('/') else {
-            return false;
-        };
-        let (Ok(network), Ok(prefix)) = (network.parse::<Ipv4Addr>(), prefix.parse::<u32>()) else {
-            return false;
-        };
-        let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
-        u32::from(address) & mask == u32::from(network) & mask
-    })
+    PRIVATE_RANGES.iter().any(|range| contains(range, address))
+}
+
+/// Whether `network` (`10.0.0.0/8`, or one address) holds `address`.
+fn contains(network: &str, address: Ipv4Addr) -> bool {
+    let (network, prefix) = network.split_once('/').unwrap_or((network, "32"));
+    let (Ok(network), Ok(prefix)) = (network.parse::<Ipv4Addr>(), prefix.parse::<u32>()) else {
+        return false;
+    };
+    if prefix > 32 {
+        return false;
+    }
+    let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+    u32::from(address) & mask == u32::from(network) & mask
+}
+
+/// The DNS server a guest is told of (its config drive's nameserver, its `/etc/resolv.conf`),
+/// by its network `policy`, the `gateway` of its first NIC and the resolver's `upstream`:
+/// - `egress` whose list names a domain: the gateway, where this resolver answers it (its DNS
+///   to any server comes here all the same);
+/// - `egress` otherwise, or no policy: the upstream itself, when the guest may reach it (IPv4,
+///   port 53, not loopback; under a list, on it; under no list, not in [`PRIVATE_RANGES`],
+///   which `egress` never reaches), else none;
+/// - `private` and `none`: none, as no DNS leaves the guest's pool and nothing in it answers.
+pub fn guest_nameserver(
+    policy: Option<&NetworkPolicy>,
+    gateway: Option<Ipv4Addr>,
+    upstream: Option<SocketAddr>,
+) -> Option<Ipv4Addr> {
+    if let Some(policy) = policy {
+        if super::policy::resolving(policy) {
+            return gateway;
+        }
+        if policy.mode != NetworkMode::Egress {
+            return None;
+        }
+    }
+    let upstream = match upstream? {
+        SocketAddr::V4(a) if a.port() == PORT && !a.ip().is_loopback() => *a.ip(),
+        _ => return None,
+    };
+    let reachable = match policy {
+        Some(policy) if !policy.allow.is_empty() => {
+            let (networks, _) = super::policy::allowed_networks(&policy.allow);
+            networks.iter().any(|n| contains(n, upstream))
+        }
+        Some(_) => !is_private(upstream),
+        None => true,
+    };
+    reachable.then_some(upstream)
 }
 
 /// The first `nameserver` of /etc/resolv.conf, port 53: the upstream when the host config
@@ -600,6 +640,48 @@ mod tests {
              add element bridge vps_abc resolved { 203.0.113.9 timeout 86400s }\n"
         );
         assert_eq!(set_elements("vps_abc", &[]), "");
+    }
+
+    #[test]
+    fn a_guest_is_told_of_the_resolver_or_the_upstream_it_can_reach() {
+        let gateway = Some(Ipv4Addr::new(10, 83, 0, 1));
+        let public: Option<SocketAddr> = Some("203.0.113.1:53".parse().unwrap());
+        let policy = |mode, allow: &[&str]| NetworkPolicy {
+            allow: allow.iter().map(|a| a.to_string()).collect(),
+            ..NetworkPolicy::new(mode)
+        };
+        let egress = |allow| policy(NetworkMode::Egress, allow);
+        let told = |p: Option<&NetworkPolicy>, upstream| guest_nameserver(p, gateway, upstream);
+        // Names on the list: the resolver on the gateway, whatever the upstream.
+        assert_eq!(told(Some(&egress(&["allowed.test"])), public), gateway);
+        assert_eq!(told(Some(&egress(&["*.example.com"])), None), gateway);
+        // No names: the upstream, where the guest may reach it.
+        let upstream = Ipv4Addr::new(203, 0, 113, 1);
+        assert_eq!(told(Some(&egress(&[])), public), Some(upstream));
+        assert_eq!(told(None, public), Some(upstream));
+        assert_eq!(
+            told(Some(&egress(&["203.0.113.0/24"])), public),
+            Some(upstream)
+        );
+        assert_eq!(told(Some(&egress(&["198.51.100.0/24"])), public), None);
+        let private = Some("10.1.2.3:53".parse().unwrap());
+        assert_eq!(told(Some(&egress(&[])), private), None);
+        assert_eq!(
+            told(Some(&egress(&["10.1.2.3"])), private),
+            Some(Ipv4Addr::new(10, 1, 2, 3))
+        );
+        for unusable in ["127.0.0.53:53", "203.0.113.1:5353", "[2001:db8::1]:53"] {
+            assert_eq!(
+                told(None, Some(unusable.parse().unwrap())),
+                None,
+                "{unusable}"
+            );
+        }
+        assert_eq!(told(Some(&egress(&[])), None), None);
+        // No DNS leaves `private` or `none`.
+        for mode in [NetworkMode::Private, NetworkMode::None] {
+            assert_eq!(told(Some(&policy(mode, &[])), public), None);
+        }
     }
 
     #[test]
