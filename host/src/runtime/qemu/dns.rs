@@ -1,7 +1,8 @@
 //! The resolver that serves the domains of `network.allow`: one per runtime (so per agent
 //! process), listening on UDP and TCP port 53 of each bridge gateway a guest with domain
-//! entries sits behind. That guest's own `inet` table DNATs its DNS (UDP and TCP port 53, to any address)
-//! there (see `policy`), so asking another server directly reaches this one all the same.
+//! entries sits behind. That guest's own `inet` table DNATs its DNS (UDP and TCP port 53, to
+//! any address) there (see `policy`), so asking another server directly reaches this one all
+//! the same; its config drive names the gateway as its nameserver ([`guest_nameserver`]).
 //!
 //! A query is answered by the allow-list of the guest whose address sent it:
 //! - from an address that is no such guest: no answer at all (dropped);
