@@ -124,10 +124,13 @@ impl NetworkSetting {
             ));
         }
         if let Some(i) = allow.iter().position(|e| !is_allow_entry(e)) {
-            return Some((
-                format!("network.allow[{i}]"),
-                "not an IPv4 address, an IPv4 CIDR or a domain name (`*.` in front allowed)".into(),
-            ));
+            let why = if is_ipv6(&allow[i]) {
+                "an IPv6 address or CIDR: guests are IPv4-only, so the list takes IPv4 addresses, \
+                 IPv4 CIDRs and domain names"
+            } else {
+                "not an IPv4 address, an IPv4 CIDR or a domain name (`*.` in front allowed)"
+            };
+            return Some((format!("network.allow[{i}]"), why.into()));
         }
         if o.bandwidth_mbit
             .is_some_and(|b| !(1..=MAX_BANDWIDTH_MBIT).contains(&b))
@@ -169,8 +172,8 @@ impl<'de> Deserialize<'de> for NetworkSetting {
     }
 }
 
-/// An IPv4 address, an IPv4 CIDR, or a host name of LDH labels (at most 253 characters, the
-/// last not all digits), `*.` in front or not: what the host's policy reads as one.
+/// An IPv4 address, an IPv4 CIDR, or a domain (`vps_seam::host_name`: the grammar the host
+/// reads the list by), `*.` in front or not.
 pub fn is_allow_entry(entry: &str) -> bool {
     if let Some((address, prefix)) = entry.split_once('/') {
         return address.parse::<std::net::Ipv4Addr>().is_ok()
@@ -179,23 +182,13 @@ pub fn is_allow_entry(entry: &str) -> bool {
             && prefix.bytes().all(|b| b.is_ascii_digit())
             && prefix.parse::<u8>().is_ok_and(|p| p <= 32);
     }
-    if entry.parse::<std::net::Ipv4Addr>().is_ok() {
-        return true;
-    }
-    let name = entry.strip_prefix("*.").unwrap_or(entry);
-    if name.is_empty() || name.len() > 253 {
-        return false;
-    }
-    let labels_ok = name.split('.').all(|label| {
-        (1..=63).contains(&label.len())
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-    });
-    let last = name.rsplit('.').next().unwrap_or(name);
-    labels_ok && !last.bytes().all(|b| b.is_ascii_digit())
+    entry.parse::<std::net::Ipv4Addr>().is_ok() || vps_seam::host_name::is_domain_entry(entry)
+}
+
+/// Whether `entry` is an IPv6 address or CIDR (refused with its own reason).
+fn is_ipv6(entry: &str) -> bool {
+    let address = entry.split_once('/').map_or(entry, |(a, _)| a);
+    address.parse::<std::net::Ipv6Addr>().is_ok()
 }
 
 #[cfg(test)]
@@ -216,6 +209,9 @@ mod tests {
             "*.example.com",
             "a-b.c1.io",
             "localhost",
+            // `_` is part of the one grammar (vps_seam::host_name), as the host always read it.
+            "a_b.com",
+            "_dmarc.example.com",
         ] {
             assert!(is_allow_entry(ok), "{ok}");
         }
@@ -230,7 +226,6 @@ mod tests {
             "*.",
             "a.*.com",
             "-a.com",
-            "a_b.com",
             "a..com",
             "1.2.3.4.5",
             "example.com.",
@@ -289,5 +284,17 @@ mod tests {
         for (value, expected) in cases {
             assert_eq!(field(value.clone()).as_deref(), Some(expected), "{value}");
         }
+    }
+
+    #[test]
+    fn an_ipv6_entry_is_refused_as_such() {
+        for entry in ["2001:db8::1", "2001:db8::/32", "::1"] {
+            let message = parse(serde_json::json!({ "allow": ["a.com", entry] })).unwrap_err();
+            let (field, why) = crate::bounds::field_of(&message).unwrap_or_default();
+            assert_eq!(field, "network.allow[1]", "{message}");
+            assert!(why.contains("guests are IPv4-only"), "{message}");
+        }
+        let message = parse(serde_json::json!({ "allow": ["nope!"] })).unwrap_err();
+        assert!(!message.contains("IPv6"), "{message}");
     }
 }

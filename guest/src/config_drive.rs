@@ -29,6 +29,8 @@ pub struct ConfigDrive {
     pub gateway: Option<String>,
     /// The MAC address of the NIC the address belongs on (`52:54:00:12:34:56`).
     pub mac: Option<String>,
+    /// The DNS server the guest asks (its `/etc/resolv.conf`); none: the guest has none.
+    pub nameserver: Option<String>,
     /// The one SSH certificate principal the guest's `sshd` admits.
     pub principal: Option<String>,
     /// The deployment's sandbox CA public key, one OpenSSH line.
@@ -122,6 +124,11 @@ fn files(drive: &ConfigDrive) -> Result<Vec<(&'static str, Vec<u8>)>, Error> {
     let address = drive.address.as_deref().map(check_address).transpose()?;
     let gateway = drive.gateway.as_deref().map(check_gateway).transpose()?;
     let mac = drive.mac.as_deref().map(check_mac).transpose()?;
+    let nameserver = drive
+        .nameserver
+        .as_deref()
+        .map(|n| check_ip("nameserver", n))
+        .transpose()?;
     if let Some(principal) = &drive.principal {
         check_principal(principal)?;
     }
@@ -147,7 +154,13 @@ fn files(drive: &ConfigDrive) -> Result<Vec<(&'static str, Vec<u8>)>, Error> {
         ),
         (
             "network-config",
-            network_config(address.as_deref(), gateway.as_deref(), mac.as_deref()).into_bytes(),
+            network_config(
+                address.as_deref(),
+                gateway.as_deref(),
+                mac.as_deref(),
+                nameserver.as_deref(),
+            )
+            .into_bytes(),
         ),
     ];
     if let Some(user_data) = &drive.user_data {
@@ -155,7 +168,12 @@ fn files(drive: &ConfigDrive) -> Result<Vec<(&'static str, Vec<u8>)>, Error> {
     }
 
     let mut net = String::new();
-    for (key, value) in [("ADDRESS", &address), ("GATEWAY", &gateway), ("MAC", &mac)] {
+    for (key, value) in [
+        ("ADDRESS", &address),
+        ("GATEWAY", &gateway),
+        ("MAC", &mac),
+        ("NAMESERVER", &nameserver),
+    ] {
         if let Some(value) = value {
             let _ = writeln!(net, "{key}={value}");
         }
@@ -217,8 +235,13 @@ fn files(drive: &ConfigDrive) -> Result<Vec<(&'static str, Vec<u8>)>, Error> {
 }
 
 /// NoCloud network config version 2: the static address and route when there is one, DHCP
-/// otherwise; matched by MAC when the MAC is known.
-fn network_config(address: Option<&str>, gateway: Option<&str>, mac: Option<&str>) -> String {
+/// otherwise; matched by MAC when the MAC is known; the nameserver when there is one.
+fn network_config(
+    address: Option<&str>,
+    gateway: Option<&str>,
+    mac: Option<&str>,
+    nameserver: Option<&str>,
+) -> String {
     let mut out = String::from("version: 2\nethernets:\n  nic0:\n");
     match mac {
         Some(mac) => {
@@ -245,6 +268,12 @@ fn network_config(address: Option<&str>, gateway: Option<&str>, mac: Option<&str
             }
         }
         None => out.push_str("    dhcp4: true\n"),
+    }
+    if let Some(nameserver) = nameserver {
+        let _ = write!(
+            out,
+            "    nameservers:\n      addresses: [\"{nameserver}\"]\n"
+        );
     }
     out
 }
@@ -356,10 +385,14 @@ fn check_address(cidr: &str) -> Result<String, Error> {
 }
 
 fn check_gateway(gateway: &str) -> Result<String, Error> {
-    gateway
-        .parse::<IpAddr>()
+    check_ip("gateway", gateway)
+}
+
+/// Returns the address in its canonical form.
+fn check_ip(field: &'static str, ip: &str) -> Result<String, Error> {
+    ip.parse::<IpAddr>()
         .map(|ip| ip.to_string())
-        .map_err(|_| invalid("gateway", format!("{gateway:?} is not an IP address")))
+        .map_err(|_| invalid(field, format!("{ip:?} is not an IP address")))
 }
 
 /// Returns the MAC in lower case, as Linux shows it under `/sys/class/net/*/address`.

@@ -246,6 +246,7 @@ impl Lab {
                 address: Some(format!("{GUEST_ADDRESS}/24")),
                 gateway: Some(GATEWAY.into()),
                 mac: Some(MAC.into()),
+                nameserver: None,
                 principal: Some(PRINCIPAL.into()),
                 ssh_ca_public_key: Some(ca),
                 host_ssh_public_key: None,

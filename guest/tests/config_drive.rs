@@ -16,6 +16,7 @@ fn drive() -> ConfigDrive {
         address: Some("10.77.0.2/24".into()),
         gateway: Some("10.77.0.1".into()),
         mac: Some("52:54:00:AB:cd:01".into()),
+        nameserver: None,
         principal: Some("inst_01JTEST".into()),
         ssh_ca_public_key: Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample ca@vps\n".into()),
         host_ssh_public_key: None,
@@ -77,6 +78,26 @@ fn a_config_drive_holds_the_nocloud_files_and_the_guests_own() {
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample ca@vps\n"
     );
     assert_eq!(read(&image, "vps/identity").unwrap(), "3\n");
+}
+
+#[test]
+fn a_nameserver_reaches_vps_net_and_network_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("config.img");
+    let with = ConfigDrive {
+        nameserver: Some("10.77.0.1".into()),
+        ..drive()
+    };
+    config_drive::write(&image, &with).unwrap();
+    assert_eq!(
+        read(&image, "vps/net").unwrap(),
+        "ADDRESS=10.77.0.2/24\nGATEWAY=10.77.0.1\nMAC=52:54:00:ab:cd:01\nNAMESERVER=10.77.0.1\n"
+    );
+    let network = read(&image, "network-config").unwrap();
+    assert!(
+        network.contains("    nameservers:\n      addresses: [\"10.77.0.1\"]\n"),
+        "{network}"
+    );
 }
 
 #[test]
@@ -204,6 +225,13 @@ fn values_that_would_break_the_guests_shell_or_yaml_are_refused() {
             "gateway",
             ConfigDrive {
                 gateway: Some("10.0.0.1; reboot".into()),
+                ..drive()
+            },
+        ),
+        (
+            "nameserver",
+            ConfigDrive {
+                nameserver: Some("10.0.0.1\nreboot".into()),
                 ..drive()
             },
         ),

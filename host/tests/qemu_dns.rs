@@ -2,8 +2,8 @@
 //! As in `qemu_network.rs`, the test's own network namespace is the host (the guests' bridge
 //! `10.83.0.0/24`) and a second namespace plays "the internet": HTTP on `198.51.100.1`,
 //! `198.51.100.2` and `203.0.113.1`, and on `203.0.113.1:53` a DNS server that answers
-//! `allowed.test` (198.51.100.1) and `denied.test` (198.51.100.2). The host's resolver asks it
-//! (`dns_upstream`). Nothing here touches the machine's own network.
+//! `allowed.test` (198.51.100.1) and `denied.test` (198.51.100.2), over UDP only. The host's
+//! resolver asks it (`dns_upstream`). Nothing here touches the machine's own network.
 //!
 //! Needs what `qemu_network.rs` needs.
 
@@ -13,6 +13,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{in_netns, run, Env, Owned};
+use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::rr::{RData, RecordType};
 use vps_host::runtime::qemu::{policy, Qemu};
 use vps_host::runtime::{NetworkMode, NetworkPolicy, Runtime};
 
@@ -107,8 +109,9 @@ async fn get(env: &Env, address: &str) -> Result<String, String> {
     }
 }
 
-/// busybox `nslookup NAME SERVER` in guest `id`: the IPv4 addresses it printed for the name
-/// (empty when it did not resolve), and its whole output.
+/// busybox `nslookup NAME SERVER` in guest `id` (no server: the guest's `/etc/resolv.conf`
+/// names it): the IPv4 addresses it printed for the name (empty when it did not resolve), and
+/// its whole output.
 async fn lookup_in(env: &Env, id: &str, name: &str, server: &str) -> (Vec<String>, String) {
     let command = format!("nslookup -type=a {name} {server} 2>&1; echo status=$?");
     let out = ssh(env, id, &command).await.expect("nslookup runs");
@@ -124,6 +127,35 @@ async fn lookup_in(env: &Env, id: &str, name: &str, server: &str) -> (Vec<String
 
 async fn lookup(env: &Env, name: &str, server: &str) -> (Vec<String>, String) {
     lookup_in(env, GUEST, name, server).await
+}
+
+/// An A query for `name` sent from the guest over TCP to `server` port 53 (busybox has no TCP
+/// DNS client: the framed query goes through `nc`): the answer, parsed.
+async fn tcp_lookup(env: &Env, name: &str, server: &str) -> Result<Message, String> {
+    let mut query = Message::query();
+    query.metadata.id = 0x7cb1;
+    query.metadata.recursion_desired = true;
+    query.add_query(Query::query(name.parse().unwrap(), RecordType::A));
+    let query = query.to_vec().unwrap();
+    let mut framed = u16::try_from(query.len()).unwrap().to_be_bytes().to_vec();
+    framed.extend_from_slice(&query);
+    let command = format!(
+        "echo {} | base64 -d | nc -w 3 {server} 53 | od -An -tx1 -v",
+        data_encoding::BASE64.encode(&framed)
+    );
+    let hex = ssh(env, GUEST, &command).await?;
+    let bytes: Vec<u8> = hex
+        .split_whitespace()
+        .map(|b| u8::from_str_radix(b, 16).map_err(|e| format!("{b:?}: {e}")))
+        .collect::<Result<_, _>>()?;
+    let length = bytes
+        .get(..2)
+        .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))
+        .ok_or_else(|| format!("no answer over TCP: {hex:?}"))?;
+    let answer = bytes
+        .get(2..2 + length)
+        .ok_or_else(|| format!("an answer cut short: {hex:?}"))?;
+    Message::from_vec(answer).map_err(|e| format!("{e}: {hex:?}"))
 }
 
 fn host_runtime(env: &Env) -> Qemu {
@@ -179,6 +211,34 @@ fn an_allowed_name_resolves_and_connects_and_nothing_else_does() {
         let in_use = run(&["nft", "list", "set", "bridge", &table, policy::IN_USE_SET]);
         assert!(in_use.contains("198.51.100.1"), "{in_use}");
 
+        // The guest is told of the resolver: a lookup that names no server resolves too.
+        let resolv = ssh(&env, GUEST, "cat /etc/resolv.conf").await;
+        assert_eq!(resolv.as_deref(), Ok("nameserver 10.83.0.1\n"));
+        let (addresses, out) = lookup(&env, "allowed.test", "").await;
+        assert_eq!(addresses, ["198.51.100.1"], "from resolv.conf: {out}");
+
+        // Over TCP, asked of a server that only serves UDP: the resolver answers, by the same
+        // list.
+        let answer = tcp_lookup(&env, "allowed.test", "203.0.113.1")
+            .await
+            .expect("an answer over TCP");
+        assert_eq!(answer.metadata.id, 0x7cb1);
+        assert_eq!(answer.metadata.response_code, ResponseCode::NoError);
+        let addresses: Vec<String> = answer
+            .answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(a.0.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(addresses, ["198.51.100.1"], "{answer:?}");
+        let answer = tcp_lookup(&env, "denied.test", "203.0.113.1")
+            .await
+            .expect("an answer over TCP");
+        assert_eq!(answer.metadata.response_code, ResponseCode::NXDomain);
+        assert!(answer.answers.is_empty(), "{answer:?}");
+
         // A denied name does not resolve, though the server asked knows it: direct DNS to
         // another server does not get past the allow-list.
         let (addresses, out) = lookup(&env, "denied.test", "203.0.113.1").await;
@@ -202,6 +262,11 @@ fn an_allowed_name_resolves_and_connects_and_nothing_else_does() {
         let (addresses, out) = lookup_in(&env, NO_NAMES, "allowed.test", "10.83.0.1").await;
         assert!(addresses.is_empty(), "{out}");
         assert!(out.contains("timed out"), "no answer at all: {out}");
+        // It is told of the upstream, which its list lets it reach.
+        let resolv = ssh(&env, NO_NAMES, "cat /etc/resolv.conf").await;
+        assert_eq!(resolv.as_deref(), Ok("nameserver 203.0.113.1\n"));
+        let (addresses, out) = lookup_in(&env, NO_NAMES, "denied.test", "").await;
+        assert_eq!(addresses, ["198.51.100.2"], "from resolv.conf: {out}");
 
         // A restarted agent answers the guest's names again (it re-adopts the guest).
         drop(runtime);

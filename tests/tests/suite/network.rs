@@ -173,6 +173,37 @@ async fn bad_allow_entries_and_bounds_are_refused_naming_the_field() {
             err.body
         );
     }
+    // An IPv6 entry is refused saying why: guests are IPv4-only.
+    let err = t
+        .call(
+            ALICE,
+            "sandboxTemplates.create",
+            with(json!({ "allow": ["a.example", "2001:db8::1"] })),
+        )
+        .await
+        .expect_err("a refusal");
+    assert_eq!(
+        err.body["details"]["field"], "network.allow[1]",
+        "{}",
+        err.body
+    );
+    let message = err.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("guests are IPv4-only"), "{}", err.body);
+    // `_` is part of a domain (vps_seam::host_name), as the host always read it.
+    let underscore = t
+        .ok(
+            ALICE,
+            "sandboxTemplates.create",
+            vps_tests::merged(
+                base.clone(),
+                json!({ "name": "underscore", "network": { "allow": ["_dmarc.example", "my_host.example"] } }),
+            ),
+        )
+        .await;
+    assert_eq!(
+        underscore["networkAllow"],
+        json!(["_dmarc.example", "my_host.example"])
+    );
     // Nothing was written: the name is still free.
     let made = t
         .ok(
@@ -190,7 +221,7 @@ async fn bad_allow_entries_and_bounds_are_refused_naming_the_field() {
             ALICE,
             "sandboxTemplates.update",
             json!({ "tenantId": "acme", "templateId": id,
-                    "network": { "allow": ["ok.example", "bad_name.example"] } }),
+                    "network": { "allow": ["ok.example", "bad-.example"] } }),
         )
         .await
         .expect_err("a refusal");

@@ -2,7 +2,11 @@
 //! CIDRs: what `policy` keeps out of its address sets, and what `dns` answers for.
 //!
 //! `example.com` allows exactly that name; `*.example.com` every name under it, at any depth,
-//! but not `example.com` itself (list both for both). Names compare case-insensitively.
+//! but not `example.com` itself (list both for both). Names compare case-insensitively. What
+//! a domain is (`_` included) is `vps_seam::host_name`, the grammar the control plane checks
+//! entries by; an entry is read here with a trailing dot and surrounding space forgiven.
+
+use vps_seam::host_name::is_host_name;
 
 /// Where guests ask for names: the resolver listens here, and a guest's DNS is sent here.
 pub const DNS_PORT: u16 = 53;
@@ -52,24 +56,6 @@ pub fn allows(patterns: &[DomainPattern], name: &str) -> bool {
     patterns.iter().any(|p| p.matches(&name))
 }
 
-/// A host name: dot-separated labels of 1 to 63 letters, digits, `-` or `_` (not at a
-/// label's ends for `-`), at most 253 bytes, and not all digits at the end (an address).
-fn is_host_name(name: &str) -> bool {
-    if name.is_empty() || name.len() > 253 {
-        return false;
-    }
-    let labels_ok = name.split('.').all(|label| {
-        (1..=63).contains(&label.len())
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-    });
-    let last = name.rsplit('.').next().unwrap_or(name);
-    labels_ok && !last.bytes().all(|b| b.is_ascii_digit())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +75,7 @@ mod tests {
             "a.*.example.com",
             "*",
             "-bad.example",
+            "_dmarc.example.com",
             "1.2.3.999",
             "",
         ]);
@@ -97,6 +84,7 @@ mod tests {
             [
                 DomainPattern::Exact("allowed.test".into()),
                 DomainPattern::Under("example.com".into()),
+                DomainPattern::Exact("_dmarc.example.com".into()),
             ]
         );
     }

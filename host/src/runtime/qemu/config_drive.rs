@@ -1,6 +1,7 @@
 //! The guest's NoCloud config drive (`serial=vps-config`), written by the guest image crate so
 //! that host and guest share one definition of it (docs/guest-contract.md).
 
+use std::net::Ipv4Addr;
 use std::path::Path;
 
 pub use vps_guest_image::config_drive::FreshIdentity;
@@ -9,12 +10,14 @@ use crate::runtime::{GuestSpec, RuntimeError};
 
 /// Writes the config drive of `spec` at `path`. The first NIC carries the address and gateway.
 /// `generation` is the guest's identity generation; `fresh` the identity the host made for a
-/// restore (see `snapshots::fresh_identity`).
+/// restore (see `snapshots::fresh_identity`); `nameserver` the DNS server the guest asks
+/// (`dns::guest_nameserver`).
 pub fn write(
     spec: &GuestSpec,
     path: &Path,
     generation: u64,
     fresh: Option<FreshIdentity>,
+    nameserver: Option<Ipv4Addr>,
 ) -> Result<(), RuntimeError> {
     let nic = spec.nics.first();
     let drive = vps_guest_image::config_drive::ConfigDrive {
@@ -27,6 +30,7 @@ pub fn write(
             .and_then(|n| n.gateway.as_deref())
             .map(|g| g.split('/').next().unwrap_or(g).to_owned()),
         mac: nic.map(|n| n.mac.clone()),
+        nameserver: nameserver.map(|n| n.to_string()),
         principal: spec.ssh_ca.as_ref().map(|c| c.principal.clone()),
         ssh_ca_public_key: spec.ssh_ca.as_ref().map(|c| c.public_key.clone()),
         host_ssh_public_key: spec.host_ssh_key.clone(),

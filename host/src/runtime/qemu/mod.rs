@@ -560,9 +560,16 @@ impl Qemu {
             None => None,
         };
         let source_drive = restore.map(|r| r.dir.join("config.img"));
+        let gateway = spec
+            .nics
+            .first()
+            .and_then(|n| n.gateway.as_deref())
+            .and_then(|g| g.split('/').next()?.parse().ok());
+        let upstream = self.dns_upstream.or_else(dns::system_upstream);
+        let nameserver = dns::guest_nameserver(spec.network.as_ref(), gateway, upstream);
         let drive = async move {
             tokio::task::spawn_blocking(move || {
-                config_drive::write(&spec_copy, &drive, generation, fresh)?;
+                config_drive::write(&spec_copy, &drive, generation, fresh, nameserver)?;
                 match source_drive.and_then(|d| std::fs::metadata(d).ok()) {
                     Some(source) => snapshots::pad_to(&drive, source.len()),
                     None => Ok(()),
