@@ -2,7 +2,7 @@
 //! from node liveness (`node.lost` and its instances). Every instance change is an ordinary
 //! decision on the instance's stream.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::Utc;
 use serde::Deserialize;
@@ -197,7 +197,7 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
     }
     check_facts(&report)?;
     // Hashed, not ordered: a full host lists thousands, and each entry is looked up again.
-    let mut entries = HashMap::with_capacity(report.instances.len());
+    let mut entries = Entries::with_capacity_and_hasher(report.instances.len(), Default::default());
     for entry in &report.instances {
         if entries.insert(entry.id.as_str(), entry).is_some() {
             return Err(DomainError::InvalidInput {
@@ -214,7 +214,7 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
 }
 
 /// The report's entries by instance id.
-type Entries<'a> = HashMap<&'a str, &'a ReportedInstance>;
+type Entries<'a> = foldhash::HashMap<&'a str, &'a ReportedInstance>;
 
 async fn report_in(
     ctx: &Ctx,
@@ -240,13 +240,18 @@ async fn report_in(
     let views = &held.views;
     let mut candidates = BTreeSet::new();
     let mut orphans = Vec::new();
+    // Only sandboxes' guests: their CPU seconds are what idle pause samples.
+    let mut samples: Vec<(String, f64)> = Vec::new();
     for entry in &report.instances {
-        match views.get(&entry.id) {
-            Some(view) if unchanged(entry, view) => {}
-            Some(_) => {
-                candidates.insert(entry.id.clone());
-            }
-            None => orphans.push(entry.id.clone()),
+        let Some(view) = views.get(&entry.id) else {
+            orphans.push(entry.id.clone());
+            continue;
+        };
+        if !unchanged(entry, view) {
+            candidates.insert(entry.id.clone());
+        }
+        if let Some(cpu_seconds) = entry.cpu_seconds.filter(|_| view.drives_sandbox) {
+            samples.push((entry.id.clone(), cpu_seconds));
         }
     }
     if report.complete {
@@ -275,13 +280,6 @@ async fn report_in(
             changed.push(instance.id.clone());
         }
     }
-    // Only sandboxes' guests: their CPU seconds are what idle pause samples.
-    let samples: Vec<(String, f64)> = report
-        .instances
-        .iter()
-        .filter(|e| views.get(&e.id).is_some_and(|v| v.drives_sandbox))
-        .filter_map(|e| Some((e.id.clone(), e.cpu_seconds?)))
-        .collect();
     crate::sandboxes::activity::sample(tx, &samples, now).await?;
     let record = NodeCommand::RecordOrphans {
         orphans: orphans.clone(),

@@ -29,7 +29,7 @@ pub(super) struct Held {
     /// When the views were read whole (on the context's clock).
     read_at: DateTime<Utc>,
     /// By instance id.
-    pub(super) views: HashMap<String, ReportView>,
+    pub(super) views: foldhash::HashMap<String, ReportView>,
 }
 
 impl ReportViews {
