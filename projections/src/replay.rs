@@ -44,7 +44,7 @@ pub struct Timings {
     pub read: f64,
     /// Folding events (in memory, or by the SQL projectors, which also write).
     pub fold: f64,
-    /// Writing folded rows into the scratch tables (beside the fold: the two overlap).
+    /// Writing folded rows into the scratch tables.
     pub write: f64,
     /// Building indexes after the load (and the NodeSpecs from the rebuilt views).
     pub index: f64,
@@ -65,12 +65,8 @@ impl std::fmt::Display for Timings {
 /// Events read from the log in one page.
 const PAGE: i64 = 20_000;
 
-/// Events folded in memory before their rows are written (bounds the memory a replay holds;
-/// a replay writes one segment while it folds the next).
-const FLUSH_EVERY: usize = 100_000;
-
-/// Segments taken by the fold and not yet written, at most.
-const SEGMENTS_AHEAD: usize = 2;
+/// Events folded in memory before their rows are written (bounds the memory a replay holds).
+const FLUSH_EVERY: usize = 500_000;
 
 /// Replays the whole log into a scratch schema and compares every projection table with the
 /// live one. The scratch schema is dropped afterwards. `progress(events_read)` is called per
@@ -79,8 +75,8 @@ const SEGMENTS_AHEAD: usize = 2;
 /// see.
 ///
 /// The rebuild folds the busy streams in memory (instances, sandboxes, usage records: see
-/// [`Rebuild`]) on a thread of its own and writes their rows in segments beside it (new rows
-/// with `COPY`); every other event goes through its SQL projector. The scratch tables get their unique indexes first (the projectors' upserts need
+/// [`Rebuild`]) and writes their rows in batches; every other event goes through its SQL
+/// projector. The scratch tables get their unique indexes first (the projectors' upserts need
 /// them) and the others after the load. Each table is compared by a hash of its rows; only a
 /// table whose hashes differ is searched for the rows that differ.
 pub async fn verify(
@@ -139,14 +135,14 @@ async fn run(
     let mut timings = Timings::default();
     let later_indexes = scratch_schema(&mut tx, &schema).await?;
     let scope = match changed_after {
-        Some(after) => Some(std::sync::Arc::new(scope(&mut live_tx, after).await?)),
+        Some(after) => Some(scope(&mut live_tx, after).await?),
         None => None,
     };
     tx.execute(format!("SET LOCAL search_path = {schema}, public").as_str())
         .await?;
     // The log is read on its own connection in a task of its own, a page or two ahead of
     // the fold, so reading and decoding overlap folding and writing.
-    let (pages, next_page) = tokio::sync::mpsc::channel(READ_AHEAD);
+    let (pages, mut next_page) = tokio::sync::mpsc::channel(READ_AHEAD);
     let reader = tokio::spawn(async move {
         let (mut cursor, mut seconds) = (Cursor::START, 0.0);
         loop {
@@ -162,13 +158,25 @@ async fn run(
         }
         Ok::<_, sqlx::Error>((live_tx, cursor, seconds))
     });
-    let folded = fold_beside_writes(&mut tx, next_page, scope.clone(), &mut progress).await?;
-    let events = folded.events;
+    let mut rebuild = Rebuild {
+        into_empty: true,
+        ..Rebuild::default()
+    };
+    let (mut read, mut events) = (0u64, 0u64);
+    while let Some(mut page) = next_page.recv().await {
+        read += page.len() as u64;
+        if let Some(streams) = &scope {
+            page.retain(|e: &vps_events::RecordedEvent| streams.contains(&e.stream));
+        }
+        events += page.len() as u64;
+        rebuild.apply_page(&mut tx, page).await?;
+        progress(read);
+    }
     let (mut live_tx, cursor, read_seconds) = reader
         .await
         .map_err(|e| ProjectionError::Reader(e.to_string()))??;
     timings.read += read_seconds;
-    let rebuild = folded.rebuild;
+    rebuild.flush(&mut tx).await?;
     timings.fold += rebuild.fold_seconds;
     timings.write += rebuild.write_seconds;
     let at = std::time::Instant::now();
@@ -186,7 +194,7 @@ async fn run(
         scratch: &mut tx,
         schema: &schema,
     };
-    let compared = compare_all(sides, &behind, scope.as_deref()).await?;
+    let compared = compare_all(sides, &behind, scope.as_ref()).await?;
     timings.compare += at.elapsed().as_secs_f64();
     live_tx.rollback().await?;
     tx.rollback().await?;
@@ -301,12 +309,9 @@ async fn scratch_schema(tx: &mut PgConnection, schema: &str) -> Result<Vec<Strin
 }
 
 /// The projectors run over many events: instance, sandbox and usage-record events are folded
-/// in memory and their rows written in segments (`instances::batch`, `SandboxBatch`,
-/// `usage::apply_records`; new rows are copied, see `copy`); any other event a projector takes
-/// is applied by it after the segments are written, so it sees the tables as the
-/// event-by-event projection would. The fold itself needs no database
-/// ([`Rebuild::fold_until_blocked`]), so a replay folds on a thread of its own while the
-/// segments are written ([`fold_beside_writes`]).
+/// in memory and their rows written in batches (`instances::batch`, `SandboxBatch`,
+/// `usage::apply_records`; new rows are copied, see `copy`); any other event a projector takes is applied by it after the
+/// batches are written, so it sees the tables as the event-by-event projection would.
 #[derive(Default)]
 pub(crate) struct Rebuild {
     instances: crate::instances::batch::Batch,
@@ -320,377 +325,93 @@ pub(crate) struct Rebuild {
     write_seconds: f64,
 }
 
-/// Where [`Rebuild::fold_until_blocked`] stopped.
-enum Stop {
-    /// Every event given is folded.
-    Done,
-    /// A segment is due ([`Rebuild::segment`]).
-    Flush,
-    /// An event needs the tables, with every segment before it written.
-    Blocked(Blocked),
-}
-
-/// An event the fold cannot take without the tables.
-enum Blocked {
-    /// An instance event (parsed, its data taken) whose view before it is read first.
-    Instance(
-        Box<(
-            vps_events::RecordedEvent,
-            vps_domain::instance::InstanceEvent,
-        )>,
-    ),
-    /// A sandbox event whose document before it is read first.
-    Sandbox(Box<(vps_events::RecordedEvent, vps_domain::sandbox::SandboxEvent)>),
-    /// An event its SQL projector applies, after the segments before it are written.
-    Projector(Box<vps_events::RecordedEvent>),
-}
-
-/// A segment's writes, taken from the fold: they depend on nothing folded after it.
-pub(crate) struct Segment {
-    instances: crate::instances::batch::Segment,
-    sandboxes: crate::sandboxes::SandboxSegment,
-    records: Vec<(String, vps_domain::usage::UsageRecord)>,
-    into_empty: bool,
-}
-
-impl Segment {
-    async fn write(&self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
-        self.instances.write(conn).await?;
-        self.sandboxes.write(conn).await?;
-        let records: Vec<(String, &vps_domain::usage::UsageRecord)> =
-            self.records.iter().map(|(id, r)| (id.clone(), r)).collect();
-        if self.into_empty {
-            crate::usage::copy_records(conn, &records).await
-        } else {
-            crate::usage::apply_records(conn, &records).await
-        }
-    }
-}
-
 impl Rebuild {
-    /// Applies a page of events in order (the fold and the writes one after the other).
+    /// Applies a page of events in order.
     pub(crate) async fn apply_page(
         &mut self,
         conn: &mut PgConnection,
         page: Vec<vps_events::RecordedEvent>,
     ) -> Result<(), ProjectionError> {
-        let mut events: std::collections::VecDeque<_> = page.into();
-        loop {
-            match self.fold_until_blocked(&mut events)? {
-                Stop::Done => return Ok(()),
-                Stop::Flush => self.flush(conn).await?,
-                Stop::Blocked(blocked) => {
-                    if let Blocked::Projector(_) = blocked {
-                        self.flush(conn).await?;
-                    }
-                    let answered = Rebuild::read_blocked(conn, blocked).await?;
-                    if let Stop::Flush = self.unblock(answered)? {
-                        self.flush(conn).await?;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Folds `events` from the front until one needs the tables or a segment is due.
-    fn fold_until_blocked(
-        &mut self,
-        events: &mut std::collections::VecDeque<vps_events::RecordedEvent>,
-    ) -> Result<Stop, ProjectionError> {
         let at = std::time::Instant::now();
-        let stop = self.fold_events(events);
-        self.fold_seconds += at.elapsed().as_secs_f64();
-        stop
-    }
-
-    fn fold_events(
-        &mut self,
-        events: &mut std::collections::VecDeque<vps_events::RecordedEvent>,
-    ) -> Result<Stop, ProjectionError> {
-        use vps_domain::sandbox::SandboxEvent;
-        while let Some(mut e) = events.pop_front() {
-            match Kind::of(&e) {
-                Kind::Instance => {
-                    if let Some(event) = self.instances.fold_known(&mut e)? {
-                        return Ok(Stop::Blocked(Blocked::Instance(Box::new((e, event)))));
-                    }
-                }
-                Kind::Sandbox => {
-                    let event = crate::typed::<SandboxEvent>(&e)?;
-                    if !crate::sandboxes::SandboxBatch::takes(&event) {
-                        return Ok(Stop::Blocked(Blocked::Projector(Box::new(e))));
-                    }
-                    if !self.sandboxes.fold_known(&e, &event)? {
-                        return Ok(Stop::Blocked(Blocked::Sandbox(Box::new((e, event)))));
-                    }
-                }
-                Kind::Record => self.record(&e)?,
-                Kind::Projector => return Ok(Stop::Blocked(Blocked::Projector(Box::new(e)))),
-                Kind::Other => continue,
-            }
-            if self.folded() {
-                return Ok(Stop::Flush);
-            }
+        let written = self.write_seconds;
+        for mut e in page {
+            self.apply(conn, &mut e).await?;
         }
-        Ok(Stop::Done)
-    }
-
-    fn record(&mut self, e: &vps_events::RecordedEvent) -> Result<(), ProjectionError> {
-        let record = vps_domain::usage::UsageRecord::from_data(&e.data).map_err(|err| {
-            ProjectionError::Malformed {
-                event_id: e.id.clone(),
-                event_type: e.event_type.clone(),
-                message: err.to_string(),
-            }
-        })?;
-        // A record applied twice in one statement would be summed twice.
-        if self.record_ids.insert(e.id.clone()) {
-            self.records.push((e.id.clone(), record));
-        }
+        self.fold_seconds += at.elapsed().as_secs_f64() - (self.write_seconds - written);
         Ok(())
     }
 
-    /// Counts an event folded; whether a segment is due.
-    fn folded(&mut self) -> bool {
-        self.pending += 1;
-        self.pending >= FLUSH_EVERY
-    }
-
-    /// What a blocked event needs of the tables (every segment before it written): the view
-    /// or document before it, or its projector's writes.
-    async fn read_blocked(
+    async fn apply(
+        &mut self,
         conn: &mut PgConnection,
-        blocked: Blocked,
-    ) -> Result<Unblocked, ProjectionError> {
-        Ok(match blocked {
-            Blocked::Instance(blocked) => {
-                let before = crate::instances::load(conn, blocked.1.instance_id()).await?;
-                Unblocked::Instance(Box::new((blocked.0, blocked.1, before)))
-            }
-            Blocked::Sandbox(blocked) => {
-                let id = crate::sandboxes::sandbox_id(&blocked.0);
-                let before = crate::sandboxes::load_doc(conn, "sandboxes", id).await?;
-                Unblocked::Sandbox(Box::new((blocked.0, blocked.1, before)))
-            }
-            Blocked::Projector(e) => {
-                apply(conn, &e).await?;
-                Unblocked::Applied(e)
-            }
-        })
-    }
-
-    /// Goes on from a blocked event with what the tables answered.
-    fn unblock(&mut self, read: Unblocked) -> Result<Stop, ProjectionError> {
-        let at = std::time::Instant::now();
-        match read {
-            Unblocked::Instance(read) => {
-                let (e, event, before) = *read;
-                self.instances.fold_event(&e, event, before)?;
-            }
-            Unblocked::Sandbox(read) => {
-                let (e, event, before) = *read;
-                self.sandboxes.fold_onto(&e, &event, before)?;
-            }
-            Unblocked::Applied(e) => {
-                // A sandbox another projector wrote is read back at its next event.
-                if e.category() == "sandbox" {
-                    self.sandboxes.forget(crate::sandboxes::sandbox_id(&e));
+        e: &mut vps_events::RecordedEvent,
+    ) -> Result<(), ProjectionError> {
+        use vps_domain::sandbox::SandboxEvent;
+        match e.category() {
+            "instance" => self.instances.fold(conn, e).await?,
+            "sandbox" => {
+                let event = crate::typed::<SandboxEvent>(e)?;
+                if crate::sandboxes::SandboxBatch::takes(&event) {
+                    self.sandboxes.fold(conn, e, &event).await?;
+                } else {
+                    self.flush(conn).await?;
+                    apply(conn, e).await?;
+                    self.sandboxes.forget(crate::sandboxes::sandbox_id(e));
                 }
-                self.fold_seconds += at.elapsed().as_secs_f64();
-                return Ok(Stop::Done);
             }
+            "tenant" if e.event_type == vps_domain::usage::record::EVENT_TYPE => {
+                let record = vps_domain::usage::UsageRecord::from_data(&e.data).map_err(|err| {
+                    ProjectionError::Malformed {
+                        event_id: e.id.clone(),
+                        event_type: e.event_type.clone(),
+                        message: err.to_string(),
+                    }
+                })?;
+                // A record applied twice in one statement would be summed twice.
+                if self.record_ids.insert(e.id.clone()) {
+                    self.records.push((e.id.clone(), record));
+                }
+            }
+            "tenant" => return Ok(()),
+            category if crate::PROJECTED.contains(&category) => {
+                self.flush(conn).await?;
+                return apply(conn, e).await;
+            }
+            // No projector takes it (audit checkpoints, host reports, ...).
+            _ => return Ok(()),
         }
-        self.fold_seconds += at.elapsed().as_secs_f64();
-        Ok(if self.folded() {
-            Stop::Flush
-        } else {
-            Stop::Done
-        })
-    }
-
-    /// Takes everything folded since the last segment (`None`: nothing).
-    fn segment(&mut self) -> Option<Segment> {
-        if self.pending == 0 {
-            return None;
+        self.pending += 1;
+        if self.pending >= FLUSH_EVERY {
+            self.flush(conn).await?;
         }
-        self.pending = 0;
-        self.record_ids.clear();
-        Some(Segment {
-            instances: self.instances.segment(),
-            sandboxes: self.sandboxes.segment(),
-            records: std::mem::take(&mut self.records),
-            into_empty: self.into_empty,
-        })
+        Ok(())
     }
 
     /// Writes everything folded so far.
     pub(crate) async fn flush(&mut self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
-        if let Some(segment) = self.segment() {
-            let at = std::time::Instant::now();
-            segment.write(conn).await?;
-            self.write_seconds += at.elapsed().as_secs_f64();
+        if self.pending == 0 {
+            return Ok(());
         }
+        let at = std::time::Instant::now();
+        if !self.instances.is_empty() {
+            self.instances.flush(conn).await?;
+        }
+        if !self.sandboxes.is_empty() {
+            self.sandboxes.flush(conn).await?;
+        }
+        let records: Vec<(String, &vps_domain::usage::UsageRecord)> =
+            self.records.iter().map(|(id, r)| (id.clone(), r)).collect();
+        if self.into_empty {
+            crate::usage::copy_records(conn, &records).await?;
+        } else {
+            crate::usage::apply_records(conn, &records).await?;
+        }
+        self.records.clear();
+        self.record_ids.clear();
+        self.pending = 0;
+        self.write_seconds += at.elapsed().as_secs_f64();
         Ok(())
     }
-}
-
-/// What a blocked event got from the tables.
-enum Unblocked {
-    /// The event and the view before it.
-    Instance(
-        Box<(
-            vps_events::RecordedEvent,
-            vps_domain::instance::InstanceEvent,
-            Option<vps_domain::instance::Instance>,
-        )>,
-    ),
-    /// The event and the document before it.
-    Sandbox(
-        Box<(
-            vps_events::RecordedEvent,
-            vps_domain::sandbox::SandboxEvent,
-            Option<vps_domain::sandbox::Sandbox>,
-        )>,
-    ),
-    /// The event, applied by its projector.
-    Applied(Box<vps_events::RecordedEvent>),
-}
-
-/// How the rebuild takes an event.
-enum Kind {
-    /// Folded by `instances::batch`.
-    Instance,
-    /// Folded by `SandboxBatch`, or (a snapshot event) applied by its projector.
-    Sandbox,
-    /// A usage record.
-    Record,
-    /// Applied by its SQL projector.
-    Projector,
-    /// No projector takes it (audit checkpoints, host reports, other tenant events, ...).
-    Other,
-}
-
-impl Kind {
-    fn of(e: &vps_events::RecordedEvent) -> Kind {
-        match e.category() {
-            "instance" => Kind::Instance,
-            "sandbox" => Kind::Sandbox,
-            "tenant" if e.event_type == vps_domain::usage::record::EVENT_TYPE => Kind::Record,
-            "tenant" => Kind::Other,
-            category if crate::PROJECTED.contains(&category) => Kind::Projector,
-            _ => Kind::Other,
-        }
-    }
-}
-
-/// Asked of the connection that writes the scratch tables, in order, by the fold's thread.
-enum Ask {
-    /// Write a segment.
-    Write(Box<Segment>),
-    /// Write nothing more, then read or apply what a blocked event needs.
-    Blocked(
-        Blocked,
-        tokio::sync::oneshot::Sender<Result<Unblocked, ProjectionError>>,
-    ),
-    /// Events read so far (for the progress callback).
-    Progress(u64),
-}
-
-/// What the fold's thread did.
-struct Folded {
-    rebuild: Rebuild,
-    events: u64,
-}
-
-/// Folds the pages on a thread of its own while this task writes the segments it takes on
-/// `conn`, so writing overlaps folding; an event that needs the tables waits for the writes
-/// before it. Only `scope`'s streams are folded when given. Answers the rebuild (its timings)
-/// and the events folded.
-async fn fold_beside_writes(
-    conn: &mut PgConnection,
-    mut pages: tokio::sync::mpsc::Receiver<Vec<vps_events::RecordedEvent>>,
-    scope: Option<std::sync::Arc<std::collections::HashSet<String>>>,
-    mut progress: impl FnMut(u64),
-) -> Result<Folded, ProjectionError> {
-    let (ask, mut asked) = tokio::sync::mpsc::channel::<Ask>(SEGMENTS_AHEAD);
-    let fold = tokio::task::spawn_blocking(move || {
-        let mut rebuild = Rebuild {
-            into_empty: true,
-            ..Rebuild::default()
-        };
-        let (mut read, mut events) = (0u64, 0u64);
-        let stopped = || ProjectionError::Reader("the scratch writer stopped".into());
-        while let Some(mut page) = pages.blocking_recv() {
-            read += page.len() as u64;
-            if let Some(streams) = &scope {
-                page.retain(|e| streams.contains(&e.stream));
-            }
-            events += page.len() as u64;
-            let mut page: std::collections::VecDeque<_> = page.into();
-            loop {
-                let stop = match rebuild.fold_until_blocked(&mut page)? {
-                    Stop::Blocked(blocked) => {
-                        // A view missing from memory is not in the segment folding: only a
-                        // projector needs it written.
-                        if let Blocked::Projector(_) = blocked {
-                            if let Some(segment) = rebuild.segment() {
-                                ask.blocking_send(Ask::Write(Box::new(segment)))
-                                    .map_err(|_| stopped())?;
-                            }
-                        }
-                        let (reply, answer) = tokio::sync::oneshot::channel();
-                        ask.blocking_send(Ask::Blocked(blocked, reply))
-                            .map_err(|_| stopped())?;
-                        let answered = answer.blocking_recv().map_err(|_| stopped())??;
-                        rebuild.unblock(answered)?
-                    }
-                    stop => stop,
-                };
-                match stop {
-                    Stop::Done if page.is_empty() => break,
-                    Stop::Done | Stop::Blocked(_) => {}
-                    Stop::Flush => {
-                        if let Some(segment) = rebuild.segment() {
-                            ask.blocking_send(Ask::Write(Box::new(segment)))
-                                .map_err(|_| stopped())?;
-                        }
-                    }
-                }
-            }
-            ask.blocking_send(Ask::Progress(read))
-                .map_err(|_| stopped())?;
-        }
-        if let Some(segment) = rebuild.segment() {
-            ask.blocking_send(Ask::Write(Box::new(segment)))
-                .map_err(|_| stopped())?;
-        }
-        Ok::<_, ProjectionError>(Folded { rebuild, events })
-    });
-    let mut write_seconds = 0.0;
-    while let Some(asked) = asked.recv().await {
-        match asked {
-            Ask::Write(segment) => {
-                let at = std::time::Instant::now();
-                segment.write(conn).await?;
-                write_seconds += at.elapsed().as_secs_f64();
-            }
-            Ask::Blocked(blocked, reply) => {
-                let answered = Rebuild::read_blocked(conn, blocked).await;
-                let failed = answered.is_err();
-                let _ = reply.send(answered);
-                if failed {
-                    break; // The fold answers the error.
-                }
-            }
-            Ask::Progress(read) => progress(read),
-        }
-    }
-    drop(asked);
-    let mut folded = fold
-        .await
-        .map_err(|e| ProjectionError::Reader(e.to_string()))??;
-    folded.rebuild.write_seconds += write_seconds;
-    Ok(folded)
 }
 
 /// Projects every event after `after` into the tables `search_path` names, in the caller's

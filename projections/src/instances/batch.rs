@@ -59,34 +59,25 @@ struct Allocation {
 
 impl Batch {
     /// Folds one `instance.*` event, whose data is taken (the caller holds the event only for
-    /// this fold), when the view before it is in memory or there is none; answers the event,
-    /// parsed and not folded, when the view must first be read from the tables (flushed rows
-    /// only: the caller writes the segments before, then [`Batch::fold_event`]).
-    pub(crate) fn fold_known(
+    /// this fold). Needs the view of an instance not seen yet: `load` reads it (flushed rows
+    /// only; the caller flushes first when in doubt).
+    pub(crate) async fn fold(
         &mut self,
+        conn: &mut PgConnection,
         e: &mut RecordedEvent,
-    ) -> Result<Option<InstanceEvent>, ProjectionError> {
+    ) -> Result<(), ProjectionError> {
         let data = std::mem::take(&mut e.data);
         let event =
             InstanceEvent::from_parts(&e.event_type, data).map_err(|err| malformed(e, err))?;
+        let e: &RecordedEvent = e;
+        let id = event.instance_id().to_string();
         let before = if e.version == 1 {
             None
-        } else if let Some(v) = self.views.remove(event.instance_id()) {
+        } else if let Some(v) = self.views.remove(&id) {
             Some(v)
         } else {
-            return Ok(Some(event));
+            super::load(conn, &id).await?
         };
-        self.fold_event(e, event, before)?;
-        Ok(None)
-    }
-
-    /// Folds `event` (of `e`, whose data is taken) onto the view `before` it.
-    pub(crate) fn fold_event(
-        &mut self,
-        e: &RecordedEvent,
-        event: InstanceEvent,
-        before: Option<Instance>,
-    ) -> Result<(), ProjectionError> {
         // Only a delete reads the state before it (the shape to refund): no clone otherwise.
         let before_shape = match (&event, &before) {
             (InstanceEvent::Deleted(_), Some(b)) => Some(b.shape.clone()),
@@ -100,6 +91,11 @@ impl Batch {
         }
         self.views.insert(after.id.clone(), after);
         Ok(())
+    }
+
+    /// Whether anything waits to be written.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.dirty.is_empty()
     }
 
     /// `created`: there was no state before the event; `before_shape`: a delete's shape before
@@ -190,65 +186,10 @@ impl Batch {
         }
     }
 
-    /// Takes the segment's writes, to be written while the next events fold. Views of deleted
-    /// instances are then forgotten (read back if an event still comes).
-    pub(crate) fn segment(&mut self) -> Segment {
-        use vps_domain::state_table::InstanceState;
-        let (mut new, mut changed) = (Vec::new(), Vec::new());
-        for id in std::mem::take(&mut self.dirty) {
-            // A deleted instance's view is moved out, the others' copied: they fold on.
-            let view = match self.views.get(&id) {
-                Some(v) if v.state == InstanceState::Deleted => self.views.remove(&id),
-                Some(v) => Some(v.clone()),
-                None => None,
-            };
-            match view {
-                Some(v) if self.fresh.contains(&id) => new.push(v),
-                Some(v) => changed.push(v),
-                None => {}
-            }
-        }
-        self.views.retain(|_, v| v.state != InstanceState::Deleted);
-        let views = std::mem::take(&mut self.views);
-        let done = std::mem::replace(
-            self,
-            Batch {
-                views,
-                ..Batch::default()
-            },
-        );
-        Segment {
-            released: done.released,
-            resized: done.resized,
-            allocations: done.allocations,
-            leases: done.leases,
-            addresses: done.addresses,
-            charges: done.charges,
-            new,
-            changed,
-        }
-    }
-}
-
-/// A segment's gathered writes, taken from the [`Batch`]: they depend on nothing folded
-/// after it.
-pub(crate) struct Segment {
-    released: Vec<String>,
-    resized: BTreeMap<String, Shape>,
-    allocations: BTreeMap<String, Allocation>,
-    leases: BTreeMap<String, (String, String)>,
-    addresses: BTreeMap<(String, String), (bool, bool)>,
-    charges: BTreeMap<(String, String, String), i64>,
-    /// Views of instances created in the segment (no row holds them yet).
-    new: Vec<Instance>,
-    /// Views whose rows may exist.
-    changed: Vec<Instance>,
-}
-
-impl Segment {
     /// Writes the segment: releases of what instances held before it, resizes of it, the
-    /// free list's changes, new allocations and leases, charges, and the views.
-    pub(crate) async fn write(&self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
+    /// free list's changes, new allocations and leases, charges, and the views. Views of
+    /// deleted instances are then forgotten (read back if an event still comes).
+    pub(crate) async fn flush(&mut self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
         if !self.released.is_empty() {
             let delete = concat!(
                 "DELETE FROM node_allocations WHERE instance_id = ANY($1)",
@@ -277,12 +218,14 @@ impl Segment {
         self.write_addresses(conn).await?;
         self.write_allocations(conn).await?;
         self.write_charges(conn).await?;
-        if !self.new.is_empty() {
-            copy_views(conn, &self.new).await?;
-        }
-        if !self.changed.is_empty() {
-            upsert_views(conn, &self.changed).await?;
-        }
+        self.write_views(conn).await?;
+        self.views
+            .retain(|_, v| v.state != vps_domain::state_table::InstanceState::Deleted);
+        let views = std::mem::take(&mut self.views);
+        *self = Batch {
+            views,
+            ..Batch::default()
+        };
         Ok(())
     }
 
@@ -387,6 +330,23 @@ impl Segment {
         .await?;
         Ok(())
     }
+
+    /// The views of instances created in the segment are new rows, copied; the others are
+    /// upserted.
+    async fn write_views(&self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
+        let (new, changed): (Vec<&Instance>, Vec<&Instance>) = self
+            .dirty
+            .iter()
+            .filter_map(|id| self.views.get(id))
+            .partition(|i| self.fresh.contains(&i.id));
+        if !new.is_empty() {
+            copy_views(conn, &new).await?;
+        }
+        if !changed.is_empty() {
+            upsert_views(conn, &changed).await?;
+        }
+        Ok(())
+    }
 }
 
 /// The columns a view is written to (`labels` is generated from `doc`).
@@ -408,7 +368,7 @@ const VIEW_COLUMNS: [&str; 14] = [
 ];
 
 /// Copies views no row holds yet (the same values [`upsert_views`] writes).
-async fn copy_views(conn: &mut PgConnection, all: &[Instance]) -> Result<(), ProjectionError> {
+async fn copy_views(conn: &mut PgConnection, all: &[&Instance]) -> Result<(), ProjectionError> {
     crate::copy::copy_rows(conn, "instances", &VIEW_COLUMNS, all, |row, i| {
         row.field(&i.id.as_str())?;
         row.field(&i.tenant_id.as_str())?;
@@ -430,7 +390,7 @@ async fn copy_views(conn: &mut PgConnection, all: &[Instance]) -> Result<(), Pro
 }
 
 /// Upserts views (their rows may exist).
-async fn upsert_views(conn: &mut PgConnection, all: &[Instance]) -> Result<(), ProjectionError> {
+async fn upsert_views(conn: &mut PgConnection, all: &[&Instance]) -> Result<(), ProjectionError> {
     let text = |f: fn(&Instance) -> Option<&str>| all.iter().map(|i| f(i)).collect::<Vec<_>>();
     sqlx::query(concat!(
         "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
@@ -454,7 +414,11 @@ async fn upsert_views(conn: &mut PgConnection, all: &[Instance]) -> Result<(), P
             .map(|i| i.warm_template_id.is_some())
             .collect::<Vec<_>>(),
     )
-    .bind(all.iter().map(instance_doc::stored).collect::<Vec<_>>())
+    .bind(
+        all.iter()
+            .map(|i| instance_doc::stored(i))
+            .collect::<Vec<_>>(),
+    )
     .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
     .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
     .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>())

@@ -148,32 +148,21 @@ impl SandboxBatch {
         snapshot_of(event).is_none()
     }
 
-    /// Folds one sandbox event that [`SandboxBatch::takes`] when the document before it is in
-    /// memory or there is none; `false` (nothing folded) when it must first be read from the
-    /// tables (then [`SandboxBatch::fold_onto`]).
-    pub(crate) fn fold_known(
+    /// Folds one sandbox event that [`SandboxBatch::takes`].
+    pub(crate) async fn fold(
         &mut self,
+        conn: &mut PgConnection,
         e: &RecordedEvent,
         event: &SandboxEvent,
-    ) -> Result<bool, ProjectionError> {
+    ) -> Result<(), ProjectionError> {
+        let id = sandbox_id(e);
         let before = if e.version == 1 {
             None
-        } else if let Some(s) = self.views.remove(sandbox_id(e)) {
-            Some(s)
+        } else if let Some(s) = self.views.get(id) {
+            Some(s.clone())
         } else {
-            return Ok(false);
+            load_doc::<Sandbox>(conn, "sandboxes", id).await?
         };
-        self.fold_onto(e, event, before)?;
-        Ok(true)
-    }
-
-    /// Folds `event` onto the document `before` it.
-    pub(crate) fn fold_onto(
-        &mut self,
-        e: &RecordedEvent,
-        event: &SandboxEvent,
-        before: Option<Sandbox>,
-    ) -> Result<(), ProjectionError> {
         let created = before.is_none();
         let s = Sandbox::evolve(before, event, e.recorded_at).map_err(|err| {
             ProjectionError::Malformed {
@@ -201,48 +190,23 @@ impl SandboxBatch {
         self.views.remove(id);
     }
 
-    /// Takes the rows to write, to be written while the next events fold; deleted sandboxes
-    /// are then forgotten.
-    pub(crate) fn segment(&mut self) -> SandboxSegment {
-        use vps_domain::sandbox::SandboxState;
-        let (mut new, mut changed) = (Vec::new(), Vec::new());
-        for id in std::mem::take(&mut self.dirty) {
-            // A deleted sandbox's document is moved out, the others' copied: they fold on.
-            let document = match self.views.get(&id) {
-                Some(s) if s.state == SandboxState::Deleted => self.views.remove(&id),
-                Some(s) => Some(s.clone()),
-                None => None,
-            };
-            match document {
-                Some(s) if self.fresh.contains(&id) => new.push(s),
-                Some(s) => changed.push(s),
-                None => {}
-            }
-        }
-        self.dirty_set.clear();
-        self.fresh.clear();
-        self.views.retain(|_, s| s.state != SandboxState::Deleted);
-        SandboxSegment { new, changed }
+    /// Whether anything waits to be written.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.dirty.is_empty()
     }
-}
 
-/// The sandbox rows a [`SandboxBatch`] segment writes.
-pub(crate) struct SandboxSegment {
-    /// Sandboxes created in the segment (no row holds them yet).
-    new: Vec<Sandbox>,
-    /// Sandboxes whose rows may exist.
-    changed: Vec<Sandbox>,
-}
-
-impl SandboxSegment {
-    /// Writes the rows: the new ones copied, the others upserted.
-    pub(crate) async fn write(&self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
-        if !self.new.is_empty() {
-            copy_sandboxes(conn, &self.new).await?;
+    /// Writes the changed rows; deleted sandboxes are then forgotten.
+    pub(crate) async fn flush(&mut self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
+        let (new, all): (Vec<&Sandbox>, Vec<&Sandbox>) = self
+            .dirty
+            .iter()
+            .filter_map(|id| self.views.get(id))
+            .partition(|s| self.fresh.contains(&s.id));
+        if !new.is_empty() {
+            copy_sandboxes(conn, &new).await?;
         }
-        let all = &self.changed;
         if !all.is_empty() {
-            let text = |f: fn(&Sandbox) -> &str| all.iter().map(f).collect::<Vec<_>>();
+            let text = |f: fn(&Sandbox) -> &str| all.iter().map(|s| f(s)).collect::<Vec<_>>();
             sqlx::query(concat!(
                 "INSERT INTO sandboxes (id, tenant_id, template_id, instance_id, owner_identity_id,
                                         state, expires_at, doc, created_at, updated_at, version,
@@ -260,7 +224,7 @@ impl SandboxSegment {
             .bind(text(|s| &s.owner_identity_id))
             .bind(text(|s| s.state.as_str()))
             .bind(all.iter().map(|s| s.expires_at).collect::<Vec<_>>())
-            .bind(all.iter().map(Json).collect::<Vec<_>>())
+            .bind(all.iter().map(|s| Json(*s)).collect::<Vec<_>>())
             .bind(all.iter().map(|s| s.created_at).collect::<Vec<_>>())
             .bind(all.iter().map(|s| s.updated_at).collect::<Vec<_>>())
             .bind(all.iter().map(|s| s.version as i64).collect::<Vec<_>>())
@@ -268,12 +232,17 @@ impl SandboxSegment {
             .execute(conn)
             .await?;
         }
+        self.dirty.clear();
+        self.dirty_set.clear();
+        self.fresh.clear();
+        self.views
+            .retain(|_, s| s.state != vps_domain::sandbox::SandboxState::Deleted);
         Ok(())
     }
 }
 
 /// Copies the rows of sandboxes no row holds yet (the values the batch's upsert writes).
-async fn copy_sandboxes(conn: &mut PgConnection, all: &[Sandbox]) -> Result<(), ProjectionError> {
+async fn copy_sandboxes(conn: &mut PgConnection, all: &[&Sandbox]) -> Result<(), ProjectionError> {
     const COLUMNS: [&str; 12] = [
         "id",
         "tenant_id",
