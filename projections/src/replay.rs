@@ -158,7 +158,10 @@ async fn run(
         }
         Ok::<_, sqlx::Error>((live_tx, cursor, seconds))
     });
-    let mut rebuild = Rebuild::default();
+    let mut rebuild = Rebuild {
+        into_empty: true,
+        ..Rebuild::default()
+    };
     let (mut read, mut events) = (0u64, 0u64);
     while let Some(mut page) = next_page.recv().await {
         read += page.len() as u64;
@@ -307,7 +310,7 @@ async fn scratch_schema(tx: &mut PgConnection, schema: &str) -> Result<Vec<Strin
 
 /// The projectors run over many events: instance, sandbox and usage-record events are folded
 /// in memory and their rows written in batches (`instances::batch`, `SandboxBatch`,
-/// `usage::apply_records`); any other event a projector takes is applied by it after the
+/// `usage::apply_records`; new rows are copied, see `copy`); any other event a projector takes is applied by it after the
 /// batches are written, so it sees the tables as the event-by-event projection would.
 #[derive(Default)]
 pub(crate) struct Rebuild {
@@ -316,6 +319,8 @@ pub(crate) struct Rebuild {
     records: Vec<(String, vps_domain::usage::UsageRecord)>,
     record_ids: std::collections::HashSet<String>,
     pending: usize,
+    /// The tables started empty (a scratch schema): no usage record is in them yet.
+    into_empty: bool,
     fold_seconds: f64,
     write_seconds: f64,
 }
@@ -396,7 +401,11 @@ impl Rebuild {
         }
         let records: Vec<(String, &vps_domain::usage::UsageRecord)> =
             self.records.iter().map(|(id, r)| (id.clone(), r)).collect();
-        crate::usage::apply_records(conn, &records).await?;
+        if self.into_empty {
+            crate::usage::copy_records(conn, &records).await?;
+        } else {
+            crate::usage::apply_records(conn, &records).await?;
+        }
         self.records.clear();
         self.record_ids.clear();
         self.pending = 0;

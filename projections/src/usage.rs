@@ -54,6 +54,47 @@ pub async fn apply_records(
     Ok(())
 }
 
+/// [`apply_records`] into a table no record of `records` is in yet (a replay's scratch
+/// table, whose records are the log's, each once): the records are copied, not upserted.
+pub(crate) async fn copy_records(
+    conn: &mut PgConnection,
+    records: &[(String, &UsageRecord)],
+) -> Result<(), ProjectionError> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    const COLUMNS: [&str; 11] = [
+        "id",
+        "tenant_id",
+        "meter",
+        "resource_id",
+        "pool_id",
+        "identity_id",
+        "unit",
+        "quantity",
+        "window_start",
+        "window_end",
+        "labels",
+    ];
+    crate::copy::copy_rows(conn, "usage_records", &COLUMNS, records, |row, (id, r)| {
+        row.field(&id.as_str())?;
+        row.field(&r.tenant_id.as_str())?;
+        row.field(&r.meter.as_str())?;
+        row.field(&r.resource_id.as_str())?;
+        row.field(&r.pool_id.as_str())?;
+        row.field(&r.identity_id.as_deref())?;
+        row.field(&r.unit.as_str())?;
+        row.field(&r.quantity)?;
+        row.field(&r.window_start)?;
+        row.field(&r.window_end)?;
+        row.jsonb(&r.labels)
+    })
+    .await?;
+    let all: Vec<&UsageRecord> = records.iter().map(|(_, r)| *r).collect();
+    add_to_rollups(conn, &all).await?;
+    Ok(())
+}
+
 /// Inserts the records not projected yet; answers the ids it inserted.
 async fn insert_records(
     conn: &mut PgConnection,

@@ -331,54 +331,104 @@ impl Batch {
         Ok(())
     }
 
+    /// The views of instances created in the segment are new rows, copied; the others are
+    /// upserted.
     async fn write_views(&self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
-        let all: Vec<&Instance> = self
+        let (new, changed): (Vec<&Instance>, Vec<&Instance>) = self
             .dirty
             .iter()
             .filter_map(|id| self.views.get(id))
-            .collect();
-        if all.is_empty() {
-            return Ok(());
+            .partition(|i| self.fresh.contains(&i.id));
+        if !new.is_empty() {
+            copy_views(conn, &new).await?;
         }
-        let text = |f: fn(&Instance) -> Option<&str>| all.iter().map(|i| f(i)).collect::<Vec<_>>();
-        sqlx::query(concat!(
-            "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
-                                    owner_identity_id, warm, doc, created_at, updated_at, version,
-                                    warm_template_id, template_version)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                  $6::text[], $7::text[], $8::bool[], $9::jsonb[],
-                                  $10::timestamptz[], $11::timestamptz[], $12::bigint[],
-                                  $13::text[], $14::bigint[])",
-            store_conflict!()
-        ))
-        .bind(text(|i| Some(&i.id)))
-        .bind(text(|i| Some(&i.tenant_id)))
-        .bind(text(|i| Some(&i.pool_id)))
-        .bind(text(|i| Some(i.state.as_str())))
-        .bind(text(|i| Some(i.desired_state.as_str())))
-        .bind(text(|i| i.node_id.as_deref()))
-        .bind(text(|i| Some(&i.owner_identity_id)))
-        .bind(
-            all.iter()
-                .map(|i| i.warm_template_id.is_some())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            all.iter()
-                .map(|i| instance_doc::stored(i))
-                .collect::<Vec<_>>(),
-        )
-        .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
-        .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
-        .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>())
-        .bind(text(|i| i.warm_template_id.as_deref()))
-        .bind(
-            all.iter()
-                .map(|i| i.template_version.map(|v| v as i64))
-                .collect::<Vec<_>>(),
-        )
-        .execute(conn)
-        .await?;
+        if !changed.is_empty() {
+            upsert_views(conn, &changed).await?;
+        }
         Ok(())
     }
+}
+
+/// The columns a view is written to (`labels` is generated from `doc`).
+const VIEW_COLUMNS: [&str; 14] = [
+    "id",
+    "tenant_id",
+    "pool_id",
+    "state",
+    "desired_state",
+    "node_id",
+    "owner_identity_id",
+    "warm",
+    "doc",
+    "created_at",
+    "updated_at",
+    "version",
+    "warm_template_id",
+    "template_version",
+];
+
+/// Copies views no row holds yet (the same values [`upsert_views`] writes).
+async fn copy_views(conn: &mut PgConnection, all: &[&Instance]) -> Result<(), ProjectionError> {
+    crate::copy::copy_rows(conn, "instances", &VIEW_COLUMNS, all, |row, i| {
+        row.field(&i.id.as_str())?;
+        row.field(&i.tenant_id.as_str())?;
+        row.field(&i.pool_id.as_str())?;
+        row.field(&i.state.as_str())?;
+        row.field(&i.desired_state.as_str())?;
+        row.field(&i.node_id.as_deref())?;
+        row.field(&i.owner_identity_id.as_str())?;
+        row.field(&i.warm_template_id.is_some())?;
+        row.jsonb(&instance_doc::stored(i))?;
+        row.field(&i.created_at)?;
+        row.field(&i.updated_at)?;
+        row.field(&(i.version as i64))?;
+        row.field(&i.warm_template_id.as_deref())?;
+        row.field(&i.template_version.map(|v| v as i64))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Upserts views (their rows may exist).
+async fn upsert_views(conn: &mut PgConnection, all: &[&Instance]) -> Result<(), ProjectionError> {
+    let text = |f: fn(&Instance) -> Option<&str>| all.iter().map(|i| f(i)).collect::<Vec<_>>();
+    sqlx::query(concat!(
+        "INSERT INTO instances (id, tenant_id, pool_id, state, desired_state, node_id,
+                                owner_identity_id, warm, doc, created_at, updated_at, version,
+                                warm_template_id, template_version)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                              $6::text[], $7::text[], $8::bool[], $9::jsonb[],
+                              $10::timestamptz[], $11::timestamptz[], $12::bigint[],
+                              $13::text[], $14::bigint[])",
+        store_conflict!()
+    ))
+    .bind(text(|i| Some(&i.id)))
+    .bind(text(|i| Some(&i.tenant_id)))
+    .bind(text(|i| Some(&i.pool_id)))
+    .bind(text(|i| Some(i.state.as_str())))
+    .bind(text(|i| Some(i.desired_state.as_str())))
+    .bind(text(|i| i.node_id.as_deref()))
+    .bind(text(|i| Some(&i.owner_identity_id)))
+    .bind(
+        all.iter()
+            .map(|i| i.warm_template_id.is_some())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        all.iter()
+            .map(|i| instance_doc::stored(i))
+            .collect::<Vec<_>>(),
+    )
+    .bind(all.iter().map(|i| i.created_at).collect::<Vec<_>>())
+    .bind(all.iter().map(|i| i.updated_at).collect::<Vec<_>>())
+    .bind(all.iter().map(|i| i.version as i64).collect::<Vec<_>>())
+    .bind(text(|i| i.warm_template_id.as_deref()))
+    .bind(
+        all.iter()
+            .map(|i| i.template_version.map(|v| v as i64))
+            .collect::<Vec<_>>(),
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
 }

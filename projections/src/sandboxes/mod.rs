@@ -138,6 +138,8 @@ pub(crate) struct SandboxBatch {
     views: std::collections::HashMap<String, Sandbox>,
     dirty: Vec<String>,
     dirty_set: std::collections::HashSet<String>,
+    /// Sandboxes created since the last flush (no row holds them yet).
+    fresh: std::collections::HashSet<String>,
 }
 
 impl SandboxBatch {
@@ -161,6 +163,7 @@ impl SandboxBatch {
         } else {
             load_doc::<Sandbox>(conn, "sandboxes", id).await?
         };
+        let created = before.is_none();
         let s = Sandbox::evolve(before, event, e.recorded_at).map_err(|err| {
             ProjectionError::Malformed {
                 event_id: e.id.clone(),
@@ -172,6 +175,9 @@ impl SandboxBatch {
             snapshots: Default::default(),
             ..s
         };
+        if created {
+            self.fresh.insert(document.id.clone());
+        }
         if self.dirty_set.insert(document.id.clone()) {
             self.dirty.push(document.id.clone());
         }
@@ -191,11 +197,14 @@ impl SandboxBatch {
 
     /// Writes the changed rows; deleted sandboxes are then forgotten.
     pub(crate) async fn flush(&mut self, conn: &mut PgConnection) -> Result<(), ProjectionError> {
-        let all: Vec<&Sandbox> = self
+        let (new, all): (Vec<&Sandbox>, Vec<&Sandbox>) = self
             .dirty
             .iter()
             .filter_map(|id| self.views.get(id))
-            .collect();
+            .partition(|s| self.fresh.contains(&s.id));
+        if !new.is_empty() {
+            copy_sandboxes(conn, &new).await?;
+        }
         if !all.is_empty() {
             let text = |f: fn(&Sandbox) -> &str| all.iter().map(|s| f(s)).collect::<Vec<_>>();
             sqlx::query(concat!(
@@ -225,10 +234,45 @@ impl SandboxBatch {
         }
         self.dirty.clear();
         self.dirty_set.clear();
+        self.fresh.clear();
         self.views
             .retain(|_, s| s.state != vps_domain::sandbox::SandboxState::Deleted);
         Ok(())
     }
+}
+
+/// Copies the rows of sandboxes no row holds yet (the values the batch's upsert writes).
+async fn copy_sandboxes(conn: &mut PgConnection, all: &[&Sandbox]) -> Result<(), ProjectionError> {
+    const COLUMNS: [&str; 12] = [
+        "id",
+        "tenant_id",
+        "template_id",
+        "instance_id",
+        "owner_identity_id",
+        "state",
+        "expires_at",
+        "doc",
+        "created_at",
+        "updated_at",
+        "version",
+        "labels",
+    ];
+    crate::copy::copy_rows(conn, "sandboxes", &COLUMNS, all, |row, s| {
+        row.field(&s.id.as_str())?;
+        row.field(&s.tenant_id.as_str())?;
+        row.field(&s.template_id.as_str())?;
+        row.field(&s.instance_id.as_str())?;
+        row.field(&s.owner_identity_id.as_str())?;
+        row.field(&s.state.as_str())?;
+        row.field(&s.expires_at)?;
+        row.jsonb(s)?;
+        row.field(&s.created_at)?;
+        row.field(&s.updated_at)?;
+        row.field(&(s.version as i64))?;
+        row.jsonb(&s.labels)
+    })
+    .await?;
+    Ok(())
 }
 
 /// The sandbox a sandbox event's stream names.
