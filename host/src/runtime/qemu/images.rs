@@ -27,7 +27,7 @@ use crate::runtime::{ImageRef, RestoreSource, RuntimeError};
 
 mod budget;
 pub use budget::{default_budget, Entry, Pin};
-use budget::{load, Index};
+use budget::{is_digest, load, Index};
 
 /// A checked image in the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,7 +80,7 @@ impl ImageCache {
     /// [`Pin`] is dropped.
     pub async fn get(&self, image: &ImageRef) -> Result<(Cached, Pin), RuntimeError> {
         let digest = image.sha256.to_ascii_lowercase();
-        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !is_digest(&digest) {
             return Err(RuntimeError(format!(
                 "image digest {:?} is not a hex SHA-256",
                 image.sha256
@@ -92,10 +92,10 @@ impl ImageCache {
                 image.format
             )));
         }
-        let lock = self.lock(&digest);
-        let _guard = lock.lock().await;
-        let dir = self.dir.join(&digest);
         let entry = Entry::Image(digest.clone());
+        let lock = self.lock(&entry.lock_key());
+        let _guard = lock.lock().await;
+        let dir = entry.dir(&self.dir);
         if let Some(cached) = cached(&dir, &image.format) {
             metrics::counter!("vps_host_image_cache_hits_total").increment(1);
             self.touch(&entry, false);
@@ -131,17 +131,17 @@ impl ImageCache {
     /// pinned until the [`Pin`] is dropped.
     pub async fn snapshot(&self, from: &RestoreSource) -> Result<(PathBuf, Pin), RuntimeError> {
         let digest = from.sha256.to_ascii_lowercase();
-        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !is_digest(&digest) {
             return Err(RuntimeError(format!(
                 "snapshot {} digest {:?} is not a hex SHA-256",
                 from.snapshot_id, from.sha256
             )));
         }
-        let lock = self.lock(&format!("snapshot:{digest}"));
-        let _guard = lock.lock().await;
-        let root = self.dir.join("snapshots");
-        let dir = root.join(&digest);
         let entry = Entry::Snapshot(digest.clone());
+        let lock = self.lock(&entry.lock_key());
+        let _guard = lock.lock().await;
+        let dir = entry.dir(&self.dir);
+        let root = self.dir.join("snapshots");
         if snapshot_complete(&dir) {
             self.touch(&entry, false);
             return Ok((dir, self.pin(&entry)));
@@ -187,19 +187,20 @@ impl ImageCache {
     /// the files are on another file system.
     pub async fn adopt_snapshot(&self, files: &Path, sha256: &str) {
         let digest = sha256.to_ascii_lowercase();
-        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !is_digest(&digest) {
             return;
         }
-        let lock = self.lock(&format!("snapshot:{digest}"));
+        let entry = Entry::Snapshot(digest.clone());
+        let lock = self.lock(&entry.lock_key());
         let _guard = lock.lock().await;
+        let dir = entry.dir(&self.dir);
         let root = self.dir.join("snapshots");
-        let dir = root.join(&digest);
         if snapshot_complete(&dir) || tokio::fs::create_dir_all(&root).await.is_err() {
             return;
         }
         match tokio::fs::rename(files, &dir).await {
             Ok(()) => {
-                self.touch(&Entry::Snapshot(digest.clone()), true);
+                self.touch(&entry, true);
                 tracing::debug!(sha256 = %digest, "snapshot kept for restores here")
             }
             Err(error) => tracing::debug!(%error, "snapshot not kept for restores here"),

@@ -57,7 +57,7 @@ impl Entry {
     }
 
     /// Its directory under the cache's `root`.
-    fn dir(&self, root: &Path) -> PathBuf {
+    pub(super) fn dir(&self, root: &Path) -> PathBuf {
         match self {
             Entry::Image(digest) => root.join(digest),
             Entry::Snapshot(digest) => root.join("snapshots").join(digest),
@@ -65,7 +65,7 @@ impl Entry {
     }
 
     /// The name of the lock that fills it.
-    fn lock_key(&self) -> String {
+    pub(super) fn lock_key(&self) -> String {
         match self {
             Entry::Image(digest) => digest.clone(),
             Entry::Snapshot(digest) => format!("snapshot:{digest}"),
@@ -116,14 +116,15 @@ impl ImageCache {
         let dir = entry.dir(&self.dir);
         // The order of use outlives the agent as the directory's mtime (best effort).
         let _ = std::fs::File::open(&dir).and_then(|f| f.set_modified(SystemTime::now()));
-        let mut index = self.index();
-        index.tick += 1;
-        let tick = index.tick;
-        let known = index.entries.get(entry).map(|u| u.bytes);
+        // Measured outside the index's lock (a directory walk); the entry's own lock is held.
+        let known = self.index().entries.get(entry).map(|u| u.bytes);
         let bytes = match known {
             Some(bytes) if !fresh => bytes,
             _ => entry_bytes(&dir),
         };
+        let mut index = self.index();
+        index.tick += 1;
+        let tick = index.tick;
         index.entries.insert(entry.clone(), Use { bytes, tick });
         metrics::gauge!("vps_host_image_cache_bytes").set(index.bytes() as f64);
     }
@@ -279,6 +280,6 @@ pub(super) fn entry_bytes(dir: &Path) -> u64 {
 }
 
 /// A lowercase hex SHA-256, as entries are named.
-fn is_digest(name: &str) -> bool {
+pub(super) fn is_digest(name: &str) -> bool {
     name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
