@@ -3,9 +3,11 @@
 //! decision on the instance's stream.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use chrono::Utc;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use sqlx::PgConnection;
 use vps_domain::instance::{AddressMode, Failure, Instance, InstanceCommand, Observed, ReportView};
 use vps_domain::node::{decide, Node, NodeCommand, NodeLiveness};
@@ -28,10 +30,12 @@ pub use vps_domain::node::MAX_ORPHANS;
 pub struct Report {
     /// The reporting node.
     pub node_id: NodeId,
-    /// What its runtime holds.
-    #[serde(default)]
-    #[schemars(length(max = 10000))]
-    pub instances: Vec<ReportedInstance>,
+    /// What its runtime holds: [`ReportedInstance`]s, the list kept as its text until
+    /// [`report`] parses each entry, or finds it in the node's last report (see
+    /// [`crate::report_entries`]).
+    #[serde(default = "no_instances")]
+    #[schemars(length(max = 10000), with = "Vec<ReportedInstance>")]
+    pub instances: Box<RawValue>,
     /// The list is the node's whole inventory.
     #[serde(default)]
     pub complete: bool,
@@ -55,6 +59,13 @@ pub struct Report {
     #[serde(skip)]
     #[schemars(skip)]
     pub stored: BTreeMap<String, crate::sandboxes::snapshots::StoredObject>,
+}
+
+/// The most instances a report may list.
+pub const MAX_ENTRIES: usize = 10_000;
+
+fn no_instances() -> Box<RawValue> {
+    RawValue::from_string("[]".into()).expect("an empty list is JSON")
 }
 
 /// One instance as the host sees it.
@@ -161,17 +172,38 @@ fn check_facts(report: &Report) -> Result<(), DomainError> {
             ));
         }
     }
-    let bad_cpu = report
-        .instances
-        .iter()
-        .position(|i| i.cpu_seconds.is_some_and(|s| !s.is_finite() || s < 0.0));
-    if let Some(i) = bad_cpu {
+    Ok(())
+}
+
+/// One entry of a report, parsed and checked; `i`, its index, names the field an error
+/// points at. Read straight into the entry; one that does not fit is read again through a
+/// `Value`, so the error names the field and no position in the entry's text.
+fn parse_entry(i: usize, text: &str) -> Result<ReportedInstance, DomainError> {
+    let mut entry: ReportedInstance = match serde_json::from_str(text) {
+        Ok(entry) => entry,
+        Err(_) => {
+            let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+                DomainError::invalid_input(format!("instances[{i}]"), e.to_string())
+            })?;
+            serde_path_to_error::deserialize(value).map_err(|e| {
+                let field = match e.path().to_string().as_str() {
+                    "." => format!("instances[{i}]"),
+                    path => format!("instances[{i}].{path}"),
+                };
+                DomainError::invalid_input(field, e.inner().to_string())
+            })?
+        }
+    };
+    if let Some(addresses) = entry.addresses.as_mut() {
+        check_addresses(i, addresses)?;
+    }
+    if entry.cpu_seconds.is_some_and(|s| !s.is_finite() || s < 0.0) {
         return Err(DomainError::invalid_input(
             format!("instances[{i}].cpuSeconds"),
             "a non-negative number",
         ));
     }
-    Ok(())
+    Ok(entry)
 }
 
 /// Applies a node's report. Only instances placed on that node are touched.
@@ -179,27 +211,20 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
     if report.command_results.len() > 1_000 {
         return Err(DomainError::invalid_input("commandResults", "at most 1000").into());
     }
-    if report.instances.len() > 10_000 {
-        return Err(DomainError::InvalidInput {
-            field: "instances".into(),
-            message: "at most 10000".into(),
-        }
-        .into());
-    }
-    let mut report = report;
-    for (i, entry) in report.instances.iter_mut().enumerate() {
-        if let Some(addresses) = entry.addresses.as_mut() {
-            check_addresses(i, addresses)?;
-        }
-    }
     if let Some(url) = &report.tunnel_url {
         vps_domain::tunnel_url::parse("tunnelUrl", url)?;
     }
     check_facts(&report)?;
+    let mut report = report;
+    let text = std::mem::replace(&mut report.instances, no_instances());
+    let instances = ctx
+        .reports
+        .entries
+        .parse(&report.node_id, text, MAX_ENTRIES, parse_entry)?;
     // Hashed, not ordered: a full host lists thousands, and each entry is looked up again.
-    let mut entries = Entries::with_capacity_and_hasher(report.instances.len(), Default::default());
-    for entry in &report.instances {
-        if entries.insert(entry.id.as_str(), entry).is_some() {
+    let mut entries = Entries::with_capacity_and_hasher(instances.len(), Default::default());
+    for entry in &instances {
+        if entries.insert(entry.id.as_str(), &**entry).is_some() {
             return Err(DomainError::InvalidInput {
                 field: "instances".into(),
                 message: "an instance is listed twice".into(),
@@ -208,7 +233,7 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
         }
     }
     transaction(ctx, &report.node_id, async |tx| {
-        report_in(ctx, tx, &report, &entries).await
+        report_in(ctx, tx, &report, &instances, &entries).await
     })
     .await
 }
@@ -220,6 +245,7 @@ async fn report_in(
     ctx: &Ctx,
     tx: &mut PgConnection,
     report: &Report,
+    instances: &[Arc<ReportedInstance>],
     entries: &Entries<'_>,
 ) -> Result<ReportOutcome, CommandError> {
     let now = ctx.clock.now();
@@ -242,7 +268,7 @@ async fn report_in(
     let mut orphans = Vec::new();
     // Only sandboxes' guests: their CPU seconds are what idle pause samples.
     let mut samples: Vec<(String, f64)> = Vec::new();
-    for entry in &report.instances {
+    for entry in instances {
         let Some(view) = views.get(&entry.id) else {
             orphans.push(entry.id.clone());
             continue;

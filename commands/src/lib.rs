@@ -22,6 +22,7 @@ pub mod pipeline;
 pub mod policies;
 pub mod provider_accounts;
 pub mod record;
+pub mod report_entries;
 pub mod report_views;
 pub mod sandboxes;
 pub mod secrets;

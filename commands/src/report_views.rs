@@ -20,6 +20,8 @@ use vps_projections::instances::reads::{self, MarkPoint};
 #[derive(Debug, Default)]
 pub struct ReportViews {
     nodes: Mutex<HashMap<String, Held>>,
+    /// Each node's last report entries, parsed (the same replica's memory of its reports).
+    pub(crate) entries: crate::report_entries::ReportEntries,
 }
 
 /// One node's views as of `point`: every write `point` saw is in them.

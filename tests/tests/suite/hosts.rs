@@ -614,7 +614,7 @@ async fn another_replica_hears_which_nodes_spec_moved() {
 }
 
 /// A report may state the host's CPU model and runtimes and each guest's CPU seconds
-/// (SPEC §3.11); each has its shape checked, naming the field.
+/// (SPEC §3.11); each has its shape checked, naming the field, as is each entry's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_states_the_hosts_cpu_model_runtimes_and_guests_cpu_seconds() {
     let t = fast_server().await;
@@ -641,6 +641,13 @@ async fn a_report_states_the_hosts_cpu_model_runtimes_and_guests_cpu_seconds() {
             json!({ "instances": [{ "id": "inst_x", "state": "RUNNING", "cpuSeconds": -1.0 }] }),
             "instances[0].cpuSeconds",
         ),
+        // Entries are parsed one by one (a text the node's last report carried is not parsed
+        // again): a bad one is still named, by its index.
+        (
+            json!({ "instances": [{ "id": "inst_x", "state": "RUNNING" }, { "id": "inst_y", "state": "BOGUS" }] }),
+            "instances[1].state",
+        ),
+        (json!({ "instances": [5] }), "instances[0]"),
     ] {
         let refused = t
             .call(&token, "nodes.report", report(extra.clone()))
