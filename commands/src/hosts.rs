@@ -19,6 +19,7 @@ use crate::error::CommandError;
 use crate::pipeline::{apply_commands, record_events, transaction};
 use vps_domain::ids::NodeId;
 
+pub use crate::report_entries::{ReportedInstance, ReportedState};
 use crate::report_views as views;
 
 pub use vps_domain::instance::MAX_ADDRESSES;
@@ -66,42 +67,6 @@ pub const MAX_ENTRIES: usize = 10_000;
 
 fn no_instances() -> Box<RawValue> {
     RawValue::from_string("[]".into()).expect("an empty list is JSON")
-}
-
-/// One instance as the host sees it.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ReportedInstance {
-    /// `inst_…`.
-    pub id: String,
-    /// `RUNNING`, `STOPPED`, `PAUSED`, `ERROR` or `UNSPECIFIED`.
-    pub state: ReportedState,
-    /// Why (errors, refusals).
-    pub message: Option<String>,
-    /// Addresses the guest has.
-    #[schemars(length(max = 16))]
-    pub addresses: Option<Vec<String>>,
-    /// CPU seconds the guest has used since it started (SPEC §3.11).
-    pub cpu_seconds: Option<f64>,
-    /// A memory restore the host gave an SSH identity of its own (machine id, host keys): exec
-    /// certificates name the instance itself from then on. Absent from older hosts.
-    pub identity_rebound: Option<bool>,
-}
-
-/// A host-side instance state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum ReportedState {
-    /// Running.
-    Running,
-    /// Stopped (or refused: `ResourcesExhausted:`).
-    Stopped,
-    /// Paused.
-    Paused,
-    /// Failed.
-    Error,
-    /// Not known yet: skipped.
-    Unspecified,
 }
 
 /// What a report changed.

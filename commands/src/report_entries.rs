@@ -1,20 +1,55 @@
-//! A replica's memory of each node's last report entries, parsed and checked, beside their
-//! text. A host sends every guest in each complete report, in the same order, and nearly
-//! every entry is the text it sent the time before: an entry whose text is the one at the same
-//! place in the node's last report is that report's entry, not parsed and checked again. So a
-//! report of 10,000 guests that changes one parses one. The entries are compared in order, not
-//! looked up: on a full host the lookups' cache misses cost more than the parse they saved. A
-//! memo of a pure function of the text, so never stale: a new text is parsed, an old one means
-//! what it meant.
+//! What each entry of a report says ([`ReportedInstance`]), and a replica's memory of each
+//! node's last report entries, parsed and checked, beside their text. A host sends every guest
+//! in each complete report, in the same order, and nearly every entry is the text it sent the
+//! time before: an entry whose text is the one at the same place in the node's last report is
+//! that report's entry, not parsed and checked again. So a report of 10,000 guests that changes
+//! one parses one. The entries are compared in order, not looked up: on a full host the
+//! lookups' cache misses cost more than the parse they saved. A memo of a pure function of the
+//! text, so never stale: a new text is parsed, an old one means what it meant.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use vps_domain::DomainError;
 
-use crate::hosts::ReportedInstance;
+/// One instance as the host sees it.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReportedInstance {
+    /// `inst_…`.
+    pub id: String,
+    /// `RUNNING`, `STOPPED`, `PAUSED`, `ERROR` or `UNSPECIFIED`.
+    pub state: ReportedState,
+    /// Why (errors, refusals).
+    pub message: Option<String>,
+    /// Addresses the guest has.
+    #[schemars(length(max = 16))]
+    pub addresses: Option<Vec<String>>,
+    /// CPU seconds the guest has used since it started (SPEC §3.11).
+    pub cpu_seconds: Option<f64>,
+    /// A memory restore the host gave an SSH identity of its own (machine id, host keys): exec
+    /// certificates name the instance itself from then on. Absent from older hosts.
+    pub identity_rebound: Option<bool>,
+}
+
+/// A host-side instance state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum ReportedState {
+    /// Running.
+    Running,
+    /// Stopped (or refused: `ResourcesExhausted:`).
+    Stopped,
+    /// Paused.
+    Paused,
+    /// Failed.
+    Error,
+    /// Not known yet: skipped.
+    Unspecified,
+}
 
 /// By node id: the node's last report that parsed.
 #[derive(Debug, Default)]
@@ -117,7 +152,7 @@ mod tests {
             .unwrap();
         assert_eq!(parsed.get(), 3, "only the changed entry is parsed again");
         assert!(Arc::ptr_eq(&first[0], &second[0]));
-        assert_eq!(second[1].state, crate::hosts::ReportedState::Stopped);
+        assert_eq!(second[1].state, ReportedState::Stopped);
         // Another node's report remembers nothing of this one's.
         memo.parse("node_2", list(&[A]), 10, parse(&parsed))
             .unwrap();
