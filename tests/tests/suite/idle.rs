@@ -107,7 +107,12 @@ async fn a_busy_sandbox_is_kept_and_pauses_once_idle_for_its_timeout() {
     // Half a vCPU: far above the default 2 %.
     host.set_cpu_rate(None, 0.5);
     let (id, instance) = sampled_sandbox(&t, &tpl, "busy").await;
-    advance_and_sample(&t, &instance, 61).await;
+    // Busy past the timeout in steps just over a sample's spacing: a host report built before
+    // an advance and applied after it is sampled at the new time with the CPU seconds of the
+    // old, which reads as one quiet step; a single 61 s step would then read as idle.
+    for _ in 0..6 {
+        advance_and_sample(&t, &instance, 11).await;
+    }
     stays_ready(&t, &id, "a busy guest is not idle").await;
 
     // Quiet from here: paused once the timeout has passed, not before.
