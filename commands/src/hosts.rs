@@ -172,7 +172,7 @@ fn parse_entry(i: usize, text: &str) -> Result<ReportedInstance, DomainError> {
 }
 
 /// Applies a node's report. Only instances placed on that node are touched.
-pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandError> {
+pub async fn report(ctx: &Ctx, mut report: Report) -> Result<ReportOutcome, CommandError> {
     if report.command_results.len() > 1_000 {
         return Err(DomainError::invalid_input("commandResults", "at most 1000").into());
     }
@@ -180,7 +180,6 @@ pub async fn report(ctx: &Ctx, report: Report) -> Result<ReportOutcome, CommandE
         vps_domain::tunnel_url::parse("tunnelUrl", url)?;
     }
     check_facts(&report)?;
-    let mut report = report;
     let text = std::mem::replace(&mut report.instances, no_instances());
     let instances = ctx
         .reports

@@ -176,9 +176,6 @@ const INSERT_ONE: &str = concat!(
     returning!()
 );
 
-/// The most `COPY` data sent in one message.
-const COPY_PIECE: usize = 64 * 1024;
-
 /// Copies `events` into the log after the stream's last version, in binary `COPY` format. A
 /// stored id fails the copy on `unique (id)`; a writer that raced it, on
 /// `unique (stream, version)` (a concurrency error).
@@ -200,53 +197,19 @@ async fn copy_in(
             actual: stream_version(conn, stream).await?,
         });
     };
-    // The signature, no flags, no header extension; each row: its field count, then each
-    // field's length and binary form (jsonb's is a version byte and the text); then -1.
-    let mut rows = Vec::with_capacity(32 + events.len() * 512);
-    rows.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
-    rows.extend_from_slice(&[0; 8]);
-    for (n, event) in (version + 1..).zip(events) {
-        rows.extend_from_slice(&6i16.to_be_bytes());
-        field(&mut rows, |out| out.extend_from_slice(stream.as_bytes()));
-        field(&mut rows, |out| out.extend_from_slice(&n.to_be_bytes()));
-        field(&mut rows, |out| out.extend_from_slice(event.id.as_bytes()));
-        field(&mut rows, |out| {
-            out.extend_from_slice(event.event_type.as_bytes())
-        });
-        field(&mut rows, |out| jsonb(out, &event.data));
-        field(&mut rows, |out| jsonb(out, &event.metadata));
-    }
-    rows.extend_from_slice(&(-1i16).to_be_bytes());
-    let mut copy = conn
-        .copy_in_raw(
-            "COPY events (stream, version, id, type, data, metadata) FROM STDIN (FORMAT binary)",
-        )
-        .await?;
-    // In pieces: the connection's write buffer grows to the largest message it sends and
-    // keeps that size for the pool's lifetime, so one whole batch per message would leave
-    // megabytes behind on every connection that ever appended one.
-    for piece in rows.chunks(COPY_PIECE) {
-        copy.send(piece).await?;
-    }
-    copy.finish()
-        .await
-        .map_err(|e| insert_failure(e, stream, ExpectedVersion::Any))?;
+    const COLUMNS: [&str; 6] = ["stream", "version", "id", "type", "data", "metadata"];
+    let rows = (version + 1..).zip(events);
+    vps_pg::copy::copy_rows(conn, "events", &COLUMNS, rows, |row, (n, event)| {
+        row.field(&stream)?;
+        row.field(&n)?;
+        row.field(&event.id.as_str())?;
+        row.field(&event.event_type.as_str())?;
+        row.jsonb(&event.data)?;
+        row.jsonb(&event.metadata)
+    })
+    .await
+    .map_err(|e| insert_failure(e, stream, ExpectedVersion::Any))?;
     Ok(())
-}
-
-/// One `COPY` field: its length, then what `write` puts.
-fn field(out: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) {
-    let at = out.len();
-    out.extend_from_slice(&[0; 4]);
-    write(out);
-    let length = i32::try_from(out.len() - at - 4).expect("a field under 2 GiB");
-    out[at..at + 4].copy_from_slice(&length.to_be_bytes());
-}
-
-/// jsonb's binary form: format version 1, then the JSON text.
-fn jsonb(out: &mut Vec<u8>, value: &impl serde::Serialize) {
-    out.push(1);
-    serde_json::to_writer(out, value).expect("an event's JSON serialises");
 }
 
 /// [`INSERT`] (or [`INSERT_ONE`]), answering the generated columns of the rows it inserted.

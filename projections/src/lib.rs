@@ -11,8 +11,8 @@
 //! `provider_accounts`, `webhooks`, `sandboxes` (templates, sandboxes and snapshots;
 //! `sandboxes::reads` their reads), `volumes` (sandbox volumes, their allocations and quota
 //! charges), `policies`, `identities`, `tenants` (teardown), `usage` (usage records and
-//! rollups), `views` and `operator_views` (reads), `replay` (rebuild and verify; `copy` the
-//! binary `COPY` its new rows are written with).
+//! rollups), `views` and `operator_views` (reads), `replay` (rebuild and verify; its new rows
+//! are written with `vps_pg::copy`).
 //!
 //! Reads live with their tables: `commands`, `reactors`, `api` and `devtools` read a
 //! projection table through its module's query functions (typed rows, the SQL and locking
@@ -27,7 +27,6 @@
 //! schema, so a replay can point `search_path` at a scratch schema.
 
 mod bookings;
-mod copy;
 pub mod flavors;
 pub mod identities;
 pub mod images;

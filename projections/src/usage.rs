@@ -76,7 +76,7 @@ pub(crate) async fn copy_records(
         "window_end",
         "labels",
     ];
-    crate::copy::copy_rows(conn, "usage_records", &COLUMNS, records, |row, (id, r)| {
+    vps_pg::copy::copy_rows(conn, "usage_records", &COLUMNS, records, |row, (id, r)| {
         row.field(&id.as_str())?;
         row.field(&r.tenant_id.as_str())?;
         row.field(&r.meter.as_str())?;

@@ -369,7 +369,7 @@ const VIEW_COLUMNS: [&str; 14] = [
 
 /// Copies views no row holds yet (the same values [`upsert_views`] writes).
 async fn copy_views(conn: &mut PgConnection, all: &[&Instance]) -> Result<(), ProjectionError> {
-    crate::copy::copy_rows(conn, "instances", &VIEW_COLUMNS, all, |row, i| {
+    vps_pg::copy::copy_rows(conn, "instances", &VIEW_COLUMNS, all, |row, i| {
         row.field(&i.id.as_str())?;
         row.field(&i.tenant_id.as_str())?;
         row.field(&i.pool_id.as_str())?;

@@ -257,7 +257,7 @@ async fn copy_sandboxes(conn: &mut PgConnection, all: &[&Sandbox]) -> Result<(),
         "version",
         "labels",
     ];
-    crate::copy::copy_rows(conn, "sandboxes", &COLUMNS, all, |row, s| {
+    vps_pg::copy::copy_rows(conn, "sandboxes", &COLUMNS, all, |row, s| {
         row.field(&s.id.as_str())?;
         row.field(&s.tenant_id.as_str())?;
         row.field(&s.template_id.as_str())?;

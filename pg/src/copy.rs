@@ -1,7 +1,7 @@
-//! Rows written with a binary `COPY ... FROM STDIN` (a replay's new rows): the fields take
-//! the binary forms sqlx sends for bound parameters, so a copied row equals one an `INSERT`
-//! of the same values writes. The rows are sent in chunks as they are encoded, so the server
-//! inserts one chunk while the next is encoded.
+//! Rows written with a binary `COPY ... FROM STDIN` (the log's batch appends, a replay's new
+//! rows): the fields take the binary forms sqlx sends for bound parameters, so a copied row
+//! equals one an `INSERT` of the same values writes. The rows are sent in chunks as they are
+//! encoded, so the server inserts one chunk while the next is encoded.
 
 use serde::Serialize;
 use sqlx::encode::IsNull;
@@ -11,9 +11,14 @@ use sqlx::{Encode, PgConnection, Postgres};
 /// Bytes encoded before they are sent.
 const CHUNK: usize = 1 << 20;
 
+/// The most bytes sent in one message: the connection's write buffer grows to the largest
+/// message it sends and keeps that size for the pool's lifetime, so a whole chunk per message
+/// would leave a megabyte behind on every connection that ever copied one.
+const PIECE: usize = 64 * 1024;
+
 /// One `COPY` in progress: [`CopyIn::row`], its fields, [`CopyIn::sent`] per row, then
 /// [`CopyIn::finish`].
-pub(crate) struct CopyIn<'c> {
+pub struct CopyIn<'c> {
     copy: Option<PgCopyIn<&'c mut PgConnection>>,
     buf: PgArgumentBuffer,
     columns: i16,
@@ -22,7 +27,7 @@ pub(crate) struct CopyIn<'c> {
 impl<'c> CopyIn<'c> {
     /// Starts `COPY table (columns) FROM STDIN` in binary form. `table` and `columns` are
     /// named by the code, never input.
-    pub(crate) async fn begin(
+    pub async fn begin(
         conn: &'c mut PgConnection,
         table: &str,
         columns: &[&str],
@@ -47,15 +52,12 @@ impl<'c> CopyIn<'c> {
     }
 
     /// Starts a row: its fields follow, one per column, in the columns' order.
-    pub(crate) fn row(&mut self) {
+    pub fn row(&mut self) {
         self.buf.extend_from_slice(&self.columns.to_be_bytes());
     }
 
     /// A field in sqlx's binary form of `value` (`None`: NULL).
-    pub(crate) fn field<'q, T: Encode<'q, Postgres>>(
-        &mut self,
-        value: &T,
-    ) -> Result<(), sqlx::Error> {
+    pub fn field<'q, T: Encode<'q, Postgres>>(&mut self, value: &T) -> Result<(), sqlx::Error> {
         let at = self.length_slot();
         match value
             .encode_by_ref(&mut self.buf)
@@ -71,7 +73,7 @@ impl<'c> CopyIn<'c> {
     }
 
     /// A `jsonb` field: the format version, then the JSON text.
-    pub(crate) fn jsonb(&mut self, value: &impl Serialize) -> Result<(), sqlx::Error> {
+    pub fn jsonb(&mut self, value: &impl Serialize) -> Result<(), sqlx::Error> {
         let at = self.length_slot();
         self.buf.push(1);
         serde_json::to_writer(&mut *self.buf, value).map_err(|e| sqlx::Error::Encode(e.into()))?;
@@ -79,7 +81,7 @@ impl<'c> CopyIn<'c> {
     }
 
     /// Ends a row: sends what is encoded once it fills a chunk.
-    pub(crate) async fn sent(&mut self) -> Result<(), sqlx::Error> {
+    pub async fn sent(&mut self) -> Result<(), sqlx::Error> {
         if self.buf.len() >= CHUNK {
             self.send().await?;
         }
@@ -87,7 +89,7 @@ impl<'c> CopyIn<'c> {
     }
 
     /// Sends the rest and ends the `COPY`; answers the rows copied.
-    pub(crate) async fn finish(mut self) -> Result<u64, sqlx::Error> {
+    pub async fn finish(mut self) -> Result<u64, sqlx::Error> {
         self.buf.extend_from_slice(&(-1i16).to_be_bytes());
         self.send().await?;
         match self.copy.take() {
@@ -98,7 +100,7 @@ impl<'c> CopyIn<'c> {
 
     /// Ends the `COPY` without its rows (after a field failed to encode), so the connection
     /// answers the next statement; answers `error`.
-    pub(crate) async fn abort(mut self, error: sqlx::Error) -> sqlx::Error {
+    pub async fn abort(mut self, error: sqlx::Error) -> sqlx::Error {
         if let Some(copy) = self.copy.take() {
             if let Err(e) = copy.abort(error.to_string()).await {
                 return e;
@@ -109,7 +111,9 @@ impl<'c> CopyIn<'c> {
 
     async fn send(&mut self) -> Result<(), sqlx::Error> {
         if let Some(copy) = self.copy.as_mut() {
-            copy.send(&self.buf[..]).await?;
+            for piece in self.buf.chunks(PIECE) {
+                copy.send(piece).await?;
+            }
         }
         self.buf.clear();
         Ok(())
@@ -131,7 +135,7 @@ impl<'c> CopyIn<'c> {
 }
 
 /// Copies `rows` into `table`: `encode` writes one row's fields (after [`CopyIn::row`]).
-pub(crate) async fn copy_rows<R>(
+pub async fn copy_rows<R>(
     conn: &mut PgConnection,
     table: &str,
     columns: &[&str],
