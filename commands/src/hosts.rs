@@ -2,8 +2,7 @@
 //! from node liveness (`node.lost` and its instances). Every instance change is an ordinary
 //! decision on the instance's stream.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::BTreeMap;
 
 use chrono::Utc;
 use serde::Deserialize;
@@ -19,7 +18,9 @@ use crate::error::CommandError;
 use crate::pipeline::{apply_commands, record_events, transaction};
 use vps_domain::ids::NodeId;
 
+use crate::report_entries::Memo;
 pub use crate::report_entries::{ReportedInstance, ReportedState};
+use crate::report_verdicts::{self as verdicts, Sorted};
 use crate::report_views as views;
 
 pub use vps_domain::instance::MAX_ADDRESSES;
@@ -181,36 +182,21 @@ pub async fn report(ctx: &Ctx, mut report: Report) -> Result<ReportOutcome, Comm
     }
     check_facts(&report)?;
     let text = std::mem::replace(&mut report.instances, no_instances());
-    let instances = ctx
+    let memo = ctx
         .reports
         .entries
         .parse(&report.node_id, text, MAX_ENTRIES, parse_entry)?;
-    // Hashed, not ordered: a full host lists thousands, and each entry is looked up again.
-    let mut entries = Entries::with_capacity_and_hasher(instances.len(), Default::default());
-    for entry in &instances {
-        if entries.insert(entry.id.as_str(), &**entry).is_some() {
-            return Err(DomainError::InvalidInput {
-                field: "instances".into(),
-                message: "an instance is listed twice".into(),
-            }
-            .into());
-        }
-    }
     transaction(ctx, &report.node_id, async |tx| {
-        report_in(ctx, tx, &report, &instances, &entries).await
+        report_in(ctx, tx, &report, &memo).await
     })
     .await
 }
-
-/// The report's entries by instance id.
-type Entries<'a> = foldhash::HashMap<&'a str, &'a ReportedInstance>;
 
 async fn report_in(
     ctx: &Ctx,
     tx: &mut PgConnection,
     report: &Report,
-    instances: &[Arc<ReportedInstance>],
-    entries: &Entries<'_>,
+    memo: &Memo,
 ) -> Result<ReportOutcome, CommandError> {
     let now = ctx.clock.now();
     let node_id = &report.node_id;
@@ -225,41 +211,31 @@ async fn report_in(
     // complete report change nothing, and loading every instance of the node made each report
     // cost the node's size, while locking them all would make each claim or change on it wait
     // for the whole report. Only the rest are locked, loaded and decided. The views are this
-    // replica's copy, brought up to date with what changed since the node's last report.
-    let held = views::current(&ctx.reports, tx, node_id, now).await?;
-    let views = &held.views;
-    let mut candidates = BTreeSet::new();
-    let mut orphans = Vec::new();
-    // Only sandboxes' guests: their CPU seconds are what idle pause samples.
-    let mut samples: Vec<(String, f64)> = Vec::new();
-    for entry in instances {
-        let Some(view) = views.get(&entry.id) else {
-            orphans.push(entry.id.clone());
-            continue;
-        };
-        if !unchanged(entry, view) {
-            candidates.insert(entry.id.clone());
-        }
-        if let Some(cpu_seconds) = entry.cpu_seconds.filter(|_| view.drives_sandbox) {
-            samples.push((entry.id.clone(), cpu_seconds));
-        }
-    }
+    // replica's copy, brought up to date with what changed since the node's last report, and
+    // so are the verdicts of that report (only the entries it did not carry, and those whose
+    // instances changed since, are looked at again).
+    let (mut held, marked) = views::current(&ctx.reports, tx, node_id, now).await?;
+    let last = held.last.take();
+    let (applied, sorted) = verdicts::sort(&held.views, last, memo, marked.as_deref(), unchanged)?;
+    let Sorted {
+        mut candidates,
+        mut orphans,
+        samples,
+    } = sorted;
     if report.complete {
+        // Gone from a complete report while being deleted: the host let it go.
         candidates.extend(
-            views
+            held.deleting
                 .iter()
-                .filter(|(id, v)| {
-                    v.state == InstanceState::Deleting && !entries.contains_key(id.as_str())
-                })
-                .map(|(id, _)| id.clone()),
+                .filter(|id| !applied.lists(id))
+                .cloned(),
         );
     }
     let ids: Vec<String> = candidates.into_iter().collect();
     let mut changed = Vec::new();
     for instance in lock_placed(tx, node_id, &ids).await? {
-        let commands = match entries.get(instance.id.as_str()) {
+        let commands = match applied.entry(memo, &instance.id) {
             Some(entry) => commands_for(entry, &instance, node_id),
-            // Gone from a complete report while being deleted: the host let it go.
             None if instance.state == InstanceState::Deleting => vec![InstanceCommand::Release],
             None => continue,
         };
@@ -279,6 +255,7 @@ async fn report_in(
     record_events(ctx, tx, node_id, node.as_ref(), announced, None).await?;
     crate::sandboxes::snapshots::settle(ctx, tx, node_id, &report.command_results, &report.stored)
         .await?;
+    held.last = Some(applied);
     ctx.reports.put(node_id, held);
     orphans.sort();
     orphans.truncate(MAX_ORPHANS);

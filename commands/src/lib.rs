@@ -23,6 +23,7 @@ pub mod policies;
 pub mod provider_accounts;
 pub mod record;
 pub mod report_entries;
+mod report_verdicts;
 pub mod report_views;
 pub mod sandboxes;
 pub mod secrets;

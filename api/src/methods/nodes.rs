@@ -129,11 +129,12 @@ pub fn methods() -> Vec<Method> {
             "The node's NodeSpec (long-poll).",
             spec,
         ),
-        Method::new(
+        Method::decided_on(
             "nodes",
             "report",
             Node,
             "What the node's runtime holds.",
+            |r: &Report| &r.node_id,
             report,
         )
         .max_body(REPORT_MAX_BODY),

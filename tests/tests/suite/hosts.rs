@@ -656,6 +656,34 @@ async fn a_report_states_the_hosts_cpu_model_runtimes_and_guests_cpu_seconds() {
         assert_eq!(refused.body["code"], "INVALID_INPUT", "{extra}");
         assert_eq!(refused.body["details"]["field"], field, "{extra}");
     }
+    // A guest listed twice is refused, also when only what changed since the node's last
+    // report (the part of it parsed again) repeats a guest it kept.
+    let guest = |id: &str| json!({ "id": id, "state": "RUNNING" });
+    for (instances, accepted) in [
+        (json!([guest("inst_x"), guest("inst_x")]), false),
+        (json!([guest("inst_x"), guest("inst_y")]), true),
+        (json!([guest("inst_x"), guest("inst_x")]), false),
+    ] {
+        let answer = t
+            .call(
+                &token,
+                "nodes.report",
+                report(json!({ "instances": instances })),
+            )
+            .await;
+        match answer {
+            Ok(_) => assert!(accepted, "{instances}"),
+            Err(refused) => {
+                assert!(!accepted, "{instances}: {}", refused.body);
+                assert_eq!(refused.body["details"]["field"], "instances");
+                assert!(
+                    refused.body.to_string().contains("twice"),
+                    "{}",
+                    refused.body
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test]
