@@ -626,14 +626,17 @@ impl Side<'_> {
     }
 }
 
-/// A hash of the rows of `from`: the row count and the sums of the two halves of each row's
-/// md5, so equal rows in any physical order hash alike, with no sort. `sum(bigint)` is exact
-/// (it answers numeric) and adds in 128 bits, much faster than summing numerics.
+/// A hash of the rows of `from`: the row count and the sums of two 64-bit hashes of each row,
+/// so equal rows in any physical order hash alike, with no sort. The row hashes are
+/// PostgreSQL's own hash of the record's values (`hash_record_extended`, seeds 0 and 1), which
+/// hashes each column in its binary form: an md5 of each row's text cost four to five times
+/// as much, most of it writing `jsonb` documents out as text. Values that are equal hash
+/// alike (`1.0` and `1.00`). `sum(bigint)` is exact (it answers numeric) and adds in 128 bits.
 async fn hash(conn: &mut PgConnection, from: &Side<'_>) -> Result<String, sqlx::Error> {
     let sql = format!(
-        "SELECT count(*) || ':' || coalesce(sum(('x' || substr(h, 1, 16))::bit(64)::bigint), 0)
-                || ':' || coalesce(sum(('x' || substr(h, 17, 16))::bit(64)::bigint), 0)
-           FROM (SELECT md5(x::text) AS h FROM (SELECT * FROM {}) x) hashed",
+        "SELECT count(*) || ':' || coalesce(sum(hash_record_extended(x, 0)), 0)
+                || ':' || coalesce(sum(hash_record_extended(x, 1)), 0)
+           FROM (SELECT * FROM {}) x",
         from.sql
     );
     from.query(&sql).fetch_one(conn).await
