@@ -153,8 +153,11 @@ pub async fn page<'e>(
     filter: &InstanceFilter,
     limit: i64,
 ) -> Result<Vec<Instance>, ProjectionError> {
-    let mut q = sqlx::QueryBuilder::new("SELECT doc FROM instances WHERE tenant_id = ");
-    q.push_bind(&filter.tenant_id).push(" AND NOT warm");
+    let by_bitmap = !filter.labels.is_empty();
+    let mut q = crate::pages::open("instances", by_bitmap);
+    q.push("tenant_id = ")
+        .push_bind(&filter.tenant_id)
+        .push(" AND NOT warm");
     if let Some(owner) = &filter.owner {
         q.push(" AND owner_identity_id = ").push_bind(owner);
     }
@@ -171,8 +174,7 @@ pub async fn page<'e>(
         q.push(" AND (created_at, id) < (").push_bind(at);
         q.push(", ").push_bind(id).push(")");
     }
-    q.push(" ORDER BY created_at DESC, id DESC LIMIT ")
-        .push_bind(limit);
+    crate::pages::close(&mut q, "instances", by_bitmap, limit);
     let rows: Vec<Json<InstanceDoc>> = q.build_query_scalar().fetch_all(db).await?;
     Ok(rows.into_iter().map(instance_doc::instance).collect())
 }

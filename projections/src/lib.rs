@@ -37,6 +37,7 @@ pub mod node_spec_volumes;
 pub mod node_specs;
 pub mod nodes;
 pub mod operator_views;
+mod pages;
 pub mod policies;
 pub mod pools;
 pub mod provider_accounts;

@@ -113,8 +113,10 @@ pub async fn page(
     conn: &mut PgConnection,
     f: &SandboxFilter,
 ) -> Result<Vec<Sandbox>, ProjectionError> {
-    let mut q = sqlx::QueryBuilder::new("SELECT doc FROM sandboxes WHERE tenant_id = ");
-    q.push_bind(&f.tenant_id);
+    // A label alone is served by its GIN index's bitmap (see the labels below).
+    let by_bitmap = !f.labels.is_empty() && f.template_id.is_none();
+    let mut q = crate::pages::open("sandboxes", by_bitmap);
+    q.push("tenant_id = ").push_bind(&f.tenant_id);
     if let Some(owner) = &f.owner {
         q.push(" AND owner_identity_id = ").push_bind(owner);
     }
@@ -145,8 +147,7 @@ pub async fn page(
             q.push(")");
         }
     }
-    q.push(" ORDER BY created_at DESC, id DESC LIMIT ")
-        .push_bind(f.limit);
+    crate::pages::close(&mut q, "sandboxes", by_bitmap, f.limit);
     let rows: Vec<Json<Sandbox>> = q.build_query_scalar().fetch_all(conn).await?;
     Ok(rows.into_iter().map(|j| j.0).collect())
 }
