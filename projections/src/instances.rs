@@ -153,8 +153,8 @@ pub async fn page<'e>(
     filter: &InstanceFilter,
     limit: i64,
 ) -> Result<Vec<Instance>, ProjectionError> {
-    let by_bitmap = !filter.labels.is_empty();
-    let mut q = crate::pages::open("instances", by_bitmap);
+    let ids_first = !filter.labels.is_empty();
+    let mut q = crate::pages::open("instances", ids_first);
     q.push("tenant_id = ")
         .push_bind(&filter.tenant_id)
         .push(" AND NOT warm");
@@ -174,7 +174,7 @@ pub async fn page<'e>(
         q.push(" AND (created_at, id) < (").push_bind(at);
         q.push(", ").push_bind(id).push(")");
     }
-    crate::pages::close(&mut q, "instances", by_bitmap, limit);
+    crate::pages::close(&mut q, "instances", ids_first, limit);
     let rows: Vec<Json<InstanceDoc>> = q.build_query_scalar().fetch_all(db).await?;
     Ok(rows.into_iter().map(instance_doc::instance).collect())
 }

@@ -113,9 +113,10 @@ pub async fn page(
     conn: &mut PgConnection,
     f: &SandboxFilter,
 ) -> Result<Vec<Sandbox>, ProjectionError> {
-    // A label alone is served by its GIN index's bitmap (see the labels below).
-    let by_bitmap = !f.labels.is_empty() && f.template_id.is_none();
-    let mut q = crate::pages::open("sandboxes", by_bitmap);
+    // A label alone: an index-only walk of the listing index (it includes the labels) or
+    // the GIN index's bitmap; either way the page is cut on ids first (see `pages`).
+    let ids_first = !f.labels.is_empty() && f.template_id.is_none();
+    let mut q = crate::pages::open("sandboxes", ids_first);
     q.push("tenant_id = ").push_bind(&f.tenant_id);
     if let Some(owner) = &f.owner {
         q.push(" AND owner_identity_id = ").push_bind(owner);
@@ -147,7 +148,7 @@ pub async fn page(
             q.push(")");
         }
     }
-    crate::pages::close(&mut q, "sandboxes", by_bitmap, f.limit);
+    crate::pages::close(&mut q, "sandboxes", ids_first, f.limit);
     let rows: Vec<Json<Sandbox>> = q.build_query_scalar().fetch_all(conn).await?;
     Ok(rows.into_iter().map(|j| j.0).collect())
 }
