@@ -32,18 +32,34 @@ enum Found {
 }
 
 /// The last report the views were used for: its number, where each id is in it, and each
-/// entry's verdict, in order.
+/// entry's verdict, in order. Each id keeps a slot while it stays in the reports, and only the
+/// slots' places move when guests come or go before them: an array walk, where moving the ids
+/// in the index would cost a cache miss each.
 #[derive(Debug)]
 pub(crate) struct Applied {
     seq: u64,
-    index: foldhash::HashMap<String, usize>,
+    /// By id: its slot.
+    index: foldhash::HashMap<String, u32>,
+    /// By place in the report: the entry's slot.
+    slots: Vec<u32>,
+    /// By slot: its place in the report (meaningless for a free slot).
+    places: Vec<u32>,
+    /// Slots no id holds.
+    free: Vec<u32>,
+    /// By place.
     verdicts: Vec<Verdict>,
 }
 
 impl Applied {
+    /// Where the report lists `id`.
+    fn place(&self, id: &str) -> Option<usize> {
+        let slot = *self.index.get(id)?;
+        Some(self.places[slot as usize] as usize)
+    }
+
     /// The report's entry for `id`.
     pub(crate) fn entry<'m>(&self, memo: &'m Memo, id: &str) -> Option<&'m ReportedInstance> {
-        self.index.get(id).map(|&at| &memo.entries()[at])
+        self.place(id).map(|at| &memo.entries()[at])
     }
 
     /// Whether the report lists `id`.
@@ -89,27 +105,45 @@ pub(crate) fn sort(
         },
     };
     let kept = match (last, &memo.edit, marked) {
-        // Every entry kept its place (an edit in place), so every id but the edited ones did.
-        (Some(last), Some(edit), Some(marked))
-            if last.seq == edit.based_on && edit.removed.len() == edit.inserted =>
-        {
+        // Every entry but the edited ones is the last report's.
+        (Some(last), Some(edit), Some(marked)) if last.seq == edit.based_on => {
             Some((last, edit, marked))
         }
         _ => None,
     };
     let applied = match kept {
         Some((mut last, edit, marked)) => {
+            let (at, inserted) = (edit.at, edit.inserted);
             for id in &edit.removed {
-                last.index.remove(id);
-            }
-            let edited = edit.at..edit.at + edit.inserted;
-            for at in edited.clone() {
-                if last.index.insert(entries[at].id.clone(), at).is_some() {
-                    return Err(listed_twice());
+                if let Some(slot) = last.index.remove(id) {
+                    last.free.push(slot);
                 }
             }
-            let stale = marked.iter().filter_map(|id| last.index.get(id).copied());
-            for at in edited.chain(stale) {
+            let mut slots = Vec::with_capacity(inserted);
+            for entry in &entries[at..at + inserted] {
+                let slot = last.free.pop().unwrap_or_else(|| {
+                    last.places.push(0);
+                    (last.places.len() - 1) as u32
+                });
+                if last.index.insert(entry.id.clone(), slot).is_some() {
+                    return Err(listed_twice());
+                }
+                slots.push(slot);
+            }
+            let removed = at..at + edit.removed.len();
+            last.slots.splice(removed.clone(), slots);
+            last.verdicts
+                .splice(removed, entries[at..at + inserted].iter().map(judge));
+            // The places of the edited entries, and of every one after them if they moved.
+            let moved = match edit.removed.len() == inserted {
+                true => at + inserted,
+                false => entries.len(),
+            };
+            for (place, &slot) in last.slots.iter().enumerate().take(moved).skip(at) {
+                last.places[slot as usize] = place as u32;
+            }
+            let stale: Vec<usize> = marked.iter().filter_map(|id| last.place(id)).collect();
+            for at in stale {
                 last.verdicts[at] = judge(&entries[at]);
             }
             Applied {
@@ -121,17 +155,23 @@ pub(crate) fn sort(
             let mut index =
                 foldhash::HashMap::with_capacity_and_hasher(entries.len(), Default::default());
             for (at, entry) in entries.iter().enumerate() {
-                if index.insert(entry.id.clone(), at).is_some() {
+                if index.insert(entry.id.clone(), at as u32).is_some() {
                     return Err(listed_twice());
                 }
             }
+            let slots: Vec<u32> = (0..entries.len() as u32).collect();
             Applied {
                 seq: memo.seq,
                 index,
+                places: slots.clone(),
+                slots,
+                free: Vec::new(),
                 verdicts: entries.iter().map(judge).collect(),
             }
         }
     };
+    debug_assert_eq!(applied.verdicts.len(), entries.len());
+    debug_assert_eq!(applied.slots.len(), entries.len());
     let mut sorted = Sorted::default();
     for (verdict, entry) in applied.verdicts.iter().zip(entries) {
         // Nearly every entry: nothing to read of it.
@@ -248,11 +288,100 @@ mod tests {
         assert_eq!(judged.get(), 8);
         drop(memo);
 
+        // A guest that comes before the others, and one that goes: only the new one is judged,
+        // and every id is found at its new place.
+        let mut grown = vec![entry("inst_0", "RUNNING")];
+        grown.extend(stopped.iter().cloned());
+        let memo = report(&memos, &grown);
+        let (applied, sorted) = sort(&views, Some(applied), &memo, Some(&[]), rule).unwrap();
+        assert_eq!(
+            judged.get(),
+            8,
+            "the new guest is an orphan: no view, no rule"
+        );
+        assert_eq!(sorted.orphans, ["inst_0", "inst_x"]);
+        assert_eq!(
+            sorted.candidates.into_iter().collect::<Vec<_>>(),
+            ["inst_c"]
+        );
+        for id in ["inst_0", "inst_a", "inst_b", "inst_c", "inst_x"] {
+            assert_eq!(applied.entry(&memo, id).unwrap().id, id);
+        }
+        drop(memo);
+        let mut shrunk = grown.clone();
+        shrunk.remove(2);
+        let memo = report(&memos, &shrunk);
+        let marked = ["inst_c".to_string()];
+        let (applied, sorted) = sort(&views, Some(applied), &memo, Some(&marked), rule).unwrap();
+        assert_eq!(judged.get(), 9, "only the marked guest is judged");
+        assert!(!applied.lists("inst_b"));
+        assert_eq!(applied.entry(&memo, "inst_x").unwrap().id, "inst_x");
+        assert_eq!(sorted.samples.len(), 0, "the sampled guest left");
+        drop(memo);
+
         // An edit that lists `inst_a` twice is refused.
-        let mut twice = stopped.clone();
-        twice[1] = entry("inst_a", "RUNNING");
+        let mut twice = shrunk.clone();
+        twice[2] = entry("inst_a", "RUNNING");
         let memo = report(&memos, &twice);
         let refused = sort(&views, Some(applied), &memo, Some(&[]), rule).unwrap_err();
         assert!(refused.to_string().contains("listed twice"), "{refused}");
+    }
+
+    #[test]
+    fn after_any_edits_every_id_is_found_at_its_place_and_judged_as_a_whole_read_would() {
+        let views: HashMap<String, ReportView, _> = (0..400)
+            .filter(|id| id % 3 != 0)
+            .map(|id| (format!("inst_{id}"), view(id % 2 == 0)))
+            .collect();
+        let rule = |entry: &ReportedInstance, _: &ReportView| {
+            entry.state == crate::report_entries::ReportedState::Running
+        };
+        let memos = ReportEntries::default();
+        let mut current: Vec<(u32, bool)> = (0..20).map(|id| (id, true)).collect();
+        let mut fresh = 20;
+        let mut seed = 11u32;
+        let mut next = |bound: u32| {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            (seed >> 16) % bound
+        };
+        let mut last = None;
+        for round in 0..200 {
+            let at = next(current.len() as u32 + 1) as usize;
+            match next(3) {
+                0 if at < current.len() => current[at].1 = !current[at].1,
+                1 if fresh < 400 => {
+                    current.insert(at, (fresh, true));
+                    fresh += 1;
+                }
+                _ if at < current.len() && current.len() > 1 => {
+                    current.remove(at);
+                }
+                _ => {}
+            }
+            let texts: Vec<String> = current
+                .iter()
+                .map(|&(id, running)| {
+                    entry(
+                        &format!("inst_{id}"),
+                        if running { "RUNNING" } else { "STOPPED" },
+                    )
+                })
+                .collect();
+            let memo = report(&memos, &texts);
+            assert!(round == 0 || memo.edit.is_some(), "round {round} is an edit");
+            let (applied, sorted) = sort(&views, last.take(), &memo, Some(&[]), rule).unwrap();
+            let (_, whole) = sort(&views, None, &memo, None, rule).unwrap();
+            assert_eq!(sorted.candidates, whole.candidates, "round {round}");
+            assert_eq!(sorted.orphans, whole.orphans, "round {round}");
+            assert_eq!(sorted.samples, whole.samples, "round {round}");
+            for &(id, _) in &current {
+                let id = format!("inst_{id}");
+                assert_eq!(
+                    applied.entry(&memo, &id).map(|e| e.id.as_str()),
+                    Some(id.as_str())
+                );
+            }
+            last = Some(applied);
+        }
     }
 }
