@@ -368,7 +368,10 @@ mod tests {
                 })
                 .collect();
             let memo = report(&memos, &texts);
-            assert!(round == 0 || memo.edit.is_some(), "round {round} is an edit");
+            assert!(
+                round == 0 || memo.edit.is_some(),
+                "round {round} is an edit"
+            );
             let (applied, sorted) = sort(&views, last.take(), &memo, Some(&[]), rule).unwrap();
             let (_, whole) = sort(&views, None, &memo, None, rule).unwrap();
             assert_eq!(sorted.candidates, whole.candidates, "round {round}");
