@@ -36,7 +36,7 @@ pub(super) struct Held {
     /// By instance id.
     pub(super) views: foldhash::HashMap<String, ReportView>,
     /// The ids of the views that are `deleting` (a complete report that leaves one out
-    /// releases it).
+    /// releases it), kept beside the views so a complete report does not walk them all.
     pub(super) deleting: BTreeSet<String>,
     /// What the last report found with these views (taken by the report that uses them).
     pub(super) last: Option<Applied>,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sqlx::{PgPool, Row};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::follower::{save_checkpoint, Follower};
 use crate::lease::Lease;
@@ -169,10 +170,11 @@ pub async fn verify_from(
         columns("e")
     );
     // The next page is read while this one is hashed: the read is the database's work and the
-    // hashing this process's, so they overlap on two cores.
+    // hashing this process's, so they overlap on two cores. Dropped unread (a break found, an
+    // error), the read ahead is aborted.
     let read = |after: Cursor| {
         let (pool, sql) = (pool.clone(), sql.clone());
-        Ahead(tokio::spawn(async move {
+        AbortOnDropHandle::new(tokio::spawn(async move {
             sqlx::query(&sql)
                 .bind(after.transaction_id.to_string())
                 .bind(after.position)
@@ -183,7 +185,9 @@ pub async fn verify_from(
     };
     let mut next = read(after);
     loop {
-        let rows = next.rows().await?;
+        let rows = (&mut next)
+            .await
+            .map_err(|e| sqlx::Error::Io(std::io::Error::other(e)))??;
         let Some(last) = rows.last() else {
             break;
         };
@@ -231,23 +235,6 @@ pub async fn verify_from(
         unchained: (all_events as u64).saturating_sub(verified),
         first_break: None,
     })
-}
-
-/// A page being read ahead; dropped unread (a break found, an error) it stops.
-struct Ahead(tokio::task::JoinHandle<Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>>);
-
-impl Ahead {
-    async fn rows(&mut self) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
-        (&mut self.0)
-            .await
-            .map_err(|e| sqlx::Error::Io(std::io::Error::other(e)))?
-    }
-}
-
-impl Drop for Ahead {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 fn report(verified: u64, all_events: i64, first_break: ChainBreak) -> VerifyReport {

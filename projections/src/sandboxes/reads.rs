@@ -113,8 +113,7 @@ pub async fn page(
     conn: &mut PgConnection,
     f: &SandboxFilter,
 ) -> Result<Vec<Sandbox>, ProjectionError> {
-    // A label alone: an index-only walk of the listing index (it includes the labels) or
-    // the GIN index's bitmap; either way the page is cut on ids first (see `pages`).
+    // A label alone: the page is cut on ids first (see `pages` and the labels below).
     let ids_first = !f.labels.is_empty() && f.template_id.is_none();
     let mut q = crate::pages::open("sandboxes", ids_first);
     q.push("tenant_id = ").push_bind(&f.tenant_id);
@@ -134,8 +133,9 @@ pub async fn page(
             .push_bind(&f.tenant_id)
             .push(")");
     }
-    // Alone, a label filter is served by the labels' GIN index (a rare label is a few index
-    // entries). Beside a template, the function form, which no index serves, leaves the plan
+    // Alone, a label filter is served by an index-only walk of the listing index (it includes
+    // the labels) or, before a vacuum has marked the pages all-visible, by the labels' GIN
+    // index's bitmap. Beside a template, the function form, which no index serves, leaves the plan
     // to the template's ordered walk: the planner takes a template and a label for
     // independent, and sorting the bitmap of a common label cost 56 ms at 100,000 rows.
     if !f.labels.is_empty() {
