@@ -129,6 +129,13 @@ fn a_memory_snapshot_restores_a_guest_that_goes_on_without_a_reboot_under_a_new_
             .restore(&clone, &env.source(&files))
             .await
             .expect("restore");
+        // It runs from its resume; its identity is taken beside it, its links down till then.
+        assert_eq!(state_of(&runtime, CLONE).await, GuestState::Running);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while runtime.identity_pending(CLONE) {
+            assert!(Instant::now() < deadline, "no identity of its own");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let after = env.ssh_until_up(
             CLONE,
             &format!(

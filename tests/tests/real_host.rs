@@ -574,6 +574,34 @@ fn a_memory_snapshot_through_the_api_restores_a_sandbox_with_its_memory_and_file
         let restored = lab
             .sandbox_with(&template, "restored", json!({ "fromSnapshot": snap["id"] }))
             .await;
+        // Ready as soon as its guest runs; while its source lives, exec waits for the identity
+        // its host gives it beside that.
+        let early = lab
+            .t
+            .call(
+                ALICE,
+                "sandboxes.exec",
+                json!({ "tenantId": "acme", "sandboxId": restored["id"],
+                        "publicKey": keys.public() }),
+            )
+            .await;
+        match early {
+            // Only once the host reported it (rare: the guest outran this test).
+            Ok(_) => assert_eq!(
+                lab.instance(restored["instanceId"].as_str().unwrap()).await["identityRebound"],
+                true
+            ),
+            Err(refused) => assert_eq!(
+                (refused.status_code(), &refused.body["details"]["reason"]),
+                (
+                    (409, Some("INVALID_STATE")),
+                    &json!("restore-shares-identity")
+                ),
+                "{}",
+                refused.body
+            ),
+        }
+        lab.rebound(&restored).await;
         let grant = lab.exec_grant(&restored, &keys, None).await;
         let after = ssh_until_up(
             &keys,
@@ -711,6 +739,7 @@ fn a_fork_of_three_makes_three_guests_with_their_own_addresses_and_identities_ho
             vec![lab.instance(source["instanceId"].as_str().unwrap()).await["addresses"].clone()];
         for id in &made {
             let s = lab.ready(id).await;
+            lab.rebound(&s).await;
             let grant = lab.exec_grant(&s, &keys, None).await;
             let out = ssh_until_up(&keys, &grant, identity, &lab).await;
             let lines: Vec<&str> = out.lines().collect();
@@ -1051,6 +1080,16 @@ impl Lab {
         }
         let s = self.ok(ALICE, "sandboxes.create", body).await;
         self.ready(s["id"].as_str().unwrap()).await
+    }
+
+    /// A memory restore, once its host reported it under an SSH identity of its own (it is
+    /// `ready` from its resume; exec while its source lives waits for that).
+    async fn rebound(&self, sandbox: &Value) {
+        let instance = sandbox["instanceId"].as_str().unwrap();
+        let view = self
+            .wait_instance(instance, CHANGE, |i| i["identityRebound"] == true)
+            .await;
+        assert_eq!(view["identityRebound"], true, "{view}");
     }
 
     async fn instance_create(&self, image: &str, user_data: Option<&str>) -> String {

@@ -78,13 +78,38 @@ pub async fn session(
     if let Some(ttl) = ttl_seconds {
         body["ttlSeconds"] = ttl.into();
     }
-    let grant = client
-        .request("sandboxes.exec", &body)
-        .await
-        .map_err(SessionError::Api)?;
+    let grant = grant_once_identity_is_own(client, &body).await?;
     let me = std::env::current_exe().unwrap_or_else(|_| "vps".into());
     let ssh = ssh_command(&grant, dir.path(), &key, &me).map_err(SessionError::Local)?;
     Ok((dir, ssh))
+}
+
+/// How long an exec waits for a fresh memory restore to take an identity of its own.
+const IDENTITY_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// `sandboxes.exec`, asked again while the refusal is `restore-shares-identity`: a memory
+/// restore is `ready` as soon as its guest runs, and its host gives it an SSH identity of its
+/// own a moment later. A restore whose host never does is refused after [`IDENTITY_WAIT`].
+async fn grant_once_identity_is_own(
+    client: &Client,
+    body: &serde_json::Value,
+) -> Result<serde_json::Value, SessionError> {
+    let deadline = std::time::Instant::now() + IDENTITY_WAIT;
+    loop {
+        match client.request("sandboxes.exec", body).await {
+            Err(failure) if shares_identity(&failure) && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            answer => return answer.map_err(SessionError::Api),
+        }
+    }
+}
+
+fn shares_identity(failure: &super::ApiFailure) -> bool {
+    failure
+        .details
+        .as_ref()
+        .is_some_and(|d| d["reason"] == "restore-shares-identity")
 }
 
 /// [`session`] for a command line: a refusal or local failure is printed, and the exit code (1)

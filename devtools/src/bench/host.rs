@@ -1289,7 +1289,7 @@ fn delta(before: Option<(f64, f64)>, after: Option<(f64, f64)>) -> Option<f64> {
 }
 
 /// Milliseconds from `since` to the file's last modification, when it was modified after.
-fn modified_after(file: &Path, since: SystemTime) -> Option<f64> {
+pub(super) fn modified_after(file: &Path, since: SystemTime) -> Option<f64> {
     let at = std::fs::metadata(file).ok()?.modified().ok()?;
     at.duration_since(since).ok().map(ms)
 }

@@ -178,8 +178,9 @@ pub fn report(
     memory: &Memory,
     refusal: Option<&str>,
 ) -> Option<ReportEntry> {
-    // A memory restore runs only once the runtime gave it a fresh machine id and host keys
-    // (its links stay down until the guest has taken them): its identity is its own.
+    // A memory restore is given a fresh machine id and host keys as it resumes (its links
+    // stay down until the guest has taken them): its identity is its own, unless the runtime
+    // says it is still pending (`Runtime::identity_pending`, checked by the caller).
     let restored = spec
         .and_then(|s| s.restore_from.as_ref())
         .is_some_and(|r| r.include_memory);

@@ -559,6 +559,9 @@ impl<R: Runtime> Agent<R> {
                 if matches!(entry.state, ReportState::Running | ReportState::Paused) {
                     entry.cpu_seconds = self.runtime.cpu_seconds(id);
                 }
+                if entry.identity_rebound.is_some() && self.runtime.identity_pending(id) {
+                    entry.identity_rebound = None;
+                }
                 Some(entry)
             })
             .collect()

@@ -254,6 +254,12 @@ pub trait Runtime: Send + Sync + 'static {
         None
     }
 
+    /// Whether the guest is a memory restore that still answers to its source's SSH identity
+    /// (its new one not taken yet): its `identityRebound` waits.
+    fn identity_pending(&self, _id: &str) -> bool {
+        false
+    }
+
     /// Whether the guest is down because it powered itself off: not stopped by the runtime,
     /// not failed. A restarted agent keeps such a guest down, as the agent before it did.
     fn powered_itself_off(&self, _id: &str) -> bool {

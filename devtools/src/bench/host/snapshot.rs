@@ -1,19 +1,22 @@
 //! `vps bench snapshot --runtime qemu --image FILE`: memory snapshots and restores of a real
 //! guest through the server and the real host agent, in the namespace and lab of
 //! `vps bench host`, beside QEMU's own save and load of the same guest in the same run:
-//! - snapshot: `sandboxes.snapshot { includeMemory }` until the snapshot is `ready` (the agent
-//!   pauses the guest, saves its memory over QMP, copies its disk, archives, hashes and uploads
-//!   the archive to the file store; the server settles it), beside QEMU alone: `stop`, the
-//!   migration of its state to a file, `cont`;
-//! - restore: `sandboxes.create { fromSnapshot }` until `ready` (the agent downloads and checks
-//!   the archive, starts QEMU with an incoming migration, loads it and resumes), beside QEMU
-//!   alone started with `-incoming defer`, loading the same kind of file, and resumed.
+//! - snapshot *taken*: from `sandboxes.snapshot { includeMemory }` until the source runs again
+//!   with its state and disk on the host (the agent pauses the guest, saves its memory over
+//!   QMP, copies its disk and resumes it), beside QEMU alone: `stop`, the migration of its
+//!   state to a file, `cont`. Also until the snapshot is `ready`: archived, hashed and
+//!   uploaded to the file store as it streams, checked and settled by the server;
+//! - restore: `sandboxes.create { fromSnapshot }` until `ready` (the agent starts QEMU with an
+//!   incoming migration, loads the state and resumes the guest), beside QEMU alone started with
+//!   `-incoming defer`, loading the same kind of file, and resumed. Also until its host has
+//!   reported it under an identity of its own (`identityRebound`): the guest takes it, then its
+//!   links come up.
 //!
 //! The smallest flavor holds 1 GiB; the state QEMU writes is what the guest touched, printed
 //! beside the figures.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use serde_json::{json, Value};
@@ -61,23 +64,28 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
     .context("the source guest never became ready")?;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let (mut snapshots, mut restores) = (Vec::new(), Vec::new());
+    let mut taken = Vec::new();
+    let (mut snapshots, mut restores, mut identities) = (Vec::new(), Vec::new(), Vec::new());
     let (mut saves, mut loads) = (Vec::new(), Vec::new());
     let mut state_bytes = 0;
     for i in 0..rounds {
-        let started = Instant::now();
+        let (asked, started) = (SystemTime::now(), Instant::now());
         let body = json!({ "tenantId": TENANT, "sandboxId": source["id"],
                            "includeMemory": true, "keep": true });
         let snap = lab.client.call("sandboxes.snapshot", body).await?;
         let id = snap["id"].as_str().unwrap_or_default().to_string();
-        let size = ready(lab, &id).await?;
+        let stored = ready(lab, &id).await?;
         let snapshot_ms = ms(started.elapsed());
+        let size = stored["sizeBytes"].as_u64().unwrap_or(0);
+        let taken_ms = taken_after(lab, &stored, asked)?;
 
         let started = Instant::now();
         let restored = create(format!("restore-{i}"), Some(id.clone())).await?;
         anyhow::ensure!(restored["state"] == "ready", "restore {i}: {restored}");
         let restore_ms = ms(started.elapsed());
         let instance = restored["instanceId"].as_str().unwrap_or_default();
+        rebound(lab, instance).await?;
+        let identity_ms = ms(started.elapsed());
         lab.client
             .call(
                 "sandboxes.delete",
@@ -97,38 +105,71 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
             .await?;
         state_bytes = alone.state_bytes;
         println!(
-            "  round {i}: snapshot to ready {snapshot_ms:.0} ms (archive {} MiB), restore to ready {restore_ms:.0} ms; QEMU alone: save {:.0} ms, load to running {:.0} ms (state {} MiB)",
+            "  round {i}: snapshot taken {taken_ms:.0} ms, ready {snapshot_ms:.0} ms (archive {} MiB); restore ready {restore_ms:.0} ms, own identity {identity_ms:.0} ms; QEMU alone: save {:.0} ms, load to running {:.0} ms (state {} MiB)",
             size >> 20,
             alone.save_ms,
             alone.load_ms,
             alone.state_bytes >> 20
         );
+        taken.push(taken_ms);
         snapshots.push(snapshot_ms);
         restores.push(restore_ms);
+        identities.push(identity_ms);
         saves.push(alone.save_ms);
         loads.push(alone.load_ms);
     }
-    let (snapshot_p50, restore_p50) = (median(&snapshots), median(&restores));
+    let (taken_p50, ready_p50) = (median(&taken), median(&snapshots));
+    let (restore_p50, identity_p50) = (median(&restores), median(&identities));
     let (save_p50, load_p50) = (median(&saves), median(&loads));
-    let snapshot_ratio = snapshot_p50 / save_p50.max(f64::EPSILON);
-    let restore_ratio = restore_p50 / load_p50.max(f64::EPSILON);
+    let over = |p50: f64, baseline: f64| p50 / baseline.max(f64::EPSILON);
     println!(
-        "snapshot to ready: p50 {snapshot_p50:.0} ms ({}); QEMU's own save: p50 {save_p50:.0} ms ({}); ratio {snapshot_ratio:.2} (target ≤ {TARGET_RATIO})",
-        range(&snapshots),
-        range(&saves)
-    );
-    println!(
-        "restore to ready: p50 {restore_p50:.0} ms ({}); QEMU's own load to running: p50 {load_p50:.0} ms ({}); ratio {restore_ratio:.2} (target ≤ {TARGET_RATIO})",
-        range(&restores),
+        "QEMU's own save: p50 {save_p50:.0} ms ({}); its own load to running: p50 {load_p50:.0} ms ({}); target ratio ≤ {TARGET_RATIO}",
+        range(&saves),
         range(&loads)
     );
+    for (what, figures, p50, baseline) in [
+        (
+            "snapshot taken (the source runs again)",
+            &taken,
+            taken_p50,
+            save_p50,
+        ),
+        (
+            "snapshot ready (uploaded, settled)",
+            &snapshots,
+            ready_p50,
+            save_p50,
+        ),
+        (
+            "restore ready (its guest runs)",
+            &restores,
+            restore_p50,
+            load_p50,
+        ),
+        (
+            "restore under its own identity",
+            &identities,
+            identity_p50,
+            load_p50,
+        ),
+    ] {
+        println!(
+            "{what}: p50 {p50:.0} ms ({}); ratio {:.2}",
+            range(figures),
+            over(p50, baseline)
+        );
+    }
     Ok(json!({
-        "snapshot_p50_ms": round(snapshot_p50, 1),
+        "snapshot_p50_ms": round(taken_p50, 1),
+        "snapshot_ready_p50_ms": round(ready_p50, 1),
         "qemu_save_p50_ms": round(save_p50, 1),
         "restore_p50_ms": round(restore_p50, 1),
+        "restore_identity_p50_ms": round(identity_p50, 1),
         "qemu_load_p50_ms": round(load_p50, 1),
-        "snapshot_ratio": round(snapshot_ratio, 2),
-        "restore_ratio": round(restore_ratio, 2),
+        "snapshot_ratio": round(over(taken_p50, save_p50), 2),
+        "snapshot_ready_ratio": round(over(ready_p50, save_p50), 2),
+        "restore_ratio": round(over(restore_p50, load_p50), 2),
+        "restore_identity_ratio": round(over(identity_p50, load_p50), 2),
         "state_mib": state_bytes >> 20,
         "rounds": rounds,
         "accel": lab.accel,
@@ -136,14 +177,45 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
     }))
 }
 
-/// Polls a snapshot until it is `ready` (a failure ends the bench); its size in bytes.
-async fn ready(lab: &Lab, id: &str) -> anyhow::Result<u64> {
+/// Milliseconds from `asked` to the moment the snapshot was taken: the source runs again, its
+/// state and disk on the host. That is when the runtime's copy of the config drive was made,
+/// the last file it writes before `cont`; the host keeps the files as its restore cache entry.
+fn taken_after(lab: &Lab, snapshot: &Value, asked: SystemTime) -> anyhow::Result<f64> {
+    let sha256 = snapshot["sha256"].as_str().unwrap_or_default();
+    let copy = lab
+        .root
+        .join("images/snapshots")
+        .join(sha256)
+        .join("config.img");
+    super::modified_after(&copy, asked)
+        .with_context(|| format!("no copy of the config drive at {}", copy.display()))
+}
+
+/// Waits until the restore's host has reported it under an identity of its own.
+async fn rebound(lab: &Lab, instance: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + BOOT_LIMIT;
+    loop {
+        let body = json!({ "tenantId": TENANT, "instanceId": instance });
+        let view = lab.client.call("instances.get", body).await?;
+        if view["identityRebound"] == true {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{instance} kept its source's identity"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Polls a snapshot until it is `ready` (a failure ends the bench); its view.
+async fn ready(lab: &Lab, id: &str) -> anyhow::Result<Value> {
     let deadline = Instant::now() + BOOT_LIMIT;
     loop {
         let body = json!({ "tenantId": TENANT, "snapshotId": id });
         let s = lab.client.call("sandboxSnapshots.get", body).await?;
         match s["state"].as_str() {
-            Some("ready") => return Ok(s["sizeBytes"].as_u64().unwrap_or(0)),
+            Some("ready") => return Ok(s),
             Some("failed") => anyhow::bail!("snapshot {id} failed: {}", s["reason"]),
             _ => {}
         }

@@ -596,6 +596,8 @@ impl Qemu {
             args.extend(["-incoming".into(), "defer".into()]);
         }
         let _ = std::fs::remove_file(dir.memory_restored());
+        // A boot takes the config drive's identity in its `/init`.
+        let _ = std::fs::remove_file(dir.identity_pending());
         let started = Instant::now();
         let spawned = process::spawn(&self.qemu_binary, &args, dir, self.start_timeout).await;
         let (qmp, pid) = match spawned {
@@ -654,29 +656,12 @@ impl Qemu {
         }
         // From here the guest lives: never kill a boot that merely prints nothing.
         let _ = std::fs::write(dir.memory_restored(), restore.sha256.as_bytes());
+        if !links.is_empty() {
+            std::fs::write(dir.identity_pending(), b"")
+                .map_err(|e| RuntimeError(format!("{}: {e}", dir.identity_pending().display())))?;
+        }
         qmp.execute("cont", None).await.map_err(qmp_error)?;
-        if links.is_empty() {
-            return Ok(());
-        }
-        let generation = record.identity_generation;
-        let waiting = Instant::now();
         tracing::info!(load_ms = loaded.as_millis() as u64, "restore loaded");
-        if !snapshots::wait_reidentified(&dir.console(), generation, self.identity_timeout).await {
-            tracing::warn!(generation, timeout = ?self.identity_timeout,
-                "the restored guest did not take its new identity; its links come up anyway");
-        }
-        tracing::info!(
-            identity_ms = waiting.elapsed().as_millis() as u64,
-            "restore reidentified"
-        );
-        for link in &links {
-            qmp.execute(
-                "set_link",
-                Some(serde_json::json!({ "name": link, "up": true })),
-            )
-            .await
-            .map_err(qmp_error)?;
-        }
         Ok(())
     }
 
@@ -749,6 +734,8 @@ impl Qemu {
                         Some(snapshots::save_memory(qmp, &memory, self.migration_timeout).await?);
                 }
                 snapshots::copy_sparse(&dir.disk(), &overlay).await?;
+                // The last file made before `cont`: `bench snapshot` reads its time as the
+                // moment the snapshot was taken.
                 snapshots::copy_sparse(&dir.config_drive(), &work.join("config.img")).await?;
                 Ok::<_, RuntimeError>(qemu_save)
             }
@@ -874,7 +861,52 @@ impl Qemu {
             boot_ms = booting.elapsed().as_millis() as u64,
             "restore done"
         );
+        drop(live);
+        if booted.is_ok() {
+            self.await_identity(&slot);
+        }
         booted
+    }
+
+    /// For a memory restore resumed with its links down (see `snapshots`): waits beside it
+    /// for its guest to take its new identity, then brings its links up and drops the pending
+    /// mark. The guest runs, and is reported, meanwhile; `identityRebound` once the mark is
+    /// gone (never, for a guest that did not take it).
+    fn await_identity(&self, slot: &Arc<Slot>) {
+        if !slot.dir.identity_pending().exists() {
+            return;
+        }
+        let Some(record) = lock(&slot.record).clone() else {
+            return;
+        };
+        let slot = slot.clone();
+        let timeout = self.identity_timeout;
+        tokio::spawn(async move {
+            let waiting = Instant::now();
+            let generation = record.identity_generation;
+            let taken =
+                snapshots::wait_reidentified(&slot.dir.console(), generation, timeout).await;
+            if !taken && slot.dir.0.exists() {
+                tracing::warn!(guest = %record.id, generation, ?timeout,
+                    "the restored guest did not take its new identity; its links come up anyway");
+            }
+            let live = slot.live.lock().await;
+            // Gone or stopped meanwhile: its next boot has its links up.
+            let Some(qmp) = live.qmp.as_ref() else { return };
+            for i in 0..record.nics.len() {
+                let up = serde_json::json!({ "name": format!("net{i}"), "up": true });
+                if let Err(e) = qmp.execute("set_link", Some(up)).await {
+                    tracing::warn!(guest = %record.id, error = %e, "the restore's links stay down");
+                    return;
+                }
+            }
+            // Reported from here on: reachable, under its own identity.
+            if taken {
+                let _ = std::fs::remove_file(slot.dir.identity_pending());
+            }
+            tracing::info!(guest = %record.id, taken,
+                identity_ms = waiting.elapsed().as_millis() as u64, "restore reidentified");
+        });
     }
 
     /// The guest's state now, reconnecting to a live QEMU if needed. Takes the guest's lock.
@@ -1226,6 +1258,8 @@ impl Runtime for Qemu {
                 }
             }
             drop(live);
+            // A restore whose identity was awaited by the agent before this one.
+            self.await_identity(&slot);
             observed.push(self.observed(&id, &slot, state));
         }
         // At start: a cache over its budget (a lower one configured) shrinks now.
@@ -1302,6 +1336,11 @@ impl Runtime for Qemu {
         process::live_pid(dir).is_none()
             && !dir.stop_requested().exists()
             && process::exit_state(dir) == GuestState::Stopped
+    }
+
+    fn identity_pending(&self, id: &str) -> bool {
+        self.existing_slot(id)
+            .is_some_and(|slot| slot.dir.identity_pending().exists())
     }
 
     fn cpu_seconds(&self, id: &str) -> Option<f64> {

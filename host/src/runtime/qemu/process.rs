@@ -88,6 +88,11 @@ impl GuestDir {
     pub fn memory_restored(&self) -> PathBuf {
         self.0.join("memory-restored")
     }
+    /// Present from a memory restore's resume until its guest has taken its new identity:
+    /// until then it still answers to its source's SSH identity and machine id.
+    pub fn identity_pending(&self) -> PathBuf {
+        self.0.join("identity-pending")
+    }
     /// Unix milliseconds of the last start, for the boot deadline across agent restarts.
     pub fn started_at(&self) -> PathBuf {
         self.0.join("started-at")
