@@ -659,6 +659,7 @@ async fn snapshot<R: Runtime>(
         .upload_url
         .as_deref()
         .ok_or("the command has no upload URL")?;
+    tracing::info!(instance = %command.instance_id, "snapshot command started");
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let files = runtime
         .snapshot(&command.instance_id, command.include_memory, dir)

@@ -204,7 +204,7 @@ async fn rebound(lab: &Lab, instance: &str) -> anyhow::Result<()> {
             Instant::now() < deadline,
             "{instance} kept its source's identity"
         );
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

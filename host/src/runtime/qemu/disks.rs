@@ -1,8 +1,11 @@
 //! Guest disks with `qemu-img`: a qcow2 overlay on a cached base, or a blank qcow2 (copied
 //! from one made once per size: a `qemu-img` process costs a cold boot about 10 ms).
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::SystemTime;
 
 use serde::Deserialize;
 use tokio::process::Command;
@@ -24,6 +27,37 @@ struct Info {
 /// large. A base that itself names a backing file is refused: an image from a URL must never
 /// make QEMU open a host path.
 pub async fn overlay(base: &Path, disk: &Path, disk_gib: u64) -> Result<(), RuntimeError> {
+    let virtual_size = checked_base(base).await?;
+    let size = virtual_size.max(disk_gib.saturating_mul(GIB));
+    let mut command = Command::new("qemu-img");
+    command
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(base)
+        .arg(disk)
+        .arg(size.to_string());
+    qemu_img(command, disk).await
+}
+
+/// The virtual size of `base` once `qemu-img info` has found it a qcow2 with no backing file.
+/// Bases are cache entries named by their digest, never changed in place: each is asked once
+/// (a `qemu-img` process costs a restore about 10 ms), again only if its file's length or
+/// modification time changed.
+async fn checked_base(base: &Path) -> Result<u64, RuntimeError> {
+    type Checked = HashMap<PathBuf, (u64, Option<SystemTime>, u64)>;
+    static CHECKED: Mutex<Option<Checked>> = Mutex::new(None);
+    let stamp = |m: std::fs::Metadata| (m.len(), m.modified().ok());
+    let before = std::fs::metadata(base).ok().map(stamp);
+    let known = CHECKED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .get(base)
+        .copied();
+    if let (Some((len, modified, size)), Some(now)) = (known, before) {
+        if (len, modified) == now {
+            return Ok(size);
+        }
+    }
     let info = info(base).await?;
     if info.format != "qcow2" {
         return Err(RuntimeError(format!(
@@ -38,14 +72,17 @@ pub async fn overlay(base: &Path, disk: &Path, disk_gib: u64) -> Result<(), Runt
             base.display()
         )));
     }
-    let size = info.virtual_size.max(disk_gib.saturating_mul(GIB));
-    let mut command = Command::new("qemu-img");
-    command
-        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(base)
-        .arg(disk)
-        .arg(size.to_string());
-    qemu_img(command, disk).await
+    // Remembered only if the file did not change while it was read.
+    if let Some((len, modified)) =
+        before.filter(|b| std::fs::metadata(base).ok().map(stamp) == Some(*b))
+    {
+        CHECKED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(base.to_owned(), (len, modified, info.virtual_size));
+    }
+    Ok(info.virtual_size)
 }
 
 /// Creates `disk` as an empty qcow2 of `disk_gib` GiB (at least 1): a copy of the blank of

@@ -56,6 +56,8 @@ pub struct Qemu {
     images: ImageCache,
     accel: Accel,
     chosen: tokio::sync::OnceCell<Chosen>,
+    /// `qemu_binary --version`, asked once: each snapshot's manifest names it.
+    qemu_version: tokio::sync::OnceCell<String>,
     guests: Mutex<HashMap<String, Arc<Slot>>>,
     volume_store: VolumeStore,
     /// Serialises volume creation, growth and removal.
@@ -181,6 +183,7 @@ impl Qemu {
             image_dir,
             accel,
             chosen,
+            qemu_version: tokio::sync::OnceCell::new(),
             guests: Mutex::default(),
             qemu_binary: PathBuf::from("qemu-system-x86_64"),
             stop_timeout: Duration::from_secs(30),
@@ -466,6 +469,7 @@ impl Qemu {
         validate_id(&spec.id)?;
         volumes::validate_attachments(&spec.volumes)?;
         self.check_volumes(&spec.id, &spec.volumes)?;
+        let preparing = Instant::now();
         let dir = &slot.dir;
         std::fs::create_dir_all(&dir.0)
             .map_err(|e| RuntimeError(format!("cannot make {}: {e}", dir.0.display())))?;
@@ -588,8 +592,7 @@ impl Qemu {
         disk?;
         drive?;
         taps?;
-        // Before QEMU opens the taps: no packet leaves the guest unfiltered.
-        self.apply_network(&record, dir).await?;
+        let made_ms = preparing.elapsed().as_millis() as u64;
 
         let mut args = qemu_args(spec, &record, &image, chosen, dir, &self.volume_store);
         if memory.is_some() {
@@ -599,14 +602,51 @@ impl Qemu {
         // A boot takes the config drive's identity in its `/init`.
         let _ = std::fs::remove_file(dir.identity_pending());
         let started = Instant::now();
-        let spawned = process::spawn(&self.qemu_binary, &args, dir, self.start_timeout).await;
-        let (qmp, pid) = match spawned {
-            Ok(spawned) => spawned,
-            Err(error) => {
+        let spawn = process::spawn(&self.qemu_binary, &args, dir, self.start_timeout);
+        let network = async {
+            let applied = self.apply_network(&record, dir).await;
+            tracing::info!(
+                made_ms,
+                prepared_ms = preparing.elapsed().as_millis() as u64,
+                "guest prepared (disk, config drive and taps made; network applied)"
+            );
+            applied
+        };
+        let (network, spawned) = if memory.is_some() {
+            // Its QEMU waits paused for the state, and the guest then runs with its links down
+            // until it has its identity: nothing of it reaches its taps before the rules do.
+            let (network, spawned) = tokio::join!(network, spawn);
+            (network, Some(spawned))
+        } else {
+            // Before QEMU opens the taps: no packet leaves the guest unfiltered.
+            let network = network.await;
+            let spawned = match network {
+                Ok(()) => Some(spawn.await),
+                Err(_) => None,
+            };
+            (network, spawned)
+        };
+        let (qmp, pid) = match (network, spawned) {
+            (Ok(()), Some(Ok(spawned))) => spawned,
+            (network, spawned) => {
+                let spawn_error = match spawned {
+                    Some(Ok((qmp, pid))) => {
+                        drop(qmp);
+                        process::kill(pid, dir).await;
+                        None
+                    }
+                    Some(Err(error)) => Some(error),
+                    None => None,
+                };
                 if restore.is_some() {
                     let _ = std::fs::remove_file(dir.disk());
                 }
-                return Err(error);
+                return Err(match network {
+                    Err(error) => error,
+                    Ok(()) => {
+                        spawn_error.unwrap_or_else(|| RuntimeError("QEMU did not start".into()))
+                    }
+                });
             }
         };
         tracing::info!(pid, accel = %chosen, restore = restore.is_some(), "guest started");
@@ -733,10 +773,10 @@ impl Qemu {
                     qemu_save =
                         Some(snapshots::save_memory(qmp, &memory, self.migration_timeout).await?);
                 }
-                snapshots::copy_sparse(&dir.disk(), &overlay).await?;
+                snapshots::copy(&dir.disk(), &overlay).await?;
                 // The last file made before `cont`: `bench snapshot` reads its time as the
                 // moment the snapshot was taken.
-                snapshots::copy_sparse(&dir.config_drive(), &work.join("config.img")).await?;
+                snapshots::copy(&dir.config_drive(), &work.join("config.img")).await?;
                 Ok::<_, RuntimeError>(qemu_save)
             }
             .await;
@@ -785,7 +825,11 @@ impl Qemu {
             image_sha256: record.image_sha256.clone(),
             image_format: record.image_format.clone(),
             identity_generation: record.identity_generation,
-            qemu_version: snapshots::qemu_version(&self.qemu_binary).await,
+            qemu_version: self
+                .qemu_version
+                .get_or_init(|| snapshots::qemu_version(&self.qemu_binary))
+                .await
+                .clone(),
         };
         snapshots::write_manifest(work, &manifest)?;
         let mut files = SnapshotFiles {

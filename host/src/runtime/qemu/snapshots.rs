@@ -11,8 +11,8 @@
 //! - memory snapshots: `migrate` to `exec:cat > memory.state` (QEMU 7.2 has no `file:`
 //!   migration URI), bandwidth unthrottled; a paused guest's RAM goes in one pass. When it
 //!   completes the disks are inactive and flushed;
-//! - the overlay is copied (`cp --sparse=always`: only what the guest wrote, as the image's
-//!   root disk it rests on never changes) beside the config drive;
+//! - the overlay is copied in this process (only what the guest wrote, as the image's root
+//!   disk it rests on never changes), then the config drive;
 //! - QMP `cont` (only if it ran before), which reactivates the disks.
 //!
 //! That time is `vps_host_snapshot_pause_seconds`. The copy is then flattened with
@@ -180,11 +180,12 @@ async fn wait_migration(
     }
 }
 
-/// Copies a file, keeping holes (a qcow2 overlay holds little but its own clusters).
-pub async fn copy_sparse(from: &Path, to: &Path) -> Result<(), RuntimeError> {
-    let mut cp = Command::new("cp");
-    cp.arg("--sparse=always").arg(from).arg(to);
-    super::tool::run(&mut cp, &format!("copying {}", from.display())).await?;
+/// Copies a file in this process (the kernel's `copy_file_range`): the guest is frozen while
+/// its overlay and config drive are copied, and a `cp` would cost a process start each.
+pub async fn copy(from: &Path, to: &Path) -> Result<(), RuntimeError> {
+    tokio::fs::copy(from, to)
+        .await
+        .map_err(|e| RuntimeError(format!("copying {}: {e}", from.display())))?;
     Ok(())
 }
 
