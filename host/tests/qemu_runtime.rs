@@ -367,6 +367,12 @@ fn auto_acceleration_trusts_kvm_only_when_a_probe_boot_proves_it() {
         let env = TestEnv::new("accel");
         let mut runtime = Qemu::new(&env.state, &env.images, Accel::Auto).expect("runtime");
         runtime.kvm_probe_timeout = Duration::from_secs(10);
+        // A machine with no kernel in /boot probes with the test kernel, as a cached bundle.
+        if let Some(kernel) = std::env::var_os("VPS_TEST_KERNEL") {
+            let entry = env.images.join("test-kernel");
+            std::fs::create_dir_all(&entry).unwrap();
+            std::os::unix::fs::symlink(kernel, entry.join("vmlinuz")).unwrap();
+        }
         let kernels = accel::probe_kernels(&env.images);
         let kernel = kernels.first().expect("a kernel to probe with").clone();
         let probe = accel::probe_kvm(
