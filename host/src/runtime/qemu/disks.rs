@@ -2,6 +2,7 @@
 //! from one made once per size: a `qemu-img` process costs a cold boot about 10 ms).
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -105,23 +106,70 @@ pub async fn blank(disk: &Path, disk_gib: u64, blanks: &Path) -> Result<(), Runt
     Ok(())
 }
 
-/// Makes the blank `template` under a name of its own, then renames it: a blank exists under
-/// its name only once whole, whoever else makes it at the same time.
+/// Makes the blank `template`.
 async fn make_blank(template: &Path, gib: u64, blanks: &Path) -> Result<(), RuntimeError> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
     tokio::fs::create_dir_all(blanks)
         .await
         .map_err(|e| RuntimeError(format!("cannot make {}: {e}", blanks.display())))?;
-    let staging = blanks.join(format!(
-        ".blank-{gib}g.{}.{}",
+    create_once(template, &[], gib.saturating_mul(GIB)).await
+}
+
+/// Creates `disk` as a qcow2 overlay on the snapshot disk `base` (a checked cache entry), at
+/// least `disk_gib` large, as a copy of the overlay of that size kept beside `base`: a restore,
+/// and each restore of a fork, costs a file copy instead of a `qemu-img` process.
+pub async fn overlay_from_template(
+    base: &Path,
+    disk: &Path,
+    disk_gib: u64,
+) -> Result<(), RuntimeError> {
+    let template = overlay_template(base, disk_gib).await?;
+    if let Err(e) = tokio::fs::copy(&template, disk).await {
+        let _ = tokio::fs::remove_file(disk).await;
+        return Err(RuntimeError(format!(
+            "creating disk {} from {}: {e}",
+            disk.display(),
+            template.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The overlay on `base` at least `disk_gib` large kept beside it, made first if missing. It
+/// names `base` by its absolute path, so a copy of it anywhere rests on the same file.
+pub async fn overlay_template(base: &Path, disk_gib: u64) -> Result<PathBuf, RuntimeError> {
+    let size = checked_base(base).await?.max(disk_gib.saturating_mul(GIB));
+    let base = std::fs::canonicalize(base)
+        .map_err(|e| RuntimeError(format!("{}: {e}", base.display())))?;
+    let template = base.with_file_name(format!("overlay-{size}.qcow2"));
+    if !template.is_file() {
+        let backing: [&OsStr; 4] = [
+            "-F".as_ref(),
+            "qcow2".as_ref(),
+            "-b".as_ref(),
+            base.as_os_str(),
+        ];
+        create_once(&template, &backing, size).await?;
+    }
+    Ok(template)
+}
+
+/// Makes the qcow2 `template` of `size` bytes (`qemu-img create` with `options`) under a name of
+/// its own, then renames it: a template exists under its name only once whole, whoever else
+/// makes it at the same time.
+async fn create_once(template: &Path, options: &[&OsStr], size: u64) -> Result<(), RuntimeError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = template.file_name().unwrap_or_default().to_string_lossy();
+    let staging = template.with_file_name(format!(
+        ".{name}.{}.{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     let mut command = Command::new("qemu-img");
     command
         .args(["create", "-q", "-f", "qcow2"])
+        .args(options)
         .arg(&staging)
-        .arg(gib.saturating_mul(GIB).to_string());
+        .arg(size.to_string());
     qemu_img(command, &staging).await?;
     if let Err(e) = tokio::fs::rename(&staging, template).await {
         let _ = tokio::fs::remove_file(&staging).await;

@@ -538,7 +538,8 @@ impl Qemu {
             if let Some(restore) = restore {
                 // A restore always starts from the snapshot's disk; a failed one leaves no disk.
                 let _ = std::fs::remove_file(dir.disk());
-                disks::overlay(&restore.dir.join("disk.qcow2"), &dir.disk(), spec.disk_gib).await
+                let base = restore.dir.join("disk.qcow2");
+                disks::overlay_from_template(&base, &dir.disk(), spec.disk_gib).await
             } else if dir.disk().exists() {
                 Ok(())
             } else {
@@ -1414,6 +1415,19 @@ impl Runtime for Qemu {
     async fn keep_snapshot(&self, files: &SnapshotFiles, sha256: &str) {
         self.images.adopt_snapshot(&files.dir, sha256).await;
         self.prune_cache().await;
+        // A restore here is likely next: its disk's overlay is made ready meanwhile.
+        let entry = self
+            .image_dir
+            .join("snapshots")
+            .join(sha256.to_ascii_lowercase());
+        if let Ok(manifest) = Manifest::read(&entry) {
+            tokio::spawn(async move {
+                let base = entry.join("disk.qcow2");
+                if let Err(e) = disks::overlay_template(&base, manifest.disk_gib).await {
+                    tracing::debug!(error = %e.0, "no overlay made ahead for the snapshot");
+                }
+            });
+        }
     }
 
     async fn restore(&self, spec: &GuestSpec, from: &RestoreSource) -> Result<(), RuntimeError> {
