@@ -602,6 +602,17 @@ fn a_memory_snapshot_through_the_api_restores_a_sandbox_with_its_memory_and_file
             ),
         }
         lab.rebound(&restored).await;
+        // Reported only once the guest had taken it, never at its resume.
+        let console = lab
+            .state
+            .join("guests")
+            .join(restored["instanceId"].as_str().unwrap())
+            .join("console.log");
+        let console = std::fs::read_to_string(console).unwrap_or_default();
+        assert!(
+            console.contains("restored: identity 1,"),
+            "identityRebound before the guest took its identity:\n{console}"
+        );
         let grant = lab.exec_grant(&restored, &keys, None).await;
         let after = ssh_until_up(
             &keys,

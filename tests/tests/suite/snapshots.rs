@@ -927,6 +927,58 @@ async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_t
     assert_eq!(grant["principal"], source["instanceId"]);
 }
 
+/// `vps sandboxes exec` into a memory restore asks again while it shares its source's
+/// identity, and runs once it does not (here: the source is deleted).
+#[tokio::test]
+async fn the_cli_exec_into_a_memory_restore_waits_until_it_alone_has_the_identity() {
+    let t = server().await;
+    let (_, _host, tpl) = one_node(&t, "10.0.10.0/24").await;
+    let source = sandbox(&t, &tpl, "src").await;
+    let memory = take(&t, source["id"].as_str().unwrap(), json!({ "keep": true })).await;
+    let memory = memory["id"].as_str().unwrap().to_string();
+    settled(&t, &memory).await;
+    let restored = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "mem", "fromSnapshot": memory }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(restored["state"], "ready", "{restored}");
+    let mut exec = tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli"))
+        .args([
+            "sandboxes",
+            "exec",
+            restored["id"].as_str().unwrap(),
+            "--",
+            "echo",
+            "hi",
+        ])
+        .env("VPS_URL", t.server.url())
+        .env("VPS_TOKEN", ALICE)
+        .env("VPS_TENANT", "acme")
+        .env("RUST_LOG", "off")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the CLI runs");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        exec.try_wait().unwrap().is_none(),
+        "the CLI gave up while the source lived"
+    );
+    t.ok(ALICE, "sandboxes.delete", acme_sandbox(&source["id"]))
+        .await;
+    let out = tokio::time::timeout(Duration::from_secs(30), exec.wait_with_output())
+        .await
+        .expect("the CLI ends")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hi");
+}
+
 #[tokio::test]
 async fn a_sandbox_writing_a_volume_takes_only_disk_snapshots() {
     let t = server().await;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::SystemTime;
 
 use serde::Deserialize;
@@ -32,31 +32,39 @@ pub async fn overlay(base: &Path, disk: &Path, disk_gib: u64) -> Result<(), Runt
     let size = virtual_size.max(disk_gib.saturating_mul(GIB));
     let mut command = Command::new("qemu-img");
     command
-        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(base)
+        .args(["create", "-q", "-f", "qcow2"])
+        .args(backed_by(base))
         .arg(disk)
         .arg(size.to_string());
     qemu_img(command, disk).await
 }
 
+/// `qemu-img create`'s options for an overlay on the qcow2 `base`.
+fn backed_by(base: &Path) -> [&OsStr; 4] {
+    [
+        "-F".as_ref(),
+        "qcow2".as_ref(),
+        "-b".as_ref(),
+        base.as_os_str(),
+    ]
+}
+
 /// The virtual size of `base` once `qemu-img info` has found it a qcow2 with no backing file.
 /// Bases are cache entries named by their digest, never changed in place: each is asked once
 /// (a `qemu-img` process costs a restore about 10 ms), again only if its file's length or
-/// modification time changed.
+/// modification time changed. The stamp is taken before the file is read, so a file replaced
+/// meanwhile carries another and is asked again.
 async fn checked_base(base: &Path) -> Result<u64, RuntimeError> {
-    type Checked = HashMap<PathBuf, (u64, Option<SystemTime>, u64)>;
-    static CHECKED: Mutex<Option<Checked>> = Mutex::new(None);
-    let stamp = |m: std::fs::Metadata| (m.len(), m.modified().ok());
-    let before = std::fs::metadata(base).ok().map(stamp);
-    let known = CHECKED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .get(base)
-        .copied();
-    if let (Some((len, modified, size)), Some(now)) = (known, before) {
-        if (len, modified) == now {
-            return Ok(size);
+    type Stamp = (u64, Option<SystemTime>);
+    static CHECKED: LazyLock<Mutex<HashMap<PathBuf, (Stamp, u64)>>> = LazyLock::new(Mutex::default);
+    let checked = || CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    // No stamp (no file): `qemu-img info` says what is wrong.
+    let stamp = std::fs::metadata(base)
+        .ok()
+        .map(|m| (m.len(), m.modified().ok()));
+    if let (Some(stamp), Some((known, size))) = (stamp, checked().get(base)) {
+        if *known == stamp {
+            return Ok(*size);
         }
     }
     let info = info(base).await?;
@@ -73,15 +81,8 @@ async fn checked_base(base: &Path) -> Result<u64, RuntimeError> {
             base.display()
         )));
     }
-    // Remembered only if the file did not change while it was read.
-    if let Some((len, modified)) =
-        before.filter(|b| std::fs::metadata(base).ok().map(stamp) == Some(*b))
-    {
-        CHECKED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashMap::new)
-            .insert(base.to_owned(), (len, modified, info.virtual_size));
+    if let Some(stamp) = stamp {
+        checked().insert(base.to_owned(), (stamp, info.virtual_size));
     }
     Ok(info.virtual_size)
 }
@@ -94,7 +95,12 @@ pub async fn blank(disk: &Path, disk_gib: u64, blanks: &Path) -> Result<(), Runt
     if !template.exists() {
         make_blank(&template, gib, blanks).await?;
     }
-    if let Err(e) = tokio::fs::copy(&template, disk).await {
+    copy_template(&template, disk).await
+}
+
+/// Creates `disk` as a copy of `template`.
+async fn copy_template(template: &Path, disk: &Path) -> Result<(), RuntimeError> {
+    if let Err(e) = tokio::fs::copy(template, disk).await {
         // Nothing half-made is left under the disk's name.
         let _ = tokio::fs::remove_file(disk).await;
         return Err(RuntimeError(format!(
@@ -123,15 +129,7 @@ pub async fn overlay_from_template(
     disk_gib: u64,
 ) -> Result<(), RuntimeError> {
     let template = overlay_template(base, disk_gib).await?;
-    if let Err(e) = tokio::fs::copy(&template, disk).await {
-        let _ = tokio::fs::remove_file(disk).await;
-        return Err(RuntimeError(format!(
-            "creating disk {} from {}: {e}",
-            disk.display(),
-            template.display()
-        )));
-    }
-    Ok(())
+    copy_template(&template, disk).await
 }
 
 /// The overlay on `base` at least `disk_gib` large kept beside it, made first if missing. It
@@ -142,13 +140,7 @@ pub async fn overlay_template(base: &Path, disk_gib: u64) -> Result<PathBuf, Run
         .map_err(|e| RuntimeError(format!("{}: {e}", base.display())))?;
     let template = base.with_file_name(format!("overlay-{size}.qcow2"));
     if !template.is_file() {
-        let backing: [&OsStr; 4] = [
-            "-F".as_ref(),
-            "qcow2".as_ref(),
-            "-b".as_ref(),
-            base.as_os_str(),
-        ];
-        create_once(&template, &backing, size).await?;
+        create_once(&template, &backed_by(&base), size).await?;
     }
     Ok(template)
 }

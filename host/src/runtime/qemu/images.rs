@@ -184,26 +184,33 @@ impl ImageCache {
     /// Makes the snapshot files in `files` (a snapshot this host took and uploaded, whose
     /// archive is `sha256`) the cache's entry for that digest, by moving them: a restore here
     /// then starts from them with no download. Nothing moves if the entry exists already or
-    /// the files are on another file system.
-    pub async fn adopt_snapshot(&self, files: &Path, sha256: &str) {
+    /// the files are on another file system. Answers the entry's directory when the cache
+    /// holds it.
+    pub async fn adopt_snapshot(&self, files: &Path, sha256: &str) -> Option<PathBuf> {
         let digest = sha256.to_ascii_lowercase();
         if !is_digest(&digest) {
-            return;
+            return None;
         }
         let entry = Entry::Snapshot(digest.clone());
         let lock = self.lock(&entry.lock_key());
         let _guard = lock.lock().await;
         let dir = entry.dir(&self.dir);
-        let root = self.dir.join("snapshots");
-        if snapshot_complete(&dir) || tokio::fs::create_dir_all(&root).await.is_err() {
-            return;
+        if snapshot_complete(&dir) {
+            return Some(dir);
         }
+        tokio::fs::create_dir_all(self.dir.join("snapshots"))
+            .await
+            .ok()?;
         match tokio::fs::rename(files, &dir).await {
             Ok(()) => {
                 self.touch(&entry, true);
-                tracing::debug!(sha256 = %digest, "snapshot kept for restores here")
+                tracing::debug!(sha256 = %digest, "snapshot kept for restores here");
+                Some(dir)
             }
-            Err(error) => tracing::debug!(%error, "snapshot not kept for restores here"),
+            Err(error) => {
+                tracing::debug!(%error, "snapshot not kept for restores here");
+                None
+            }
         }
     }
 

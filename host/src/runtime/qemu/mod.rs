@@ -1413,13 +1413,10 @@ impl Runtime for Qemu {
     }
 
     async fn keep_snapshot(&self, files: &SnapshotFiles, sha256: &str) {
-        self.images.adopt_snapshot(&files.dir, sha256).await;
+        let kept = self.images.adopt_snapshot(&files.dir, sha256).await;
         self.prune_cache().await;
         // A restore here is likely next: its disk's overlay is made ready meanwhile.
-        let entry = self
-            .image_dir
-            .join("snapshots")
-            .join(sha256.to_ascii_lowercase());
+        let Some(entry) = kept else { return };
         if let Ok(manifest) = Manifest::read(&entry) {
             tokio::spawn(async move {
                 let base = entry.join("disk.qcow2");
