@@ -102,7 +102,7 @@ pub async fn create(
 }
 
 /// The create in `tx`: a replay of the sandbox the key already made, or a new one with the
-/// node spec a warm claim moved (announced once committed).
+/// node spec a warm claim or a restore moved (announced once committed).
 async fn create_in(
     ctx: &Ctx,
     tx: &mut PgConnection,
@@ -167,6 +167,7 @@ async fn create_in(
         Some(_) => None,
         None => super::warm::claim(ctx, tx, t, &c.id).await?,
     };
+    let warm = claimed.is_some();
     let (instance, moved) = match claimed {
         Some((claimed, moved)) => {
             // A warm instance takes its sandbox's labels (a cold one is created with them), so
@@ -176,9 +177,19 @@ async fn create_in(
             let labeled = crate::pipeline::apply_commands(ctx, tx, &claimed, &[label], now).await?;
             (labeled.unwrap_or(claimed), Some(moved))
         }
-        None => (cold(ctx, tx, t, c, restore).await?, None),
+        None => {
+            let restoring = restore.is_some();
+            let instance = cold(ctx, tx, t, c, restore).await?;
+            // A restore, like a warm claim, is ready in well under a second: its host reads
+            // its entry at once rather than a follower's pass later. A boot takes seconds, and
+            // leaves its entry to the follower.
+            let moved = match restoring {
+                true => Some(vps_projections::node_specs::write_inline(tx, &instance.id).await?),
+                false => None,
+            };
+            (instance, moved)
+        }
     };
-    let warm = moved.is_some();
     let ids = Lifecycle {
         sandbox_id: c.id.clone(),
         tenant_id: c.tenant_id.clone(),

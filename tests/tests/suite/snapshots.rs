@@ -273,6 +273,60 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
     );
 }
 
+/// A restore, like a warm claim, writes its instance's spec entry in the create's own
+/// transaction: its host starts it without waiting for the NodeSpec follower, whose later pass
+/// finds the entry as it wants it and leaves it.
+#[tokio::test]
+async fn a_restore_writes_its_spec_entry_in_the_creates_own_transaction() {
+    let t = server().await;
+    let (_pool, _host, tpl) = one_node(&t, "10.0.9.0/24").await;
+    let source = sandbox(&t, &tpl, "src").await;
+    let snap = take(&t, source["id"].as_str().unwrap(), json!({})).await;
+    let id = snap["id"].as_str().unwrap();
+    assert_eq!(settled(&t, id).await["state"], "ready");
+
+    let restored = create(
+        &t,
+        ALICE,
+        json!({ "templateId": tpl, "idempotencyKey": "inline", "fromSnapshot": id,
+                "wait": { "timeoutMs": 0 } }),
+    )
+    .await
+    .unwrap();
+    let stream = format!("sandbox-{}", restored["id"].as_str().unwrap());
+    let written_by: Vec<bool> = sqlx::query_scalar(
+        "SELECT e.xmin::text = (SELECT (transaction_id::text::bigint % 4294967296)::text
+                                  FROM events WHERE stream = $2 AND version = 1)
+           FROM node_spec_entries e WHERE e.instance_id = $1",
+    )
+    .bind(restored["instanceId"].as_str().unwrap())
+    .bind(&stream)
+    .fetch_all(&t.server.state.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        written_by,
+        [true],
+        "the entry exists as the create answers, written by its transaction"
+    );
+    let restored = eventually("the restore ready", PATIENCE, || async {
+        let s = t
+            .ok(
+                ALICE,
+                "sandboxes.get",
+                acme_sandbox(restored["id"].as_str().unwrap()),
+            )
+            .await;
+        if s["state"] == "ready" {
+            Ok(s)
+        } else {
+            Err(s)
+        }
+    })
+    .await;
+    assert_eq!(restored["fromSnapshot"], id);
+}
+
 #[tokio::test]
 async fn refusals_come_before_anything_reaches_a_host() {
     let t = server().await;
