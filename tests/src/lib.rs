@@ -643,6 +643,27 @@ where
     .await
 }
 
+/// The spec entry of `instance`: its `desiredState`, and whether the transaction that wrote it
+/// last is the one that began `stream` (its version 1): a command that wrote the entry inline,
+/// with no follower's pass rewriting it since. `None` when it has no entry.
+pub async fn spec_entry_written_with(
+    pool: &sqlx::PgPool,
+    instance: &str,
+    stream: &str,
+) -> Option<(String, bool)> {
+    sqlx::query_as(
+        "SELECT e.entry->>'desiredState',
+                e.xmin::text = (SELECT (transaction_id::text::bigint % 4294967296)::text
+                                  FROM events WHERE stream = $2 AND version = 1)
+           FROM node_spec_entries e WHERE e.instance_id = $1",
+    )
+    .bind(instance)
+    .bind(stream)
+    .fetch_optional(pool)
+    .await
+    .expect("reading the spec entry")
+}
+
 /// A valid OpenSSH public key for tests.
 pub const SSH_KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq0Ql3mXyv+Wr7o9Rj2hBkoMBZk8mK6X3b4d0s3xBeA test@example";

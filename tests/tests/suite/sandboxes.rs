@@ -427,17 +427,13 @@ async fn a_warm_claim_writes_its_spec_entry_in_the_claims_own_transaction() {
         }
     })
     .await;
-    let (desired, same_transaction): (String, bool) = sqlx::query_as(
-        "SELECT e.entry->>'desiredState',
-                e.xmin::text = (SELECT (transaction_id::text::bigint % 4294967296)::text
-                                  FROM events WHERE stream = $2 AND version = 1)
-           FROM node_spec_entries e WHERE e.instance_id = $1",
+    let (desired, same_transaction) = vps_tests::spec_entry_written_with(
+        &t.server.state.pool,
+        s["instanceId"].as_str().unwrap(),
+        &stream,
     )
-    .bind(s["instanceId"].as_str().unwrap())
-    .bind(&stream)
-    .fetch_one(&t.server.state.pool)
     .await
-    .unwrap();
+    .expect("the claimed instance's entry");
     assert_eq!(desired, "running");
     assert!(
         same_transaction,

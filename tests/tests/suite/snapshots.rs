@@ -294,19 +294,15 @@ async fn a_restore_writes_its_spec_entry_in_the_creates_own_transaction() {
     .await
     .unwrap();
     let stream = format!("sandbox-{}", restored["id"].as_str().unwrap());
-    let written_by: Vec<bool> = sqlx::query_scalar(
-        "SELECT e.xmin::text = (SELECT (transaction_id::text::bigint % 4294967296)::text
-                                  FROM events WHERE stream = $2 AND version = 1)
-           FROM node_spec_entries e WHERE e.instance_id = $1",
+    let entry = vps_tests::spec_entry_written_with(
+        &t.server.state.pool,
+        restored["instanceId"].as_str().unwrap(),
+        &stream,
     )
-    .bind(restored["instanceId"].as_str().unwrap())
-    .bind(&stream)
-    .fetch_all(&t.server.state.pool)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
-        written_by,
-        [true],
+        entry,
+        Some(("running".to_string(), true)),
         "the entry exists as the create answers, written by its transaction"
     );
     let restored = eventually("the restore ready", PATIENCE, || async {
