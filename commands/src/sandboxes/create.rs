@@ -183,9 +183,10 @@ async fn create_in(
             // A restore, like a warm claim, is ready in well under a second: its host reads
             // its entry at once rather than a follower's pass later. A boot takes seconds, and
             // leaves its entry to the follower.
-            let moved = match restoring {
-                true => Some(vps_projections::node_specs::write_inline(tx, &instance.id).await?),
-                false => None,
+            let moved = if restoring {
+                Some(vps_projections::node_specs::write_inline(tx, &instance.id).await?)
+            } else {
+                None
             };
             (instance, moved)
         }

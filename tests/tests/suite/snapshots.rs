@@ -73,6 +73,18 @@ async fn create(t: &TestServer, token: &str, body: Value) -> Result<Value, vps_t
     t.call(token, "sandboxes.create", merged(full, body)).await
 }
 
+/// Alice's restore of `snapshot` under `template`, made with `key`: the sandbox as the create
+/// answers it (after waiting up to 20 s for `ready`).
+async fn restore_of(t: &TestServer, template: &str, key: &str, snapshot: &str) -> Value {
+    create(
+        t,
+        ALICE,
+        json!({ "templateId": template, "idempotencyKey": key, "fromSnapshot": snapshot }),
+    )
+    .await
+    .expect("a restore")
+}
+
 async fn sandbox(t: &TestServer, template: &str, key: &str) -> Value {
     let s = create(
         t,
@@ -199,13 +211,7 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
     t.ok(OPERATOR, "nodes.uncordon", json!({ "nodeId": _b }))
         .await;
     cordon(&t, &a).await;
-    let restored = create(
-        &t,
-        ALICE,
-        json!({ "templateId": tpl, "idempotencyKey": "restore-1", "fromSnapshot": id }),
-    )
-    .await
-    .unwrap();
+    let restored = restore_of(&t, &tpl, "restore-1", &id).await;
     assert_eq!(restored["state"], "ready", "{restored}");
     assert_eq!(
         (restored["warm"].clone(), restored["fromSnapshot"].clone()),
@@ -237,13 +243,7 @@ async fn a_memory_snapshot_restores_on_another_node_of_its_cpu_model_only() {
     let disk_id = disk["id"].as_str().unwrap().to_string();
     assert_eq!(settled(&t, &disk_id).await["cpuModel"], Value::Null);
     cordon(&t, &a).await;
-    let on_c = create(
-        &t,
-        ALICE,
-        json!({ "templateId": tpl, "idempotencyKey": "restore-3", "fromSnapshot": disk_id }),
-    )
-    .await
-    .unwrap();
+    let on_c = restore_of(&t, &tpl, "restore-3", &disk_id).await;
     assert_eq!(on_c["state"], "ready", "{on_c}");
     assert_eq!(
         instance(&t, on_c["instanceId"].as_str().unwrap()).await["nodeId"],
@@ -532,13 +532,7 @@ async fn objects_are_purged_once_deleted_and_no_restore_needs_them() {
     assert!(object(&t, &kept).exists() && object(&t, &unkept).exists());
 
     // A restore of the kept one is live; the sandbox goes.
-    let restored = create(
-        &t,
-        ALICE,
-        json!({ "templateId": tpl, "idempotencyKey": "r", "fromSnapshot": kept }),
-    )
-    .await
-    .unwrap();
+    let restored = restore_of(&t, &tpl, "r", &kept).await;
     t.ok(ALICE, "sandboxes.delete", acme_sandbox(sbx)).await;
     // The snapshot not kept goes with its sandbox, object and all.
     wait_until("the unkept object purged", PATIENCE, || async {
@@ -615,13 +609,7 @@ async fn a_refused_upload_fails_the_snapshot_and_a_tampered_object_fails_its_res
     assert_eq!(settled(&t, &id).await["state"], "ready");
     // The stored bytes change behind the control plane's back: the restoring host refuses them.
     std::fs::write(object(&t, &id), b"tampered").unwrap();
-    let restored = create(
-        &t,
-        ALICE,
-        json!({ "templateId": tpl, "idempotencyKey": "r", "fromSnapshot": id }),
-    )
-    .await
-    .unwrap();
+    let restored = restore_of(&t, &tpl, "r", &id).await;
     assert_eq!(restored["state"], "failed", "{restored}");
     let inst = instance(&t, restored["instanceId"].as_str().unwrap()).await;
     assert!(inst["conditions"].to_string().contains("SHA-256"), "{inst}");
@@ -866,13 +854,7 @@ async fn the_s3_store_carries_a_snapshot_from_upload_to_restore_to_purge() {
         "the host uploaded to the bucket"
     );
     // A restoring host downloads it from a presigned URL and checks its digest.
-    let restored = create(
-        &t,
-        ALICE,
-        json!({ "templateId": tpl, "idempotencyKey": "r", "fromSnapshot": id }),
-    )
-    .await
-    .unwrap();
+    let restored = restore_of(&t, &tpl, "r", &id).await;
     assert_eq!(restored["state"], "ready", "{restored}");
     let inst = restored["instanceId"].as_str().unwrap();
     assert_eq!(
@@ -942,23 +924,11 @@ async fn a_memory_restore_shares_its_sources_identity_so_exec_waits_for_one_of_t
     settled(&t, &memory).await;
     settled(&t, &disk).await;
     // A disk-only restore boots fresh with its own identity: nobody is refused.
-    let fresh = create(
-        &t,
-        ALICE,
-        json!({ "templateId": tpl, "idempotencyKey": "disk", "fromSnapshot": disk }),
-    )
-    .await
-    .unwrap();
+    let fresh = restore_of(&t, &tpl, "disk", &disk).await;
     let grant = exec(&fresh).await.unwrap();
     assert_eq!(grant["principal"], fresh["instanceId"]);
     // A memory restore answers to the source's identity: exec into either is refused.
-    let restored = create(
-        &t,
-        ALICE,
-        json!({ "templateId": tpl, "idempotencyKey": "mem", "fromSnapshot": memory }),
-    )
-    .await
-    .unwrap();
+    let restored = restore_of(&t, &tpl, "mem", &memory).await;
     assert_eq!(restored["state"], "ready", "{restored}");
     for s in [&source, &restored] {
         let (code, details) = refusal(exec(s).await);
@@ -987,13 +957,7 @@ async fn the_cli_exec_into_a_memory_restore_waits_until_it_alone_has_the_identit
     let memory = take(&t, source["id"].as_str().unwrap(), json!({ "keep": true })).await;
     let memory = memory["id"].as_str().unwrap().to_string();
     settled(&t, &memory).await;
-    let restored = create(
-        &t,
-        ALICE,
-        json!({ "templateId": tpl, "idempotencyKey": "mem", "fromSnapshot": memory }),
-    )
-    .await
-    .unwrap();
+    let restored = restore_of(&t, &tpl, "mem", &memory).await;
     assert_eq!(restored["state"], "ready", "{restored}");
     let mut exec = tokio::process::Command::new(env!("CARGO_BIN_EXE_vps-cli"))
         .args([
