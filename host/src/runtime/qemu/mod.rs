@@ -103,6 +103,17 @@ struct Live {
     pid: Option<i32>,
 }
 
+impl Live {
+    /// Forgets a QEMU that has ended, once its QMP reader has recorded how it ended.
+    async fn forget_ended(&mut self) {
+        self.pid = None;
+        if let Some(qmp) = self.qmp.take() {
+            // The socket closed with the process, so the reader ends at once.
+            qmp.finish(Duration::from_secs(1)).await;
+        }
+    }
+}
+
 /// What the runtime keeps of a guest's spec in `spec.json`: enough to report it, to find its
 /// taps and to answer `ssh_address` after a restart. User data is not kept here.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -968,8 +979,7 @@ impl Qemu {
             .filter(|&pid| process::is_alive(pid, dir))
             .or_else(|| process::live_pid(dir));
         let Some(pid) = pid else {
-            live.qmp = None;
-            live.pid = None;
+            live.forget_ended().await;
             return process::ended(dir).await;
         };
         live.pid = Some(pid);
@@ -1008,8 +1018,7 @@ impl Qemu {
                 // QEMU is on its way out. How it ended is read from its exit records once it
                 // has gone; asked a moment earlier, it is not an error.
                 "shutdown" if process::wait_gone(pid, dir, EXIT_GRACE).await => {
-                    live.qmp = None;
-                    live.pid = None;
+                    live.forget_ended().await;
                     process::ended(dir).await
                 }
                 other => {
@@ -1022,8 +1031,7 @@ impl Qemu {
             },
             Err(error) => {
                 if process::wait_gone(pid, dir, Duration::from_millis(500)).await {
-                    live.qmp = None;
-                    live.pid = None;
+                    live.forget_ended().await;
                     return process::ended(dir).await;
                 }
                 live.qmp = None;
@@ -1180,8 +1188,7 @@ impl Qemu {
         if !gone {
             process::kill(pid, &dir).await;
         }
-        live.qmp = None;
-        live.pid = None;
+        live.forget_ended().await;
         if process::is_alive(pid, &dir) {
             return Err(RuntimeError(format!("QEMU (pid {pid}) does not end")));
         }

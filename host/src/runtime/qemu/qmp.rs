@@ -124,6 +124,13 @@ impl Qmp {
         self.closed.load(Ordering::SeqCst)
     }
 
+    /// Lets the reader take in what QEMU sent before it ended (its `SHUTDOWN` event among it)
+    /// and then closes. Dropping the connection instead would throw that away: on a busy host
+    /// the process is seen gone before the reader has run.
+    pub async fn finish(mut self, within: Duration) {
+        let _ = tokio::time::timeout(within, &mut self.reader).await;
+    }
+
     /// Runs one command and returns its `return` value. Every failure counts in
     /// `vps_host_qmp_errors_total`.
     pub async fn execute(
