@@ -65,7 +65,7 @@ fn a_guest_boots_pauses_resumes_without_reboot_stops_and_runs_again_on_the_same_
         assert!(bridge.contains("10.77.0.1/24"), "{bridge}");
         let taps = env.taps();
         assert_eq!(taps.len(), 1, "{taps:?}");
-        assert!(ip(&["-d", "link", "show", "dev", &taps[0]]).contains("master vpsbr0"));
+        assert_tap_up_on_bridge(&taps[0]);
         let observed = runtime.observe().await;
         assert_eq!(observed[0].addresses, vec!["10.77.0.2/24".to_owned()]);
         assert_eq!(
@@ -117,6 +117,9 @@ fn a_guest_boots_pauses_resumes_without_reboot_stops_and_runs_again_on_the_same_
         );
         assert_eq!(inode(&disk), disk_inode, "the guest keeps its disk");
         assert_eq!(state_of(&runtime, &spec.id).await, GuestState::Running);
+        // Its tap outlived the stop: it is taken again, still on the bridge and up.
+        assert_eq!(env.taps(), taps);
+        assert_tap_up_on_bridge(&taps[0]);
 
         // Delete: process, tap and directory are gone.
         runtime.delete(&spec.id).await.expect("delete");
@@ -735,6 +738,17 @@ fn boot_id(console: &str) -> String {
 fn inode(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).expect("disk").ino()
+}
+
+/// A persistent tap, enslaved to `vpsbr0`, administratively up.
+fn assert_tap_up_on_bridge(tap: &str) {
+    let link = ip(&["-d", "link", "show", "dev", tap]);
+    assert!(link.contains("master vpsbr0"), "not on the bridge: {link}");
+    assert!(
+        link.contains(",UP") || link.contains("<UP"),
+        "not up: {link}"
+    );
+    assert!(link.contains("persist on"), "not persistent: {link}");
 }
 
 fn ip(args: &[&str]) -> String {

@@ -1,5 +1,6 @@
-//! Guest networking with iproute2: one tap per NIC, attached to the spec's bridge; the bridge
-//! is made (with the pool's gateway address) when missing.
+//! Guest networking: one tap per NIC, attached to the spec's bridge; the bridge is made (with
+//! the pool's gateway address) with iproute2 when missing. Taps are made on every boot and
+//! restore, so they are made in this process (see [`tap`]), with `ip` as the fallback.
 
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
@@ -17,10 +18,18 @@ pub fn tap_name(id: &str, index: usize) -> String {
 /// Idempotent: an existing tap is reattached and brought up.
 pub async fn ensure_tap(tap: &str, nic: &NicSpec) -> Result<(), RuntimeError> {
     ensure_bridge(nic).await?;
-    if !link_exists(tap) {
-        ip(&["tuntap", "add", "dev", tap, "mode", "tap"]).await?;
+    match tap::ensure(tap, &nic.bridge) {
+        Ok(()) => Ok(()),
+        // An odd state (a tap enslaved elsewhere, a kernel without the bridge ioctls): iproute2
+        // knows more cases, and says what is wrong in its own words.
+        Err(error) => {
+            tracing::debug!(%error, tap, "making the tap in process failed; using ip");
+            if !link_exists(tap) {
+                ip(&["tuntap", "add", "dev", tap, "mode", "tap"]).await?;
+            }
+            ip(&["link", "set", "dev", tap, "master", &nic.bridge, "up"]).await
+        }
     }
-    ip(&["link", "set", "dev", tap, "master", &nic.bridge, "up"]).await
 }
 
 /// Removes a tap; a tap that does not exist is not an error.
@@ -73,11 +82,85 @@ fn gateway_cidr(gateway: &str, address: &str) -> String {
 /// Whether the interface exists in this network namespace: a system call, not an `ip`
 /// process (about 2 ms each, twice per cold boot).
 fn link_exists(name: &str) -> bool {
-    let Ok(name) = std::ffi::CString::new(name) else {
-        return false;
-    };
+    link_index(name).is_some()
+}
+
+/// Taps with ioctls, as `ip tuntap add mode tap` and `ip link set master … up` make them: two
+/// `ip` processes cost a boot or a restore about 5 ms, these calls microseconds.
+mod tap {
+    use std::io::{Error, Result};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    /// `SIOCBRADDIF` (linux/sockios.h), which the libc crate defines only for Android.
+    const SIOCBRADDIF: libc::c_ulong = 0x89a2;
+
+    /// Makes `tap` (persistent) if it is missing, puts it on `bridge` and brings it up.
+    pub fn ensure(tap: &str, bridge: &str) -> Result<()> {
+        if !super::link_exists(tap) {
+            let tun = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/net/tun")?;
+            let mut request = ifreq(tap)?;
+            request.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+            ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut request)?;
+            // SAFETY: TUNSETPERSIST takes its argument by value; `tun` is an open tun device.
+            if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong) } < 0
+            {
+                return Err(Error::last_os_error());
+            }
+        }
+        let socket = socket()?;
+        let index = super::link_index(tap).ok_or_else(|| Error::other("the tap is gone"))?;
+        // A tap already on a bridge (this one, when a guest is started again) answers EBUSY,
+        // and the caller falls back to `ip`, which sets the master whatever it was.
+        let mut request = ifreq(bridge)?;
+        request.ifr_ifru.ifru_ifindex = index as libc::c_int;
+        ioctl(socket.as_raw_fd(), SIOCBRADDIF, &mut request)?;
+        let mut request = ifreq(tap)?;
+        ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request)?;
+        // SAFETY: SIOCGIFFLAGS has just filled in the flags member of the union.
+        unsafe { request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+        ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &mut request)
+    }
+
+    fn ifreq(name: &str) -> Result<libc::ifreq> {
+        // SAFETY: an all-zero ifreq is a valid value (an empty name and a zero union).
+        let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+        if name.is_empty() || name.len() >= request.ifr_name.len() || name.contains('\0') {
+            return Err(Error::other(format!("{name:?} is not an interface name")));
+        }
+        for (to, from) in request.ifr_name.iter_mut().zip(name.bytes()) {
+            *to = from as libc::c_char;
+        }
+        Ok(request)
+    }
+
+    fn socket() -> Result<OwnedFd> {
+        // SAFETY: plain socket(2); the descriptor is owned by the OwnedFd at once.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn ioctl(fd: libc::c_int, request: libc::c_ulong, ifr: &mut libc::ifreq) -> Result<()> {
+        // SAFETY: each request used here reads or writes one `struct ifreq`, which `ifr` is.
+        if unsafe { libc::ioctl(fd, request, ifr as *mut libc::ifreq) } < 0 {
+            return Err(Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// The interface's index in this network namespace, if it exists.
+fn link_index(name: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(name).ok()?;
     // SAFETY: `name` is a valid NUL-terminated string that outlives the call.
-    unsafe { libc::if_nametoindex(name.as_ptr()) != 0 }
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (index != 0).then_some(index)
 }
 
 async fn ip(args: &[&str]) -> Result<(), RuntimeError> {
