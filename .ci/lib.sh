@@ -12,6 +12,11 @@ retry() {
 
 apt_install() {
     retry apt-get update -qq
+    apt_get_install "$@"
+}
+
+# An install on package lists already refreshed.
+apt_get_install() {
     DEBIAN_FRONTEND=noninteractive retry apt-get install -y -qq "$@" >/dev/null
 }
 

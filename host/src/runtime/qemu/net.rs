@@ -105,10 +105,9 @@ mod tap {
             request.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
             ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut request)?;
             // SAFETY: TUNSETPERSIST takes its argument by value; `tun` is an open tun device.
-            if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong) } < 0
-            {
-                return Err(Error::last_os_error());
-            }
+            checked(unsafe {
+                libc::ioctl(tun.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong)
+            })?;
         }
         let socket = socket()?;
         let index = super::link_index(tap).ok_or_else(|| Error::other("the tap is gone"))?;
@@ -138,20 +137,24 @@ mod tap {
 
     fn socket() -> Result<OwnedFd> {
         // SAFETY: plain socket(2); the descriptor is owned by the OwnedFd at once.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(Error::last_os_error());
-        }
+        let fd = checked(unsafe {
+            libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
+        })?;
         // SAFETY: `fd` is a fresh descriptor nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
     fn ioctl(fd: libc::c_int, request: libc::c_ulong, ifr: &mut libc::ifreq) -> Result<()> {
         // SAFETY: each request used here reads or writes one `struct ifreq`, which `ifr` is.
-        if unsafe { libc::ioctl(fd, request, ifr as *mut libc::ifreq) } < 0 {
+        checked(unsafe { libc::ioctl(fd, request, ifr as *mut libc::ifreq) }).map(drop)
+    }
+
+    /// A system call's return value, or the error it left in `errno`.
+    fn checked(returned: libc::c_int) -> Result<libc::c_int> {
+        if returned < 0 {
             return Err(Error::last_os_error());
         }
-        Ok(())
+        Ok(returned)
     }
 }
 

@@ -303,3 +303,44 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::UnixListener;
+
+    /// A QEMU that greets, takes `qmp_capabilities`, powers off (its `SHUTDOWN` event) and exits.
+    async fn qemu_that_powers_off(listener: UnixListener) {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        stream
+            .write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\n")
+            .await
+            .unwrap();
+        let mut asked = [0u8; 256];
+        let _ = stream.read(&mut asked).await.unwrap();
+        stream
+            .write_all(b"{\"return\": {}}\n{\"event\": \"SHUTDOWN\", \"data\": {\"guest\": true, \"reason\": \"guest-shutdown\"}}\n")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn finishing_keeps_the_shutdown_event_qemu_sent_before_it_ended() {
+        let dir = std::env::temp_dir().join(format!("vps-qmp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (socket, record) = (dir.join("qmp.sock"), dir.join("shutdown.json"));
+        let _ = std::fs::remove_file(&socket);
+        let qemu = tokio::spawn(qemu_that_powers_off(UnixListener::bind(&socket).unwrap()));
+
+        let qmp = Qmp::connect(&socket, record.clone())
+            .await
+            .expect("connect");
+        qemu.await.unwrap();
+        // Dropping the connection here instead would abort the reader before it ran.
+        qmp.finish(Duration::from_secs(5)).await;
+        let recorded = std::fs::read_to_string(&record).expect("the SHUTDOWN event was recorded");
+        assert!(recorded.contains("guest-shutdown"), "{recorded}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
