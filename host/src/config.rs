@@ -66,6 +66,8 @@ pub struct HostConfig {
     pub dns_upstream: Option<std::net::SocketAddr>,
     /// The image cache's budget in bytes; none: half the file system holding `image_dir`.
     pub image_cache_max_bytes: Option<u64>,
+    /// How many QEMUs wait started for a memory restore; none: the runtime's default (1).
+    pub restore_slots: Option<usize>,
     /// How the loop is paced: not in the file, tests shorten it.
     pub timings: AgentTimings,
 }
@@ -123,6 +125,7 @@ struct HostTable {
     metrics_listen: Option<String>,
     dns_upstream: Option<String>,
     image_cache_max_bytes: Option<u64>,
+    restore_slots: Option<usize>,
 }
 
 /// Reads and checks a `host.toml`.
@@ -241,6 +244,7 @@ pub fn parse(text: &str, file: &str) -> Result<HostConfig, ConfigError> {
         metrics_listen,
         dns_upstream,
         image_cache_max_bytes: host.image_cache_max_bytes,
+        restore_slots: host.restore_slots,
         timings: AgentTimings::default(),
     })
 }
@@ -333,6 +337,15 @@ mod tests {
         let c = parse(&text, "host.toml").unwrap();
         assert_eq!(c.image_cache_max_bytes, Some(10 << 30));
         let text = format!("{MINIMAL}image_cache_max_bytes = -1\n");
+        assert_eq!(parse(&text, "host.toml").unwrap_err().key, "line 5");
+    }
+
+    #[test]
+    fn restore_slots_are_a_count_or_left_to_the_runtime() {
+        assert_eq!(parse(MINIMAL, "host.toml").unwrap().restore_slots, None);
+        let text = format!("{MINIMAL}restore_slots = 0\n");
+        assert_eq!(parse(&text, "host.toml").unwrap().restore_slots, Some(0));
+        let text = format!("{MINIMAL}restore_slots = -1\n");
         assert_eq!(parse(&text, "host.toml").unwrap_err().key, "line 5");
     }
 

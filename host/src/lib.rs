@@ -54,6 +54,9 @@ pub async fn run(config: HostConfig) -> anyhow::Result<()> {
             if let Some(max) = config.image_cache_max_bytes {
                 qemu.image_cache_max_bytes = max;
             }
+            if let Some(slots) = config.restore_slots {
+                qemu.restore_slots = slots;
+            }
             qemu
         }
     };

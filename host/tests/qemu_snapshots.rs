@@ -76,18 +76,42 @@ fn a_disk_snapshot_of_a_running_guest_restores_its_files_under_a_new_identity() 
 
 #[test]
 fn a_memory_snapshot_restores_a_guest_that_goes_on_without_a_reboot_under_a_new_identity() {
+    memory_restore("memory", Restore::StartsItsQemu);
+}
+
+#[test]
+fn a_memory_restore_into_a_warm_qemu_goes_on_the_same_way_on_its_own_disk_taps_and_directory() {
+    memory_restore("warm", Restore::TakesAWarmQemu);
+}
+
+/// How the restore of `memory_restore` gets its QEMU.
+#[derive(Clone, Copy, PartialEq)]
+enum Restore {
+    /// No slot waits (`restore_slots = 0`): the restore starts QEMU itself.
+    StartsItsQemu,
+    /// The snapshot starts a QEMU of its shape, which the restore takes once it waits (the
+    /// snapshot is kept here too, as the agent does after its upload).
+    TakesAWarmQemu,
+}
+
+/// A memory snapshot of a guest with a counter running, restored as `CLONE`: the counter goes
+/// on, the boot is the same, the identity is the clone's own.
+fn memory_restore(name: &'static str, how: Restore) {
     let bundle = minimal_bundle();
     let pauses = pause_histogram();
     in_netns(move || async move {
-        let env = Env::new("memory", &bundle);
-        let runtime = env.runtime();
+        let env = Env::new(name, &bundle);
+        let mut runtime = env.runtime();
+        if how == Restore::StartsItsQemu {
+            runtime.restore_slots = 0;
+        }
         let source = env.spec(SOURCE, 2);
         runtime.run(&source).await.expect("run");
         // A counter kept by a shell loop: it lives only in the guest's memory and processes.
         let before = env.ssh_until_up(
             SOURCE,
             "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /run/counter; sleep 1; done' \
-               </dev/null >/dev/null 2>&1 & echo $!; \
+               </dev/null >/dev/null 2>&1 & echo $!; echo kept > /data/kept && sync; \
              cat /proc/sys/kernel/random/boot_id /etc/ssh/ssh_host_ed25519_key.pub /etc/machine-id",
         );
         let before: Vec<String> = before.lines().map(str::to_owned).collect();
@@ -125,10 +149,23 @@ fn a_memory_snapshot_restores_a_guest_that_goes_on_without_a_reboot_under_a_new_
         assert_eq!(alive.trim(), "alive");
 
         let clone = env.spec(CLONE, 3);
-        runtime
-            .restore(&clone, &env.source(&files))
-            .await
-            .expect("restore");
+        let from = env.source(&files);
+        if how == Restore::TakesAWarmQemu {
+            runtime.keep_snapshot(&files, &from.sha256).await;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while runtime.warm_restore_slots() == 0 {
+                assert!(Instant::now() < deadline, "no warm QEMU started");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(qemu_pids(&env.state).len(), 2, "the source and the slot");
+        }
+        runtime.restore(&clone, &from).await.expect("restore");
+        let clone_dir = env.state.join("guests").join(CLONE);
+        assert_eq!(
+            clone_dir.join("started-in").exists(),
+            how == Restore::TakesAWarmQemu,
+            "whether the restore's QEMU was started ahead"
+        );
         // It runs from its resume; its identity is taken beside it, its links down till then.
         assert_eq!(state_of(&runtime, CLONE).await, GuestState::Running);
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -167,12 +204,85 @@ fn a_memory_snapshot_restores_a_guest_that_goes_on_without_a_reboot_under_a_new_
         assert!(console.contains("restored: identity 1,"), "{console}");
         env.ssh(SOURCE, "true")
             .expect("the source still answers at its own address");
+        if how == Restore::TakesAWarmQemu {
+            warm_restore_checks(&env, &runtime, &clone).await;
+        }
 
         for id in [SOURCE, CLONE] {
             runtime.delete(id).await.expect("delete");
         }
+        runtime.end_warm_restore_slots().await;
         env.assert_no_qemu();
+        assert_eq!(
+            std::fs::read_dir(env.state.join("warm")).map_or(0, |d| d.count()),
+            0,
+            "no slot's directory is left"
+        );
     });
+}
+
+/// What a restore into a warm QEMU must have besides its memory: its disk and config drive
+/// under the slot's disks, its taps under its own names on the bridge, a QEMU found as its own,
+/// and another slot waiting for the next restore of its shape; a new runtime ends that slot.
+async fn warm_restore_checks(env: &Env, runtime: &Qemu, clone: &GuestSpec) {
+    // Its disk is its own overlay on the snapshot's: it reads the source's file, and what it
+    // writes lands in its overlay and reads back from the disk.
+    let overlay = env.state.join("guests").join(CLONE).join("disk.qcow2");
+    let size = || std::fs::metadata(&overlay).unwrap().len();
+    let before = size();
+    let out = env
+        .ssh(
+            CLONE,
+            "cat /data/kept && head -c 8388608 /dev/urandom > /data/new && sync && \
+             md5sum < /data/new && echo 3 > /proc/sys/vm/drop_caches && md5sum < /data/new",
+        )
+        .expect("the clone's disk");
+    let out: Vec<&str> = out.lines().collect();
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert_eq!(out[0], "kept", "the source's file");
+    assert_eq!(out[1], out[2], "read back from the disk");
+    assert!(
+        size() >= before + (8 << 20),
+        "8 MiB written into the clone's overlay: {before} → {} bytes",
+        size()
+    );
+    // Its tap has the name a boot of it would give it (`vps0…`), on the bridge, up; a slot's
+    // (`vpsw…`) is on none.
+    let on_bridge = run(&["ip", "-o", "link", "show", "master", &clone.nics[0].bridge]);
+    assert_eq!(
+        on_bridge.matches(",UP").count(),
+        2,
+        "the source's and the clone's taps on the bridge, up: {on_bridge}"
+    );
+    assert!(!on_bridge.contains("vpsw"), "{on_bridge}");
+    // Found as the clone's own QEMU.
+    assert!(
+        runtime.cpu_seconds(CLONE).is_some(),
+        "the clone's QEMU is found"
+    );
+    // The next restore of this shape finds a QEMU waiting.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while runtime.warm_restore_slots() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no slot started after the restore"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A new runtime (an agent restarted) ends the slot the old one left, and adopts the rest.
+    assert_eq!(
+        qemu_pids(&env.state).len(),
+        3,
+        "the source, the clone and the slot"
+    );
+    let restarted = env.runtime();
+    let adopted = restarted.adopt().await;
+    assert_eq!(adopted.len(), 2, "{adopted:?}");
+    assert_eq!(qemu_pids(&env.state).len(), 2, "the slot ended");
+    assert!(
+        restarted.cpu_seconds(CLONE).is_some(),
+        "the clone is adopted as running"
+    );
 }
 
 #[test]

@@ -999,6 +999,7 @@ impl Lab {
             metrics_listen: None,
             dns_upstream: None,
             image_cache_max_bytes: None,
+            restore_slots: None,
             timings: AgentTimings {
                 report_interval: Duration::from_millis(300),
                 poll_wait: Duration::from_secs(1),

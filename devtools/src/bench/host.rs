@@ -349,6 +349,7 @@ impl Lab {
                 metrics_listen: None,
                 dns_upstream: None,
                 image_cache_max_bytes: None,
+                restore_slots: None,
                 timings: timings.clone(),
             };
             let host = vps_host::start(config, runtime).await?;

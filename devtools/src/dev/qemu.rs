@@ -80,6 +80,7 @@ pub async fn start(
             metrics_listen: None,
             dns_upstream: None,
             image_cache_max_bytes: None,
+            restore_slots: None,
             timings: Default::default(),
         };
         let runtime = Qemu::new(&config.state_dir, &config.image_dir, config.accel)?;

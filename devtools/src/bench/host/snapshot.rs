@@ -6,11 +6,12 @@
 //!   QMP, copies its disk and resumes it), beside QEMU alone: `stop`, the migration of its
 //!   state to a file, `cont`. Also until the snapshot is `ready`: archived, hashed and
 //!   uploaded to the file store as it streams, checked and settled by the server;
-//! - restore: `sandboxes.create { fromSnapshot }` until `ready` (the agent starts QEMU with an
-//!   incoming migration, loads the state and resumes the guest), beside QEMU alone started with
-//!   `-incoming defer`, loading the same kind of file, and resumed. Also until its host has
-//!   reported it under an identity of its own (`identityRebound`): the guest takes it, then its
-//!   links come up.
+//! - restore: `sandboxes.create { fromSnapshot }` until `ready` (the agent loads the state
+//!   into a QEMU waiting with `-incoming defer`, started ahead for the snapshot's shape when
+//!   it was kept, or started now when none waits, and resumes the guest), beside QEMU alone
+//!   started with `-incoming defer`, loading the same kind of file, and resumed. Also until its
+//!   host has reported it under an identity of its own (`identityRebound`): the guest takes it,
+//!   then its links come up. Each round says which QEMU the restore took.
 //!
 //! The smallest flavor holds 1 GiB; the state QEMU writes is what the guest touched, printed
 //! beside the figures.
@@ -67,7 +68,7 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
     let mut taken = Vec::new();
     let (mut snapshots, mut restores, mut identities) = (Vec::new(), Vec::new(), Vec::new());
     let (mut saves, mut loads) = (Vec::new(), Vec::new());
-    let mut state_bytes = 0;
+    let (mut state_bytes, mut warm) = (0, 0);
     for i in 0..rounds {
         let (asked, started) = (SystemTime::now(), Instant::now());
         let body = json!({ "tenantId": TENANT, "sandboxId": source["id"],
@@ -84,6 +85,9 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
         anyhow::ensure!(restored["state"] == "ready", "restore {i}: {restored}");
         let restore_ms = ms(started.elapsed());
         let instance = restored["instanceId"].as_str().unwrap_or_default();
+        // A QEMU started ahead was moved into the guest's directory and says where from.
+        let warmed = lab.guest_dir(instance).join("started-in").exists();
+        warm += usize::from(warmed);
         rebound(lab, instance).await?;
         let identity_ms = ms(started.elapsed());
         lab.client
@@ -105,8 +109,9 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
             .await?;
         state_bytes = alone.state_bytes;
         println!(
-            "  round {i}: snapshot taken {taken_ms:.0} ms, ready {snapshot_ms:.0} ms (archive {} MiB); restore ready {restore_ms:.0} ms, own identity {identity_ms:.0} ms; QEMU alone: save {:.0} ms, load to running {:.0} ms (state {} MiB)",
+            "  round {i}: snapshot taken {taken_ms:.0} ms, ready {snapshot_ms:.0} ms (archive {} MiB); restore ready {restore_ms:.0} ms ({} QEMU), own identity {identity_ms:.0} ms; QEMU alone: save {:.0} ms, load to running {:.0} ms (state {} MiB)",
             size >> 20,
+            if warmed { "a warm" } else { "its own" },
             alone.save_ms,
             alone.load_ms,
             alone.state_bytes >> 20
@@ -122,6 +127,7 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
     let (restore_p50, identity_p50) = (median(&restores), median(&identities));
     let (save_p50, load_p50) = (median(&saves), median(&loads));
     let over = |p50: f64, baseline: f64| p50 / baseline.max(f64::EPSILON);
+    println!("restores into a QEMU started ahead (warm): {warm} of {rounds}");
     println!(
         "QEMU's own save: p50 {save_p50:.0} ms ({}); its own load to running: p50 {load_p50:.0} ms ({}); target ratio ≤ {TARGET_RATIO}",
         range(&saves),
@@ -171,6 +177,7 @@ pub(super) async fn measure(lab: &Lab, rounds: usize) -> anyhow::Result<Value> {
         "restore_ratio": round(over(restore_p50, load_p50), 2),
         "restore_identity_ratio": round(over(identity_p50, load_p50), 2),
         "state_mib": state_bytes >> 20,
+        "restores_warm": warm,
         "rounds": rounds,
         "accel": lab.accel,
         "target_ratio": TARGET_RATIO,

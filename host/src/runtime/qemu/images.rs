@@ -127,6 +127,16 @@ impl ImageCache {
         Ok((cached, self.pin(&entry)))
     }
 
+    /// The image of digest `sha256` if the cache holds it, without fetching or pinning it: for
+    /// a QEMU that reads its files only as it starts (a warm restore slot).
+    pub fn cached_image(&self, sha256: &str, format: &str) -> Option<Cached> {
+        let digest = sha256.to_ascii_lowercase();
+        if !is_digest(&digest) {
+            return None;
+        }
+        cached(&Entry::Image(digest).dir(&self.dir), format)
+    }
+
     /// The checked, unpacked snapshot archive of `from`, downloading it first if needed,
     /// pinned until the [`Pin`] is dropped.
     pub async fn snapshot(&self, from: &RestoreSource) -> Result<(PathBuf, Pin), RuntimeError> {

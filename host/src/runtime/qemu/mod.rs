@@ -11,7 +11,7 @@
 //! `snapshots` (snapshot archives and restores: read its docs for the design), `policy` (a
 //! guest's network policy in nftables and tc), `allow` (which allow-list entries are names),
 //! `dns` (the resolver for the domains of a policy's allow-list), `volumes` (the volume
-//! store).
+//! store), `warm` (QEMUs started ahead of memory restores).
 
 pub mod accel;
 pub mod allow;
@@ -26,6 +26,7 @@ mod qmp;
 mod snapshots;
 mod tool;
 mod volumes;
+mod warm;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -85,6 +86,9 @@ pub struct Qemu {
     /// The image cache's budget (`image_cache_max_bytes`): past it, entries no guest here
     /// needs go, least recently used first.
     pub image_cache_max_bytes: u64,
+    /// How many QEMUs wait started for a memory restore (`restore_slots`; see `warm`).
+    pub restore_slots: usize,
+    warm: Arc<warm::WarmSlots>,
 }
 
 /// One guest: its directory, the lock that serialises operations on it, and what is known
@@ -184,6 +188,7 @@ impl Qemu {
             Accel::Auto => tokio::sync::OnceCell::new_with(remembered_accel(&state_dir)),
         };
         let image_cache_max_bytes = images::default_budget(&image_dir);
+        let warm = Arc::new(warm::WarmSlots::new(state_dir.join("warm")));
         Ok(Qemu {
             volume_store: VolumeStore(state_dir.join("volumes")),
             volume_lock: tokio::sync::Mutex::new(()),
@@ -204,6 +209,8 @@ impl Qemu {
             migration_timeout: Duration::from_secs(300),
             identity_timeout: Duration::from_secs(60),
             image_cache_max_bytes,
+            restore_slots: 1,
+            warm,
         })
     }
 
@@ -489,8 +496,14 @@ impl Qemu {
             std::fs::create_dir_all(sockets)
                 .map_err(|e| RuntimeError(format!("cannot make {}: {e}", sockets.display())))?;
         }
-        let previous = lock(&slot.record).clone().or_else(|| read_record(dir));
         let memory = restore.filter(|r| r.manifest.include_memory);
+        let chosen = self.chosen_accel().await;
+        // A memory restore takes a QEMU started ahead when one of its shape waits: it moves
+        // into the (empty) directory now, and ends if this boot fails before it is attached.
+        let shape = memory.and(warm::Shape::of(spec, chosen));
+        let warm = shape.as_ref().and_then(|s| self.warm.take(s, dir));
+        let warm_taps = warm.as_ref().map(|w| w.taps.clone()).unwrap_or_default();
+        let previous = lock(&slot.record).clone().or_else(|| read_record(dir));
         let record = GuestRecord {
             identity_generation: match restore {
                 Some(r) => r.manifest.identity_generation + 1,
@@ -531,7 +544,6 @@ impl Qemu {
         // Pinned until QEMU has opened it; the record written above keeps it from then on.
         let (image, _pin) = self.images.get(&spec.image).await?;
         self.prune_cache().await;
-        let chosen = self.chosen_accel().await;
         if chosen == Chosen::Kvm {
             std::fs::OpenOptions::new()
                 .read(true)
@@ -595,7 +607,10 @@ impl Qemu {
             .map_err(|e| RuntimeError(format!("config drive: {e}")))?
         };
         let taps = async {
-            for (nic, nic_record) in spec.nics.iter().zip(&record.nics) {
+            for (i, (nic, nic_record)) in spec.nics.iter().zip(&record.nics).enumerate() {
+                if let Some(made) = warm_taps.get(i) {
+                    net::rename_tap(made, &nic_record.tap).await?;
+                }
                 net::ensure_tap(&nic_record.tap, nic).await?;
             }
             Ok::<(), RuntimeError>(())
@@ -614,7 +629,22 @@ impl Qemu {
         // A boot takes the config drive's identity in its `/init`.
         let _ = std::fs::remove_file(dir.identity_pending());
         let started = Instant::now();
-        let spawn = process::spawn(&self.qemu_binary, &args, dir, self.start_timeout);
+        let warmed = warm.is_some();
+        let spawn = async {
+            let (qmp, pid) = match warm {
+                Some(slot) => warm::attach(slot).await?,
+                None => process::spawn(&self.qemu_binary, &args, dir, self.start_timeout).await?,
+            };
+            tracing::info!(pid, accel = %chosen, restore = restore.is_some(), warmed, "guest started");
+            if let Some(memory) = memory {
+                if let Err(error) = self.resume_restored(&qmp, &record, memory, dir).await {
+                    drop(qmp);
+                    process::kill(pid, dir).await;
+                    return Err(error);
+                }
+            }
+            Ok((qmp, pid))
+        };
         let network = async {
             let applied = self.apply_network(&record, dir).await;
             tracing::info!(
@@ -625,8 +655,9 @@ impl Qemu {
             applied
         };
         let (network, spawned) = if memory.is_some() {
-            // Its QEMU waits paused for the state, and the guest then runs with its links down
-            // until it has its identity: nothing of it reaches its taps before the rules do.
+            // Its QEMU loads the state, and the guest then runs with its links down until it
+            // has its identity, which waits for this boot to end: nothing of it reaches its
+            // taps before the rules do, and they are made while it loads.
             let (network, spawned) = tokio::join!(network, spawn);
             (network, Some(spawned))
         } else {
@@ -661,22 +692,37 @@ impl Qemu {
                 });
             }
         };
-        tracing::info!(pid, accel = %chosen, restore = restore.is_some(), "guest started");
-        if let Some(memory) = memory {
-            if let Err(error) = self.resume_restored(&qmp, &record, memory, dir).await {
-                drop(qmp);
-                process::kill(pid, dir).await;
-                let _ = std::fs::remove_file(dir.disk());
-                return Err(error);
-            }
-        }
         live.qmp = Some(qmp);
         live.pid = Some(pid);
         *lock(&slot.last) = GuestState::Running;
         if memory.is_none() {
             tokio::spawn(watch_boot(dir.clone(), pid, started, self.boot_deadline));
         }
+        if let Some(shape) = shape {
+            let how = if warmed { "warm" } else { "started" };
+            metrics::counter!("vps_host_memory_restores_total", "qemu" => how).increment(1);
+            // Another restore of this shape (the rest of a fork) is likely: one waits for it.
+            self.fill_warm(shape, image);
+        }
         Ok(())
+    }
+
+    /// How many QEMUs wait started for a memory restore (see `warm`).
+    pub fn warm_restore_slots(&self) -> usize {
+        self.warm.waiting()
+    }
+
+    /// Ends the QEMUs waiting for a memory restore, and those starting once started: they
+    /// would otherwise run until this runtime is dropped.
+    pub async fn end_warm_restore_slots(&self) {
+        self.warm.clear(self.start_timeout).await;
+    }
+
+    /// Starts a warm restore slot of `shape` in the background (see `warm`).
+    fn fill_warm(&self, shape: warm::Shape, image: Cached) {
+        let (slots, qemu) = (self.warm.clone(), self.qemu_binary.clone());
+        let (max, timeout) = (self.restore_slots, self.start_timeout);
+        tokio::spawn(async move { slots.fill(&qemu, shape, image, max, timeout).await });
     }
 
     /// Loads a memory snapshot into a QEMU started with `-incoming defer`, and resumes it
@@ -844,6 +890,11 @@ impl Qemu {
                 .clone(),
         };
         snapshots::write_manifest(work, &manifest)?;
+        // A restore of it (or a fork) is likely next: a QEMU of its shape starts while the
+        // archive uploads.
+        if let Some((shape, image)) = self.shape_of_source(&manifest) {
+            self.fill_warm(shape, image);
+        }
         let mut files = SnapshotFiles {
             dir: work.to_owned(),
             names: snapshots::archive_names(include_memory),
@@ -1237,6 +1288,28 @@ impl Qemu {
         Ok(())
     }
 
+    /// The shape of a restore of the memory snapshot `manifest` describes, taken of a guest
+    /// here, and its image; none when the image is not cached or the source is gone.
+    fn shape_of_source(&self, manifest: &Manifest) -> Option<(warm::Shape, Cached)> {
+        if !manifest.include_memory {
+            return None;
+        }
+        let source = self.existing_slot(&manifest.source)?;
+        let nics = lock(&source.record).as_ref()?.nics.len();
+        let image = self
+            .images
+            .cached_image(&manifest.image_sha256, &manifest.image_format)?;
+        let shape = warm::Shape {
+            image_sha256: manifest.image_sha256.to_ascii_lowercase(),
+            image_format: manifest.image_format.clone(),
+            vcpus: manifest.vcpus.max(1),
+            memory_mib: manifest.memory_mib,
+            nics,
+            accel: self.accel()?,
+        };
+        Some((shape, image))
+    }
+
     /// Bounds the image cache to `image_cache_max_bytes`, keeping what guests here need.
     async fn prune_cache(&self) {
         self.images
@@ -1276,6 +1349,8 @@ impl Runtime for Qemu {
     }
 
     async fn adopt(&self) -> Vec<Observed> {
+        // Slots an earlier runtime left: their QEMUs never ran a guest.
+        self.warm.clear(Duration::ZERO).await;
         let guests_dir = self.state_dir.join("guests");
         let mut ids: Vec<String> = std::fs::read_dir(&guests_dir)
             .into_iter()
@@ -1515,24 +1590,62 @@ fn qemu_args(
     volume_store: &VolumeStore,
 ) -> Vec<String> {
     let path = |p: PathBuf| p.to_string_lossy().into_owned();
-    // Bundles boot directly on microvm (virtio-mmio); a disk image needs firmware and PCI.
-    let (machine, blk, nic) = match image {
+    let (_, blk, _) = devices(image);
+    let mut args = machine_args(&spec.id, spec.vcpus, spec.memory_mib, image, accel, dir);
+    args.extend([
+        "-drive".into(),
+        format!(
+            "file={},if=none,id=root,format=qcow2,discard=unmap",
+            path(dir.disk())
+        ),
+        "-device".into(),
+        format!("{blk},drive=root,serial=vps-root"),
+        "-drive".into(),
+        format!(
+            "file={},if=none,id=config,format=raw,readonly=on",
+            path(dir.config_drive())
+        ),
+        "-device".into(),
+        format!("{blk},drive=config,serial=vps-config"),
+    ]);
+    args.extend(volumes::qemu_args(volume_store, &record.volumes, blk));
+    let nics = record.nics.iter().map(|n| (n.tap.as_str(), n.mac.as_str()));
+    args.extend(nic_args(image, nics));
+    args
+}
+
+/// The machine, the QEMU device models of its disks and of its NICs: bundles boot directly on
+/// microvm (virtio-mmio); a disk image needs firmware and PCI.
+fn devices(image: &Cached) -> (&'static str, &'static str, &'static str) {
+    match image {
         Cached::Bundle { .. } => ("microvm", "virtio-blk-device", "virtio-net-device"),
         Cached::Qcow2 { .. } => ("q35", "virtio-blk-pci", "virtio-net-pci"),
-    };
-    let volume_args = volumes::qemu_args(volume_store, &record.volumes, blk);
+    }
+}
+
+/// Everything of a QEMU command line but its disks and NICs: the machine, its console, QMP
+/// socket and pid file under `dir`, and a bundle's kernel.
+fn machine_args(
+    name: &str,
+    vcpus: u32,
+    memory_mib: u64,
+    image: &Cached,
+    accel: Chosen,
+    dir: &GuestDir,
+) -> Vec<String> {
+    let path = |p: PathBuf| p.to_string_lossy().into_owned();
     let mut args: Vec<String> = vec![
         "-name".into(),
-        format!("guest={}", spec.id),
+        format!("guest={name}"),
         "-M".into(),
-        machine.into(),
+        devices(image).0.into(),
     ];
     args.extend(accel.args().map(String::from));
     args.extend([
         "-smp".into(),
-        spec.vcpus.max(1).to_string(),
+        vcpus.max(1).to_string(),
         "-m".into(),
-        format!("{}M", spec.memory_mib),
+        format!("{memory_mib}M"),
         "-nodefaults".into(),
         "-no-user-config".into(),
         "-nographic".into(),
@@ -1556,32 +1669,19 @@ fn qemu_args(
             config_drive::KERNEL_CMDLINE.into(),
         ]);
     }
-    args.extend([
-        "-drive".into(),
-        format!(
-            "file={},if=none,id=root,format=qcow2,discard=unmap",
-            path(dir.disk())
-        ),
-        "-device".into(),
-        format!("{blk},drive=root,serial=vps-root"),
-        "-drive".into(),
-        format!(
-            "file={},if=none,id=config,format=raw,readonly=on",
-            path(dir.config_drive())
-        ),
-        "-device".into(),
-        format!("{blk},drive=config,serial=vps-config"),
-    ]);
-    args.extend(volume_args);
-    for (i, nic_record) in record.nics.iter().enumerate() {
+    args
+}
+
+/// One tap netdev `net{i}` and its NIC per `(tap, mac)`.
+fn nic_args<'a>(image: &Cached, nics: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<String> {
+    let nic = devices(image).2;
+    let mut args = Vec::new();
+    for (i, (tap, mac)) in nics.enumerate() {
         args.extend([
             "-netdev".into(),
-            format!(
-                "tap,id=net{i},ifname={},script=no,downscript=no",
-                nic_record.tap
-            ),
+            format!("tap,id=net{i},ifname={tap},script=no,downscript=no"),
             "-device".into(),
-            format!("{nic},netdev=net{i},mac={}", nic_record.mac),
+            format!("{nic},netdev=net{i},mac={mac}"),
         ]);
     }
     args

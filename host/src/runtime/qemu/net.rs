@@ -32,6 +32,14 @@ pub async fn ensure_tap(tap: &str, nic: &NicSpec) -> Result<(), RuntimeError> {
     }
 }
 
+/// Gives the tap a warm QEMU opened (`from`, down and on no bridge) the name `to` of the
+/// guest that takes that QEMU; a leftover `to` (a failed start of that guest) goes first. QEMU
+/// holds the tap by its file descriptor, not its name.
+pub async fn rename_tap(from: &str, to: &str) -> Result<(), RuntimeError> {
+    remove_tap(to).await?;
+    tap::rename(from, to).map_err(|e| RuntimeError(format!("renaming tap {from} to {to}: {e}")))
+}
+
 /// Removes a tap; a tap that does not exist is not an error.
 pub async fn remove_tap(tap: &str) -> Result<(), RuntimeError> {
     if link_exists(tap) {
@@ -121,6 +129,15 @@ mod tap {
         // SAFETY: SIOCGIFFLAGS has just filled in the flags member of the union.
         unsafe { request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
         ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &mut request)
+    }
+
+    /// Renames a tap that is down (the kernel refuses to rename an interface that is up).
+    pub fn rename(from: &str, to: &str) -> Result<()> {
+        let socket = socket()?;
+        let mut request = ifreq(from)?;
+        let new_name = ifreq(to)?.ifr_name;
+        request.ifr_ifru.ifru_newname = new_name;
+        ioctl(socket.as_raw_fd(), libc::SIOCSIFNAME, &mut request)
     }
 
     fn ifreq(name: &str) -> Result<libc::ifreq> {

@@ -97,6 +97,18 @@ impl GuestDir {
     pub fn started_at(&self) -> PathBuf {
         self.0.join("started-at")
     }
+    /// Present when the running QEMU was started in another directory (a warm restore slot,
+    /// renamed to this one since): that directory's path, which its command line names.
+    pub fn started_in(&self) -> PathBuf {
+        self.0.join("started-in")
+    }
+    /// The directory the running QEMU was started in: this one, unless `started-in` says.
+    pub fn origin(&self) -> GuestDir {
+        match std::fs::read_to_string(self.started_in()) {
+            Ok(path) if !path.trim().is_empty() => GuestDir(PathBuf::from(path.trim())),
+            _ => self.clone(),
+        }
+    }
 }
 
 /// Starts QEMU with `args` for the guest in `dir`, detached, and returns its negotiated QMP
@@ -115,6 +127,7 @@ pub async fn spawn(
         dir.pid(),
         dir.wrapper_pid(),
         dir.qmp(),
+        dir.started_in(),
     ] {
         let _ = std::fs::remove_file(stale);
     }
@@ -199,7 +212,7 @@ fn read_pid(dir: &GuestDir) -> Option<i32> {
 }
 
 /// Whether `pid` is a running (not zombie) process whose command line names the guest's
-/// directory: a recycled pid never passes.
+/// directory (the one it was started in): a recycled pid never passes.
 pub fn is_alive(pid: i32, dir: &GuestDir) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
@@ -214,7 +227,7 @@ pub fn is_alive(pid: i32, dir: &GuestDir) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
-    let needle = dir.qmp();
+    let needle = dir.origin().qmp();
     let needle = needle.to_string_lossy();
     String::from_utf8_lossy(&cmdline).contains(needle.as_ref())
 }
@@ -298,7 +311,8 @@ fn wrapper_alive(dir: &GuestDir) -> bool {
     let zombie = stat
         .rsplit_once(')')
         .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
-    !zombie && String::from_utf8_lossy(&cmdline).contains(dir.script().to_string_lossy().as_ref())
+    let script = dir.origin().script();
+    !zombie && String::from_utf8_lossy(&cmdline).contains(script.to_string_lossy().as_ref())
 }
 
 /// What a guest with no live QEMU is: `Stopped` when it was never started, when the runtime

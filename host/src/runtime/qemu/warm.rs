@@ -1,0 +1,336 @@
+//! Warm restore slots: QEMUs started ahead of a memory restore, so that a restore does not
+//! wait for one to start (about 40 ms under TCG, a fifth of loading a small guest).
+//!
+//! A memory restore needs a QEMU with its snapshot's machine, CPU model, memory, vCPUs and
+//! devices, waiting with `-incoming defer`. Of what it is started with, only the files under
+//! its disks, its taps and its directory belong to the guest it becomes, so a slot is started
+//! with stand-ins for those:
+//! - its disks are `raw` nodes over empty `null-co` nodes; a restore opens the guest's overlay
+//!   and config drive (`blockdev-add`) and puts them under those nodes (`blockdev-reopen`),
+//!   before the state loads;
+//! - QEMU makes its taps under slot names (down, on no bridge, gone when it ends); a restore
+//!   renames them to the guest's and attaches them as a boot does;
+//! - its directory `<state_dir>/warm/<name>` is renamed to the guest's: QEMU keeps its console
+//!   log, QMP socket and pid file open across that, and `started-in` names the directory its
+//!   command line holds, which is how `process` knows the process is the guest's.
+//!
+//! A slot is started for the shape of each memory snapshot taken here, while its archive
+//! uploads (a restore or a fork is likely next), and for the shape of each memory restore once
+//! it runs (a fork makes several).
+//! `restore_slots` bounds how many wait; past it the oldest goes. A waiting slot is an idle
+//! QEMU whose guest never ran. Slots are not guests: they end with the runtime, and a new
+//! runtime ends any left over. A restore with volumes starts its QEMU itself.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::images::Cached;
+use super::process::{self, GuestDir};
+use super::qmp::Qmp;
+use super::{lock, Chosen};
+use crate::runtime::{GuestSpec, RuntimeError};
+
+/// What a memory restore needs of its QEMU, and all a slot is started from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub image_sha256: String,
+    pub image_format: String,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub nics: usize,
+    pub accel: Chosen,
+}
+
+impl Shape {
+    /// The shape a restore of `spec` needs; none when a slot cannot serve it (volumes).
+    pub fn of(spec: &GuestSpec, accel: Chosen) -> Option<Shape> {
+        spec.volumes.is_empty().then(|| Shape {
+            image_sha256: spec.image.sha256.to_ascii_lowercase(),
+            image_format: spec.image.format.clone(),
+            vcpus: spec.vcpus.max(1),
+            memory_mib: spec.memory_mib,
+            nics: spec.nics.len(),
+            accel,
+        })
+    }
+}
+
+/// A started slot: its QEMU waits in `dir` for a state to load. Dropped before it runs a
+/// guest (evicted, its runtime gone, its restore failed), it ends that QEMU.
+pub struct WarmQemu {
+    dir: GuestDir,
+    /// 0 once the QEMU is a guest's.
+    pid: i32,
+    /// The taps QEMU made, NIC by NIC.
+    pub taps: Vec<String>,
+    shape: Shape,
+    /// Moved to a guest's directory, which is not the slot's to remove.
+    taken: bool,
+}
+
+impl Drop for WarmQemu {
+    fn drop(&mut self) {
+        if self.pid != 0 {
+            process::signal(self.pid, &self.dir, libc::SIGKILL);
+            metrics::counter!("vps_host_warm_restore_slots_ended_total").increment(1);
+        }
+        if !self.taken {
+            let _ = std::fs::remove_dir_all(&self.dir.0);
+        }
+    }
+}
+
+/// The slots waiting, under `<state_dir>/warm`.
+pub struct WarmSlots {
+    root: PathBuf,
+    waiting: Mutex<Vec<WarmQemu>>,
+    /// Shapes whose slot is starting now: a second start of one makes none.
+    starting: Mutex<Vec<Shape>>,
+}
+
+impl WarmSlots {
+    pub fn new(root: PathBuf) -> WarmSlots {
+        WarmSlots {
+            root,
+            waiting: Mutex::default(),
+            starting: Mutex::default(),
+        }
+    }
+
+    /// The waiting slot of `shape`, moved to the guest directory `dir` (which must not exist,
+    /// or be empty, and hold its QMP socket itself); none if there is none or it cannot move.
+    pub fn take(&self, shape: &Shape, dir: &GuestDir) -> Option<WarmQemu> {
+        if !dir.qmp().starts_with(&dir.0) {
+            return None;
+        }
+        let mut slot = {
+            let mut waiting = lock(&self.waiting);
+            // Its socket moves with it only when it lies in the slot's directory.
+            let at = waiting
+                .iter()
+                .position(|s| &s.shape == shape && s.dir.qmp().starts_with(&s.dir.0))?;
+            waiting.remove(at)
+        };
+        metrics::gauge!("vps_host_warm_restore_slots").decrement(1.0);
+        if !process::is_alive(slot.pid, &slot.dir) {
+            tracing::warn!(slot = %slot.dir.0.display(), "a warm restore slot had ended");
+            return None;
+        }
+        if let Some(parent) = dir.0.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        if let Err(error) = std::fs::rename(&slot.dir.0, &dir.0) {
+            // A leftover of an earlier attempt: the slot waits on for another restore.
+            tracing::debug!(%error, dir = %dir.0.display(), "the warm slot cannot move there");
+            metrics::gauge!("vps_host_warm_restore_slots").increment(1.0);
+            lock(&self.waiting).push(slot);
+            return None;
+        }
+        slot.dir = dir.clone();
+        slot.taken = true;
+        Some(slot)
+    }
+
+    /// Starts a slot of `shape` unless one waits or starts already; ends the oldest past
+    /// `max`. Failures are logged: a restore without a slot starts its own QEMU.
+    pub async fn fill(
+        &self,
+        qemu: &Path,
+        shape: Shape,
+        image: Cached,
+        max: usize,
+        timeout: Duration,
+    ) {
+        if max == 0 || lock(&self.waiting).iter().any(|s| s.shape == shape) {
+            return;
+        }
+        {
+            let mut starting = lock(&self.starting);
+            if starting.contains(&shape) {
+                return;
+            }
+            starting.push(shape.clone());
+        }
+        let started = self.start(qemu, &shape, &image, timeout).await;
+        lock(&self.starting).retain(|s| s != &shape);
+        let slot = match started {
+            Ok(slot) => slot,
+            Err(error) => {
+                tracing::warn!(error = %error.0, "no warm restore slot");
+                return;
+            }
+        };
+        tracing::info!(slot = %slot.dir.0.display(), pid = slot.pid, "warm restore slot waiting");
+        metrics::gauge!("vps_host_warm_restore_slots").increment(1.0);
+        let evicted: Vec<WarmQemu> = {
+            let mut waiting = lock(&self.waiting);
+            waiting.push(slot);
+            let over = waiting.len().saturating_sub(max);
+            waiting.drain(..over).collect()
+        };
+        metrics::gauge!("vps_host_warm_restore_slots").decrement(evicted.len() as f64);
+    }
+
+    async fn start(
+        &self,
+        qemu: &Path,
+        shape: &Shape,
+        image: &Cached,
+        timeout: Duration,
+    ) -> Result<WarmQemu, RuntimeError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "{}-{}-{}",
+            process::unix_ms(),
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = GuestDir(self.root.join(&name));
+        std::fs::create_dir_all(&dir.0)
+            .map_err(|e| RuntimeError(format!("cannot make {}: {e}", dir.0.display())))?;
+        let digest = data_encoding::HEXLOWER.encode(&Sha256::digest(name.as_bytes()));
+        let taps: Vec<String> = (0..shape.nics)
+            .map(|i| format!("vpsw{}{}", i % 10, &digest[..10]))
+            .collect();
+        let args = qemu_args(shape, image, &dir, &taps);
+        match process::spawn(qemu, &args, &dir, timeout).await {
+            // The restore connects again, from the guest's directory.
+            Ok((qmp, pid)) => {
+                drop(qmp);
+                let slot = WarmQemu {
+                    dir,
+                    pid,
+                    taps,
+                    shape: shape.clone(),
+                    taken: false,
+                };
+                // Moved to a guest's directory, it says where its command line points.
+                let path = slot.dir.0.to_string_lossy().into_owned();
+                std::fs::write(slot.dir.started_in(), path).map_err(|e| {
+                    RuntimeError(format!("{}: {e}", slot.dir.started_in().display()))
+                })?;
+                Ok(slot)
+            }
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&dir.0);
+                Err(error)
+            }
+        }
+    }
+
+    /// How many slots wait.
+    pub fn waiting(&self) -> usize {
+        lock(&self.waiting).len()
+    }
+
+    /// Ends every slot: those starting (once started, within `timeout`), those waiting, and
+    /// any an earlier runtime left in `<state_dir>/warm`.
+    pub async fn clear(&self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !lock(&self.starting).is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let waiting: Vec<WarmQemu> = lock(&self.waiting).drain(..).collect();
+        metrics::gauge!("vps_host_warm_restore_slots").decrement(waiting.len() as f64);
+        for slot in &waiting {
+            process::kill(slot.pid, &slot.dir).await;
+        }
+        drop(waiting);
+        let leftovers = std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten();
+        for item in leftovers {
+            let dir = GuestDir(item.path());
+            if let Some(pid) = process::live_pid(&dir) {
+                process::kill(pid, &dir).await;
+            }
+            let _ = std::fs::remove_dir_all(&dir.0);
+        }
+    }
+}
+
+/// A slot's command line: a boot's, with stand-ins for its disks and its own taps (any MAC
+/// does: the guest takes its own from the config drive with its new identity).
+fn qemu_args(shape: &Shape, image: &Cached, dir: &GuestDir, taps: &[String]) -> Vec<String> {
+    let name = dir.0.file_name().unwrap_or_default().to_string_lossy();
+    let blk = super::devices(image).1;
+    let mut args = super::machine_args(
+        &format!("warm-{name}"),
+        shape.vcpus,
+        shape.memory_mib,
+        image,
+        shape.accel,
+        dir,
+    );
+    for (node, serial, read_only) in [("root", "vps-root", "off"), ("config", "vps-config", "on")] {
+        args.extend([
+            "-blockdev".into(),
+            format!("driver=null-co,node-name={node}-empty,size=1048576,read-only={read_only}"),
+            "-blockdev".into(),
+            format!("driver=raw,node-name={node},file={node}-empty,read-only={read_only}"),
+            "-device".into(),
+            format!("{blk},drive={node},serial={serial}"),
+        ]);
+    }
+    let macs: Vec<String> = (0..taps.len())
+        .map(|i| format!("52:54:00:00:00:{:02x}", i % 256))
+        .collect();
+    let nics = taps
+        .iter()
+        .map(String::as_str)
+        .zip(macs.iter().map(String::as_str));
+    args.extend(super::nic_args(image, nics));
+    args.extend(["-incoming".into(), "defer".into()]);
+    args
+}
+
+/// Puts the guest's overlay and config drive (in its directory, where the slot now is) under
+/// the slot's disk nodes, and connects to its QMP socket there: the QEMU is the guest's from
+/// here. On failure the slot's QEMU is ended.
+pub async fn attach(mut slot: WarmQemu) -> Result<(Qmp, i32), RuntimeError> {
+    let dir = slot.dir.clone();
+    let attached = async {
+        let qmp = Qmp::connect(&dir.qmp(), dir.shutdown_event())
+            .await
+            .map_err(|e| RuntimeError(format!("the warm slot's QMP: {e}")))?;
+        let file = |path: PathBuf, read_only: bool| {
+            json!({ "driver": "file", "filename": path.to_string_lossy(),
+                    "read-only": read_only, "discard": "unmap" })
+        };
+        let root = json!({ "driver": "qcow2", "node-name": "root-image", "discard": "unmap",
+                           "file": file(dir.disk(), false) });
+        let mut config = file(dir.config_drive(), true);
+        config["node-name"] = "config-image".into();
+        let steps = [
+            ("blockdev-add", root),
+            ("blockdev-add", config),
+            (
+                "blockdev-reopen",
+                json!({ "options": [
+                    { "driver": "raw", "node-name": "root", "file": "root-image",
+                      "discard": "unmap" },
+                    { "driver": "raw", "node-name": "config", "file": "config-image",
+                      "read-only": true },
+                ] }),
+            ),
+            ("blockdev-del", json!({ "node-name": "root-empty" })),
+            ("blockdev-del", json!({ "node-name": "config-empty" })),
+        ];
+        for (command, arguments) in steps {
+            qmp.execute(command, Some(arguments))
+                .await
+                .map_err(|e| RuntimeError(format!("the warm slot's {command}: {e}")))?;
+        }
+        Ok(qmp)
+    }
+    .await;
+    let qmp = attached?;
+    let pid = std::mem::take(&mut slot.pid);
+    Ok((qmp, pid))
+}
