@@ -615,11 +615,40 @@ impl Qemu {
             }
             Ok::<(), RuntimeError>(())
         };
-        let (disk, drive, taps) = tokio::join!(disk, drive, taps);
-        disk?;
-        drive?;
-        taps?;
-        let made_ms = preparing.elapsed().as_millis() as u64;
+        // A QEMU started ahead loads the state meanwhile: its disks take the guest's files
+        // only once they are made, before it runs. A failure below drops it, which ends it.
+        let warmed = warm.is_some();
+        let loading = async {
+            let (Some(slot), Some(memory)) = (warm, memory) else {
+                return Ok(None);
+            };
+            let qmp = warm::connect(&slot).await?;
+            let state = memory.dir.join("memory.state");
+            let loaded = snapshots::load_memory(&qmp, &state, self.migration_timeout).await?;
+            Ok::<_, RuntimeError>(Some((qmp, slot, loaded)))
+        };
+        let made = async {
+            let (disk, drive, taps) = tokio::join!(disk, drive, taps);
+            disk?;
+            drive?;
+            taps?;
+            let made_ms = preparing.elapsed().as_millis() as u64;
+            // Its rules are made while it loads, too (see `network` below for why that holds).
+            let network = match warmed {
+                true => Some(self.apply_network(&record, dir).await),
+                false => None,
+            };
+            Ok::<_, RuntimeError>((made_ms, network))
+        };
+        let (loaded, made) = tokio::join!(loading, made);
+        let (made_ms, network_applied) = made?;
+        let loaded = match loaded {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                let _ = std::fs::remove_file(dir.disk());
+                return Err(error);
+            }
+        };
 
         let mut args = qemu_args(spec, &record, &image, chosen, dir, &self.volume_store);
         if memory.is_some() {
@@ -629,15 +658,22 @@ impl Qemu {
         // A boot takes the config drive's identity in its `/init`.
         let _ = std::fs::remove_file(dir.identity_pending());
         let started = Instant::now();
-        let warmed = warm.is_some();
         let spawn = async {
-            let (qmp, pid) = match warm {
-                Some(slot) => warm::attach(slot).await?,
-                None => process::spawn(&self.qemu_binary, &args, dir, self.start_timeout).await?,
+            let (qmp, pid, loaded) = match loaded {
+                Some((qmp, slot, loaded)) => {
+                    warm::attach_disks(&qmp, dir).await?;
+                    (qmp, slot.into_guest(), Some(loaded))
+                }
+                None => {
+                    let (qmp, pid) =
+                        process::spawn(&self.qemu_binary, &args, dir, self.start_timeout).await?;
+                    (qmp, pid, None)
+                }
             };
             tracing::info!(pid, accel = %chosen, restore = restore.is_some(), warmed, "guest started");
             if let Some(memory) = memory {
-                if let Err(error) = self.resume_restored(&qmp, &record, memory, dir).await {
+                let resumed = self.resume_restored(&qmp, &record, memory, dir, loaded);
+                if let Err(error) = resumed.await {
                     drop(qmp);
                     process::kill(pid, dir).await;
                     return Err(error);
@@ -646,7 +682,10 @@ impl Qemu {
             Ok((qmp, pid))
         };
         let network = async {
-            let applied = self.apply_network(&record, dir).await;
+            let applied = match network_applied {
+                Some(applied) => applied,
+                None => self.apply_network(&record, dir).await,
+            };
             tracing::info!(
                 made_ms,
                 prepared_ms = preparing.elapsed().as_millis() as u64,
@@ -733,13 +772,15 @@ impl Qemu {
         record: &GuestRecord,
         restore: &Restoring,
         dir: &GuestDir,
+        loaded: Option<Duration>,
     ) -> Result<(), RuntimeError> {
-        let loaded = snapshots::load_memory(
-            qmp,
-            &restore.dir.join("memory.state"),
-            self.migration_timeout,
-        )
-        .await?;
+        let loaded = match loaded {
+            Some(loaded) => loaded,
+            None => {
+                let state = restore.dir.join("memory.state");
+                snapshots::load_memory(qmp, &state, self.migration_timeout).await?
+            }
+        };
         metrics::histogram!("vps_host_restore_load_seconds").record(loaded.as_secs_f64());
         // The guest was saved paused, so it stays paused once loaded.
         let qmp_error = |e: qmp::QmpError| RuntimeError(format!("resuming the restore: {e}"));

@@ -290,47 +290,50 @@ fn qemu_args(shape: &Shape, image: &Cached, dir: &GuestDir, taps: &[String]) -> 
     args
 }
 
-/// Puts the guest's overlay and config drive (in its directory, where the slot now is) under
-/// the slot's disk nodes, and connects to its QMP socket there: the QEMU is the guest's from
-/// here. On failure the slot's QEMU is ended.
-pub async fn attach(mut slot: WarmQemu) -> Result<(Qmp, i32), RuntimeError> {
-    let dir = slot.dir.clone();
-    let attached = async {
-        let qmp = Qmp::connect(&dir.qmp(), dir.shutdown_event())
-            .await
-            .map_err(|e| RuntimeError(format!("the warm slot's QMP: {e}")))?;
-        let file = |path: PathBuf, read_only: bool| {
-            json!({ "driver": "file", "filename": path.to_string_lossy(),
-                    "read-only": read_only, "discard": "unmap" })
-        };
-        let root = json!({ "driver": "qcow2", "node-name": "root-image", "discard": "unmap",
-                           "file": file(dir.disk(), false) });
-        let mut config = file(dir.config_drive(), true);
-        config["node-name"] = "config-image".into();
-        let steps = [
-            ("blockdev-add", root),
-            ("blockdev-add", config),
-            (
-                "blockdev-reopen",
-                json!({ "options": [
-                    { "driver": "raw", "node-name": "root", "file": "root-image",
-                      "discard": "unmap" },
-                    { "driver": "raw", "node-name": "config", "file": "config-image",
-                      "read-only": true },
-                ] }),
-            ),
-            ("blockdev-del", json!({ "node-name": "root-empty" })),
-            ("blockdev-del", json!({ "node-name": "config-empty" })),
-        ];
-        for (command, arguments) in steps {
-            qmp.execute(command, Some(arguments))
-                .await
-                .map_err(|e| RuntimeError(format!("the warm slot's {command}: {e}")))?;
-        }
-        Ok(qmp)
+impl WarmQemu {
+    /// The QEMU's pid, now the guest's: dropping the slot no longer ends it.
+    pub fn into_guest(mut self) -> i32 {
+        std::mem::take(&mut self.pid)
     }
-    .await;
-    let qmp = attached?;
-    let pid = std::mem::take(&mut slot.pid);
-    Ok((qmp, pid))
+}
+
+/// Connects to the QMP socket of a slot taken into a guest's directory.
+pub async fn connect(slot: &WarmQemu) -> Result<Qmp, RuntimeError> {
+    Qmp::connect(&slot.dir.qmp(), slot.dir.shutdown_event())
+        .await
+        .map_err(|e| RuntimeError(format!("the warm slot's QMP: {e}")))
+}
+
+/// Puts the guest's overlay and config drive (in `dir`, where the slot now is) under the
+/// slot's disk nodes, in place of its stand-ins.
+pub async fn attach_disks(qmp: &Qmp, dir: &GuestDir) -> Result<(), RuntimeError> {
+    let file = |path: PathBuf, read_only: bool| {
+        json!({ "driver": "file", "filename": path.to_string_lossy(),
+                "read-only": read_only, "discard": "unmap" })
+    };
+    let root = json!({ "driver": "qcow2", "node-name": "root-image", "discard": "unmap",
+                       "file": file(dir.disk(), false) });
+    let mut config = file(dir.config_drive(), true);
+    config["node-name"] = "config-image".into();
+    let steps = [
+        ("blockdev-add", root),
+        ("blockdev-add", config),
+        (
+            "blockdev-reopen",
+            json!({ "options": [
+                { "driver": "raw", "node-name": "root", "file": "root-image",
+                  "discard": "unmap" },
+                { "driver": "raw", "node-name": "config", "file": "config-image",
+                  "read-only": true },
+            ] }),
+        ),
+        ("blockdev-del", json!({ "node-name": "root-empty" })),
+        ("blockdev-del", json!({ "node-name": "config-empty" })),
+    ];
+    for (command, arguments) in steps {
+        qmp.execute(command, Some(arguments))
+            .await
+            .map_err(|e| RuntimeError(format!("the warm slot's {command}: {e}")))?;
+    }
+    Ok(())
 }
