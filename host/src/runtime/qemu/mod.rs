@@ -6,6 +6,7 @@
 //! re-adopts running guests by pid file and QMP socket without touching them.
 //!
 //! Layout: `qmp` (the QMP client), `process` (start, find, end a QEMU; how it ended),
+//! `command_line` (what a QEMU is started with),
 //! `images` (the image and snapshot cache), `disks` (qemu-img), `net` (bridge and taps),
 //! `accel` (the KVM probe), `config_drive` (the NoCloud drive, written by `vps-guest-image`),
 //! `snapshots` (snapshot archives and restores: read its docs for the design), `policy` (a
@@ -15,6 +16,7 @@
 
 pub mod accel;
 pub mod allow;
+mod command_line;
 mod config_drive;
 mod disks;
 pub mod dns;
@@ -1631,8 +1633,9 @@ fn qemu_args(
     volume_store: &VolumeStore,
 ) -> Vec<String> {
     let path = |p: PathBuf| p.to_string_lossy().into_owned();
-    let (_, blk, _) = devices(image);
-    let mut args = machine_args(&spec.id, spec.vcpus, spec.memory_mib, image, accel, dir);
+    let (_, blk, _) = command_line::devices(image);
+    let mut args =
+        command_line::machine_args(&spec.id, spec.vcpus, spec.memory_mib, image, accel, dir);
     args.extend([
         "-drive".into(),
         format!(
@@ -1651,80 +1654,7 @@ fn qemu_args(
     ]);
     args.extend(volumes::qemu_args(volume_store, &record.volumes, blk));
     let nics = record.nics.iter().map(|n| (n.tap.as_str(), n.mac.as_str()));
-    args.extend(nic_args(image, nics));
-    args
-}
-
-/// The machine, the QEMU device models of its disks and of its NICs: bundles boot directly on
-/// microvm (virtio-mmio); a disk image needs firmware and PCI.
-fn devices(image: &Cached) -> (&'static str, &'static str, &'static str) {
-    match image {
-        Cached::Bundle { .. } => ("microvm", "virtio-blk-device", "virtio-net-device"),
-        Cached::Qcow2 { .. } => ("q35", "virtio-blk-pci", "virtio-net-pci"),
-    }
-}
-
-/// Everything of a QEMU command line but its disks and NICs: the machine, its console, QMP
-/// socket and pid file under `dir`, and a bundle's kernel.
-fn machine_args(
-    name: &str,
-    vcpus: u32,
-    memory_mib: u64,
-    image: &Cached,
-    accel: Chosen,
-    dir: &GuestDir,
-) -> Vec<String> {
-    let path = |p: PathBuf| p.to_string_lossy().into_owned();
-    let mut args: Vec<String> = vec![
-        "-name".into(),
-        format!("guest={name}"),
-        "-M".into(),
-        devices(image).0.into(),
-    ];
-    args.extend(accel.args().map(String::from));
-    args.extend([
-        "-smp".into(),
-        vcpus.max(1).to_string(),
-        "-m".into(),
-        format!("{memory_mib}M"),
-        "-nodefaults".into(),
-        "-no-user-config".into(),
-        "-nographic".into(),
-        "-no-reboot".into(),
-        "-chardev".into(),
-        format!("file,id=console,path={}", path(dir.console())),
-        "-serial".into(),
-        "chardev:console".into(),
-        "-qmp".into(),
-        format!("unix:{},server=on,wait=off", path(dir.qmp())),
-        "-pidfile".into(),
-        path(dir.pid()),
-    ]);
-    if let Cached::Bundle { kernel, initrd, .. } = image {
-        args.extend([
-            "-kernel".into(),
-            path(kernel.clone()),
-            "-initrd".into(),
-            path(initrd.clone()),
-            "-append".into(),
-            config_drive::KERNEL_CMDLINE.into(),
-        ]);
-    }
-    args
-}
-
-/// One tap netdev `net{i}` and its NIC per `(tap, mac)`.
-fn nic_args<'a>(image: &Cached, nics: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<String> {
-    let nic = devices(image).2;
-    let mut args = Vec::new();
-    for (i, (tap, mac)) in nics.enumerate() {
-        args.extend([
-            "-netdev".into(),
-            format!("tap,id=net{i},ifname={tap},script=no,downscript=no"),
-            "-device".into(),
-            format!("{nic},netdev=net{i},mac={mac}"),
-        ]);
-    }
+    args.extend(command_line::nic_args(image, nics));
     args
 }
 

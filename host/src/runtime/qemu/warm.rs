@@ -29,10 +29,11 @@ use std::time::Duration;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use super::accel::Chosen;
+use super::command_line;
 use super::images::Cached;
 use super::process::{self, GuestDir};
 use super::qmp::Qmp;
-use super::{lock, Chosen};
 use crate::runtime::{GuestSpec, RuntimeError};
 
 /// What a memory restore needs of its QEMU, and all a slot is started from.
@@ -259,8 +260,8 @@ impl WarmSlots {
 /// does: the guest takes its own from the config drive with its new identity).
 fn qemu_args(shape: &Shape, image: &Cached, dir: &GuestDir, taps: &[String]) -> Vec<String> {
     let name = dir.0.file_name().unwrap_or_default().to_string_lossy();
-    let blk = super::devices(image).1;
-    let mut args = super::machine_args(
+    let blk = command_line::devices(image).1;
+    let mut args = command_line::machine_args(
         &format!("warm-{name}"),
         shape.vcpus,
         shape.memory_mib,
@@ -285,7 +286,7 @@ fn qemu_args(shape: &Shape, image: &Cached, dir: &GuestDir, taps: &[String]) -> 
         .iter()
         .map(String::as_str)
         .zip(macs.iter().map(String::as_str));
-    args.extend(super::nic_args(image, nics));
+    args.extend(command_line::nic_args(image, nics));
     args.extend(["-incoming".into(), "defer".into()]);
     args
 }
@@ -336,4 +337,8 @@ pub async fn attach_disks(qmp: &Qmp, dir: &GuestDir) -> Result<(), RuntimeError>
             .map_err(|e| RuntimeError(format!("the warm slot's {command}: {e}")))?;
     }
     Ok(())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
