@@ -296,6 +296,10 @@ enum BenchCommand {
         /// kvm, tcg, or auto, for `--runtime qemu`.
         #[arg(long, default_value = "auto")]
         accel: vps_host::runtime::qemu::Accel,
+        /// QEMUs kept started for memory restores, as the host's `restore_slots` (`--runtime
+        /// qemu`; 0 measures restores that start their own).
+        #[arg(long, default_value_t = 1)]
+        restore_slots: usize,
     },
     /// instances.list and sandboxes.list with filters and a cursor at `--rows` rows vs a
     /// plain indexed SELECT; instances.get asOf and history on that log.
@@ -412,6 +416,9 @@ struct HostBenchArgs {
     /// Memory snapshot-and-restore rounds instead of boots (`bench snapshot --runtime qemu`).
     #[arg(long, default_value_t = 0, hide = true)]
     snapshots: usize,
+    /// The host's `restore_slots` (`bench snapshot --runtime qemu`).
+    #[arg(long, default_value_t = 1, hide = true)]
+    restore_slots: usize,
 }
 
 impl HostBenchArgs {
@@ -422,6 +429,7 @@ impl HostBenchArgs {
             warm: self.warm.clamp(1, 100),
             accel: self.accel,
             snapshots: self.snapshots.min(100),
+            restore_slots: self.restore_slots,
         }
     }
 }
@@ -803,6 +811,7 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
             image,
             accel,
             rounds,
+            restore_slots,
             ..
         } if runtime == "qemu" => {
             let image =
@@ -813,6 +822,7 @@ async fn bench_on_server(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
                 warm: 1,
                 accel,
                 snapshots: rounds.clamp(1, 100),
+                restore_slots,
             };
             return Ok(exit_code(
                 vps_devtools::bench::host::run(url, &options).await?,

@@ -55,6 +55,8 @@ pub struct HostBench {
     /// Memory snapshot-and-restore rounds (`vps bench snapshot --runtime qemu`): when not 0,
     /// these are measured instead of boots.
     pub snapshots: usize,
+    /// The runtime's `restore_slots` (0: every memory restore starts its own QEMU).
+    pub restore_slots: usize,
 }
 
 mod snapshot;
@@ -135,6 +137,7 @@ async fn run_child(
         .arg(root)
         .args(["--cold", &o.cold.to_string(), "--warm", &o.warm.to_string()])
         .args(["--snapshots", &o.snapshots.to_string()])
+        .args(["--restore-slots", &o.restore_slots.to_string()])
         .args(["--accel", accel_name(o.accel)])
         .args(["--append-ms", &format!("{append_ms:.3}")])
         .env(DATABASE_ENV, database)
@@ -328,7 +331,8 @@ impl Lab {
         let ctx = vps_api::server::reactor_ctx(&server.state, "bench");
         let setup = async {
             let state_dir = root.join("state");
-            let runtime = Qemu::new(&state_dir, root.join("images"), o.accel)?;
+            let mut runtime = Qemu::new(&state_dir, root.join("images"), o.accel)?;
+            runtime.restore_slots = o.restore_slots;
             // Decided once, before any guest: `auto` boots a probe under KVM and falls back.
             // The node is registered with the CPU model guests run with (memory restores).
             let chosen = runtime.chosen_accel().await;

@@ -742,8 +742,9 @@ impl Qemu {
         if let Some(shape) = shape {
             let how = if warmed { "warm" } else { "started" };
             metrics::counter!("vps_host_memory_restores_total", "qemu" => how).increment(1);
-            // Another restore of this shape (the rest of a fork) is likely: one waits for it.
-            self.fill_warm(shape, image);
+            // Another restore of this shape (the rest of a fork) is likely: one waits for it,
+            // started once this one's report and its guest's first moments have had the CPU.
+            self.fill_warm(shape, image, Duration::from_secs(1));
         }
         Ok(())
     }
@@ -759,11 +760,11 @@ impl Qemu {
         self.warm.clear(self.start_timeout).await;
     }
 
-    /// Starts a warm restore slot of `shape` in the background (see `warm`).
-    fn fill_warm(&self, shape: warm::Shape, image: Cached) {
+    /// Starts a warm restore slot of `shape` in the background, `after` from now (see `warm`).
+    fn fill_warm(&self, shape: warm::Shape, image: Cached, after: Duration) {
         let (slots, qemu) = (self.warm.clone(), self.qemu_binary.clone());
         let (max, timeout) = (self.restore_slots, self.start_timeout);
-        tokio::spawn(async move { slots.fill(&qemu, shape, image, max, timeout).await });
+        tokio::spawn(async move { slots.fill(&qemu, shape, image, max, after, timeout).await });
     }
 
     /// Loads a memory snapshot into a QEMU started with `-incoming defer`, and resumes it
@@ -936,7 +937,7 @@ impl Qemu {
         // A restore of it (or a fork) is likely next: a QEMU of its shape starts while the
         // archive uploads.
         if let Some((shape, image)) = self.shape_of_source(&manifest) {
-            self.fill_warm(shape, image);
+            self.fill_warm(shape, image, Duration::ZERO);
         }
         let mut files = SnapshotFiles {
             dir: work.to_owned(),

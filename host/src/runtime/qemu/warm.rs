@@ -15,8 +15,8 @@
 //!   command line holds, which is how `process` knows the process is the guest's.
 //!
 //! A slot is started for the shape of each memory snapshot taken here, while its archive
-//! uploads (a restore or a fork is likely next), and for the shape of each memory restore once
-//! it runs (a fork makes several).
+//! uploads (a restore or a fork is likely next), and for the shape of each memory restore a
+//! second after it runs (a fork makes several; the second leaves the CPU to its report).
 //! `restore_slots` bounds how many wait; past it the oldest goes. A waiting slot is an idle
 //! QEMU whose guest never ran. Slots are not guests: they end with the runtime, and a new
 //! runtime ends any left over. A restore with volumes starts its QEMU itself.
@@ -137,14 +137,15 @@ impl WarmSlots {
         Some(slot)
     }
 
-    /// Starts a slot of `shape` unless one waits or starts already; ends the oldest past
-    /// `max`. Failures are logged: a restore without a slot starts its own QEMU.
+    /// Starts a slot of `shape`, `after` from now, unless one waits or starts already; ends
+    /// the oldest past `max`. Failures are logged: a restore without a slot starts its own QEMU.
     pub async fn fill(
         &self,
         qemu: &Path,
         shape: Shape,
         image: Cached,
         max: usize,
+        after: Duration,
         timeout: Duration,
     ) {
         if max == 0 || lock(&self.waiting).iter().any(|s| s.shape == shape) {
@@ -157,6 +158,7 @@ impl WarmSlots {
             }
             starting.push(shape.clone());
         }
+        tokio::time::sleep(after).await;
         let started = self.start(qemu, &shape, &image, timeout).await;
         lock(&self.starting).retain(|s| s != &shape);
         let slot = match started {
