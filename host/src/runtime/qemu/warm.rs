@@ -5,9 +5,9 @@
 //! devices, waiting with `-incoming defer`. Of what it is started with, only the files under
 //! its disks, its taps and its directory belong to the guest it becomes, so a slot is started
 //! with stand-ins for those:
-//! - its disks are `raw` nodes over empty `null-co` nodes; a restore opens the guest's overlay
-//!   and config drive (`blockdev-add`) and puts them under those nodes (`blockdev-reopen`),
-//!   before the state loads;
+//! - its disks are `raw` nodes over empty `null-co` nodes. A restore starts loading the state
+//!   at once, makes the guest's overlay and config drive meanwhile, then opens them
+//!   (`blockdev-add`) and puts them under those nodes (`blockdev-reopen`) before the guest runs;
 //! - QEMU makes its taps under slot names (down, on no bridge, gone when it ends); a restore
 //!   renames them to the guest's and attaches them as a boot does;
 //! - its directory `<state_dir>/warm/<name>` is renamed to the guest's: QEMU keeps its console
