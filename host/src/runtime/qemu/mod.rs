@@ -739,9 +739,11 @@ impl Qemu {
         if memory.is_none() {
             tokio::spawn(watch_boot(dir.clone(), pid, started, self.boot_deadline));
         }
-        if let Some(shape) = shape {
+        if memory.is_some() {
             let how = if warmed { "warm" } else { "started" };
             metrics::counter!("vps_host_memory_restores_total", "qemu" => how).increment(1);
+        }
+        if let Some(shape) = shape {
             // Another restore of this shape (the rest of a fork) is likely: one waits for it,
             // started once this one's report and its guest's first moments have had the CPU.
             self.fill_warm(shape, image, Duration::from_secs(1));
