@@ -1345,14 +1345,13 @@ impl Qemu {
         let image = self
             .images
             .cached_image(&manifest.image_sha256, &manifest.image_format)?;
-        let shape = warm::Shape {
-            image_sha256: manifest.image_sha256.to_ascii_lowercase(),
-            image_format: manifest.image_format.clone(),
-            vcpus: manifest.vcpus.max(1),
-            memory_mib: manifest.memory_mib,
+        let shape = warm::Shape::new(
+            (&manifest.image_sha256, &manifest.image_format),
+            manifest.vcpus,
+            manifest.memory_mib,
             nics,
-            accel: self.accel()?,
-        };
+            self.accel()?,
+        );
         Some((shape, image))
     }
 

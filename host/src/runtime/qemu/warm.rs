@@ -39,25 +39,41 @@ use crate::runtime::{GuestSpec, RuntimeError};
 /// What a memory restore needs of its QEMU, and all a slot is started from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shape {
-    pub image_sha256: String,
-    pub image_format: String,
-    pub vcpus: u32,
-    pub memory_mib: u64,
-    pub nics: usize,
-    pub accel: Chosen,
+    image_sha256: String,
+    image_format: String,
+    vcpus: u32,
+    memory_mib: u64,
+    nics: usize,
+    accel: Chosen,
 }
 
 impl Shape {
+    /// The one place a shape is made, so a snapshot's and its restore's compare equal (the
+    /// digest's case, a vCPU count of 0 as 1).
+    pub fn new(
+        image: (&str, &str),
+        vcpus: u32,
+        memory_mib: u64,
+        nics: usize,
+        accel: Chosen,
+    ) -> Shape {
+        let (sha256, format) = image;
+        Shape {
+            image_sha256: sha256.to_ascii_lowercase(),
+            image_format: format.to_owned(),
+            vcpus: vcpus.max(1),
+            memory_mib,
+            nics,
+            accel,
+        }
+    }
+
     /// The shape a restore of `spec` needs; none when a slot cannot serve it (volumes).
     pub fn of(spec: &GuestSpec, accel: Chosen) -> Option<Shape> {
-        spec.volumes.is_empty().then(|| Shape {
-            image_sha256: spec.image.sha256.to_ascii_lowercase(),
-            image_format: spec.image.format.clone(),
-            vcpus: spec.vcpus.max(1),
-            memory_mib: spec.memory_mib,
-            nics: spec.nics.len(),
-            accel,
-        })
+        let image = (spec.image.sha256.as_str(), spec.image.format.as_str());
+        spec.volumes
+            .is_empty()
+            .then(|| Shape::new(image, spec.vcpus, spec.memory_mib, spec.nics.len(), accel))
     }
 }
 
@@ -103,8 +119,8 @@ impl WarmSlots {
         }
     }
 
-    /// The waiting slot of `shape`, moved to the guest directory `dir` (which must not exist,
-    /// or be empty, and hold its QMP socket itself); none if there is none or it cannot move.
+    /// The waiting slot of `shape`, moved to the guest directory `dir` (empty, and holding its
+    /// QMP socket itself); none if there is none or it cannot move.
     pub fn take(&self, shape: &Shape, dir: &GuestDir) -> Option<WarmQemu> {
         if !dir.qmp().starts_with(&dir.0) {
             return None;
@@ -115,21 +131,20 @@ impl WarmSlots {
             let at = waiting
                 .iter()
                 .position(|s| &s.shape == shape && s.dir.qmp().starts_with(&s.dir.0))?;
-            waiting.remove(at)
+            let slot = waiting.remove(at);
+            publish(&waiting);
+            slot
         };
-        metrics::gauge!("vps_host_warm_restore_slots").decrement(1.0);
         if !process::is_alive(slot.pid, &slot.dir) {
             tracing::warn!(slot = %slot.dir.0.display(), "a warm restore slot had ended");
             return None;
         }
-        if let Some(parent) = dir.0.parent() {
-            let _ = std::fs::create_dir_all(parent);
-        }
         if let Err(error) = std::fs::rename(&slot.dir.0, &dir.0) {
             // A leftover of an earlier attempt: the slot waits on for another restore.
             tracing::debug!(%error, dir = %dir.0.display(), "the warm slot cannot move there");
-            metrics::gauge!("vps_host_warm_restore_slots").increment(1.0);
-            lock(&self.waiting).push(slot);
+            let mut waiting = lock(&self.waiting);
+            waiting.push(slot);
+            publish(&waiting);
             return None;
         }
         slot.dir = dir.clone();
@@ -169,14 +184,12 @@ impl WarmSlots {
             }
         };
         tracing::info!(slot = %slot.dir.0.display(), pid = slot.pid, "warm restore slot waiting");
-        metrics::gauge!("vps_host_warm_restore_slots").increment(1.0);
-        let evicted: Vec<WarmQemu> = {
-            let mut waiting = lock(&self.waiting);
-            waiting.push(slot);
-            let over = waiting.len().saturating_sub(max);
-            waiting.drain(..over).collect()
-        };
-        metrics::gauge!("vps_host_warm_restore_slots").decrement(evicted.len() as f64);
+        let mut waiting = lock(&self.waiting);
+        waiting.push(slot);
+        // Past `max`, the oldest go (their QEMUs end as they drop).
+        let over = waiting.len().saturating_sub(max);
+        waiting.drain(..over);
+        publish(&waiting);
     }
 
     async fn start(
@@ -238,8 +251,12 @@ impl WarmSlots {
         while !lock(&self.starting).is_empty() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let waiting: Vec<WarmQemu> = lock(&self.waiting).drain(..).collect();
-        metrics::gauge!("vps_host_warm_restore_slots").decrement(waiting.len() as f64);
+        let waiting: Vec<WarmQemu> = {
+            let mut waiting = lock(&self.waiting);
+            let all = waiting.drain(..).collect();
+            publish(&waiting);
+            all
+        };
         for slot in &waiting {
             process::kill(slot.pid, &slot.dir).await;
         }
@@ -339,6 +356,11 @@ pub async fn attach_disks(qmp: &Qmp, dir: &GuestDir) -> Result<(), RuntimeError>
             .map_err(|e| RuntimeError(format!("the warm slot's {command}: {e}")))?;
     }
     Ok(())
+}
+
+/// The gauge of slots waiting, from the list itself.
+fn publish(waiting: &[WarmQemu]) {
+    metrics::gauge!("vps_host_warm_restore_slots").set(waiting.len() as f64);
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
