@@ -133,12 +133,15 @@ fn memory_restore(name: &'static str, how: Restore) {
         assert_eq!(files.cpu_model.as_deref(), Some("tcg:max"));
         assert!(files.qemu_save_ms.is_some());
         assert!(files.paused_ms >= files.qemu_save_ms.unwrap_or(0));
+        // The recorder is the process's: the other tests' snapshots, running beside this one,
+        // record theirs in it too. This snapshot's pause is among those recorded meanwhile.
         let pauses_now = lock(&pauses).clone();
-        assert_eq!(pauses_now.len(), recorded + 1, "one pause recorded");
-        let pause = pauses_now[recorded];
+        let since = &pauses_now[recorded..];
         assert!(
-            (pause * 1000.0 - files.paused_ms as f64).abs() < 2.0,
-            "{pause} s recorded, {} ms reported",
+            since
+                .iter()
+                .any(|pause| (pause * 1000.0 - files.paused_ms as f64).abs() < 2.0),
+            "{} ms reported, recorded meanwhile (s): {since:?}",
             files.paused_ms
         );
         // The source was frozen only while saving: it runs on, its counter too.
